@@ -1,0 +1,156 @@
+//! Event time. Every computation in gpuwarden runs on a [`Clock`] rather than on the wall clock,
+//! so the demo and the tests can run a day of fleet time in minutes and land on the same numbers.
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of event time in Unix epoch milliseconds (UTC).
+pub trait Clock: Debug + Send + Sync {
+    /// The current event time.
+    fn now_ms(&self) -> i64;
+
+    /// How many event-time milliseconds pass per wall-clock millisecond (1 for real time).
+    fn speed(&self) -> f64 {
+        1.0
+    }
+
+    /// The wall-clock time to wait for `event` of event time to pass. A manual clock never
+    /// advances by itself, so waiting on it takes no wall time.
+    fn wall_for(&self, event: Duration) -> Duration {
+        let speed = self.speed();
+        if speed <= 0.0 || !speed.is_finite() {
+            Duration::ZERO
+        } else {
+            event.div_f64(speed)
+        }
+    }
+}
+
+fn system_now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The machine's clock: event time is wall time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        system_now_ms()
+    }
+}
+
+/// Event time that runs `speed` times faster than wall time from a chosen start.
+#[derive(Debug, Clone)]
+pub struct AcceleratedClock {
+    start_ms: i64,
+    started: Instant,
+    speed: f64,
+}
+
+impl AcceleratedClock {
+    /// A clock that reads `start_ms` now and advances `speed` event milliseconds per wall
+    /// millisecond. `speed` must be positive and finite.
+    pub fn new(start_ms: i64, speed: f64) -> Self {
+        assert!(
+            speed.is_finite() && speed > 0.0,
+            "clock speed must be positive, got {speed}"
+        );
+        Self {
+            start_ms,
+            started: Instant::now(),
+            speed,
+        }
+    }
+
+    /// A clock starting at the current wall time.
+    pub fn from_now(speed: f64) -> Self {
+        Self::new(system_now_ms(), speed)
+    }
+}
+
+impl Clock for AcceleratedClock {
+    fn now_ms(&self) -> i64 {
+        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0 * self.speed;
+        self.start_ms.saturating_add(elapsed_ms as i64)
+    }
+
+    fn speed(&self) -> f64 {
+        self.speed
+    }
+}
+
+/// Event time that moves only when told to: for tests that step through time exactly.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now_ms: AtomicI64,
+}
+
+impl ManualClock {
+    /// A clock reading `now_ms`.
+    pub fn new(now_ms: i64) -> Self {
+        Self {
+            now_ms: AtomicI64::new(now_ms),
+        }
+    }
+
+    /// Sets the time. Moving backwards is allowed: tests of late data need it.
+    pub fn set(&self, now_ms: i64) {
+        self.now_ms.store(now_ms, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward by `by`, returning the new time.
+    pub fn advance(&self, by: Duration) -> i64 {
+        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.now_ms.fetch_add(by, Ordering::SeqCst) + by
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+
+    fn speed(&self) -> f64 {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let clock = ManualClock::new(1_000);
+        assert_eq!(clock.now_ms(), 1_000);
+        assert_eq!(clock.advance(Duration::from_secs(2)), 3_000);
+        clock.set(500);
+        assert_eq!(clock.now_ms(), 500);
+        assert_eq!(clock.wall_for(Duration::from_secs(60)), Duration::ZERO);
+    }
+
+    #[test]
+    fn accelerated_clock_runs_faster_than_wall_time() {
+        let clock = AcceleratedClock::new(0, 1_000.0);
+        std::thread::sleep(Duration::from_millis(20));
+        let now = clock.now_ms();
+        // 20 ms of wall time at 1000x is at least 20 s of event time.
+        assert!(now >= 20_000, "event time {now} ms after 20 ms at 1000x");
+        assert_eq!(
+            clock.wall_for(Duration::from_secs(60)),
+            Duration::from_millis(60)
+        );
+    }
+
+    #[test]
+    fn system_clock_is_wall_time() {
+        let before = system_now_ms();
+        let now = SystemClock.now_ms();
+        assert!(now >= before && now - before < 5_000);
+    }
+}

@@ -1,0 +1,560 @@
+//! The one configuration file every gpuwarden process reads.
+//!
+//! It lives in `schema` because the components that read it never import one another: the
+//! collector's simulated fleet and the enforcer's `simulated` driver must see the same inventory,
+//! and the pipeline and the enforcer must price GPUs the same way. A section a component does not
+//! use is ignored by it, so one file serves every process.
+//!
+//! [`load`] parses the TOML, substitutes `${ENV}` references, checks every key and value, and
+//! reports every problem it finds with its line, column and field path ([`ConfigErrors`]).
+
+mod duration;
+mod load;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::lease::Workload;
+
+pub use duration::parse as parse_duration;
+pub use load::{load, parse, ConfigError, ConfigErrors};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Config {
+    /// `[kafka]`: where the topics are.
+    pub kafka: KafkaConfig,
+    /// `[storage]`: where data lives on disk.
+    pub storage: StorageConfig,
+    /// `[collector]`: how GPUs are sampled.
+    pub collector: CollectorConfig,
+    /// `[pipeline]`: ingest, rollups, signals and the SQL endpoint.
+    pub pipeline: PipelineConfig,
+    /// `[pricing]`: what a GPU-hour costs.
+    pub pricing: PricingConfig,
+    /// `[[teams]]`: who may hold GPUs, how many, and for how much money.
+    pub teams: Vec<TeamConfig>,
+    /// `[workloads.<name>]`: policy per kind of work.
+    pub workloads: BTreeMap<Workload, WorkloadPolicy>,
+    /// `[enforcer]`: the admission API and runtime rules.
+    pub enforcer: EnforcerConfig,
+    /// `[[substrates]]`: where leases run, each through a driver.
+    pub substrates: Vec<SubstrateConfig>,
+    /// `[[tokens]]`: API principals.
+    pub tokens: Vec<TokenConfig>,
+}
+
+impl Config {
+    /// The team named `name`.
+    pub fn team(&self, name: &str) -> Option<&TeamConfig> {
+        self.teams.iter().find(|t| t.name == name)
+    }
+
+    /// The substrate named `name`.
+    pub fn substrate(&self, name: &str) -> Option<&SubstrateConfig> {
+        self.substrates.iter().find(|s| s.name == name)
+    }
+
+    /// The policy for a kind of work (the defaults when the file has none).
+    pub fn workload(&self, workload: Workload) -> WorkloadPolicy {
+        self.workloads.get(&workload).cloned().unwrap_or_default()
+    }
+
+    /// The enforcer's SQLite database: `enforcer.database`, or `enforcer.db` in the data dir.
+    pub fn enforcer_database(&self) -> PathBuf {
+        self.enforcer
+            .database
+            .clone()
+            .unwrap_or_else(|| self.storage.data_dir.join("enforcer.db"))
+    }
+
+    /// The Parquet lake: `<data_dir>/lake`.
+    pub fn lake_dir(&self) -> PathBuf {
+        self.storage.data_dir.join("lake")
+    }
+}
+
+/// `[kafka]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers (`host:port,host:port`), or `"embedded"` for an in-process mock cluster.
+    pub brokers: String,
+    /// Client id prefix reported to the brokers.
+    pub client_id: String,
+    /// Partitions for topics gpuwarden creates (existing topics are left as they are).
+    pub partitions: i32,
+    /// Replication factor for topics gpuwarden creates.
+    pub replication_factor: i32,
+    /// Extra librdkafka properties (security.protocol, sasl.*, …); `${ENV}` for secrets.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "embedded".into(),
+            client_id: "gpuwarden".into(),
+            partitions: 6,
+            replication_factor: 1,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// Whether an in-process mock cluster stands in for Kafka.
+    pub fn is_embedded(&self) -> bool {
+        self.brokers.trim() == "embedded"
+    }
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Root of everything gpuwarden writes: the lake, the enforcer's database.
+    pub data_dir: PathBuf,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("gpuwarden-data"),
+        }
+    }
+}
+
+/// Where the collector reads GPUs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectorSource {
+    /// The host's GPUs through NVML (`libnvidia-ml.so`).
+    #[default]
+    Nvml,
+    /// The simulated fleet of a `simulated` substrate.
+    Simulated,
+}
+
+/// `[collector]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollectorConfig {
+    /// `nvml` or `simulated`.
+    pub source: CollectorSource,
+    /// Sampling interval, 1 s to 1 h.
+    #[serde(deserialize_with = "duration::required")]
+    pub interval: Duration,
+    /// Address of the Prometheus `/metrics` endpoint.
+    pub metrics_listen: SocketAddr,
+    /// Host name put in samples; the machine's host name when unset.
+    pub host: Option<String>,
+    /// Path of `libnvidia-ml.so`; the system's when unset.
+    pub nvml_library: Option<PathBuf>,
+    /// Samples buffered while Kafka is unreachable, bytes, before the oldest are dropped.
+    pub buffer_max_bytes: u64,
+    /// Oldest buffered sample kept while Kafka is unreachable.
+    #[serde(deserialize_with = "duration::required")]
+    pub buffer_max_age: Duration,
+    /// `[collector.simulated]`: settings of the simulated source.
+    pub simulated: SimulatedSourceConfig,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            source: CollectorSource::Nvml,
+            interval: Duration::from_secs(5),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            host: None,
+            nvml_library: None,
+            buffer_max_bytes: 64 << 20,
+            buffer_max_age: Duration::from_secs(15 * 60),
+            simulated: SimulatedSourceConfig::default(),
+        }
+    }
+}
+
+/// `[collector.simulated]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulatedSourceConfig {
+    /// The `simulated` substrate whose fleet to run; the only one when unset.
+    pub substrate: Option<String>,
+    /// Seed of every random choice, so a run can be repeated exactly.
+    pub seed: u64,
+    /// Event time per wall time (60 = one hour of fleet time per wall minute).
+    pub speed: f64,
+}
+
+impl Default for SimulatedSourceConfig {
+    fn default() -> Self {
+        Self {
+            substrate: None,
+            seed: 42,
+            speed: 1.0,
+        }
+    }
+}
+
+/// `[pipeline]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// Kafka consumer group of the pipeline instances.
+    pub group_id: String,
+    /// Rows buffered per table and hour before a Parquet file is written.
+    pub flush_rows: usize,
+    /// Longest a buffered row waits before its file is written.
+    #[serde(deserialize_with = "duration::required")]
+    pub flush_age: Duration,
+    /// Memory the ingest buffers may hold before consumption pauses, bytes.
+    pub max_buffered_bytes: u64,
+    /// How long after an hour ends its data may still arrive before it is final.
+    #[serde(deserialize_with = "duration::required")]
+    pub lateness: Duration,
+    /// How often the open hour's rollups are refreshed.
+    #[serde(deserialize_with = "duration::required")]
+    pub rollup_every: Duration,
+    /// Address of the pipeline's Prometheus `/metrics` endpoint.
+    pub metrics_listen: SocketAddr,
+    /// Address of the SQL endpoint (Postgres wire protocol).
+    pub sql_listen: SocketAddr,
+    /// Accept SQL connections without a password. Off unless set.
+    pub sql_allow_anonymous: bool,
+    /// `[[pipeline.sql_users]]`: who may connect to the SQL endpoint.
+    pub sql_users: Vec<SqlUser>,
+    /// `[pipeline.signals]`: the hot window and how often signals are computed.
+    pub signals: SignalsConfig,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            group_id: "gpuwarden-pipeline".into(),
+            flush_rows: 200_000,
+            flush_age: Duration::from_secs(60),
+            max_buffered_bytes: 512 << 20,
+            lateness: Duration::from_secs(10 * 60),
+            rollup_every: Duration::from_secs(60),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9401)),
+            sql_listen: SocketAddr::from(([127, 0, 0, 1], 5433)),
+            sql_allow_anonymous: false,
+            sql_users: Vec::new(),
+            signals: SignalsConfig::default(),
+        }
+    }
+}
+
+/// `[[pipeline.sql_users]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlUser {
+    /// User name given by the client.
+    pub name: String,
+    /// Password; write `"${ENV_VAR}"` to keep it out of the file.
+    pub password: String,
+}
+
+/// `[pipeline.signals]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalsConfig {
+    /// How often (event time) signals are computed and published.
+    #[serde(deserialize_with = "duration::required")]
+    pub every: Duration,
+    /// The hot window, kept in memory, that signals are computed over.
+    #[serde(deserialize_with = "duration::required")]
+    pub window: Duration,
+}
+
+impl Default for SignalsConfig {
+    fn default() -> Self {
+        Self {
+            every: Duration::from_secs(30),
+            window: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// `[pricing]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PricingConfig {
+    /// ISO 4217 currency of every price (FOCUS `BillingCurrency`).
+    pub currency: String,
+    /// A sample below this GPU utilization, percent, is idle.
+    pub idle_util_pct: f64,
+    /// Price of a GPU-hour for models no `[[pricing.gpu]]` entry matches.
+    pub default_usd_per_gpu_hour: f64,
+    /// Price of a kWh, for energy cost.
+    pub energy_usd_per_kwh: f64,
+    /// `[[pricing.gpu]]`: prices by model, first match wins.
+    pub gpu: Vec<GpuPrice>,
+}
+
+impl Default for PricingConfig {
+    fn default() -> Self {
+        Self {
+            currency: "USD".into(),
+            idle_util_pct: 5.0,
+            default_usd_per_gpu_hour: 2.0,
+            energy_usd_per_kwh: 0.0,
+            gpu: Vec::new(),
+        }
+    }
+}
+
+impl PricingConfig {
+    /// Price of one GPU-hour of `gpu_model`: the first `[[pricing.gpu]]` entry whose `match` is a
+    /// case-insensitive substring of the model, else the default price.
+    pub fn usd_per_gpu_hour(&self, gpu_model: &str) -> f64 {
+        let model = gpu_model.to_lowercase();
+        self.gpu
+            .iter()
+            .find(|p| model.contains(&p.model_match.to_lowercase()))
+            .map_or(self.default_usd_per_gpu_hour, |p| p.usd_per_gpu_hour)
+    }
+}
+
+/// `[[pricing.gpu]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPrice {
+    /// Case-insensitive substring of the NVML model name, e.g. `"H100"`.
+    #[serde(rename = "match")]
+    pub model_match: String,
+    /// Price of one GPU-hour.
+    pub usd_per_gpu_hour: f64,
+}
+
+/// `[[teams]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamConfig {
+    /// The team's name, as used in leases and reports.
+    pub name: String,
+    /// User names that belong to the team.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// Most GPUs the team may hold at once.
+    pub gpu_quota: u32,
+    /// Most the team may spend in a calendar month (UTC).
+    pub monthly_budget_usd: f64,
+    /// Substrings of the GPU models the team may use; any model when empty.
+    #[serde(default)]
+    pub allowed_models: Vec<String>,
+}
+
+/// What to do with a lease idle for its `idle_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnIdle {
+    /// Tell its holder and its team's webhooks; change nothing.
+    #[default]
+    Alert,
+    /// Take the GPUs back.
+    Reclaim,
+    /// Shrink the lease to `min_gpus`.
+    Resize,
+}
+
+/// `[workloads.<training|inference|notebook|batch>]`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkloadPolicy {
+    /// Most GPUs one lease may hold (also the autoscale ceiling).
+    pub max_gpus: Option<u32>,
+    /// Fewest GPUs a lease is resized or autoscaled down to.
+    pub min_gpus: Option<u32>,
+    /// Longest a lease may run, extensions included.
+    #[serde(deserialize_with = "duration::optional")]
+    pub max_duration: Option<Duration>,
+    /// How long all of a lease's GPUs may stay idle before `on_idle`.
+    #[serde(deserialize_with = "duration::optional")]
+    pub idle_timeout: Option<Duration>,
+    /// How long before the idle deadline the holder is warned.
+    #[serde(deserialize_with = "duration::optional")]
+    pub warn_before: Option<Duration>,
+    /// `alert`, `reclaim` or `resize` (to `min_gpus`).
+    pub on_idle: OnIdle,
+    /// Utilization that inference autoscaling steers toward, percent.
+    pub target_util_pct: Option<f64>,
+    /// Substrates to place this kind of work on, in order of preference.
+    pub substrates: Vec<String>,
+}
+
+/// Whether the enforcer acts or only records what it would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnforcerMode {
+    /// Decide and act.
+    #[default]
+    Enforce,
+    /// Record every action with outcome `dry_run`; change nothing.
+    DryRun,
+}
+
+/// `[enforcer]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnforcerConfig {
+    /// Address of the admission API (and its `/metrics`).
+    pub listen: SocketAddr,
+    /// `enforce` or `dry_run`.
+    pub mode: EnforcerMode,
+    /// SQLite lease store; `<data_dir>/enforcer.db` when unset.
+    pub database: Option<PathBuf>,
+    /// URLs that receive alerts as Slack-compatible JSON.
+    pub alert_webhooks: Vec<String>,
+    /// Largest request body accepted, bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for EnforcerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            mode: EnforcerMode::Enforce,
+            database: None,
+            alert_webhooks: Vec::new(),
+            max_request_bytes: 64 << 10,
+        }
+    }
+}
+
+/// The substrate drivers this build knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// The simulated fleet (`hosts`).
+    Simulated,
+    /// One bare-metal host (`gpu_model`, `gpu_uuids`, `grace_period`).
+    Local,
+    /// An external provisioner called over HTTP (`url`, `secret`, `timeout`, `retries`, `capacity`).
+    Webhook,
+}
+
+impl DriverKind {
+    /// The name used in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Simulated => "simulated",
+            Self::Local => "local",
+            Self::Webhook => "webhook",
+        }
+    }
+}
+
+/// `[[substrates]]`. Which fields apply depends on `driver`; the others must be left out.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubstrateConfig {
+    /// The substrate's name, used in leases and `[workloads.*].substrates`.
+    pub name: String,
+    /// Which driver runs it.
+    pub driver: DriverKind,
+    /// simulated: the fleet, in groups of identical hosts.
+    #[serde(default)]
+    pub hosts: Vec<FleetHosts>,
+    /// local: host name; the machine's when unset.
+    pub host: Option<String>,
+    /// local, webhook: full NVML model name of the GPUs.
+    pub gpu_model: Option<String>,
+    /// local: UUIDs of the GPUs leases may hold.
+    #[serde(default)]
+    pub gpu_uuids: Vec<String>,
+    /// webhook: how many GPUs the provisioner can hand out.
+    pub capacity: Option<u32>,
+    /// local: time between SIGTERM and SIGKILL on reclaim.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub grace_period: Option<Duration>,
+    /// webhook: URL that receives `{action, lease}`.
+    pub url: Option<String>,
+    /// webhook: HMAC-SHA256 key for the signature header; `${ENV}` to keep it out of the file.
+    pub secret: Option<String>,
+    /// webhook: time allowed per call.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub timeout: Option<Duration>,
+    /// webhook: attempts after the first failure.
+    pub retries: Option<u32>,
+}
+
+/// A group of identical simulated hosts: `count` hosts named `<prefix>-<n>`, each with `gpus`
+/// GPUs of `gpu_model`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetHosts {
+    /// Host name prefix.
+    pub prefix: String,
+    /// Number of hosts.
+    pub count: u32,
+    /// GPUs per host.
+    pub gpus: u32,
+    /// Full NVML model name, e.g. `"NVIDIA H100 80GB HBM3"`.
+    pub gpu_model: String,
+}
+
+/// What a principal may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything, for every team.
+    Admin,
+    /// Acts for itself in its teams.
+    Member,
+    /// A front-end acting for named users of its teams.
+    Service,
+    /// Reads only.
+    Viewer,
+}
+
+/// `[[tokens]]`: an API principal. The token itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// The principal's name (a user for `member`, a front-end for `service`).
+    pub name: String,
+    /// Lowercase hex SHA-256 of the bearer token.
+    pub sha256: String,
+    /// What the principal may do.
+    pub role: Role,
+    /// Teams the principal acts for (not needed for `admin`).
+    #[serde(default)]
+    pub teams: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn price_is_first_case_insensitive_substring_match_else_default() {
+        let pricing = PricingConfig {
+            default_usd_per_gpu_hour: 1.5,
+            gpu: vec![
+                GpuPrice {
+                    model_match: "h100".into(),
+                    usd_per_gpu_hour: 4.0,
+                },
+                GpuPrice {
+                    model_match: "H100 80GB".into(),
+                    usd_per_gpu_hour: 9.0,
+                },
+                GpuPrice {
+                    model_match: "A100".into(),
+                    usd_per_gpu_hour: 2.5,
+                },
+            ],
+            ..PricingConfig::default()
+        };
+        assert_eq!(pricing.usd_per_gpu_hour("NVIDIA H100 80GB HBM3"), 4.0);
+        assert_eq!(pricing.usd_per_gpu_hour("NVIDIA A100-SXM4-40GB"), 2.5);
+        assert_eq!(pricing.usd_per_gpu_hour("Tesla T4"), 1.5);
+    }
+}

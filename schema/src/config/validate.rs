@@ -1,0 +1,415 @@
+//! The rules a config must follow beyond its keys and types: ranges, names that must be unique,
+//! names that must refer to something, and settings that only make sense together.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::load::{key, FieldPath, Seg};
+use super::{CollectorSource, Config, DriverKind, OnIdle, Role, SubstrateConfig};
+
+type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
+
+fn at(parts: &[&str]) -> FieldPath {
+    parts.iter().map(|p| key(p)).collect()
+}
+
+fn item(list: &str, index: usize, field: &str) -> FieldPath {
+    vec![key(list), Seg::Index(index), key(field)]
+}
+
+pub(crate) fn check(config: &Config, report: Report<'_>) {
+    kafka(config, report);
+    collector(config, report);
+    pipeline(config, report);
+    pricing(config, report);
+    teams(config, report);
+    substrates(config, report);
+    workloads(config, report);
+    tokens(config, report);
+    if config.enforcer.max_request_bytes < 1024 {
+        report(
+            at(&["enforcer", "max_request_bytes"]),
+            "must be at least 1024".into(),
+        );
+    }
+    for (i, url) in config.enforcer.alert_webhooks.iter().enumerate() {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            report(
+                vec![key("enforcer"), key("alert_webhooks"), Seg::Index(i)],
+                format!("\"{url}\" is not an http:// or https:// URL"),
+            );
+        }
+    }
+}
+
+fn kafka(config: &Config, report: Report<'_>) {
+    let k = &config.kafka;
+    if k.brokers.trim().is_empty() {
+        report(
+            at(&["kafka", "brokers"]),
+            "must name at least one broker (host:port), or be \"embedded\"".into(),
+        );
+    }
+    if k.partitions < 1 {
+        report(at(&["kafka", "partitions"]), "must be at least 1".into());
+    }
+    if k.replication_factor < 1 {
+        report(
+            at(&["kafka", "replication_factor"]),
+            "must be at least 1".into(),
+        );
+    }
+}
+
+fn collector(config: &Config, report: Report<'_>) {
+    let c = &config.collector;
+    if c.interval < Duration::from_secs(1) || c.interval > Duration::from_secs(3600) {
+        report(
+            at(&["collector", "interval"]),
+            format!(
+                "{} is outside 1s..=1h",
+                humantime::format_duration(c.interval)
+            ),
+        );
+    }
+    if !(c.simulated.speed.is_finite() && c.simulated.speed > 0.0) {
+        report(
+            at(&["collector", "simulated", "speed"]),
+            "must be a positive number".into(),
+        );
+    }
+    let simulated: Vec<&SubstrateConfig> = config
+        .substrates
+        .iter()
+        .filter(|s| s.driver == DriverKind::Simulated)
+        .collect();
+    match &c.simulated.substrate {
+        Some(name) => match config.substrate(name) {
+            None => report(
+                at(&["collector", "simulated", "substrate"]),
+                format!("no substrate is named `{name}`"),
+            ),
+            Some(s) if s.driver != DriverKind::Simulated => report(
+                at(&["collector", "simulated", "substrate"]),
+                format!(
+                    "substrate `{name}` uses the {} driver, not simulated",
+                    s.driver.as_str()
+                ),
+            ),
+            Some(_) => {}
+        },
+        None if c.source == CollectorSource::Simulated && simulated.len() != 1 => report(
+            at(&["collector", "source"]),
+            format!(
+                "the simulated source needs a fleet: {} substrates use the simulated driver; \
+                 define one, or name it in `collector.simulated.substrate`",
+                simulated.len()
+            ),
+        ),
+        None => {}
+    }
+}
+
+fn pipeline(config: &Config, report: Report<'_>) {
+    let p = &config.pipeline;
+    if p.flush_rows == 0 {
+        report(at(&["pipeline", "flush_rows"]), "must be at least 1".into());
+    }
+    if p.signals.every.is_zero() {
+        report(
+            at(&["pipeline", "signals", "every"]),
+            "must be longer than 0s".into(),
+        );
+    }
+    if p.signals.window < p.signals.every {
+        report(
+            at(&["pipeline", "signals", "window"]),
+            "must be at least as long as `signals.every`".into(),
+        );
+    }
+    if p.sql_listen == p.metrics_listen {
+        report(
+            at(&["pipeline", "sql_listen"]),
+            "is the same address as `pipeline.metrics_listen`".into(),
+        );
+    }
+    let mut names = BTreeSet::new();
+    for (i, user) in p.sql_users.iter().enumerate() {
+        if user.name.is_empty() {
+            report(
+                item_in(&["pipeline", "sql_users"], i, "name"),
+                "must not be empty".into(),
+            );
+        } else if !names.insert(&user.name) {
+            report(
+                item_in(&["pipeline", "sql_users"], i, "name"),
+                format!("user `{}` is defined twice", user.name),
+            );
+        }
+        if user.password.is_empty() {
+            report(
+                item_in(&["pipeline", "sql_users"], i, "password"),
+                "must not be empty".into(),
+            );
+        }
+    }
+}
+
+fn item_in(parents: &[&str], index: usize, field: &str) -> FieldPath {
+    let mut path = at(parents);
+    path.push(Seg::Index(index));
+    path.push(key(field));
+    path
+}
+
+fn non_negative(value: f64) -> bool {
+    value.is_finite() && value >= 0.0
+}
+
+fn pricing(config: &Config, report: Report<'_>) {
+    let p = &config.pricing;
+    if p.currency.len() != 3 || !p.currency.chars().all(|c| c.is_ascii_uppercase()) {
+        report(
+            at(&["pricing", "currency"]),
+            format!("\"{}\" is not an ISO 4217 code like \"USD\"", p.currency),
+        );
+    }
+    if !(0.0..=100.0).contains(&p.idle_util_pct) {
+        report(
+            at(&["pricing", "idle_util_pct"]),
+            format!("{} is outside 0..=100", p.idle_util_pct),
+        );
+    }
+    if !non_negative(p.default_usd_per_gpu_hour) {
+        report(
+            at(&["pricing", "default_usd_per_gpu_hour"]),
+            "must not be negative".into(),
+        );
+    }
+    if !non_negative(p.energy_usd_per_kwh) {
+        report(
+            at(&["pricing", "energy_usd_per_kwh"]),
+            "must not be negative".into(),
+        );
+    }
+    for (i, price) in p.gpu.iter().enumerate() {
+        if price.model_match.trim().is_empty() {
+            report(
+                item_in(&["pricing", "gpu"], i, "match"),
+                "must not be empty: it would match every model".into(),
+            );
+        }
+        if !non_negative(price.usd_per_gpu_hour) {
+            report(
+                item_in(&["pricing", "gpu"], i, "usd_per_gpu_hour"),
+                "must not be negative".into(),
+            );
+        }
+    }
+}
+
+fn teams(config: &Config, report: Report<'_>) {
+    let mut names = BTreeSet::new();
+    for (i, team) in config.teams.iter().enumerate() {
+        if team.name.trim().is_empty() {
+            report(item("teams", i, "name"), "must not be empty".into());
+        } else if team.name.starts_with('(') {
+            report(
+                item("teams", i, "name"),
+                format!(
+                    "`{}` is reserved; team names may not start with `(`",
+                    team.name
+                ),
+            );
+        } else if !names.insert(&team.name) {
+            report(
+                item("teams", i, "name"),
+                format!("team `{}` is defined twice", team.name),
+            );
+        }
+        if !non_negative(team.monthly_budget_usd) {
+            report(
+                item("teams", i, "monthly_budget_usd"),
+                "must not be negative".into(),
+            );
+        }
+    }
+}
+
+fn substrates(config: &Config, report: Report<'_>) {
+    let mut names = BTreeSet::new();
+    for (i, s) in config.substrates.iter().enumerate() {
+        if s.name.trim().is_empty() {
+            report(item("substrates", i, "name"), "must not be empty".into());
+        } else if !names.insert(&s.name) {
+            report(
+                item("substrates", i, "name"),
+                format!("substrate `{}` is defined twice", s.name),
+            );
+        }
+        let driver = s.driver.as_str();
+        let set: [(&str, bool); 10] = [
+            ("hosts", !s.hosts.is_empty()),
+            ("host", s.host.is_some()),
+            ("gpu_model", s.gpu_model.is_some()),
+            ("gpu_uuids", !s.gpu_uuids.is_empty()),
+            ("capacity", s.capacity.is_some()),
+            ("grace_period", s.grace_period.is_some()),
+            ("url", s.url.is_some()),
+            ("secret", s.secret.is_some()),
+            ("timeout", s.timeout.is_some()),
+            ("retries", s.retries.is_some()),
+        ];
+        let (required, allowed): (&[&str], &[&str]) = match s.driver {
+            DriverKind::Simulated => (&["hosts"], &["hosts"]),
+            DriverKind::Local => (
+                &["gpu_model", "gpu_uuids"],
+                &["host", "gpu_model", "gpu_uuids", "grace_period"],
+            ),
+            DriverKind::Webhook => (
+                &["url", "gpu_model", "capacity"],
+                &[
+                    "url",
+                    "secret",
+                    "timeout",
+                    "retries",
+                    "gpu_model",
+                    "capacity",
+                ],
+            ),
+        };
+        for (field, present) in set {
+            if present && !allowed.contains(&field) {
+                report(
+                    item("substrates", i, field),
+                    format!(
+                        "is not a setting of the {driver} driver (it takes {})",
+                        allowed.join(", ")
+                    ),
+                );
+            }
+            if !present && required.contains(&field) {
+                report(
+                    item("substrates", i, "driver"),
+                    format!("the {driver} driver needs `{field}`"),
+                );
+            }
+        }
+        for (j, group) in s.hosts.iter().enumerate() {
+            let path = |f: &str| {
+                vec![
+                    key("substrates"),
+                    Seg::Index(i),
+                    key("hosts"),
+                    Seg::Index(j),
+                    key(f),
+                ]
+            };
+            if group.count == 0 {
+                report(path("count"), "must be at least 1".into());
+            }
+            if group.gpus == 0 {
+                report(path("gpus"), "must be at least 1".into());
+            }
+            if group.prefix.trim().is_empty() {
+                report(path("prefix"), "must not be empty".into());
+            }
+        }
+        if let Some(url) = &s.url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                report(
+                    item("substrates", i, "url"),
+                    format!("\"{url}\" is not an http:// or https:// URL"),
+                );
+            }
+        }
+    }
+}
+
+fn workloads(config: &Config, report: Report<'_>) {
+    for (workload, policy) in &config.workloads {
+        let path = |f: &str| vec![key("workloads"), key(workload.as_str()), key(f)];
+        if policy.max_gpus == Some(0) {
+            report(path("max_gpus"), "must be at least 1".into());
+        }
+        if let (Some(min), Some(max)) = (policy.min_gpus, policy.max_gpus) {
+            if min > max {
+                report(
+                    path("min_gpus"),
+                    format!("{min} is more than max_gpus ({max})"),
+                );
+            }
+        }
+        if let (Some(warn), Some(idle)) = (policy.warn_before, policy.idle_timeout) {
+            if warn >= idle {
+                report(
+                    path("warn_before"),
+                    "must be shorter than idle_timeout".into(),
+                );
+            }
+        }
+        if policy.on_idle == OnIdle::Resize && policy.min_gpus.is_none() {
+            report(
+                path("on_idle"),
+                "\"resize\" shrinks a lease to min_gpus, which is not set".into(),
+            );
+        }
+        if policy.on_idle != OnIdle::Alert && policy.idle_timeout.is_none() {
+            report(
+                path("on_idle"),
+                "needs idle_timeout to say when a lease counts as idle".into(),
+            );
+        }
+        if let Some(target) = policy.target_util_pct {
+            if !(target > 0.0 && target <= 100.0) {
+                report(
+                    path("target_util_pct"),
+                    format!("{target} is outside (0, 100]"),
+                );
+            }
+        }
+        for (i, name) in policy.substrates.iter().enumerate() {
+            if config.substrate(name).is_none() {
+                let mut p = path("substrates");
+                p.push(Seg::Index(i));
+                report(p, format!("no substrate is named `{name}`"));
+            }
+        }
+    }
+}
+
+fn tokens(config: &Config, report: Report<'_>) {
+    let mut hashes = BTreeSet::new();
+    for (i, token) in config.tokens.iter().enumerate() {
+        let hash = &token.sha256;
+        if hash.len() != 64
+            || !hash
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        {
+            report(
+                item("tokens", i, "sha256"),
+                "must be 64 lowercase hex digits: the SHA-256 of the token (`printf %s TOKEN | sha256sum`)".into(),
+            );
+        } else if !hashes.insert(hash) {
+            report(
+                item("tokens", i, "sha256"),
+                "the same token is configured twice".into(),
+            );
+        }
+        if matches!(token.role, Role::Member | Role::Service) && token.teams.is_empty() {
+            report(
+                item("tokens", i, "teams"),
+                "a member or service token must name at least one team".into(),
+            );
+        }
+        for (j, team) in token.teams.iter().enumerate() {
+            if config.team(team).is_none() {
+                report(
+                    vec![key("tokens"), Seg::Index(i), key("teams"), Seg::Index(j)],
+                    format!("no team is named `{team}`"),
+                );
+            }
+        }
+    }
+}

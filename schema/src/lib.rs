@@ -1,0 +1,29 @@
+//! The contracts every gpuwarden component shares, and nothing else.
+//!
+//! Collector, pipeline and enforcer never import one another: they meet in Kafka topics, and this
+//! crate is what they agree on there. It owns the four v1 records ([`Sample`], [`LeaseEvent`],
+//! [`Signal`], [`Action`]), their JSON form (what travels on the topics), their Arrow form (what the
+//! lake stores), their validation, the topic names, the [`Clock`] that drives event time, and the
+//! one configuration file every process reads ([`config`]). It does no I/O beyond reading that file.
+
+pub mod action;
+pub mod arrow;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod json_schema;
+pub mod lease;
+pub mod record;
+pub mod sample;
+pub mod signal;
+pub mod topics;
+pub mod version;
+
+pub use action::{Action, ActionKind, Outcome};
+pub use clock::{AcceleratedClock, Clock, ManualClock, SystemClock};
+pub use error::{ArrowConvertError, DecodeError, ValidationError};
+pub use lease::{LeaseEvent, LeaseEventKind, ReleaseReason, Workload};
+pub use record::Record;
+pub use sample::Sample;
+pub use signal::{Signal, SignalBody};
+pub use version::V1;

@@ -1,0 +1,253 @@
+//! The config file as an operator meets it: the shipped example is valid, and every mistake is
+//! reported with its line, column and field path, all of them in one run.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpuwarden_schema::config::{self, CollectorSource, ConfigError, EnforcerMode, OnIdle};
+use gpuwarden_schema::Workload;
+
+fn errors(text: &str) -> Vec<ConfigError> {
+    match config::parse("test.toml", text) {
+        Ok(_) => panic!("config was accepted:\n{text}"),
+        Err(e) => e.errors,
+    }
+}
+
+fn find<'a>(errors: &'a [ConfigError], path: &str) -> &'a ConfigError {
+    errors
+        .iter()
+        .find(|e| e.path == path)
+        .unwrap_or_else(|| panic!("no error at `{path}` in {errors:#?}"))
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/gpuwarden.toml");
+    std::env::set_var("GPUWARDEN_SQL_PASSWORD", "from-the-environment");
+    let config = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.collector.source, CollectorSource::Simulated);
+    assert_eq!(config.collector.interval, Duration::from_secs(5));
+    assert_eq!(
+        config.pipeline.sql_users[0].password,
+        "from-the-environment"
+    );
+    assert_eq!(config.workload(Workload::Notebook).on_idle, OnIdle::Reclaim);
+    assert_eq!(
+        config.workload(Workload::Notebook).idle_timeout,
+        Some(Duration::from_secs(1800))
+    );
+    assert_eq!(config.enforcer.mode, EnforcerMode::Enforce);
+    assert_eq!(
+        config.pricing.usd_per_gpu_hour("NVIDIA A100-SXM4-80GB"),
+        3.2
+    );
+    assert_eq!(
+        config.pricing.usd_per_gpu_hour("NVIDIA A100-SXM4-40GB"),
+        2.6
+    );
+    assert_eq!(config.substrates[0].hosts.len(), 3);
+    assert_eq!(config.lake_dir(), PathBuf::from("gpuwarden-data/lake"));
+}
+
+#[test]
+fn an_empty_file_is_all_defaults() {
+    let config = config::parse("empty.toml", "").unwrap();
+    assert!(config.kafka.is_embedded());
+    assert_eq!(config.collector.interval, Duration::from_secs(5));
+    assert_eq!(config.pricing.idle_util_pct, 5.0);
+    assert_eq!(config.pipeline.signals.every, Duration::from_secs(30));
+    assert_eq!(config.pipeline.signals.window, Duration::from_secs(900));
+}
+
+#[test]
+fn unknown_key_and_bad_duration_are_both_reported_with_their_lines() {
+    let text = "\
+[collector]
+interval = \"5 parsecs\"
+sampling_rate = 3
+";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    let unknown = find(&errs, "collector.sampling_rate");
+    assert_eq!((unknown.line, unknown.column), (Some(3), Some(1)));
+    assert!(
+        unknown.message.contains("unknown key `sampling_rate`"),
+        "{}",
+        unknown.message
+    );
+    assert!(
+        unknown.message.contains("`interval`"),
+        "lists the keys that exist: {}",
+        unknown.message
+    );
+    let duration = find(&errs, "collector.interval");
+    assert_eq!((duration.line, duration.column), (Some(2), Some(12)));
+    assert!(
+        duration.message.contains("invalid duration \"5 parsecs\""),
+        "{}",
+        duration.message
+    );
+}
+
+#[test]
+fn errors_across_sections_and_list_items_are_all_found() {
+    let text = "\
+[kafka]
+brokers = \"k1:9092\"
+colour = \"blue\"
+
+[collector]
+source = \"nvm\"
+
+[[teams]]
+name = \"a\"
+gpu_quota = -1
+monthly_budget_usd = 1.0
+
+[[teams]]
+name = \"b\"
+monthly_budget_usd = 1.0
+
+[workloads.gaming]
+max_gpus = 1
+
+[bogus]
+x = 1
+";
+    let errs = errors(text);
+    let line = |path: &str| find(&errs, path).line;
+    assert_eq!(line("kafka.colour"), Some(3));
+    assert_eq!(line("collector.source"), Some(6));
+    assert_eq!(line("teams[0].gpu_quota"), Some(10));
+    assert!(find(&errs, "teams[1]")
+        .message
+        .contains("missing required key `gpu_quota`"));
+    assert_eq!(line("teams[1]"), Some(13));
+    assert_eq!(line("workloads.gaming"), Some(17));
+    assert_eq!(line("bogus"), Some(20));
+    assert_eq!(errs.len(), 6, "{errs:#?}");
+    let lines: Vec<_> = errs.iter().map(|e| e.line).collect();
+    let mut sorted = lines.clone();
+    sorted.sort();
+    assert_eq!(lines, sorted, "errors are reported in file order");
+}
+
+#[test]
+fn rules_across_sections_name_the_field_at_fault() {
+    let text = "\
+[[teams]]
+name = \"ml\"
+gpu_quota = 8
+monthly_budget_usd = 100.0
+
+[[teams]]
+name = \"ml\"
+gpu_quota = 8
+monthly_budget_usd = -5.0
+
+[workloads.notebook]
+idle_timeout = \"10m\"
+warn_before = \"20m\"
+on_idle = \"resize\"
+substrates = [\"nowhere\"]
+
+[[substrates]]
+name = \"sim\"
+driver = \"simulated\"
+url = \"http://x\"
+
+[[tokens]]
+name = \"bot\"
+sha256 = \"abc\"
+role = \"member\"
+teams = [\"ghosts\"]
+
+[pricing]
+idle_util_pct = 150
+";
+    let errs = errors(text);
+    assert!(find(&errs, "teams[1].name")
+        .message
+        .contains("defined twice"));
+    assert_eq!(find(&errs, "teams[1].name").line, Some(7));
+    assert!(find(&errs, "teams[1].monthly_budget_usd")
+        .message
+        .contains("negative"));
+    assert!(find(&errs, "workloads.notebook.warn_before")
+        .message
+        .contains("shorter than idle_timeout"));
+    assert!(find(&errs, "workloads.notebook.on_idle")
+        .message
+        .contains("min_gpus"));
+    assert_eq!(
+        find(&errs, "workloads.notebook.substrates[0]").line,
+        Some(15)
+    );
+    assert!(find(&errs, "substrates[0].url")
+        .message
+        .contains("not a setting of the simulated driver"));
+    assert!(find(&errs, "substrates[0].driver")
+        .message
+        .contains("needs `hosts`"));
+    assert!(find(&errs, "tokens[0].sha256")
+        .message
+        .contains("64 lowercase hex"));
+    assert!(find(&errs, "tokens[0].teams[0]")
+        .message
+        .contains("no team is named `ghosts`"));
+    assert_eq!(find(&errs, "pricing.idle_util_pct").line, Some(29));
+}
+
+#[test]
+fn env_references_are_substituted_and_unset_ones_reported() {
+    std::env::set_var("GPUWARDEN_TEST_BROKERS", "kafka-1:9092,kafka-2:9092");
+    let config = config::parse(
+        "t.toml",
+        "[kafka]\nbrokers = \"${GPUWARDEN_TEST_BROKERS}\"\nclient_id = \"cost$${x}\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.kafka.brokers, "kafka-1:9092,kafka-2:9092");
+    assert_eq!(
+        config.kafka.client_id, "cost${x}",
+        "a doubled dollar is a literal one"
+    );
+
+    let errs = errors("[kafka]\nbrokers = \"${GPUWARDEN_TEST_SURELY_UNSET}\"\n");
+    let e = find(&errs, "kafka.brokers");
+    assert_eq!(e.line, Some(2));
+    assert!(
+        e.message
+            .contains("`GPUWARDEN_TEST_SURELY_UNSET` is not set"),
+        "{}",
+        e.message
+    );
+    let errs = errors("[kafka]\nbrokers = \"${UNCLOSED\"\n");
+    assert!(find(&errs, "kafka.brokers").message.contains("unclosed"));
+}
+
+#[test]
+fn toml_syntax_errors_point_at_the_place() {
+    let errs = errors("[kafka]\nbrokers = \"a\"\npartitions = = 3\n");
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].line, Some(3), "{errs:#?}");
+    assert!(errs[0].message.starts_with("invalid TOML"));
+}
+
+#[test]
+fn the_report_shows_file_line_column_and_the_source_line() {
+    let err = config::parse("cfg.toml", "[collector]\ninterval = \"soon\"\n").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("cfg.toml:2:12: error: collector.interval: invalid duration \"soon\""),
+        "{text}"
+    );
+    assert!(text.contains("2 | interval = \"soon\""), "{text}");
+    assert!(text.contains("|            ^"), "{text}");
+}
+
+#[test]
+fn a_missing_file_says_so() {
+    let err = config::load(std::path::Path::new("/nonexistent/gpuwarden.toml")).unwrap_err();
+    assert!(err.to_string().contains("cannot read the file"), "{err}");
+}
