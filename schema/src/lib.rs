@@ -11,6 +11,7 @@ pub mod arrow;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod fleet;
 pub mod json_schema;
 pub mod lease;
 pub mod record;
