@@ -1,6 +1,19 @@
 //! The collector: samples every GPU of a host (through NVML, or the simulated fleet described in
 //! the config) and publishes `Sample` records to `gpuwarden.samples`, keyed by GPU UUID; serves
-//! the GPU gauges on `/metrics` under dcgm-exporter's names.
+//! the GPU gauges on `/metrics` under dcgm-exporter's names, with its own `gpuwarden_collector_*`
+//! metrics beside them.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the pipeline and the enforcer in Kafka topics.
-//! Its sources, sink and metrics arrive with the collector issue; this crate is the place they go.
+//! [`source`] runs the sampling thread over an [`nvml`] or [`sim`] source, [`sink`] publishes,
+//! [`metrics`] counts and renders, [`http`] serves `/metrics`.
+
+pub mod http;
+pub mod metrics;
+pub mod nvml;
+pub mod sim;
+pub mod sink;
+pub mod source;
+
+pub use metrics::Metrics;
+pub use sink::{KafkaSink, SinkReport, SinkSettings};
+pub use source::{Collector, SourceSpec, StartError};

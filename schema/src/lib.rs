@@ -13,6 +13,8 @@ pub mod config;
 pub mod error;
 pub mod fleet;
 pub mod json_schema;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod lease;
 pub mod record;
 pub mod sample;

@@ -1,6 +1,9 @@
 //! The subcommands. Adding one is a module here, a variant of [`Command`], and a line in [`run`].
 
+mod broker;
 mod check_config;
+mod collect;
+mod kafka;
 
 use std::process::ExitCode;
 
@@ -10,10 +13,16 @@ use clap::Subcommand;
 pub(crate) enum Command {
     /// Check a config file and report every error with its line, column and field.
     CheckConfig(check_config::Args),
+    /// Sample GPUs (NVML or a simulated fleet) and publish them to Kafka.
+    Collect(collect::Args),
+    /// Run a Kafka-protocol broker in this process, for tests and trials.
+    Broker(broker::Args),
 }
 
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::CheckConfig(args) => check_config::run(args),
+        Command::Collect(args) => collect::run(args),
+        Command::Broker(args) => broker::run(args),
     }
 }

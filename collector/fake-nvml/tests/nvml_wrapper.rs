@@ -1,0 +1,393 @@
+//! End-to-end checks: load the built cdylib through nvml-wrapper exactly as
+//! production code loads the real libnvidia-ml.so, and read scripted values
+//! back through its safe API.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use serde_json::json;
+
+const SCRIPT_ENV: &str = "GPUWARDEN_FAKE_NVML_SCRIPT";
+
+/// The env var and the fake's session are process-global, so scenarios must
+/// not interleave.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The cdylib cargo built for this test run. During `cargo test` cargo
+/// leaves it in `<profile>/deps/`, beside this binary, and does not copy it
+/// up to `<profile>/` (only `cargo build` does); a copy there may be stale,
+/// so it is only the fallback.
+fn lib_path() -> PathBuf {
+    const NAME: &str = "libgpuwarden_fake_nvml.so";
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("test binary has a parent dir");
+    let candidates = [deps.join(NAME), deps.join("..").join(NAME)];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("fake NVML not built; looked at {candidates:?}"))
+        .clone()
+}
+
+/// Holds the serial lock and owns the script file for one scenario.
+struct Scenario {
+    path: PathBuf,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Scenario {
+    fn new(name: &str, script: &serde_json::Value) -> Self {
+        let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = std::env::temp_dir().join(format!(
+            "gpuwarden-fake-nvml-{}-{name}.json",
+            std::process::id()
+        ));
+        std::fs::write(&path, script.to_string()).expect("write script");
+        std::env::set_var(SCRIPT_ENV, &path);
+        Self {
+            path,
+            _serial: serial,
+        }
+    }
+
+    /// Swaps in a new script; it takes effect at the next fresh init.
+    fn rewrite(&self, script: &serde_json::Value) {
+        std::fs::write(&self.path, script.to_string()).expect("rewrite script");
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        std::env::remove_var(SCRIPT_ENV);
+    }
+}
+
+fn init() -> Result<Nvml, NvmlError> {
+    let lib = lib_path();
+    Nvml::builder().lib_path(lib.as_os_str()).init()
+}
+
+const UUID0: &str = "GPU-11111111-2222-3333-4444-555555555555";
+const UUID1: &str = "GPU-66666666-7777-8888-9999-000000000000";
+
+#[test]
+fn scripted_values_read_back_and_advance_per_utilization_call() {
+    let s = Scenario::new(
+        "values",
+        &json!({
+            "driver_version": "550.54.15",
+            "nvml_version": "12.550.54.15",
+            "cuda_driver_version": 12040,
+            "devices": [{
+                "uuid": UUID0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "index": 0,
+                "pci_bus_id": "00000000:17:00.0",
+                "memory_total_bytes": 85_520_809_984u64,
+                "memory_used_bytes": [1_048_576, 2_097_152],
+                "util_gpu_pct": [95, 80, 0],
+                "util_mem_pct": [40],
+                "power_mw": [350_000, 360_000],
+                "power_limit_mw": 700_000,
+                "energy_mj": [1_000_000, 1_005_000],
+                "temp_c": 61,
+                "sm_clock_mhz": [1980, 1755],
+                "processes": [
+                    [{"pid": 1234, "used_memory_bytes": 1_048_576}],
+                    [{"pid": 1234, "used_memory_bytes": 2_097_152}, {"pid": 5678}],
+                    []
+                ]
+            }]
+        }),
+    );
+    let nvml = init().expect("init");
+    assert_eq!(nvml.sys_driver_version().unwrap(), "550.54.15");
+    assert_eq!(nvml.sys_nvml_version().unwrap(), "12.550.54.15");
+    assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 12040);
+    assert_eq!(nvml.device_count().unwrap(), 1);
+    assert!(matches!(
+        nvml.device_by_index(1),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(matches!(
+        nvml.device_by_uuid("GPU-nope"),
+        Err(NvmlError::NotFound)
+    ));
+
+    let dev = nvml.device_by_index(0).unwrap();
+    assert_eq!(dev.uuid().unwrap(), UUID0);
+    assert_eq!(dev.name().unwrap(), "NVIDIA H100 80GB HBM3");
+    assert_eq!(dev.index().unwrap(), 0);
+    let pci = dev.pci_info().unwrap();
+    assert_eq!(pci.bus_id, "00000000:17:00.0");
+    assert_eq!((pci.domain, pci.bus, pci.device), (0, 0x17, 0));
+    assert_eq!(nvml.device_by_uuid(UUID0).unwrap().uuid().unwrap(), UUID0);
+    assert_eq!(dev.enforced_power_limit().unwrap(), 700_000);
+    assert!(matches!(dev.mig_mode(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        dev.clock_info(Clock::Memory),
+        Err(NvmlError::NotSupported)
+    ));
+
+    // Before any utilization call everything reads sample 0.
+    assert_eq!(dev.power_usage().unwrap(), 350_000);
+    assert_eq!(dev.memory_info().unwrap().used, 1_048_576);
+
+    // What each successive utilization call, and the getters after it, see.
+    struct Sample {
+        gpu: u32,
+        used: u64,
+        power: u32,
+        energy: u64,
+        sm: u32,
+        pids: &'static [u32],
+    }
+    let expected = [
+        Sample {
+            gpu: 95,
+            used: 1_048_576,
+            power: 350_000,
+            energy: 1_000_000,
+            sm: 1980,
+            pids: &[1234],
+        },
+        Sample {
+            gpu: 80,
+            used: 2_097_152,
+            power: 360_000,
+            energy: 1_005_000,
+            sm: 1755,
+            pids: &[1234, 5678],
+        },
+        Sample {
+            gpu: 0,
+            used: 2_097_152,
+            power: 360_000,
+            energy: 1_005_000,
+            sm: 1755,
+            pids: &[],
+        },
+        Sample {
+            gpu: 0,
+            used: 2_097_152,
+            power: 360_000,
+            energy: 1_005_000,
+            sm: 1755,
+            pids: &[],
+        },
+    ];
+    for (call, want) in expected.iter().enumerate() {
+        let util = dev.utilization_rates().unwrap();
+        assert_eq!((util.gpu, util.memory), (want.gpu, 40), "call {call}");
+        let memory = dev.memory_info().unwrap();
+        assert_eq!(memory.total, 85_520_809_984, "call {call}");
+        assert_eq!(memory.used, want.used, "call {call}");
+        assert_eq!(memory.free, 85_520_809_984 - want.used, "call {call}");
+        assert_eq!(dev.power_usage().unwrap(), want.power, "call {call}");
+        assert_eq!(
+            dev.total_energy_consumption().unwrap(),
+            want.energy,
+            "call {call}"
+        );
+        assert_eq!(dev.temperature(TemperatureSensor::Gpu).unwrap(), 61);
+        assert_eq!(dev.clock_info(Clock::SM).unwrap(), want.sm, "call {call}");
+        assert_eq!(
+            dev.clock_info(Clock::Graphics).unwrap(),
+            want.sm,
+            "call {call}"
+        );
+        let procs = dev.running_compute_processes().unwrap();
+        let got: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+        assert_eq!(got, want.pids, "call {call}");
+        assert_eq!(
+            dev.running_compute_processes_count().unwrap() as usize,
+            want.pids.len()
+        );
+        if call == 1 {
+            assert_eq!(procs[0].used_gpu_memory, UsedGpuMemory::Used(2_097_152));
+            assert_eq!(procs[1].used_gpu_memory, UsedGpuMemory::Unavailable);
+            assert_eq!(procs[1].gpu_instance_id, None);
+        }
+    }
+
+    // A fresh session re-reads the script and restarts the samples.
+    drop(nvml);
+    s.rewrite(&json!({"devices": [{"uuid": UUID1, "util_gpu_pct": [7, 8], "util_mem_pct": 1}]}));
+    let nvml = init().expect("re-init");
+    let dev = nvml.device_by_index(0).unwrap();
+    assert_eq!(dev.uuid().unwrap(), UUID1);
+    assert_eq!(dev.utilization_rates().unwrap().gpu, 7);
+    assert!(matches!(dev.power_usage(), Err(NvmlError::NotSupported)));
+}
+
+#[test]
+fn fail_entries_surface_as_matching_errors() {
+    let _s = Scenario::new(
+        "fail",
+        &json!({
+            "devices": [{
+                "uuid": UUID0,
+                "name": "NVIDIA A100-SXM4-40GB",
+                "memory_total_bytes": 42_949_672_960u64,
+                "memory_used_bytes": 1024,
+                "util_gpu_pct": 50,
+                "util_mem_pct": 10,
+                "power_mw": 250_000,
+                "energy_mj": 5,
+                "temp_c": 40,
+                "sm_clock_mhz": 1410,
+                "processes": [[]],
+                "fail": {
+                    "power_usage": "not_supported",
+                    "temperature": "unknown",
+                    "energy": "no_permission",
+                    "clock": "timeout",
+                    "processes": "gpu_is_lost"
+                }
+            }]
+        }),
+    );
+    let nvml = init().expect("init");
+    let dev = nvml.device_by_index(0).unwrap();
+    assert!(matches!(dev.power_usage(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        dev.temperature(TemperatureSensor::Gpu),
+        Err(NvmlError::Unknown)
+    ));
+    assert!(matches!(
+        dev.total_energy_consumption(),
+        Err(NvmlError::NoPermission)
+    ));
+    assert!(matches!(dev.clock_info(Clock::SM), Err(NvmlError::Timeout)));
+    assert!(matches!(
+        dev.running_compute_processes(),
+        Err(NvmlError::GpuLost)
+    ));
+    // Omitted values are NOT_SUPPORTED; the rest of the device still works.
+    assert!(matches!(
+        dev.enforced_power_limit(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(dev.pci_info(), Err(NvmlError::NotSupported)));
+    assert!(matches!(dev.index(), Err(NvmlError::NotSupported)));
+    assert_eq!(dev.name().unwrap(), "NVIDIA A100-SXM4-40GB");
+    assert_eq!(dev.utilization_rates().unwrap().gpu, 50);
+    assert_eq!(dev.memory_info().unwrap().used, 1024);
+    assert_eq!(dev.uuid().unwrap(), UUID0);
+}
+
+#[test]
+fn lost_gpu_fails_from_its_sample_on_while_others_keep_working() {
+    let s = Scenario::new(
+        "lost",
+        &json!({
+            "devices": [
+                {"uuid": UUID0, "util_gpu_pct": [10, 20, 30], "util_mem_pct": 1,
+                 "power_mw": 100_000, "memory_total_bytes": 100, "memory_used_bytes": 10,
+                 "lost_at_sample": 2},
+                {"uuid": UUID1, "util_gpu_pct": [60, 70], "util_mem_pct": 2,
+                 "power_mw": 200_000}
+            ]
+        }),
+    );
+    let nvml = init().expect("init");
+    let lost = nvml.device_by_index(0).unwrap();
+    let ok = nvml.device_by_index(1).unwrap();
+    assert_eq!(lost.utilization_rates().unwrap().gpu, 10);
+    assert_eq!(lost.utilization_rates().unwrap().gpu, 20);
+    assert_eq!(lost.power_usage().unwrap(), 100_000);
+    // Third utilization call is sample 2: the GPU falls off the bus.
+    assert!(matches!(lost.utilization_rates(), Err(NvmlError::GpuLost)));
+    assert!(matches!(lost.power_usage(), Err(NvmlError::GpuLost)));
+    assert!(matches!(lost.memory_info(), Err(NvmlError::GpuLost)));
+    assert!(matches!(lost.uuid(), Err(NvmlError::GpuLost)));
+    assert!(matches!(lost.utilization_rates(), Err(NvmlError::GpuLost)));
+    assert!(matches!(nvml.device_by_index(0), Err(NvmlError::GpuLost)));
+    assert!(matches!(
+        nvml.device_by_uuid(UUID0),
+        Err(NvmlError::GpuLost)
+    ));
+
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    assert_eq!(ok.utilization_rates().unwrap().gpu, 60);
+    assert_eq!(ok.utilization_rates().unwrap().gpu, 70);
+    assert_eq!(ok.utilization_rates().unwrap().gpu, 70);
+    assert_eq!(ok.power_usage().unwrap(), 200_000);
+    assert_eq!(nvml.device_by_uuid(UUID1).unwrap().uuid().unwrap(), UUID1);
+
+    // lost_at_sample 0: lost from the start, even for handle lookups.
+    drop(nvml);
+    s.rewrite(&json!({"devices": [{"uuid": UUID0, "lost_at_sample": 0}]}));
+    let nvml = init().expect("re-init");
+    assert_eq!(nvml.device_count().unwrap(), 1);
+    assert!(matches!(nvml.device_by_index(0), Err(NvmlError::GpuLost)));
+}
+
+#[test]
+fn bad_or_missing_script_fails_init_without_panicking() {
+    let s = Scenario::new("bad", &json!({"devices": []}));
+
+    std::env::remove_var(SCRIPT_ENV);
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+
+    std::env::set_var(SCRIPT_ENV, s.path.with_extension("missing"));
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+
+    std::env::set_var(SCRIPT_ENV, &s.path);
+    s.rewrite(&json!({"devices": [{"uuid": UUID0, "typo_field": 1}]}));
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+    s.rewrite(&json!({"devices": [{"fail": {"power_usage": "on_fire"}}]}));
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+
+    // A valid script works again, and NVML-style init counting keeps the
+    // session open until every Nvml is gone.
+    s.rewrite(&json!({"devices": [{"uuid": UUID0}]}));
+    let first = init().expect("init");
+    let second = init().expect("second init");
+    drop(first);
+    assert_eq!(second.device_count().unwrap(), 1);
+    drop(second);
+
+    // An empty machine is a valid script.
+    s.rewrite(&json!({}));
+    let nvml = init().expect("init with no devices");
+    assert_eq!(nvml.device_count().unwrap(), 0);
+    assert!(matches!(
+        nvml.sys_driver_version(),
+        Err(NvmlError::NotSupported)
+    ));
+}
+
+#[test]
+fn concurrent_utilization_calls_each_take_one_sample() {
+    let gpu: Vec<u32> = (0..=100).collect();
+    let _s = Scenario::new(
+        "concurrent",
+        &json!({"devices": [{"uuid": UUID0, "util_gpu_pct": gpu, "util_mem_pct": 0}]}),
+    );
+    let nvml = init().expect("init");
+    let dev = nvml.device_by_index(0).unwrap();
+    let mut seen: Vec<u32> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..25)
+                        .map(|_| dev.utilization_rates().unwrap().gpu)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    seen.sort_unstable();
+    assert_eq!(seen, (0..100).collect::<Vec<u32>>());
+    assert_eq!(dev.utilization_rates().unwrap().gpu, 100);
+}

@@ -1,0 +1,285 @@
+//! The NVML source through the real nvml-wrapper FFI path, against the scripted fake
+//! `libnvidia-ml.so` built from `collector/fake-nvml`: values and units, a field the device
+//! cannot report, a device lost mid-run, lease discovery from a process environment, a missing
+//! library, and the whole way to the broker.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuwarden_collector::nvml::NvmlSource;
+use gpuwarden_collector::{Collector, KafkaSink, Metrics, SinkSettings, SourceSpec};
+use gpuwarden_schema::kafka::EmbeddedBroker;
+use gpuwarden_schema::{AcceleratedClock, Record};
+use serde_json::json;
+
+/// The fake's script is named by a process-wide environment variable: one test at a time.
+static NVML: Mutex<()> = Mutex::new(());
+
+fn fake_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    let candidates = [
+        dir.join("libgpuwarden_fake_nvml.so"),
+        dir.join("../libgpuwarden_fake_nvml.so"),
+    ];
+    candidates.into_iter().find(|p| p.exists()).expect(
+        "the fake libnvidia-ml.so is built beside the tests (dev-dependency gpuwarden-fake-nvml)",
+    )
+}
+
+/// A process with a lease in its environment, as a lease's workload would be.
+struct LeasedProcess(Child);
+
+impl LeasedProcess {
+    fn start(lease: &str) -> Self {
+        Self(
+            Command::new("sleep")
+                .arg("60")
+                .env("GPUWARDEN_LEASE_ID", lease)
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for LeasedProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const H100_TOTAL: u64 = 85_520_809_984;
+
+fn script(dir: &std::path::Path, leased_pid: u32) -> PathBuf {
+    let script = json!({
+        "driver_version": "550.54.15",
+        "devices": [
+            {
+                "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+                "name": "NVIDIA H100 80GB HBM3",
+                "index": 0,
+                "pci_bus_id": "00000000:17:00.0",
+                "memory_total_bytes": H100_TOTAL,
+                "memory_used_bytes": [1073741824u64, 2147483648u64],
+                "util_gpu_pct": [95, 80, 0],
+                "util_mem_pct": [40, 30, 0],
+                "power_mw": [350000, 360500, 70250],
+                "power_limit_mw": 700000,
+                "energy_mj": [1000000, 1005000, 1010000],
+                "temp_c": [61, 62, 40],
+                "sm_clock_mhz": [1980, 1980, 345],
+                "processes": [[{"pid": leased_pid, "used_memory_bytes": 1073741824u64}], [{"pid": leased_pid}], []]
+            },
+            {
+                "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+                "name": "NVIDIA A100-SXM4-40GB",
+                "index": 1,
+                "pci_bus_id": "00000000:27:00.0",
+                "memory_total_bytes": 42949672960u64,
+                "memory_used_bytes": [0],
+                "util_gpu_pct": [10],
+                "util_mem_pct": [1],
+                "power_limit_mw": 400000,
+                "energy_mj": [5],
+                "temp_c": [35],
+                "sm_clock_mhz": [210],
+                "processes": [[]],
+                "fail": {"power_usage": "not_supported"},
+                "lost_at_sample": 2
+            }
+        ]
+    });
+    let path = dir.join("nvml.json");
+    std::fs::write(&path, script.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn samples_carry_nvmls_values_in_the_contracts_units() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let leased = LeasedProcess::start("l-train-7");
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), leased.0.id()),
+    );
+    let metrics = Arc::new(Metrics::default());
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "gpu-node-1".into(),
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+    assert_eq!(source.device_count(), 2);
+
+    let first = source.sample(1_000_000, 5_000);
+    assert_eq!(first.len(), 2);
+    let h100 = &first[0];
+    h100.validate().unwrap();
+    assert_eq!(h100.host, "gpu-node-1");
+    assert_eq!(h100.gpu_uuid, "GPU-aaaaaaaa-0000-0000-0000-000000000000");
+    assert_eq!(h100.gpu_model, "NVIDIA H100 80GB HBM3");
+    assert_eq!(h100.gpu_index, Some(0));
+    assert_eq!(h100.pci_bus_id.as_deref(), Some("00000000:17:00.0"));
+    assert_eq!((h100.ts_ms, h100.interval_ms), (1_000_000, 5_000));
+    assert_eq!(h100.util_gpu_pct, 95.0);
+    assert_eq!(h100.util_mem_pct, Some(40.0));
+    assert_eq!(h100.mem_used_bytes, 1 << 30);
+    assert_eq!(h100.mem_total_bytes, H100_TOTAL);
+    assert_eq!(h100.power_w, Some(350.0), "milliwatts become watts");
+    assert_eq!(h100.power_limit_w, Some(700.0));
+    assert_eq!(
+        h100.energy_mj,
+        Some(1_000_000),
+        "energy stays in millijoules"
+    );
+    assert_eq!(h100.temp_c, Some(61.0));
+    assert_eq!(h100.sm_clock_mhz, Some(1980));
+    assert_eq!(h100.process_count, Some(1));
+    assert_eq!(
+        h100.lease_id.as_deref(),
+        Some("l-train-7"),
+        "found in the process's environment"
+    );
+
+    let a100 = &first[1];
+    a100.validate().unwrap();
+    assert_eq!(
+        a100.power_w, None,
+        "a field the device cannot report is null"
+    );
+    assert_eq!(
+        a100.power_limit_w,
+        Some(400.0),
+        "the device's other fields are still read"
+    );
+    assert_eq!(a100.lease_id, None);
+    assert_eq!(
+        metrics.nvml_errors_for("power_w"),
+        1,
+        "and the failure is counted"
+    );
+
+    let second = source.sample(1_005_000, 5_000);
+    assert_eq!(second.len(), 2);
+    assert_eq!(second[0].util_gpu_pct, 80.0);
+    assert_eq!(second[0].power_w, Some(360.5));
+    assert_eq!(second[0].lease_id.as_deref(), Some("l-train-7"));
+
+    // Sample 2: the A100 falls off the bus; the H100 keeps being sampled.
+    let third = source.sample(1_010_000, 5_000);
+    assert_eq!(
+        third
+            .iter()
+            .map(|s| s.gpu_uuid.as_str())
+            .collect::<Vec<_>>(),
+        ["GPU-aaaaaaaa-0000-0000-0000-000000000000"]
+    );
+    assert_eq!(third[0].util_gpu_pct, 0.0);
+    assert_eq!(third[0].process_count, Some(0));
+    assert_eq!(third[0].lease_id, None, "no process, no lease");
+    let fourth = source.sample(1_015_000, 5_000);
+    assert_eq!(fourth.len(), 1, "a lost device stays skipped");
+    assert!(metrics
+        .render_own()
+        .contains("gpuwarden_collector_devices_lost_total 1"));
+    assert_eq!(metrics.nvml_errors_for("power_w"), 2);
+}
+
+#[test]
+fn a_missing_driver_library_says_what_to_install() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let err = NvmlSource::open(
+        Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")),
+        "h".into(),
+        Arc::new(Metrics::default()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+    assert!(err.contains("Install the NVIDIA driver"), "{err}");
+    assert!(err.contains("--source simulated"), "{err}");
+}
+
+#[test]
+fn collected_samples_reach_the_broker_exactly_as_produced() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let leased = LeasedProcess::start("l-e2e");
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), leased.0.id()),
+    );
+    let broker = EmbeddedBroker::start(2).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let sink = KafkaSink::start(
+        &support::client(broker.bootstrap_servers()),
+        gpuwarden_schema::topics::SAMPLES,
+        SinkSettings::default(),
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+    // 1 s of event time per 10 ms of wall time.
+    let clock = Arc::new(AcceleratedClock::from_now(100.0));
+    let spec = SourceSpec::Nvml {
+        library: Some(fake_library()),
+        host: "gpu-node-2".into(),
+    };
+    let collector = Collector::start(
+        spec,
+        sink,
+        Duration::from_secs(1),
+        clock,
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let report = collector.stop(Duration::from_secs(30));
+
+    assert!(
+        report.published >= 6,
+        "about 20 rounds of 1-2 GPUs: {report:?}"
+    );
+    assert_eq!(report.dropped, 0);
+    let got = support::read_samples(
+        broker.bootstrap_servers(),
+        gpuwarden_schema::topics::SAMPLES,
+        report.published as usize,
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        got.len() as u64,
+        report.published,
+        "the broker holds exactly what the collector published"
+    );
+    let a100 = got
+        .iter()
+        .filter(|(_, s)| s.gpu_uuid.starts_with("GPU-bbbb"))
+        .count();
+    assert_eq!(
+        a100, 2,
+        "the A100 was sampled twice before it fell off the bus"
+    );
+    for (key, s) in &got {
+        assert_eq!(key, &s.gpu_uuid);
+        assert_eq!(s.host, "gpu-node-2");
+        assert!(
+            s.interval_ms >= 1 && s.interval_ms <= 5_000,
+            "interval covers the time since the previous sample: {}",
+            s.interval_ms
+        );
+    }
+    let first_h100 = got
+        .iter()
+        .map(|(_, s)| s)
+        .filter(|s| s.gpu_uuid.starts_with("GPU-aaaa"))
+        .min_by_key(|s| s.ts_ms)
+        .unwrap();
+    assert_eq!(first_h100.power_w, Some(350.0));
+    assert_eq!(first_h100.lease_id.as_deref(), Some("l-e2e"));
+}

@@ -1,0 +1,142 @@
+//! `gpuwarden collect`: samples this host's GPUs (or a simulated fleet) and publishes them to
+//! Kafka, serving `/metrics` meanwhile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gpuwarden_collector::sim::Fleet;
+use gpuwarden_collector::{Collector, KafkaSink, Metrics, SinkSettings, SourceSpec};
+use gpuwarden_schema::config::{self, CollectorSource, DriverKind};
+use gpuwarden_schema::{AcceleratedClock, Clock, SystemClock};
+
+use super::kafka::{shutdown_signal, KafkaConnection};
+
+/// Sample GPUs and publish them to Kafka.
+///
+/// Every interval (collector.interval, default 5s) each GPU of this host becomes one Sample on
+/// the gpuwarden.samples topic, keyed by its UUID. With --source simulated, the fleet of the
+/// config's `simulated` substrate is sampled instead, and it follows the leases the enforcer
+/// grants. GPU gauges with dcgm-exporter's names are served on collector.metrics_listen/metrics.
+/// Ctrl-C or SIGTERM publishes what is buffered, then exits.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file.
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// Where samples come from; overrides collector.source.
+    #[arg(long, value_enum, env = "GPUWARDEN_COLLECTOR_SOURCE")]
+    source: Option<SourceArg>,
+    /// Sampling interval, e.g. "5s"; overrides collector.interval.
+    #[arg(long, value_parser = config::parse_duration, env = "GPUWARDEN_COLLECTOR_INTERVAL")]
+    interval: Option<Duration>,
+    /// Event time per wall time for the simulated source (60 = an hour per minute); overrides
+    /// collector.simulated.speed.
+    #[arg(long, env = "GPUWARDEN_SPEED")]
+    speed: Option<f64>,
+    /// Path of libnvidia-ml.so; overrides collector.nvml_library.
+    #[arg(long, value_name = "PATH", env = "GPUWARDEN_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
+    /// Address for /metrics; overrides collector.metrics_listen (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", env = "GPUWARDEN_COLLECTOR_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Stop after this much wall time (for scripted runs), e.g. "30s".
+    #[arg(long, value_parser = config::parse_duration)]
+    run_for: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SourceArg {
+    Nvml,
+    Simulated,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let mut config = config::load(&args.config)?;
+    if let Some(source) = args.source {
+        config.collector.source = match source {
+            SourceArg::Nvml => CollectorSource::Nvml,
+            SourceArg::Simulated => CollectorSource::Simulated,
+        };
+    }
+    let c = &config.collector;
+    let interval = args.interval.unwrap_or(c.interval);
+    anyhow::ensure!(
+        interval >= Duration::from_secs(1) || c.source == CollectorSource::Simulated,
+        "--interval must be at least 1s for NVML"
+    );
+    let speed = args.speed.unwrap_or(c.simulated.speed);
+    anyhow::ensure!(
+        speed.is_finite() && speed > 0.0,
+        "--speed must be a positive number, got {speed}"
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let kafka = KafkaConnection::open(&config)?;
+        let metrics = Arc::new(Metrics::default());
+        let (spec, clock): (SourceSpec, Arc<dyn Clock>) = match config.collector.source {
+            CollectorSource::Nvml => {
+                let host = config.collector.host.clone().unwrap_or_else(hostname);
+                let library = args.nvml_library.clone().or(config.collector.nvml_library.clone());
+                (SourceSpec::Nvml { library, host }, Arc::new(SystemClock))
+            }
+            CollectorSource::Simulated => {
+                let substrate = match &config.collector.simulated.substrate {
+                    Some(name) => config.substrate(name).with_context(|| format!("no substrate is named `{name}`"))?,
+                    None => config
+                        .substrates
+                        .iter()
+                        .find(|s| s.driver == DriverKind::Simulated)
+                        .context("--source simulated needs a [[substrates]] entry with driver = \"simulated\"")?,
+                };
+                let fleet = Fleet::new(substrate, config.collector.simulated.seed)?;
+                tracing::info!(substrate = %substrate.name, gpus = fleet.gpus().len(), speed, "simulated fleet");
+                let clock: Arc<dyn Clock> = if speed == 1.0 { Arc::new(SystemClock) } else { Arc::new(AcceleratedClock::from_now(speed)) };
+                (SourceSpec::Simulated { fleet: Box::new(fleet), leases: Some(kafka.client("fleet")) }, clock)
+            }
+        };
+        let settings = SinkSettings {
+            max_buffer_bytes: usize::try_from(config.collector.buffer_max_bytes).unwrap_or(usize::MAX),
+            max_buffer_age: config.collector.buffer_max_age,
+            ..SinkSettings::default()
+        };
+        let sink = KafkaSink::start(&kafka.client("collector"), gpuwarden_schema::topics::SAMPLES, settings, Arc::clone(&metrics))
+            .context("creating the Kafka producer")?;
+        let collector = Collector::start(spec, sink, interval, clock, Arc::clone(&metrics))?;
+
+        let listen = args.metrics_listen.unwrap_or(config.collector.metrics_listen);
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding /metrics to {listen}"))?;
+        let address = listener.local_addr()?;
+        tracing::info!(metrics = %format!("http://{address}/metrics"), kafka = %kafka.bootstrap, interval = %humantime::format_duration(interval), "collector running");
+        let server = tokio::spawn(async move {
+            axum::serve(listener, gpuwarden_collector::http::router(metrics)).await
+        });
+        match args.run_for {
+            Some(limit) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(limit) => tracing::info!("--run-for elapsed; shutting down"),
+                    _ = shutdown_signal() => {}
+                }
+            }
+            None => shutdown_signal().await,
+        }
+        let report = tokio::task::spawn_blocking(move || collector.stop(Duration::from_secs(10))).await?;
+        server.abort();
+        tracing::info!(published = report.published, dropped = report.dropped, "collector stopped");
+        drop(kafka);
+        Ok(std::process::ExitCode::SUCCESS)
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}

@@ -1,0 +1,60 @@
+//! Connecting a command to the configured Kafka: the brokers named in `[kafka]`, or an embedded
+//! broker started in this process when `brokers = "embedded"`.
+
+use anyhow::Context as _;
+use gpuwarden_schema::config::Config;
+use gpuwarden_schema::kafka::{self, EmbeddedBroker};
+use rdkafka::config::ClientConfig;
+
+/// A connection to Kafka that lives as long as the command (the embedded broker with it).
+pub(crate) struct KafkaConnection {
+    pub(crate) bootstrap: String,
+    /// Kept for as long as the connection: dropping it stops the embedded broker.
+    _embedded: Option<EmbeddedBroker>,
+    config: gpuwarden_schema::config::KafkaConfig,
+}
+
+impl KafkaConnection {
+    pub(crate) fn open(config: &Config) -> anyhow::Result<Self> {
+        let kafka = &config.kafka;
+        if kafka.is_embedded() {
+            let broker = EmbeddedBroker::start(kafka.partitions)
+                .context("starting the embedded Kafka broker")?;
+            Ok(Self {
+                bootstrap: broker.bootstrap_servers().to_string(),
+                _embedded: Some(broker),
+                config: kafka.clone(),
+            })
+        } else {
+            let connection = Self {
+                bootstrap: kafka.brokers.clone(),
+                _embedded: None,
+                config: kafka.clone(),
+            };
+            kafka::ensure_topics(
+                &connection.client("admin"),
+                &gpuwarden_schema::topics::ALL,
+                kafka.partitions,
+                kafka.replication_factor,
+            )
+            .with_context(|| format!("creating gpuwarden's topics on {}", kafka.brokers))?;
+            Ok(connection)
+        }
+    }
+
+    /// Client settings for a client playing `role` (it names the client to the brokers).
+    pub(crate) fn client(&self, role: &str) -> ClientConfig {
+        kafka::client_config(&self.config, &self.bootstrap, role)
+    }
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("interrupted; shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM; shutting down"),
+    }
+}

@@ -1,0 +1,180 @@
+//! Helpers for end-to-end tests that drive the `gpuwarden` binary as an operator would: start a
+//! process, read its JSON logs as they come, stop it with a signal.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running `gpuwarden` process whose stderr log lines are collected as they arrive.
+pub struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    pub log: Vec<String>,
+}
+
+impl Running {
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args(["--log-format", "json"])
+            .args(args)
+            .envs(envs.iter().copied())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts gpuwarden");
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            log: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line containing `needle`; returns it as JSON.
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> serde_json::Value {
+        let until = Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return serde_json::from_str(&line)
+                            .unwrap_or(serde_json::Value::String(line));
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {needle:?} within {timeout:?}; log so far:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit, collecting the rest of the log.
+    pub fn terminate(mut self, timeout: Duration) -> (ExitStatus, Vec<String>) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let until = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                    self.log.push(line);
+                }
+                return (status, std::mem::take(&mut self.log));
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!(
+                    "did not exit within {timeout:?} of SIGTERM; log:\n{}",
+                    self.log.join("\n")
+                );
+            }
+            while let Ok(line) = self.lines.try_recv() {
+                self.log.push(line);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn stdout_line(&mut self) -> String {
+        let mut line = String::new();
+        BufReader::new(self.child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.trim().to_string()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `gpuwarden broker` process and its bootstrap address.
+pub struct Broker {
+    pub process: Running,
+    pub bootstrap: String,
+}
+
+impl Broker {
+    pub fn start(dir: &Path) -> Self {
+        let file = dir.join("bootstrap.txt");
+        let process = Running::start(
+            &[
+                "broker",
+                "--partitions",
+                "3",
+                "--bootstrap-file",
+                file.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let until = Instant::now() + Duration::from_secs(20);
+        while !file.exists() {
+            assert!(Instant::now() < until, "the broker wrote no bootstrap file");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let bootstrap = std::fs::read_to_string(&file).unwrap().trim().to_string();
+        Self { process, bootstrap }
+    }
+}
+
+/// One plain HTTP/1.1 GET on 127.0.0.1, returning (status, body).
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(address).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+pub fn fake_nvml_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    [
+        dir.join("libgpuwarden_fake_nvml.so"),
+        dir.join("../libgpuwarden_fake_nvml.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect(
+        "the fake libnvidia-ml.so is built beside the tests (dev-dependency gpuwarden-fake-nvml)",
+    )
+}
