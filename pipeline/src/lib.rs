@@ -3,5 +3,18 @@
 //! its hot window, and serves every table over the Postgres wire protocol.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the enforcer in Kafka topics.
-//! Ingest, rollups, signals and the SQL endpoint arrive with their issues; this crate is where
-//! they go.
+//! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
+//! threads flush into the [`lake`]; [`metrics`] and [`http`] report on it.
+
+pub mod buffer;
+pub mod consume;
+pub mod files;
+pub mod http;
+pub mod lake;
+pub mod metrics;
+mod writer;
+
+pub use buffer::Table;
+pub use consume::{IngestError, IngestOptions};
+pub use lake::Lake;
+pub use metrics::Metrics;

@@ -16,8 +16,10 @@ pub mod json_schema;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lease;
+pub mod prom;
 pub mod record;
 pub mod sample;
+pub mod sample_row;
 pub mod signal;
 pub mod topics;
 pub mod version;

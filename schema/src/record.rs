@@ -47,16 +47,32 @@ pub trait Record: Serialize + DeserializeOwned + Sized {
 
 /// Decodes JSON into `T`, turning serde's errors into ones that name the field.
 pub(crate) fn decode_json<T: Record>(bytes: &[u8]) -> Result<T, DecodeError> {
+    decode_named(bytes, T::NAME)
+}
+
+/// Decodes JSON into any `T` (borrowing from `bytes` where `T` does), with errors that name the
+/// field; `record` names the record type in errors about the document as a whole.
+pub(crate) fn decode_named<'de, T: serde::Deserialize<'de>>(
+    bytes: &'de [u8],
+    record: &'static str,
+) -> Result<T, DecodeError> {
+    // serde would read a struct from a JSON array, by position; a record is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(DecodeError::Shape {
+            record,
+            message: "found a JSON array; expected a JSON object".into(),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|err| {
         let path = err.path().to_string();
-        classify::<T>(&path, err.inner())
+        classify(record, &path, err.inner())
     })?;
-    de.end().map_err(|err| classify::<T>("", &err))?;
+    de.end().map_err(|err| classify(record, "", &err))?;
     Ok(value)
 }
 
-fn classify<T: Record>(path: &str, err: &serde_json::Error) -> DecodeError {
+fn classify(record: &'static str, path: &str, err: &serde_json::Error) -> DecodeError {
     use serde_json::error::Category;
     let message = strip_position(&err.to_string());
     match err.classify() {
@@ -83,14 +99,11 @@ fn classify<T: Record>(path: &str, err: &serde_json::Error) -> DecodeError {
                 }
                 if message.starts_with("invalid type") {
                     return DecodeError::Shape {
-                        record: T::NAME,
+                        record,
                         message: format!("{message}; expected a JSON object"),
                     };
                 }
-                return DecodeError::Shape {
-                    record: T::NAME,
-                    message,
-                };
+                return DecodeError::Shape { record, message };
             }
             let field = path.trim_start_matches('.');
             if let Some(missing) = message

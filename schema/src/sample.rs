@@ -72,42 +72,57 @@ pub struct Sample {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// The rules of the Sample contract, shared by [`Sample`] and the pipeline's borrowed
+/// [`crate::sample_row::SampleRow`] so both reject exactly the same records.
+pub(crate) fn check(
+    interval_ms: i64,
+    util_gpu_pct: f64,
+    mem_used_bytes: u64,
+    mem_total_bytes: u64,
+    energy_mj: Option<u64>,
+) -> Result<(), ValidationError> {
+    if !(1..=MAX_INTERVAL_MS).contains(&interval_ms) {
+        return Err(ValidationError::new(
+            "interval_ms",
+            format!("{interval_ms} is outside 1..=3600000"),
+        ));
+    }
+    if !(0.0..=100.0).contains(&util_gpu_pct) {
+        return Err(ValidationError::new(
+            "util_gpu_pct",
+            format!("{util_gpu_pct} is outside 0..=100"),
+        ));
+    }
+    if mem_used_bytes > mem_total_bytes {
+        return Err(ValidationError::new(
+            "mem_used_bytes",
+            format!("{mem_used_bytes} is more than mem_total_bytes ({mem_total_bytes})"),
+        ));
+    }
+    // The lake stores integers as Int64; larger values could not be written.
+    for (name, value) in [
+        ("mem_total_bytes", Some(mem_total_bytes)),
+        ("energy_mj", energy_mj),
+    ] {
+        if value.is_some_and(|v| i64::try_from(v).is_err()) {
+            return Err(ValidationError::new(name, "is larger than 2^63-1"));
+        }
+    }
+    Ok(())
+}
+
 impl Record for Sample {
     const NAME: &'static str = "sample";
     const TOPIC: &'static str = crate::topics::SAMPLES;
 
     fn validate(&self) -> Result<(), ValidationError> {
-        if !(1..=MAX_INTERVAL_MS).contains(&self.interval_ms) {
-            return Err(ValidationError::new(
-                "interval_ms",
-                format!("{} is outside 1..=3600000", self.interval_ms),
-            ));
-        }
-        if !(0.0..=100.0).contains(&self.util_gpu_pct) {
-            return Err(ValidationError::new(
-                "util_gpu_pct",
-                format!("{} is outside 0..=100", self.util_gpu_pct),
-            ));
-        }
-        if self.mem_used_bytes > self.mem_total_bytes {
-            return Err(ValidationError::new(
-                "mem_used_bytes",
-                format!(
-                    "{} is more than mem_total_bytes ({})",
-                    self.mem_used_bytes, self.mem_total_bytes
-                ),
-            ));
-        }
-        // The lake stores integers as Int64; larger values could not be written.
-        for (name, value) in [
-            ("mem_total_bytes", Some(self.mem_total_bytes)),
-            ("energy_mj", self.energy_mj),
-        ] {
-            if value.is_some_and(|v| i64::try_from(v).is_err()) {
-                return Err(ValidationError::new(name, "is larger than 2^63-1"));
-            }
-        }
-        Ok(())
+        check(
+            self.interval_ms,
+            self.util_gpu_pct,
+            self.mem_used_bytes,
+            self.mem_total_bytes,
+            self.energy_mj,
+        )
     }
 
     fn key(&self) -> &str {

@@ -140,6 +140,19 @@ fn bytes_that_are_not_a_record_are_json_or_shape_errors() {
             other => panic!("{:?}: {other:?}", String::from_utf8_lossy(bad)),
         }
     }
+    // serde would happily read a struct from an array by position; records are objects.
+    let positional: Vec<Value> = sample_json()
+        .as_object()
+        .unwrap()
+        .values()
+        .cloned()
+        .collect();
+    let mut positional = positional;
+    positional.extend(std::iter::repeat_n(Value::Null, 12));
+    assert!(matches!(
+        Sample::from_json(Value::Array(positional).to_string().as_bytes()),
+        Err(DecodeError::Shape { .. })
+    ));
     let mut trailing = sample_json().to_string().into_bytes();
     trailing.extend_from_slice(b" {}");
     assert!(

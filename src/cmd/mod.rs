@@ -3,7 +3,9 @@
 mod broker;
 mod check_config;
 mod collect;
+mod ingest;
 mod kafka;
+mod pipeline;
 
 use std::process::ExitCode;
 
@@ -15,6 +17,10 @@ pub(crate) enum Command {
     CheckConfig(check_config::Args),
     /// Sample GPUs (NVML or a simulated fleet) and publish them to Kafka.
     Collect(collect::Args),
+    /// Consume Kafka into the Parquet lake.
+    Pipeline(pipeline::Args),
+    /// Load JSON-lines files into the lake.
+    Ingest(ingest::Args),
     /// Run a Kafka-protocol broker in this process, for tests and trials.
     Broker(broker::Args),
 }
@@ -23,6 +29,8 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::CheckConfig(args) => check_config::run(args),
         Command::Collect(args) => collect::run(args),
+        Command::Pipeline(args) => pipeline::run(args),
+        Command::Ingest(args) => ingest::run(args),
         Command::Broker(args) => broker::run(args),
     }
 }

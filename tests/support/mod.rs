@@ -178,3 +178,68 @@ pub fn fake_nvml_library() -> PathBuf {
         "the fake libnvidia-ml.so is built beside the tests (dev-dependency gpuwarden-fake-nvml)",
     )
 }
+
+/// Runs `query` with DataFusion over the raw tables of a lake; returns the first column of the
+/// first row as i64.
+pub fn lake_i64(lake: &Path, query: &str) -> i64 {
+    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let ctx = SessionContext::new();
+        for table in [
+            "samples",
+            "lease_events",
+            "signals",
+            "actions",
+            "quarantine",
+        ] {
+            let dir = lake.join(table);
+            if dir.exists() {
+                ctx.register_parquet(
+                    table,
+                    format!("{}/", dir.display()),
+                    ParquetReadOptions::default(),
+                )
+                .await
+                .unwrap();
+            }
+        }
+        let batches = ctx
+            .sql(query)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: {e}"))
+            .collect()
+            .await
+            .unwrap();
+        let column = datafusion::arrow::compute::cast(
+            batches[0].column(0),
+            &datafusion::arrow::datatypes::DataType::Int64,
+        )
+        .unwrap();
+        datafusion::arrow::array::AsArray::as_primitive::<datafusion::arrow::datatypes::Int64Type>(
+            &column,
+        )
+        .value(0)
+    })
+}
+
+/// Counts the Parquet files under a directory, recursively.
+pub fn parquet_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                parquet_files(&p)
+            } else {
+                usize::from(p.extension().is_some_and(|x| x == "parquet"))
+            }
+        })
+        .sum()
+}

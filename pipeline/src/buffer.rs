@@ -1,0 +1,368 @@
+//! Rows waiting to be written: decoded straight from message bytes into per-table, per-hour
+//! Arrow builders (samples) or record lists (the low-volume tables), with bad records turned
+//! into quarantine rows. One [`SourceBuffer`] holds one Kafka partition's (or one file chunk's)
+//! rows between flushes, with the offset range they came from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::builder::{BinaryBuilder, Int64Builder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, DataType, Field, Schema};
+use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
+use gpuwarden_schema::{topics, Action, DecodeError, LeaseEvent, Record, Signal};
+
+use crate::lake::hour_of;
+
+/// The lake's raw tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Table {
+    /// `gpuwarden.samples`.
+    Samples,
+    /// `gpuwarden.leases`.
+    LeaseEvents,
+    /// `gpuwarden.signals`.
+    Signals,
+    /// `gpuwarden.actions`.
+    Actions,
+    /// Records that did not decode or validate, with why.
+    Quarantine,
+}
+
+impl Table {
+    /// The raw tables, in a stable order.
+    pub const ALL: [Table; 5] = [
+        Self::Samples,
+        Self::LeaseEvents,
+        Self::Signals,
+        Self::Actions,
+        Self::Quarantine,
+    ];
+
+    /// The table's name in the lake and in SQL.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Samples => "samples",
+            Self::LeaseEvents => "lease_events",
+            Self::Signals => "signals",
+            Self::Actions => "actions",
+            Self::Quarantine => "quarantine",
+        }
+    }
+
+    /// The table a topic's records go to.
+    pub fn of_topic(topic: &str) -> Option<Table> {
+        match topic {
+            topics::SAMPLES => Some(Self::Samples),
+            topics::LEASES => Some(Self::LeaseEvents),
+            topics::SIGNALS => Some(Self::Signals),
+            topics::ACTIONS => Some(Self::Actions),
+            _ => None,
+        }
+    }
+
+    /// The table's Arrow schema.
+    pub fn schema(self) -> Arc<Schema> {
+        match self {
+            Self::Samples => gpuwarden_schema::Sample::arrow_schema(),
+            Self::LeaseEvents => LeaseEvent::arrow_schema(),
+            Self::Signals => Signal::arrow_schema(),
+            Self::Actions => Action::arrow_schema(),
+            Self::Quarantine => quarantine_schema(),
+        }
+    }
+}
+
+/// The `quarantine` table: every record that could not be decoded or validated.
+pub fn quarantine_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("ts_ms", DataType::Int64, false),
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("partition", DataType::Int64, false),
+        Field::new("offset", DataType::Int64, false),
+        Field::new("field", DataType::Utf8, true),
+        Field::new("reason", DataType::Utf8, false),
+        Field::new("raw", DataType::Binary, false),
+    ]))
+}
+
+/// One quarantined record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuarantineRow {
+    /// When it was received (the Kafka message timestamp, or the ingest time).
+    pub ts_ms: i64,
+    /// The topic (or `file:<path>`) it came from.
+    pub topic: String,
+    /// Its partition (-1 for files).
+    pub partition: i32,
+    /// Its offset (the line number for files).
+    pub offset: i64,
+    /// The field at fault, when one is.
+    pub field: Option<String>,
+    /// Why it was refused.
+    pub reason: String,
+    /// The record's bytes as received.
+    pub raw: Vec<u8>,
+}
+
+fn quarantine_batch(rows: &[QuarantineRow]) -> Result<RecordBatch, ArrowError> {
+    let mut ts = Int64Builder::new();
+    let mut topic = StringBuilder::new();
+    let mut partition = Int64Builder::new();
+    let mut offset = Int64Builder::new();
+    let mut field = StringBuilder::new();
+    let mut reason = StringBuilder::new();
+    let mut raw = BinaryBuilder::new();
+    for r in rows {
+        ts.append_value(r.ts_ms);
+        topic.append_value(&r.topic);
+        partition.append_value(i64::from(r.partition));
+        offset.append_value(r.offset);
+        field.append_option(r.field.as_deref());
+        reason.append_value(&r.reason);
+        raw.append_value(&r.raw);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(ts.finish()),
+        Arc::new(topic.finish()),
+        Arc::new(partition.finish()),
+        Arc::new(offset.finish()),
+        Arc::new(field.finish()),
+        Arc::new(reason.finish()),
+        Arc::new(raw.finish()),
+    ];
+    RecordBatch::try_new(quarantine_schema(), columns)
+}
+
+enum Rows {
+    Samples(Box<SampleBuilder>),
+    LeaseEvents(Vec<LeaseEvent>),
+    Signals(Vec<Signal>),
+    Actions(Vec<Action>),
+    Quarantine(Vec<QuarantineRow>),
+}
+
+impl Rows {
+    fn new(table: Table) -> Self {
+        match table {
+            Table::Samples => Rows::Samples(Box::default()),
+            Table::LeaseEvents => Rows::LeaseEvents(Vec::new()),
+            Table::Signals => Rows::Signals(Vec::new()),
+            Table::Actions => Rows::Actions(Vec::new()),
+            Table::Quarantine => Rows::Quarantine(Vec::new()),
+        }
+    }
+
+    fn finish(&mut self) -> Result<RecordBatch, ArrowError> {
+        match self {
+            Rows::Samples(b) => b.finish(),
+            Rows::LeaseEvents(v) => LeaseEvent::to_record_batch(v),
+            Rows::Signals(v) => Signal::to_record_batch(v),
+            Rows::Actions(v) => Action::to_record_batch(v),
+            Rows::Quarantine(v) => quarantine_batch(v),
+        }
+    }
+}
+
+/// What became of one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Decoded into its table.
+    Accepted(Table),
+    /// Refused; written to `quarantine`.
+    Quarantined,
+}
+
+/// A sealed buffer: one batch per (table, hour), and the offsets they came from.
+#[derive(Debug)]
+pub struct Sealed {
+    /// First offset (or line) included.
+    pub first: i64,
+    /// Last offset (or line) included.
+    pub last: i64,
+    /// The batches.
+    pub batches: Vec<(Table, i64, RecordBatch)>,
+    /// About how much memory they hold.
+    pub bytes: usize,
+}
+
+/// Rows of one source (a partition, or a file chunk) since its last flush.
+pub struct SourceBuffer {
+    hours: BTreeMap<(Table, i64), Rows>,
+    first: Option<i64>,
+    last: i64,
+    rows: usize,
+    bytes: usize,
+    started: Option<Instant>,
+}
+
+impl std::fmt::Debug for SourceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceBuffer")
+            .field("first", &self.first)
+            .field("last", &self.last)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl Default for SourceBuffer {
+    fn default() -> Self {
+        Self {
+            hours: BTreeMap::new(),
+            first: None,
+            last: -1,
+            rows: 0,
+            bytes: 0,
+            started: None,
+        }
+    }
+}
+
+impl SourceBuffer {
+    /// Decodes one record of `table` and buffers it, or buffers a quarantine row saying why not.
+    /// `received_ms` dates a quarantined record; `topic`, `partition`, `offset` locate it.
+    pub fn add(
+        &mut self,
+        table: Table,
+        payload: &[u8],
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        received_ms: i64,
+    ) -> Outcome {
+        self.first.get_or_insert(offset);
+        self.last = self.last.max(offset);
+        self.started.get_or_insert_with(Instant::now);
+        self.rows += 1;
+        let result = self.decode(table, payload);
+        match result {
+            Ok(()) => Outcome::Accepted(table),
+            Err(err) => {
+                self.quarantine(QuarantineRow {
+                    ts_ms: received_ms,
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    field: err.field().map(str::to_string),
+                    reason: err.to_string(),
+                    raw: payload.to_vec(),
+                });
+                Outcome::Quarantined
+            }
+        }
+    }
+
+    /// Buffers a quarantine row for a record refused before decoding (e.g. an unknown topic).
+    pub fn quarantine(&mut self, row: QuarantineRow) {
+        self.bytes += row.raw.len() + row.reason.len() + 64;
+        let hour = hour_of(row.ts_ms);
+        match self
+            .hours
+            .entry((Table::Quarantine, hour))
+            .or_insert_with(|| Rows::new(Table::Quarantine))
+        {
+            Rows::Quarantine(rows) => rows.push(row),
+            _ => unreachable!("the quarantine entry holds quarantine rows"),
+        }
+    }
+
+    fn decode(&mut self, table: Table, payload: &[u8]) -> Result<(), DecodeError> {
+        match table {
+            Table::Samples => {
+                let row = SampleRow::from_json(payload)?;
+                let entry = self
+                    .hours
+                    .entry((table, hour_of(row.ts_ms)))
+                    .or_insert_with(|| Rows::new(table));
+                let Rows::Samples(builder) = entry else {
+                    unreachable!("samples entries hold a SampleBuilder")
+                };
+                let before = builder.approx_bytes();
+                builder.append(&row);
+                self.bytes += builder.approx_bytes() - before;
+            }
+            Table::LeaseEvents => {
+                let event = LeaseEvent::from_json(payload)?;
+                self.bytes += payload.len() + 128;
+                let Rows::LeaseEvents(v) = self
+                    .hours
+                    .entry((table, hour_of(event.ts_ms)))
+                    .or_insert_with(|| Rows::new(table))
+                else {
+                    unreachable!()
+                };
+                v.push(event);
+            }
+            Table::Signals => {
+                let signal = Signal::from_json(payload)?;
+                self.bytes += payload.len() + 128;
+                let Rows::Signals(v) = self
+                    .hours
+                    .entry((table, hour_of(signal.ts_ms)))
+                    .or_insert_with(|| Rows::new(table))
+                else {
+                    unreachable!()
+                };
+                v.push(signal);
+            }
+            Table::Actions => {
+                let action = Action::from_json(payload)?;
+                self.bytes += payload.len() + 128;
+                let Rows::Actions(v) = self
+                    .hours
+                    .entry((table, hour_of(action.ts_ms)))
+                    .or_insert_with(|| Rows::new(table))
+                else {
+                    unreachable!()
+                };
+                v.push(action);
+            }
+            Table::Quarantine => unreachable!("nothing is decoded into quarantine"),
+        }
+        Ok(())
+    }
+
+    /// Records buffered (quarantined ones included).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// About how much memory the buffer holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// When the oldest buffered record arrived.
+    pub fn started(&self) -> Option<Instant> {
+        self.started
+    }
+
+    /// Whether nothing is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Turns the buffer into batches and starts a new one.
+    pub fn seal(&mut self) -> Result<Option<Sealed>, ArrowError> {
+        let Some(first) = self.first else {
+            return Ok(None);
+        };
+        let mut batches = Vec::with_capacity(self.hours.len());
+        for ((table, hour), rows) in &mut self.hours {
+            let batch = rows.finish()?;
+            if batch.num_rows() > 0 {
+                batches.push((*table, *hour, batch));
+            }
+        }
+        let sealed = Sealed {
+            first,
+            last: self.last,
+            batches,
+            bytes: self.bytes,
+        };
+        *self = Self::default();
+        Ok(Some(sealed))
+    }
+}

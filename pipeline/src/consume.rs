@@ -1,0 +1,415 @@
+//! The Kafka side of ingest: a consumer group over the four topics, feeding per-partition
+//! buffers, flushing them through the writers, and committing each partition's offsets only
+//! after its files are durable (auto-commit off; the committed offset is the *next* one to read,
+//! as librdkafka expects).
+//!
+//! Memory is bounded: when buffered rows plus rows being written pass
+//! `pipeline.max_buffered_bytes`, the largest buffer is flushed early and consumption pauses until
+//! the writers catch up.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuwarden_schema::topics;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::buffer::{Outcome, QuarantineRow, SourceBuffer, Table};
+use crate::lake::Lake;
+use crate::metrics::Metrics;
+use crate::writer::{Done, Job, Writers};
+
+/// How ingest flushes and bounds memory.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Flush a partition's buffer at this many records.
+    pub flush_rows: usize,
+    /// Flush a partition's buffer once its oldest record waited this long.
+    pub flush_age: Duration,
+    /// Pause consumption above this many buffered bytes (rows waiting plus rows being written).
+    pub max_buffered_bytes: usize,
+    /// Writer threads.
+    pub writers: usize,
+    /// Slows the writers to this many bytes per second: for testing a slow disk.
+    pub write_throttle: Option<u64>,
+}
+
+/// Ingest could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The consumer could not be created or subscribed.
+    #[error("cannot consume from Kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The lake could not be opened.
+    #[error(transparent)]
+    Lake(#[from] crate::lake::LakeError),
+}
+
+fn source_of(topic: &str, partition: i32) -> String {
+    format!("{topic}-p{partition}")
+}
+
+#[derive(Default)]
+struct Rebalances {
+    assigned: Vec<(String, i32)>,
+    revoked: Vec<(String, i32)>,
+}
+
+struct IngestContext {
+    metrics: Arc<Metrics>,
+    rebalances: Mutex<Rebalances>,
+}
+
+impl ClientContext for IngestContext {
+    fn stats(&self, statistics: Statistics) {
+        let lag: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.values())
+            .filter(|p| p.partition >= 0 && p.consumer_lag >= 0)
+            .map(|p| p.consumer_lag)
+            .sum();
+        self.metrics.set_lag(lag);
+    }
+}
+
+impl ConsumerContext for IngestContext {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut r = self.rebalances.lock().unwrap_or_else(|e| e.into_inner());
+        match rebalance {
+            Rebalance::Assign(tpl) => r.assigned.extend(
+                tpl.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition())),
+            ),
+            Rebalance::Revoke(tpl) => r.revoked.extend(
+                tpl.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition())),
+            ),
+            Rebalance::Error(e) => tracing::warn!(error = %e, "consumer group rebalance failed"),
+        }
+    }
+}
+
+/// Consumes the four topics into the lake until `stop` is set, then flushes and commits
+/// everything buffered and returns. `client` carries bootstrap servers and `[kafka.properties]`;
+/// `group_id` is the consumer group of all pipeline instances.
+pub fn run(
+    client: &ClientConfig,
+    group_id: &str,
+    lake: Lake,
+    options: IngestOptions,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+) -> Result<(), IngestError> {
+    let mut client = client.clone();
+    client
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("statistics.interval.ms", "5000")
+        .set("partition.assignment.strategy", "cooperative-sticky");
+    let context = IngestContext {
+        metrics: Arc::clone(&metrics),
+        rebalances: Mutex::default(),
+    };
+    let consumer: BaseConsumer<IngestContext> = client.create_with_context(context)?;
+    consumer.subscribe(&topics::ALL)?;
+    let writer_stop = Arc::new(AtomicBool::new(false));
+    let (writers, done) = Writers::start(
+        options.writers,
+        lake.clone(),
+        Arc::clone(&metrics),
+        options.write_throttle,
+        Arc::clone(&writer_stop),
+    );
+    let mut state = State {
+        consumer,
+        lake,
+        options,
+        metrics,
+        writers,
+        buffers: BTreeMap::new(),
+        in_flight: BTreeMap::new(),
+        owned: BTreeSet::new(),
+        paused: false,
+    };
+    tracing::info!(group = group_id, topics = ?topics::ALL, "ingest running");
+    while !stop.load(Ordering::SeqCst) {
+        state.rebalance();
+        state.collect(&done, Duration::ZERO);
+        state.backpressure();
+        state.poll();
+        state.flush_due(false);
+    }
+    tracing::info!("ingest stopping: flushing what is buffered");
+    // Flush everything, one job per partition at a time, then wait for the writers.
+    loop {
+        state.rebalance();
+        state.collect(&done, Duration::from_millis(50));
+        state.flush_due(true);
+        if state.in_flight.is_empty() && state.buffers.values().all(SourceBuffer::is_empty) {
+            break;
+        }
+    }
+    writer_stop.store(true, Ordering::SeqCst);
+    state.writers.join();
+    tracing::info!(
+        records = state.metrics.records_in_total(),
+        quarantined = state.metrics.quarantined_total(),
+        "ingest stopped; everything read is written and committed"
+    );
+    Ok(())
+}
+
+struct State {
+    consumer: BaseConsumer<IngestContext>,
+    lake: Lake,
+    options: IngestOptions,
+    metrics: Arc<Metrics>,
+    writers: Writers,
+    buffers: BTreeMap<(String, i32), SourceBuffer>,
+    /// Bytes of each partition's flush being written.
+    in_flight: BTreeMap<(String, i32), usize>,
+    owned: BTreeSet<(String, i32)>,
+    paused: bool,
+}
+
+impl State {
+    fn buffered_bytes(&self) -> usize {
+        self.buffers
+            .values()
+            .map(SourceBuffer::bytes)
+            .sum::<usize>()
+            + self.in_flight.values().sum::<usize>()
+    }
+
+    fn rebalance(&mut self) {
+        let changes = std::mem::take(
+            &mut *self
+                .consumer
+                .context()
+                .rebalances
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (topic, partition) in changes.revoked {
+            // Uncommitted rows of a partition we no longer own are replayed by its next owner.
+            self.buffers.remove(&(topic.clone(), partition));
+            self.owned.remove(&(topic, partition));
+        }
+        if changes.assigned.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &changes.assigned {
+            tpl.add_partition(topic, *partition);
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(30));
+        for (topic, partition) in changes.assigned {
+            let next = match &committed {
+                Ok(list) => list
+                    .find_partition(&topic, partition)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read committed offsets; keeping files of the last flush");
+                    continue;
+                }
+            };
+            if let Err(e) = self.lake.recover(&source_of(&topic, partition), next) {
+                tracing::error!(error = %e, topic, partition, "cannot clean up an uncommitted flush");
+            }
+            self.owned.insert((topic, partition));
+        }
+        if self.paused {
+            // New partitions start paused too while memory is over the bound.
+            let _ = self.consumer.pause(&self.assignment());
+        }
+    }
+
+    fn assignment(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &self.owned {
+            tpl.add_partition(topic, *partition);
+        }
+        tpl
+    }
+
+    fn collect(&mut self, done: &std::sync::mpsc::Receiver<Done>, wait: Duration) {
+        let mut first = true;
+        loop {
+            let next = if first && !wait.is_zero() {
+                done.recv_timeout(wait).ok()
+            } else {
+                done.try_recv().ok()
+            };
+            first = false;
+            let Some(done) = next else { break };
+            let key = (done.topic.clone(), done.partition);
+            self.in_flight.remove(&key);
+            if !self.owned.contains(&key) {
+                // Revoked meanwhile: leave the journal, the next owner replays this range.
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            let _ = tpl.add_partition_offset(
+                &done.topic,
+                done.partition,
+                Offset::Offset(done.last + 1),
+            );
+            match self.consumer.commit(&tpl, CommitMode::Sync) {
+                Ok(()) => {
+                    self.metrics.committed();
+                    if let Err(e) = self.lake.clear_intent(&done.source) {
+                        tracing::warn!(error = %e, "cannot clear the flush journal");
+                    }
+                    tracing::debug!(topic = %done.topic, partition = done.partition, next = done.last + 1, files = done.files.len(), bytes = done.bytes, "committed");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, topic = %done.topic, partition = done.partition, "offset commit failed; the range will be replayed after a restart")
+                }
+            }
+        }
+    }
+
+    fn backpressure(&mut self) {
+        let bytes = self.buffered_bytes();
+        let limit = self.options.max_buffered_bytes;
+        self.metrics.buffered(bytes, limit);
+        if !self.paused && bytes > limit {
+            self.paused = true;
+            self.metrics.set_paused(true);
+            let _ = self.consumer.pause(&self.assignment());
+            tracing::info!(
+                buffered = bytes,
+                limit,
+                "writing falls behind; consumption paused"
+            );
+            // Free memory as soon as possible: flush the largest buffer now.
+            self.flush_largest();
+        } else if self.paused && bytes <= limit / 4 * 3 {
+            self.paused = false;
+            self.metrics.set_paused(false);
+            let _ = self.consumer.resume(&self.assignment());
+            tracing::info!(buffered = bytes, limit, "consumption resumed");
+        } else if self.paused {
+            self.flush_largest();
+        }
+    }
+
+    fn poll(&mut self) {
+        let Some(message) = self.consumer.poll(Duration::from_millis(100)) else {
+            return;
+        };
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "Kafka consumer error");
+                return;
+            }
+        };
+        let (topic, partition, offset) = (
+            message.topic().to_string(),
+            message.partition(),
+            message.offset(),
+        );
+        let received_ms = message.timestamp().to_millis().unwrap_or_else(now_ms);
+        let payload = message.payload().unwrap_or_default();
+        let buffer = self.buffers.entry((topic.clone(), partition)).or_default();
+        let outcome = match Table::of_topic(&topic) {
+            Some(table) => buffer.add(table, payload, &topic, partition, offset, received_ms),
+            None => {
+                buffer.quarantine(QuarantineRow {
+                    ts_ms: received_ms,
+                    topic: topic.clone(),
+                    partition,
+                    offset,
+                    field: None,
+                    reason: format!("unknown topic {topic}"),
+                    raw: payload.to_vec(),
+                });
+                Outcome::Quarantined
+            }
+        };
+        self.metrics
+            .record_in(&topic, outcome == Outcome::Quarantined);
+    }
+
+    fn flush_due(&mut self, all: bool) {
+        let due: Vec<(String, i32)> = self
+            .buffers
+            .iter()
+            .filter(|(key, b)| {
+                !b.is_empty()
+                    && !self.in_flight.contains_key(*key)
+                    && (all
+                        || b.rows() >= self.options.flush_rows
+                        || b.started()
+                            .is_some_and(|t| t.elapsed() >= self.options.flush_age))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            self.flush(key);
+        }
+    }
+
+    fn flush_largest(&mut self) {
+        let largest = self
+            .buffers
+            .iter()
+            .filter(|(key, b)| !b.is_empty() && !self.in_flight.contains_key(*key))
+            .max_by_key(|(_, b)| b.bytes())
+            .map(|(key, _)| key.clone());
+        if let Some(key) = largest {
+            self.flush(key);
+        }
+    }
+
+    fn flush(&mut self, key: (String, i32)) {
+        let Some(buffer) = self.buffers.get_mut(&key) else {
+            return;
+        };
+        let sealed = match buffer.seal() {
+            Ok(Some(sealed)) => sealed,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build Arrow batches; this is a bug");
+                return;
+            }
+        };
+        self.in_flight.insert(key.clone(), sealed.bytes);
+        let (topic, partition) = key;
+        self.writers.submit(Job {
+            source: source_of(&topic, partition),
+            topic,
+            partition,
+            sealed,
+            journal: true,
+        });
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Wall-clock milliseconds, for dating records that carry no time of their own.
+pub(crate) fn wall_ms() -> i64 {
+    now_ms()
+}

@@ -1,0 +1,427 @@
+//! The Parquet lake on disk: where each table's files go, how a file is written so that a crash
+//! never leaves half of one, which hours must be rolled up again, and the flush journal that
+//! lets a restarted pipeline remove files whose Kafka offsets were never committed.
+//!
+//! Layout (DESIGN.md): `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`.
+//! `<source>` is `<topic>-p<partition>` for Kafka and `file-<name>` for `gpuwarden ingest`;
+//! `<first>-<last>` is the offset (or line) range the file holds, so replaying the same range
+//! rewrites the same file instead of adding one.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use arrow_array::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use serde::{Deserialize, Serialize};
+
+/// Rows per Parquet row group: large enough to compress well, small enough to prune by.
+pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// The lake under a root directory (`<data_dir>/lake`).
+#[derive(Debug, Clone)]
+pub struct Lake {
+    root: PathBuf,
+}
+
+/// A lake operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LakeError {
+    /// A file system call failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Parquet encoding failed.
+    #[error("writing Parquet {path}: {source}")]
+    Parquet {
+        /// The file being written.
+        path: PathBuf,
+        /// The encoder's error.
+        source: parquet::errors::ParquetError,
+    },
+}
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
+    move |source| LakeError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The start of the UTC hour holding `ts_ms`.
+pub fn hour_of(ts_ms: i64) -> i64 {
+    ts_ms.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+/// `date=YYYY-MM-DD/hour=HH` of the hour starting at `hour_ms`.
+pub fn hour_partition(hour_ms: i64) -> String {
+    let days = hour_ms.div_euclid(86_400_000);
+    let hour = hour_ms.rem_euclid(86_400_000) / HOUR_MS;
+    let (y, m, d) = civil_from_days(days);
+    format!("date={y:04}-{m:02}-{d:02}/hour={hour:02}")
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// What a flush is about to write, recorded before the first file is written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// `<topic>-p<partition>` or `file-<name>`.
+    pub source: String,
+    /// First offset in the flush.
+    pub first: i64,
+    /// Last offset in the flush.
+    pub last: i64,
+    /// The files, relative to the lake root.
+    pub files: Vec<PathBuf>,
+}
+
+impl Lake {
+    /// The lake rooted at `root` (created if missing).
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, LakeError> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(io("creating", &root))?;
+        Ok(Self { root })
+    }
+
+    /// The lake's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of one table's hour.
+    pub fn hour_dir(&self, table: &str, hour_ms: i64) -> PathBuf {
+        self.root.join(table).join(hour_partition(hour_ms))
+    }
+
+    /// The path of a file of `source` covering `first..=last` in one table's hour, relative to
+    /// the lake root.
+    pub fn file_name(table: &str, hour_ms: i64, source: &str, first: i64, last: i64) -> PathBuf {
+        PathBuf::from(table)
+            .join(hour_partition(hour_ms))
+            .join(format!("{source}-o{first:020}-{last:020}.parquet"))
+    }
+
+    /// Writes `batch` to `relative` atomically: a temporary file, fsync, rename, fsync of the
+    /// directory. Returns the bytes written. Marks the hour for recomputation when it already
+    /// had files (late data).
+    pub fn write(
+        &self,
+        relative: &Path,
+        batch: &RecordBatch,
+        table: &str,
+        hour_ms: i64,
+    ) -> Result<u64, LakeError> {
+        let path = self.root.join(relative);
+        let dir = path
+            .parent()
+            .expect("lake files live in an hour directory")
+            .to_path_buf();
+        let existed = dir.exists()
+            && fs::read_dir(&dir)
+                .map(|mut d| d.any(|e| e.is_ok_and(|e| e.path() != path && is_parquet(&e.path()))))
+                .unwrap_or(false);
+        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        let tmp = dir.join(format!(
+            ".{}.tmp",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+        let file = File::create(&tmp).map_err(io("creating", &tmp))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(3).expect("level 3 is valid"),
+            ))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .build();
+        let mut writer =
+            ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|source| {
+                LakeError::Parquet {
+                    path: tmp.clone(),
+                    source,
+                }
+            })?;
+        writer.write(batch).map_err(|source| LakeError::Parquet {
+            path: tmp.clone(),
+            source,
+        })?;
+        let file = writer.into_inner().map_err(|source| LakeError::Parquet {
+            path: tmp.clone(),
+            source,
+        })?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
+        let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
+        drop(file);
+        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        sync_dir(&dir)?;
+        if existed {
+            self.mark_for_recompute(table, hour_ms)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Records that an hour of `table` received data after it already had files, so its rollups
+    /// must be computed again.
+    pub fn mark_for_recompute(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        let dir = self.root.join("_recompute").join(table);
+        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        let mark = dir.join(hour_ms.to_string());
+        if !mark.exists() {
+            File::create(&mark).map_err(io("creating", &mark))?;
+            sync_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Hours of `table` marked for recomputation (start of hour, ms).
+    pub fn marked_hours(&self, table: &str) -> Vec<i64> {
+        let dir = self.root.join("_recompute").join(table);
+        let mut hours: Vec<i64> = fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        hours.sort_unstable();
+        hours
+    }
+
+    /// Clears the recompute mark of an hour (the rollup consumed it).
+    pub fn clear_mark(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        let mark = self
+            .root
+            .join("_recompute")
+            .join(table)
+            .join(hour_ms.to_string());
+        match fs::remove_file(&mark) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing", &mark)(e)),
+        }
+    }
+
+    fn intent_path(&self, source: &str) -> PathBuf {
+        self.root
+            .join("_ingest")
+            .join(format!("{source}.intent.json"))
+    }
+
+    /// Records a flush's files before they are written.
+    pub fn write_intent(&self, intent: &Intent) -> Result<(), LakeError> {
+        let path = self.intent_path(&intent.source);
+        let dir = path.parent().unwrap().to_path_buf();
+        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        let tmp = path.with_extension("tmp");
+        let mut file = File::create(&tmp).map_err(io("creating", &tmp))?;
+        file.write_all(&serde_json::to_vec(intent).expect("an intent serializes"))
+            .map_err(io("writing", &tmp))?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
+        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        sync_dir(&dir)
+    }
+
+    /// Forgets a flush whose offsets are committed.
+    pub fn clear_intent(&self, source: &str) -> Result<(), LakeError> {
+        let path = self.intent_path(source);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing", &path)(e)),
+        }
+    }
+
+    /// After a restart: if the last flush of `source` was not committed (`committed` is the next
+    /// offset to read), deletes its files, which the replay will write again. Returns how many
+    /// files were removed.
+    pub fn recover(&self, source: &str, committed: Option<i64>) -> Result<usize, LakeError> {
+        let path = self.intent_path(source);
+        let Ok(bytes) = fs::read(&path) else {
+            return Ok(0);
+        };
+        let Ok(intent) = serde_json::from_slice::<Intent>(&bytes) else {
+            tracing::warn!(path = %path.display(), "unreadable flush journal; removing it");
+            return self.clear_intent(source).map(|()| 0);
+        };
+        let mut removed = 0;
+        if committed.is_none_or(|next| next <= intent.last) {
+            for file in &intent.files {
+                let full = self.root.join(file);
+                // A crash mid-write leaves the temporary file; readers skip it, but remove it.
+                let tmp = full.with_file_name(format!(
+                    ".{}.tmp",
+                    full.file_name().unwrap_or_default().to_string_lossy()
+                ));
+                let _ = fs::remove_file(&tmp);
+                match fs::remove_file(&full) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io("removing", &full)(e)),
+                }
+            }
+            tracing::info!(
+                source,
+                first = intent.first,
+                last = intent.last,
+                removed,
+                "removed files of a flush that was never committed; it will be replayed"
+            );
+        }
+        self.clear_intent(source)?;
+        Ok(removed)
+    }
+}
+
+fn is_parquet(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "parquet")
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LakeError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("syncing", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> RecordBatch {
+        let a: arrow_array::ArrayRef =
+            std::sync::Arc::new(arrow_array::Int64Array::from(vec![1, 2, 3]));
+        RecordBatch::try_from_iter([("x", a)]).unwrap()
+    }
+
+    #[test]
+    fn recovery_removes_an_uncommitted_flush_and_keeps_a_committed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let files = vec![
+            Lake::file_name("samples", 0, "t-p0", 10, 19),
+            Lake::file_name("samples", 3_600_000, "t-p0", 10, 19),
+        ];
+        let write = |lake: &Lake| {
+            lake.write_intent(&Intent {
+                source: "t-p0".into(),
+                first: 10,
+                last: 19,
+                files: files.clone(),
+            })
+            .unwrap();
+            for (i, f) in files.iter().enumerate() {
+                lake.write(f, &batch(), "samples", i as i64 * 3_600_000)
+                    .unwrap();
+            }
+        };
+        write(&lake);
+        std::fs::write(
+            dir.path()
+                .join("samples/date=1970-01-01/hour=00/.stray.parquet.tmp"),
+            b"half",
+        )
+        .unwrap();
+        // Committed up to 15 only: the flush (10..=19) was not committed.
+        assert_eq!(lake.recover("t-p0", Some(15)).unwrap(), 2);
+        assert!(files.iter().all(|f| !dir.path().join(f).exists()));
+        assert_eq!(
+            lake.recover("t-p0", Some(15)).unwrap(),
+            0,
+            "the journal is gone"
+        );
+
+        write(&lake);
+        // Committed past the flush: its files stay, only the journal goes.
+        assert_eq!(lake.recover("t-p0", Some(20)).unwrap(), 0);
+        assert!(files.iter().all(|f| dir.path().join(f).exists()));
+        // Nothing ever committed: everything goes.
+        write(&lake);
+        assert_eq!(lake.recover("t-p0", None).unwrap(), 2);
+    }
+
+    #[test]
+    fn writes_are_atomic_and_late_files_mark_their_hour() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        lake.write(
+            &Lake::file_name("samples", 0, "s", 0, 2),
+            &batch(),
+            "samples",
+            0,
+        )
+        .unwrap();
+        assert!(lake.marked_hours("samples").is_empty());
+        lake.write(
+            &Lake::file_name("samples", 0, "s", 0, 2),
+            &batch(),
+            "samples",
+            0,
+        )
+        .unwrap();
+        assert!(
+            lake.marked_hours("samples").is_empty(),
+            "rewriting the same file is a replay, not late data"
+        );
+        lake.write(
+            &Lake::file_name("samples", 0, "s", 3, 5),
+            &batch(),
+            "samples",
+            0,
+        )
+        .unwrap();
+        assert_eq!(lake.marked_hours("samples"), vec![0]);
+        lake.clear_mark("samples", 0).unwrap();
+        assert!(lake.marked_hours("samples").is_empty());
+        let names: Vec<String> = std::fs::read_dir(lake.hour_dir("samples", 0))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names.len(),
+            2,
+            "no temporary file is left behind: {names:?}"
+        );
+    }
+
+    #[test]
+    fn hours_are_utc_partitions() {
+        assert_eq!(hour_partition(0), "date=1970-01-01/hour=00");
+        // 2026-12-02T13:34:11Z
+        let ts = 1_796_218_451_000;
+        assert_eq!(hour_partition(hour_of(ts)), "date=2026-12-02/hour=13");
+        assert_eq!(hour_of(ts) % 3_600_000, 0);
+        assert_eq!(
+            hour_partition(hour_of(951_782_400_000)),
+            "date=2000-02-29/hour=00"
+        );
+        assert_eq!(hour_of(-1), -3_600_000, "before the epoch rounds down");
+    }
+
+    #[test]
+    fn file_names_sort_by_offset_and_name_their_source() {
+        let name = Lake::file_name("samples", 0, "gpuwarden.samples-p3", 10, 99);
+        assert_eq!(
+            name,
+            PathBuf::from("samples/date=1970-01-01/hour=00/gpuwarden.samples-p3-o00000000000000000010-00000000000000000099.parquet")
+        );
+    }
+}

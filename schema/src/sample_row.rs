@@ -1,0 +1,300 @@
+//! The pipeline's hot path for samples: a [`SampleRow`] borrows its strings from the message
+//! bytes (no allocation unless a string has escapes), is checked by the same rules as
+//! [`Sample`](crate::Sample), and is appended straight to the Arrow builders of a
+//! [`SampleBuilder`], whose batches have exactly [`Sample`](crate::Sample)'s lake schema.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, Schema};
+use serde::de::{Deserializer, Visitor};
+use serde::Deserialize;
+
+use crate::error::{DecodeError, ValidationError};
+use crate::record::{decode_named, Record};
+use crate::sample::check;
+use crate::version::V1;
+use crate::Sample;
+
+/// A string borrowed from the input when it has no escapes, owned otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor(std::marker::PhantomData))
+    }
+}
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A Sample decoded without copying its strings. Same fields and rules as [`Sample`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[allow(missing_docs)]
+pub struct SampleRow<'a> {
+    pub v: V1,
+    pub ts_ms: i64,
+    pub interval_ms: i64,
+    #[serde(borrow)]
+    pub host: Text<'a>,
+    #[serde(borrow)]
+    pub gpu_uuid: Text<'a>,
+    #[serde(borrow)]
+    pub gpu_model: Text<'a>,
+    pub util_gpu_pct: f64,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
+    pub gpu_index: Option<u32>,
+    #[serde(borrow)]
+    pub pci_bus_id: Option<Text<'a>>,
+    pub util_mem_pct: Option<f64>,
+    pub power_w: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    pub energy_mj: Option<u64>,
+    pub temp_c: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub process_count: Option<u32>,
+    #[serde(borrow)]
+    pub lease_id: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub mig_profile: Option<Text<'a>>,
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl<'a> SampleRow<'a> {
+    /// Decodes and validates one JSON sample; the errors are [`Sample::from_json`]'s.
+    pub fn from_json(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        let row: SampleRow<'a> = decode_named(bytes, Sample::NAME)?;
+        row.validate()?;
+        Ok(row)
+    }
+
+    /// The rules of the Sample contract.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        check(
+            self.interval_ms,
+            self.util_gpu_pct,
+            self.mem_used_bytes,
+            self.mem_total_bytes,
+            self.energy_mj,
+        )
+    }
+}
+
+/// Arrow builders for the `samples` table; rows go in one at a time, batches come out with
+/// [`Sample::arrow_schema`].
+#[derive(Debug)]
+pub struct SampleBuilder {
+    ts_ms: Int64Builder,
+    interval_ms: Int64Builder,
+    host: StringBuilder,
+    gpu_uuid: StringBuilder,
+    gpu_model: StringBuilder,
+    util_gpu_pct: Float64Builder,
+    mem_used_bytes: Int64Builder,
+    mem_total_bytes: Int64Builder,
+    gpu_index: Int64Builder,
+    pci_bus_id: StringBuilder,
+    util_mem_pct: Float64Builder,
+    power_w: Float64Builder,
+    power_limit_w: Float64Builder,
+    energy_mj: Int64Builder,
+    temp_c: Float64Builder,
+    sm_clock_mhz: Int64Builder,
+    process_count: Int64Builder,
+    lease_id: StringBuilder,
+    mig_profile: StringBuilder,
+    labels: StringBuilder,
+    rows: usize,
+    bytes: usize,
+}
+
+impl Default for SampleBuilder {
+    fn default() -> Self {
+        Self {
+            ts_ms: Int64Builder::new(),
+            interval_ms: Int64Builder::new(),
+            host: StringBuilder::new(),
+            gpu_uuid: StringBuilder::new(),
+            gpu_model: StringBuilder::new(),
+            util_gpu_pct: Float64Builder::new(),
+            mem_used_bytes: Int64Builder::new(),
+            mem_total_bytes: Int64Builder::new(),
+            gpu_index: Int64Builder::new(),
+            pci_bus_id: StringBuilder::new(),
+            util_mem_pct: Float64Builder::new(),
+            power_w: Float64Builder::new(),
+            power_limit_w: Float64Builder::new(),
+            energy_mj: Int64Builder::new(),
+            temp_c: Float64Builder::new(),
+            sm_clock_mhz: Int64Builder::new(),
+            process_count: Int64Builder::new(),
+            lease_id: StringBuilder::new(),
+            mig_profile: StringBuilder::new(),
+            labels: StringBuilder::new(),
+            rows: 0,
+            bytes: 0,
+        }
+    }
+}
+
+fn opt_str<'t>(text: &'t Option<Text<'_>>) -> Option<&'t str> {
+    text.as_ref().map(|t| &*t.0)
+}
+
+impl SampleBuilder {
+    /// Appends a validated row. Values past `i64::MAX` cannot occur: validation refuses them.
+    pub fn append(&mut self, row: &SampleRow<'_>) {
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.ts_ms.append_value(row.ts_ms);
+        self.interval_ms.append_value(row.interval_ms);
+        self.host.append_value(&*row.host);
+        self.gpu_uuid.append_value(&*row.gpu_uuid);
+        self.gpu_model.append_value(&*row.gpu_model);
+        self.util_gpu_pct.append_value(row.util_gpu_pct);
+        self.mem_used_bytes.append_value(as_i64(row.mem_used_bytes));
+        self.mem_total_bytes
+            .append_value(as_i64(row.mem_total_bytes));
+        self.gpu_index.append_option(row.gpu_index.map(i64::from));
+        self.pci_bus_id.append_option(opt_str(&row.pci_bus_id));
+        self.util_mem_pct.append_option(row.util_mem_pct);
+        self.power_w.append_option(row.power_w);
+        self.power_limit_w.append_option(row.power_limit_w);
+        self.energy_mj.append_option(row.energy_mj.map(as_i64));
+        self.temp_c.append_option(row.temp_c);
+        self.sm_clock_mhz
+            .append_option(row.sm_clock_mhz.map(i64::from));
+        self.process_count
+            .append_option(row.process_count.map(i64::from));
+        self.lease_id.append_option(opt_str(&row.lease_id));
+        self.mig_profile.append_option(opt_str(&row.mig_profile));
+        self.labels.append_option(
+            row.labels
+                .as_ref()
+                .map(|l| serde_json::to_string(l).expect("a string map serializes")),
+        );
+        self.rows += 1;
+        // Fixed-width columns plus the strings: close to what the builders hold.
+        self.bytes += 160
+            + row.host.len()
+            + row.gpu_uuid.len()
+            + row.gpu_model.len()
+            + opt_str(&row.pci_bus_id).map_or(0, str::len)
+            + opt_str(&row.lease_id).map_or(0, str::len);
+    }
+
+    /// Rows appended since the last [`finish`](Self::finish).
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether no row is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// About how many bytes the waiting rows take in memory.
+    pub fn approx_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The waiting rows as one batch of the `samples` schema; the builder is empty afterwards.
+    pub fn finish(&mut self) -> Result<RecordBatch, ArrowError> {
+        let rows = self.rows;
+        let v: ArrayRef = Arc::new(arrow_array::Int64Array::from(vec![
+            i64::from(V1::NUMBER);
+            rows
+        ]));
+        let columns: Vec<ArrayRef> = vec![
+            v,
+            Arc::new(self.ts_ms.finish()),
+            Arc::new(self.interval_ms.finish()),
+            Arc::new(self.host.finish()),
+            Arc::new(self.gpu_uuid.finish()),
+            Arc::new(self.gpu_model.finish()),
+            Arc::new(self.util_gpu_pct.finish()),
+            Arc::new(self.mem_used_bytes.finish()),
+            Arc::new(self.mem_total_bytes.finish()),
+            Arc::new(self.gpu_index.finish()),
+            Arc::new(self.pci_bus_id.finish()),
+            Arc::new(self.util_mem_pct.finish()),
+            Arc::new(self.power_w.finish()),
+            Arc::new(self.power_limit_w.finish()),
+            Arc::new(self.energy_mj.finish()),
+            Arc::new(self.temp_c.finish()),
+            Arc::new(self.sm_clock_mhz.finish()),
+            Arc::new(self.process_count.finish()),
+            Arc::new(self.lease_id.finish()),
+            Arc::new(self.mig_profile.finish()),
+            Arc::new(self.labels.finish()),
+        ];
+        self.rows = 0;
+        self.bytes = 0;
+        let schema: Arc<Schema> = Sample::arrow_schema();
+        RecordBatch::try_new(schema, columns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_borrow_their_strings_and_build_the_same_batch_as_samples() {
+        let json = br#"{"v":1,"ts_ms":5000,"interval_ms":5000,"host":"node-1","gpu_uuid":"GPU-1","gpu_model":"NVIDIA \"H100\"","util_gpu_pct":42.5,"mem_used_bytes":1,"mem_total_bytes":2,"lease_id":"l-1","labels":{"k8s_pod":"p"}}"#;
+        let row = SampleRow::from_json(json).unwrap();
+        assert!(
+            matches!(row.host.0, Cow::Borrowed(_)),
+            "no escape: borrowed"
+        );
+        assert!(matches!(row.gpu_model.0, Cow::Owned(_)), "escapes: owned");
+        let mut builder = SampleBuilder::default();
+        builder.append(&row);
+        builder.append(&row);
+        assert_eq!(builder.len(), 2);
+        let batch = builder.finish().unwrap();
+        assert!(builder.is_empty());
+        let sample = Sample::from_json(json).unwrap();
+        let expected = Sample::to_record_batch(&[sample.clone(), sample]).unwrap();
+        assert_eq!(batch, expected);
+    }
+
+    #[test]
+    fn rows_are_refused_exactly_as_samples_are() {
+        for bad in [
+            &br#"{"v":1}"#[..],
+            br#"{"v":1,"ts_ms":1,"interval_ms":0,"host":"h","gpu_uuid":"g","gpu_model":"m","util_gpu_pct":1,"mem_used_bytes":1,"mem_total_bytes":2}"#,
+            br#"{"v":1,"ts_ms":1,"interval_ms":5,"host":"h","gpu_uuid":"g","gpu_model":"m","util_gpu_pct":101,"mem_used_bytes":1,"mem_total_bytes":2}"#,
+            br#"{"v":1,"ts_ms":1,"interval_ms":5,"host":7,"gpu_uuid":"g","gpu_model":"m","util_gpu_pct":1,"mem_used_bytes":1,"mem_total_bytes":2}"#,
+            b"[1]",
+            b"{\"v\":1,",
+        ] {
+            assert_eq!(SampleRow::from_json(bad).unwrap_err(), Sample::from_json(bad).unwrap_err());
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! `gpuwarden ingest`: loads JSON-lines files into the lake through the pipeline's own decoder,
+//! validator, quarantine and writer.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use gpuwarden_pipeline::{files, Lake, Metrics, Table};
+use gpuwarden_schema::config;
+
+/// Load JSON-lines files into the lake (backfill, or trying gpuwarden on exported data).
+///
+/// Each line of --samples is one Sample record, each line of --lease-events one LeaseEvent (the
+/// JSON of DESIGN.md's v1 contracts; "-" reads standard input). Valid records are written as
+/// Parquet to the lake; invalid ones to the quarantine table with the reason naming the field.
+/// Ingesting the same file again rewrites the same files, so nothing is counted twice.
+/// Prints how many records were written and quarantined.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file (for storage.data_dir and pipeline.flush_rows).
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// JSON lines of Sample records ("-" for standard input).
+    #[arg(long, value_name = "FILE")]
+    samples: Option<String>,
+    /// JSON lines of LeaseEvent records ("-" for standard input).
+    #[arg(long, value_name = "FILE")]
+    lease_events: Option<String>,
+    /// Decoding threads (default: all cores).
+    #[arg(long, env = "GPUWARDEN_INGEST_THREADS")]
+    threads: Option<usize>,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.samples.is_some() || args.lease_events.is_some(),
+        "nothing to ingest: give --samples FILE and/or --lease-events FILE"
+    );
+    anyhow::ensure!(
+        !(args.samples.as_deref() == Some("-") && args.lease_events.as_deref() == Some("-")),
+        "only one input can be standard input"
+    );
+    let config = config::load(&args.config)?;
+    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let metrics = Arc::new(Metrics::default());
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1);
+    let chunk = config.pipeline.flush_rows.clamp(1_000, 1_000_000);
+    let mut quarantined_any = false;
+    for (input, table) in [
+        (args.lease_events, Table::LeaseEvents),
+        (args.samples, Table::Samples),
+    ] {
+        let Some(input) = input else { continue };
+        let started = std::time::Instant::now();
+        let mut reader: Box<dyn BufRead> = if input == "-" {
+            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin()))
+        } else {
+            Box::new(std::io::BufReader::with_capacity(
+                1 << 20,
+                std::fs::File::open(&input).with_context(|| format!("opening {input}"))?,
+            ))
+        };
+        let name = if input == "-" {
+            "stdin".to_string()
+        } else {
+            input.clone()
+        };
+        let report = files::ingest(&mut reader, &name, table, &lake, chunk, threads, &metrics)?;
+        quarantined_any |= report.quarantined > 0;
+        println!(
+            "{name}: {} {} records read, {} written, {} quarantined ({:.1}s)",
+            report.records,
+            table.name(),
+            report.written,
+            report.quarantined,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if quarantined_any {
+        println!("see why with: gpuwarden sql --config {} \"SELECT topic, \\\"offset\\\", reason FROM quarantine\"", args.config.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
