@@ -20,7 +20,7 @@ use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::buffer::{Outcome, QuarantineRow, SourceBuffer, Table};
+use crate::buffer::{Outcome, SourceBuffer, Table};
 use crate::lake::Lake;
 use crate::metrics::Metrics;
 use crate::writer::{Done, Job, Writers};
@@ -50,6 +50,14 @@ pub enum IngestError {
     #[error(transparent)]
     Lake(#[from] crate::lake::LakeError),
 }
+
+/// The topic's name as one of the four constants, so keys need no allocation per message.
+fn static_topic(topic: &str) -> Option<&'static str> {
+    topics::ALL.into_iter().find(|t| *t == topic)
+}
+
+/// Messages handled per turn of the loop before flushes and commits are looked at.
+const POLL_BATCH: usize = 2_000;
 
 fn source_of(topic: &str, partition: i32) -> String {
     format!("{topic}-p{partition}")
@@ -176,10 +184,10 @@ struct State {
     options: IngestOptions,
     metrics: Arc<Metrics>,
     writers: Writers,
-    buffers: BTreeMap<(String, i32), SourceBuffer>,
+    buffers: BTreeMap<(&'static str, i32), SourceBuffer>,
     /// Bytes of each partition's flush being written.
-    in_flight: BTreeMap<(String, i32), usize>,
-    owned: BTreeSet<(String, i32)>,
+    in_flight: BTreeMap<(&'static str, i32), usize>,
+    owned: BTreeSet<(&'static str, i32)>,
     paused: bool,
 }
 
@@ -203,7 +211,10 @@ impl State {
         );
         for (topic, partition) in changes.revoked {
             // Uncommitted rows of a partition we no longer own are replayed by its next owner.
-            self.buffers.remove(&(topic.clone(), partition));
+            let Some(topic) = static_topic(&topic) else {
+                continue;
+            };
+            self.buffers.remove(&(topic, partition));
             self.owned.remove(&(topic, partition));
         }
         if changes.assigned.is_empty() {
@@ -232,7 +243,9 @@ impl State {
             if let Err(e) = self.lake.recover(&source_of(&topic, partition), next) {
                 tracing::error!(error = %e, topic, partition, "cannot clean up an uncommitted flush");
             }
-            self.owned.insert((topic, partition));
+            if let Some(topic) = static_topic(&topic) {
+                self.owned.insert((topic, partition));
+            }
         }
         if self.paused {
             // New partitions start paused too while memory is over the bound.
@@ -258,7 +271,10 @@ impl State {
             };
             first = false;
             let Some(done) = next else { break };
-            let key = (done.topic.clone(), done.partition);
+            let Some(topic) = static_topic(&done.topic) else {
+                continue;
+            };
+            let key = (topic, done.partition);
             self.in_flight.remove(&key);
             if !self.owned.contains(&key) {
                 // Revoked meanwhile: leave the journal, the next owner replays this range.
@@ -310,46 +326,61 @@ impl State {
         }
     }
 
+    /// Handles up to [`POLL_BATCH`] messages: waits up to 100 ms for the first, then takes what
+    /// is already there.
     fn poll(&mut self) {
-        let Some(message) = self.consumer.poll(Duration::from_millis(100)) else {
-            return;
-        };
-        let message = match message {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "Kafka consumer error");
-                return;
+        let mut counts: [(u64, u64); 4] = [(0, 0); 4];
+        // Stop taking messages the moment memory passes the bound, so the pause that follows
+        // holds it to within one message.
+        let mut bytes = self.buffered_bytes();
+        for n in 0..POLL_BATCH {
+            if bytes > self.options.max_buffered_bytes {
+                break;
             }
-        };
-        let (topic, partition, offset) = (
-            message.topic().to_string(),
-            message.partition(),
-            message.offset(),
-        );
-        let received_ms = message.timestamp().to_millis().unwrap_or_else(now_ms);
-        let payload = message.payload().unwrap_or_default();
-        let buffer = self.buffers.entry((topic.clone(), partition)).or_default();
-        let outcome = match Table::of_topic(&topic) {
-            Some(table) => buffer.add(table, payload, &topic, partition, offset, received_ms),
-            None => {
-                buffer.quarantine(QuarantineRow {
-                    ts_ms: received_ms,
-                    topic: topic.clone(),
-                    partition,
-                    offset,
-                    field: None,
-                    reason: format!("unknown topic {topic}"),
-                    raw: payload.to_vec(),
-                });
-                Outcome::Quarantined
+            let wait = if n == 0 {
+                Duration::from_millis(100)
+            } else {
+                Duration::ZERO
+            };
+            let Some(message) = self.consumer.poll(wait) else {
+                break;
+            };
+            let message = match message {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Kafka consumer error");
+                    break;
+                }
+            };
+            let Some(topic) = static_topic(message.topic()) else {
+                // Only the four topics are subscribed; anything else is a librdkafka surprise.
+                tracing::error!(
+                    topic = message.topic(),
+                    "message from a topic that was not subscribed; skipped"
+                );
+                continue;
+            };
+            let (partition, offset) = (message.partition(), message.offset());
+            let received_ms = message.timestamp().to_millis().unwrap_or_else(now_ms);
+            let payload = message.payload().unwrap_or_default();
+            let table = Table::of_topic(topic).expect("each of the four topics has a table");
+            let buffer = self.buffers.entry((topic, partition)).or_default();
+            let before = buffer.bytes();
+            let outcome = buffer.add(table, payload, topic, partition, offset, received_ms);
+            bytes += buffer.bytes() - before;
+            let i = topics::ALL.iter().position(|t| *t == topic).unwrap_or(0);
+            counts[i].0 += 1;
+            counts[i].1 += u64::from(outcome == Outcome::Quarantined);
+        }
+        for (topic, (n, bad)) in topics::ALL.iter().zip(counts) {
+            if n > 0 {
+                self.metrics.records_in_n(topic, n, bad);
             }
-        };
-        self.metrics
-            .record_in(&topic, outcome == Outcome::Quarantined);
+        }
     }
 
     fn flush_due(&mut self, all: bool) {
-        let due: Vec<(String, i32)> = self
+        let due: Vec<(&'static str, i32)> = self
             .buffers
             .iter()
             .filter(|(key, b)| {
@@ -360,7 +391,7 @@ impl State {
                         || b.started()
                             .is_some_and(|t| t.elapsed() >= self.options.flush_age))
             })
-            .map(|(key, _)| key.clone())
+            .map(|(key, _)| *key)
             .collect();
         for key in due {
             self.flush(key);
@@ -373,13 +404,13 @@ impl State {
             .iter()
             .filter(|(key, b)| !b.is_empty() && !self.in_flight.contains_key(*key))
             .max_by_key(|(_, b)| b.bytes())
-            .map(|(key, _)| key.clone());
+            .map(|(key, _)| *key);
         if let Some(key) = largest {
             self.flush(key);
         }
     }
 
-    fn flush(&mut self, key: (String, i32)) {
+    fn flush(&mut self, key: (&'static str, i32)) {
         let Some(buffer) = self.buffers.get_mut(&key) else {
             return;
         };
@@ -391,11 +422,11 @@ impl State {
                 return;
             }
         };
-        self.in_flight.insert(key.clone(), sealed.bytes);
+        self.in_flight.insert(key, sealed.bytes);
         let (topic, partition) = key;
         self.writers.submit(Job {
-            source: source_of(&topic, partition),
-            topic,
+            source: source_of(topic, partition),
+            topic: topic.to_string(),
             partition,
             sealed,
             journal: true,

@@ -5,7 +5,7 @@
 //! to files named after the input and the chunk's line range, so ingesting the same file again
 //! rewrites the same files instead of adding rows twice.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
@@ -42,11 +42,26 @@ pub enum FileError {
     Lake(#[from] LakeError),
 }
 
+/// Bytes read at a time.
+const READ_BLOCK: usize = 4 << 20;
+
+/// Whole lines, as read, in one buffer (no allocation per line).
 struct Chunk {
-    /// 1-based line number of the first line.
-    first_line: i64,
-    lines: Vec<Vec<u8>>,
-    numbers: Vec<i64>,
+    data: Vec<u8>,
+    /// `(start, end, 1-based line number)` of each non-empty line in `data`, newline excluded.
+    lines: Vec<(usize, usize, i64)>,
+    /// Where the next line not yet indexed starts.
+    scanned: usize,
+}
+
+impl Chunk {
+    fn with_capacity(lines: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(lines * 512),
+            lines: Vec::with_capacity(lines),
+            scanned: 0,
+        }
+    }
 }
 
 /// Reads JSON lines of `table`'s records from `input` into the lake. `name` identifies the input
@@ -61,17 +76,43 @@ pub fn ingest(
     threads: usize,
     metrics: &Arc<Metrics>,
 ) -> Result<FileReport, FileError> {
+    ingest_blocks(
+        input,
+        name,
+        table,
+        lake,
+        chunk_lines,
+        threads,
+        metrics,
+        READ_BLOCK,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ingest_blocks(
+    input: &mut dyn BufRead,
+    name: &str,
+    table: Table,
+    lake: &Lake,
+    chunk_lines: usize,
+    threads: usize,
+    metrics: &Arc<Metrics>,
+    read_block: usize,
+) -> Result<FileReport, FileError> {
     let source = format!("file-{}-{}", table.name(), sanitize(name));
     let topic = format!("file:{name}");
     let stop = Arc::new(AtomicBool::new(false));
-    let (writers, done) = Writers::start(
+    // A bounded queue: decoders wait for the writers instead of piling batches up in memory.
+    let (writers, done) = Writers::start_bounded(
+        threads,
         threads,
         lake.clone(),
         Arc::clone(metrics),
-        None,
         Arc::clone(&stop),
     );
     let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(threads.max(1));
+    // Decoded chunks come back to be filled again: their memory is allocated once.
+    let (spare_tx, spare_rx) = mpsc::channel::<Chunk>();
     let chunk_rx = Arc::new(Mutex::new(chunk_rx));
     let (records, quarantined) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let writers = Arc::new(writers);
@@ -84,7 +125,7 @@ pub fn ingest(
                 Arc::clone(&records),
                 Arc::clone(&quarantined),
             );
-            let (source, topic) = (source.clone(), topic.clone());
+            let (source, topic, spare_tx) = (source.clone(), topic.clone(), spare_tx.clone());
             std::thread::spawn(move || {
                 let received_ms = crate::consume::wall_ms();
                 loop {
@@ -93,21 +134,31 @@ pub fn ingest(
                         Err(_) => return,
                     };
                     let mut buffer = SourceBuffer::default();
-                    for (line, number) in chunk.lines.iter().zip(&chunk.numbers) {
-                        let outcome = buffer.add(table, line, &topic, -1, *number, received_ms);
-                        let bad = outcome == Outcome::Quarantined;
-                        metrics.record_in(&topic, bad);
-                        records.fetch_add(1, Ordering::Relaxed);
-                        if bad {
-                            quarantined.fetch_add(1, Ordering::Relaxed);
-                        }
+                    let mut bad = 0;
+                    for &(start, end, number) in &chunk.lines {
+                        let outcome = buffer.add(
+                            table,
+                            &chunk.data[start..end],
+                            &topic,
+                            -1,
+                            number,
+                            received_ms,
+                        );
+                        bad += u64::from(outcome == Outcome::Quarantined);
                     }
+                    let n = chunk.lines.len() as u64;
+                    metrics.records_in_n(&topic, n, bad);
+                    records.fetch_add(n, Ordering::Relaxed);
+                    quarantined.fetch_add(bad, Ordering::Relaxed);
+                    let mut chunk = chunk;
+                    chunk.data.clear();
+                    chunk.lines.clear();
+                    chunk.scanned = 0;
+                    let _ = spare_tx.send(chunk);
                     let sealed = buffer
                         .seal()
                         .expect("batches of validated rows build")
                         .expect("a chunk has lines");
-                    debug_assert_eq!(sealed.first, chunk.numbers[0]);
-                    let _ = chunk.first_line;
                     writers.submit(Job {
                         source: source.clone(),
                         topic: topic.clone(),
@@ -122,40 +173,45 @@ pub fn ingest(
 
     let started = Instant::now();
     let (mut line_no, mut chunks) = (0i64, 0u64);
-    let mut chunk = Chunk {
-        first_line: 1,
-        lines: Vec::with_capacity(chunk_lines),
-        numbers: Vec::with_capacity(chunk_lines),
-    };
-    let mut line = Vec::new();
+    let mut chunk = Chunk::with_capacity(chunk_lines);
+    // Blocks are read straight into the chunk's buffer; lines are found with memchr and never
+    // copied one by one. An unfinished last line moves to the next chunk.
     let read_error = loop {
-        line.clear();
-        match input.read_until(b'\n', &mut line) {
-            Ok(0) => break None,
-            Ok(_) => {}
+        let n = match (&mut *input)
+            .take(read_block as u64)
+            .read_to_end(&mut chunk.data)
+        {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(source) => {
                 break Some(FileError::Read {
                     input: name.to_string(),
                     source,
                 })
             }
+        };
+        let eof = n == 0;
+        let mut start = chunk.scanned;
+        while start < chunk.data.len() {
+            let end = match memchr::memchr(b'\n', &chunk.data[start..]) {
+                Some(i) => start + i,
+                None if eof => chunk.data.len(),
+                None => break,
+            };
+            line_no += 1;
+            if !trim(&chunk.data[start..end]).is_empty() {
+                chunk.lines.push((start, end, line_no));
+            }
+            start = end + 1;
         }
-        line_no += 1;
-        let trimmed = trim(&line);
-        if trimmed.is_empty() {
-            continue;
-        }
-        chunk.lines.push(trimmed.to_vec());
-        chunk.numbers.push(line_no);
-        if chunk.lines.len() >= chunk_lines {
-            let full = std::mem::replace(
-                &mut chunk,
-                Chunk {
-                    first_line: line_no + 1,
-                    lines: Vec::with_capacity(chunk_lines),
-                    numbers: Vec::with_capacity(chunk_lines),
-                },
-            );
+        chunk.scanned = start.min(chunk.data.len());
+        if chunk.lines.len() >= chunk_lines || (eof && !chunk.lines.is_empty()) {
+            let mut next = spare_rx
+                .try_recv()
+                .unwrap_or_else(|_| Chunk::with_capacity(chunk_lines));
+            next.data.extend_from_slice(&chunk.data[chunk.scanned..]);
+            chunk.data.truncate(chunk.scanned);
+            let full = std::mem::replace(&mut chunk, next);
             if chunk_tx.send(full).is_err() {
                 break None;
             }
@@ -164,10 +220,11 @@ pub fn ingest(
                 tracing::info!(input = name, lines = line_no, elapsed = ?started.elapsed(), "ingesting");
             }
         }
+        if eof {
+            break None;
+        }
     };
-    if !chunk.lines.is_empty() {
-        let _ = chunk_tx.send(chunk);
-    }
+    drop(chunk);
     drop(chunk_tx);
     for d in decoders {
         let _ = d.join();
@@ -212,4 +269,86 @@ fn sanitize(name: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_across_blocks_and_chunks_keep_their_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let mut text = String::new();
+        let mut expected_bad = Vec::new();
+        for i in 1..=300 {
+            if i % 50 == 0 {
+                text.push_str("   \r\n");
+                continue;
+            }
+            if i % 77 == 0 {
+                text.push_str("{\"v\":1,\n");
+                expected_bad.push(i);
+                continue;
+            }
+            text.push_str(&format!(
+                "{{\"v\":1,\"ts_ms\":{},\"interval_ms\":5000,\"host\":\"h\",\"gpu_uuid\":\"GPU-{i}\",\"gpu_model\":\"m\",\"util_gpu_pct\":1,\"mem_used_bytes\":1,\"mem_total_bytes\":2}}\r\n",
+                1_767_225_600_000i64 + i * 1000
+            ));
+        }
+        text.push_str("{\"v\":1"); // a last line without a newline, and broken
+        let metrics = Arc::new(Metrics::default());
+        for (block, chunk) in [(7, 37), (64, 1), (1 << 20, 1000)] {
+            let mut input = std::io::Cursor::new(text.clone().into_bytes());
+            let report = ingest_blocks(
+                &mut input,
+                "t.jsonl",
+                Table::Samples,
+                &lake,
+                chunk,
+                2,
+                &metrics,
+                block,
+            )
+            .unwrap();
+            assert_eq!(report.records, 300 - 6 + 1, "block {block}, chunk {chunk}");
+            assert_eq!(report.quarantined, expected_bad.len() as u64 + 1);
+        }
+        // The quarantined lines carry their line numbers: read them back from the lake.
+        let mut offsets = Vec::new();
+        for entry in walk(&dir.path().join("quarantine")) {
+            let file = std::fs::File::open(entry).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            for batch in reader {
+                let batch = batch.unwrap();
+                let col = batch.column_by_name("offset").unwrap();
+                let col = col
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>()
+                    .unwrap();
+                offsets.extend(col.values().iter().copied());
+            }
+        }
+        offsets.sort_unstable();
+        offsets.dedup();
+        let mut want: Vec<i64> = expected_bad.clone();
+        want.push(301);
+        assert_eq!(offsets, want);
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            } else if e.path().extension().is_some_and(|x| x == "parquet") {
+                out.push(e.path());
+            }
+        }
+        out
+    }
 }

@@ -12,9 +12,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use arrow_array::RecordBatch;
+use arrow_schema::DataType;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 /// Rows per Parquet row group: large enough to compress well, small enough to prune by.
@@ -149,13 +151,22 @@ impl Lake {
             path.file_name().unwrap().to_string_lossy()
         ));
         let file = File::create(&tmp).map_err(io("creating", &tmp))?;
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(
                 ZstdLevel::try_new(3).expect("level 3 is valid"),
             ))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_statistics_enabled(EnabledStatistics::Page)
-            .build();
+            // Dictionaries pay off for names (hosts, GPUs, models, leases), which repeat, and
+            // cost time for measurements, which rarely do.
+            .set_dictionary_enabled(false);
+        for field in batch.schema().fields() {
+            if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+                props = props
+                    .set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
+            }
+        }
+        let props = props.build();
         let mut writer =
             ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|source| {
                 LakeError::Parquet {

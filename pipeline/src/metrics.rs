@@ -53,11 +53,23 @@ fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K, n: u64) {
         .or_default() += n;
 }
 
+/// Like [`bump`], without allocating a key that is already there (the per-record hot path).
+fn bump_str(map: &Mutex<BTreeMap<String, u64>>, key: &str, n: u64) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    match map.get_mut(key) {
+        Some(count) => *count += n,
+        None => {
+            map.insert(key.to_string(), n);
+        }
+    }
+}
+
 impl Metrics {
-    pub(crate) fn record_in(&self, topic: &str, quarantined: bool) {
-        bump(&self.records_in, topic.to_string(), 1);
-        if quarantined {
-            bump(&self.quarantined, topic.to_string(), 1);
+    /// Counts `n` records of `topic`, `bad` of them quarantined.
+    pub(crate) fn records_in_n(&self, topic: &str, n: u64, bad: u64) {
+        bump_str(&self.records_in, topic, n);
+        if bad > 0 {
+            bump_str(&self.quarantined, topic, bad);
         }
     }
 

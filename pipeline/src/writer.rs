@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,14 +35,21 @@ pub(crate) struct Done {
     pub(crate) files: Vec<PathBuf>,
 }
 
+enum JobSender {
+    Unbounded(Sender<Job>),
+    Bounded(SyncSender<Job>),
+}
+
 /// A pool of writer threads.
 pub(crate) struct Writers {
-    jobs: Option<Sender<Job>>,
+    jobs: Option<JobSender>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Writers {
     /// Starts `count` writers. `throttle` (bytes per second) slows them down, to test slow disks.
+    /// The queue is unbounded: the caller bounds what it submits (the consumer counts the bytes
+    /// in flight).
     pub(crate) fn start(
         count: usize,
         lake: Lake,
@@ -51,6 +58,47 @@ impl Writers {
         stop: Arc<AtomicBool>,
     ) -> (Self, Receiver<Done>) {
         let (jobs, job_rx) = mpsc::channel::<Job>();
+        Self::spawn(
+            JobSender::Unbounded(jobs),
+            job_rx,
+            count,
+            lake,
+            metrics,
+            throttle,
+            stop,
+        )
+    }
+
+    /// Starts `count` writers whose queue holds at most `queue` jobs: [`Writers::submit`] waits
+    /// while it is full.
+    pub(crate) fn start_bounded(
+        count: usize,
+        queue: usize,
+        lake: Lake,
+        metrics: Arc<Metrics>,
+        stop: Arc<AtomicBool>,
+    ) -> (Self, Receiver<Done>) {
+        let (jobs, job_rx) = mpsc::sync_channel::<Job>(queue);
+        Self::spawn(
+            JobSender::Bounded(jobs),
+            job_rx,
+            count,
+            lake,
+            metrics,
+            None,
+            stop,
+        )
+    }
+
+    fn spawn(
+        jobs: JobSender,
+        job_rx: Receiver<Job>,
+        count: usize,
+        lake: Lake,
+        metrics: Arc<Metrics>,
+        throttle: Option<u64>,
+        stop: Arc<AtomicBool>,
+    ) -> (Self, Receiver<Done>) {
         let (done_tx, done_rx) = mpsc::channel();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let threads = (0..count.max(1))
@@ -89,8 +137,14 @@ impl Writers {
     }
 
     pub(crate) fn submit(&self, job: Job) {
-        if let Some(jobs) = &self.jobs {
-            let _ = jobs.send(job);
+        match &self.jobs {
+            Some(JobSender::Unbounded(jobs)) => {
+                let _ = jobs.send(job);
+            }
+            Some(JobSender::Bounded(jobs)) => {
+                let _ = jobs.send(job);
+            }
+            None => {}
         }
     }
 

@@ -63,6 +63,11 @@ pub(crate) fn decode_named<'de, T: serde::Deserialize<'de>>(
             message: "found a JSON array; expected a JSON object".into(),
         });
     }
+    // The fast path: most records are valid, and tracking the path of every field costs time.
+    // Only a record that fails is decoded again to find which field is at fault.
+    if let Ok(value) = serde_json::from_slice::<T>(bytes) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|err| {
         let path = err.path().to_string();

@@ -511,6 +511,28 @@ proptest! {
         let _ = Action::from_json(&bytes);
     }
 
+    /// The ingest hot path (SampleRow, parsed by sonic-rs) accepts exactly what Sample accepts,
+    /// with the same values, on valid and damaged records alike.
+    #[test]
+    fn sample_rows_agree_with_samples(sample in arb_sample(), cut in any::<prop::sample::Index>(), byte in any::<u8>(), damage in any::<bool>()) {
+        let mut json = sample.to_json();
+        if damage {
+            let i = cut.index(json.len());
+            json[i] = byte;
+        }
+        let row = gpuwarden_schema::sample_row::SampleRow::from_json(&json);
+        let full = Sample::from_json(&json);
+        match (row, full) {
+            (Ok(row), Ok(full)) => {
+                let mut builder = gpuwarden_schema::sample_row::SampleBuilder::default();
+                builder.append(&row);
+                prop_assert_eq!(builder.finish().unwrap(), Sample::to_record_batch(&[full]).unwrap());
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a, b),
+            (a, b) => prop_assert!(false, "disagree on {:?}: {:?} vs {:?}", String::from_utf8_lossy(&json), a.map(|_| ()), b.map(|_| ())),
+        }
+    }
+
     /// Mutated valid records: closer to what a buggy producer sends than random bytes are.
     #[test]
     fn mutated_records_decode_or_fail_cleanly(sample in arb_sample(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {

@@ -49,7 +49,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .max(1);
-    let chunk = config.pipeline.flush_rows.clamp(1_000, 1_000_000);
+    // Chunks are decoded in parallel and each is written as its own files: 100k lines keep the
+    // files large enough and the memory of the chunks in flight small.
+    let chunk = config.pipeline.flush_rows.clamp(1_000, 100_000);
     let mut quarantined_any = false;
     for (input, table) in [
         (args.lease_events, Table::LeaseEvents),

@@ -182,6 +182,11 @@ pub fn fake_nvml_library() -> PathBuf {
 /// Runs `query` with DataFusion over the raw tables of a lake; returns the first column of the
 /// first row as i64.
 pub fn lake_i64(lake: &Path, query: &str) -> i64 {
+    try_lake_i64(lake, query).unwrap_or_else(|e| panic!("{query}: {e}"))
+}
+
+/// [`lake_i64`], or the error (e.g. a table whose files are being replaced right now).
+pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
     use datafusion::prelude::{ParquetReadOptions, SessionContext};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -204,25 +209,27 @@ pub fn lake_i64(lake: &Path, query: &str) -> i64 {
                     ParquetReadOptions::default(),
                 )
                 .await
-                .unwrap();
+                .map_err(|e| e.to_string())?;
             }
         }
         let batches = ctx
             .sql(query)
             .await
-            .unwrap_or_else(|e| panic!("{query}: {e}"))
+            .map_err(|e| e.to_string())?
             .collect()
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())?;
         let column = datafusion::arrow::compute::cast(
             batches[0].column(0),
             &datafusion::arrow::datatypes::DataType::Int64,
         )
-        .unwrap();
-        datafusion::arrow::array::AsArray::as_primitive::<datafusion::arrow::datatypes::Int64Type>(
-            &column,
+        .map_err(|e| e.to_string())?;
+        Ok(
+            datafusion::arrow::array::AsArray::as_primitive::<
+                datafusion::arrow::datatypes::Int64Type,
+            >(&column)
+            .value(0),
         )
-        .value(0)
     })
 }
 
