@@ -279,6 +279,35 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine"), 2);
 
+    // Standard input works too ("-"), through the same decoder and quarantine.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args([
+            "ingest",
+            "--config",
+            config.to_str().unwrap(),
+            "--samples",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{}", sample(42, T0 + 999_000_000)).unwrap();
+        writeln!(stdin, "not json").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("stdin: 2 samples records read, 1 written, 1 quarantined"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_501);
+
     let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["ingest", "--config", config.to_str().unwrap()])
         .output()
