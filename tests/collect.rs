@@ -281,14 +281,15 @@ fn the_simulated_fleet_runs_the_leases_it_reads_from_kafka() {
         .map(|s| s["gpu_uuid"].as_str().unwrap())
         .collect();
     assert_eq!(leased_gpus.len(), 2, "the lease runs on exactly two GPUs");
-    let mean_util = leased
-        .iter()
-        .map(|s| s["util_gpu_pct"].as_f64().unwrap())
-        .sum::<f64>()
-        / leased.len() as f64;
+    // The run covers about three minutes of event time starting now, which may fall in one of
+    // training's checkpoint dips (the shapes themselves are checked over a day in
+    // collector/tests/sim_shapes.rs): check what holds throughout, a running process holding
+    // most of the GPU's memory.
     assert!(
-        mean_util > 60.0,
-        "training keeps its GPUs busy: {mean_util}"
+        leased.iter().all(|s| s["process_count"] == 1
+            && s["mem_used_bytes"].as_f64().unwrap()
+                > 0.6 * s["mem_total_bytes"].as_f64().unwrap()),
+        "the lease's work runs on its GPUs"
     );
     let free: Vec<&serde_json::Value> = samples
         .iter()

@@ -5,9 +5,8 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the pipeline and the enforcer in Kafka topics.
 //! [`source`] runs the sampling thread over an [`nvml`] or [`sim`] source, [`sink`] publishes,
-//! [`metrics`] counts and renders, [`http`] serves `/metrics`.
+//! [`metrics`] counts and renders them for `/metrics`.
 
-pub mod http;
 pub mod metrics;
 pub mod nvml;
 pub mod sim;

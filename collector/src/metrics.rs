@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+use gpuwarden_schema::prom::{escape, family, Histogram};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
@@ -36,7 +38,7 @@ impl DropReason {
 const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
 
 /// Counters and gauges shared by the sampling thread, the sink and the `/metrics` handler.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     samples_taken: AtomicU64,
     samples_published: AtomicU64,
@@ -49,11 +51,20 @@ pub struct Metrics {
     latest: RwLock<Vec<Sample>>,
 }
 
-#[derive(Debug, Default)]
-struct Histogram {
-    buckets: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum: f64,
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            samples_taken: AtomicU64::default(),
+            samples_published: AtomicU64::default(),
+            dropped: Mutex::default(),
+            nvml_errors: Mutex::default(),
+            devices_lost: AtomicU64::default(),
+            buffer_bytes: AtomicU64::default(),
+            buffer_samples: AtomicU64::default(),
+            latency: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
+            latest: RwLock::default(),
+        }
+    }
 }
 
 impl Metrics {
@@ -65,15 +76,10 @@ impl Metrics {
     /// Counts samples Kafka acknowledged, with how long each waited since it was taken.
     pub fn published(&self, latency: Duration) {
         self.samples_published.fetch_add(1, Ordering::Relaxed);
-        let secs = latency.as_secs_f64();
-        let mut h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                h.buckets[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += secs;
+        self.latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(latency.as_secs_f64());
     }
 
     /// Counts dropped samples.
@@ -139,98 +145,89 @@ impl Metrics {
     /// The collector's own metrics only (`gpuwarden_collector_*`).
     pub fn render_own(&self) -> String {
         let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        };
-        counter(
+        let load = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64;
+        family(
             &mut out,
             "gpuwarden_collector_samples_total",
+            "counter",
             "Samples read from the GPU source.",
-            self.samples_taken.load(Ordering::Relaxed),
+            [("", load(&self.samples_taken))],
         );
-        counter(
+        family(
             &mut out,
             "gpuwarden_collector_samples_published_total",
+            "counter",
             "Samples acknowledged by Kafka.",
-            self.published_total(),
+            [("", load(&self.samples_published))],
         );
-        counter(
+        family(
             &mut out,
             "gpuwarden_collector_devices_lost_total",
+            "counter",
             "GPUs that fell off the bus and are no longer sampled.",
-            self.devices_lost.load(Ordering::Relaxed),
-        );
-
-        let _ = writeln!(out, "# HELP gpuwarden_collector_samples_dropped_total Samples dropped instead of published, by reason.");
-        let _ = writeln!(
-            out,
-            "# TYPE gpuwarden_collector_samples_dropped_total counter"
+            [("", load(&self.devices_lost))],
         );
         let dropped = self
             .dropped
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        for reason in [
+        let dropped: Vec<(String, f64)> = [
             DropReason::BufferFull,
             DropReason::BufferAge,
             DropReason::Undeliverable,
-        ] {
-            let n = dropped.get(&reason).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "gpuwarden_collector_samples_dropped_total{{reason=\"{}\"}} {n}",
-                reason.label()
-            );
-        }
-
-        let _ = writeln!(out, "# HELP gpuwarden_collector_nvml_errors_total NVML calls that failed, by the sample field they fill.");
-        let _ = writeln!(out, "# TYPE gpuwarden_collector_nvml_errors_total counter");
-        for (field, n) in self
+        ]
+        .into_iter()
+        .map(|r| {
+            (
+                format!("reason=\"{}\"", r.label()),
+                dropped.get(&r).copied().unwrap_or(0) as f64,
+            )
+        })
+        .collect();
+        family(
+            &mut out,
+            "gpuwarden_collector_samples_dropped_total",
+            "counter",
+            "Samples dropped instead of published, by reason.",
+            dropped.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        let errors: Vec<(String, f64)> = self
             .nvml_errors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-        {
-            let _ = writeln!(
-                out,
-                "gpuwarden_collector_nvml_errors_total{{field=\"{field}\"}} {n}"
-            );
-        }
-
-        let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        };
-        gauge(
+            .map(|(f, n)| (format!("field=\"{f}\""), *n as f64))
+            .collect();
+        family(
+            &mut out,
+            "gpuwarden_collector_nvml_errors_total",
+            "counter",
+            "NVML calls that failed, by the sample field they fill.",
+            errors.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        family(
             &mut out,
             "gpuwarden_collector_buffer_bytes",
+            "gauge",
             "Bytes of samples waiting for Kafka.",
-            self.buffer_bytes.load(Ordering::Relaxed),
+            [("", load(&self.buffer_bytes))],
         );
-        gauge(
+        family(
             &mut out,
             "gpuwarden_collector_buffer_samples",
+            "gauge",
             "Samples waiting for Kafka.",
-            self.buffer_samples.load(Ordering::Relaxed),
+            [("", load(&self.buffer_samples))],
         );
-
-        let h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
-        let name = "gpuwarden_collector_publish_latency_seconds";
-        let _ = writeln!(out, "# HELP {name} Time from taking a sample to Kafka acknowledging it.\n# TYPE {name} histogram");
-        for (bound, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
-            h.count, h.sum, h.count
-        );
+        self.latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .render(
+                &mut out,
+                "gpuwarden_collector_publish_latency_seconds",
+                "Time from taking a sample to Kafka acknowledging it.",
+            );
         out
     }
 
@@ -296,12 +293,17 @@ impl Metrics {
             ),
         ];
         for (name, kind, help, get) in families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for sample in latest.iter() {
-                if let Some(value) = get(sample) {
-                    let _ = writeln!(out, "{name}{{{}}} {value}", labels(sample));
-                }
-            }
+            let lines: Vec<(String, f64)> = latest
+                .iter()
+                .filter_map(|s| get(s).map(|v| (labels(s), v)))
+                .collect();
+            family(
+                &mut out,
+                name,
+                kind,
+                help,
+                lines.iter().map(|(l, v)| (l.as_str(), *v)),
+            );
         }
         out
     }
@@ -333,11 +335,4 @@ fn labels(s: &Sample) -> String {
         let _ = write!(out, ",lease_id=\"{}\"", escape(lease));
     }
     out
-}
-
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

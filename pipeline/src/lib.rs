@@ -4,12 +4,11 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the enforcer in Kafka topics.
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
-//! threads flush into the [`lake`]; [`metrics`] and [`http`] report on it.
+//! threads flush into the [`lake`]; [`metrics`] reports on it.
 
 pub mod buffer;
 pub mod consume;
 pub mod files;
-pub mod http;
 pub mod lake;
 pub mod metrics;
 mod writer;

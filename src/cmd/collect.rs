@@ -114,7 +114,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         let address = listener.local_addr()?;
         tracing::info!(metrics = %format!("http://{address}/metrics"), kafka = %kafka.bootstrap, interval = %humantime::format_duration(interval), "collector running");
         let server = tokio::spawn(async move {
-            axum::serve(listener, gpuwarden_collector::http::router(metrics)).await
+            axum::serve(listener, super::metrics_http::router(move || metrics.render())).await
         });
         match args.run_for {
             Some(limit) => {

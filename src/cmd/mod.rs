@@ -5,6 +5,7 @@ mod check_config;
 mod collect;
 mod ingest;
 mod kafka;
+mod metrics_http;
 mod pipeline;
 
 use std::process::ExitCode;

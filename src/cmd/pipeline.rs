@@ -53,7 +53,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let listen = args.metrics_listen.unwrap_or(config.pipeline.metrics_listen);
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding /metrics to {listen}"))?;
         let address = listener.local_addr()?;
-        let router = gpuwarden_pipeline::http::router(Arc::clone(&metrics));
+        let router = {
+            let metrics = Arc::clone(&metrics);
+            super::metrics_http::router(move || metrics.render())
+        };
         let server = tokio::spawn(async move { axum::serve(listener, router).await });
         tracing::info!(metrics = %format!("http://{address}/metrics"), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
 

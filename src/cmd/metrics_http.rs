@@ -1,27 +1,24 @@
-//! The collector's HTTP endpoint: `/metrics` for Prometheus, `/healthz` for probes.
-
-use std::sync::Arc;
+//! The `/metrics` and `/healthz` endpoint every long-running command serves: the component's
+//! crate renders its metrics, this serves them.
 
 use axum::http::header;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::Metrics;
-
-/// The routes, ready to serve with `axum::serve`.
-pub fn router(metrics: Arc<Metrics>) -> Router {
+/// Routes serving `render()` as Prometheus text on `/metrics`, and `ok` on `/healthz`.
+pub(crate) fn router(render: impl Fn() -> String + Clone + Send + Sync + 'static) -> Router {
     Router::new()
         .route(
             "/metrics",
             get(move || {
-                let metrics = Arc::clone(&metrics);
+                let render = render.clone();
                 async move {
                     (
                         [(
                             header::CONTENT_TYPE,
                             "text/plain; version=0.0.4; charset=utf-8",
                         )],
-                        metrics.render(),
+                        render(),
                     )
                 }
             }),
