@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use gpuwarden_schema::config::{self, Config};
 
-/// Check a config file.
+/// Check a config file, reporting every error with its line, column and field.
 ///
 /// Reads the file as `collect`, `pipeline` and `enforce` would: TOML syntax, `${ENV}`
 /// substitution, unknown keys, types, durations ("30s", "5m", "1h30m"), and the rules across

@@ -13,7 +13,7 @@ use gpuwarden_schema::{AcceleratedClock, Clock, SystemClock};
 
 use super::kafka::{shutdown_signal, KafkaConnection};
 
-/// Sample GPUs and publish them to Kafka.
+/// Sample GPUs (NVML or a simulated fleet) and publish them to Kafka.
 ///
 /// Every interval (collector.interval, default 5s) each GPU of this host becomes one Sample on
 /// the gpuwarden.samples topic, keyed by its UUID. With --source simulated, the fleet of the

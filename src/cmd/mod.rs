@@ -12,17 +12,14 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
+// Each command's help (its first line in `gpuwarden --help`, the rest in `gpuwarden CMD --help`)
+// is the doc comment of its `Args`, next to the code it describes.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Check a config file and report every error with its line, column and field.
     CheckConfig(check_config::Args),
-    /// Sample GPUs (NVML or a simulated fleet) and publish them to Kafka.
     Collect(collect::Args),
-    /// Consume Kafka into the Parquet lake.
     Pipeline(pipeline::Args),
-    /// Load JSON-lines files into the lake.
     Ingest(ingest::Args),
-    /// Run a Kafka-protocol broker in this process, for tests and trials.
     Broker(broker::Args),
 }
 
