@@ -315,3 +315,109 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to ingest"));
 }
+
+#[test]
+fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let sql = |format: &str, query: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args([
+                "sql",
+                "--config",
+                config.to_str().unwrap(),
+                "--format",
+                format,
+                query,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Before anything is ingested every table exists, empty.
+    assert_eq!(
+        sql("table", "SELECT count(*) AS n FROM samples")
+            .lines()
+            .filter(|l| l.contains("| 0 "))
+            .count(),
+        1
+    );
+    assert_eq!(
+        sql("table", "SELECT reason FROM quarantine").trim(),
+        "(reason) 0 rows"
+    );
+
+    let input = dir.path().join("s.jsonl");
+    std::fs::write(
+        &input,
+        format!("{}\n{}\nnot json\n", sample(1, T0), sample(2, T0 + 5_000)),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args([
+            "ingest",
+            "--config",
+            config.to_str().unwrap(),
+            "--samples",
+            input.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+
+    let csv = sql(
+        "csv",
+        "SELECT gpu_uuid, ts_ms, util_gpu_pct FROM samples ORDER BY ts_ms",
+    );
+    assert_eq!(
+        csv,
+        format!(
+            "gpu_uuid,ts_ms,util_gpu_pct\nGPU-0001,{T0},7.0\nGPU-0002,{},14.0\n",
+            T0 + 5_000
+        )
+    );
+    let json = sql("json", "SELECT \"offset\", field, reason FROM quarantine");
+    let row: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(row["offset"], 3);
+    assert!(
+        row["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("malformed JSON"),
+        "{row}"
+    );
+    let table = sql("table", "SELECT count(*) AS samples FROM samples");
+    assert!(
+        table.contains("| samples |") && table.contains("| 2       |"),
+        "{table}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args([
+            "sql",
+            "--config",
+            config.to_str().unwrap(),
+            "SELECT nope FROM samples",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("error: running the query"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -257,12 +257,12 @@ fn optional<T>(
     }
 }
 
-/// Finds the lease of a process from `GPUWARDEN_LEASE_ID` in `/proc/<pid>/environ`, caching the
-/// answer per pid; a process whose environment cannot be read (another user's, gone) has none.
+/// Finds the lease of a process from `GPUWARDEN_LEASE_ID` in `/proc/<pid>/environ`, caching a
+/// found lease per pid; a process whose environment cannot be read (another user's, gone) has none.
 #[derive(Debug)]
 pub struct LeaseFinder {
     proc_root: PathBuf,
-    cache: HashMap<u32, Option<String>>,
+    cache: HashMap<u32, String>,
     seen: Vec<u32>,
 }
 
@@ -280,12 +280,16 @@ impl LeaseFinder {
     pub fn lease_of(&mut self, pid: u32) -> Option<String> {
         self.seen.push(pid);
         if let Some(hit) = self.cache.get(&pid) {
-            return hit.clone();
+            return Some(hit.clone());
         }
         let lease = std::fs::read(self.proc_root.join(pid.to_string()).join("environ"))
             .ok()
             .and_then(|environ| lease_in_environ(&environ));
-        self.cache.insert(pid, lease.clone());
+        // Only a found lease is cached: a process caught in the middle of exec shows an empty
+        // environment for a moment, and must not stay lease-less for the rest of its life.
+        if let Some(lease) = &lease {
+            self.cache.insert(pid, lease.clone());
+        }
         lease
     }
 

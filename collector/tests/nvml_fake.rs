@@ -36,13 +36,25 @@ struct LeasedProcess(Child);
 
 impl LeasedProcess {
     fn start(lease: &str) -> Self {
-        Self(
-            Command::new("sleep")
-                .arg("60")
-                .env("GPUWARDEN_LEASE_ID", lease)
-                .spawn()
-                .unwrap(),
-        )
+        let child = Command::new("sleep")
+            .arg("60")
+            .env("GPUWARDEN_LEASE_ID", lease)
+            .spawn()
+            .unwrap();
+        // Right after exec the kernel shows an empty environment for a moment: wait it out, so
+        // the first sample already finds the lease.
+        let environ = format!("/proc/{}/environ", child.id());
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !std::fs::read(&environ)
+            .is_ok_and(|e| e.windows(18).any(|w| w == b"GPUWARDEN_LEASE_ID"))
+        {
+            assert!(
+                std::time::Instant::now() < until,
+                "the child's environment never showed the lease"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Self(child)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod consume;
 pub mod files;
 pub mod lake;
 pub mod metrics;
+pub mod sql;
 mod writer;
 
 pub use buffer::Table;

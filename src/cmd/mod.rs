@@ -7,6 +7,7 @@ mod ingest;
 mod kafka;
 mod metrics_http;
 mod pipeline;
+mod sql;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,7 @@ pub(crate) enum Command {
     Collect(collect::Args),
     Pipeline(pipeline::Args),
     Ingest(ingest::Args),
+    Sql(sql::Args),
     Broker(broker::Args),
 }
 
@@ -29,6 +31,7 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Collect(args) => collect::run(args),
         Command::Pipeline(args) => pipeline::run(args),
         Command::Ingest(args) => ingest::run(args),
+        Command::Sql(args) => sql::run(args),
         Command::Broker(args) => broker::run(args),
     }
 }

@@ -1,0 +1,88 @@
+//! `gpuwarden sql`: one query over the lake, printed as a table, CSV or JSON lines.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use gpuwarden_pipeline::{sql, Lake};
+use gpuwarden_schema::config;
+
+/// Run SQL over the lake.
+///
+/// Every table of the lake is registered under its name: samples, lease_events, signals,
+/// actions, quarantine (empty tables too). The dialect is DataFusion's, close to PostgreSQL's.
+/// Examples:
+///   gpuwarden sql -c gw.toml "SELECT gpu_model, avg(util_gpu_pct) FROM samples GROUP BY 1"
+///   gpuwarden sql -c gw.toml --format csv -f query.sql > out.csv
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file (for storage.data_dir).
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Read the query from this file ("-" for standard input) instead of the command line.
+    #[arg(long, short, value_name = "FILE", conflicts_with = "query")]
+    file: Option<String>,
+    /// The query.
+    #[arg(value_name = "QUERY", required_unless_present = "file")]
+    query: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    /// An aligned table for people.
+    Table,
+    /// CSV with a header line.
+    Csv,
+    /// One JSON object per row.
+    Json,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = config::load(&args.config)?;
+    let query = match (&args.query, &args.file) {
+        (Some(q), _) => q.clone(),
+        (None, Some(f)) if f == "-" => std::io::read_to_string(std::io::stdin())
+            .context("reading the query from standard input")?,
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
+        (None, None) => unreachable!("clap requires a query or a file"),
+    };
+    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (schema, batches) = runtime
+        .block_on(sql::query(&lake, &query))
+        .context("running the query")?;
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Table => {
+            use std::io::Write as _;
+            if batches.iter().all(|b| b.num_rows() == 0) {
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                writeln!(out, "({}) 0 rows", names.join(", "))?;
+            } else {
+                writeln!(out, "{}", pretty_format_batches(&batches)?)?;
+            }
+        }
+        Format::Csv => {
+            let mut writer = datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(out);
+            for batch in &batches {
+                writer.write(batch)?;
+            }
+        }
+        Format::Json => {
+            let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(out);
+            for batch in &batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
