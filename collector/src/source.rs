@@ -61,6 +61,9 @@ pub enum StartError {
     /// NVML did not start.
     #[error(transparent)]
     Nvml(#[from] NvmlStartError),
+    /// The sampling thread ended (panicked) before it could say whether the source opened.
+    #[error("the sampling thread stopped before the GPU source opened; see the log above")]
+    SamplerDied,
     /// The lease consumer of the simulated fleet could not be created.
     #[error("cannot read lease events from Kafka: {0}")]
     Leases(#[from] KafkaError),
@@ -209,9 +212,7 @@ impl Collector {
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(StartError::Nvml(NvmlStartError::Init(
-                    nvml_wrapper::error::NvmlError::Unknown,
-                )))
+                Err(StartError::SamplerDied)
             }
         }
     }
