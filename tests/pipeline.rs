@@ -38,6 +38,17 @@ fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
     path
 }
 
+/// A config with only a data dir under `dir`: enough for `ingest` and `sql`.
+fn storage_config(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("c.toml");
+    std::fs::write(
+        &config,
+        format!("[storage]\ndata_dir = \"{}\"\n", dir.join("data").display()),
+    )
+    .unwrap();
+    config
+}
+
 #[test]
 fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -200,15 +211,7 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
 #[test]
 fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = storage_config(dir.path());
     let input = dir.path().join("export.jsonl");
     let mut lines: Vec<String> = (0..2_500)
         .map(|i| sample(i % 10, T0 + (i / 10) as i64 * 5_000))
@@ -319,15 +322,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
 #[test]
 fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = storage_config(dir.path());
     let sql = |format: &str, query: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
             .args([

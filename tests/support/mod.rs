@@ -187,50 +187,25 @@ pub fn lake_i64(lake: &Path, query: &str) -> i64 {
 
 /// [`lake_i64`], or the error (e.g. a table whose files are being replaced right now).
 pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
-    use datafusion::prelude::{ParquetReadOptions, SessionContext};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let ctx = SessionContext::new();
-        for table in [
-            "samples",
-            "lease_events",
-            "signals",
-            "actions",
-            "quarantine",
-        ] {
-            let dir = lake.join(table);
-            if dir.exists() {
-                ctx.register_parquet(
-                    table,
-                    format!("{}/", dir.display()),
-                    ParquetReadOptions::default(),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            }
-        }
-        let batches = ctx
-            .sql(query)
-            .await
-            .map_err(|e| e.to_string())?
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let column = datafusion::arrow::compute::cast(
-            batches[0].column(0),
-            &datafusion::arrow::datatypes::DataType::Int64,
-        )
+    let lake = gpuwarden_pipeline::Lake::open(lake).map_err(|e| e.to_string())?;
+    let (_, batches) = runtime
+        .block_on(gpuwarden_pipeline::sql::query(&lake, query))
         .map_err(|e| e.to_string())?;
-        Ok(
-            datafusion::arrow::array::AsArray::as_primitive::<
-                datafusion::arrow::datatypes::Int64Type,
-            >(&column)
-            .value(0),
+    let column = datafusion::arrow::compute::cast(
+        batches[0].column(0),
+        &datafusion::arrow::datatypes::DataType::Int64,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(
+        datafusion::arrow::array::AsArray::as_primitive::<datafusion::arrow::datatypes::Int64Type>(
+            &column,
         )
-    })
+        .value(0),
+    )
 }
 
 /// Counts the Parquet files under a directory, recursively.

@@ -10,8 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use datafusion::prelude::{ParquetReadOptions, SessionContext};
-use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics, Table};
+use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -116,30 +115,17 @@ pub fn options() -> IngestOptions {
     }
 }
 
-/// Runs `query` over the lake's raw tables with DataFusion.
+/// Runs `query` over the lake's raw tables, registered as `gpuwarden sql` registers them.
 pub fn sql(lake: &Path, query: &str) -> Vec<RecordBatch> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let ctx = SessionContext::new();
-        for table in Table::ALL {
-            let dir = lake.join(table.name());
-            if dir.exists() {
-                let path = format!("{}/", dir.display());
-                ctx.register_parquet(table.name(), &path, ParquetReadOptions::default())
-                    .await
-                    .unwrap();
-            }
-        }
-        ctx.sql(query)
-            .await
-            .unwrap_or_else(|e| panic!("{query}: {e}"))
-            .collect()
-            .await
-            .unwrap()
-    })
+    let lake = Lake::open(lake).unwrap();
+    runtime
+        .block_on(gpuwarden_pipeline::sql::query(&lake, query))
+        .unwrap_or_else(|e| panic!("{query}: {e}"))
+        .1
 }
 
 /// The single integer a query returns.
