@@ -223,38 +223,44 @@ impl NvmlSource {
 /// The device fell off the bus.
 struct Lost;
 
-/// A field the sample cannot do without: an error means no sample for this device this round.
-fn required<T>(
+/// Reads one field. An error other than a lost device is counted for `field` and gives `None`:
+/// a required field then skips this device for the round (worth a warning), an optional one
+/// becomes null (routine on devices that do not report it).
+fn read<T>(
     result: Result<T, NvmlError>,
     metrics: &Metrics,
     field: &'static str,
+    required: bool,
 ) -> Result<Option<T>, Lost> {
     match result {
         Ok(value) => Ok(Some(value)),
         Err(NvmlError::GpuLost) => Err(Lost),
         Err(e) => {
             metrics.nvml_error(field);
-            tracing::warn!(field, error = %e, "NVML cannot read a required field; skipping this GPU this round");
+            if required {
+                tracing::warn!(field, error = %e, "NVML cannot read a required field; skipping this GPU this round");
+            } else {
+                tracing::trace!(field, error = %e, "NVML field unavailable");
+            }
             Ok(None)
         }
     }
 }
 
-/// A field that may be null: an error makes it null and is counted.
+fn required<T>(
+    result: Result<T, NvmlError>,
+    metrics: &Metrics,
+    field: &'static str,
+) -> Result<Option<T>, Lost> {
+    read(result, metrics, field, true)
+}
+
 fn optional<T>(
     result: Result<T, NvmlError>,
     metrics: &Metrics,
     field: &'static str,
 ) -> Result<Option<T>, Lost> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(NvmlError::GpuLost) => Err(Lost),
-        Err(e) => {
-            metrics.nvml_error(field);
-            tracing::trace!(field, error = %e, "NVML field unavailable");
-            Ok(None)
-        }
-    }
+    read(result, metrics, field, false)
 }
 
 /// Finds the lease of a process from `GPUWARDEN_LEASE_ID` in `/proc/<pid>/environ`, caching a

@@ -51,9 +51,14 @@ pub enum IngestError {
     Lake(#[from] crate::lake::LakeError),
 }
 
+/// The topic's index in [`topics::ALL`].
+fn topic_index(topic: &str) -> Option<usize> {
+    topics::ALL.iter().position(|t| *t == topic)
+}
+
 /// The topic's name as one of the four constants, so keys need no allocation per message.
 fn static_topic(topic: &str) -> Option<&'static str> {
-    topics::ALL.into_iter().find(|t| *t == topic)
+    topic_index(topic).map(|i| topics::ALL[i])
 }
 
 /// Messages handled per turn of the loop before flushes and commits are looked at.
@@ -352,7 +357,7 @@ impl State {
                     break;
                 }
             };
-            let Some(topic) = static_topic(message.topic()) else {
+            let Some(i) = topic_index(message.topic()) else {
                 // Only the four topics are subscribed; anything else is a librdkafka surprise.
                 tracing::error!(
                     topic = message.topic(),
@@ -360,6 +365,7 @@ impl State {
                 );
                 continue;
             };
+            let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
             let received_ms = message.timestamp().to_millis().unwrap_or_else(now_ms);
             let payload = message.payload().unwrap_or_default();
@@ -368,7 +374,6 @@ impl State {
             let before = buffer.bytes();
             let outcome = buffer.add(table, payload, topic, partition, offset, received_ms);
             bytes += buffer.bytes() - before;
-            let i = topics::ALL.iter().position(|t| *t == topic).unwrap_or(0);
             counts[i].0 += 1;
             counts[i].1 += u64::from(outcome == Outcome::Quarantined);
         }
