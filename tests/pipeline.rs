@@ -416,3 +416,80 @@ fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_running_pipeline_rolls_up_the_open_hour_within_its_rollup_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = config(dir.path(), &broker.bootstrap);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}rollup_every = \"500ms\"\n")).unwrap();
+    let lake = dir.path().join("data/lake");
+
+    // 4 GPUs × 60 samples of 5 s; GPU-0001 is held by a lease from T0 on, still running.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .create()
+        .unwrap();
+    let grant = r#"{"v":1,"ts_ms":1767225600000,"event":"granted","lease_id":"l-1","team":"research","user":"alice","project":"p","workload":"training","substrate":"sim","gpu_model":"NVIDIA A100-SXM4-80GB","gpu_count":1,"gpu_uuids":["GPU-0001"]}"#;
+    producer
+        .send(BaseRecord::to("gpuwarden.leases").key("l-1").payload(grant))
+        .unwrap();
+    for i in 0..240 {
+        let payload = sample(i % 4, T0 + (i / 4) as i64 * 5_000);
+        producer
+            .send(
+                BaseRecord::to("gpuwarden.samples")
+                    .key("k")
+                    .payload(&payload),
+            )
+            .unwrap();
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
+    // research's lease: 60 samples of 5 s, allocated from T0 to the watermark (59 × 5 s).
+    let query = "SELECT CAST(round(observed_gpu_hours * 3600000) AS BIGINT) * 1000000 \
+                 + CAST(round(allocated_gpu_hours * 3600000) AS BIGINT) / 1000 \
+                 FROM team_hourly WHERE team = 'research' AND NOT final";
+    let expected = 300_000 * 1_000_000 + 295_000 / 1000;
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match support::try_lake_i64(&lake, query) {
+            Ok(v) if v == expected => break,
+            other => assert!(
+                Instant::now() < until,
+                "team_hourly never showed research's open hour (last: {other:?}; samples: {:?}, lease events: {:?}, team_hourly rows: {:?})",
+                support::try_lake_i64(&lake, "SELECT count(*) FROM samples"),
+                support::try_lake_i64(&lake, "SELECT count(*) FROM lease_events"),
+                support::try_lake_i64(&lake, "SELECT count(*) FROM team_hourly"),
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        lake_i64(
+            &lake,
+            "SELECT count(*) FROM team_hourly WHERE team = '(unallocated)'"
+        ),
+        1,
+        "the three GPUs no lease holds"
+    );
+    let (status, log) = pipeline.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("rolled up")),
+        "the rollup logs its runs"
+    );
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics};
+use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics, Rollup, RollupOptions};
 use gpuwarden_schema::config;
 
 use super::kafka::{shutdown_signal, KafkaConnection};
@@ -17,7 +17,9 @@ use super::kafka::{shutdown_signal, KafkaConnection};
 /// pipeline.group_id, writes them to <storage.data_dir>/lake/<table>/date=…/hour=…/ as Parquet
 /// (zstd), and commits offsets only after the files are durable, so a crash loses nothing and a
 /// replay rewrites the same files. Records that do not decode or validate go to the quarantine
-/// table with the reason. Run more instances with the same group to share partitions.
+/// table with the reason. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
+/// rollup` does), so the open hour's spend shows in team_hourly within minutes. Run more
+/// instances with the same group to share partitions; one at a time rolls up (a lock file).
 /// Ctrl-C or SIGTERM writes what is buffered, commits, and exits 0.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -60,6 +62,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let server = tokio::spawn(async move { axum::serve(listener, router).await });
         tracing::info!(metrics = %format!("http://{address}/metrics"), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
 
+        let rollups = tokio::spawn(rollup_loop(
+            Rollup::new(lake.clone(), RollupOptions::from_config(&config)),
+            config.pipeline.rollup_every,
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let ingest = {
             let (client, group, options, metrics, stop) = (kafka.client("pipeline"), config.pipeline.group_id.clone(), options(&config), Arc::clone(&metrics), Arc::clone(&stop));
@@ -76,8 +82,35 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         stop.store(true, Ordering::SeqCst);
         ingest.await?.context("ingest failed while shutting down")?;
         server.abort();
+        rollups.abort();
         tracing::info!(records = metrics.records_in_total(), quarantined = metrics.quarantined_total(), "pipeline stopped");
         drop(kafka);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Rolls up every `every` until aborted. A failed run is logged and retried at the next tick:
+/// the marks and the state file keep what it had still to do.
+async fn rollup_loop(rollup: Rollup, every: std::time::Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match rollup.run().await {
+            Ok(report) if report.hours > 0 => tracing::info!(
+                hours = report.hours,
+                final_hours = report.final_hours,
+                team_rows = report.team_rows,
+                leases = report.leases,
+                watermark = report.watermark,
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "rolled up"
+            ),
+            Ok(_) => {}
+            Err(gpuwarden_pipeline::rollup::RollupError::Busy(path)) => {
+                tracing::debug!(lock = %path.display(), "another process is rolling up this lake");
+            }
+            Err(e) => tracing::error!(error = %e, "rollup failed; retrying at the next tick"),
+        }
+    }
 }

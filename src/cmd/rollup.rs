@@ -36,15 +36,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     match report.watermark {
         None => println!("the lake has no samples or lease events yet; nothing to roll up"),
         Some(watermark) => println!(
-            "rolled up {} hours ({} final) and {} leases up to the watermark {} in {:.1}s; team_hourly rows written: {}",
+            "hours rolled up: {} ({} final); leases: {}; watermark: {}; team_hourly rows written: {}; took {:.1}s",
             report.hours,
             report.final_hours,
             report.leases,
             humantime::format_rfc3339_millis(
                 std::time::UNIX_EPOCH + std::time::Duration::from_millis(watermark.max(0).unsigned_abs())
             ),
-            report.elapsed.as_secs_f64(),
             report.team_rows,
+            report.elapsed.as_secs_f64(),
         ),
     }
     Ok(ExitCode::SUCCESS)

@@ -195,8 +195,11 @@ pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
     let (_, batches) = runtime
         .block_on(gpuwarden_pipeline::sql::query(&lake, query))
         .map_err(|e| e.to_string())?;
+    let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return Err("no rows".into());
+    };
     let column = datafusion::arrow::compute::cast(
-        batches[0].column(0),
+        batch.column(0),
         &datafusion::arrow::datatypes::DataType::Int64,
     )
     .map_err(|e| e.to_string())?;

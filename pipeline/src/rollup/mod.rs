@@ -102,16 +102,16 @@ impl RollupOptions {
 pub enum RollupError {
     /// A query over the lake failed.
     #[error("rollup query failed: {0}")]
-    Query(#[from] DataFusionError),
+    Query(DataFusionError),
     /// Reading or writing the lake failed.
     #[error(transparent)]
     Lake(#[from] LakeError),
     /// Building a batch failed (a bug: the schemas are fixed in code).
     #[error("building a rollup batch: {0}")]
-    Arrow(#[from] ArrowError),
+    Arrow(ArrowError),
     /// A lease event in the lake does not convert back to a record.
     #[error("reading lease events from the lake: {0}")]
-    LeaseEvents(#[from] ArrowConvertError),
+    LeaseEvents(ArrowConvertError),
     /// The state file could not be read or written.
     #[error("rollup state {path}: {message}")]
     State {
@@ -123,6 +123,26 @@ pub enum RollupError {
     /// Another process is rolling up the same lake.
     #[error("another rollup holds {0}; only one process may roll up a lake at a time")]
     Busy(PathBuf),
+}
+
+// The wrapped errors are shown in the message rather than as a source, so that an error
+// chain printed with `{:#}` does not repeat them.
+impl From<DataFusionError> for RollupError {
+    fn from(e: DataFusionError) -> Self {
+        Self::Query(e)
+    }
+}
+
+impl From<ArrowError> for RollupError {
+    fn from(e: ArrowError) -> Self {
+        Self::Arrow(e)
+    }
+}
+
+impl From<ArrowConvertError> for RollupError {
+    fn from(e: ArrowConvertError) -> Self {
+        Self::LeaseEvents(e)
+    }
 }
 
 /// What one run did.
@@ -519,6 +539,9 @@ async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, DataFu
 /// SQL for the price of a GPU-hour of the model in `column`: DESIGN.md's first matching
 /// `[[pricing.gpu]]` entry, else the default.
 pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
+    if pricing.gpu.is_empty() {
+        return format!("CAST({:?} AS DOUBLE)", pricing.default_usd_per_gpu_hour);
+    }
     let mut sql = String::from("CASE");
     for entry in &pricing.gpu {
         let needle = entry.model_match.to_lowercase().replace('\'', "''");
