@@ -24,6 +24,9 @@ pub const ROW_GROUP_ROWS: usize = 128 * 1024;
 
 const HOUR_MS: i64 = 3_600_000;
 
+/// The raw tables the rollups are computed from; writing to one of them marks the hour.
+pub const ROLLUP_INPUTS: [&str; 2] = ["samples", "lease_events"];
+
 /// The lake under a root directory (`<data_dir>/lake`).
 #[derive(Debug, Clone)]
 pub struct Lake {
@@ -72,6 +75,42 @@ pub fn hour_partition(hour_ms: i64) -> String {
     let hour = hour_ms.rem_euclid(86_400_000) / HOUR_MS;
     let (y, m, d) = civil_from_days(days);
     format!("date={y:04}-{m:02}-{d:02}/hour={hour:02}")
+}
+
+/// The hour starting at `hour_ms` read back from its `date=YYYY-MM-DD` and `hour=HH` directory
+/// names; `None` for anything else.
+pub fn parse_hour_partition(date: &str, hour: &str) -> Option<i64> {
+    let date = date.strip_prefix("date=")?;
+    let hour: i64 = hour.strip_prefix("hour=")?.parse().ok()?;
+    let mut parts = date.splitn(3, '-');
+    let (y, m, d) = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(0..24).contains(&hour) {
+        return None;
+    }
+    Some(days_from_civil(y, m, d) * 86_400_000 + hour * HOUR_MS)
+}
+
+/// The UTC calendar month holding `ts_ms`: (start, end) in ms.
+pub fn month_of(ts_ms: i64) -> (i64, i64) {
+    let (y, m, _) = civil_from_days(ts_ms.div_euclid(86_400_000));
+    let start = days_from_civil(y, m, 1) * 86_400_000;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    (start, days_from_civil(ny, nm, 1) * 86_400_000)
+}
+
+/// A proleptic Gregorian date to days since 1970-01-01 (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -127,8 +166,8 @@ impl Lake {
     }
 
     /// Writes `batch` to `relative` atomically: a temporary file, fsync, rename, fsync of the
-    /// directory. Returns the bytes written. Marks the hour for recomputation when it already
-    /// had files (late data).
+    /// directory. Returns the bytes written. A write to a table the rollups read marks its hour,
+    /// so the next rollup computes that hour again whether the data is new or late.
     pub fn write(
         &self,
         relative: &Path,
@@ -141,10 +180,6 @@ impl Lake {
             .parent()
             .expect("lake files live in an hour directory")
             .to_path_buf();
-        let existed = dir.exists()
-            && fs::read_dir(&dir)
-                .map(|mut d| d.any(|e| e.is_ok_and(|e| e.path() != path && is_parquet(&e.path()))))
-                .unwrap_or(false);
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
         let tmp = dir.join(format!(
             ".{}.tmp",
@@ -187,14 +222,51 @@ impl Lake {
         drop(file);
         fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
         sync_dir(&dir)?;
-        if existed {
+        if ROLLUP_INPUTS.contains(&table) {
             self.mark_for_recompute(table, hour_ms)?;
         }
         Ok(bytes)
     }
 
-    /// Records that an hour of `table` received data after it already had files, so its rollups
-    /// must be computed again.
+    /// The hours of `table` that have a directory, ascending.
+    pub fn hours(&self, table: &str) -> Vec<i64> {
+        let mut hours = Vec::new();
+        for date in fs::read_dir(self.root.join(table))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let date_name = date.file_name();
+            for hour in fs::read_dir(date.path()).into_iter().flatten().flatten() {
+                if let Some(h) = parse_hour_partition(
+                    &date_name.to_string_lossy(),
+                    &hour.file_name().to_string_lossy(),
+                ) {
+                    hours.push(h);
+                }
+            }
+        }
+        hours.sort_unstable();
+        hours
+    }
+
+    /// Removes a file written by [`Lake::write`], if it exists.
+    pub fn remove(&self, relative: &Path) -> Result<bool, LakeError> {
+        let path = self.root.join(relative);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                if let Some(dir) = path.parent() {
+                    sync_dir(dir)?;
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io("removing", &path)(e)),
+        }
+    }
+
+    /// Records that an hour of `table` received data the rollups have not seen yet. The mark is
+    /// a file, so it survives restarts until a rollup has consumed it.
     pub fn mark_for_recompute(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
         let dir = self.root.join("_recompute").join(table);
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
@@ -303,10 +375,6 @@ impl Lake {
     }
 }
 
-fn is_parquet(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "parquet")
-}
-
 fn sync_dir(dir: &Path) -> Result<(), LakeError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -321,6 +389,28 @@ mod tests {
         let a: arrow_array::ArrayRef =
             std::sync::Arc::new(arrow_array::Int64Array::from(vec![1, 2, 3]));
         RecordBatch::try_from_iter([("x", a)]).unwrap()
+    }
+
+    #[test]
+    fn hour_partitions_read_back_and_months_have_their_lengths() {
+        for hour in [
+            0,
+            1_764_547_200_000,
+            1_709_164_800_000 + 23 * HOUR_MS,
+            -HOUR_MS,
+        ] {
+            let partition = hour_partition(hour);
+            let (date, h) = partition.split_once('/').unwrap();
+            assert_eq!(parse_hour_partition(date, h), Some(hour), "{partition}");
+        }
+        assert_eq!(parse_hour_partition("date=2026-13-01", "hour=00"), None);
+        // 2024-02-15: a leap February.
+        let (start, end) = month_of(1_707_955_200_000);
+        assert_eq!(hour_partition(start), "date=2024-02-01/hour=00");
+        assert_eq!((end - start) / 86_400_000, 29);
+        let (start, end) = month_of(1_765_000_000_000); // 2025-12-06
+        assert_eq!(hour_partition(end), "date=2026-01-01/hour=00");
+        assert_eq!((end - start) / 86_400_000, 31);
     }
 
     #[test]
@@ -370,38 +460,32 @@ mod tests {
     }
 
     #[test]
-    fn writes_are_atomic_and_late_files_mark_their_hour() {
+    fn writes_are_atomic_and_mark_the_hours_of_rollup_inputs() {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path()).unwrap();
         lake.write(
-            &Lake::file_name("samples", 0, "s", 0, 2),
+            &Lake::file_name("signals", 0, "s", 0, 2),
             &batch(),
-            "samples",
-            0,
-        )
-        .unwrap();
-        assert!(lake.marked_hours("samples").is_empty());
-        lake.write(
-            &Lake::file_name("samples", 0, "s", 0, 2),
-            &batch(),
-            "samples",
+            "signals",
             0,
         )
         .unwrap();
         assert!(
-            lake.marked_hours("samples").is_empty(),
-            "rewriting the same file is a replay, not late data"
+            lake.marked_hours("signals").is_empty(),
+            "no rollup reads signals"
         );
-        lake.write(
-            &Lake::file_name("samples", 0, "s", 3, 5),
-            &batch(),
-            "samples",
-            0,
-        )
-        .unwrap();
-        assert_eq!(lake.marked_hours("samples"), vec![0]);
-        lake.clear_mark("samples", 0).unwrap();
-        assert!(lake.marked_hours("samples").is_empty());
+        for (first, last) in [(0, 2), (0, 2), (3, 5)] {
+            lake.write(
+                &Lake::file_name("samples", 0, "s", first, last),
+                &batch(),
+                "samples",
+                0,
+            )
+            .unwrap();
+            assert_eq!(lake.marked_hours("samples"), vec![0]);
+            lake.clear_mark("samples", 0).unwrap();
+            assert!(lake.marked_hours("samples").is_empty());
+        }
         let names: Vec<String> = std::fs::read_dir(lake.hour_dir("samples", 0))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

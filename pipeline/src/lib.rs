@@ -11,6 +11,7 @@ pub mod consume;
 pub mod files;
 pub mod lake;
 pub mod metrics;
+pub mod rollup;
 pub mod sql;
 mod writer;
 
@@ -18,3 +19,4 @@ pub use buffer::Table;
 pub use consume::{IngestError, IngestOptions};
 pub use lake::Lake;
 pub use metrics::Metrics;
+pub use rollup::{Rollup, RollupOptions};

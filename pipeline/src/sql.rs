@@ -1,4 +1,5 @@
-//! SQL over the lake with DataFusion: every table registered under its DESIGN.md name, each as a
+//! SQL over the lake with DataFusion: every table registered under its DESIGN.md name (raw
+//! tables, rollups, and the `lease_usage` view), each stored one as a
 //! listing table with its schema fixed in code. A listing table lists its files at every scan,
 //! so files written after the session started (new flushes, new rollups) are visible to the
 //! next query without a new session, and an empty table is a table with no rows rather than an
@@ -18,6 +19,7 @@ use datafusion::prelude::SessionContext;
 
 use crate::buffer::Table;
 use crate::lake::Lake;
+use crate::rollup;
 
 /// Registers the Parquet files under `dir` (recursively) as `name`, read with `schema`.
 /// The directory is created if missing so that the table exists, empty, from the start.
@@ -38,7 +40,33 @@ pub fn register_dir(
     Ok(())
 }
 
-/// A session with the lake's raw tables registered.
+/// `lease_usage`: one row per lease, its identity and its measures over every hour.
+const LEASE_USAGE: &str = r#"CREATE VIEW lease_usage AS
+SELECT l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
+       l.gpu_count, l.granted_at, l.released_at, l.release_reason,
+       COALESCE(sum(h.allocated_gpu_hours), 0.0) AS allocated_gpu_hours,
+       COALESCE(sum(h.observed_gpu_hours), 0.0) AS observed_gpu_hours,
+       COALESCE(sum(h.busy_gpu_hours), 0.0) AS busy_gpu_hours,
+       COALESCE(sum(h.idle_gpu_hours), 0.0) AS idle_gpu_hours,
+       CASE WHEN sum(h.observed_gpu_hours) > 0
+            THEN 100.0 * sum(h.busy_gpu_hours) / sum(h.observed_gpu_hours) END AS utilization_pct,
+       COALESCE(sum(h.cost_usd), 0.0) AS cost_usd,
+       COALESCE(sum(h.idle_cost_usd), 0.0) AS idle_cost_usd,
+       COALESCE(sum(h.energy_kwh), 0.0) AS energy_kwh
+FROM leases l LEFT JOIN lease_hourly h ON h.lease_id = l.lease_id
+GROUP BY l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
+         l.gpu_count, l.granted_at, l.released_at, l.release_reason"#;
+
+/// Every table name a query can use: the raw tables, the rollups and the views.
+pub fn table_names() -> Vec<&'static str> {
+    let mut names: Vec<&str> = Table::ALL.iter().map(|t| t.name()).collect();
+    names.extend(rollup::TABLES);
+    names.push("lease_usage");
+    names
+}
+
+/// A session with every table of the lake registered: the raw tables, the rollups
+/// (`rollups/<table>/`) and the views over them.
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     let ctx = SessionContext::new();
     for table in Table::ALL {
@@ -49,6 +77,16 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
             table.schema(),
         )?;
     }
+    for table in rollup::TABLES {
+        let schema = rollup::schema(table).expect("a rollup table has a schema");
+        register_dir(
+            &ctx,
+            table,
+            &lake.root().join("rollups").join(table),
+            schema,
+        )?;
+    }
+    ctx.sql(LEASE_USAGE).await?;
     Ok(ctx)
 }
 

@@ -174,7 +174,7 @@ fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow() {
 }
 
 #[test]
-fn late_samples_go_to_a_new_file_and_mark_their_hour() {
+fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
     let broker = EmbeddedBroker::start(1).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::open(dir.path().join("lake")).unwrap();
@@ -185,10 +185,12 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour() {
     let running = Running::start(broker.bootstrap_servers(), "late-test", &lake, options());
     running.wait_for_records(10, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(800));
-    assert!(
-        lake.marked_hours("samples").is_empty(),
-        "an hour's first file is not late"
+    assert_eq!(
+        lake.marked_hours("samples"),
+        vec![T0],
+        "new data marks its hour for the rollups"
     );
+    lake.clear_mark("samples", T0).unwrap();
     // An hour later, a sample for the first hour arrives.
     produce(
         broker.bootstrap_servers(),
@@ -202,8 +204,8 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour() {
     running.stop();
     assert_eq!(
         lake.marked_hours("samples"),
-        vec![T0],
-        "only the hour that already had files"
+        vec![T0, T0 + 7_200_000],
+        "the late sample marks its hour again, the new one its own"
     );
     let files = std::fs::read_dir(lake.hour_dir("samples", T0))
         .unwrap()

@@ -84,7 +84,8 @@ pub enum ReleaseReason {
 }
 
 impl LeaseEventKind {
-    fn as_str(self) -> &'static str {
+    /// The snake_case name used in JSON and the lake.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Granted => "granted",
             Self::Resized => "resized",
@@ -94,7 +95,8 @@ impl LeaseEventKind {
 }
 
 impl ReleaseReason {
-    fn as_str(self) -> &'static str {
+    /// The snake_case name used in JSON and the lake.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::User => "user",
             Self::Expired => "expired",

@@ -7,6 +7,7 @@ mod ingest;
 mod kafka;
 mod metrics_http;
 mod pipeline;
+mod rollup;
 mod sql;
 
 use std::process::ExitCode;
@@ -21,6 +22,7 @@ pub(crate) enum Command {
     Collect(collect::Args),
     Pipeline(pipeline::Args),
     Ingest(ingest::Args),
+    Rollup(rollup::Args),
     Sql(sql::Args),
     Broker(broker::Args),
 }
@@ -31,6 +33,7 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Collect(args) => collect::run(args),
         Command::Pipeline(args) => pipeline::run(args),
         Command::Ingest(args) => ingest::run(args),
+        Command::Rollup(args) => rollup::run(args),
         Command::Sql(args) => sql::run(args),
         Command::Broker(args) => broker::run(args),
     }

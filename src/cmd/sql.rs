@@ -10,10 +10,14 @@ use gpuwarden_schema::config;
 
 /// Run SQL over the lake.
 ///
-/// Every table of the lake is registered under its name: samples, lease_events, signals,
-/// actions, quarantine (empty tables too). The dialect is DataFusion's, close to PostgreSQL's.
+/// Every table of the lake is registered under its name, empty ones too. Raw: samples,
+/// lease_events, signals, actions, quarantine. Rollups (see `gpuwarden rollup`): gpu_hourly,
+/// lease_hourly, team_hourly, focus_costs (FOCUS 1.2), leases (one row per lease, its current
+/// state), and the view lease_usage. The dialect is DataFusion's, close to PostgreSQL's;
+/// FOCUS columns are case-sensitive: SELECT "BilledCost" FROM focus_costs.
 /// Examples:
 ///   gpuwarden sql -c gw.toml "SELECT gpu_model, avg(util_gpu_pct) FROM samples GROUP BY 1"
+///   gpuwarden sql -c gw.toml "SELECT team, sum(cost_usd) FROM team_hourly GROUP BY team"
 ///   gpuwarden sql -c gw.toml --format csv -f query.sql > out.csv
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {

@@ -296,6 +296,12 @@ pub struct PricingConfig {
     pub energy_usd_per_kwh: f64,
     /// `[[pricing.gpu]]`: prices by model, first match wins.
     pub gpu: Vec<GpuPrice>,
+    /// Who is billed in `focus_costs` (FOCUS `BillingAccountId` and `BillingAccountName`):
+    /// usually the organization whose fleet this is.
+    pub billing_account: String,
+    /// Who charges the teams (FOCUS `InvoiceIssuerName`, `ProviderName`, `PublisherName`):
+    /// usually the platform team that runs the fleet.
+    pub provider: String,
 }
 
 impl Default for PricingConfig {
@@ -306,6 +312,8 @@ impl Default for PricingConfig {
             default_usd_per_gpu_hour: 2.0,
             energy_usd_per_kwh: 0.0,
             gpu: Vec::new(),
+            billing_account: "gpuwarden".into(),
+            provider: "gpuwarden".into(),
         }
     }
 }

@@ -192,6 +192,17 @@ fn pricing(config: &Config, report: Report<'_>) {
             "must not be negative".into(),
         );
     }
+    for (name, value) in [
+        ("billing_account", &p.billing_account),
+        ("provider", &p.provider),
+    ] {
+        if value.trim().is_empty() {
+            report(
+                at(&["pricing", name]),
+                "must not be empty: FOCUS requires it on every row".into(),
+            );
+        }
+    }
     for (i, price) in p.gpu.iter().enumerate() {
         if price.model_match.trim().is_empty() {
             report(

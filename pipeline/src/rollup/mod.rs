@@ -1,0 +1,677 @@
+//! Rollups: DataFusion turns the lake's raw `samples` and `lease_events` into utilization, waste
+//! and cost per GPU, lease and team, hour by hour, exactly as DESIGN.md "What the numbers mean"
+//! defines them, and writes them back to the lake under `rollups/<table>/date=…/hour=…/`.
+//!
+//! One run ([`Rollup::run`]):
+//! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark, the largest
+//!    event time in the lake;
+//! 2. picks the hours to compute: every hour with samples or an allocation that is not yet
+//!    final, every hour the lake marked because new or late samples landed in it, and every
+//!    hour from the earliest marked lease event on (a lease event changes attribution and
+//!    allocation from its own time onward, never before);
+//! 3. computes each hour with SQL over that hour's sample files only (so memory follows one
+//!    hour, not the lake) and rewrites the hour's files atomically. An hour is `final` once the
+//!    watermark has passed its end plus `pipeline.lateness`; until then every run refreshes it.
+//!
+//! Rules the SQL alone does not show, decided here once:
+//! - Duplicate samples (same `gpu_uuid`, `ts_ms`) count once; where they disagree each column
+//!   takes its largest value, so a copy naming a lease wins over one that names none.
+//! - A sample naming a lease the lake has no event for is attributed as if it named none: the
+//!   lake cannot say whose it is. When that lease's events arrive, they mark the hours again.
+//! - A sample attributed to a lease is priced and grouped by the lease's `gpu_model`; an
+//!   unallocated one by its own.
+//! - A running lease's segment has no end for attribution, and ends at the watermark for
+//!   allocation.
+//!
+//! Progress (and a run's hours, rows and time) is logged; state that must survive a crash —
+//! which hours are final, which are being recomputed — is in `rollups/_state.json`, and marks
+//! are cleared only after the hours they name are recorded as pending there.
+
+pub mod leases;
+pub mod tables;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, SchemaRef};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::common::ScalarValue;
+use datafusion::datasource::MemTable;
+use datafusion::error::DataFusionError;
+use datafusion::prelude::SessionContext;
+use gpuwarden_schema::config::{Config, PricingConfig};
+use gpuwarden_schema::{ArrowConvertError, LeaseEvent, Record as _};
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::Table;
+use crate::lake::{hour_partition, month_of, Lake, LakeError};
+use crate::sql::register_dir;
+use leases::Leases;
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// The team of capacity no lease holds.
+pub const UNALLOCATED: &str = "(unallocated)";
+
+/// The tables the rollups write, each under `rollups/<name>/`.
+pub const TABLES: [&str; 5] = [
+    "gpu_hourly",
+    "lease_hourly",
+    "team_hourly",
+    "focus_costs",
+    "leases",
+];
+
+/// The schema of a table the rollups write.
+pub fn schema(table: &str) -> Option<SchemaRef> {
+    Some(match table {
+        "gpu_hourly" => tables::gpu_hourly(),
+        "lease_hourly" => tables::lease_hourly(),
+        "team_hourly" => tables::team_hourly(),
+        "focus_costs" => tables::focus_costs(),
+        "leases" => tables::leases(),
+        _ => return None,
+    })
+}
+
+/// What the rollups need from the config.
+#[derive(Debug, Clone)]
+pub struct RollupOptions {
+    /// Prices, the idle threshold and the FOCUS billing names.
+    pub pricing: PricingConfig,
+    /// How long after an hour ends (in event time) it may still receive data.
+    pub lateness_ms: i64,
+}
+
+impl RollupOptions {
+    /// The options of a config file.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            pricing: config.pricing.clone(),
+            lateness_ms: i64::try_from(config.pipeline.lateness.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// A rollup that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RollupError {
+    /// A query over the lake failed.
+    #[error("rollup query failed: {0}")]
+    Query(#[from] DataFusionError),
+    /// Reading or writing the lake failed.
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// Building a batch failed (a bug: the schemas are fixed in code).
+    #[error("building a rollup batch: {0}")]
+    Arrow(#[from] ArrowError),
+    /// A lease event in the lake does not convert back to a record.
+    #[error("reading lease events from the lake: {0}")]
+    LeaseEvents(#[from] ArrowConvertError),
+    /// The state file could not be read or written.
+    #[error("rollup state {path}: {message}")]
+    State {
+        /// The state file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// Another process is rolling up the same lake.
+    #[error("another rollup holds {0}; only one process may roll up a lake at a time")]
+    Busy(PathBuf),
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// The largest event time in the lake, if it has any data.
+    pub watermark: Option<i64>,
+    /// Hours computed in this run.
+    pub hours: usize,
+    /// Of those, hours now final.
+    pub final_hours: usize,
+    /// Leases known.
+    pub leases: usize,
+    /// `team_hourly` rows written.
+    pub team_rows: usize,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// Hours computed, and whether they were final then.
+    hours: BTreeMap<i64, bool>,
+    /// Hours chosen by a run that has not finished them (their marks may be gone).
+    pending: BTreeSet<i64>,
+}
+
+impl State {
+    fn load(path: &Path) -> Result<Self, RollupError> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RollupError::State {
+                path: path.to_owned(),
+                message: format!("unreadable ({e}); delete it to recompute every hour"),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(RollupError::State {
+                path: path.to_owned(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    fn save(&self, path: &Path) -> Result<(), RollupError> {
+        let err = |e: std::io::Error| RollupError::State {
+            path: path.to_owned(),
+            message: e.to_string(),
+        };
+        let tmp = path.with_extension("json.tmp");
+        let file = std::fs::File::create(&tmp).map_err(err)?;
+        serde_json::to_writer(&file, self).expect("the state serializes");
+        file.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+}
+
+/// Rolls up one lake.
+#[derive(Debug, Clone)]
+pub struct Rollup {
+    lake: Lake,
+    options: RollupOptions,
+}
+
+impl Rollup {
+    /// A rollup of `lake`.
+    pub fn new(lake: Lake, options: RollupOptions) -> Self {
+        Self { lake, options }
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.lake.root().join("rollups")
+    }
+
+    /// Computes every hour that needs it (see the module documentation). Idempotent: a second
+    /// run with no new data computes only the hours that are not final yet.
+    pub async fn run(&self) -> Result<Report, RollupError> {
+        let started = Instant::now();
+        std::fs::create_dir_all(self.dir()).map_err(|source| LakeError::Io {
+            action: "creating",
+            path: self.dir(),
+            source,
+        })?;
+        let lock_path = self.dir().join(".lock");
+        let lock = std::fs::File::create(&lock_path).map_err(|source| LakeError::Io {
+            action: "creating",
+            path: lock_path.clone(),
+            source,
+        })?;
+        if lock.try_lock().is_err() {
+            return Err(RollupError::Busy(lock_path));
+        }
+
+        let ctx = SessionContext::new();
+        let leases = Leases::from_events(self.lease_events(&ctx).await?);
+        let sample_hours = self.lake.hours(Table::Samples.name());
+        let sample_max = match sample_hours.last() {
+            Some(&hour) => self.max_sample_ts(&ctx, hour).await?,
+            None => None,
+        };
+        let watermark = sample_max.max(leases.max_ts());
+        self.write_leases(&leases)?;
+        let Some(watermark) = watermark else {
+            return Ok(Report {
+                elapsed: started.elapsed(),
+                ..Report::default()
+            });
+        };
+
+        let state_path = self.dir().join("_state.json");
+        let mut state = State::load(&state_path)?;
+        let marked_samples = self.lake.marked_hours(Table::Samples.name());
+        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
+        let mut candidates: BTreeSet<i64> = sample_hours.iter().copied().collect();
+        candidates.extend(leases.allocated_hours(watermark));
+        let mut todo = state.pending.clone();
+        todo.extend(
+            candidates
+                .iter()
+                .filter(|h| state.hours.get(h) != Some(&true)),
+        );
+        todo.extend(&marked_samples);
+        if let Some(&from) = marked_leases.first() {
+            todo.extend(candidates.range(from..));
+            todo.extend(state.hours.range(from..).map(|(h, _)| *h));
+        }
+        state.pending.clone_from(&todo);
+        state.save(&state_path)?;
+        for &hour in &marked_samples {
+            self.lake.clear_mark(Table::Samples.name(), hour)?;
+        }
+        for &hour in &marked_leases {
+            self.lake.clear_mark(Table::LeaseEvents.name(), hour)?;
+        }
+
+        let known = MemTable::try_new(tables::known_leases(), vec![vec![leases.known_batch()?]])?;
+        ctx.register_table("known_leases", Arc::new(known))?;
+        let mut report = Report {
+            watermark: Some(watermark),
+            leases: leases.len(),
+            ..Report::default()
+        };
+        let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
+        for (done, &hour) in todo.iter().enumerate() {
+            let is_final = watermark >= hour + HOUR_MS + self.options.lateness_ms;
+            report.team_rows += self.hour(&ctx, &leases, hour, watermark, is_final).await?;
+            report.hours += 1;
+            report.final_hours += usize::from(is_final);
+            state.hours.insert(hour, is_final);
+            state.pending.remove(&hour);
+            if last_save.elapsed() > Duration::from_secs(5) {
+                state.save(&state_path)?;
+                last_save = Instant::now();
+            }
+            if last_log.elapsed() > Duration::from_secs(5) {
+                tracing::info!(
+                    done = done + 1,
+                    total = todo.len(),
+                    hour = %hour_partition(hour),
+                    "rolling up"
+                );
+                last_log = Instant::now();
+            }
+        }
+        state.save(&state_path)?;
+        report.elapsed = started.elapsed();
+        drop(lock);
+        Ok(report)
+    }
+
+    async fn lease_events(&self, ctx: &SessionContext) -> Result<Vec<LeaseEvent>, RollupError> {
+        let name = Table::LeaseEvents.name();
+        register_dir(
+            ctx,
+            name,
+            &self.lake.root().join(name),
+            Table::LeaseEvents.schema(),
+        )?;
+        let batches = ctx.table(name).await?.collect().await?;
+        ctx.deregister_table(name)?;
+        let mut events = Vec::new();
+        for batch in &batches {
+            events.extend(LeaseEvent::from_record_batch(batch)?);
+        }
+        Ok(events)
+    }
+
+    async fn max_sample_ts(
+        &self,
+        ctx: &SessionContext,
+        hour: i64,
+    ) -> Result<Option<i64>, RollupError> {
+        register_dir(
+            ctx,
+            "latest_samples",
+            &self.lake.hour_dir(Table::Samples.name(), hour),
+            Table::Samples.schema(),
+        )?;
+        let batches = ctx
+            .sql("SELECT max(ts_ms) FROM latest_samples")
+            .await?
+            .collect()
+            .await?;
+        ctx.deregister_table("latest_samples")?;
+        Ok(batches.first().and_then(|b| {
+            let column = b.column(0);
+            let values = column.as_any().downcast_ref::<arrow_array::Int64Array>()?;
+            arrow_array::Array::is_valid(values, 0).then(|| values.value(0))
+        }))
+    }
+
+    fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
+        let relative = Path::new("rollups/leases/leases.parquet");
+        if leases.is_empty() {
+            self.lake.remove(relative)?;
+        } else {
+            self.lake
+                .write(relative, &leases.to_batch()?, "rollups/leases", 0)?;
+        }
+        Ok(())
+    }
+
+    /// Computes one hour and rewrites its files; returns its `team_hourly` rows.
+    async fn hour(
+        &self,
+        ctx: &SessionContext,
+        leases: &Leases,
+        hour: i64,
+        watermark: i64,
+        is_final: bool,
+    ) -> Result<usize, RollupError> {
+        let samples = self.lake.hour_dir(Table::Samples.name(), hour);
+        replace(ctx, "hour_samples", None)?;
+        if samples.is_dir() {
+            register_dir(ctx, "hour_samples", &samples, Table::Samples.schema())?;
+        } else {
+            replace(ctx, "hour_samples", Some(empty(Table::Samples.schema())?))?;
+        }
+        replace(
+            ctx,
+            "hour_owners",
+            Some(memtable(leases.owners_batch(hour)?)?),
+        )?;
+        replace(
+            ctx,
+            "hour_allocation",
+            Some(memtable(leases.allocation_batch(hour, watermark)?)?),
+        )?;
+
+        let partials = run(ctx, &partials_sql(self.options.pricing.idle_util_pct)).await?;
+        replace(ctx, "partials", Some(memtable_of(partials)?))?;
+        let price = price_sql(&self.options.pricing, "gpu_model");
+        let gpu = run(ctx, GPU_HOURLY_SQL).await?;
+        let lease_rows = run(ctx, &lease_hourly_sql(&price)).await?;
+        replace(ctx, "lease_rows", Some(memtable_of(lease_rows.clone())?))?;
+        let team = run(ctx, &team_hourly_sql(&price)).await?;
+        let focus = run(
+            ctx,
+            &focus_sql(&price_sql(&self.options.pricing, "l.gpu_model")),
+        )
+        .await?;
+
+        let time = |ms: i64| ScalarValue::TimestampMillisecond(Some(ms), Some("UTC".into()));
+        let text = |s: &str| ScalarValue::Utf8(Some(s.to_owned()));
+        let common = [
+            ("hour", time(hour)),
+            ("final", ScalarValue::Boolean(Some(is_final))),
+        ];
+        self.write_hour("gpu_hourly", hour, &gpu, &common)?;
+        self.write_hour("lease_hourly", hour, &lease_rows, &common)?;
+        let team_rows = self.write_hour("team_hourly", hour, &team, &common)?;
+        let pricing = &self.options.pricing;
+        let (month_start, month_end) = month_of(hour);
+        self.write_hour(
+            "focus_costs",
+            hour,
+            &focus,
+            &[
+                ("BillingAccountId", text(&pricing.billing_account)),
+                ("BillingAccountName", text(&pricing.billing_account)),
+                ("BillingCurrency", text(&pricing.currency)),
+                ("BillingPeriodStart", time(month_start)),
+                ("BillingPeriodEnd", time(month_end)),
+                ("ChargeCategory", text("Usage")),
+                ("ChargeClass", ScalarValue::Utf8(None)),
+                ("ChargeFrequency", text("Usage-Based")),
+                ("ChargePeriodStart", time(hour)),
+                ("ChargePeriodEnd", time(hour + HOUR_MS)),
+                ("ConsumedUnit", text("GPU-Hours")),
+                ("PricingUnit", text("GPU-Hours")),
+                ("InvoiceIssuerName", text(&pricing.provider)),
+                ("ProviderName", text(&pricing.provider)),
+                ("PublisherName", text(&pricing.provider)),
+                ("ServiceCategory", text("Compute")),
+                ("ServiceName", text("GPU Compute")),
+                ("x_Final", ScalarValue::Boolean(Some(is_final))),
+            ],
+        )?;
+        Ok(team_rows)
+    }
+
+    /// Writes one hour of `table` (or removes it when the hour has no rows); returns the rows.
+    fn write_hour(
+        &self,
+        table: &str,
+        hour: i64,
+        batches: &[RecordBatch],
+        constants: &[(&str, ScalarValue)],
+    ) -> Result<usize, RollupError> {
+        let schema = schema(table).expect("a rollup table");
+        let relative = PathBuf::from("rollups")
+            .join(table)
+            .join(hour_partition(hour))
+            .join("rollup.parquet");
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if rows == 0 {
+            self.lake.remove(&relative)?;
+            return Ok(0);
+        }
+        let batch = concat_batches(&batches[0].schema(), batches)?;
+        let batch = conform(&schema, &batch, constants)?;
+        self.lake
+            .write(&relative, &batch, &format!("rollups/{table}"), hour)?;
+        Ok(rows)
+    }
+}
+
+/// `batch`'s columns in `schema`'s order and types, with the columns it lacks filled from
+/// `constants`.
+fn conform(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    constants: &[(&str, ScalarValue)],
+) -> Result<RecordBatch, RollupError> {
+    let rows = batch.num_rows();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let column: ArrayRef = match batch.column_by_name(field.name()) {
+                Some(column) => Arc::clone(column),
+                None => constants
+                    .iter()
+                    .find(|(name, _)| name == field.name())
+                    .ok_or_else(|| {
+                        DataFusionError::Internal(format!(
+                            "rollup column {} has no value",
+                            field.name()
+                        ))
+                    })?
+                    .1
+                    .to_array_of_size(rows)?,
+            };
+            Ok(if column.data_type() == field.data_type() {
+                column
+            } else {
+                cast(&column, field.data_type())?
+            })
+        })
+        .collect::<Result<Vec<_>, RollupError>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+fn replace(
+    ctx: &SessionContext,
+    name: &str,
+    table: Option<MemTable>,
+) -> Result<(), DataFusionError> {
+    ctx.deregister_table(name)?;
+    if let Some(table) = table {
+        ctx.register_table(name, Arc::new(table))?;
+    }
+    Ok(())
+}
+
+fn empty(schema: SchemaRef) -> Result<MemTable, DataFusionError> {
+    MemTable::try_new(schema, vec![vec![]])
+}
+
+fn memtable(batch: RecordBatch) -> Result<MemTable, DataFusionError> {
+    MemTable::try_new(batch.schema(), vec![vec![batch]])
+}
+
+fn memtable_of(batches: Vec<RecordBatch>) -> Result<MemTable, DataFusionError> {
+    let schema = batches.first().map_or_else(
+        || Arc::new(arrow_schema::Schema::empty()),
+        RecordBatch::schema,
+    );
+    MemTable::try_new(schema, vec![batches])
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, DataFusionError> {
+    ctx.sql(sql).await?.collect().await
+}
+
+/// SQL for the price of a GPU-hour of the model in `column`: DESIGN.md's first matching
+/// `[[pricing.gpu]]` entry, else the default.
+pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
+    let mut sql = String::from("CASE");
+    for entry in &pricing.gpu {
+        let needle = entry.model_match.to_lowercase().replace('\'', "''");
+        write!(
+            sql,
+            " WHEN strpos(lower({column}), '{needle}') > 0 THEN CAST({:?} AS DOUBLE)",
+            entry.usd_per_gpu_hour
+        )
+        .expect("writing to a String");
+    }
+    write!(
+        sql,
+        " ELSE CAST({:?} AS DOUBLE) END",
+        pricing.default_usd_per_gpu_hour
+    )
+    .expect("writing to a String");
+    sql
+}
+
+/// One row per GPU and lease within the hour: the samples deduplicated, attributed, and
+/// summed. Everything after works on these few rows.
+fn partials_sql(idle_util_pct: f64) -> String {
+    format!(
+        "WITH s AS (
+            SELECT gpu_uuid, ts_ms, max(host) AS host, max(gpu_model) AS gpu_model,
+                   max(interval_ms) AS interval_ms, max(util_gpu_pct) AS util_gpu_pct,
+                   max(mem_used_bytes) AS mem_used_bytes, max(power_w) AS power_w,
+                   max(lease_id) AS lease_id
+            FROM hour_samples
+            GROUP BY gpu_uuid, ts_ms
+        )
+        SELECT s.host, s.gpu_uuid, s.gpu_model, COALESCE(k.lease_id, o.lease_id) AS lease_id,
+               count(*) AS samples,
+               sum(s.interval_ms) AS observed_ms,
+               sum(CAST(s.interval_ms AS DOUBLE) * s.util_gpu_pct) AS busy_ms_pct,
+               sum(CASE WHEN s.util_gpu_pct < CAST({idle_util_pct:?} AS DOUBLE)
+                        THEN s.interval_ms ELSE 0 END) AS idle_ms,
+               sum(COALESCE(s.power_w, 0.0) * CAST(s.interval_ms AS DOUBLE)) AS energy_w_ms,
+               max(s.mem_used_bytes) AS mem_used_max_bytes
+        FROM s
+        LEFT JOIN known_leases k ON s.lease_id = k.lease_id
+        LEFT JOIN hour_owners o
+               ON s.gpu_uuid = o.gpu_uuid AND s.ts_ms >= o.start_ms AND s.ts_ms < o.end_ms
+        GROUP BY s.host, s.gpu_uuid, s.gpu_model, COALESCE(k.lease_id, o.lease_id)"
+    )
+}
+
+const GPU_HOURLY_SQL: &str = "
+    SELECT host, gpu_uuid, gpu_model, sum(samples) AS samples,
+           sum(observed_ms) / 3600000.0 AS observed_gpu_hours,
+           sum(busy_ms_pct) / 360000000.0 AS busy_gpu_hours,
+           sum(idle_ms) / 3600000.0 AS idle_gpu_hours,
+           CASE WHEN sum(observed_ms) > 0
+                THEN sum(busy_ms_pct) / CAST(sum(observed_ms) AS DOUBLE) END AS utilization_pct,
+           sum(energy_w_ms) / 3600000000.0 AS energy_kwh,
+           max(mem_used_max_bytes) AS mem_used_max_bytes
+    FROM partials
+    GROUP BY host, gpu_uuid, gpu_model
+    ORDER BY gpu_uuid, host";
+
+/// Per lease (and per model for unallocated samples): allocation joined to what was observed.
+fn lease_hourly_sql(price: &str) -> String {
+    format!(
+        "WITH used AS (
+            SELECT lease_id, CASE WHEN lease_id IS NULL THEN gpu_model END AS own_model,
+                   sum(observed_ms) AS observed_ms, sum(busy_ms_pct) AS busy_ms_pct,
+                   sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms
+            FROM partials
+            GROUP BY 1, 2
+        ), joined AS (
+            SELECT COALESCE(u.lease_id, a.lease_id) AS lease_id, u.own_model,
+                   a.allocated_gpu_hours,
+                   COALESCE(u.observed_ms, 0) AS observed_ms,
+                   COALESCE(u.busy_ms_pct, 0.0) AS busy_ms_pct,
+                   COALESCE(u.idle_ms, 0) AS idle_ms,
+                   COALESCE(u.energy_w_ms, 0.0) AS energy_w_ms
+            FROM used u FULL OUTER JOIN hour_allocation a ON u.lease_id = a.lease_id
+        ), measured AS (
+            SELECT j.lease_id,
+                   COALESCE(k.team, '{UNALLOCATED}') AS team,
+                   COALESCE(k.gpu_model, j.own_model) AS gpu_model,
+                   CASE WHEN j.lease_id IS NULL THEN j.observed_ms / 3600000.0
+                        ELSE COALESCE(j.allocated_gpu_hours, 0.0) END AS allocated_gpu_hours,
+                   j.observed_ms / 3600000.0 AS observed_gpu_hours,
+                   j.busy_ms_pct / 360000000.0 AS busy_gpu_hours,
+                   j.idle_ms / 3600000.0 AS idle_gpu_hours,
+                   CASE WHEN j.observed_ms > 0
+                        THEN j.busy_ms_pct / CAST(j.observed_ms AS DOUBLE) END AS utilization_pct,
+                   j.energy_w_ms / 3600000000.0 AS energy_kwh
+            FROM joined j LEFT JOIN known_leases k ON j.lease_id = k.lease_id
+        )
+        SELECT lease_id, team, gpu_model, allocated_gpu_hours, observed_gpu_hours,
+               busy_gpu_hours, idle_gpu_hours, utilization_pct,
+               allocated_gpu_hours * ({price}) AS cost_usd,
+               idle_gpu_hours * ({price}) AS idle_cost_usd,
+               energy_kwh
+        FROM measured
+        ORDER BY team, gpu_model, lease_id"
+    )
+}
+
+fn team_hourly_sql(price: &str) -> String {
+    format!(
+        "SELECT team, gpu_model,
+                sum(allocated_gpu_hours) AS allocated_gpu_hours,
+                sum(observed_gpu_hours) AS observed_gpu_hours,
+                sum(busy_gpu_hours) AS busy_gpu_hours,
+                sum(idle_gpu_hours) AS idle_gpu_hours,
+                CASE WHEN sum(observed_gpu_hours) > 0
+                     THEN 100.0 * sum(busy_gpu_hours) / sum(observed_gpu_hours) END
+                    AS utilization_pct,
+                sum(allocated_gpu_hours) * ({price}) AS cost_usd,
+                sum(idle_gpu_hours) * ({price}) AS idle_cost_usd,
+                sum(energy_kwh) AS energy_kwh
+         FROM lease_rows
+         GROUP BY team, gpu_model
+         ORDER BY team, gpu_model"
+    )
+}
+
+/// FOCUS 1.2 rows from `lease_rows`; the columns that are the same on every row of the hour
+/// are filled in by the caller. `price` reads `l.gpu_model`.
+fn focus_sql(price: &str) -> String {
+    format!(
+        r#"SELECT l.cost_usd AS "BilledCost",
+                  l.cost_usd AS "ContractedCost",
+                  l.cost_usd AS "EffectiveCost",
+                  l.cost_usd AS "ListCost",
+                  {price} AS "ContractedUnitPrice",
+                  {price} AS "ListUnitPrice",
+                  l.allocated_gpu_hours AS "PricingQuantity",
+                  l.allocated_gpu_hours AS "ConsumedQuantity",
+                  CASE WHEN l.lease_id IS NULL
+                       THEN 'Unallocated ' || l.gpu_model || ' capacity'
+                       ELSE l.gpu_model || ' GPUs held by lease ' || l.lease_id END
+                      AS "ChargeDescription",
+                  l.lease_id AS "ResourceId",
+                  l.lease_id AS "ResourceName",
+                  CASE WHEN l.lease_id IS NULL THEN 'Unallocated GPU capacity'
+                       ELSE 'GPU lease' END AS "ResourceType",
+                  l.gpu_model AS "SkuId",
+                  l.team AS "SubAccountId",
+                  l.team AS "SubAccountName",
+                  COALESCE(k.tags, '{{}}') AS "Tags",
+                  l.gpu_model AS "x_GpuModel",
+                  l.observed_gpu_hours AS "x_ObservedGpuHours",
+                  l.busy_gpu_hours AS "x_BusyGpuHours",
+                  l.idle_gpu_hours AS "x_IdleGpuHours",
+                  l.utilization_pct AS "x_UtilizationPct",
+                  l.idle_cost_usd AS "x_IdleCost",
+                  l.energy_kwh AS "x_EnergyKwh"
+           FROM lease_rows l
+           LEFT JOIN known_leases k ON l.lease_id = k.lease_id
+           ORDER BY l.team, l.gpu_model, l.lease_id"#
+    )
+}

@@ -1,0 +1,186 @@
+//! The schemas of the derived tables: the ones the rollups write under `lake/rollups/` and the
+//! small per-run tables they join samples against. Types and nullability are fixed here, not
+//! inferred from a query, so every file of a table has the same schema and `focus_costs` says
+//! exactly what FOCUS 1.2 says of each column.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+/// Timestamps of derived tables: milliseconds, UTC (Postgres `timestamptz`).
+pub fn timestamp() -> DataType {
+    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
+}
+
+/// FOCUS's Decimal columns.
+pub const DECIMAL: DataType = DataType::Decimal128(38, 10);
+
+fn f(name: &str, data_type: DataType, nullable: bool) -> Field {
+    Field::new(name, data_type, nullable)
+}
+
+fn measures(with_cost: bool) -> Vec<Field> {
+    let mut fields = vec![
+        f("allocated_gpu_hours", DataType::Float64, false),
+        f("observed_gpu_hours", DataType::Float64, false),
+        f("busy_gpu_hours", DataType::Float64, false),
+        f("idle_gpu_hours", DataType::Float64, false),
+        f("utilization_pct", DataType::Float64, true),
+    ];
+    if with_cost {
+        fields.push(f("cost_usd", DataType::Float64, false));
+        fields.push(f("idle_cost_usd", DataType::Float64, false));
+    }
+    fields.push(f("energy_kwh", DataType::Float64, false));
+    fields
+}
+
+/// `gpu_hourly`: one row per GPU and hour with samples.
+pub fn gpu_hourly() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("hour", timestamp(), false),
+        f("host", DataType::Utf8, false),
+        f("gpu_uuid", DataType::Utf8, false),
+        f("gpu_model", DataType::Utf8, false),
+        f("samples", DataType::Int64, false),
+        f("observed_gpu_hours", DataType::Float64, false),
+        f("busy_gpu_hours", DataType::Float64, false),
+        f("idle_gpu_hours", DataType::Float64, false),
+        f("utilization_pct", DataType::Float64, true),
+        f("energy_kwh", DataType::Float64, false),
+        f("mem_used_max_bytes", DataType::Int64, false),
+        f("final", DataType::Boolean, false),
+    ]))
+}
+
+/// `lease_hourly`: one row per lease and hour with an allocation or a sample, plus one per GPU
+/// model for `(unallocated)` (null `lease_id`). `lease_usage` and `focus_costs` come from it.
+pub fn lease_hourly() -> SchemaRef {
+    let mut fields = vec![
+        f("hour", timestamp(), false),
+        f("lease_id", DataType::Utf8, true),
+        f("team", DataType::Utf8, false),
+        f("gpu_model", DataType::Utf8, false),
+    ];
+    fields.extend(measures(true));
+    fields.push(f("final", DataType::Boolean, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// `team_hourly`: DESIGN.md's columns.
+pub fn team_hourly() -> SchemaRef {
+    let mut fields = vec![
+        f("hour", timestamp(), false),
+        f("team", DataType::Utf8, false),
+        f("gpu_model", DataType::Utf8, false),
+    ];
+    fields.extend(measures(true));
+    fields.push(f("final", DataType::Boolean, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// `leases`: one row per lease, its current state.
+pub fn leases() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("lease_id", DataType::Utf8, false),
+        f("state", DataType::Utf8, false),
+        f("team", DataType::Utf8, false),
+        f("user", DataType::Utf8, false),
+        f("project", DataType::Utf8, false),
+        f("workload", DataType::Utf8, false),
+        f("substrate", DataType::Utf8, false),
+        f("gpu_model", DataType::Utf8, false),
+        f("gpu_count", DataType::Int64, false),
+        f(
+            "gpu_uuids",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            false,
+        ),
+        f("labels", DataType::Utf8, true),
+        f("granted_at", timestamp(), false),
+        f("updated_at", timestamp(), false),
+        f("released_at", timestamp(), true),
+        f("release_reason", DataType::Utf8, true),
+    ]))
+}
+
+/// FOCUS 1.2 cost and usage rows: one per lease and hour, and one per GPU model and hour for
+/// `(unallocated)` capacity. Column names, types and nullability as the FOCUS specification
+/// gives them; `x_` columns are gpuwarden's own.
+pub fn focus_costs() -> SchemaRef {
+    let text = DataType::Utf8;
+    Arc::new(Schema::new(vec![
+        f("BilledCost", DECIMAL, false),
+        f("BillingAccountId", text.clone(), false),
+        f("BillingAccountName", text.clone(), true),
+        f("BillingCurrency", text.clone(), false),
+        f("BillingPeriodEnd", timestamp(), false),
+        f("BillingPeriodStart", timestamp(), false),
+        f("ChargeCategory", text.clone(), false),
+        f("ChargeClass", text.clone(), true),
+        f("ChargeDescription", text.clone(), true),
+        f("ChargeFrequency", text.clone(), true),
+        f("ChargePeriodEnd", timestamp(), false),
+        f("ChargePeriodStart", timestamp(), false),
+        f("ConsumedQuantity", DECIMAL, true),
+        f("ConsumedUnit", text.clone(), true),
+        f("ContractedCost", DECIMAL, false),
+        f("ContractedUnitPrice", DECIMAL, true),
+        f("EffectiveCost", DECIMAL, false),
+        f("InvoiceIssuerName", text.clone(), false),
+        f("ListCost", DECIMAL, false),
+        f("ListUnitPrice", DECIMAL, true),
+        f("PricingQuantity", DECIMAL, true),
+        f("PricingUnit", text.clone(), true),
+        f("ProviderName", text.clone(), false),
+        f("PublisherName", text.clone(), false),
+        f("ResourceId", text.clone(), true),
+        f("ResourceName", text.clone(), true),
+        f("ResourceType", text.clone(), true),
+        f("ServiceCategory", text.clone(), false),
+        f("ServiceName", text.clone(), false),
+        f("SkuId", text.clone(), true),
+        f("SubAccountId", text.clone(), true),
+        f("SubAccountName", text.clone(), true),
+        f("Tags", text.clone(), true),
+        f("x_GpuModel", text.clone(), false),
+        f("x_ObservedGpuHours", DataType::Float64, false),
+        f("x_BusyGpuHours", DataType::Float64, false),
+        f("x_IdleGpuHours", DataType::Float64, false),
+        f("x_UtilizationPct", DataType::Float64, true),
+        f("x_IdleCost", DECIMAL, false),
+        f("x_EnergyKwh", DataType::Float64, false),
+        f("x_Final", DataType::Boolean, false),
+    ]))
+}
+
+/// `known_leases`: every lease the lake knows, for joining samples to their lease.
+pub fn known_leases() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("lease_id", DataType::Utf8, false),
+        f("team", DataType::Utf8, false),
+        f("gpu_model", DataType::Utf8, false),
+        f("user", DataType::Utf8, false),
+        f("project", DataType::Utf8, false),
+        f("workload", DataType::Utf8, false),
+        f("tags", DataType::Utf8, false),
+    ]))
+}
+
+/// `hour_owners`: which lease owns which GPU when, within one hour; intervals never overlap.
+pub fn owners() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("gpu_uuid", DataType::Utf8, false),
+        f("start_ms", DataType::Int64, false),
+        f("end_ms", DataType::Int64, false),
+        f("lease_id", DataType::Utf8, false),
+    ]))
+}
+
+/// `hour_allocation`: GPU-hours each lease held within one hour.
+pub fn allocation() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("lease_id", DataType::Utf8, false),
+        f("allocated_gpu_hours", DataType::Float64, false),
+    ]))
+}

@@ -1,0 +1,597 @@
+//! The rollups against a small lake whose every number was computed by hand, one definition of
+//! DESIGN.md "What the numbers mean" at a time. The fixture, in minutes after hour H:
+//!
+//! - g1 (H100, host h1): a sample every minute, k = 0..119 (ts = H + k min), 50 % busy, 300 W.
+//! - g2 (H100, host h1): k = 30..59, idle (0 %), no power reading.
+//! - g3 (A100, host h2): k = 0..59, 100 % busy; k = 30 sent twice, the copy at 20 %.
+//! - g4 (Tesla T4, host h2): k = 5 naming lease L4 (10 %), k = 6 naming an unknown lease (80 %).
+//! - L1 "ml": granted at 0 on [g1] ×1, resized at 30 to [g1, g2] ×2, released at 90.
+//! - L2 "web": granted at 15 on [g3] ×1, still running.
+//! - L3 "research": granted at 20 on [g1] ×1 (a later grant than L1's), released at 40.
+//! - L4 "ml": granted at 0, ×2 H100 with no GPU ids, released at 10.
+//!
+//! The watermark is H + 119 min; lateness is 10 min, so H is final and H + 1h is not.
+
+use std::collections::BTreeMap;
+
+use gpuwarden_pipeline::lake::hour_of;
+use gpuwarden_pipeline::{sql, Lake, Rollup, RollupOptions};
+use gpuwarden_schema::config::{GpuPrice, PricingConfig};
+use gpuwarden_schema::{LeaseEvent, Record, Sample};
+use serde_json::{json, Value};
+
+const H: i64 = 1_795_996_800_000; // 2026-11-30T00:00:00Z
+const MIN: i64 = 60_000;
+const H100: &str = "NVIDIA H100 80GB HBM3";
+const A100: &str = "NVIDIA A100-SXM4-40GB";
+const T4: &str = "Tesla T4";
+
+fn sample(
+    gpu: &str,
+    model: &str,
+    host: &str,
+    k: i64,
+    util: f64,
+    power: Option<f64>,
+    lease: Option<&str>,
+) -> Sample {
+    Sample::from_json(
+        json!({"v": 1, "ts_ms": H + k * MIN, "interval_ms": MIN, "host": host, "gpu_uuid": gpu,
+               "gpu_model": model, "util_gpu_pct": util, "mem_used_bytes": 1000 + k,
+               "mem_total_bytes": 1_000_000, "power_w": power, "lease_id": lease})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+fn event(k: i64, kind: &str, lease: &str, team: &str, count: u32, gpus: &[&str]) -> LeaseEvent {
+    let mut e = json!({"v": 1, "ts_ms": H + k * MIN, "event": kind, "lease_id": lease,
+        "team": team, "user": format!("{team}-user"), "project": "p", "workload": "training",
+        "substrate": "sim", "gpu_model": H100, "gpu_count": count, "gpu_uuids": gpus});
+    if kind == "released" {
+        e["reason"] = json!("user");
+    }
+    if lease == "L2" {
+        e["gpu_model"] = json!(A100);
+        e["workload"] = json!("inference");
+    }
+    LeaseEvent::from_json(e.to_string().as_bytes()).unwrap()
+}
+
+/// Writes records to the lake the way ingest does: one file per hour, under a source name.
+fn put<R: Record + Clone>(
+    lake: &Lake,
+    table: &str,
+    source: &str,
+    records: &[R],
+    ts: impl Fn(&R) -> i64,
+) {
+    let mut by_hour: BTreeMap<i64, Vec<R>> = BTreeMap::new();
+    for r in records {
+        by_hour.entry(hour_of(ts(r))).or_default().push(r.clone());
+    }
+    for (hour, rows) in by_hour {
+        let batch = R::to_record_batch(&rows).unwrap();
+        let file = Lake::file_name(table, hour, source, 0, rows.len() as i64);
+        lake.write(&file, &batch, table, hour).unwrap();
+    }
+}
+
+fn fixture(lake: &Lake) {
+    let mut samples = Vec::new();
+    for k in 0..120 {
+        samples.push(sample("g1", H100, "h1", k, 50.0, Some(300.0), None));
+    }
+    for k in 30..60 {
+        samples.push(sample("g2", H100, "h1", k, 0.0, None, None));
+    }
+    for k in 0..60 {
+        samples.push(sample("g3", A100, "h2", k, 100.0, None, None));
+    }
+    samples.push(sample("g3", A100, "h2", 30, 20.0, None, None));
+    samples.push(sample("g4", T4, "h2", 5, 10.0, None, Some("L4")));
+    samples.push(sample("g4", T4, "h2", 6, 80.0, None, Some("ghost")));
+    put(lake, "samples", "fixture", &samples, |s| s.ts_ms);
+    let events = vec![
+        event(0, "granted", "L1", "ml", 1, &["g1"]),
+        event(30, "resized", "L1", "ml", 2, &["g1", "g2"]),
+        event(90, "released", "L1", "ml", 2, &[]),
+        event(15, "granted", "L2", "web", 1, &["g3"]),
+        event(20, "granted", "L3", "research", 1, &["g1"]),
+        event(40, "released", "L3", "research", 1, &[]),
+        event(0, "granted", "L4", "ml", 2, &[]),
+        event(10, "released", "L4", "ml", 2, &[]),
+        // A replay of L1's grant counts once.
+        event(0, "granted", "L1", "ml", 1, &["g1"]),
+    ];
+    put(lake, "lease_events", "fixture", &events, |e| e.ts_ms);
+}
+
+fn options() -> RollupOptions {
+    RollupOptions {
+        pricing: PricingConfig {
+            default_usd_per_gpu_hour: 1.0,
+            idle_util_pct: 5.0,
+            gpu: vec![
+                GpuPrice {
+                    model_match: "h100".into(),
+                    usd_per_gpu_hour: 4.0,
+                },
+                GpuPrice {
+                    model_match: "A100".into(),
+                    usd_per_gpu_hour: 2.0,
+                },
+                // Never reached for an A100: the entry before it matches first.
+                GpuPrice {
+                    model_match: "A100-SXM4".into(),
+                    usd_per_gpu_hour: 99.0,
+                },
+            ],
+            ..PricingConfig::default()
+        },
+        lateness_ms: 10 * MIN,
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Rows of a query as JSON objects (timestamps cast to ms by the query).
+fn rows(rt: &tokio::runtime::Runtime, lake: &Lake, query: &str) -> Vec<Value> {
+    let (_, batches) = rt.block_on(sql::query(lake, query)).unwrap();
+    let mut writer = datafusion::arrow::json::ArrayWriter::new(Vec::new());
+    for batch in &batches {
+        writer.write(batch).unwrap();
+    }
+    writer.finish().unwrap();
+    let bytes = writer.into_inner();
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// team_hourly as `(hour offset in hours, team, model) -> row`.
+fn team_hourly(
+    rt: &tokio::runtime::Runtime,
+    lake: &Lake,
+) -> BTreeMap<(i64, String, String), Value> {
+    rows(
+        rt,
+        lake,
+        "SELECT CAST(hour AS BIGINT) AS hour_ms, * FROM team_hourly ORDER BY hour, team, gpu_model",
+    )
+    .into_iter()
+    .map(|r| {
+        let key = (
+            (r["hour_ms"].as_i64().unwrap() - H) / 3_600_000,
+            r["team"].as_str().unwrap().to_owned(),
+            r["gpu_model"].as_str().unwrap().to_owned(),
+        );
+        (key, r)
+    })
+    .collect()
+}
+
+fn close(actual: &Value, expected: f64, what: &str) {
+    let actual = actual
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: {actual} is not a number"));
+    assert!(
+        (actual - expected).abs() <= 1e-9 * expected.abs().max(1.0),
+        "{what}: got {actual}, expected {expected}"
+    );
+}
+
+/// Checks every measure of a team_hourly row: (allocated, observed, busy, idle, cost,
+/// idle cost, energy); utilization follows from busy and observed.
+fn check(
+    rows: &BTreeMap<(i64, String, String), Value>,
+    key: (i64, &str, &str),
+    expected: [f64; 7],
+) {
+    let row = rows
+        .get(&(key.0, key.1.to_owned(), key.2.to_owned()))
+        .unwrap_or_else(|| panic!("no team_hourly row {key:?}; rows: {:#?}", rows.keys()));
+    let names = [
+        "allocated_gpu_hours",
+        "observed_gpu_hours",
+        "busy_gpu_hours",
+        "idle_gpu_hours",
+        "cost_usd",
+        "idle_cost_usd",
+        "energy_kwh",
+    ];
+    for (name, value) in names.iter().zip(expected) {
+        close(&row[*name], value, &format!("{key:?} {name}"));
+    }
+    let (busy, observed) = (expected[2], expected[1]);
+    if observed > 0.0 {
+        close(
+            &row["utilization_pct"],
+            100.0 * busy / observed,
+            &format!("{key:?} utilization_pct"),
+        );
+    } else {
+        assert!(
+            row.get("utilization_pct").is_none_or(Value::is_null),
+            "{key:?}: no samples, no utilization"
+        );
+    }
+}
+
+#[test]
+fn team_hourly_follows_every_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    fixture(&lake);
+    let rt = rt();
+    let report = rt
+        .block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+    assert_eq!(report.watermark, Some(H + 119 * MIN));
+    assert_eq!((report.hours, report.final_hours, report.leases), (2, 1, 4));
+
+    let t = team_hourly(&rt, &lake);
+    let h = 1.0 / 60.0; // one one-minute sample, in hours
+                        // L1 in H: g1 at k 0..19 and 40..59 (L3's later grant owns g1 in 20..39), g2 at 30..59;
+                        // allocated 30 min × 1 GPU + 30 min × 2 GPUs. Plus L4: 10 min × 2 GPUs allocated, and the
+                        // T4 sample that names it, priced as L4's H100s.
+    check(
+        &t,
+        (0, "ml", H100),
+        [
+            1.5 + 20.0 * h,
+            70.0 * h + h,
+            40.0 * h * 0.5 + 0.1 * h,
+            30.0 * h,
+            (1.5 + 20.0 * h) * 4.0,
+            30.0 * h * 4.0,
+            300.0 * 40.0 * 60_000.0 / 3.6e9,
+        ],
+    );
+    check(
+        &t,
+        (0, "research", H100),
+        [20.0 * h, 20.0 * h, 10.0 * h, 0.0, 80.0 * h, 0.0, 0.1],
+    );
+    // L2 from minute 15; the duplicate at minute 30 counts once, at its larger utilization.
+    check(
+        &t,
+        (0, "web", A100),
+        [45.0 * h, 45.0 * h, 45.0 * h, 0.0, 90.0 * h, 0.0, 0.0],
+    );
+    // g3 before L2's grant: a busy GPU no lease holds.
+    check(
+        &t,
+        (0, "(unallocated)", A100),
+        [15.0 * h, 15.0 * h, 15.0 * h, 0.0, 30.0 * h, 0.0, 0.0],
+    );
+    // The sample naming an unknown lease falls through to GPU matching, and g4 has no lease:
+    // unallocated, at the default price.
+    check(
+        &t,
+        (0, "(unallocated)", T4),
+        [h, h, 0.8 * h, 0.0, h, 0.0, 0.0],
+    );
+    // H + 1h: L1 until its release at minute 90 (2 GPUs), g1 unallocated from minute 90 on;
+    // L2 still running: allocated up to the watermark (minute 119), with no samples.
+    check(
+        &t,
+        (1, "ml", H100),
+        [
+            1.0,
+            0.5,
+            0.25,
+            0.0,
+            4.0,
+            0.0,
+            300.0 * 30.0 * 60_000.0 / 3.6e9,
+        ],
+    );
+    check(
+        &t,
+        (1, "(unallocated)", H100),
+        [0.5, 0.5, 0.25, 0.0, 2.0, 0.0, 0.15],
+    );
+    check(
+        &t,
+        (1, "web", A100),
+        [59.0 * h, 0.0, 0.0, 0.0, 118.0 * h, 0.0, 0.0],
+    );
+    assert_eq!(t.len(), 8, "no other rows: {:#?}", t.keys());
+    assert!(t.iter().all(|(k, r)| r["final"] == json!(k.0 == 0)));
+}
+
+#[test]
+fn gpu_hourly_lease_usage_and_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    fixture(&lake);
+    let rt = rt();
+    rt.block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+
+    let g3 = rows(
+        &rt,
+        &lake,
+        "SELECT samples, observed_gpu_hours, utilization_pct, mem_used_max_bytes, host
+         FROM gpu_hourly WHERE gpu_uuid = 'g3'",
+    );
+    assert_eq!(g3.len(), 1);
+    assert_eq!(g3[0]["samples"], json!(60), "the duplicate counts once");
+    close(&g3[0]["observed_gpu_hours"], 1.0, "g3 observed");
+    close(&g3[0]["utilization_pct"], 100.0, "g3 utilization");
+    assert_eq!(g3[0]["mem_used_max_bytes"], json!(1059));
+    assert_eq!(g3[0]["host"], json!("h2"));
+
+    let usage = rows(
+        &rt,
+        &lake,
+        r#"SELECT lease_id, team, "user", gpu_count, CAST(released_at AS BIGINT) AS released_ms,
+                  release_reason, allocated_gpu_hours, observed_gpu_hours, busy_gpu_hours,
+                  idle_gpu_hours, utilization_pct, cost_usd, idle_cost_usd, energy_kwh
+           FROM lease_usage ORDER BY lease_id"#,
+    );
+    assert_eq!(usage.len(), 4);
+    let l1 = &usage[0];
+    assert_eq!(
+        (&l1["lease_id"], &l1["team"], &l1["user"], &l1["gpu_count"]),
+        (&json!("L1"), &json!("ml"), &json!("ml-user"), &json!(2))
+    );
+    assert_eq!(l1["released_ms"], json!(H + 90 * MIN));
+    assert_eq!(l1["release_reason"], json!("user"));
+    close(&l1["allocated_gpu_hours"], 2.5, "L1 allocated");
+    close(&l1["observed_gpu_hours"], 100.0 / 60.0, "L1 observed");
+    close(&l1["busy_gpu_hours"], 35.0 / 60.0, "L1 busy");
+    close(&l1["utilization_pct"], 35.0, "L1 utilization");
+    close(&l1["cost_usd"], 10.0, "L1 cost");
+    close(&l1["idle_cost_usd"], 2.0, "L1 idle cost");
+    close(&l1["energy_kwh"], 0.35, "L1 energy");
+    let l2 = &usage[1];
+    assert!(l2["released_ms"].is_null());
+    close(
+        &l2["allocated_gpu_hours"],
+        (45.0 + 59.0) / 60.0,
+        "L2 allocated",
+    );
+    close(&l2["cost_usd"], 2.0 * (45.0 + 59.0) / 60.0, "L2 cost");
+
+    let leases = rows(
+        &rt,
+        &lake,
+        "SELECT lease_id, state, gpu_count, gpu_uuids, workload FROM leases ORDER BY lease_id",
+    );
+    assert_eq!(
+        leases
+            .iter()
+            .map(|l| (
+                l["lease_id"].as_str().unwrap(),
+                l["state"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        vec![
+            ("L1", "released"),
+            ("L2", "active"),
+            ("L3", "released"),
+            ("L4", "released")
+        ]
+    );
+    assert_eq!(leases[0]["gpu_uuids"], json!(["g1", "g2"]));
+    assert_eq!(leases[1]["workload"], json!("inference"));
+}
+
+#[test]
+fn focus_costs_has_every_mandatory_column_with_focus_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    fixture(&lake);
+    let rt = rt();
+    rt.block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+    let (schema, _) = rt
+        .block_on(sql::query(&lake, "SELECT * FROM focus_costs"))
+        .unwrap();
+    use datafusion::arrow::datatypes::DataType;
+    for (column, kind, nullable) in [
+        ("BilledCost", "decimal", false),
+        ("EffectiveCost", "decimal", false),
+        ("ListCost", "decimal", false),
+        ("ContractedCost", "decimal", false),
+        ("BillingAccountId", "text", false),
+        ("BillingAccountName", "text", true),
+        ("BillingCurrency", "text", false),
+        ("BillingPeriodStart", "time", false),
+        ("BillingPeriodEnd", "time", false),
+        ("ChargeCategory", "text", false),
+        ("ChargeClass", "text", true),
+        ("ChargeDescription", "text", true),
+        ("ChargePeriodStart", "time", false),
+        ("ChargePeriodEnd", "time", false),
+        ("InvoiceIssuerName", "text", false),
+        ("PricingQuantity", "decimal", true),
+        ("PricingUnit", "text", true),
+        ("ProviderName", "text", false),
+        ("PublisherName", "text", false),
+        ("ServiceCategory", "text", false),
+        ("ServiceName", "text", false),
+        ("ResourceId", "text", true),
+        ("SubAccountId", "text", true),
+        ("Tags", "text", true),
+        ("ConsumedQuantity", "decimal", true),
+        ("ConsumedUnit", "text", true),
+        ("x_IdleGpuHours", "float", false),
+        ("x_UtilizationPct", "float", true),
+    ] {
+        let field = schema
+            .field_with_name(column)
+            .unwrap_or_else(|_| panic!("focus_costs has no {column}"));
+        let ok = match kind {
+            "decimal" => matches!(field.data_type(), DataType::Decimal128(..)),
+            "text" => field.data_type() == &DataType::Utf8,
+            "time" => {
+                matches!(field.data_type(), DataType::Timestamp(_, Some(tz)) if &**tz == "UTC")
+            }
+            _ => field.data_type() == &DataType::Float64,
+        };
+        assert!(ok, "{column}: {:?}", field.data_type());
+        assert_eq!(field.is_nullable(), nullable, "{column} nullability");
+    }
+
+    let focus = rows(
+        &rt,
+        &lake,
+        r#"SELECT CAST("ChargePeriodStart" AS BIGINT) AS start_ms,
+                  CAST("BillingPeriodStart" AS BIGINT) AS month_ms,
+                  CAST("BillingPeriodEnd" AS BIGINT) AS month_end_ms,
+                  CAST("BilledCost" AS DOUBLE) AS billed, CAST("PricingQuantity" AS DOUBLE) AS qty,
+                  "ResourceId", "SubAccountId", "Tags", "ChargeCategory", "BillingCurrency",
+                  "ChargeClass", "x_IdleGpuHours"
+           FROM focus_costs ORDER BY start_ms, "SubAccountId", "ResourceId""#,
+    );
+    // One row per lease and hour, and one per GPU model and hour for unallocated capacity.
+    assert_eq!(
+        focus.len(),
+        8 + 1,
+        "L1 and L4 are separate rows of ml's H100s in H"
+    );
+    let l1 = focus
+        .iter()
+        .find(|r| r["ResourceId"] == json!("L1") && r["start_ms"] == json!(H))
+        .unwrap();
+    close(&l1["billed"], 6.0, "L1 BilledCost in H");
+    close(&l1["qty"], 1.5, "L1 PricingQuantity in H");
+    close(&l1["x_IdleGpuHours"], 0.5, "L1 idle GPU-hours in H");
+    assert_eq!(l1["SubAccountId"], json!("ml"));
+    assert_eq!(l1["ChargeCategory"], json!("Usage"));
+    assert_eq!(l1["BillingCurrency"], json!("USD"));
+    assert!(l1["ChargeClass"].is_null());
+    let tags: Value = serde_json::from_str(l1["Tags"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        tags,
+        json!({"user": "ml-user", "project": "p", "workload": "training"})
+    );
+    // November 2026.
+    assert_eq!(l1["month_ms"], json!(1_793_491_200_000_i64));
+    assert_eq!(l1["month_end_ms"], json!(1_796_083_200_000_i64));
+    let unallocated = focus
+        .iter()
+        .filter(|r| r["SubAccountId"] == json!("(unallocated)"))
+        .count();
+    assert_eq!(unallocated, 3);
+    // The FOCUS export prices the same hours team_hourly does.
+    let total: f64 = focus.iter().map(|r| r["billed"].as_f64().unwrap()).sum();
+    let team_total = rows(&rt, &lake, "SELECT sum(cost_usd) AS c FROM team_hourly");
+    close(
+        &team_total[0]["c"],
+        total,
+        "focus total vs team_hourly total",
+    );
+}
+
+#[test]
+fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    fixture(&lake);
+    let rt = rt();
+    let rollup = Rollup::new(lake.clone(), options());
+    rt.block_on(rollup.run()).unwrap();
+    let before = team_hourly(&rt, &lake);
+
+    // Nothing new: only the hour that is not final yet is computed again, to the same rows.
+    let again = rt.block_on(rollup.run()).unwrap();
+    assert_eq!((again.hours, again.final_hours), (1, 0));
+    assert_eq!(team_hourly(&rt, &lake), before);
+
+    // A late sample for the final hour H, on the unallocated T4, in a file of its own.
+    let late = [sample("g4", T4, "h2", 30, 0.0, None, None)];
+    put(&lake, "samples", "late", &late, |s| s.ts_ms);
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(report.hours, 2, "H (late data) and H + 1h (not final)");
+    let after = team_hourly(&rt, &lake);
+    let t4 = (0, "(unallocated)".to_owned(), T4.to_owned());
+    close(
+        &after[&t4]["observed_gpu_hours"],
+        2.0 / 60.0,
+        "late sample counted",
+    );
+    close(
+        &after[&t4]["idle_gpu_hours"],
+        1.0 / 60.0,
+        "late sample idle",
+    );
+
+    // A late grant of g4 from minute 50 with a sample under it: the lease event marks H, so
+    // H and everything after it is recomputed, and the sample moves to the new lease.
+    put(
+        &lake,
+        "lease_events",
+        "late",
+        &[event(50, "granted", "L5", "late-team", 1, &["g4"])],
+        |e| e.ts_ms,
+    );
+    put(
+        &lake,
+        "samples",
+        "late2",
+        &[sample("g4", T4, "h2", 55, 50.0, None, None)],
+        |s| s.ts_ms,
+    );
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(report.hours, 2);
+    let after = team_hourly(&rt, &lake);
+    let late_team = (0, "late-team".to_owned(), H100.to_owned());
+    close(
+        &after[&late_team]["observed_gpu_hours"],
+        1.0 / 60.0,
+        "sample under the late lease",
+    );
+    close(
+        &after[&late_team]["allocated_gpu_hours"],
+        10.0 / 60.0,
+        "minutes 50..60 in H",
+    );
+    close(
+        &after[&(1, "late-team".to_owned(), H100.to_owned())]["allocated_gpu_hours"],
+        59.0 / 60.0,
+        "running to the watermark",
+    );
+    close(
+        &after[&t4]["observed_gpu_hours"],
+        2.0 / 60.0,
+        "earlier T4 samples stay unallocated",
+    );
+    assert!(
+        lake.marked_hours("samples").is_empty() && lake.marked_hours("lease_events").is_empty()
+    );
+}
+
+#[test]
+fn an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let rt = rt();
+    let report = rt
+        .block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+    assert_eq!(report.watermark, None);
+    for table in [
+        "team_hourly",
+        "gpu_hourly",
+        "lease_usage",
+        "focus_costs",
+        "leases",
+    ] {
+        assert!(
+            rows(&rt, &lake, &format!("SELECT * FROM {table}")).is_empty(),
+            "{table}"
+        );
+    }
+}
