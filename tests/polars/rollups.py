@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""The rollups `team_hourly` and `lease_usage`, computed with polars straight from the lake's raw
+Parquet files: the independent second implementation that tests/rollup_polars.rs checks
+DataFusion's rollups against.
+
+It follows DESIGN.md ("What the numbers mean"), made precise as twelve numbered rules; each
+function below implements one or two of them and quotes them in its docstring. It shares no code
+with the pipeline: keep it that way, or the cross-check stops meaning anything.
+
+Usage:
+    python rollups.py --lake DATA_DIR/lake --params '{"lateness_ms": 600000, "pricing": {...}}'
+
+`pricing` has the keys of the config's [pricing] section that matter here: idle_util_pct,
+default_usd_per_gpu_hour and gpu (a list of {"match", "usd_per_gpu_hour"}, in config order).
+Prints one JSON object: {"watermark_ms", "team_hourly": [...], "lease_usage": [...]}, rows sorted
+by their keys, times as epoch milliseconds, NULL as null.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import polars as pl
+
+HOUR = 3_600_000
+UNALLOCATED = "(unallocated)"
+
+# The lake's raw schemas (schema/src/sample.rs and schema/src/lease.rs), reduced to the columns
+# the rollups read. Declared so that an empty lake still gives typed, empty tables.
+SAMPLE_COLUMNS = {
+    "ts_ms": pl.Int64,
+    "interval_ms": pl.Int64,
+    "host": pl.String,
+    "gpu_uuid": pl.String,
+    "gpu_model": pl.String,
+    "util_gpu_pct": pl.Float64,
+    "power_w": pl.Float64,
+    "lease_id": pl.String,
+}
+LEASE_EVENT_COLUMNS = {
+    "ts_ms": pl.Int64,
+    "event": pl.String,
+    "lease_id": pl.String,
+    "team": pl.String,
+    "user": pl.String,
+    "project": pl.String,
+    "workload": pl.String,
+    "substrate": pl.String,
+    "gpu_model": pl.String,
+    "gpu_count": pl.Int64,
+    "gpu_uuids": pl.List(pl.String),
+    "reason": pl.String,
+}
+IDENTITY = ["team", "user", "project", "workload", "substrate", "gpu_model"]
+
+
+def read_table(lake: str, table: str, columns: dict) -> pl.LazyFrame:
+    """Inputs: the valid rows of a raw table, every Parquet file under <lake>/<table>/. The
+    date=/hour= directories are only a layout, not columns."""
+    files = sorted(glob.glob(os.path.join(lake, table, "**", "*.parquet"), recursive=True))
+    if not files:
+        return pl.LazyFrame(schema=columns)
+    return pl.scan_parquet(files, hive_partitioning=False).select(
+        [pl.col(name).cast(dtype) for name, dtype in columns.items()]
+    )
+
+
+def watermark(samples: pl.LazyFrame, events: pl.LazyFrame) -> int:
+    """Rule 1: W is the largest ts_ms over all samples and all lease events."""
+    both = pl.concat([samples.select("ts_ms"), events.select("ts_ms")])
+    w = both.select(pl.col("ts_ms").max()).collect().item()
+    return 0 if w is None else w
+
+
+def deduplicated_samples(samples: pl.LazyFrame) -> pl.LazyFrame:
+    """Rule 2: samples with the same (gpu_uuid, ts_ms) count once; each column of the survivor is
+    the maximum of that column over the duplicates, nulls ignored.
+    Rule 3: the hour of a sample is floor(ts_ms / HOUR) * HOUR."""
+    others = [c for c in SAMPLE_COLUMNS if c not in ("gpu_uuid", "ts_ms")]
+    return (
+        samples.group_by("gpu_uuid", "ts_ms")
+        .agg([pl.col(c).max() for c in others])
+        .with_columns(hour=(pl.col("ts_ms") // HOUR) * HOUR)
+    )
+
+
+def ordered_lease_events(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Rule 4: exact duplicates by (lease_id, ts_ms, event) count once; a lease's events are
+    ordered by ts_ms, then granted < resized < released; events after the lease's first
+    "released" are ignored. Adds `seq`, the event's position in its lease."""
+    rank = pl.col("event").replace_strict(
+        {"granted": 0, "resized": 1, "released": 2}, return_dtype=pl.Int8
+    )
+    released = (pl.col("event") == "released").cast(pl.Int64)
+    return (
+        # Duplicates are exact copies, so which one is kept does not matter.
+        events.unique(subset=["lease_id", "ts_ms", "event"], keep="any")
+        .with_columns(rank=rank)
+        .sort("lease_id", "ts_ms", "rank")
+        # Released events strictly before this one, in the lease's order.
+        .with_columns(released_before=(released.cum_sum() - released).over("lease_id"))
+        .filter(pl.col("released_before") == 0)
+        .with_columns(seq=pl.int_range(pl.len()).over("lease_id"))
+        .drop("released_before")
+    )
+
+
+def lease_identity(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Rule 5: identity from the lease's earliest "granted" event (its earliest event when it has
+    none), granted_at = that event's ts_ms; gpu_count from its latest granted/resized event;
+    released_at / release_reason from its first "released" event, else null.
+    One row per known lease (rule 4: a lease_id with at least one event)."""
+    # Sorting by (is not granted, seq) puts the earliest granted event first, or else the
+    # earliest event.
+    identity_order = [pl.col("event") != "granted", pl.col("seq")]
+    opening = pl.col("event") != "released"
+    released = pl.col("event") == "released"
+
+    def in_order(column: str, where: pl.Expr) -> pl.Expr:
+        return pl.col(column).filter(where).sort_by(pl.col("seq").filter(where))
+
+    return events.group_by("lease_id").agg(
+        [pl.col(c).sort_by(identity_order).first() for c in IDENTITY],
+        granted_at=pl.col("ts_ms").sort_by(identity_order).first(),
+        gpu_count=in_order("gpu_count", opening).last(),
+        released_at=in_order("ts_ms", released).first(),
+        release_reason=in_order("reason", released).first(),
+    )
+
+
+def lease_segments(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Rule 6: each granted or resized event opens a segment [ts_ms, ts_ms of the lease's next
+    event) with that event's gpu_uuids and gpu_count. With no next event the segment is open:
+    `end` is null."""
+    return (
+        events.sort("lease_id", "seq")
+        .with_columns(end=pl.col("ts_ms").shift(-1).over("lease_id"))
+        .filter(pl.col("event") != "released")
+        .select("lease_id", start="ts_ms", end="end", gpu_uuids="gpu_uuids", gpu_count="gpu_count")
+    )
+
+
+def attributed_samples(
+    samples: pl.LazyFrame, leases: pl.LazyFrame, segments: pl.LazyFrame
+) -> pl.LazyFrame:
+    """Rule 7: a sample whose lease_id is a known lease belongs to it. Otherwise (null or unknown
+    lease_id) to the lease having a segment whose gpu_uuids contain the sample's GPU with
+    start <= ts_ms < end (no end when open); of several, the largest granted_at, then the larger
+    lease_id. Otherwise to team "(unallocated)" with no lease. An attributed sample takes its
+    lease's team and gpu_model; an unallocated one keeps its own gpu_model.
+    Returns the samples with lease_id, team and the gpu_model they count under."""
+    measures = ["gpu_uuid", "ts_ms", "hour", "interval_ms", "util_gpu_pct", "power_w"]
+    lease_of = leases.select("lease_id", "team", "gpu_model", "granted_at")
+
+    named = samples.drop("gpu_model").join(lease_of, on="lease_id", how="inner").select(
+        *measures, "lease_id", "team", "gpu_model"
+    )
+
+    rest = samples.join(lease_of, on="lease_id", how="anti")
+    holders = (
+        segments.explode("gpu_uuids")
+        .rename({"gpu_uuids": "gpu_uuid"})
+        .drop_nulls("gpu_uuid")
+        .join(lease_of, on="lease_id", how="inner")
+    )
+    ts = pl.col("ts_ms")
+    candidates = (
+        rest.drop("lease_id", "gpu_model")
+        .join(holders, on="gpu_uuid", how="inner")
+        .filter((pl.col("start") <= ts) & (pl.col("end").is_null() | (ts < pl.col("end"))))
+    )
+    most_recent = pl.col("lease_id").sort_by(["granted_at", "lease_id"], descending=True).first()
+    by_gpu = (
+        candidates.group_by("gpu_uuid", "ts_ms")
+        .agg(lease_id=most_recent)
+        .join(lease_of.select("lease_id", "team", "gpu_model"), on="lease_id", how="inner")
+    )
+    matched = rest.drop("lease_id", "gpu_model").join(by_gpu, on=["gpu_uuid", "ts_ms"], how="inner")
+
+    unallocated = rest.join(by_gpu, on=["gpu_uuid", "ts_ms"], how="anti").with_columns(
+        lease_id=pl.lit(None, dtype=pl.String), team=pl.lit(UNALLOCATED)
+    )
+    columns = [*measures, "lease_id", "team", "gpu_model"]
+    return pl.concat([named.select(columns), matched.select(columns), unallocated.select(columns)])
+
+
+def hourly_allocation_ms(segments: pl.LazyFrame, w: int) -> pl.LazyFrame:
+    """Rule 8: the allocation of lease L in hour H is the sum over L's segments of the overlap in
+    ms of [start, end) (end = W for the open one; nothing if end <= start) with [H, H + HOUR),
+    times the segment's gpu_count. Kept in exact integer GPU-milliseconds: (lease_id, hour,
+    allocated_ms)."""
+    end = pl.coalesce(pl.col("end"), pl.lit(w))
+    return (
+        segments.with_columns(end=end)
+        .filter(pl.col("end") > pl.col("start"))
+        .with_columns(hour=pl.int_ranges((pl.col("start") // HOUR) * HOUR, pl.col("end"), HOUR))
+        .explode("hour")
+        .with_columns(
+            overlap=pl.min_horizontal("end", pl.col("hour") + HOUR)
+            - pl.max_horizontal("start", "hour")
+        )
+        .filter(pl.col("overlap") > 0)
+        .group_by("lease_id", "hour")
+        .agg(allocated_ms=(pl.col("overlap") * pl.col("gpu_count")).sum())
+    )
+
+
+def sample_measures(idle_util_pct: float) -> list:
+    """Rule 9, as aggregations over a group of samples: observed, busy and idle GPU-hours and
+    energy; `samples` counts them (rule 11 keeps a row with at least one). Utilization is derived
+    afterwards by `utilization`."""
+    interval = pl.col("interval_ms")
+    util = pl.col("util_gpu_pct")
+    return [
+        pl.len().alias("samples"),
+        (interval.sum() / HOUR).alias("observed_gpu_hours"),
+        ((interval * util / 100).sum() / HOUR).alias("busy_gpu_hours"),
+        (interval.filter(util < idle_util_pct).sum() / HOUR).alias("idle_gpu_hours"),
+        ((pl.col("power_w").fill_null(0.0) * interval).sum() / 3.6e9).alias("energy_kwh"),
+    ]
+
+
+def utilization() -> pl.Expr:
+    """Rule 9: utilization_pct = 100 * busy / observed, NULL when observed = 0."""
+    return (
+        pl.when(pl.col("observed_gpu_hours") > 0)
+        .then(100 * pl.col("busy_gpu_hours") / pl.col("observed_gpu_hours"))
+        .otherwise(None)
+        .alias("utilization_pct")
+    )
+
+
+def price(gpu_model: pl.Expr, pricing: dict) -> pl.Expr:
+    """Rule 10: usd_per_gpu_hour of the first pricing.gpu entry whose `match` is a
+    case-insensitive substring of the model, else default_usd_per_gpu_hour. (A when/then chain
+    takes its first true branch, which is exactly "first entry wins".)"""
+    model = gpu_model.str.to_lowercase()
+    expr = None
+    for entry in pricing.get("gpu", []):
+        hit = model.str.contains(entry["match"].lower(), literal=True)
+        then = pl.lit(float(entry["usd_per_gpu_hour"]))
+        expr = pl.when(hit).then(then) if expr is None else expr.when(hit).then(then)
+    default = pl.lit(float(pricing["default_usd_per_gpu_hour"]))
+    return default if expr is None else expr.otherwise(default)
+
+
+def team_hourly(
+    samples: pl.LazyFrame, leases: pl.LazyFrame, allocation: pl.LazyFrame, w: int, params: dict
+) -> pl.LazyFrame:
+    """Rule 11: one row per (hour, team, gpu_model) with allocated_gpu_hours > 0 or at least one
+    sample. allocated = the sum of the team's leases' allocations of that model in that hour,
+    or for "(unallocated)" its observed; cost = allocated * price, idle_cost = idle * price;
+    final = W >= hour + HOUR + lateness. Groups with no samples measure 0 (and NULL
+    utilization)."""
+    pricing = params["pricing"]
+    key = ["hour", "team", "gpu_model"]
+    observed = samples.group_by(key).agg(sample_measures(pricing["idle_util_pct"]))
+    allocated = (
+        allocation.join(leases.select("lease_id", "team", "gpu_model"), on="lease_id", how="inner")
+        .group_by(key)
+        .agg(allocated_ms=pl.col("allocated_ms").sum())
+    )
+    sums = ["samples", "observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
+    return (
+        observed.join(allocated, on=key, how="full", coalesce=True)
+        .with_columns(pl.col(*sums, "allocated_ms").fill_null(0))
+        .with_columns(
+            allocated_gpu_hours=pl.when(pl.col("team") == UNALLOCATED)
+            .then(pl.col("observed_gpu_hours"))
+            .otherwise(pl.col("allocated_ms") / HOUR)
+        )
+        .filter((pl.col("allocated_gpu_hours") > 0) | (pl.col("samples") > 0))
+        .with_columns(utilization(), price=price(pl.col("gpu_model"), pricing))
+        .with_columns(
+            cost_usd=pl.col("allocated_gpu_hours") * pl.col("price"),
+            idle_cost_usd=pl.col("idle_gpu_hours") * pl.col("price"),
+            final=pl.lit(w) >= pl.col("hour") + HOUR + params["lateness_ms"],
+        )
+        .select(
+            *key,
+            "allocated_gpu_hours",
+            "observed_gpu_hours",
+            "busy_gpu_hours",
+            "idle_gpu_hours",
+            "utilization_pct",
+            "cost_usd",
+            "idle_cost_usd",
+            "energy_kwh",
+            "final",
+        )
+        .sort(key)
+    )
+
+
+def lease_usage(
+    samples: pl.LazyFrame, leases: pl.LazyFrame, allocation: pl.LazyFrame, params: dict
+) -> pl.LazyFrame:
+    """Rule 12: one row per known lease: its identity, then the measures over every hour:
+    allocated_gpu_hours over all segments up to W, observed/busy/idle/energy over every sample
+    attributed to it, utilization NULL if observed = 0, cost = allocated * price(lease
+    gpu_model), idle_cost = idle * price."""
+    pricing = params["pricing"]
+    observed = samples.filter(pl.col("lease_id").is_not_null()).group_by("lease_id").agg(
+        sample_measures(pricing["idle_util_pct"])
+    )
+    allocated = allocation.group_by("lease_id").agg(allocated_ms=pl.col("allocated_ms").sum())
+    sums = ["observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
+    return (
+        leases.join(allocated, on="lease_id", how="left")
+        .join(observed, on="lease_id", how="left")
+        .with_columns(
+            pl.col(*sums).fill_null(0.0),
+            allocated_gpu_hours=pl.col("allocated_ms").fill_null(0) / HOUR,
+        )
+        .with_columns(utilization(), price=price(pl.col("gpu_model"), pricing))
+        .with_columns(
+            cost_usd=pl.col("allocated_gpu_hours") * pl.col("price"),
+            idle_cost_usd=pl.col("idle_gpu_hours") * pl.col("price"),
+        )
+        .select(
+            "lease_id",
+            *IDENTITY,
+            "gpu_count",
+            "granted_at",
+            "released_at",
+            "release_reason",
+            "allocated_gpu_hours",
+            "observed_gpu_hours",
+            "busy_gpu_hours",
+            "idle_gpu_hours",
+            "utilization_pct",
+            "cost_usd",
+            "idle_cost_usd",
+            "energy_kwh",
+        )
+        .sort("lease_id")
+    )
+
+
+def rollups(lake: str, params: dict) -> dict:
+    raw_samples = read_table(lake, "samples", SAMPLE_COLUMNS)
+    raw_events = read_table(lake, "lease_events", LEASE_EVENT_COLUMNS)
+    w = watermark(raw_samples, raw_events)
+
+    events = ordered_lease_events(raw_events)
+    leases = lease_identity(events)
+    segments = lease_segments(events)
+    samples = attributed_samples(deduplicated_samples(raw_samples), leases, segments)
+    allocation = hourly_allocation_ms(segments, w)
+
+    hourly, usage = pl.collect_all(
+        [
+            team_hourly(samples, leases, allocation, w, params),
+            lease_usage(samples, leases, allocation, params),
+        ]
+    )
+    return {"watermark_ms": w, "team_hourly": hourly.to_dicts(), "lease_usage": usage.to_dicts()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lake", required=True, help="the lake directory (<data_dir>/lake)")
+    parser.add_argument(
+        "--params",
+        required=True,
+        help='JSON: {"lateness_ms": N, "pricing": {"idle_util_pct": X, '
+        '"default_usd_per_gpu_hour": X, "gpu": [{"match": S, "usd_per_gpu_hour": X}, ...]}}',
+    )
+    args = parser.parse_args()
+    result = rollups(args.lake, json.loads(args.params))
+    json.dump(result, sys.stdout, allow_nan=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
