@@ -71,6 +71,7 @@ pub struct Owner {
 #[derive(Debug, Default)]
 pub struct Leases {
     by_id: BTreeMap<String, Lease>,
+    max_ts: Option<i64>,
 }
 
 fn kind_order(kind: LeaseEventKind) -> u8 {
@@ -84,6 +85,8 @@ fn kind_order(kind: LeaseEventKind) -> u8 {
 impl Leases {
     /// Builds the leases from their events, in any order, duplicates included.
     pub fn from_events(mut events: Vec<LeaseEvent>) -> Self {
+        // Every event moves the watermark, even one that comes after its lease's release.
+        let max_ts = events.iter().map(|e| e.ts_ms).max();
         events.sort_by(|a, b| {
             (a.lease_id.as_str(), a.ts_ms, kind_order(a.event)).cmp(&(
                 b.lease_id.as_str(),
@@ -106,7 +109,7 @@ impl Leases {
             let lease = Self::lease(lease_events);
             by_id.insert(lease.lease_id.clone(), lease);
         }
-        Self { by_id }
+        Self { by_id, max_ts }
     }
 
     fn lease(events: &[LeaseEvent]) -> Lease {
@@ -171,9 +174,9 @@ impl Leases {
         self.by_id.get(lease_id)
     }
 
-    /// The largest event time of any lease.
+    /// The largest time of any lease event, ignored ones included.
     pub fn max_ts(&self) -> Option<i64> {
-        self.by_id.values().map(|l| l.updated_at).max()
+        self.max_ts
     }
 
     /// Every hour in which some lease holds GPUs, up to the watermark.
@@ -445,6 +448,11 @@ mod tests {
         );
         assert_eq!(a.segments[1].end, Some(H + 1_800_000));
         assert_eq!(a.released, Some((H + 1_800_000, Some("user".into()))));
+        assert_eq!(
+            leases.max_ts(),
+            Some(H + 2_000_000),
+            "an ignored event still moves the watermark"
+        );
         // 10 min × 1 GPU + 20 min × 2 GPUs = 50 GPU-minutes.
         let allocation = leases.allocation(H, H + 10 * HOUR_MS);
         assert_eq!(allocation, vec![("a", 50.0 / 60.0)]);
