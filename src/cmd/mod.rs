@@ -8,6 +8,7 @@ mod kafka;
 mod metrics_http;
 mod pipeline;
 mod sql;
+mod sql_endpoint;
 
 use std::process::ExitCode;
 
