@@ -4,10 +4,12 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the enforcer in Kafka topics.
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
-//! threads flush into the [`lake`]; [`metrics`] reports on it.
+//! threads flush into the [`lake`]; [`metrics`] reports on it. Query: [`sql`] registers the
+//! lake's tables in a DataFusion session, which [`endpoint`] serves to Postgres clients.
 
 pub mod buffer;
 pub mod consume;
+pub mod endpoint;
 pub mod files;
 pub mod lake;
 pub mod metrics;

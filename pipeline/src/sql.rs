@@ -69,6 +69,12 @@ pub fn table_names() -> Vec<&'static str> {
 /// (`rollups/<table>/`) and the views over them.
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     let ctx = SessionContext::new();
+    // DataFusion keeps a table's file listing once it has files, for as long as the session
+    // lives: a session served for days would never see a new flush or rollup. Listing a local
+    // directory at every scan costs little next to reading the files.
+    if let Some(listings) = ctx.runtime_env().cache_manager.get_list_files_cache() {
+        listings.update_cache_limit(0);
+    }
     for table in Table::ALL {
         register_dir(
             &ctx,
@@ -129,13 +135,26 @@ mod tests {
         };
         assert_eq!(count(ctx.clone()).await, 0);
         use gpuwarden_schema::Record as _;
-        let sample = gpuwarden_schema::Sample::from_json(
-            br#"{"v":1,"ts_ms":1000,"interval_ms":1000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}"#,
-        )
-        .unwrap();
-        let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
-        let relative = Lake::file_name("samples", 0, "test", 0, 0);
-        lake.write(&relative, &batch, "samples", 0).unwrap();
-        assert_eq!(count(ctx).await, 1, "the same session sees the new file");
+        let write = |n: i64| {
+            let sample = gpuwarden_schema::Sample::from_json(
+                br#"{"v":1,"ts_ms":1000,"interval_ms":1000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}"#,
+            )
+            .unwrap();
+            let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
+            let relative = Lake::file_name("samples", 0, "test", n, n);
+            lake.write(&relative, &batch, "samples", 0).unwrap();
+        };
+        write(0);
+        assert_eq!(
+            count(ctx.clone()).await,
+            1,
+            "the same session sees the new file"
+        );
+        write(1);
+        assert_eq!(
+            count(ctx).await,
+            2,
+            "and the next one: the listing is not cached"
+        );
     }
 }

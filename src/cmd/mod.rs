@@ -9,6 +9,7 @@ mod metrics_http;
 mod pipeline;
 mod rollup;
 mod sql;
+mod sql_endpoint;
 
 use std::process::ExitCode;
 

@@ -1,4 +1,5 @@
-//! `gpuwarden pipeline`: consumes gpuwarden's topics into the Parquet lake, serving `/metrics`.
+//! `gpuwarden pipeline`: consumes gpuwarden's topics into the Parquet lake, serving `/metrics`
+//! and the SQL endpoint.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +21,14 @@ use super::kafka::{shutdown_signal, KafkaConnection};
 /// table with the reason. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
 /// rollup` does), so the open hour's spend shows in team_hourly within minutes. Run more
 /// instances with the same group to share partitions; one at a time rolls up (a lock file).
+///
+/// Serves every lake table, read-only, over the Postgres wire protocol on pipeline.sql_listen
+/// (psql, Grafana, any Postgres client), to the [[pipeline.sql_users]] with their password
+/// (SCRAM-SHA-256), and to anyone without one only if pipeline.sql_allow_anonymous = true.
+/// When neither lets anybody in, the pipeline runs without the endpoint and logs a warning (so
+/// that instances run only for ingest need no users), unless --sql-listen asks for it: then it
+/// refuses to start.
+///
 /// Ctrl-C or SIGTERM writes what is buffered, commits, and exits 0.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -29,6 +38,9 @@ pub(crate) struct Args {
     /// Address for /metrics; overrides pipeline.metrics_listen (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", env = "GPUWARDEN_PIPELINE_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Address for the SQL endpoint; overrides pipeline.sql_listen (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", env = "GPUWARDEN_PIPELINE_SQL_LISTEN")]
+    sql_listen: Option<std::net::SocketAddr>,
 }
 
 pub(crate) fn options(config: &config::Config) -> IngestOptions {
@@ -60,7 +72,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             super::metrics_http::router(move || metrics.render())
         };
         let server = tokio::spawn(async move { axum::serve(listener, router).await });
-        tracing::info!(metrics = %format!("http://{address}/metrics"), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
+        let sql = super::sql_endpoint::start(&config.pipeline, args.sql_listen, &lake).await?;
+        let sql_address = sql.as_ref().map_or_else(|| "off".to_string(), |s| s.address.to_string());
+        tracing::info!(metrics = %format!("http://{address}/metrics"), sql = %sql_address, lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
+        let mut sql_task = sql.map(|sql| sql.task);
 
         let rollups = tokio::spawn(rollup_loop(
             Rollup::new(lake.clone(), RollupOptions::from_config(&config)),
@@ -78,11 +93,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 result??;
                 anyhow::bail!("ingest stopped by itself");
             }
+            result = async { sql_task.as_mut().unwrap().await }, if sql_task.is_some() => {
+                result?.context("the SQL endpoint failed")?;
+                anyhow::bail!("the SQL endpoint stopped by itself");
+            }
         }
         stop.store(true, Ordering::SeqCst);
         ingest.await?.context("ingest failed while shutting down")?;
         server.abort();
         rollups.abort();
+        if let Some(sql_task) = sql_task {
+            sql_task.abort();
+        }
         tracing::info!(records = metrics.records_in_total(), quarantined = metrics.quarantined_total(), "pipeline stopped");
         drop(kafka);
         Ok(ExitCode::SUCCESS)

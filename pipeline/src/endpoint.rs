@@ -1,0 +1,847 @@
+//! The SQL endpoint: serves a DataFusion session over the Postgres wire protocol, so that psql,
+//! Grafana and any other Postgres client query the lake. datafusion-postgres (on pgwire) speaks
+//! the protocol and answers the catalog queries clients send; this module owns what the library
+//! leaves open: who may connect (SCRAM-SHA-256 against `[[pipeline.sql_users]]`, anonymous only
+//! when `pipeline.sql_allow_anonymous` is set), what may run (queries and the session statements
+//! clients send on connect, never anything that writes or changes the session every connection
+//! shares), and the few Postgres functions client queries need that neither DataFusion nor
+//! datafusion-postgres provides. It talks to nothing but its listener and the session it is given.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringBuilder};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::ParamValues;
+use datafusion::error::DataFusionError;
+use datafusion::execution::context::SQLOptions;
+use datafusion::logical_expr::{
+    ColumnarValue, EmptyRelation, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, TypeSignature, Volatility,
+};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{ObjectName, Set, Statement};
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
+use datafusion_postgres::hooks::cursor::CursorStatementHook;
+use datafusion_postgres::hooks::set_show::SetShowHook;
+use datafusion_postgres::hooks::transactions::TransactionStatementHook;
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::pgwire::api::auth::sasl::scram::{
+    gen_salted_password, random_nonce, ScramAuth, SCRAM_ITERATIONS,
+};
+use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use datafusion_postgres::pgwire::api::auth::{
+    finish_authentication, protocol_negotiation, save_startup_parameters_to_metadata, AuthSource,
+    DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
+};
+use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use datafusion_postgres::pgwire::api::results::{Response, Tag};
+use datafusion_postgres::pgwire::api::{
+    ClientInfo, ConnectionManager, PgWireServerHandlers, PidSecretKeyGenerator,
+    RandomPidSecretKeyGenerator, METADATA_USER,
+};
+use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use datafusion_postgres::{DfSessionService, QueryHook};
+use futures::Sink;
+use gpuwarden_schema::config::PipelineConfig;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+/// Why the endpoint could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The session could not be given the Postgres catalog and functions clients expect
+    /// (an internal error: nothing the operator configured is at fault).
+    #[error("preparing the SQL session for Postgres clients: {0}")]
+    Session(#[source] DataFusionError),
+}
+
+/// Who may connect: the users of `[[pipeline.sql_users]]` with their password, and anyone else
+/// without one only when anonymous access is on.
+pub struct Auth {
+    users: HashMap<String, Password>,
+    allow_anonymous: bool,
+    /// Keys the per-user salts, so that they differ between processes and cannot be predicted.
+    salts: RandomState,
+    /// What an unknown user's password is checked against: random, so that it never matches,
+    /// and served with a salt like any user's, so that a client cannot tell which users exist.
+    nobody: Vec<u8>,
+}
+
+impl Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut users: Vec<&str> = self.users.keys().map(String::as_str).collect();
+        users.sort_unstable();
+        f.debug_struct("Auth")
+            .field("users", &users)
+            .field("allow_anonymous", &self.allow_anonymous)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Auth {
+    /// Users as (name, password). Passwords are kept only as SCRAM-SHA-256 salted passwords.
+    pub fn new<'a>(
+        users: impl IntoIterator<Item = (&'a str, &'a str)>,
+        allow_anonymous: bool,
+    ) -> Self {
+        let salts = RandomState::new();
+        let users = users
+            .into_iter()
+            .map(|(name, password)| {
+                let salt = salt_for(&salts, name);
+                let salted = gen_salted_password(password, &salt, SCRAM_ITERATIONS);
+                (name.to_string(), Password::new(Some(salt), salted))
+            })
+            .collect();
+        let nobody_salt = salt_for(&salts, "");
+        let nobody = gen_salted_password(&random_nonce(), &nobody_salt, SCRAM_ITERATIONS);
+        Self {
+            users,
+            allow_anonymous,
+            salts,
+            nobody,
+        }
+    }
+
+    /// `[[pipeline.sql_users]]` and `pipeline.sql_allow_anonymous`.
+    pub fn from_config(config: &PipelineConfig) -> Self {
+        Self::new(
+            config
+                .sql_users
+                .iter()
+                .map(|u| (u.name.as_str(), u.password.as_str())),
+            config.sql_allow_anonymous,
+        )
+    }
+
+    /// Whether anyone at all can connect.
+    pub fn admits_anyone(&self) -> bool {
+        self.allow_anonymous || !self.users.is_empty()
+    }
+
+    /// Whether connections without a password are accepted.
+    pub fn allows_anonymous(&self) -> bool {
+        self.allow_anonymous
+    }
+
+    fn password_of(&self, user: &str) -> Password {
+        self.users.get(user).cloned().unwrap_or_else(|| {
+            Password::new(Some(salt_for(&self.salts, user)), self.nobody.clone())
+        })
+    }
+}
+
+fn salt_for(keys: &RandomState, user: &str) -> Vec<u8> {
+    (0u8..2)
+        .flat_map(|half| {
+            let mut hasher = keys.build_hasher();
+            half.hash(&mut hasher);
+            user.hash(&mut hasher);
+            hasher.finish().to_le_bytes()
+        })
+        .collect()
+}
+
+/// Serves `ctx` to Postgres clients connecting to `listener` until the returned future is
+/// dropped (which also closes every open connection).
+///
+/// The session is first given what Postgres clients query besides the lake: `information_schema`,
+/// `pg_catalog`, and functions such as `current_setting`. Tables registered in `ctx` are served
+/// as they are, so a table that lists its files at every scan shows new files to the next query.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: Arc<SessionContext>,
+    auth: Auth,
+) -> Result<(), EndpointError> {
+    prepare(&ctx)?;
+    let connections = Arc::new(ConnectionManager::new());
+    let mut parameters = DefaultServerParameterProvider::default();
+    parameters.is_superuser = false;
+    parameters.default_transaction_read_only = true;
+    let handlers = Arc::new(Handlers {
+        session: Arc::new(DfSessionService::new_with_hooks(ctx, hooks())),
+        cancel: Arc::new(DefaultCancelHandler::new(Arc::clone(&connections))),
+        shared: Arc::new(Shared {
+            auth: Arc::new(auth),
+            parameters: Arc::new(parameters),
+            pids: Arc::new(RandomPidSecretKeyGenerator::default()),
+            connections,
+        }),
+    });
+
+    let mut open = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let handlers = Arc::clone(&handlers);
+                    open.spawn(async move {
+                        if let Err(e) =
+                            datafusion_postgres::pgwire::tokio::process_socket(socket, None, handlers).await
+                        {
+                            tracing::debug!(peer = %peer, error = %e, "SQL connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors, usually: wait instead of spinning.
+                    tracing::warn!(error = %e, "accepting a SQL connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = open.join_next(), if !open.is_empty() => {}
+        }
+    }
+}
+
+/// datafusion-postgres's own hooks (cursors, SET and SHOW, transactions), behind [`ReadOnly`].
+fn hooks() -> Vec<Arc<dyn QueryHook>> {
+    vec![
+        Arc::new(ReadOnly),
+        Arc::new(CursorStatementHook),
+        Arc::new(SetShowHook),
+        Arc::new(TransactionStatementHook),
+    ]
+}
+
+/// Gives the session what Postgres clients query besides the lake's tables.
+fn prepare(ctx: &SessionContext) -> Result<(), EndpointError> {
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .catalog
+        .information_schema = true;
+    let catalog = ctx
+        .state()
+        .config()
+        .options()
+        .catalog
+        .default_catalog
+        .clone();
+    setup_pg_catalog(ctx, &catalog, EmptyContextProvider)
+        .map_err(|e| EndpointError::Session(*e))?;
+    datafusion_postgres::datafusion_pg_functions::register_all(&mut *ctx.state_ref().write());
+    ctx.register_udf(ScalarUDF::new_from_impl(CurrentSetting::new()));
+    Ok(())
+}
+
+struct Shared {
+    auth: Arc<Auth>,
+    parameters: Arc<DefaultServerParameterProvider>,
+    pids: Arc<RandomPidSecretKeyGenerator>,
+    connections: Arc<ConnectionManager>,
+}
+
+struct Handlers {
+    session: Arc<DfSessionService>,
+    cancel: Arc<DefaultCancelHandler>,
+    shared: Arc<Shared>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        Arc::clone(&self.session)
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        Arc::clone(&self.session)
+    }
+
+    // Called once per connection: the SASL exchange keeps its state in its handler.
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        let source: Arc<dyn AuthSource> = Arc::new(Passwords(Arc::clone(&self.shared.auth)));
+        let pids: Arc<dyn PidSecretKeyGenerator> = self.shared.pids.clone();
+        Arc::new(Startup {
+            sasl: SASLAuthStartupHandler::new(Arc::clone(&self.shared.parameters))
+                .with_scram(ScramAuth::new(source))
+                .with_pid_secret_key_generator(pids)
+                .with_connection_manager(Arc::clone(&self.shared.connections)),
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        Arc::clone(&self.cancel)
+    }
+}
+
+/// The salted passwords SCRAM checks a client's proof against.
+#[derive(Debug)]
+struct Passwords(Arc<Auth>);
+
+#[async_trait]
+impl AuthSource for Passwords {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        match login.user() {
+            Some(user) => Ok(self.0.password_of(user)),
+            None => Err(fatal("28000", "no user name given".to_string())),
+        }
+    }
+}
+
+/// One connection's authentication: SCRAM-SHA-256, or none for an anonymous user.
+struct Startup {
+    sasl: SASLAuthStartupHandler<DefaultServerParameterProvider>,
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let PgWireFrontendMessage::Startup(ref startup) = message {
+            let auth = &self.shared.auth;
+            let user = startup.parameters.get(METADATA_USER);
+            if auth.allow_anonymous && user.is_some_and(|u| !auth.users.contains_key(u)) {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                let (pid, secret_key) = self.shared.pids.generate(client);
+                client.set_pid_and_secret_key(pid, secret_key.clone());
+                // What pgwire's own handlers do, so that a cancel request reaches this connection.
+                let (handle, guard) = self.shared.connections.register(pid, secret_key);
+                client.session_extensions().insert(handle);
+                client.session_extensions().insert(guard);
+                finish_authentication(client, self.shared.parameters.as_ref()).await?;
+                tracing::debug!(user = ?user, peer = %client.socket_addr(), "anonymous SQL connection");
+                return Ok(());
+            }
+        }
+        match self.sasl.on_startup(client, message).await {
+            // pgwire names the user from the SCRAM message, which libpq leaves empty: name the
+            // one the client logged in as, in the words Postgres uses.
+            Err(PgWireError::InvalidPassword(_)) => {
+                let user = client
+                    .metadata()
+                    .get(METADATA_USER)
+                    .cloned()
+                    .unwrap_or_default();
+                tracing::warn!(user = %user, peer = %client.socket_addr(), "SQL password authentication failed");
+                Err(fatal(
+                    "28P01",
+                    format!("password authentication failed for user \"{user}\""),
+                ))
+            }
+            other => other,
+        }
+    }
+}
+
+fn fatal(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".to_string(),
+        code.to_string(),
+        message,
+    )))
+}
+
+/// What the endpoint does with a statement, before anything else sees it.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// A query: planned, and run only if the plan writes nothing.
+    Query,
+    /// A cursor over these queries, each checked as a query.
+    Cursor(Vec<Statement>),
+    /// Handled further on (SHOW, SET, transactions, cursors): none of it writes.
+    Pass,
+    /// A session statement with nothing to do here, answered with this command tag.
+    Done(String),
+    /// Refused; says what was refused.
+    Refuse(String),
+}
+
+fn verdict(statement: &Statement) -> Verdict {
+    match statement {
+        Statement::Query(_) | Statement::ExplainTable { .. } => Verdict::Query,
+        Statement::Explain {
+            statement: inner, ..
+        } => match verdict(inner) {
+            Verdict::Query => Verdict::Query,
+            _ => Verdict::Refuse(kind(inner)),
+        },
+        Statement::Declare { stmts } => Verdict::Cursor(
+            stmts
+                .iter()
+                .filter_map(|d| d.for_query.clone())
+                .map(Statement::Query)
+                .collect(),
+        ),
+        Statement::Set(set) => match shared_setting(set) {
+            Some(name) => Verdict::Refuse(format!("SET {name}")),
+            None if session_time_zone(set) => Verdict::Done("SET".to_string()),
+            None => Verdict::Pass,
+        },
+        Statement::ShowVariable { .. }
+        | Statement::ShowVariables { .. }
+        | Statement::ShowStatus { .. }
+        | Statement::ShowCatalogs { .. }
+        | Statement::ShowDatabases { .. }
+        | Statement::ShowSchemas { .. }
+        | Statement::ShowTables { .. }
+        | Statement::ShowViews { .. }
+        | Statement::ShowColumns { .. }
+        | Statement::ShowFunctions { .. }
+        | Statement::ShowCreate { .. }
+        | Statement::StartTransaction { .. }
+        | Statement::Commit { .. }
+        | Statement::Rollback { .. }
+        | Statement::Fetch { .. }
+        | Statement::Close { .. } => Verdict::Pass,
+        // Nothing is kept between statements that these would release or reset (SQL-level
+        // PREPARE is refused; pgwire owns protocol-level prepared statements).
+        Statement::Discard { object_type } => Verdict::Done(format!("DISCARD {object_type}")),
+        Statement::Deallocate { .. } => Verdict::Done("DEALLOCATE".to_string()),
+        Statement::Reset(_) => Verdict::Done("RESET".to_string()),
+        Statement::Savepoint { .. } => Verdict::Done("SAVEPOINT".to_string()),
+        Statement::ReleaseSavepoint { .. } => Verdict::Done("RELEASE".to_string()),
+        other => Verdict::Refuse(kind(other)),
+    }
+}
+
+/// The statement's leading keywords, as Postgres names a command in its errors.
+fn kind(statement: &Statement) -> String {
+    let text = statement.to_string();
+    let mut words = text.split_whitespace();
+    let first = words.next().unwrap_or_default().to_uppercase();
+    match first.as_str() {
+        "CREATE" | "DROP" | "ALTER" => match words.next() {
+            Some(second) => format!("{first} {}", second.to_uppercase()),
+            None => first,
+        },
+        _ => first,
+    }
+}
+
+/// DataFusion's own settings (and `timezone`, which it maps to one of them) belong to the session
+/// that every connection shares: one client must not change them under the others.
+fn shared_setting(set: &Set) -> Option<String> {
+    let names: Vec<&ObjectName> = match set {
+        Set::SingleAssignment { variable, .. } => vec![variable],
+        Set::ParenthesizedAssignments { variables, .. } => variables.iter().collect(),
+        Set::MultipleAssignments { assignments } => assignments.iter().map(|a| &a.name).collect(),
+        _ => Vec::new(),
+    };
+    names
+        .into_iter()
+        .map(|n| n.to_string().to_lowercase().replace('"', ""))
+        .find(|n| n.starts_with("datafusion."))
+}
+
+fn session_time_zone(set: &Set) -> bool {
+    match set {
+        Set::SingleAssignment { variable, .. } => {
+            let name = variable.to_string().to_lowercase().replace('"', "");
+            name == "timezone" || name == "time.zone"
+        }
+        _ => false,
+    }
+}
+
+fn read_only(what: &str) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_string(),
+        // read_only_sql_transaction, as Postgres answers a write in a read-only transaction.
+        "25006".to_string(),
+        format!(
+            "cannot execute {what}: the gpuwarden SQL endpoint is read-only \
+             (queries: SELECT, WITH, EXPLAIN, SHOW; session: SET, BEGIN, COMMIT, ROLLBACK)"
+        ),
+    )))
+}
+
+/// Plans `statement` and refuses the plan if any part of it, subqueries included, would write
+/// (`SELECT … INTO` creates a table, for instance).
+async fn plan_read_only(ctx: &SessionContext, statement: &Statement) -> PgWireResult<LogicalPlan> {
+    let plan = ctx
+        .state()
+        .statement_to_plan(DfStatement::Statement(Box::new(statement.clone())))
+        .await
+        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+        .verify_plan(&plan)
+        .map_err(|e| {
+            let why = match e {
+                DataFusionError::Plan(why) => why,
+                other => other.strip_backtrace(),
+            };
+            read_only(&format!("a query that writes ({why})"))
+        })?;
+    Ok(plan)
+}
+
+/// Refuses everything that writes, before datafusion-postgres's own hooks or DataFusion see it.
+#[derive(Debug)]
+struct ReadOnly;
+
+impl ReadOnly {
+    async fn check(
+        &self,
+        statement: &Statement,
+        ctx: &SessionContext,
+    ) -> Option<PgWireResult<Response>> {
+        match verdict(statement) {
+            // datafusion-postgres plans the statement again to run it: planning costs little
+            // next to running, and an error found here is the one it would have found.
+            Verdict::Query => plan_read_only(ctx, statement).await.err().map(Err),
+            Verdict::Cursor(queries) => check_all(ctx, &queries).await.err().map(Err),
+            Verdict::Pass => None,
+            Verdict::Done(tag) => Some(Ok(Response::Execution(Tag::new(&tag)))),
+            Verdict::Refuse(what) => Some(Err(read_only(&what))),
+        }
+    }
+}
+
+async fn check_all(ctx: &SessionContext, queries: &[Statement]) -> PgWireResult<()> {
+    for query in queries {
+        plan_read_only(ctx, query).await?;
+    }
+    Ok(())
+}
+
+fn nothing() -> LogicalPlan {
+    LogicalPlan::EmptyRelation(EmptyRelation {
+        produce_one_row: false,
+        schema: Arc::new(datafusion::common::DFSchema::empty()),
+    })
+}
+
+#[async_trait]
+impl QueryHook for ReadOnly {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        self.check(statement, session_context).await
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        session_context: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        match verdict(statement) {
+            // The plan checked here is the one that runs: no second planning.
+            Verdict::Query => Some(plan_read_only(session_context, statement).await),
+            Verdict::Cursor(queries) => check_all(session_context, &queries).await.err().map(Err),
+            Verdict::Pass => None,
+            Verdict::Done(_) => Some(Ok(nothing())),
+            Verdict::Refuse(what) => Some(Err(read_only(&what))),
+        }
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _logical_plan: &LogicalPlan,
+        _params: &ParamValues,
+        _session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        // Checked at parse; only the statements answered here remain.
+        match verdict(statement) {
+            Verdict::Done(tag) => Some(Ok(Response::Execution(Tag::new(&tag)))),
+            _ => None,
+        }
+    }
+}
+
+/// `current_setting(name [, missing_ok])`: the server settings clients ask for (Grafana asks
+/// for `server_version_num` to pick its SQL dialect), with the values this server announces
+/// when a client connects.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct CurrentSetting {
+    signature: Signature,
+}
+
+impl CurrentSetting {
+    fn new() -> Self {
+        Self {
+            signature: Signature::one_of(
+                vec![
+                    TypeSignature::Exact(vec![DataType::Utf8]),
+                    TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
+                ],
+                Volatility::Stable,
+            ),
+        }
+    }
+}
+
+fn setting(name: &str) -> Option<&'static str> {
+    Some(match name.to_lowercase().as_str() {
+        // pgwire announces server_version 16.6 at startup.
+        "server_version" => "16.6",
+        "server_version_num" => "160006",
+        "search_path" => "public",
+        "timezone" => "UTC",
+        "server_encoding" | "client_encoding" => "UTF8",
+        "standard_conforming_strings" | "integer_datetimes" => "on",
+        "transaction_read_only" | "default_transaction_read_only" => "on",
+        "is_superuser" => "off",
+        "max_identifier_length" => "63",
+        _ => return None,
+    })
+}
+
+impl ScalarUDFImpl for CurrentSetting {
+    fn name(&self) -> &str {
+        "current_setting"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let names = arrays[0].as_string::<i32>();
+        let missing_ok = arrays.get(1).map(|a| a.as_boolean());
+        let mut out = StringBuilder::with_capacity(names.len(), 8 * names.len());
+        for i in 0..names.len() {
+            if names.is_null(i) {
+                out.append_null();
+                continue;
+            }
+            let name = names.value(i);
+            match setting(name) {
+                Some(value) => out.append_value(value),
+                None if missing_ok.is_some_and(|m| m.is_valid(i) && m.value(i)) => {
+                    out.append_null()
+                }
+                None => {
+                    return Err(DataFusionError::Execution(format!(
+                        "unrecognized configuration parameter \"{name}\""
+                    )))
+                }
+            }
+        }
+        let array: ArrayRef = Arc::new(out.finish());
+        Ok(ColumnarValue::Array(array))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+
+    fn parse(sql: &str) -> Statement {
+        PostgresCompatibilityParser::new()
+            .parse(sql)
+            .unwrap()
+            .remove(0)
+    }
+
+    #[test]
+    fn queries_and_session_statements_pass_and_writes_are_refused() {
+        for sql in [
+            "SELECT 1",
+            "WITH a AS (SELECT 1) SELECT * FROM a",
+            "EXPLAIN SELECT 1",
+        ] {
+            assert_eq!(verdict(&parse(sql)), Verdict::Query, "{sql}");
+        }
+        for sql in [
+            "SHOW TIME ZONE",
+            "SET extra_float_digits = 3",
+            "SET application_name = 'x'",
+            "BEGIN",
+            "COMMIT",
+            "ROLLBACK",
+        ] {
+            assert_eq!(verdict(&parse(sql)), Verdict::Pass, "{sql}");
+        }
+        assert_eq!(
+            verdict(&parse("DISCARD ALL")),
+            Verdict::Done("DISCARD ALL".into())
+        );
+        assert_eq!(
+            verdict(&parse("SET timezone = 'Europe/Paris'")),
+            Verdict::Done("SET".into())
+        );
+        for (sql, what) in [
+            ("CREATE TABLE t (a INT)", "CREATE TABLE"),
+            ("CREATE VIEW v AS SELECT 1", "CREATE VIEW"),
+            ("INSERT INTO samples VALUES (1)", "INSERT"),
+            ("UPDATE samples SET host = 'x'", "UPDATE"),
+            ("DELETE FROM samples", "DELETE"),
+            ("DROP TABLE samples", "DROP TABLE"),
+            ("COPY samples TO '/tmp/x.csv'", "COPY"),
+            ("EXPLAIN INSERT INTO samples VALUES (1)", "INSERT"),
+            ("PREPARE p AS SELECT 1", "PREPARE"),
+            (
+                "SET datafusion.execution.batch_size = 1",
+                "SET datafusion.execution.batch_size",
+            ),
+        ] {
+            assert_eq!(verdict(&parse(sql)), Verdict::Refuse(what.into()), "{sql}");
+        }
+    }
+
+    // psql 15 speaks only the simple protocol; JDBC, DBeaver and Metabase prepare statements.
+    #[tokio::test]
+    async fn the_extended_protocol_refuses_writes_when_they_are_prepared() {
+        use datafusion_postgres::pgwire::api::stmt::QueryParser as _;
+        let ctx = Arc::new(SessionContext::new());
+        prepare(&ctx).unwrap();
+        let service = DfSessionService::new_with_hooks(ctx, hooks());
+        let parser = service.query_parser();
+        let client = datafusion_postgres::testing::MockClient::new();
+        for sql in [
+            "CREATE TABLE t (a INT)",
+            "INSERT INTO t VALUES (1)",
+            "SELECT 1 AS a INTO t",
+        ] {
+            let err = match parser.parse_sql(&client, sql, &[]).await {
+                Err(e) => e,
+                Ok(_) => panic!("{sql} was accepted"),
+            };
+            let info = ErrorInfo::from(err);
+            assert_eq!(info.code, "25006", "{sql}: {}", info.message);
+        }
+        for sql in [
+            "SELECT $1::bigint + 1",
+            "DISCARD ALL",
+            "SET application_name = 'x'",
+        ] {
+            assert!(parser.parse_sql(&client, sql, &[]).await.is_ok(), "{sql}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_query_whose_plan_writes_is_refused() {
+        let ctx = SessionContext::new();
+        let err = plan_read_only(&ctx, &parse("SELECT 1 AS a INTO t"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("read-only"), "{err}");
+        plan_read_only(&ctx, &parse("SELECT 1 AS a")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn current_setting_answers_what_the_server_announces() {
+        let ctx = SessionContext::new();
+        prepare(&ctx).unwrap();
+        let one = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move {
+                let batches = ctx.sql(sql).await?.collect().await?;
+                Ok::<_, DataFusionError>(
+                    datafusion::arrow::util::pretty::pretty_format_columns(
+                        "v",
+                        &[Arc::clone(batches[0].column(0))],
+                    )?
+                    .to_string(),
+                )
+            }
+        };
+        assert!(
+            one("SELECT current_setting('server_version_num')::int / 100")
+                .await
+                .unwrap()
+                .contains("1600")
+        );
+        assert!(one("SELECT current_setting('nope', true)")
+            .await
+            .unwrap()
+            .contains("|   |"));
+        let err = one("SELECT current_setting('nope')").await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unrecognized configuration parameter \"nope\""),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_served_session_sees_files_added_to_a_table_it_has_listed() {
+        use gpuwarden_schema::Record as _;
+        let dir = tempfile::tempdir().unwrap();
+        let lake = crate::Lake::open(dir.path()).unwrap();
+        let ctx = crate::sql::context(&lake).await.unwrap();
+        prepare(&ctx).unwrap();
+        let write = |ts_ms: i64| {
+            let sample = gpuwarden_schema::Sample::from_json(format!(
+                r#"{{"v":1,"ts_ms":{ts_ms},"interval_ms":1000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
+            ).as_bytes())
+            .unwrap();
+            let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
+            let relative = crate::Lake::file_name("samples", 0, "test", ts_ms, ts_ms);
+            lake.write(&relative, &batch, "samples", 0).unwrap();
+        };
+        let count = || async {
+            let batches = ctx
+                .sql("SELECT count(*) FROM samples")
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            batches[0]
+                .column(0)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .value(0)
+        };
+        write(1_000);
+        assert_eq!(count().await, 1);
+        write(2_000);
+        assert_eq!(
+            count().await,
+            2,
+            "the second file, in a directory already listed"
+        );
+    }
+
+    #[test]
+    fn unknown_users_get_a_salt_of_their_own_and_a_password_nobody_has() {
+        let auth = Auth::new([("finops", "secret")], false);
+        let known = auth.password_of("finops");
+        let unknown = auth.password_of("mallory");
+        assert_eq!(known.salt().unwrap().len(), 16);
+        assert_eq!(unknown.salt().unwrap().len(), 16);
+        assert_ne!(known.salt(), unknown.salt());
+        assert_eq!(
+            known.password(),
+            gen_salted_password("secret", known.salt().unwrap(), SCRAM_ITERATIONS)
+        );
+        assert_eq!(
+            auth.password_of("mallory").salt(),
+            unknown.salt(),
+            "stable per name"
+        );
+        assert!(!format!("{auth:?}").contains("secret"));
+        assert!(auth.admits_anyone());
+        assert!(!Auth::new([], false).admits_anyone());
+    }
+}

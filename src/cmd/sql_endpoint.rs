@@ -1,0 +1,51 @@
+//! The pipeline's SQL endpoint: decides whether it runs, binds it, and serves the lake's session
+//! on it with [`gpuwarden_pipeline::endpoint`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use gpuwarden_pipeline::endpoint::{self, Auth, EndpointError};
+use gpuwarden_pipeline::Lake;
+use gpuwarden_schema::config::PipelineConfig;
+use tokio::task::JoinHandle;
+
+/// A running endpoint: its address and the task serving it.
+pub(crate) struct SqlEndpoint {
+    pub(crate) address: SocketAddr,
+    pub(crate) task: JoinHandle<Result<(), EndpointError>>,
+}
+
+/// Binds and starts the endpoint, or returns `None` when nobody could log in to it (no
+/// `[[pipeline.sql_users]]` and anonymous access off) and it was not asked for with `listen`.
+pub(crate) async fn start(
+    config: &PipelineConfig,
+    listen: Option<SocketAddr>,
+    lake: &Lake,
+) -> anyhow::Result<Option<SqlEndpoint>> {
+    let auth = Auth::from_config(config);
+    if !auth.admits_anyone() {
+        anyhow::ensure!(
+            listen.is_none(),
+            "--sql-listen was given but nobody could log in: add a [[pipeline.sql_users]] entry \
+             (name, password) or set pipeline.sql_allow_anonymous = true"
+        );
+        tracing::warn!(
+            "SQL endpoint off: no [[pipeline.sql_users]] and pipeline.sql_allow_anonymous is false"
+        );
+        return Ok(None);
+    }
+    let listen = listen.unwrap_or(config.sql_listen);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the SQL endpoint to {listen}"))?;
+    let address = listener.local_addr()?;
+    let ctx = gpuwarden_pipeline::sql::context(lake)
+        .await
+        .context("registering the lake's tables for the SQL endpoint")?;
+    if auth.allows_anonymous() {
+        tracing::warn!(sql = %address, "the SQL endpoint accepts connections without a password (pipeline.sql_allow_anonymous)");
+    }
+    let task = tokio::spawn(endpoint::serve(listener, Arc::new(ctx), auth));
+    Ok(Some(SqlEndpoint { address, task }))
+}

@@ -1,0 +1,500 @@
+//! The SQL endpoint of `gpuwarden pipeline` as analysts and Grafana use it: the real psql
+//! over TCP, password authentication, a read-only session, files written after the start
+//! visible to the next query, and the queries Grafana's PostgreSQL data source sends.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use support::Running;
+
+/// 2026-11-30T10:00:00Z.
+const T0: i64 = 1_796_032_800_000;
+const USER: &str = "finops";
+const PASSWORD: &str = "correct horse";
+
+/// `n` samples for each of 8 GPUs, one a minute from `T0 + from_minute`; GPU g runs at g × 10 %.
+fn samples(from_minute: i64, n: i64) -> String {
+    let mut lines = String::new();
+    for minute in from_minute..from_minute + n {
+        for gpu in 0..8 {
+            lines.push_str(
+                &serde_json::json!({
+                    "v": 1, "ts_ms": T0 + minute * 60_000, "interval_ms": 60_000,
+                    "host": "node-0", "gpu_uuid": format!("GPU-{gpu}"),
+                    "gpu_model": "NVIDIA H100 80GB HBM3", "util_gpu_pct": (gpu * 10) as f64,
+                    "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 85_899_345_920u64
+                })
+                .to_string(),
+            );
+            lines.push('\n');
+        }
+    }
+    lines
+}
+
+/// A pipeline on the embedded broker, serving SQL on a free port.
+struct Endpoint {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    pipeline: Running,
+    port: u16,
+}
+
+impl Endpoint {
+    fn start(pipeline_section: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gpuwarden.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[kafka]\nbrokers = \"embedded\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_age = \"300ms\"\n{pipeline_section}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        ingest(&config, &dir.path().join("first.jsonl"), &samples(0, 90));
+        let mut pipeline = Running::start(
+            &[
+                "pipeline",
+                "--config",
+                config.to_str().unwrap(),
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--sql-listen",
+                "127.0.0.1:0",
+            ],
+            &[],
+        );
+        let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
+        let address = running["sql"].as_str().expect("the sql field").to_string();
+        let (host, port) = address.rsplit_once(':').unwrap();
+        assert_eq!(host, "127.0.0.1");
+        let port = port.parse().unwrap();
+        Self {
+            dir,
+            config,
+            pipeline,
+            port,
+        }
+    }
+
+    fn with_users() -> Self {
+        Self::start(&format!(
+            "[[pipeline.sql_users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"
+        ))
+    }
+
+    /// psql as `user`, running `sql` (with `-c`, or as a script on standard input when it holds
+    /// several statements that must share one connection).
+    fn psql(&self, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
+        psql(self.port, user, password, sql, script)
+    }
+
+    /// The rows of a query that must succeed, as `a|b` lines.
+    fn query(&self, sql: &str) -> Vec<String> {
+        let out = self.psql(USER, Some(PASSWORD), sql, false);
+        assert!(
+            out.status.success(),
+            "{sql}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn one(&self, sql: &str) -> String {
+        let rows = self.query(sql);
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        rows[0].clone()
+    }
+}
+
+fn ingest(config: &Path, file: &Path, lines: &str) {
+    std::fs::write(file, lines).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["ingest", "--config", config.to_str().unwrap(), "--samples"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn psql(port: u16, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
+    let mut command = Command::new("psql");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
+        // -X: no ~/.psqlrc; -w: never prompt; -A -t: bare rows, '|' between columns.
+        .args(["-d", "gpuwarden", "-X", "-w", "-A", "-t", "-F", "|"])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env("PGSSLMODE", "disable")
+        .env("PGPASSFILE", "/dev/null")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(password) = password {
+        command.env("PGPASSWORD", password);
+    }
+    if script {
+        command.stdin(Stdio::piped());
+    } else {
+        command.args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
+        command.stdin(Stdio::null());
+    }
+    let mut child = command
+        .spawn()
+        .expect("psql (postgresql-client) is installed");
+    if script {
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(sql.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
+    let endpoint = Endpoint::with_users();
+    // 8 GPUs x 90 minutes; GPU g at g x 10 %: 90 x (0 + 10 + ... + 70) = 25,200.
+    assert_eq!(
+        endpoint.one("SELECT count(*), sum(util_gpu_pct), count(DISTINCT gpu_uuid) FROM samples"),
+        "720|25200.0|8"
+    );
+    assert_eq!(
+        endpoint.query(
+            "SELECT date_trunc('hour', to_timestamp_millis(ts_ms)) AS hour, count(*) \
+             FROM samples GROUP BY 1 ORDER BY 1"
+        ),
+        [
+            "2026-11-30 10:00:00.000000|480",
+            "2026-11-30 11:00:00.000000|240"
+        ]
+    );
+    // Every DESIGN.md table the context has is there, empty ones included.
+    assert_eq!(endpoint.one("SELECT count(*) FROM lease_events"), "0");
+
+    // Another 30 minutes, ingested while the pipeline runs: the next query sees them.
+    ingest(
+        &endpoint.config,
+        &endpoint.dir.path().join("more.jsonl"),
+        &samples(90, 30),
+    );
+    assert_eq!(
+        endpoint.one("SELECT count(*), max(ts_ms) FROM samples"),
+        format!("960|{}", T0 + 119 * 60_000)
+    );
+
+    let (status, log) = endpoint.pipeline.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", log.join("\n"));
+}
+
+#[test]
+fn wrong_passwords_unknown_users_and_anonymous_clients_are_refused() {
+    let endpoint = Endpoint::with_users();
+    let refused = |user: &str, password: Option<&str>| {
+        let out = endpoint.psql(user, password, "SELECT 1", false);
+        assert!(!out.status.success(), "{user} got in");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let wrong = refused(USER, Some("incorrect horse"));
+    assert!(
+        wrong.contains(&format!(
+            "password authentication failed for user \"{USER}\""
+        )),
+        "{wrong}"
+    );
+    let unknown = refused("mallory", Some(PASSWORD));
+    assert!(
+        unknown.contains("password authentication failed for user \"mallory\""),
+        "{unknown}"
+    );
+    // No password at all: the server asks for one (anonymous access is off by default).
+    let anonymous = refused("mallory", None);
+    assert!(anonymous.contains("no password supplied"), "{anonymous}");
+    let without_password = refused(USER, None);
+    assert!(
+        without_password.contains("no password supplied"),
+        "{without_password}"
+    );
+    assert_eq!(endpoint.one("SELECT current_user IS NOT NULL"), "t");
+
+    // With anonymous access on, anyone gets in without a password, but a configured user still
+    // needs theirs.
+    let open = Endpoint::start(&format!(
+        "sql_allow_anonymous = true\n[[pipeline.sql_users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"
+    ));
+    let out = open.psql("grafana", None, "SELECT count(*) FROM samples", false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "720");
+    let out = open.psql(USER, Some("incorrect horse"), "SELECT 1", false);
+    assert!(!out.status.success());
+
+    // Nobody could log in: asking for the endpoint anyway is an error that says what to add.
+    let config = endpoint.dir.path().join("no-users.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbrokers = \"embedded\"\n[storage]\ndata_dir = \"{}\"\n",
+            endpoint.dir.path().join("other").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["pipeline", "--config", config.to_str().unwrap()])
+        .args([
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sql-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("[[pipeline.sql_users]]"), "{stderr}");
+}
+
+#[test]
+fn writes_are_refused_and_the_connection_stays_usable() {
+    let endpoint = Endpoint::with_users();
+    let script = "\
+        CREATE TABLE t (a INT);\n\
+        CREATE VIEW v AS SELECT 1;\n\
+        INSERT INTO samples (ts_ms) VALUES (1);\n\
+        UPDATE samples SET host = 'x';\n\
+        DELETE FROM samples;\n\
+        DROP TABLE samples;\n\
+        COPY samples TO '/tmp/gpuwarden-sql-endpoint-copy.csv';\n\
+        SELECT 1 AS a INTO copied;\n\
+        SET datafusion.execution.batch_size = 1;\n\
+        SELECT count(*) FROM samples;\n";
+    let out = endpoint.psql(USER, Some(PASSWORD), script, true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for what in [
+        "CREATE TABLE",
+        "CREATE VIEW",
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+        "DROP TABLE",
+        "COPY",
+        "a query that writes (DDL not supported: CreateMemoryTable)",
+        "SET datafusion.execution.batch_size",
+    ] {
+        assert!(
+            stderr.contains(&format!(
+                "ERROR:  cannot execute {what}: the gpuwarden SQL endpoint is read-only"
+            )),
+            "{what}:\n{stderr}"
+        );
+    }
+    // The same connection then answers a query, over a lake nobody changed.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "720");
+    assert!(!Path::new("/tmp/gpuwarden-sql-endpoint-copy.csv").exists());
+    assert_eq!(
+        endpoint.one("SELECT count(*) FROM information_schema.tables WHERE table_name IN ('t', 'v', 'copied')"),
+        "0"
+    );
+
+    // What clients send when they connect or hand a connection back is accepted.
+    let out = endpoint.psql(
+        USER,
+        Some(PASSWORD),
+        "SET application_name = 'grafana';\nSET extra_float_digits = 3;\nSET TIME ZONE 'UTC';\n\
+         BEGIN;\nSELECT 1;\nCOMMIT;\nROLLBACK;\nDISCARD ALL;\nSHOW TIME ZONE;\nSELECT 2;\n",
+        true,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.trim_end().ends_with('2'), "{stdout}");
+}
+
+// The SQL Grafana's PostgreSQL data source sends, as it sends it: the connection check (pgx's
+// ping), the version and TimescaleDB probes of the data source settings page, and the schema,
+// table and column discovery of the query builder (postgresMetaQuery.ts).
+const GRAFANA_PING: &str = "-- ping";
+const GRAFANA_VERSION: &str = "SELECT current_setting('server_version_num')::int/100 as version";
+const GRAFANA_TIMESCALEDB: &str =
+    "SELECT extversion FROM pg_extension WHERE extname = 'timescaledb'";
+const GRAFANA_SCHEMAS: &str = r#"SELECT schema_name AS "name"
+    FROM information_schema.schemata
+    WHERE schema_name NOT IN ('information_schema',
+                              'pg_catalog',
+                              'pg_toast',
+                              '_timescaledb_cache',
+                              '_timescaledb_catalog',
+                              '_timescaledb_internal',
+                              '_timescaledb_config',
+                              'timescaledb_information',
+                              'timescaledb_experimental')
+    ORDER BY schema_name"#;
+const GRAFANA_SCHEMA_CONSTRAINT: &str = r#"
+          quote_ident(table_schema) IN (
+          SELECT
+            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+          FROM
+            generate_series(
+              array_lower(string_to_array(current_setting('search_path'),','),1),
+              array_upper(string_to_array(current_setting('search_path'),','),1)
+            ) as i,
+            string_to_array(current_setting('search_path'),',') s
+          )"#;
+
+fn grafana_tables() -> String {
+    let c = GRAFANA_SCHEMA_CONSTRAINT;
+    format!(
+        r#"SELECT
+    CASE WHEN {c}
+      THEN quote_ident(table_name)
+      ELSE quote_ident(table_schema) || '.' || quote_ident(table_name)
+    END AS "table"
+    FROM information_schema.tables
+    WHERE quote_ident(table_schema) NOT IN ('information_schema',
+                             'pg_catalog',
+                             '_timescaledb_cache',
+                             '_timescaledb_catalog',
+                             '_timescaledb_internal',
+                             '_timescaledb_config',
+                             'timescaledb_information',
+                             'timescaledb_experimental')
+    ORDER BY CASE WHEN {c} THEN 0 ELSE 1 END, 1"#
+    )
+}
+
+fn grafana_tables_in(schema: &str) -> String {
+    format!(
+        r#"SELECT quote_ident(table_name) AS "table"
+      FROM information_schema.tables
+      WHERE quote_ident(table_schema) = '{schema}'
+      ORDER BY 1"#
+    )
+}
+
+fn grafana_columns(table: &str) -> String {
+    let c = GRAFANA_SCHEMA_CONSTRAINT;
+    format!(
+        r#"SELECT quote_ident(column_name) AS "column", data_type AS "type"
+    FROM information_schema.columns
+    WHERE
+      CASE WHEN array_length(parse_ident('{table}'),1) = 2
+        THEN quote_ident(table_schema) = (parse_ident('{table}'))[1]
+          AND quote_ident(table_name) = (parse_ident('{table}'))[2]
+        ELSE quote_ident(table_name) = '{table}'
+          AND {c}
+      END"#
+    )
+}
+
+#[test]
+fn grafana_connection_check_discovery_and_macro_queries_answer() {
+    let endpoint = Endpoint::with_users();
+    assert!(endpoint.query(GRAFANA_PING).is_empty());
+    assert_eq!(endpoint.one(GRAFANA_VERSION), "1600");
+    assert!(
+        endpoint.query(GRAFANA_TIMESCALEDB).is_empty(),
+        "no TimescaleDB"
+    );
+    assert!(endpoint
+        .query(GRAFANA_SCHEMAS)
+        .contains(&"public".to_string()));
+
+    let tables = endpoint.query(&grafana_tables());
+    for table in [
+        "samples",
+        "lease_events",
+        "signals",
+        "actions",
+        "quarantine",
+    ] {
+        assert!(
+            tables
+                .iter()
+                .any(|t| t == table || *t == format!("public.{table}")),
+            "{table} in {tables:?}"
+        );
+    }
+    assert!(
+        !tables
+            .iter()
+            .any(|t| t.contains("pg_catalog") || t.contains("information_schema")),
+        "{tables:?}"
+    );
+    let in_public = endpoint.query(&grafana_tables_in("public"));
+    assert!(in_public.contains(&"samples".to_string()), "{in_public:?}");
+
+    // The builder asks for the columns of the name the table list gave.
+    let listed = tables.iter().find(|t| t.ends_with("samples")).unwrap();
+    let columns = endpoint.query(&grafana_columns(listed));
+    for column in ["ts_ms|Int64", "gpu_uuid|Utf8", "util_gpu_pct|Float64"] {
+        assert!(
+            columns.iter().any(|c| c == column),
+            "{column} in {columns:?}"
+        );
+    }
+
+    // Panel queries as Grafana sends them once its macros are expanded, over a timestamp
+    // column: the raw tables keep epoch milliseconds, the rollup tables have
+    // `hour TIMESTAMP(ms, UTC)`; `s` and `h` stand for them here.
+    let from = "'2026-11-30T00:00:00Z'";
+    let to = "'2026-12-01T00:00:00Z'";
+    let s = "(SELECT to_timestamp_millis(ts_ms) AS ts, gpu_uuid, util_gpu_pct FROM samples) s";
+    let h = "(SELECT date_trunc('hour', arrow_cast(to_timestamp_millis(ts_ms), 'Timestamp(ms, \"UTC\")')) \
+             AS hour, sum(util_gpu_pct) AS util FROM samples GROUP BY 1) h";
+    // $__time(ts), $__timeFilter(ts)
+    let rows = endpoint.query(&format!(
+        r#"SELECT ts AS "time", gpu_uuid AS metric, util_gpu_pct FROM {s} WHERE ts BETWEEN {from} AND {to} ORDER BY 1, 2"#
+    ));
+    assert_eq!(rows.len(), 720);
+    assert_eq!(rows[0], "2026-11-30 10:00:00.000000|GPU-0|0");
+    // $__timeEpoch(ts), $__timeFrom(), $__timeTo()
+    let rows = endpoint.query(&format!(
+        r#"SELECT extract(epoch from ts) as "time", util_gpu_pct FROM {s} WHERE ts >= {from} AND ts <= {to} ORDER BY 1, 2 LIMIT 1"#
+    ));
+    assert_eq!(rows, ["1796032800.0|0"]);
+    // $__timeGroupAlias(ts, 5m): 90 minutes of data, 18 buckets.
+    let rows = endpoint.query(&format!(
+        r#"SELECT floor(extract(epoch from ts)/300)*300 AS "time", avg(util_gpu_pct) AS util FROM {s} WHERE ts BETWEEN {from} AND {to} GROUP BY 1 ORDER BY 1"#
+    ));
+    assert_eq!(rows.len(), 18, "{rows:?}");
+    assert_eq!(rows[0], "1796032800.0|35.0");
+    // On a TIMESTAMP(ms, UTC) hour column: $__timeFilter, $__timeEpoch, $__timeGroup turned
+    // back into a timestamp with to_timestamp, and date_trunc.
+    let rows = endpoint.query(&format!(
+        r#"SELECT hour AS "time", extract(epoch from hour) AS epoch, to_timestamp(floor(extract(epoch from hour)/300)*300) AS bucket, date_trunc('hour', hour) AS truncated, util FROM {h} WHERE hour BETWEEN {from} AND {to} ORDER BY 1"#
+    ));
+    assert_eq!(
+        rows,
+        [
+            "2026-11-30 10:00:00.000000+00|1796032800.0|2026-11-30 10:00:00.000000|2026-11-30 10:00:00.000000+00|16800.0",
+            "2026-11-30 11:00:00.000000+00|1796036400.0|2026-11-30 11:00:00.000000|2026-11-30 11:00:00.000000+00|8400.0",
+        ]
+    );
+    // $__unixEpochFilter(ts_ms/1000), $__unixEpochGroupAlias(ts_ms/1000, 1h)
+    let rows = endpoint.query(
+        r#"SELECT floor((ts_ms/1000)/3600)*3600 AS "time", count(*) FROM samples WHERE ts_ms/1000 >= 1795996800 AND ts_ms/1000 <= 1796083200 GROUP BY 1 ORDER BY 1"#,
+    );
+    assert_eq!(rows, ["1796032800.0|480", "1796036400.0|240"]);
+}
