@@ -498,3 +498,43 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
     );
     assert_eq!(rows, ["1796032800.0|480", "1796036400.0|240"]);
 }
+
+#[test]
+fn psql_reads_the_rollups_through_grafana_time_macros() {
+    let endpoint = Endpoint::with_users();
+    // The pipeline rolls up at start: 90 minutes of 8 GPUs at 0, 10, …, 70 % make one final
+    // and one open hour, all unallocated at the default $2 per GPU-hour.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while endpoint.one("SELECT count(*) FROM team_hourly") != "2" {
+        assert!(std::time::Instant::now() < until, "no rollups within 60 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // $__timeGroupAlias(hour, 1h) and $__timeFilter(hour), expanded.
+    let rows = endpoint.query(
+        r#"SELECT floor(extract(epoch from hour)/3600)*3600 AS "time", team,
+                  round(sum(observed_gpu_hours), 6), round(sum(busy_gpu_hours), 6),
+                  round(sum(idle_gpu_hours), 6), round(sum(cost_usd), 6), bool_and(final)
+           FROM team_hourly
+           WHERE hour BETWEEN '2026-11-30T00:00:00Z' AND '2026-12-01T00:00:00Z'
+           GROUP BY 1, 2 ORDER BY 1"#,
+    );
+    assert_eq!(
+        rows,
+        [
+            "1796032800.0|(unallocated)|8.0|2.8|1.0|16.0|t",
+            "1796036400.0|(unallocated)|4.0|1.4|0.5|8.0|f",
+        ]
+    );
+    // The FOCUS export bills the same, per sub-account; no lease, no lease_usage rows.
+    assert_eq!(
+        endpoint.one(
+            r#"SELECT "SubAccountId", CAST(sum("BilledCost") AS DOUBLE), min("ChargeCategory") FROM focus_costs GROUP BY 1"#
+        ),
+        "(unallocated)|24.0|Usage"
+    );
+    assert_eq!(endpoint.one("SELECT count(*) FROM lease_usage"), "0");
+    assert_eq!(
+        endpoint.one("SELECT count(*), max(mem_used_max_bytes) FROM gpu_hourly"),
+        "16|1073741824"
+    );
+}
