@@ -784,45 +784,6 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn the_served_session_sees_files_added_to_a_table_it_has_listed() {
-        use gpuwarden_schema::Record as _;
-        let dir = tempfile::tempdir().unwrap();
-        let lake = crate::Lake::open(dir.path()).unwrap();
-        let ctx = crate::sql::context(&lake).await.unwrap();
-        prepare(&ctx).unwrap();
-        let write = |ts_ms: i64| {
-            let sample = gpuwarden_schema::Sample::from_json(format!(
-                r#"{{"v":1,"ts_ms":{ts_ms},"interval_ms":1000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
-            ).as_bytes())
-            .unwrap();
-            let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
-            let relative = crate::Lake::file_name("samples", 0, "test", ts_ms, ts_ms);
-            lake.write(&relative, &batch, "samples", 0).unwrap();
-        };
-        let count = || async {
-            let batches = ctx
-                .sql("SELECT count(*) FROM samples")
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
-            batches[0]
-                .column(0)
-                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                .value(0)
-        };
-        write(1_000);
-        assert_eq!(count().await, 1);
-        write(2_000);
-        assert_eq!(
-            count().await,
-            2,
-            "the second file, in a directory already listed"
-        );
-    }
-
     #[test]
     fn unknown_users_get_a_salt_of_their_own_and_a_password_nobody_has() {
         let auth = Auth::new([("finops", "secret")], false);
