@@ -4,3 +4,5 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
 //! Its API, policy engine, store and drivers arrive with their issues; this crate is where they go.
+
+pub mod drivers;

@@ -1,0 +1,144 @@
+//! Substrate drivers: the one trait through which the enforcer provisions, resizes and reclaims
+//! leases on a substrate and asks what it holds, and the registry that builds a driver from a
+//! `[[substrates]]` entry by its `driver` kind.
+//!
+//! Adding a substrate is one module here, one [`Driver`] impl, and one arm in [`build`]. Every
+//! driver runs the same contract suite (`tests/drivers.rs`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gpuwarden_schema::config::{DriverKind, SubstrateConfig};
+use gpuwarden_schema::{ReleaseReason, Workload};
+
+/// One GPU a substrate can hand out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// NVML UUID.
+    pub uuid: String,
+    /// Host it is on.
+    pub host: String,
+    /// Index on its host (what `CUDA_VISIBLE_DEVICES` names).
+    pub index: u32,
+    /// Full NVML model name.
+    pub model: String,
+}
+
+/// What a substrate has: GPUs it names, or a count of GPUs of a model it hands out itself.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Inventory {
+    /// GPUs by UUID, when the substrate names them (simulated, local).
+    pub gpus: Vec<Gpu>,
+    /// Anonymous capacity `(model, count)` for substrates that pick devices themselves (webhook).
+    pub pooled: Vec<(String, u32)>,
+}
+
+/// A lease as a driver sees it: who, what, and where (placement already chose the GPUs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseSpec {
+    /// The lease id.
+    pub lease_id: String,
+    /// Team, user and project the lease is for.
+    pub team: String,
+    /// The person.
+    pub user: String,
+    /// The project.
+    pub project: String,
+    /// The kind of work.
+    pub workload: Workload,
+    /// Full NVML model name.
+    pub gpu_model: String,
+    /// GPUs held.
+    pub gpu_count: u32,
+    /// The GPUs placement chose; empty on a pooled substrate.
+    pub gpu_uuids: Vec<String>,
+    /// local: the command to run (argv), if any.
+    pub command: Option<Vec<String>>,
+    /// Labels from the request.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the substrate says of a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// Running (for local: its process is alive).
+    Running,
+    /// It ended by itself (local: the process exited with this code, if known).
+    Exited(Option<i32>),
+    /// The substrate knows nothing of it (for example after a restart lost it).
+    Gone,
+}
+
+/// A driver call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The config entry cannot make a driver (names the field).
+    #[error("substrate {substrate}: {field}: {message}")]
+    Config {
+        /// The substrate's name.
+        substrate: String,
+        /// The config field at fault.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The substrate could not be reached or refused; retrying may help.
+    #[error("substrate {substrate}: {message}")]
+    Unavailable {
+        /// The substrate's name.
+        substrate: String,
+        /// What happened.
+        message: String,
+    },
+    /// The request cannot be carried out on this substrate (unknown GPU, no such lease…).
+    #[error("substrate {substrate}: {message}")]
+    Rejected {
+        /// The substrate's name.
+        substrate: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// A substrate driver. Calls are idempotent: provisioning a lease twice, or reclaiming one that
+/// is gone, succeeds.
+#[async_trait::async_trait]
+pub trait Driver: Send + Sync + std::fmt::Debug {
+    /// The substrate's name (its `[[substrates]]` name).
+    fn name(&self) -> &str;
+    /// What the substrate has, whether held or free.
+    async fn inventory(&self) -> Result<Inventory, DriverError>;
+    /// Starts a lease on its GPUs.
+    async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError>;
+    /// Moves a running lease to `lease.gpu_uuids` / `lease.gpu_count`.
+    async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError>;
+    /// Ends a lease (local: SIGTERM, then SIGKILL after the grace period).
+    async fn reclaim(&self, lease_id: &str, reason: ReleaseReason) -> Result<(), DriverError>;
+    /// What the substrate says of a lease; after an enforcer restart this is how running
+    /// leases are re-adopted or found gone.
+    async fn status(&self, lease_id: &str) -> Result<LeaseStatus, DriverError>;
+}
+
+/// Where drivers may keep state that must outlive the process (local: its children's pids).
+#[derive(Debug, Clone)]
+pub struct DriverContext {
+    /// `<storage.data_dir>/drivers/<substrate>/`.
+    pub state_dir: PathBuf,
+}
+
+/// Builds the driver a `[[substrates]]` entry names.
+pub fn build(
+    config: &SubstrateConfig,
+    context: &DriverContext,
+) -> Result<Box<dyn Driver>, DriverError> {
+    let _ = context;
+    match config.driver {
+        DriverKind::Simulated | DriverKind::Local | DriverKind::Webhook => {
+            Err(DriverError::Config {
+                substrate: config.name.clone(),
+                field: "driver",
+                message: format!("the {} driver is not built yet", config.driver.as_str()),
+            })
+        }
+    }
+}
