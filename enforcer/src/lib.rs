@@ -3,6 +3,11 @@
 //! budget blocks, autoscale), and the substrate drivers that carry actions out.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
-//! Its API, policy engine, store and drivers arrive with their issues; this crate is where they go.
+//! [`policy`] decides (pure), [`store`] remembers (SQLite, with an outbox for Kafka), [`api`]
+//! translates between HTTP and both, and [`drivers`] act on substrates.
 
+pub mod api;
 pub mod drivers;
+pub mod metrics;
+pub mod policy;
+pub mod store;

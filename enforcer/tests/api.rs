@@ -1,0 +1,696 @@
+//! The admission API in process: the axum `Router` driven with `tower::ServiceExt::oneshot`, a
+//! real SQLite store in a temp dir, and a test driver standing in for a substrate.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use gpuwarden_enforcer::api::{openapi_json, router, AppState};
+use gpuwarden_enforcer::drivers::{Driver, DriverError, Gpu, Inventory, LeaseSpec, LeaseStatus};
+use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::config::{
+    Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, TokenConfig, WorkloadPolicy,
+};
+use gpuwarden_schema::{ManualClock, ReleaseReason, Workload};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tower::ServiceExt;
+
+const NOW: i64 = 1_767_225_600_000;
+
+#[derive(Debug, Default)]
+struct TestDriver {
+    gpus: u32,
+    fail_provision: AtomicBool,
+    calls: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl Driver for TestDriver {
+    fn name(&self) -> &str {
+        "sim"
+    }
+    async fn inventory(&self) -> Result<Inventory, DriverError> {
+        Ok(Inventory {
+            gpus: (0..self.gpus)
+                .map(|i| Gpu {
+                    uuid: format!("GPU-{i:02}"),
+                    host: format!("h{}", i / 4),
+                    index: i % 4,
+                    model: "NVIDIA H100 80GB HBM3".into(),
+                })
+                .collect(),
+            pooled: Vec::new(),
+        })
+    }
+    async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("provision {}", lease.gpu_count));
+        if self.fail_provision.load(Ordering::Relaxed) {
+            return Err(DriverError::Unavailable {
+                substrate: "sim".into(),
+                message: "the fleet is down".into(),
+            });
+        }
+        Ok(())
+    }
+    async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("resize {}", lease.gpu_count));
+        Ok(())
+    }
+    async fn reclaim(&self, _: &str, reason: ReleaseReason) -> Result<(), DriverError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("reclaim {}", reason.as_str()));
+        Ok(())
+    }
+    async fn status(&self, _: &str) -> Result<LeaseStatus, DriverError> {
+        Ok(LeaseStatus::Running)
+    }
+}
+
+fn token(name: &str, role: Role, teams: &[&str]) -> TokenConfig {
+    TokenConfig {
+        name: name.into(),
+        sha256: Sha256::digest(format!("tok-{name}"))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        role,
+        teams: teams.iter().map(|t| t.to_string()).collect(),
+    }
+}
+
+fn config() -> Config {
+    let team = |name: &str, members: &[&str]| TeamConfig {
+        name: name.into(),
+        members: members.iter().map(|m| m.to_string()).collect(),
+        gpu_quota: 16,
+        monthly_budget_usd: 10_000.0,
+        allowed_models: Vec::new(),
+    };
+    let mut config = Config {
+        pricing: PricingConfig {
+            gpu: vec![GpuPrice {
+                model_match: "H100".into(),
+                usd_per_gpu_hour: 4.0,
+            }],
+            ..PricingConfig::default()
+        },
+        teams: vec![team("ml", &["ada", "bob"]), team("cv", &["eve"])],
+        enforcer: EnforcerConfig {
+            max_request_bytes: 1024,
+            ..EnforcerConfig::default()
+        },
+        tokens: vec![
+            token("root", Role::Admin, &[]),
+            token("ada", Role::Member, &["ml"]),
+            token("portal", Role::Service, &["ml"]),
+            token("watcher", Role::Viewer, &["ml"]),
+            token("eve", Role::Member, &["cv"]),
+        ],
+        ..Config::default()
+    };
+    config.workloads.insert(
+        Workload::Training,
+        WorkloadPolicy {
+            max_gpus: Some(8),
+            max_duration: Some(Duration::from_secs(4 * 3600)),
+            ..WorkloadPolicy::default()
+        },
+    );
+    config
+}
+
+struct Harness {
+    app: Router,
+    state: AppState,
+    driver: Arc<TestDriver>,
+    _dir: tempfile::TempDir,
+}
+
+fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
+    let driver = Arc::new(TestDriver {
+        gpus: 32,
+        ..TestDriver::default()
+    });
+    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+    drivers.insert("sim".into(), driver.clone());
+    let state = AppState::new(
+        Arc::new(config()),
+        store,
+        drivers,
+        Arc::new(ManualClock::new(NOW)),
+    );
+    Harness {
+        app: router(state.clone()),
+        state,
+        driver,
+        _dir: dir,
+    }
+}
+
+async fn call(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    who: Option<&str>,
+    body: Option<String>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(who) = who {
+        req = req.header("authorization", format!("Bearer tok-{who}"));
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            Body::from(b)
+        }
+        None => Body::empty(),
+    };
+    let response = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+fn ask(team: &str, user: &str, gpus: i64) -> Value {
+    json!({"team": team, "user": user, "project": "llm", "workload": "training", "gpus": gpus, "duration": "2h"})
+}
+
+async fn admit(app: &Router, who: &str, body: Value) -> (StatusCode, Value) {
+    call(
+        app,
+        Method::POST,
+        "/v1/admission",
+        Some(who),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn admission_creates_provisions_and_publishes_a_lease() {
+    let h = harness();
+    let (status, body) = admit(&h.app, "ada", ask("ml", "ada", 2)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["decision"], "admitted");
+    assert_eq!(body["reasons"], json!([]));
+    assert_eq!(
+        body["estimate"],
+        json!({"usd_per_hour": 8.0, "max_usd": 16.0})
+    );
+    let lease = &body["lease"];
+    assert_eq!(lease["state"], "active");
+    assert_eq!(lease["gpu_count"], 2);
+    assert_eq!(lease["gpu_uuids"].as_array().unwrap().len(), 2);
+    assert_eq!(lease["expires_at"], NOW + 2 * 3_600_000);
+    assert_eq!(*h.driver.calls.lock().unwrap(), vec!["provision 2"]);
+
+    let rows = h.state.store().outbox_pending(10).unwrap();
+    let topics: Vec<&str> = rows.iter().map(|r| r.topic.as_str()).collect();
+    assert_eq!(topics, ["gpuwarden.leases", "gpuwarden.actions"]);
+    let event: Value = serde_json::from_str(&rows[0].payload).unwrap();
+    assert_eq!(event["event"], "granted");
+    assert_eq!(event["lease_id"], lease["id"]);
+
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("watcher"), None).await;
+    assert_eq!(team["gpus_held"], 2);
+    assert_eq!(team["gpu_quota"], 16);
+    assert_eq!(team["blocked"], false);
+    assert_eq!(
+        h.state
+            .metrics()
+            .render()
+            .lines()
+            .find(|l| l.contains("admitted"))
+            .unwrap(),
+        "gpuwarden_enforcer_admissions_total{decision=\"admitted\"} 1"
+    );
+}
+
+#[tokio::test]
+async fn a_denial_is_a_200_with_every_reason() {
+    let h = harness();
+    h.state
+        .store()
+        .record_team_spend("ml", 9_500.0, 0.0, NOW)
+        .unwrap();
+    let mut body = ask("ml", "ada", 20);
+    body["duration"] = json!("8h");
+    let (status, body) = admit(&h.app, "root", body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["decision"], "denied");
+    assert!(body.get("lease").is_none());
+    let codes: Vec<&str> = body["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "workload_limit",
+            "duration_limit",
+            "quota_exceeded",
+            "budget_exceeded"
+        ]
+    );
+    assert!(body["reasons"][2]["message"]
+        .as_str()
+        .unwrap()
+        .contains("holds 0 of its 16 GPUs and asked for 20"));
+    // 20 × $4 × 8 h.
+    assert_eq!(body["estimate"]["max_usd"], 640.0);
+    assert!(h.driver.calls.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn dry_run_evaluates_only() {
+    let h = harness();
+    let mut body = ask("ml", "ada", 2);
+    body["dry_run"] = json!(true);
+    let (status, body) = admit(&h.app, "ada", body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["decision"], "admitted");
+    assert!(body.get("lease").is_none());
+    assert!(h.state.store().outbox_pending(10).unwrap().is_empty());
+    assert!(h.driver.calls.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_requests_admit_exactly_the_quota() {
+    let h = harness();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let app = h.app.clone();
+            let user = if i % 2 == 0 { "ada" } else { "bob" };
+            tokio::spawn(async move { admit(&app, "portal", ask("ml", user, 1)).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        if body["decision"] == "admitted" {
+            admitted += 1;
+        } else {
+            assert_eq!(body["reasons"][0]["code"], "quota_exceeded", "{body}");
+        }
+    }
+    assert_eq!(admitted, 16);
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("root"), None).await;
+    assert_eq!(team["gpus_held"], 16);
+}
+
+#[tokio::test]
+async fn authentication_and_authorization_matrix() {
+    let h = harness();
+    let app = &h.app;
+    // 401: no token, unknown token.
+    for who in [None, Some("nobody")] {
+        let (s, b) = call(
+            app,
+            Method::POST,
+            "/v1/admission",
+            who,
+            Some(ask("ml", "ada", 1).to_string()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        assert_eq!(b["error"]["code"], "unauthorized");
+        let (s, _) = call(app, Method::GET, "/v1/leases", who, None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+    // Admission: (token, team, user) → status, decision.
+    let cases = [
+        ("root", "ml", "ada", StatusCode::OK, Some("admitted")),
+        ("root", "cv", "eve", StatusCode::OK, Some("admitted")),
+        ("ada", "ml", "ada", StatusCode::OK, Some("admitted")),
+        ("ada", "ml", "bob", StatusCode::FORBIDDEN, None),
+        ("ada", "cv", "ada", StatusCode::FORBIDDEN, None),
+        ("portal", "ml", "bob", StatusCode::OK, Some("admitted")),
+        ("portal", "ml", "eve", StatusCode::OK, Some("denied")),
+        ("portal", "cv", "eve", StatusCode::FORBIDDEN, None),
+        ("watcher", "ml", "ada", StatusCode::FORBIDDEN, None),
+        ("eve", "ml", "eve", StatusCode::FORBIDDEN, None),
+    ];
+    let mut ml_lease = String::new();
+    for (who, team, user, status, decision) in cases {
+        let (s, b) = admit(app, who, ask(team, user, 1)).await;
+        assert_eq!(s, status, "{who} for {user}@{team}: {b}");
+        match decision {
+            Some(d) => assert_eq!(b["decision"], d, "{who} for {user}@{team}: {b}"),
+            None => assert_eq!(b["error"]["code"], "forbidden"),
+        }
+        if who == "ada" && s == StatusCode::OK {
+            ml_lease = b["lease"]["id"].as_str().unwrap().to_string();
+        }
+        if decision == Some("denied") {
+            assert_eq!(b["reasons"][0]["code"], "not_member");
+        }
+    }
+    // Reading.
+    let lease_uri = format!("/v1/leases/{ml_lease}");
+    for (who, status) in [
+        ("root", 200),
+        ("ada", 200),
+        ("portal", 200),
+        ("watcher", 200),
+        ("eve", 403),
+    ] {
+        let (s, _) = call(app, Method::GET, &lease_uri, Some(who), None).await;
+        assert_eq!(s.as_u16(), status, "{who} reads a lease");
+        let (s, _) = call(app, Method::GET, "/v1/teams/ml", Some(who), None).await;
+        assert_eq!(s.as_u16(), status, "{who} reads the team");
+        let (s, _) = call(app, Method::GET, "/v1/leases?team=ml", Some(who), None).await;
+        assert_eq!(s.as_u16(), status, "{who} lists the team's leases");
+    }
+    let (_, listed) = call(app, Method::GET, "/v1/leases", Some("eve"), None).await;
+    assert!(
+        listed.as_array().unwrap().iter().all(|l| l["team"] == "cv"),
+        "{listed}"
+    );
+    // Writing to ada's lease.
+    let release = format!("/v1/leases/{ml_lease}/release");
+    for who in ["watcher", "eve"] {
+        let (s, _) = call(app, Method::POST, &release, Some(who), None).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{who} releases ada's lease");
+    }
+    let (s, b) = call(app, Method::POST, &release, Some("ada"), None).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["state"], "released");
+    assert_eq!(b["release_reason"], "user");
+    let (s, b) = call(app, Method::POST, &release, Some("root"), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{b}");
+}
+
+#[tokio::test]
+async fn malformed_requests_get_one_error_shape_naming_the_fault() {
+    let h = harness();
+    let post = |body: String| {
+        let app = h.app.clone();
+        async move {
+            call(
+                &app,
+                Method::POST,
+                "/v1/admission",
+                Some("root"),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (s, b) = post("{\"team\": \"ml\",\n \"gpus\": }".into()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(b["error"]["code"], "malformed_json");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 2 column 10"),
+        "{b}"
+    );
+
+    for (body, field) in [
+        (
+            json!({"team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": "two"}),
+            "gpus",
+        ),
+        (ask("ml", "ada", -1), "gpus"),
+        (ask("ml", "ada", 0), "gpus"),
+        (
+            json!({"team": "ml", "project": "p", "workload": "training", "gpus": 1}),
+            "user",
+        ),
+        (
+            json!({"team": "ml", "user": "ada", "project": "p", "workload": "gaming", "gpus": 1}),
+            "workload",
+        ),
+        (
+            json!({"team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1, "duration": "soon"}),
+            "duration",
+        ),
+        (
+            json!({"team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1, "colour": "red"}),
+            "colour",
+        ),
+        (
+            json!({"team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1, "labels": {"a": 1}}),
+            "labels.a",
+        ),
+    ] {
+        let (s, b) = post(body.to_string()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
+        assert_eq!(b["error"]["code"], "invalid_field");
+        assert_eq!(b["error"]["field"], field, "{body}: {b}");
+    }
+
+    let (s, b) = post(ask("nope", "ada", 1).to_string()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(b["error"]["code"], "not_found");
+
+    let mut big = ask("ml", "ada", 1);
+    big["labels"] = json!({"x": "y".repeat(2000)});
+    let (s, b) = post(big.to_string()).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(b["error"]["code"], "payload_too_large");
+    assert!(b["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1024 bytes"));
+
+    let (s, b) = call(&h.app, Method::GET, "/v1/teams/nope", Some("root"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    let (s, b) = call(&h.app, Method::GET, "/v1/leases/nope", Some("root"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    let (s, b) = call(
+        &h.app,
+        Method::GET,
+        "/v1/leases?state=sleeping",
+        Some("root"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+}
+
+#[tokio::test]
+async fn leases_are_listed_extended_resized_and_released() {
+    let h = harness();
+    let app = &h.app;
+    let (_, b) = admit(app, "ada", ask("ml", "ada", 2)).await;
+    let id = b["lease"]["id"].as_str().unwrap().to_string();
+    admit(app, "portal", ask("ml", "bob", 1)).await;
+
+    let (_, all) = call(
+        app,
+        Method::GET,
+        "/v1/leases?team=ml&state=active",
+        Some("watcher"),
+        None,
+    )
+    .await;
+    assert_eq!(all.as_array().unwrap().len(), 2);
+
+    // Extend: 2 h + 1 h fits the 4 h limit; another 2 h does not, except for an admin.
+    let extend = format!("/v1/leases/{id}/extend");
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &extend,
+        Some("ada"),
+        Some(json!({"duration": "1h"}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["expires_at"], NOW + 3 * 3_600_000);
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &extend,
+        Some("ada"),
+        Some(json!({"duration": "2h"}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 4h"),
+        "{b}"
+    );
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &extend,
+        Some("root"),
+        Some(json!({"duration": "2h"}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["expires_at"], NOW + 5 * 3_600_000);
+
+    // Resize: up to 6, refused past the workload cap, down to 1.
+    let resize = format!("/v1/leases/{id}/resize");
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &resize,
+        Some("ada"),
+        Some(json!({"gpus": 6}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["decision"], "admitted");
+    assert_eq!(b["lease"]["gpu_count"], 6);
+    let uuids: std::collections::BTreeSet<&str> = b["lease"]["gpu_uuids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap())
+        .collect();
+    assert_eq!(uuids.len(), 6);
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &resize,
+        Some("ada"),
+        Some(json!({"gpus": 9}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["decision"], "denied");
+    assert_eq!(b["reasons"][0]["code"], "workload_limit");
+    let (_, b) = call(
+        app,
+        Method::POST,
+        &resize,
+        Some("ada"),
+        Some(json!({"gpus": 1}).to_string()),
+    )
+    .await;
+    assert_eq!(b["lease"]["gpu_count"], 1);
+    assert_eq!(
+        *h.driver.calls.lock().unwrap(),
+        vec!["provision 2", "provision 1", "resize 6", "resize 1"]
+    );
+
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &format!("/v1/leases/{id}/release"),
+        Some("root"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["release_reason"], "admin");
+    let (_, team) = call(app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
+    assert_eq!(team["gpus_held"], 1);
+    let events: Vec<String> = h
+        .state
+        .store()
+        .outbox_pending(100)
+        .unwrap()
+        .iter()
+        .filter(|r| r.topic == "gpuwarden.leases")
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.payload).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        events,
+        ["granted", "granted", "resized", "resized", "released"]
+    );
+}
+
+#[tokio::test]
+async fn a_lease_the_substrate_cannot_start_fails_and_frees_its_gpus() {
+    let h = harness();
+    h.driver.fail_provision.store(true, Ordering::Relaxed);
+    let (s, b) = admit(&h.app, "ada", ask("ml", "ada", 4)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert_eq!(b["error"]["code"], "substrate_unavailable");
+    let (_, leases) = call(
+        &h.app,
+        Method::GET,
+        "/v1/leases?state=failed",
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_eq!(leases[0]["release_reason"], "failed");
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
+    assert_eq!(team["gpus_held"], 0);
+}
+
+#[tokio::test]
+async fn health_and_the_committed_openapi_document() {
+    let h = harness();
+    let (s, b) = call(&h.app, Method::GET, "/healthz", None, None).await;
+    assert_eq!((s, b), (StatusCode::OK, Value::String("ok\n".into())));
+
+    let response = h
+        .app
+        .clone()
+        .oneshot(Request::get("/openapi.json").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let served = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(served, openapi_json());
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("openapi.json");
+    if std::env::var_os("GPUWARDEN_BLESS").is_some() {
+        std::fs::write(&path, &served).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == served,
+        "enforcer/openapi.json differs from the API; if the change is deliberate, run \
+         `GPUWARDEN_BLESS=1 cargo test -p gpuwarden-enforcer --test api` and commit the result"
+    );
+    let doc: Value = serde_json::from_str(&served).unwrap();
+    for path in [
+        "/v1/admission",
+        "/v1/leases",
+        "/v1/leases/{id}",
+        "/v1/leases/{id}/release",
+        "/v1/leases/{id}/extend",
+        "/v1/leases/{id}/resize",
+        "/v1/teams/{team}",
+        "/healthz",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing");
+    }
+}

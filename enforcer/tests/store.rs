@@ -1,0 +1,310 @@
+//! The lease store against a real SQLite file: admission is atomic under concurrency, leases and
+//! quota survive a restart, the outbox holds every change in order, and the state machine refuses
+//! invalid transitions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuwarden_enforcer::drivers::{Gpu, Inventory};
+use gpuwarden_enforcer::policy::{
+    evaluate, AdmissionRequest, Principal, ReasonCode, Request, Snapshot, SubstrateState,
+};
+use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Store, StoreError};
+use gpuwarden_schema::config::{Config, Role, TeamConfig};
+use gpuwarden_schema::{ReleaseReason, Workload};
+
+const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+fn config(quota: u32) -> Arc<Config> {
+    Arc::new(Config {
+        teams: vec![TeamConfig {
+            name: "ml".into(),
+            members: Vec::new(),
+            gpu_quota: quota,
+            monthly_budget_usd: 1e9,
+            allowed_models: Vec::new(),
+        }],
+        ..Config::default()
+    })
+}
+
+fn inventory(gpus: u32) -> SubstrateState {
+    SubstrateState {
+        name: "sim".into(),
+        inventory: Inventory {
+            gpus: (0..gpus)
+                .map(|i| Gpu {
+                    uuid: format!("GPU-{i}"),
+                    host: format!("h{}", i / 8),
+                    index: i % 8,
+                    model: "NVIDIA H100 80GB HBM3".into(),
+                })
+                .collect(),
+            pooled: Vec::new(),
+        },
+        ..SubstrateState::default()
+    }
+}
+
+fn request(gpus: u32) -> Request {
+    Request {
+        principal: Principal {
+            name: "root".into(),
+            role: Role::Admin,
+            teams: Vec::new(),
+        },
+        admission: AdmissionRequest {
+            team: "ml".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: Workload::Training,
+            gpus,
+            gpu_model: None,
+            substrate: None,
+            duration: Some(Duration::from_secs(3600)),
+            labels: None,
+            dry_run: false,
+        },
+    }
+}
+
+/// Admits through the store exactly as the API does: the policy runs inside the transaction.
+fn admit(store: &Store, config: &Arc<Config>, gpus: u32, inventory_gpus: u32) -> bool {
+    let req = request(gpus);
+    let (decision, lease) = store
+        .admit(NOW, &config.pricing, &req.admission, |ledger| {
+            let mut sub = inventory(inventory_gpus);
+            sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
+            let snapshot = Snapshot {
+                config: config.clone(),
+                held_gpus: ledger.held_gpus.clone(),
+                spend_usd: ledger.spend_usd.clone(),
+                blocked: ledger.blocked.clone(),
+                substrates: vec![sub],
+            };
+            evaluate(&req, &snapshot)
+        })
+        .unwrap();
+    assert_eq!(decision.admitted(), lease.is_some());
+    lease.is_some()
+}
+
+fn open_gpus(store: &Store) -> Vec<String> {
+    store
+        .leases(&LeaseFilter::default())
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.state.is_open())
+        .flat_map(|l| l.gpu_uuids)
+        .collect()
+}
+
+fn concurrent(path: &Path, quota: u32, inventory_gpus: u32) -> (usize, u32) {
+    let config = config(quota);
+    Store::open(path).unwrap();
+    let threads: Vec<_> = (0..200)
+        .map(|_| {
+            let (path, config) = (path.to_path_buf(), config.clone());
+            // Each thread has its own connection, so only SQLite's write lock serializes them.
+            std::thread::spawn(move || {
+                admit(&Store::open(&path).unwrap(), &config, 1, inventory_gpus)
+            })
+        })
+        .collect();
+    let admitted = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .filter(|a| *a)
+        .count();
+    let store = Store::open(path).unwrap();
+    let held = store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"];
+    (admitted, held)
+}
+
+#[test]
+fn two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let (admitted, held) = concurrent(&path, 16, 64);
+    assert_eq!(admitted, 16);
+    assert_eq!(held, 16);
+    let store = Store::open(&path).unwrap();
+    let gpus = open_gpus(&store);
+    assert_eq!(gpus.len(), 16);
+    // Denials are audited too: 16 admits + 16 grants + 184 denials.
+    assert_eq!(store.outbox_pending(1000).unwrap().len(), 16 * 2 + 184);
+}
+
+#[test]
+fn two_hundred_concurrent_admissions_never_place_a_gpu_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let (admitted, held) = concurrent(&path, 1000, 8);
+    assert_eq!((admitted, held), (8, 8));
+    let gpus = open_gpus(&Store::open(&path).unwrap());
+    let distinct: BTreeSet<&String> = gpus.iter().collect();
+    assert_eq!(distinct.len(), 8, "{gpus:?}");
+}
+
+#[test]
+fn leases_and_quota_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let config = config(4);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 1);
+    assert!(admit(&store, &config, 3, 8));
+    let before = store.leases(&LeaseFilter::default()).unwrap();
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 1);
+    let after = store.leases(&LeaseFilter::default()).unwrap();
+    assert_eq!(before, after);
+    assert_eq!(after[0].gpu_count, 3);
+    assert_eq!(after[0].expires_at, Some(NOW + 3_600_000));
+    assert_eq!(
+        store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"],
+        3
+    );
+    // The quota still counts the lease from before the restart.
+    assert!(!admit(&store, &config, 2, 8));
+    assert!(admit(&store, &config, 1, 8));
+    assert!(
+        dir.path().join("enforcer.db-wal").exists(),
+        "not in WAL mode"
+    );
+}
+
+#[test]
+fn the_outbox_holds_every_change_in_order_until_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("e.db")).unwrap();
+    let config = config(4);
+    assert!(admit(&store, &config, 2, 8));
+    assert!(!admit(&store, &config, 3, 8));
+    let id = store.leases(&LeaseFilter::default()).unwrap()[0].id.clone();
+    store
+        .transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, "")
+        .unwrap();
+    store
+        .transition(
+            &id,
+            LeaseState::Released,
+            NOW + 2,
+            ReleaseReason::User,
+            "done",
+        )
+        .unwrap();
+
+    let rows = store.outbox_pending(10).unwrap();
+    let kinds: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r.payload).unwrap();
+            let kind = v.get("event").or(v.get("action")).unwrap();
+            (r.topic.clone(), kind.as_str().unwrap().to_string())
+        })
+        .collect();
+    let expected = [
+        ("gpuwarden.leases", "granted"),
+        ("gpuwarden.actions", "admit"),
+        ("gpuwarden.actions", "deny"),
+        ("gpuwarden.leases", "released"),
+        ("gpuwarden.actions", "reclaim"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(kinds, expected);
+    let deny: serde_json::Value = serde_json::from_str(&rows[2].payload).unwrap();
+    assert_eq!(deny["reason"], "quota_exceeded");
+    let released: serde_json::Value = serde_json::from_str(&rows[3].payload).unwrap();
+    assert_eq!(released["reason"], "user");
+    assert_eq!(rows[0].key, id);
+
+    store
+        .outbox_mark_published(&[rows[0].id, rows[1].id], NOW + 3)
+        .unwrap();
+    let rest = store.outbox_pending(10).unwrap();
+    assert_eq!(rest.len(), 3);
+    assert_eq!(rest[0].id, rows[2].id);
+    // Released GPUs no longer count.
+    assert_eq!(
+        store
+            .ledger(NOW, &config.pricing)
+            .unwrap()
+            .held_gpus
+            .get("ml"),
+        None
+    );
+}
+
+#[test]
+fn invalid_transitions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("e.db")).unwrap();
+    assert!(admit(&store, &config(4), 1, 8));
+    let id = store.leases(&LeaseFilter::default()).unwrap()[0].id.clone();
+    store
+        .transition(&id, LeaseState::Released, NOW, ReleaseReason::Admin, "")
+        .unwrap();
+    let err = store
+        .transition(&id, LeaseState::Active, NOW, ReleaseReason::User, "")
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidTransition { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!("lease {id} is released and cannot become active")
+    );
+    assert!(matches!(
+        store.transition("nope", LeaseState::Active, NOW, ReleaseReason::User, ""),
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+#[test]
+fn expiry_spend_and_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("e.db")).unwrap();
+    let config = config(8);
+    assert!(admit(&store, &config, 2, 8));
+    assert!(store.due_for_expiry(NOW + 3_599_999).unwrap().is_empty());
+    assert_eq!(store.due_for_expiry(NOW + 3_600_000).unwrap().len(), 1);
+
+    // $2/GPU-hour default: a signal of $100 half an hour in, then 2 GPUs for another half hour.
+    store
+        .record_team_spend("ml", 100.0, 4.0, NOW + 1_800_000)
+        .unwrap();
+    store.record_team_spend("ml", 1.0, 4.0, NOW).unwrap(); // older: ignored
+    let ledger = store.ledger(NOW + 3_600_000, &config.pricing).unwrap();
+    assert!(
+        (ledger.spend_usd["ml"] - 102.0).abs() < 1e-9,
+        "{:?}",
+        ledger.spend_usd
+    );
+
+    store.block_team("ml", "budget", NOW).unwrap();
+    assert!(!admit(&store, &config, 1, 8));
+    store.unblock_team("ml", NOW).unwrap();
+    assert!(admit(&store, &config, 1, 8));
+    let actions: BTreeMap<String, usize> = store
+        .outbox_pending(100)
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r.payload).ok()?;
+            Some(v.get("action")?.as_str()?.to_string())
+        })
+        .fold(BTreeMap::new(), |mut m, a| {
+            *m.entry(a).or_default() += 1;
+            m
+        });
+    assert_eq!(actions["block"], 1);
+    assert_eq!(actions["unblock"], 1);
+    assert_eq!(actions["deny"], 1);
+    let _ = ReasonCode::TeamBlocked;
+}
