@@ -312,6 +312,7 @@ pub struct ResizeRequest {
 /// Query of `GET /v1/leases`.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LeaseQuery {
     /// Only this team's leases.
     pub team: Option<String>,

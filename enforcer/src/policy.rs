@@ -90,7 +90,9 @@ pub struct AdmissionRequest {
     pub dry_run: bool,
 }
 
-/// The kinds of work, as JSON names them (documentation only; the type is `schema::Workload`).
+/// The kind of work; each has its own policy in `[workloads.<kind>]`.
+// `schema::Workload` carries no OpenAPI derive (schema stays free of HTTP concerns); this enum
+// stands for it in the document.
 #[derive(ToSchema)]
 #[schema(as = Workload)]
 #[serde(rename_all = "snake_case")]
