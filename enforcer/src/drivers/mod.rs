@@ -4,12 +4,30 @@
 //!
 //! Adding a substrate is one module here, one [`Driver`] impl, and one arm in [`build`]. Every
 //! driver runs the same contract suite (`tests/drivers.rs`).
+//!
+//! - [`simulated`]: the simulated fleet; remembers which leases it was told to run, in
+//!   `<state_dir>/leases.json`, so that a restarted enforcer re-adopts them.
+//! - [`local`]: one bare-metal host; runs each lease's command as a child process and keeps its
+//!   pid in `<state_dir>/<lease_id>.json`.
+//! - [`webhook`]: an external provisioner called with signed JSON over HTTP.
+//!
+//! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
+//! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
+//! [`DriverError::Rejected`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gpuwarden_schema::config::{DriverKind, SubstrateConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
+
+pub mod local;
+pub mod simulated;
+pub mod webhook;
+
+pub use local::LocalDriver;
+pub use simulated::SimulatedDriver;
+pub use webhook::WebhookDriver;
 
 /// One GPU a substrate can hand out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,14 +149,69 @@ pub fn build(
     config: &SubstrateConfig,
     context: &DriverContext,
 ) -> Result<Box<dyn Driver>, DriverError> {
-    let _ = context;
-    match config.driver {
-        DriverKind::Simulated | DriverKind::Local | DriverKind::Webhook => {
-            Err(DriverError::Config {
-                substrate: config.name.clone(),
-                field: "driver",
-                message: format!("the {} driver is not built yet", config.driver.as_str()),
-            })
-        }
+    Ok(match config.driver {
+        DriverKind::Simulated => Box::new(SimulatedDriver::new(config, context)?),
+        DriverKind::Local => Box::new(LocalDriver::new(config, context)?),
+        DriverKind::Webhook => Box::new(WebhookDriver::new(config)?),
+    })
+}
+
+fn config_error(
+    config: &SubstrateConfig,
+    field: &'static str,
+    message: impl Into<String>,
+) -> DriverError {
+    DriverError::Config {
+        substrate: config.name.clone(),
+        field,
+        message: message.into(),
     }
+}
+
+/// Lease ids become file names under the state dir; anything that could leave it is refused.
+fn check_lease_id(substrate: &str, lease_id: &str) -> Result<(), DriverError> {
+    let ok = !lease_id.is_empty()
+        && lease_id.len() <= 200
+        && !lease_id.starts_with('.')
+        && lease_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(DriverError::Rejected {
+            substrate: substrate.to_owned(),
+            message: format!(
+                "lease id {lease_id:?} must be 1 to 200 ASCII letters, digits, '-', '_' or '.', \
+                 not starting with '.'"
+            ),
+        })
+    }
+}
+
+/// Creates the state dir; a driver that cannot keep state cannot promise re-adoption.
+fn state_dir(config: &SubstrateConfig, context: &DriverContext) -> Result<PathBuf, DriverError> {
+    std::fs::create_dir_all(&context.state_dir).map_err(|e| DriverError::Unavailable {
+        substrate: config.name.clone(),
+        message: format!(
+            "cannot create the state directory {}: {e}",
+            context.state_dir.display()
+        ),
+    })?;
+    Ok(context.state_dir.clone())
+}
+
+/// Writes `bytes` to `path` so that a reader (or a crash) sees the old content or the new, never
+/// a mix: a temporary file in the same directory, synced, then renamed over `path`.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
 }

@@ -1,0 +1,964 @@
+//! The substrate driver contract, written once and run against every driver, then each driver's
+//! own promises: the local driver with real child processes, the webhook driver against a real
+//! HTTP provisioner on 127.0.0.1 that checks signatures.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, ensure, Context as _};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use gpuwarden_enforcer::drivers::{
+    self, build, DriverContext, DriverError, Inventory, LeaseSpec, LeaseStatus,
+};
+use gpuwarden_schema::config::SubstrateConfig;
+use gpuwarden_schema::{ReleaseReason, Workload};
+use serde_json::{json, Value};
+
+fn substrate(text: &str) -> SubstrateConfig {
+    toml::from_str(text).expect("test config parses")
+}
+
+fn context(dir: &Path) -> DriverContext {
+    DriverContext {
+        state_dir: dir.join("drivers").join("test"),
+    }
+}
+
+fn lease(id: &str, model: &str, gpu_uuids: Vec<String>, command: Option<Vec<String>>) -> LeaseSpec {
+    LeaseSpec {
+        lease_id: id.to_owned(),
+        team: "vision".to_owned(),
+        user: "ada".to_owned(),
+        project: "detector".to_owned(),
+        workload: Workload::Training,
+        gpu_model: model.to_owned(),
+        gpu_count: u32::try_from(gpu_uuids.len().max(1)).expect("small"),
+        gpu_uuids,
+        command,
+        labels: BTreeMap::from([("run".to_owned(), "42".to_owned())]),
+    }
+}
+
+fn argv(args: &[&str]) -> Option<Vec<String>> {
+    Some(args.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// Inventory is non-empty and names each GPU once, each (host, index) once.
+fn check_inventory(inventory: &Inventory) -> anyhow::Result<()> {
+    ensure!(
+        !inventory.gpus.is_empty() || !inventory.pooled.is_empty(),
+        "empty inventory"
+    );
+    let uuids: BTreeSet<&str> = inventory.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    ensure!(
+        uuids.len() == inventory.gpus.len(),
+        "a UUID is listed twice"
+    );
+    let places: BTreeSet<(&str, u32)> = inventory
+        .gpus
+        .iter()
+        .map(|g| (g.host.as_str(), g.index))
+        .collect();
+    ensure!(
+        places.len() == inventory.gpus.len(),
+        "a (host, index) is listed twice"
+    );
+    for gpu in &inventory.gpus {
+        ensure!(
+            gpu.uuid.starts_with("GPU-"),
+            "{} is not an NVML UUID",
+            gpu.uuid
+        );
+        ensure!(
+            !gpu.host.is_empty() && !gpu.model.is_empty(),
+            "{gpu:?} lacks host or model"
+        );
+    }
+    for (model, count) in &inventory.pooled {
+        ensure!(
+            !model.is_empty() && *count > 0,
+            "pooled entry {model:?} x {count}"
+        );
+    }
+    Ok(())
+}
+
+/// Up to `n` GPUs of one model on one host, or none on a pooled substrate.
+fn pick(inventory: &Inventory, n: usize) -> (String, Vec<String>) {
+    match inventory.gpus.first() {
+        Some(first) => (
+            first.model.clone(),
+            inventory
+                .gpus
+                .iter()
+                .filter(|g| g.host == first.host && g.model == first.model)
+                .take(n)
+                .map(|g| g.uuid.clone())
+                .collect(),
+        ),
+        None => (inventory.pooled[0].0.clone(), Vec::new()),
+    }
+}
+
+/// What a driver's documentation says a resize of a running lease to other GPUs does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ResizeMoves {
+    /// The lease now holds the new GPUs.
+    Yes,
+    /// Rejected (local: a process cannot change its CUDA_VISIBLE_DEVICES).
+    Rejected,
+}
+
+struct Subject {
+    config: SubstrateConfig,
+    context: DriverContext,
+    command: Option<Vec<String>>,
+    resize_moves: ResizeMoves,
+}
+
+/// The contract every driver keeps.
+async fn contract(subject: Subject) -> anyhow::Result<()> {
+    let Subject {
+        config,
+        context,
+        command,
+        resize_moves,
+    } = subject;
+    let driver = build(&config, &context)?;
+    assert_eq!(driver.name(), config.name);
+    let inventory = driver.inventory().await?;
+    check_inventory(&inventory)?;
+
+    let (model, gpus) = pick(&inventory, 2);
+    let one = lease(
+        "lease-contract-1",
+        &model,
+        gpus.iter().take(1).cloned().collect(),
+        command.clone(),
+    );
+    let two = LeaseSpec {
+        gpu_uuids: gpus.clone(),
+        gpu_count: 2,
+        ..one.clone()
+    };
+    let id = one.lease_id.as_str();
+
+    assert_eq!(
+        driver.status(id).await?,
+        LeaseStatus::Gone,
+        "before provision"
+    );
+    driver.provision(&one).await?;
+    assert_eq!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after provision"
+    );
+    driver.provision(&one).await.context("provisioning twice")?;
+    assert_eq!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after provisioning twice"
+    );
+
+    driver
+        .resize(&one)
+        .await
+        .context("resizing to the same GPUs")?;
+    match (resize_moves, driver.resize(&two).await) {
+        (ResizeMoves::Yes, Ok(())) | (ResizeMoves::Rejected, Err(DriverError::Rejected { .. })) => {
+        }
+        (expected, got) => bail!("resize to two GPUs: expected {expected:?}, got {got:?}"),
+    }
+    assert_eq!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after resize"
+    );
+
+    // A restart: a new instance over the same config and state dir re-adopts the lease.
+    drop(driver);
+    let driver = build(&config, &context)?;
+    assert_eq!(
+        driver.inventory().await?,
+        inventory,
+        "inventory after restart"
+    );
+    assert_eq!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after restart"
+    );
+
+    driver.reclaim(id, ReleaseReason::User).await?;
+    assert_ne!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after reclaim"
+    );
+    driver
+        .reclaim(id, ReleaseReason::User)
+        .await
+        .context("reclaiming twice")?;
+    assert_ne!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "after reclaiming twice"
+    );
+
+    drop(driver);
+    let driver = build(&config, &context)?;
+    assert_ne!(
+        driver.status(id).await?,
+        LeaseStatus::Running,
+        "reclaimed, after restart"
+    );
+    assert_eq!(driver.status("lease-never-seen").await?, LeaseStatus::Gone);
+    driver
+        .reclaim("lease-never-seen", ReleaseReason::Admin)
+        .await?;
+    Ok(())
+}
+
+const SIMULATED: &str = r#"
+name = "sim"
+driver = "simulated"
+hosts = [
+  { prefix = "sim-h100", count = 2, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" },
+  { prefix = "sim-l40s", count = 1, gpus = 4, gpu_model = "NVIDIA L40S" },
+]
+"#;
+
+fn local_config(grace: &str) -> SubstrateConfig {
+    substrate(&format!(
+        r#"
+name = "workstation"
+driver = "local"
+host = "ws-1"
+gpu_model = "NVIDIA RTX A6000"
+gpu_uuids = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111",
+             "GPU-22222222-2222-2222-2222-222222222222", "GPU-33333333-3333-3333-3333-333333333333"]
+grace_period = "{grace}"
+"#
+    ))
+}
+
+fn webhook_config(url: &str, extra: &str) -> SubstrateConfig {
+    substrate(&format!(
+        r#"
+name = "portal"
+driver = "webhook"
+url = "{url}"
+gpu_model = "NVIDIA A100-SXM4-80GB"
+capacity = 32
+{extra}
+"#
+    ))
+}
+
+#[tokio::test]
+async fn contract_simulated() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    contract(Subject {
+        config: substrate(SIMULATED),
+        context: context(dir.path()),
+        command: None,
+        resize_moves: ResizeMoves::Yes,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn contract_local_with_a_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    contract(Subject {
+        config: local_config("1s"),
+        context: context(dir.path()),
+        command: argv(&["sleep", "30"]),
+        resize_moves: ResizeMoves::Rejected,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn contract_local_holding_gpus_without_a_command() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    contract(Subject {
+        config: local_config("1s"),
+        context: context(dir.path()),
+        command: None,
+        resize_moves: ResizeMoves::Yes,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn contract_webhook() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Provisioner::start("s3cret").await;
+    contract(Subject {
+        config: webhook_config(&server.url, r#"secret = "s3cret""#),
+        context: context(dir.path()),
+        command: None,
+        resize_moves: ResizeMoves::Yes,
+    })
+    .await?;
+    let calls = server.calls();
+    assert!(calls.iter().any(|c| c.action == "resize"), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c.signature_ok),
+        "every call was signed"
+    );
+    Ok(())
+}
+
+// ---- simulated ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn simulated_inventory_is_the_collector_fleet() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = substrate(SIMULATED);
+    let driver = build(&config, &context(dir.path()))?;
+    let fleet = gpuwarden_schema::fleet::simulated_inventory(&config);
+    let inventory = driver.inventory().await?;
+    assert_eq!(inventory.gpus.len(), 20);
+    assert_eq!(fleet.len(), 20);
+    for (gpu, sim) in inventory.gpus.iter().zip(&fleet) {
+        assert_eq!(
+            (&gpu.uuid, &gpu.host, gpu.index, &gpu.model),
+            (&sim.uuid, &sim.host, sim.index, &sim.model)
+        );
+    }
+    let unknown = lease("lease-x", "NVIDIA L40S", vec!["GPU-not-here".into()], None);
+    assert!(matches!(
+        driver.provision(&unknown).await,
+        Err(DriverError::Rejected { .. })
+    ));
+    Ok(())
+}
+
+// ---- local ----------------------------------------------------------------------------------
+
+fn record_pid(context: &DriverContext, lease_id: &str) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(context.state_dir.join(format!("{lease_id}.json")))?;
+    let value: Value = serde_json::from_str(&text)?;
+    let pid = value["process"]["pid"]
+        .as_i64()
+        .context("record has a pid")?;
+    Ok(i32::try_from(pid)?)
+}
+
+/// Alive and not a zombie (the test process is the parent of a re-adopted child and never
+/// reaps it).
+fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat.rfind(')') {
+            Some(i) => !stat[i + 1..].trim_start().starts_with(['Z', 'X']),
+            None => false,
+        },
+        Err(_) => false,
+    }
+}
+
+async fn wait_for_file(path: &Path) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return Ok(text);
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn local_child_sees_its_gpus_and_lease_id_and_logs_to_the_state_dir() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = local_config("1s");
+    let ctx = context(dir.path());
+    let driver = build(&config, &ctx)?;
+    let env_file = dir.path().join("env.txt");
+    let gpus = vec![config.gpu_uuids[2].clone(), config.gpu_uuids[0].clone()];
+    let spec = lease(
+        "lease-env",
+        "NVIDIA RTX A6000",
+        gpus,
+        argv(&[
+            "sh",
+            "-c",
+            r#"echo "to the log"; printf '%s\n%s\n' "$CUDA_VISIBLE_DEVICES" "$GPUWARDEN_LEASE_ID" > "$0"; exec sleep 30"#,
+            env_file.to_str().context("utf-8 path")?,
+        ]),
+    );
+    driver.provision(&spec).await?;
+    assert_eq!(wait_for_file(&env_file).await?, "2,0\nlease-env\n");
+    let log = wait_for_file(&ctx.state_dir.join("lease-env.log")).await?;
+    assert_eq!(log, "to the log\n");
+    let pid = record_pid(&ctx, "lease-env")?;
+    assert!(process_alive(pid));
+
+    // The lease's GPUs are taken, the others are not, and only configured GPUs exist.
+    let clash = lease(
+        "lease-clash",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[0].clone()],
+        None,
+    );
+    assert!(matches!(
+        driver.provision(&clash).await,
+        Err(DriverError::Rejected { .. })
+    ));
+    let free = lease(
+        "lease-free",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[1].clone()],
+        None,
+    );
+    driver.provision(&free).await?;
+    let stranger = lease(
+        "lease-stranger",
+        "NVIDIA RTX A6000",
+        vec!["GPU-elsewhere".into()],
+        None,
+    );
+    assert!(matches!(
+        driver.provision(&stranger).await,
+        Err(DriverError::Rejected { .. })
+    ));
+
+    // A polite process ends on SIGTERM, well before the grace period.
+    let started = Instant::now();
+    driver.reclaim("lease-env", ReleaseReason::Idle).await?;
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(driver.status("lease-env").await?, LeaseStatus::Exited(None));
+    assert!(!process_alive(pid));
+    assert!(!ctx.state_dir.join("lease-env.json").exists());
+    driver.reclaim("lease-free", ReleaseReason::User).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_sigkill_follows_sigterm_after_the_grace_period() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = context(dir.path());
+    let config = local_config("600ms");
+    let driver = build(&config, &ctx)?;
+    let ready = dir.path().join("ready");
+    let spec = lease(
+        "lease-stubborn",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[3].clone()],
+        argv(&[
+            "sh",
+            "-c",
+            r#"trap 'echo got TERM' TERM; echo $$ > "$0"; while :; do sleep 0.05; done"#,
+            ready.to_str().context("utf-8 path")?,
+        ]),
+    );
+    driver.provision(&spec).await?;
+    wait_for_file(&ready).await?;
+    let started = Instant::now();
+    driver
+        .reclaim("lease-stubborn", ReleaseReason::Budget)
+        .await?;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(600),
+        "SIGKILL came before the grace period: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "reclaim took {took:?}");
+    // Killed by a signal: no exit code.
+    assert_eq!(
+        driver.status("lease-stubborn").await?,
+        LeaseStatus::Exited(None)
+    );
+    let log = std::fs::read_to_string(ctx.state_dir.join("lease-stubborn.log"))?;
+    assert!(
+        log.contains("got TERM"),
+        "the child saw SIGTERM first: {log:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_reports_the_exit_code_of_a_process_that_ended() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = local_config("1s");
+    let driver = build(&config, &context(dir.path()))?;
+    let spec = lease(
+        "lease-batch",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[0].clone()],
+        argv(&["sh", "-c", "exit 3"]),
+    );
+    driver.provision(&spec).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match driver.status("lease-batch").await? {
+            LeaseStatus::Exited(code) => {
+                assert_eq!(code, Some(3));
+                break;
+            }
+            LeaseStatus::Running => {}
+            LeaseStatus::Gone => bail!("the driver lost its own child"),
+        }
+        ensure!(Instant::now() < deadline, "the process never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its GPU is free again.
+    let next = lease(
+        "lease-next",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[0].clone()],
+        None,
+    );
+    driver.provision(&next).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_restart_readopts_live_children_and_reports_dead_ones_gone() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = context(dir.path());
+    let config = local_config("2s");
+    let driver = build(&config, &ctx)?;
+    for (id, gpu) in [("lease-live", 0), ("lease-dead", 1)] {
+        let spec = lease(
+            id,
+            "NVIDIA RTX A6000",
+            vec![config.gpu_uuids[gpu].clone()],
+            argv(&["sleep", "30"]),
+        );
+        driver.provision(&spec).await?;
+    }
+    let live = record_pid(&ctx, "lease-live")?;
+    let dead = record_pid(&ctx, "lease-dead")?;
+    drop(driver);
+
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &dead.to_string()])
+        .status()?;
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_alive(dead) {
+        ensure!(Instant::now() < deadline, "kill -KILL did not end {dead}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let driver = build(&config, &ctx)?;
+    assert_eq!(driver.status("lease-live").await?, LeaseStatus::Running);
+    assert_eq!(driver.status("lease-dead").await?, LeaseStatus::Gone);
+    // The dead lease's GPU is free; the live one's is still held.
+    let on_dead = lease(
+        "lease-after",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[1].clone()],
+        None,
+    );
+    driver.provision(&on_dead).await?;
+    let on_live = lease(
+        "lease-clash",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[0].clone()],
+        None,
+    );
+    assert!(matches!(
+        driver.provision(&on_live).await,
+        Err(DriverError::Rejected { .. })
+    ));
+
+    // Reclaim still reaches the re-adopted process by its pid.
+    driver.reclaim("lease-live", ReleaseReason::Admin).await?;
+    assert!(!process_alive(live), "re-adopted process survived reclaim");
+    assert_ne!(driver.status("lease-live").await?, LeaseStatus::Running);
+    driver.reclaim("lease-dead", ReleaseReason::Admin).await?;
+    assert!(!ctx.state_dir.join("lease-dead.json").exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_never_takes_a_recycled_pid_for_its_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = context(dir.path());
+    std::fs::create_dir_all(&ctx.state_dir)?;
+    // A record naming this very test process, with a start time it does not have.
+    let me = std::process::id();
+    std::fs::write(
+        ctx.state_dir.join("lease-old.json"),
+        serde_json::to_vec(&json!({
+            "lease_id": "lease-old",
+            "gpu_uuids": ["GPU-00000000-0000-0000-0000-000000000000"],
+            "process": {"pid": me, "start_time": 1},
+        }))?,
+    )?;
+    let driver = build(&local_config("1s"), &ctx)?;
+    assert_eq!(driver.status("lease-old").await?, LeaseStatus::Gone);
+    // Were it signalled, this test would not finish.
+    driver.reclaim("lease-old", ReleaseReason::Admin).await?;
+    assert!(!ctx.state_dir.join("lease-old.json").exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_refuses_lease_ids_that_are_not_file_names() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = local_config("1s");
+    let driver = build(&config, &context(dir.path()))?;
+    for id in ["../escape", ".hidden", "", "a/b"] {
+        let spec = lease(
+            id,
+            "NVIDIA RTX A6000",
+            vec![config.gpu_uuids[0].clone()],
+            None,
+        );
+        assert!(
+            matches!(
+                driver.provision(&spec).await,
+                Err(DriverError::Rejected { .. })
+            ),
+            "{id:?}"
+        );
+    }
+    Ok(())
+}
+
+// ---- config errors --------------------------------------------------------------------------
+
+#[test]
+fn a_bad_config_names_the_field_at_fault() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path());
+    let webhook = "name = \"w\"\ndriver = \"webhook\"\n";
+    let local = "name = \"l\"\ndriver = \"local\"\n";
+    let cases = [
+        (format!("{webhook}gpu_model = \"A100\"\ncapacity = 4"), "url"),
+        (
+            format!("{webhook}url = \"ftp://example.com/hook\"\ngpu_model = \"A100\"\ncapacity = 4"),
+            "url",
+        ),
+        (
+            format!("{webhook}url = \"http://127.0.0.1:9/hook\"\ngpu_model = \"A100\"\ncapacity = 0"),
+            "capacity",
+        ),
+        (
+            format!("{webhook}url = \"http://127.0.0.1:9/hook\"\ngpu_model = \"A100\""),
+            "capacity",
+        ),
+        (format!("{webhook}url = \"http://127.0.0.1:9/hook\"\ncapacity = 4"), "gpu_model"),
+        (
+            format!(
+                "{webhook}url = \"http://127.0.0.1:9/hook\"\ngpu_model = \"A100\"\ncapacity = 4\nsecret = \"\""
+            ),
+            "secret",
+        ),
+        (format!("{local}gpu_model = \"RTX A6000\""), "gpu_uuids"),
+        (format!("{local}gpu_uuids = [\"GPU-1\"]"), "gpu_model"),
+        (
+            format!("{local}gpu_model = \"RTX A6000\"\ngpu_uuids = [\"GPU-1\", \"GPU-1\"]"),
+            "gpu_uuids",
+        ),
+        ("name = \"s\"\ndriver = \"simulated\"".to_owned(), "hosts"),
+    ];
+    for (text, expected) in cases {
+        match build(&substrate(&text), &ctx) {
+            Err(DriverError::Config {
+                field, substrate, ..
+            }) => {
+                assert_eq!(field, expected, "{text}");
+                assert!(["w", "l", "s"].contains(&substrate.as_str()));
+            }
+            other => panic!("{text}: expected a Config error on {expected}, got {other:?}"),
+        }
+    }
+}
+
+// ---- webhook --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Seen {
+    action: String,
+    body: Value,
+    signature_ok: bool,
+    timestamp: u64,
+}
+
+/// A provisioner that checks signatures, records every call, can fail the first N calls with
+/// 503, can be slow, refuses leases labelled `reject`, and answers status from what it ran.
+#[derive(Default)]
+struct Provisioner {
+    secret: String,
+    fail_first: AtomicU32,
+    delay_ms: AtomicU32,
+    calls: Mutex<Vec<Seen>>,
+    leases: Mutex<HashMap<String, &'static str>>,
+}
+
+struct Server {
+    url: String,
+    state: Arc<Provisioner>,
+}
+
+impl Server {
+    fn calls(&self) -> Vec<Seen> {
+        self.state.calls.lock().expect("lock").clone()
+    }
+}
+
+impl Provisioner {
+    async fn start(secret: &str) -> Server {
+        let state = Arc::new(Provisioner {
+            secret: secret.to_owned(),
+            ..Provisioner::default()
+        });
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(answer))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Server {
+            url: format!("http://{addr}/hook"),
+            state,
+        }
+    }
+}
+
+async fn answer(
+    State(p): State<Arc<Provisioner>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let timestamp: u64 = header(drivers::webhook::TIMESTAMP_HEADER)
+        .parse()
+        .unwrap_or(0);
+    let expected = drivers::webhook::signature(p.secret.as_bytes(), timestamp, &body);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let signature_ok = header(drivers::webhook::SIGNATURE_HEADER) == expected
+        && timestamp.abs_diff(now) <= 300
+        && header("content-type") == "application/json";
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let action = value["action"].as_str().unwrap_or("").to_owned();
+    p.calls.lock().expect("lock").push(Seen {
+        action: action.clone(),
+        body: value.clone(),
+        signature_ok,
+        timestamp,
+    });
+    if !signature_ok {
+        return (StatusCode::UNAUTHORIZED, "bad signature".into());
+    }
+    if p.fail_first
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, "warming up".into());
+    }
+    let delay = p.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay.into())).await;
+    }
+    let id = value["lease"]["lease_id"].as_str().unwrap_or("").to_owned();
+    let mut leases = p.leases.lock().expect("lock");
+    match action.as_str() {
+        "provision" if value["lease"]["labels"]["reject"].is_string() => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "no A100s for this project".into(),
+        ),
+        "provision" => {
+            leases.insert(id, "running");
+            (StatusCode::OK, "{}".into())
+        }
+        "resize" if leases.get(&id) == Some(&"running") => (StatusCode::NO_CONTENT, String::new()),
+        "resize" => (StatusCode::CONFLICT, "not running".into()),
+        "reclaim" => {
+            leases.insert(id, "gone");
+            (StatusCode::OK, String::new())
+        }
+        "status" => {
+            let state = leases.get(&id).copied().unwrap_or("gone");
+            (StatusCode::OK, json!({ "state": state }).to_string())
+        }
+        _ => (StatusCode::BAD_REQUEST, "unknown action".into()),
+    }
+}
+
+fn pooled_lease(id: &str) -> LeaseSpec {
+    lease(id, "NVIDIA A100-SXM4-80GB", Vec::new(), None)
+}
+
+fn no_state() -> DriverContext {
+    DriverContext {
+        state_dir: "/nonexistent/webhook-keeps-no-state".into(),
+    }
+}
+
+#[tokio::test]
+async fn webhook_signs_and_sends_the_whole_lease() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    let driver = build(
+        &webhook_config(&server.url, r#"secret = "s3cret""#),
+        &no_state(),
+    )?;
+    driver.provision(&pooled_lease("lease-w1")).await?;
+    driver.reclaim("lease-w1", ReleaseReason::Idle).await?;
+    let calls = server.calls();
+    assert_eq!(calls.len(), 2);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    assert!(calls
+        .iter()
+        .all(|c| c.signature_ok && now.abs_diff(c.timestamp) <= 5));
+    assert_eq!(
+        calls[0].body,
+        json!({
+            "action": "provision",
+            "lease": {
+                "lease_id": "lease-w1", "team": "vision", "user": "ada", "project": "detector",
+                "workload": "training", "gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": 1,
+                "gpu_uuids": [], "command": null, "labels": {"run": "42"},
+            },
+        })
+    );
+    assert_eq!(
+        calls[1].body,
+        json!({"action": "reclaim", "lease": {"lease_id": "lease-w1"}, "reason": "idle"})
+    );
+    assert_eq!(
+        driver.inventory().await?.pooled,
+        vec![("NVIDIA A100-SXM4-80GB".to_owned(), 32)]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_with_the_wrong_secret_is_refused_once_not_retried() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    let driver = build(
+        &webhook_config(&server.url, r#"secret = "guess""#),
+        &no_state(),
+    )?;
+    let err = driver
+        .provision(&pooled_lease("lease-w2"))
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, DriverError::Rejected { .. }), "{err}");
+    assert!(err.to_string().contains("401"), "{err}");
+    assert_eq!(server.calls().len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_retries_5xx_with_backoff_until_it_succeeds() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    server.state.fail_first.store(2, Ordering::SeqCst);
+    let config = webhook_config(&server.url, "secret = \"s3cret\"\nretries = 3");
+    let driver = build(&config, &no_state())?;
+    let started = Instant::now();
+    driver.provision(&pooled_lease("lease-w3")).await?;
+    // Two failures: waits of 0.1 s and 0.2 s before the second and third attempts.
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.calls().len(), 3);
+    assert_eq!(driver.status("lease-w3").await?, LeaseStatus::Running);
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_gives_up_after_its_retries_as_unavailable() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    server.state.fail_first.store(100, Ordering::SeqCst);
+    let config = webhook_config(&server.url, "secret = \"s3cret\"\nretries = 2");
+    let driver = build(&config, &no_state())?;
+    let err = driver
+        .provision(&pooled_lease("lease-w4"))
+        .await
+        .expect_err("fails");
+    assert!(matches!(err, DriverError::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("503"), "{err}");
+    assert_eq!(server.calls().len(), 3, "one attempt and two retries");
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_does_not_retry_a_4xx() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    let driver = build(
+        &webhook_config(&server.url, r#"secret = "s3cret""#),
+        &no_state(),
+    )?;
+    let mut spec = pooled_lease("lease-w5");
+    spec.labels.insert("reject".into(), "yes".into());
+    let err = driver.provision(&spec).await.expect_err("refused");
+    assert!(matches!(err, DriverError::Rejected { .. }), "{err}");
+    assert!(
+        err.to_string().contains("no A100s for this project"),
+        "{err}"
+    );
+    assert_eq!(server.calls().len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_retries_a_timeout_then_is_unavailable() -> anyhow::Result<()> {
+    let server = Provisioner::start("s3cret").await;
+    server.state.delay_ms.store(2_000, Ordering::SeqCst);
+    let config = webhook_config(
+        &server.url,
+        "secret = \"s3cret\"\nretries = 1\ntimeout = \"200ms\"",
+    );
+    let driver = build(&config, &no_state())?;
+    let started = Instant::now();
+    let err = driver.status("lease-w6").await.expect_err("times out");
+    assert!(matches!(err, DriverError::Unavailable { .. }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.calls().len(), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn webhook_that_nobody_answers_is_unavailable() -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    drop(listener);
+    let config = webhook_config(&format!("http://{addr}/hook"), "retries = 1");
+    let driver = build(&config, &no_state())?;
+    let err = driver
+        .reclaim("lease-w7", ReleaseReason::User)
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, DriverError::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("2 attempt"), "{err}");
+    Ok(())
+}
