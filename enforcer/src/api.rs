@@ -26,7 +26,7 @@ use subtle::ConstantTimeEq;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{OpenApi, ToSchema};
 
-use crate::drivers::{Driver, LeaseSpec};
+use crate::drivers::{Driver, LeaseSpec, LeaseStatus};
 use crate::metrics::Metrics;
 use crate::policy::{
     self, AdmissionRequest, Decision, Estimate, Principal, Reason, Snapshot, SubstrateState,
@@ -340,6 +340,17 @@ pub struct TeamView {
     pub allowed_models: Vec<String>,
 }
 
+/// What [`AppState::readopt`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readoption {
+    /// Leases still running on their substrate, kept.
+    pub running: usize,
+    /// Leases whose substrate no longer runs them, marked failed.
+    pub failed: usize,
+    /// Leases whose substrate could not answer, left as they were.
+    pub unknown: usize,
+}
+
 /// Everything the handlers share. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -534,6 +545,7 @@ impl AppState {
         }
         let subs = self.inventories().await;
         let now = self.now();
+        let command = request.command.clone();
         let policy_request = policy::Request {
             principal: principal.clone(),
             admission: request.clone(),
@@ -549,7 +561,7 @@ impl AppState {
             .metrics
             .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));
         let lease = match lease {
-            Some(lease) => Some(self.provision(lease).await?),
+            Some(lease) => Some(self.provision(lease, command).await?),
             None => None,
         };
         Ok(AdmissionResponse::new(decision, lease))
@@ -580,10 +592,18 @@ impl AppState {
             })
     }
 
-    async fn provision(&self, lease: Lease) -> Result<Lease, ApiError> {
+    async fn provision(
+        &self,
+        lease: Lease,
+        command: Option<Vec<String>>,
+    ) -> Result<Lease, ApiError> {
         let driver = self.driver(&lease)?;
         let id = lease.id.clone();
-        match driver.provision(&Self::spec(&lease)).await {
+        let spec = LeaseSpec {
+            command,
+            ..Self::spec(&lease)
+        };
+        match driver.provision(&spec).await {
             Ok(()) => {
                 let now = self.now();
                 self.blocking(move |s| {
@@ -628,6 +648,80 @@ impl AppState {
         let detail = format!("released ({})", reason.as_str());
         self.blocking(move |s| s.transition(&owned, LeaseState::Released, now, reason, &detail))
             .await
+    }
+
+    /// Re-adopts the leases a previous run of the enforcer left open: each `granted` or `active`
+    /// lease's driver is asked for its status. `Running` keeps it (a `granted` one becomes
+    /// `active`); `Exited` or `Gone` marks it `failed`, which publishes its `released` event
+    /// (reason `failed`). A driver that cannot answer leaves the lease as it is, to be asked
+    /// again on the next start; `releasing` leases are left to a retried release.
+    pub async fn readopt(&self) -> Result<Readoption, ApiError> {
+        let mut report = Readoption::default();
+        let open = self.blocking(|s| s.leases(&LeaseFilter::default())).await?;
+        for lease in open {
+            if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
+                continue;
+            }
+            let driver = self.driver(&lease)?;
+            let status = match driver.status(&lease.id).await {
+                Ok(status) => status,
+                Err(e) => {
+                    self.inner.metrics.count_driver_error();
+                    tracing::warn!(lease_id = %lease.id, error = %e, "cannot ask the substrate about a lease; leaving it as it is");
+                    report.unknown += 1;
+                    continue;
+                }
+            };
+            let now = self.now();
+            let id = lease.id.clone();
+            match status {
+                LeaseStatus::Running => {
+                    if lease.state == LeaseState::Granted {
+                        self.blocking(move |s| {
+                            s.transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
+                        })
+                        .await?;
+                    }
+                    report.running += 1;
+                }
+                LeaseStatus::Exited(_) | LeaseStatus::Gone => {
+                    let detail = match status {
+                        LeaseStatus::Exited(Some(code)) => {
+                            format!("ended while the enforcer was down (exit code {code})")
+                        }
+                        _ => "gone from its substrate while the enforcer was down".to_string(),
+                    };
+                    tracing::warn!(lease_id = %lease.id, substrate = %lease.substrate, detail = %detail, "lease failed");
+                    self.blocking(move |s| {
+                        s.transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
+                    })
+                    .await?;
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Releases every open lease whose `expires_at` has passed, with reason `expired`; returns
+    /// how many were released. A lease whose driver fails stays `releasing` and is tried again
+    /// on the next call.
+    pub async fn expire_due(&self) -> Result<usize, ApiError> {
+        let now = self.now();
+        let due = self.blocking(move |s| s.due_for_expiry(now)).await?;
+        let mut released = 0;
+        for lease in due {
+            match self.release(&lease.id, ReleaseReason::Expired).await {
+                Ok(_) => {
+                    tracing::info!(lease_id = %lease.id, team = %lease.team, "lease expired; released");
+                    released += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(lease_id = %lease.id, error = %e, "releasing an expired lease failed; will retry")
+                }
+            }
+        }
+        Ok(released)
     }
 
     async fn lease_for_write(&self, principal: &Principal, id: &str) -> Result<Lease, ApiError> {

@@ -88,6 +88,11 @@ pub struct AdmissionRequest {
     /// Evaluate only: no lease is created and nothing is recorded.
     #[serde(default)]
     pub dry_run: bool,
+    /// The program to run for the lease (argv, no shell), on substrates that run one (`local`);
+    /// other drivers ignore it. It is not part of the policy's decision and is not stored: a
+    /// re-adopted lease keeps running the process it has.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
 }
 
 /// The kind of work; each has its own policy in `[workloads.<kind>]`.
@@ -849,6 +854,7 @@ mod tests {
                 duration: Some(Duration::from_secs(2 * 3600)),
                 labels: None,
                 dry_run: false,
+                command: None,
             },
         }
     }

@@ -66,6 +66,7 @@ fn request(gpus: u32) -> Request {
             duration: Some(Duration::from_secs(3600)),
             labels: None,
             dry_run: false,
+            command: None,
         },
     }
 }

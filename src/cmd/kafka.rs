@@ -42,6 +42,34 @@ impl KafkaConnection {
         }
     }
 
+    /// Like [`open`](Self::open), but does not reach an external cluster now: a command that
+    /// must start while Kafka is down (the enforcer, whose outbox waits for it) calls
+    /// [`ensure_topics`](Self::ensure_topics) later, when it can.
+    pub(crate) fn open_lazy(config: &Config) -> anyhow::Result<Self> {
+        if config.kafka.is_embedded() {
+            return Self::open(config);
+        }
+        Ok(Self {
+            bootstrap: config.kafka.brokers.clone(),
+            _embedded: None,
+            config: config.kafka.clone(),
+        })
+    }
+
+    /// Creates gpuwarden's topics where they are missing (blocks on the cluster's metadata).
+    pub(crate) fn ensure_topics(&self) -> anyhow::Result<()> {
+        if self._embedded.is_some() {
+            return Ok(());
+        }
+        kafka::ensure_topics(
+            &self.client("admin"),
+            &gpuwarden_schema::topics::ALL,
+            self.config.partitions,
+            self.config.replication_factor,
+        )
+        .with_context(|| format!("creating gpuwarden's topics on {}", self.bootstrap))
+    }
+
     /// Client settings for a client playing `role` (it names the client to the brokers).
     pub(crate) fn client(&self, role: &str) -> ClientConfig {
         kafka::client_config(&self.config, &self.bootstrap, role)

@@ -1,12 +1,18 @@
 //! The subcommands. Adding one is a module here, a variant of [`Command`], and a line in [`run`].
 
+mod api_client;
 mod broker;
 mod check_config;
 mod collect;
+mod enforce;
 mod ingest;
 mod kafka;
+mod leases;
 mod metrics_http;
+mod outbox;
 mod pipeline;
+mod release;
+mod request;
 mod rollup;
 mod sql;
 mod sql_endpoint;
@@ -26,6 +32,10 @@ pub(crate) enum Command {
     Rollup(rollup::Args),
     Sql(sql::Args),
     Broker(broker::Args),
+    Enforce(enforce::Args),
+    Request(request::Args),
+    Leases(leases::Args),
+    Release(release::Args),
 }
 
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -37,5 +47,9 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Rollup(args) => rollup::run(args),
         Command::Sql(args) => sql::run(args),
         Command::Broker(args) => broker::run(args),
+        Command::Enforce(args) => enforce::run(args),
+        Command::Request(args) => request::run(args),
+        Command::Leases(args) => leases::run(args),
+        Command::Release(args) => release::run(args),
     }
 }

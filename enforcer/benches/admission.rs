@@ -1,0 +1,267 @@
+//! Load generator for `POST /v1/admission`: how much the enforcer's admission path costs over
+//! the HTTP stack it runs on.
+//!
+//! In one process it serves (1) the real API (`api::router`) over a SQLite lease store in a temp
+//! dir (WAL, synchronous as the store sets it) and a simulated substrate, and (2) a bare axum
+//! handler that answers a fixed decision JSON: the HTTP stack's own limit. Each is driven over
+//! 127.0.0.1 by keep-alive HTTP/1 connections, first as fast as they go (closed loop), then at a
+//! fixed rate (open loop: latency counts from when a request was due, so a stall is not hidden
+//! by requests that were never sent). Requests are dry-run admissions: the policy runs inside
+//! the store's write transaction exactly as for a real one, and nothing accumulates.
+//!
+//! `bench/admission.sh` runs it in release mode. Arguments: `--requests N` (closed loop, per
+//! target), `--rate R` and `--seconds S` (open loop), `--connections C`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use bytes::Bytes;
+use gpuwarden_enforcer::api::{self, AppState};
+use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
+use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::{Clock, SystemClock};
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http1;
+use hyper::{header, Request};
+use hyper_util::rt::TokioIo;
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "bench-admin-token";
+const BODY: &str = r#"{"team":"ml","user":"ada","project":"bench","workload":"training","gpus":1,"duration":"1h","dry_run":true}"#;
+const FIXED: &str =
+    r#"{"decision":"admitted","reasons":[],"estimate":{"usd_per_hour":4.5,"max_usd":4.5}}"#;
+
+struct Options {
+    requests: usize,
+    rate: u64,
+    seconds: u64,
+    connections: usize,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        requests: 20_000,
+        rate: 1_000,
+        seconds: 10,
+        connections: 16,
+    };
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(|v| {
+                v.parse::<u64>()
+                    .unwrap_or_else(|_| panic!("{name} takes a number"))
+            })
+    };
+    if let Some(v) = value("--requests") {
+        o.requests = v as usize;
+    }
+    if let Some(v) = value("--rate") {
+        o.rate = v;
+    }
+    if let Some(v) = value("--seconds") {
+        o.seconds = v;
+    }
+    if let Some(v) = value("--connections") {
+        o.connections = v as usize;
+    }
+    o
+}
+
+fn config(dir: &std::path::Path) -> gpuwarden_schema::config::Config {
+    let hash: String = Sha256::digest(TOKEN.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let text = format!(
+        r#"[storage]
+data_dir = "{dir}"
+
+[[teams]]
+name = "ml"
+members = ["ada"]
+gpu_quota = 1000
+monthly_budget_usd = 1e12
+
+[workloads.training]
+max_gpus = 8
+max_duration = "24h"
+substrates = ["sim"]
+
+[[substrates]]
+name = "sim"
+driver = "simulated"
+hosts = [{{ prefix = "h", count = 16, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
+
+[[tokens]]
+name = "root"
+sha256 = "{hash}"
+role = "admin"
+"#,
+        dir = dir.display()
+    );
+    gpuwarden_schema::config::parse("bench.toml", &text).expect("the bench config is valid")
+}
+
+async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    address
+}
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+
+async fn connect(address: SocketAddr) -> Sender {
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+async fn admit(sender: &mut Sender, address: SocketAddr) {
+    sender.ready().await.unwrap();
+    let request = Request::post("/v1/admission")
+        .header(header::HOST, address.to_string())
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        status.is_success() && body.starts_with(b"{\"decision\":\"admitted\""),
+        "{status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+/// Closed loop: `requests` spread over the connections, as fast as answers come. Requests/s.
+async fn max_throughput(address: SocketAddr, requests: usize, connections: usize) -> f64 {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..connections)
+        .map(|c| {
+            let n = requests / connections + usize::from(c < requests % connections);
+            tokio::spawn(async move {
+                let mut sender = connect(address).await;
+                for _ in 0..n {
+                    admit(&mut sender, address).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    requests as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Open loop at `rate` requests/s for `seconds`; latencies (from when each request was due),
+/// sorted.
+async fn fixed_rate(
+    address: SocketAddr,
+    rate: u64,
+    seconds: u64,
+    connections: usize,
+) -> Vec<Duration> {
+    let total = (rate * seconds) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let start = Instant::now() + Duration::from_millis(100);
+    let tasks: Vec<_> = (0..connections)
+        .map(|c| {
+            tokio::spawn(async move {
+                let mut sender = connect(address).await;
+                let mut latencies = Vec::new();
+                for i in (c..total).step_by(connections) {
+                    let due = start + interval * i as u32;
+                    tokio::time::sleep_until(due.into()).await;
+                    admit(&mut sender, address).await;
+                    latencies.push(due.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(total);
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    all
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let o = options();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(config(dir.path()));
+        let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
+        let mut built: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+        for s in &config.substrates {
+            let context = DriverContext {
+                state_dir: dir.path().join("drivers").join(&s.name),
+            };
+            built.insert(s.name.clone(), Arc::from(drivers::build(s, &context).unwrap()));
+        }
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let enforcer = serve(api::router(AppState::new(config, store, built, clock))).await;
+        let bare = serve(axum::Router::new().route(
+            "/v1/admission",
+            post(|| async { ([(header::CONTENT_TYPE, "application/json")], FIXED) }),
+        ))
+        .await;
+
+        println!(
+            "admission benchmark: {} connections, {} requests per closed-loop run, {} rps for {} s open loop",
+            o.connections, o.requests, o.rate, o.seconds
+        );
+        let bare_rps = max_throughput(bare, o.requests, o.connections).await;
+        let real_rps = max_throughput(enforcer, o.requests, o.connections).await;
+        println!("max throughput  bare axum handler: {bare_rps:>10.0} req/s");
+        println!("max throughput  enforcer admission: {real_rps:>9.0} req/s");
+        println!(
+            "ratio enforcer / bare: {:.2} (target >= 0.50)",
+            real_rps / bare_rps
+        );
+        for (name, address) in [("bare axum handler", bare), ("enforcer admission", enforcer)] {
+            let latencies = fixed_rate(address, o.rate, o.seconds, o.connections).await;
+            let p99 = percentile(&latencies, 0.99);
+            println!(
+                "at {} rps  {name}: p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({} requests){}",
+                o.rate,
+                ms(percentile(&latencies, 0.50)),
+                ms(p99),
+                ms(latencies.last().copied().unwrap_or_default()),
+                latencies.len(),
+                if name.starts_with("enforcer") {
+                    format!("  (target p99 < 5 ms: {})", if p99 < Duration::from_millis(5) { "met" } else { "missed" })
+                } else {
+                    String::new()
+                }
+            );
+        }
+    });
+}

@@ -1,0 +1,92 @@
+//! The self-service commands' side of the enforcer's HTTP API: where it is, the bearer token,
+//! and one JSON call. Errors the API answers (4xx/5xx) become errors carrying its message.
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::header;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// Where the enforcer is and who is calling; flattened into each self-service command.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ApiArgs {
+    /// Base URL of the enforcer's API.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "GPUWARDEN_API",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    api: String,
+    /// Bearer token for the API.
+    #[arg(long, env = "GPUWARDEN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+pub(crate) struct ApiClient {
+    base: String,
+    token: Option<String>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl ApiClient {
+    pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Self> {
+        let base = args.api.trim_end_matches('/').to_string();
+        anyhow::ensure!(
+            base.starts_with("http://"),
+            "--api must be an http:// URL, got {base}"
+        );
+        Ok(Self {
+            base,
+            token: args.token.clone(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    /// One call; the body of a 2xx answer as JSON, or an error naming the API's reason.
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let mut request = Request::builder().method(method.clone()).uri(&url);
+        if let Some(token) = &self.token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let payload = match body {
+            Some(body) => {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+                Bytes::from(serde_json::to_vec(body)?)
+            }
+            None => Bytes::new(),
+        };
+        let response = self
+            .client
+            .request(request.body(Full::new(payload))?)
+            .await
+            .with_context(|| format!("calling {method} {url}"))?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let value: Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_string()));
+        if status.is_success() {
+            return Ok(value);
+        }
+        let message = value
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| value.to_string());
+        let hint = match status {
+            StatusCode::UNAUTHORIZED => " (set --token or GPUWARDEN_TOKEN)",
+            _ => "",
+        };
+        anyhow::bail!("{method} {path}: {status}: {message}{hint}")
+    }
+}

@@ -1,0 +1,144 @@
+//! `gpuwarden enforce`: the enforcer as a service. Opens the lease store, builds one driver per
+//! `[[substrates]]` entry, re-adopts the leases a previous run left open, serves the admission
+//! API with `/metrics`, releases leases past their end, and publishes the store's outbox to
+//! Kafka (see [`super::outbox`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gpuwarden_enforcer::api::{self, AppState};
+use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
+use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::config;
+use gpuwarden_schema::{Clock, SystemClock};
+use tokio::sync::watch;
+
+use super::kafka::{shutdown_signal, KafkaConnection};
+use super::outbox::Publisher;
+
+/// How often leases past their end are looked for.
+const EXPIRY_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a shutdown waits for the outbox to reach Kafka.
+const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// Serve the admission API and enforce leases.
+///
+/// Opens the lease store (enforcer.database, or <data_dir>/enforcer.db), builds a driver for every
+/// [[substrates]] entry (state under <data_dir>/drivers/<name>/), and re-adopts the leases left
+/// open by a previous run: a lease its substrate still runs stays active, one it no longer runs
+/// is marked failed. Then it serves the API (POST /v1/admission, /v1/leases, /v1/teams/{team},
+/// /healthz, /metrics, /openapi.json) on enforcer.listen, releases leases whose time is up
+/// (reason "expired"), and publishes every lease event and action to Kafka from the store's
+/// outbox: a record is marked published only once Kafka has acknowledged it, so nothing is lost
+/// while Kafka is down. Ctrl-C or SIGTERM stops serving and flushes the outbox for a few seconds.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file.
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// Address of the API; overrides enforcer.listen (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", env = "GPUWARDEN_ENFORCER_LISTEN")]
+    listen: Option<SocketAddr>,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config::load(&args.config)?);
+    let database = config.enforcer_database();
+    if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let store = Store::open(&database)
+        .with_context(|| format!("opening the lease store {}", database.display()))?;
+    let mut built: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+    for substrate in &config.substrates {
+        let context = DriverContext {
+            state_dir: config
+                .storage
+                .data_dir
+                .join("drivers")
+                .join(&substrate.name),
+        };
+        let driver = drivers::build(substrate, &context)
+            .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
+        built.insert(substrate.name.clone(), Arc::from(driver));
+    }
+    let listen = args.listen.unwrap_or(config.enforcer.listen);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let state = AppState::new(config.clone(), store.clone(), built, clock.clone());
+        let readopted = state
+            .readopt()
+            .await
+            .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
+        tracing::info!(
+            running = readopted.running,
+            failed = readopted.failed,
+            unknown = readopted.unknown,
+            "re-adopted open leases"
+        );
+
+        let kafka = KafkaConnection::open_lazy(&config)?;
+        let publisher = Publisher::new(&kafka, store.clone(), clock.clone())
+            .context("creating the Kafka producer")?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let kafka = Arc::new(kafka);
+        let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
+        let expiring = tokio::spawn(expire_loop(state.clone(), stop_rx.clone()));
+
+        let metrics = state.metrics().clone();
+        let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding the API to {listen}"))?;
+        let address = listener.local_addr()?;
+        tracing::info!(
+            api = %format!("http://{address}"),
+            database = %database.display(),
+            kafka = %kafka.bootstrap,
+            "enforcer running"
+        );
+        let mut server_stop = stop_rx.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            super::outbox::stopped(&mut server_stop).await;
+        });
+        let server = tokio::spawn(async move { server.await });
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+        // Requests in flight finish; a slow client cannot hold the shutdown for long.
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        expiring.abort();
+        match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), publishing).await {
+            Ok(Ok(left)) if left > 0 => tracing::warn!(
+                pending = left,
+                "outbox records not yet in Kafka; they are published on the next start"
+            ),
+            Ok(_) => tracing::info!("outbox flushed"),
+            Err(_) => tracing::warn!("the outbox publisher did not stop in time; pending records are published on the next start"),
+        }
+        tracing::info!("enforcer stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn expire_loop(state: AppState, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(EXPIRY_EVERY) => {}
+            _ = super::outbox::stopped(&mut stop) => return,
+        }
+        if let Err(e) = state.expire_due().await {
+            tracing::warn!(error = %e, "looking for expired leases failed");
+        }
+    }
+}

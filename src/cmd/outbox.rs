@@ -1,0 +1,182 @@
+//! The enforcer's outbox publisher: moves the lease store's outbox rows (lease events and
+//! actions, written in the same transaction as the change they record) to Kafka.
+//!
+//! Rows are sent oldest first by an idempotent producer, keyed and routed as the row says, and
+//! marked published only once Kafka has acknowledged them. A row that is not acknowledged stays
+//! in the outbox and is sent again on the next round, so Kafka being down delays records but
+//! never loses them; a record may then reach Kafka twice (at-least-once), which consumers
+//! already tolerate because they key on the lease and the event time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuwarden_enforcer::store::{OutboxRow, Store};
+use gpuwarden_schema::Clock;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use tokio::sync::watch;
+
+use super::kafka::KafkaConnection;
+
+/// Rows sent per round.
+const BATCH: usize = 500;
+/// Pause when the outbox is empty.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// First and longest pause after a failed round.
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Most one warning about Kafka per this interval.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// How long librdkafka keeps retrying one record before handing it back to us.
+const MESSAGE_TIMEOUT_MS: &str = "10000";
+
+pub(crate) struct Publisher {
+    store: Store,
+    producer: FutureProducer,
+    clock: Arc<dyn Clock>,
+    last_warning: Option<Instant>,
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        kafka: &KafkaConnection,
+        store: Store,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        let mut client = kafka.client("enforcer");
+        client
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", MESSAGE_TIMEOUT_MS);
+        Ok(Self {
+            store,
+            producer: client.create()?,
+            clock,
+            last_warning: None,
+        })
+    }
+
+    /// Publishes until `stop` turns true, then keeps going for at most `flush` while rows are
+    /// pending. Returns how many rows were still pending at the end.
+    pub(crate) async fn run(
+        mut self,
+        kafka: Arc<KafkaConnection>,
+        mut stop: watch::Receiver<bool>,
+        flush: Duration,
+    ) -> usize {
+        let mut backoff = BACKOFF_MIN;
+        // Topics first: an external cluster may not have them, and may not be up yet.
+        loop {
+            let k = kafka.clone();
+            match tokio::task::spawn_blocking(move || k.ensure_topics()).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => self.warn(&format!("{e:#}")),
+                Err(e) => self.warn(&e.to_string()),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stopped(&mut stop) => return self.pending_count().await,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+        backoff = BACKOFF_MIN;
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let stopping = *stop.borrow();
+            if deadline.is_none() && stopping {
+                deadline = Some(Instant::now() + flush);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return self.pending_count().await;
+            }
+            let pause = match self.round().await {
+                Ok(0) if deadline.is_some() => return 0,
+                Ok(0) => IDLE_POLL,
+                Ok(_) => {
+                    backoff = BACKOFF_MIN;
+                    Duration::ZERO
+                }
+                Err(why) => {
+                    self.warn(&why);
+                    let pause = backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    pause
+                }
+            };
+            if !pause.is_zero() {
+                let sleep = match deadline {
+                    Some(d) => pause.min(d.saturating_duration_since(Instant::now())),
+                    None => pause,
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = stopped(&mut stop), if deadline.is_none() => {}
+                }
+            }
+        }
+    }
+
+    /// Sends one batch; `Ok(n)` when all `n` rows were acknowledged, `Err` when some were not
+    /// (those that were are marked all the same).
+    async fn round(&mut self) -> Result<usize, String> {
+        let store = self.store.clone();
+        let rows: Vec<OutboxRow> = tokio::task::spawn_blocking(move || store.outbox_pending(BATCH))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("reading the outbox: {e}"))?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let sends = rows.iter().map(|row| {
+            let record = FutureRecord::to(&row.topic)
+                .key(row.key.as_bytes())
+                .payload(row.payload.as_bytes());
+            self.producer.send(record, Timeout::Never)
+        });
+        let results = futures::future::join_all(sends).await;
+        let mut delivered = Vec::with_capacity(rows.len());
+        let mut failure = None;
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Ok(_) => delivered.push(row.id),
+                Err((e, _)) => {
+                    failure.get_or_insert_with(|| format!("publishing to {}: {e}", row.topic));
+                }
+            }
+        }
+        let count = delivered.len();
+        if !delivered.is_empty() {
+            let store = self.store.clone();
+            let now = self.clock.now_ms();
+            tokio::task::spawn_blocking(move || store.outbox_mark_published(&delivered, now))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("marking outbox rows published: {e}"))?;
+        }
+        match failure {
+            None => Ok(count),
+            Some(why) => Err(why),
+        }
+    }
+
+    async fn pending_count(&self) -> usize {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.outbox_pending(usize::MAX >> 1).map(|r| r.len()))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0)
+    }
+
+    fn warn(&mut self, why: &str) {
+        if self.last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            self.last_warning = Some(Instant::now());
+            tracing::warn!(error = %why, "Kafka is not taking the enforcer's records; they wait in the outbox");
+        }
+    }
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,447 @@
+//! `gpuwarden enforce` and the self-service commands, driven as a user would: a broker process,
+//! the enforcer on port 0 over a temp data dir, `gpuwarden request / leases / release` over
+//! HTTP, and the lease events read back from Kafka with rdkafka.
+//!
+//! The restart tests kill the enforcer with SIGKILL while Kafka is unreachable and start it
+//! again on the same data dir: leases, quota and the local lease's process must survive, and the
+//! events written while Kafka was away must arrive once it is there.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::ClientConfig;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use support::{Broker, Running};
+
+const TOKEN: &str = "ada-secret-token";
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Team `ml` (quota 4, member ada), a simulated substrate `sim` of 8 H100s for training, and a
+/// local substrate `box` of two L4s for batch work.
+fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+    let path = dir.join("gpuwarden.toml");
+    let data = dir.join("data");
+    let text = format!(
+        r#"[kafka]
+brokers = "{bootstrap}"
+partitions = 3
+
+[storage]
+data_dir = "{data}"
+
+[[teams]]
+name = "ml"
+members = ["ada"]
+gpu_quota = 4
+monthly_budget_usd = 100000.0
+
+[workloads.training]
+max_gpus = 8
+max_duration = "24h"
+substrates = ["sim"]
+
+[workloads.batch]
+max_gpus = 2
+max_duration = "24h"
+substrates = ["box"]
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[[substrates]]
+name = "sim"
+driver = "simulated"
+hosts = [{{ prefix = "h", count = 1, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
+
+[[substrates]]
+name = "box"
+driver = "local"
+gpu_model = "NVIDIA L4"
+gpu_uuids = ["GPU-box-0", "GPU-box-1"]
+grace_period = "1s"
+
+[[tokens]]
+name = "ada"
+sha256 = "{hash}"
+role = "member"
+teams = ["ml"]
+"#,
+        data = data.display(),
+        hash = sha256_hex(TOKEN),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts the enforcer and returns it with its API's base URL.
+fn start_enforcer(config: &Path) -> (Running, String) {
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = line["api"].as_str().expect("the api field").to_string();
+    (enforcer, api)
+}
+
+/// Runs a self-service command against `api`.
+fn cli(api: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_API", api)
+        .env("GPUWARDEN_TOKEN", TOKEN)
+        .env("GPUWARDEN_USER", "ada")
+        .output()
+        .expect("runs gpuwarden")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        output.status.code(),
+        stdout(output),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Asks for a lease and returns its id (from the `--env` exports).
+fn request_ok(api: &str, args: &[&str]) -> String {
+    let mut all = vec!["request", "--team", "ml", "--env"];
+    all.extend_from_slice(args);
+    let out = cli(api, &all);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let text = stdout(&out);
+    text.lines()
+        .find_map(|l| l.strip_prefix("export GPUWARDEN_LEASE_ID="))
+        .unwrap_or_else(|| panic!("no lease id in\n{}", show(&out)))
+        .to_string()
+}
+
+fn leases_json(api: &str) -> Vec<Value> {
+    let out = cli(api, &["leases", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let value: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    value.as_array().cloned().unwrap_or_else(|| {
+        value["leases"]
+            .as_array()
+            .cloned()
+            .expect("a list of leases")
+    })
+}
+
+fn lease_state(api: &str, id: &str) -> String {
+    leases_json(api)
+        .iter()
+        .find(|l| l["id"] == id)
+        .unwrap_or_else(|| panic!("lease {id} is not listed"))["state"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Reads gpuwarden.leases from the start until `done` holds for what was read.
+fn lease_events(bootstrap: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!(
+                "enforce-test-{}",
+                std::process::id() as u128 * 1000 + nanos()
+            ),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["gpuwarden.leases"]).unwrap();
+    let mut events = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !done(&events) {
+        assert!(
+            Instant::now() < until,
+            "the expected lease events did not arrive; got {events:#?}"
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let message = message.unwrap();
+            let payload = message.payload().expect("a payload");
+            events.push(serde_json::from_slice(payload).unwrap());
+        }
+    }
+    events
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u128
+}
+
+fn has(events: &[Value], id: &str, event: &str) -> bool {
+    events
+        .iter()
+        .any(|e| e["lease_id"] == id && e["event"] == event)
+}
+
+#[test]
+fn a_lease_is_requested_listed_and_released_with_its_events_in_kafka() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    let (enforcer, api) = start_enforcer(&config);
+
+    let id = request_ok(
+        &api,
+        &[
+            "--gpus",
+            "2",
+            "--workload",
+            "training",
+            "--duration",
+            "2h",
+            "--label",
+            "run=e2e",
+            "--wait",
+        ],
+    );
+    let events = lease_events(&broker.bootstrap, |e| has(e, &id, "granted"));
+    let granted = events
+        .iter()
+        .find(|e| e["lease_id"] == id.as_str())
+        .unwrap();
+    assert_eq!(granted["team"], "ml");
+    assert_eq!(granted["user"], "ada");
+    assert_eq!(granted["gpu_count"], 2);
+    assert_eq!(granted["gpu_model"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(granted["labels"]["run"], "e2e");
+
+    assert_eq!(lease_state(&api, &id), "active");
+    let table = cli(&api, &["leases", "--team", "ml"]);
+    let table_text = stdout(&table);
+    assert!(table_text.starts_with("ID "), "{}", show(&table));
+    let row = table_text
+        .lines()
+        .find(|l| l.starts_with(id.as_str()))
+        .unwrap_or_else(|| panic!("{}", show(&table)));
+    for cell in ["ml", "ada", "training", "sim", "active"] {
+        assert!(row.split_whitespace().any(|c| c == cell), "{cell} in {row}");
+    }
+
+    // Quota 4, 2 held: asking for 3 more is denied, with the reason and exit code 3.
+    let denied = cli(
+        &api,
+        &[
+            "request",
+            "--team",
+            "ml",
+            "--gpus",
+            "3",
+            "--workload",
+            "training",
+        ],
+    );
+    assert_eq!(denied.status.code(), Some(3), "{}", show(&denied));
+    let text = stdout(&denied);
+    assert!(text.starts_with("denied\n"), "{}", show(&denied));
+    assert!(text.contains("quota_exceeded: "), "{}", show(&denied));
+
+    let released = cli(&api, &["release", &id]);
+    assert_eq!(released.status.code(), Some(0), "{}", show(&released));
+    assert_eq!(stdout(&released), format!("released {id} (user)\n"));
+    let events = lease_events(&broker.bootstrap, |e| has(e, &id, "released"));
+    let event = events
+        .iter()
+        .find(|e| e["lease_id"] == id.as_str() && e["event"] == "released")
+        .unwrap();
+    assert_eq!(event["reason"], "user");
+    assert_eq!(lease_state(&api, &id), "released");
+
+    let (status, log) = enforcer.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("outbox flushed")),
+        "{}",
+        log.join("\n")
+    );
+}
+
+/// The pid the local driver recorded for a lease's process.
+fn local_pid(dir: &Path, id: &str) -> i32 {
+    let path = dir.join("data/drivers/box").join(format!("{id}.json"));
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    record["process"]["pid"].as_i64().expect("a pid") as i32
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie (exited, not yet reaped by whoever inherited it) is not alive.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn kill(pid: i32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn restart_scenario(kill_the_local_process: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    // First run: Kafka is unreachable, so every event waits in the outbox.
+    let config = write_config(dir.path(), &format!("127.0.0.1:{}", closed_port()));
+    let (enforcer, api) = start_enforcer(&config);
+    let sim = request_ok(&api, &["--gpus", "3", "--workload", "training"]);
+    let local = request_ok(
+        &api,
+        &[
+            "--gpus",
+            "1",
+            "--workload",
+            "batch",
+            "--substrate",
+            "box",
+            "--wait",
+            "--",
+            "sleep",
+            "300",
+        ],
+    );
+    let pid = local_pid(dir.path(), &local);
+    assert!(alive(pid), "the local lease's process runs");
+    kill(enforcer.pid() as i32, "-KILL");
+    drop(enforcer);
+    assert!(
+        alive(pid),
+        "the local lease's process outlives the enforcer"
+    );
+    if kill_the_local_process {
+        kill(pid, "-KILL");
+        let until = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(Instant::now() < until, "sleep did not die");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    // Second run, same data dir, Kafka now there.
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    let (enforcer, api) = start_enforcer(&config);
+    let readopted: Value = enforcer
+        .log
+        .iter()
+        .find(|l| l.contains("re-adopted open leases"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("a re-adoption report before the API serves");
+    let failed = usize::from(kill_the_local_process);
+    assert_eq!(readopted["running"], 2 - failed);
+    assert_eq!(readopted["failed"], failed);
+
+    assert_eq!(lease_state(&api, &sim), "active");
+    let events = if kill_the_local_process {
+        assert_eq!(lease_state(&api, &local), "failed");
+        let events = lease_events(&broker.bootstrap, |e| {
+            has(e, &sim, "granted") && has(e, &local, "granted") && has(e, &local, "released")
+        });
+        let released = events
+            .iter()
+            .find(|e| e["lease_id"] == local.as_str() && e["event"] == "released")
+            .unwrap();
+        assert_eq!(released["reason"], "failed");
+        // The failed lease's GPU is free again: 3 held of 4.
+        let again = cli(
+            &api,
+            &[
+                "request",
+                "--team",
+                "ml",
+                "--gpus",
+                "1",
+                "--workload",
+                "training",
+                "--dry-run",
+            ],
+        );
+        assert_eq!(again.status.code(), Some(0), "{}", show(&again));
+        events
+    } else {
+        assert_eq!(lease_state(&api, &local), "active");
+        assert!(alive(pid), "the re-adopted process still runs");
+        // 3 + 1 of 4 GPUs are held: the quota survived the restart.
+        let denied = cli(
+            &api,
+            &[
+                "request",
+                "--team",
+                "ml",
+                "--gpus",
+                "1",
+                "--workload",
+                "training",
+            ],
+        );
+        assert_eq!(denied.status.code(), Some(3), "{}", show(&denied));
+        assert!(
+            stdout(&denied).contains("quota_exceeded"),
+            "{}",
+            show(&denied)
+        );
+        let events = lease_events(&broker.bootstrap, |e| {
+            has(e, &sim, "granted") && has(e, &local, "granted")
+        });
+        // The re-adopted lease is released by pid, through the driver that did not start it.
+        let released = cli(&api, &["release", &local]);
+        assert_eq!(released.status.code(), Some(0), "{}", show(&released));
+        let until = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(Instant::now() < until, "release did not stop the process");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        events
+    };
+    // Each event written while Kafka was away arrives, once.
+    let granted = events
+        .iter()
+        .filter(|e| e["event"] == "granted" && (e["lease_id"] == sim.as_str()))
+        .count();
+    assert_eq!(granted, 1, "{events:#?}");
+    if alive(pid) {
+        kill(pid, "-KILL");
+    }
+}
+
+#[test]
+fn a_restarted_enforcer_keeps_leases_and_quota_readopts_the_local_process_and_publishes_its_outbox()
+{
+    restart_scenario(false);
+}
+
+#[test]
+fn a_restarted_enforcer_marks_a_lease_whose_process_died_failed() {
+    restart_scenario(true);
+}
