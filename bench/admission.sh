@@ -3,10 +3,11 @@
 # handler on the same HTTP stack, at maximum throughput and at a fixed 1,000 requests/s.
 # Targets: enforcer >= 0.5x the bare handler's throughput, p99 < 5 ms at 1,000 rps.
 #
-#   bench/admission.sh                      # defaults: 20,000 requests, 1,000 rps for 10 s, 16 connections
+#   bench/admission.sh                      # defaults: 20,000 cycles, 1,000 rps for 10 s, 16 connections
 #   bench/admission.sh --rate 2000 --seconds 30 --connections 32 --requests 50000
 #
-# Builds with the bench profile (optimized); the lease store is SQLite in a temp dir, WAL mode.
+# Each cycle is a real admission and the release of its lease. Builds with the bench profile
+# (optimized); the lease store is SQLite in a temp dir, WAL mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec cargo bench -p gpuwarden-enforcer --bench admission -- "$@"

@@ -6,8 +6,11 @@
 //! handler that answers a fixed decision JSON: the HTTP stack's own limit. Each is driven over
 //! 127.0.0.1 by keep-alive HTTP/1 connections, first as fast as they go (closed loop), then at a
 //! fixed rate (open loop: latency counts from when a request was due, so a stall is not hidden
-//! by requests that were never sent). Requests are dry-run admissions: the policy runs inside
-//! the store's write transaction exactly as for a real one, and nothing accumulates.
+//! by requests that were never sent). Each cycle is a real admission — checked, written to the
+//! store with its outbox rows, provisioned — followed by the release of the lease it created
+//! (another write), so the fleet never fills; the bare handler answers both routes, so both
+//! sides do two requests a cycle. Throughput is in cycles (admissions) per second; latency is
+//! the admission's.
 //!
 //! `bench/admission.sh` runs it in release mode. Arguments: `--requests N` (closed loop, per
 //! target), `--rate R` and `--seconds S` (open loop), `--connections C`.
@@ -17,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::routing::post;
+use axum::routing;
 use bytes::Bytes;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
@@ -30,9 +33,8 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 
 const TOKEN: &str = "bench-admin-token";
-const BODY: &str = r#"{"team":"ml","user":"ada","project":"bench","workload":"training","gpus":1,"duration":"1h","dry_run":true}"#;
-const FIXED: &str =
-    r#"{"decision":"admitted","reasons":[],"estimate":{"usd_per_hour":4.5,"max_usd":4.5}}"#;
+const BODY: &str = r#"{"team":"ml","user":"ada","project":"bench","workload":"training","gpus":1,"duration":"1h"}"#;
+const FIXED: &str = r#"{"decision":"admitted","reasons":[],"lease":{"id":"fixed"},"estimate":{"usd_per_hour":4.5,"max_usd":4.5}}"#;
 
 struct Options {
     requests: usize,
@@ -125,22 +127,36 @@ async fn connect(address: SocketAddr) -> Sender {
     sender
 }
 
-async fn admit(sender: &mut Sender, address: SocketAddr) {
+async fn post(sender: &mut Sender, address: SocketAddr, path: &str, body: &'static str) -> Bytes {
     sender.ready().await.unwrap();
-    let request = Request::post("/v1/admission")
+    let request = Request::post(path)
         .header(header::HOST, address.to_string())
         .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
         .unwrap();
     let response = sender.send_request(request).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(
-        status.is_success() && body.starts_with(b"{\"decision\":\"admitted\""),
-        "{status}: {}",
+        status.is_success(),
+        "{path}: {status}: {}",
         String::from_utf8_lossy(&body)
     );
+    body
+}
+
+/// One admission; returns the lease id.
+async fn admit(sender: &mut Sender, address: SocketAddr) -> String {
+    let body = post(sender, address, "/v1/admission", BODY).await;
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["decision"], "admitted", "{answer}");
+    answer["lease"]["id"].as_str().unwrap().to_owned()
+}
+
+async fn release(sender: &mut Sender, address: SocketAddr, lease: &str) {
+    let path = format!("/v1/leases/{lease}/release");
+    post(sender, address, &path, "{}").await;
 }
 
 /// Closed loop: `requests` spread over the connections, as fast as answers come. Requests/s.
@@ -152,7 +168,8 @@ async fn max_throughput(address: SocketAddr, requests: usize, connections: usize
             tokio::spawn(async move {
                 let mut sender = connect(address).await;
                 for _ in 0..n {
-                    admit(&mut sender, address).await;
+                    let lease = admit(&mut sender, address).await;
+                    release(&mut sender, address, &lease).await;
                 }
             })
         })
@@ -182,8 +199,9 @@ async fn fixed_rate(
                 for i in (c..total).step_by(connections) {
                     let due = start + interval * i as u32;
                     tokio::time::sleep_until(due.into()).await;
-                    admit(&mut sender, address).await;
+                    let lease = admit(&mut sender, address).await;
                     latencies.push(due.elapsed());
+                    release(&mut sender, address, &lease).await;
                 }
                 latencies
             })
@@ -228,10 +246,12 @@ fn main() {
         }
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let enforcer = serve(api::router(AppState::new(config, store, built, clock))).await;
-        let bare = serve(axum::Router::new().route(
-            "/v1/admission",
-            post(|| async { ([(header::CONTENT_TYPE, "application/json")], FIXED) }),
-        ))
+        let fixed = || async { ([(header::CONTENT_TYPE, "application/json")], FIXED) };
+        let bare = serve(
+            axum::Router::new()
+                .route("/v1/admission", routing::post(fixed))
+                .route("/v1/leases/{id}/release", routing::post(fixed)),
+        )
         .await;
 
         println!(
@@ -240,8 +260,8 @@ fn main() {
         );
         let bare_rps = max_throughput(bare, o.requests, o.connections).await;
         let real_rps = max_throughput(enforcer, o.requests, o.connections).await;
-        println!("max throughput  bare axum handler: {bare_rps:>10.0} req/s");
-        println!("max throughput  enforcer admission: {real_rps:>9.0} req/s");
+        println!("max throughput  bare axum handler: {bare_rps:>10.0} cycles/s (admission + release)");
+        println!("max throughput  enforcer admission: {real_rps:>9.0} admissions/s, each released after");
         println!(
             "ratio enforcer / bare: {:.2} (target >= 0.50)",
             real_rps / bare_rps
