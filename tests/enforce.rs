@@ -445,3 +445,73 @@ fn a_restarted_enforcer_keeps_leases_and_quota_readopts_the_local_process_and_pu
 fn a_restarted_enforcer_marks_a_lease_whose_process_died_failed() {
     restart_scenario(true);
 }
+
+#[test]
+fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    let (enforcer, api) = start_enforcer(&config);
+    let request = || {
+        cli(
+            &api,
+            &[
+                "request",
+                "--team",
+                "ml",
+                "--gpus",
+                "1",
+                "--workload",
+                "training",
+                "--duration",
+                "1h",
+                "--dry-run",
+            ],
+        )
+    };
+    let before = request();
+    assert_eq!(before.status.code(), Some(0), "{}", show(&before));
+
+    // The pipeline says ml has spent all but $1 of its $100,000; an hour of one GPU costs $2.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let signal = serde_json::json!({"v": 1, "ts_ms": now_ms, "window_ms": 900_000,
+        "kind": "team_spend", "team": "ml", "month_to_date_usd": 99_999.0,
+        "burn_usd_per_hour": 10.0})
+    .to_string();
+    let producer: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::BaseRecord::to("gpuwarden.signals")
+                .key("ml")
+                .payload(&signal),
+        )
+        .unwrap();
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
+
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let after = request();
+        if after.status.code() == Some(3) {
+            assert!(
+                stdout(&after).contains("budget_exceeded"),
+                "{}",
+                show(&after)
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the spend signal never reached admission: {}",
+            show(&after)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (status, log) = enforcer.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", log.join("\n"));
+}

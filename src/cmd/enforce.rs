@@ -34,7 +34,8 @@ const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
 /// open by a previous run: a lease its substrate still runs stays active, one it no longer runs
 /// is marked failed. Then it serves the API (POST /v1/admission, /v1/leases, /v1/teams/{team},
 /// /healthz, /metrics, /openapi.json) on enforcer.listen, releases leases whose time is up
-/// (reason "expired"), and publishes every lease event and action to Kafka from the store's
+/// (reason "expired"), keeps each team's month-to-date spend from the pipeline's team_spend
+/// signals (for the budget check), and publishes every lease event and action to Kafka from the store's
 /// outbox: a record is marked published only once Kafka has acknowledged it, so nothing is lost
 /// while Kafka is down. Ctrl-C or SIGTERM stops serving and flushes the outbox for a few seconds.
 #[derive(Debug, clap::Args)]
@@ -95,6 +96,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let kafka = Arc::new(kafka);
         let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
         let expiring = tokio::spawn(expire_loop(state.clone(), stop_rx.clone()));
+        let spend_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spending = {
+            let (client, store, stop) = (kafka.client("enforcer"), store.clone(), spend_stop.clone());
+            tokio::task::spawn_blocking(move || super::spend::run(client, store, stop))
+        };
 
         let metrics = state.metrics().clone();
         let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
@@ -118,6 +124,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Requests in flight finish; a slow client cannot hold the shutdown for long.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         expiring.abort();
+        spend_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = spending.await;
         match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), publishing).await {
             Ok(Ok(left)) if left > 0 => tracing::warn!(
                 pending = left,

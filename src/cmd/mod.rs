@@ -14,6 +14,7 @@ mod pipeline;
 mod release;
 mod request;
 mod rollup;
+mod spend;
 mod sql;
 mod sql_endpoint;
 
