@@ -58,12 +58,12 @@ pub(crate) fn run(mut client: ClientConfig, store: Store, stop: Arc<AtomicBool>)
                     tracing::warn!(error = %e, offset = message.offset(), "ignoring an invalid signal")
                 }
             },
-            Some(Err(e)) => {
-                if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(error = %e, "reading signals failed; retrying");
-                    last_warning = Some(Instant::now());
-                }
+            // Warn at most every 10 s while Kafka is unreachable.
+            Some(Err(e)) if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) => {
+                tracing::warn!(error = %e, "reading signals failed; retrying");
+                last_warning = Some(Instant::now());
             }
+            Some(Err(_)) => {}
         }
     }
 }
