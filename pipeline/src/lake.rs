@@ -64,10 +64,8 @@ fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -
     }
 }
 
-/// The start of the UTC hour holding `ts_ms`.
-pub fn hour_of(ts_ms: i64) -> i64 {
-    ts_ms.div_euclid(HOUR_MS) * HOUR_MS
-}
+use gpuwarden_schema::calendar::{civil_from_days, days_from_civil};
+pub use gpuwarden_schema::calendar::{hour_of, month_of};
 
 /// `date=YYYY-MM-DD/hour=HH` of the hour starting at `hour_ms`.
 pub fn hour_partition(hour_ms: i64) -> String {
@@ -92,38 +90,6 @@ pub fn parse_hour_partition(date: &str, hour: &str) -> Option<i64> {
         return None;
     }
     Some(days_from_civil(y, m, d) * 86_400_000 + hour * HOUR_MS)
-}
-
-/// The UTC calendar month holding `ts_ms`: (start, end) in ms.
-pub fn month_of(ts_ms: i64) -> (i64, i64) {
-    let (y, m, _) = civil_from_days(ts_ms.div_euclid(86_400_000));
-    let start = days_from_civil(y, m, 1) * 86_400_000;
-    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-    (start, days_from_civil(ny, nm, 1) * 86_400_000)
-}
-
-/// A proleptic Gregorian date to days since 1970-01-01 (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// What a flush is about to write, recorded before the first file is written.

@@ -8,6 +8,7 @@
 
 pub mod action;
 pub mod arrow;
+pub mod calendar;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -303,18 +303,7 @@ impl LocalDriver {
         self.signal(pgid, Signal::TERM)?;
         let deadline = Instant::now() + self.grace;
         loop {
-            let leader_done = match child.as_mut() {
-                Some(c) => {
-                    if !reaped {
-                        if let Ok(Some(status)) = c.try_wait() {
-                            code = status.code();
-                            reaped = true;
-                        }
-                    }
-                    reaped
-                }
-                None => !is_alive(process),
-            };
+            let leader_done = leader_done(child.as_mut(), process, &mut reaped, &mut code);
             if leader_done && !group_exists(pgid) {
                 return Ok(code);
             }
@@ -332,18 +321,7 @@ impl LocalDriver {
         self.signal(pgid, Signal::KILL)?;
         let deadline = Instant::now() + KILL_WAIT;
         while Instant::now() < deadline {
-            let leader_done = match child.as_mut() {
-                Some(c) => {
-                    if !reaped {
-                        if let Ok(Some(status)) = c.try_wait() {
-                            code = status.code();
-                            reaped = true;
-                        }
-                    }
-                    reaped
-                }
-                None => !is_alive(process),
-            };
+            let leader_done = leader_done(child.as_mut(), process, &mut reaped, &mut code);
             if leader_done {
                 return Ok(code);
             }
@@ -607,6 +585,28 @@ fn parse_stat(text: &str) -> Option<Stat> {
     // `state` is field 3; `starttime` is field 22.
     let start_time = fields.nth(18)?.parse().ok()?;
     Some(Stat { state, start_time })
+}
+
+/// Whether a lease's leader process has finished: reaped by this instance (its exit code goes
+/// to `code`), or, for a re-adopted one, no longer alive.
+fn leader_done(
+    child: Option<&mut Child>,
+    process: Process,
+    reaped: &mut bool,
+    code: &mut Option<i32>,
+) -> bool {
+    match child {
+        Some(c) => {
+            if !*reaped {
+                if let Ok(Some(status)) = c.try_wait() {
+                    *code = status.code();
+                    *reaped = true;
+                }
+            }
+            *reaped
+        }
+        None => !is_alive(process),
+    }
 }
 
 /// Whether `process` is still that same process and has not finished (a zombie has).
