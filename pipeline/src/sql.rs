@@ -57,14 +57,6 @@ FROM leases l LEFT JOIN lease_hourly h ON h.lease_id = l.lease_id
 GROUP BY l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
          l.gpu_count, l.granted_at, l.released_at, l.release_reason"#;
 
-/// Every table name a query can use: the raw tables, the rollups and the views.
-pub fn table_names() -> Vec<&'static str> {
-    let mut names: Vec<&str> = Table::ALL.iter().map(|t| t.name()).collect();
-    names.extend(rollup::TABLES);
-    names.push("lease_usage");
-    names
-}
-
 /// A session with every table of the lake registered: the raw tables, the rollups
 /// (`rollups/<table>/`) and the views over them.
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {

@@ -164,11 +164,6 @@ impl Leases {
         self.by_id.is_empty()
     }
 
-    /// The leases in id order.
-    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
-        self.by_id.values()
-    }
-
     /// The lease with this id.
     pub fn get(&self, lease_id: &str) -> Option<&Lease> {
         self.by_id.get(lease_id)
@@ -350,9 +345,6 @@ impl Leases {
                 text(&|l| l.lease_id.clone()),
                 text(&|l| l.identity.team.clone()),
                 text(&|l| l.identity.gpu_model.clone()),
-                text(&|l| l.identity.user.clone()),
-                text(&|l| l.identity.project.clone()),
-                text(&|l| l.identity.workload.as_str().to_owned()),
                 text(&|l| {
                     serde_json::json!({
                         "user": l.identity.user,

@@ -154,15 +154,13 @@ pub fn focus_costs() -> SchemaRef {
     ]))
 }
 
-/// `known_leases`: every lease the lake knows, for joining samples to their lease.
+/// `known_leases`: every lease the lake knows, for joining samples to their lease (team and
+/// model) and FOCUS rows to their tags.
 pub fn known_leases() -> SchemaRef {
     Arc::new(Schema::new(vec![
         f("lease_id", DataType::Utf8, false),
         f("team", DataType::Utf8, false),
         f("gpu_model", DataType::Utf8, false),
-        f("user", DataType::Utf8, false),
-        f("project", DataType::Utf8, false),
-        f("workload", DataType::Utf8, false),
         f("tags", DataType::Utf8, false),
     ]))
 }
