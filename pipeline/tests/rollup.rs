@@ -595,3 +595,37 @@ fn an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable() {
         );
     }
 }
+
+#[test]
+fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    put(
+        &lake,
+        "samples",
+        "s",
+        &[sample("g1", H100, "h1", 5, 50.0, None, None)],
+        |s| s.ts_ms,
+    );
+    put(
+        &lake,
+        "lease_events",
+        "s",
+        &[
+            event(0, "granted", "L1", "ml", 1, &["g1"]),
+            event(150, "released", "L1", "ml", 1, &[]),
+        ],
+        |e| e.ts_ms,
+    );
+    let rt = rt();
+    let report = rt
+        .block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+    assert_eq!(
+        report.hours, 3,
+        "H with a sample, H + 1h and H + 2h with the lease alone"
+    );
+    let t = team_hourly(&rt, &lake);
+    check(&t, (1, "ml", H100), [1.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0]);
+    check(&t, (2, "ml", H100), [0.5, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0]);
+}

@@ -391,11 +391,11 @@ impl Rollup {
         )?;
 
         let partials = run(ctx, &partials_sql(self.options.pricing.idle_util_pct)).await?;
-        replace(ctx, "partials", Some(memtable_of(partials)?))?;
+        replace(ctx, "partials", Some(partials.table()?))?;
         let price = price_sql(&self.options.pricing, "gpu_model");
         let gpu = run(ctx, GPU_HOURLY_SQL).await?;
         let lease_rows = run(ctx, &lease_hourly_sql(&price)).await?;
-        replace(ctx, "lease_rows", Some(memtable_of(lease_rows.clone())?))?;
+        replace(ctx, "lease_rows", Some(lease_rows.table()?))?;
         let team = run(ctx, &team_hourly_sql(&price)).await?;
         let focus = run(
             ctx,
@@ -409,15 +409,15 @@ impl Rollup {
             ("hour", time(hour)),
             ("final", ScalarValue::Boolean(Some(is_final))),
         ];
-        self.write_hour("gpu_hourly", hour, &gpu, &common)?;
-        self.write_hour("lease_hourly", hour, &lease_rows, &common)?;
-        let team_rows = self.write_hour("team_hourly", hour, &team, &common)?;
+        self.write_hour("gpu_hourly", hour, &gpu.batches, &common)?;
+        self.write_hour("lease_hourly", hour, &lease_rows.batches, &common)?;
+        let team_rows = self.write_hour("team_hourly", hour, &team.batches, &common)?;
         let pricing = &self.options.pricing;
         let (month_start, month_end) = month_of(hour);
         self.write_hour(
             "focus_costs",
             hour,
-            &focus,
+            &focus.batches,
             &[
                 ("BillingAccountId", text(&pricing.billing_account)),
                 ("BillingAccountName", text(&pricing.billing_account)),
@@ -520,20 +520,29 @@ fn empty(schema: SchemaRef) -> Result<MemTable, DataFusionError> {
     MemTable::try_new(schema, vec![vec![]])
 }
 
+/// A query's result: its schema (which an empty result has too) and its rows.
+struct Rows {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+}
+
+impl Rows {
+    fn table(&self) -> Result<MemTable, DataFusionError> {
+        MemTable::try_new(Arc::clone(&self.schema), vec![self.batches.clone()])
+    }
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Result<Rows, DataFusionError> {
+    let frame = ctx.sql(sql).await?;
+    let schema = Arc::new(frame.schema().as_arrow().clone());
+    Ok(Rows {
+        schema,
+        batches: frame.collect().await?,
+    })
+}
+
 fn memtable(batch: RecordBatch) -> Result<MemTable, DataFusionError> {
     MemTable::try_new(batch.schema(), vec![vec![batch]])
-}
-
-fn memtable_of(batches: Vec<RecordBatch>) -> Result<MemTable, DataFusionError> {
-    let schema = batches.first().map_or_else(
-        || Arc::new(arrow_schema::Schema::empty()),
-        RecordBatch::schema,
-    );
-    MemTable::try_new(schema, vec![batches])
-}
-
-async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, DataFusionError> {
-    ctx.sql(sql).await?.collect().await
 }
 
 /// SQL for the price of a GPU-hour of the model in `column`: DESIGN.md's first matching
