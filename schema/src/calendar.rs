@@ -57,6 +57,10 @@ mod tests {
         let (start, end) = month_of(1_707_955_200_000);
         assert_eq!(civil_from_days(start / DAY_MS), (2024, 2, 1));
         assert_eq!((end - start) / DAY_MS, 29);
+        // December runs into the next year: 2025-12-06.
+        let (start, end) = month_of(1_765_000_000_000);
+        assert_eq!(civil_from_days(end / DAY_MS), (2026, 1, 1));
+        assert_eq!((end - start) / DAY_MS, 31);
         // 2024-03-15T12:00Z.
         assert_eq!(month_of(1_710_504_000_000).0, 1_709_251_200_000);
         assert_eq!(hour_of(3_599_999), 0);

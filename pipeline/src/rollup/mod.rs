@@ -48,8 +48,9 @@ use gpuwarden_schema::{ArrowConvertError, LeaseEvent, Record as _};
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
-use crate::lake::{hour_partition, month_of, Lake, LakeError};
+use crate::lake::{hour_partition, Lake, LakeError};
 use crate::sql::register_dir;
+use gpuwarden_schema::calendar::month_of;
 use leases::Leases;
 
 const HOUR_MS: i64 = 3_600_000;
