@@ -38,6 +38,23 @@ fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
     path
 }
 
+/// Starts `gpuwarden pipeline` with /metrics on a free port; returns it and its "pipeline
+/// running" log line.
+fn start_pipeline(config: &Path) -> (Running, serde_json::Value) {
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
+    (pipeline, running)
+}
+
 /// A config with only a data dir under `dir`: enough for `ingest` and `sql`.
 fn storage_config(dir: &Path) -> std::path::PathBuf {
     let config = dir.join("c.toml");
@@ -81,17 +98,7 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 
-    let mut first = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    first.wait_for_log("pipeline running", Duration::from_secs(30));
+    let (first, _) = start_pipeline(&config);
     let until = Instant::now() + Duration::from_secs(60);
     while parquet_files(&lake.join("samples")) < 2 {
         assert!(
@@ -113,17 +120,7 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
         "killed mid-run: {at_kill} of {n} rows were written"
     );
 
-    let mut second = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = second.wait_for_log("pipeline running", Duration::from_secs(30));
+    let (second, running) = start_pipeline(&config);
     let metrics_address = running["metrics"]
         .as_str()
         .unwrap()
@@ -448,17 +445,7 @@ fn a_running_pipeline_rolls_up_the_open_hour_within_its_rollup_period() {
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
+    let (pipeline, _) = start_pipeline(&config);
     // research's lease: 60 samples of 5 s, allocated from T0 to the watermark (59 × 5 s).
     let query = "SELECT CAST(round(observed_gpu_hours * 3600000) AS BIGINT) * 1000000 \
                  + CAST(round(allocated_gpu_hours * 3600000) AS BIGINT) / 1000 \
