@@ -485,13 +485,20 @@ fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
         .set("bootstrap.servers", &broker.bootstrap)
         .create()
         .unwrap();
-    producer
-        .send(
-            rdkafka::producer::BaseRecord::to("gpuwarden.signals")
-                .key("ml")
-                .payload(&signal),
-        )
-        .unwrap();
+    // Garbage first, on the same partition: it is skipped, not fatal.
+    for payload in [
+        "{\"v\":1,\"kind\":\"team_spend\"",
+        "not json",
+        signal.as_str(),
+    ] {
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to("gpuwarden.signals")
+                    .key("ml")
+                    .payload(payload),
+            )
+            .unwrap();
+    }
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
 
     let until = Instant::now() + Duration::from_secs(60);
