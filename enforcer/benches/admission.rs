@@ -181,7 +181,10 @@ async fn max_throughput(address: SocketAddr, requests: usize, connections: usize
 }
 
 /// Open loop at `rate` requests/s for `seconds`; latencies (from when each request was due),
-/// sorted.
+/// sorted. A pacing thread hands each due time to the connections in turn, sleeping with the OS
+/// timer (tokio's timer ticks in whole milliseconds, which would add up to 1 ms of lateness to
+/// every request); a connection still busy with its previous request starts the next late, and
+/// that lateness counts.
 async fn fixed_rate(
     address: SocketAddr,
     rate: u64,
@@ -190,15 +193,15 @@ async fn fixed_rate(
 ) -> Vec<Duration> {
     let total = (rate * seconds) as usize;
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let start = Instant::now() + Duration::from_millis(100);
+    let mut queues = Vec::with_capacity(connections);
     let tasks: Vec<_> = (0..connections)
-        .map(|c| {
+        .map(|_| {
+            let (due_times, mut due) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+            queues.push(due_times);
             tokio::spawn(async move {
                 let mut sender = connect(address).await;
                 let mut latencies = Vec::new();
-                for i in (c..total).step_by(connections) {
-                    let due = start + interval * i as u32;
-                    tokio::time::sleep_until(due.into()).await;
+                while let Some(due) = due.recv().await {
                     let lease = admit(&mut sender, address).await;
                     latencies.push(due.elapsed());
                     release(&mut sender, address, &lease).await;
@@ -207,10 +210,21 @@ async fn fixed_rate(
             })
         })
         .collect();
+    let start = Instant::now() + Duration::from_millis(100);
+    let pacer = std::thread::spawn(move || {
+        for i in 0..total {
+            let due = start + interval * i as u32;
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            queues[i % queues.len()].send(due).unwrap();
+        }
+    });
     let mut all = Vec::with_capacity(total);
     for task in tasks {
         all.extend(task.await.unwrap());
     }
+    pacer.join().unwrap();
     all.sort();
     all
 }

@@ -447,17 +447,6 @@ impl AppState {
         self.inner.clock.now_ms()
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let store = self.inner.store.clone();
-        tokio::task::spawn_blocking(move || f(&store))
-            .await
-            .map_err(|e| ApiError::Internal(format!("a store task failed: {e}")))?
-            .map_err(ApiError::from)
-    }
-
     /// Each substrate's inventory, in config order; a driver that cannot answer is left out
     /// (its capacity counts as none) and logged.
     async fn inventories(&self) -> Vec<SubstrateState> {
@@ -551,10 +540,10 @@ impl AppState {
             admission: request.clone(),
         };
         let (decision, lease) = self
-            .blocking(move |store| {
-                store.admit(now, &config.pricing, &request, |ledger| {
-                    policy::evaluate(&policy_request, &Self::snapshot(&config, ledger, subs))
-                })
+            .inner
+            .store
+            .admit(now, &config.pricing, &request, |ledger| {
+                policy::evaluate(&policy_request, &Self::snapshot(&config, ledger, subs))
             })
             .await?;
         self.inner
@@ -606,20 +595,22 @@ impl AppState {
         match driver.provision(&spec).await {
             Ok(()) => {
                 let now = self.now();
-                self.blocking(move |s| {
-                    s.transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
-                })
-                .await
+                // `granted` is on disk; if `active` is lost in a crash, re-adoption redoes it.
+                let store = &self.inner.store;
+                Ok(store
+                    .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
+                    .applied()
+                    .await?)
             }
             Err(e) => {
                 self.inner.metrics.count_driver_error();
                 tracing::warn!(lease_id = %id, error = %e, "provisioning failed");
                 let now = self.now();
                 let detail = e.to_string();
-                self.blocking(move |s| {
-                    s.transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
-                })
-                .await?;
+                self.inner
+                    .store
+                    .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
+                    .await?;
                 Err(ApiError::Substrate(format!(
                     "the lease was admitted but could not be started: {e}"
                 )))
@@ -632,9 +623,14 @@ impl AppState {
     /// release and by runtime rules (reason `expired`, `idle`, `budget`).
     pub async fn release(&self, id: &str, reason: ReleaseReason) -> Result<Lease, ApiError> {
         let now = self.now();
-        let owned = id.to_string();
+        // Not waited for: `released` commits after it, in order, and is waited for. If the
+        // process dies between the reclaim and that commit, the lease is still open on disk and
+        // re-adoption finds it gone from its substrate and marks it failed.
         let lease = self
-            .blocking(move |s| s.transition(&owned, LeaseState::Releasing, now, reason, ""))
+            .inner
+            .store
+            .transition(id, LeaseState::Releasing, now, reason, "")
+            .applied()
             .await?;
         let driver = self.driver(&lease)?;
         if let Err(e) = driver.reclaim(id, reason).await {
@@ -644,10 +640,12 @@ impl AppState {
             )));
         }
         let now = self.now();
-        let owned = id.to_string();
         let detail = format!("released ({})", reason.as_str());
-        self.blocking(move |s| s.transition(&owned, LeaseState::Released, now, reason, &detail))
-            .await
+        Ok(self
+            .inner
+            .store
+            .transition(id, LeaseState::Released, now, reason, &detail)
+            .await?)
     }
 
     /// Re-adopts the leases a previous run of the enforcer left open: each `granted` or `active`
@@ -657,7 +655,7 @@ impl AppState {
     /// again on the next start; `releasing` leases are left to a retried release.
     pub async fn readopt(&self) -> Result<Readoption, ApiError> {
         let mut report = Readoption::default();
-        let open = self.blocking(|s| s.leases(&LeaseFilter::default())).await?;
+        let open = self.inner.store.open_leases()?;
         for lease in open {
             if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
                 continue;
@@ -677,10 +675,10 @@ impl AppState {
             match status {
                 LeaseStatus::Running => {
                     if lease.state == LeaseState::Granted {
-                        self.blocking(move |s| {
-                            s.transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
-                        })
-                        .await?;
+                        self.inner
+                            .store
+                            .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
+                            .await?;
                     }
                     report.running += 1;
                 }
@@ -692,10 +690,10 @@ impl AppState {
                         _ => "gone from its substrate while the enforcer was down".to_string(),
                     };
                     tracing::warn!(lease_id = %lease.id, substrate = %lease.substrate, detail = %detail, "lease failed");
-                    self.blocking(move |s| {
-                        s.transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
-                    })
-                    .await?;
+                    self.inner
+                        .store
+                        .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
+                        .await?;
                     report.failed += 1;
                 }
             }
@@ -708,7 +706,7 @@ impl AppState {
     /// on the next call.
     pub async fn expire_due(&self) -> Result<usize, ApiError> {
         let now = self.now();
-        let due = self.blocking(move |s| s.due_for_expiry(now)).await?;
+        let due = self.inner.store.due_for_expiry(now)?;
         let mut released = 0;
         for lease in due {
             match self.release(&lease.id, ReleaseReason::Expired).await {
@@ -725,9 +723,10 @@ impl AppState {
     }
 
     async fn lease_for_write(&self, principal: &Principal, id: &str) -> Result<Lease, ApiError> {
-        let owned = id.to_string();
         let lease = self
-            .blocking(move |s| s.lease(&owned))
+            .inner
+            .store
+            .lease(id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("there is no lease {id}")))?;
         if let Some(why) = principal.write_refusal(&lease.team, &lease.user) {
@@ -765,8 +764,7 @@ impl AppState {
             }
         }
         let now = self.now();
-        let owned = id.to_string();
-        self.blocking(move |s| s.extend(&owned, new_end, now)).await
+        Ok(self.inner.store.extend(id, new_end, now).await?)
     }
 
     /// Changes a lease's GPU count, checked by the policy like an admission, and carries it out
@@ -789,13 +787,12 @@ impl AppState {
             .collect();
         let config = self.inner.config.clone();
         let now = self.now();
-        let owned = id.to_string();
         let (decision, lease) = self
-            .blocking(move |store| {
-                store.resize(&owned, now, &config.pricing, |ledger, lease| {
-                    let snapshot = Self::snapshot(&config, ledger, subs);
-                    policy::evaluate_resize(&lease.holding(now), gpus, &snapshot)
-                })
+            .inner
+            .store
+            .resize(id, now, &config.pricing, |ledger, lease| {
+                let snapshot = Self::snapshot(&config, ledger, subs);
+                policy::evaluate_resize(&lease.holding(now), gpus, &snapshot)
             })
             .await?;
         if decision.admitted() {
@@ -824,9 +821,7 @@ impl AppState {
             )));
         }
         let now = self.now();
-        let ledger = self
-            .blocking(move |s| s.ledger(now, &config.pricing))
-            .await?;
+        let ledger = self.inner.store.ledger(now, &config.pricing)?;
         Ok(TeamView {
             gpus_held: ledger.held_gpus.get(&t.name).copied().unwrap_or(0),
             month_to_date_usd: ledger.spend_usd.get(&t.name).copied().unwrap_or(0.0),
@@ -921,7 +916,7 @@ async fn list_leases(
         teams,
         state: query.state,
     };
-    state.blocking(move |s| s.leases(&filter)).await.map(Json)
+    Ok(Json(state.store().leases(&filter).await?))
 }
 
 /// One lease.
@@ -938,9 +933,9 @@ async fn get_lease(
     principal: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Lease>, ApiError> {
-    let owned = id.clone();
     let lease = state
-        .blocking(move |s| s.lease(&owned))
+        .store()
+        .lease(&id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("there is no lease {id}")))?;
     if !principal.may_read(&lease.team) {

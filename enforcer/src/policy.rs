@@ -130,7 +130,7 @@ pub struct SubstrateState {
     /// The substrate's `[[substrates]]` name.
     pub name: String,
     /// What its driver reports.
-    pub inventory: Inventory,
+    pub inventory: Arc<Inventory>,
     /// UUIDs held by open leases.
     pub busy: BTreeSet<String>,
     /// GPUs of pooled capacity held by open leases, by model.
@@ -814,18 +814,18 @@ mod tests {
             substrates: vec![
                 SubstrateState {
                     name: "sim".into(),
-                    inventory: Inventory {
+                    inventory: Arc::new(Inventory {
                         gpus,
                         pooled: Vec::new(),
-                    },
+                    }),
                     ..SubstrateState::default()
                 },
                 SubstrateState {
                     name: "pool".into(),
-                    inventory: Inventory {
+                    inventory: Arc::new(Inventory {
                         gpus: Vec::new(),
                         pooled: vec![(H100.into(), 8)],
-                    },
+                    }),
                     ..SubstrateState::default()
                 },
             ],

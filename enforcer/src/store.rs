@@ -1,25 +1,38 @@
-//! The durable lease store: one SQLite database (WAL mode) holding leases, blocked teams, the
-//! latest team spend, and an outbox of records for Kafka.
+//! The durable lease store: one SQLite database (WAL mode, `synchronous = FULL`) holding leases,
+//! blocked teams, the latest team spend, and an outbox of records for Kafka.
 //!
 //! Every lease change writes its `LeaseEvent` (and, for admissions, its `Action`) to the outbox in
 //! the same transaction, so the topics can never miss or invent a change; the publisher reads
-//! [`Store::outbox_pending`] and marks rows with [`Store::outbox_mark_published`]. Admission runs
-//! the policy inside a `BEGIN IMMEDIATE` transaction ([`Store::admit`]): the quota and the GPUs in
-//! use are read and the lease inserted while SQLite's write lock is held, so concurrent requests,
-//! from this process or another on the same file, can never exceed a quota or place a GPU twice.
-//! Calls block; async callers run them on a blocking thread.
+//! [`Store::outbox_pending`] and marks rows with [`Store::outbox_mark_published`].
+//!
+//! One process owns a database at a time (an exclusive lock on `<database>.lock`), and it keeps
+//! what admission reads in memory: the open leases, the latest spend per team, the blocked teams.
+//! A change is checked and applied to memory under one lock, so concurrent requests can never
+//! exceed a quota or place a GPU twice ([`Store::admit`]), and its rows are queued, under the same
+//! lock, to a single writer thread that owns the connection. The writer commits everything queued
+//! since its last commit in one transaction (group commit: one fsync for many changes) and only
+//! then answers each caller, so a change is reported only once it is on disk. Every call returns
+//! a [`Pending`] to `.await` (async code) or [`Pending::wait`] on (threads). Queries that need the
+//! file (closed leases, the outbox) run on the writer's connection after the writes queued before
+//! them, so a caller always reads its own changes.
+//!
+//! If a commit fails (disk full, I/O error), memory is ahead of the file: the store refuses every
+//! later call with [`StoreError::Broken`] and the enforcer must restart, which reloads memory from
+//! what the file holds. Callers whose changes were in the failed batch were told they failed.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use gpuwarden_schema::config::PricingConfig;
 use gpuwarden_schema::{
     Action, ActionKind, LeaseEvent, LeaseEventKind, Outcome, Record, ReleaseReason, Workload, V1,
 };
-use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 use utoipa::ToSchema;
 
 use crate::policy::{AdmissionRequest, Decision, Holding, WorkloadName};
@@ -46,6 +59,15 @@ pub enum StoreError {
     /// A row holds something this version cannot read (written by a newer version, or edited).
     #[error("the lease store holds an unreadable row: {0}")]
     Corrupt(String),
+    /// Another store (in this process or another) has the database open.
+    #[error("the lease store {0} is in use by another enforcer; only one may open it at a time")]
+    InUse(String),
+    /// The store's files could not be opened or locked.
+    #[error("the lease store failed: {0}")]
+    Io(String),
+    /// An earlier commit failed, so memory no longer matches the file; restart the enforcer.
+    #[error("the lease store stopped after a failed commit ({0}); restart the enforcer to reload it from disk")]
+    Broken(String),
     /// The database was written by a newer gpuwarden.
     #[error("the lease store is at schema version {found}; this build knows up to {known}")]
     TooNew {
@@ -280,76 +302,337 @@ const MIGRATIONS: &[&str] = &[
         burn_usd_per_hour REAL NOT NULL,
         ts_ms INTEGER NOT NULL
     );",
+    // 2: the open leases live in memory, so nothing looks leases up by state any more; an index
+    // holding the state is only rewritten on every transition. Listing by team keeps one.
+    "DROP INDEX leases_team_state;
+    DROP INDEX leases_state;
+    CREATE INDEX leases_team ON leases (team);",
 ];
 
 const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
 const COLUMNS: &str = "id, team, user, project, workload, substrate, gpu_model, gpu_count, \
     gpu_uuids, labels, state, granted_at, expires_at, updated_at, released_at, release_reason";
+/// Most jobs the writer commits in one transaction.
+const MAX_BATCH: usize = 512;
 
-/// The lease store. Cheap to clone; clones share one connection.
-#[derive(Debug, Clone)]
+/// The lease store. Cheap to clone; clones share one store.
+#[derive(Clone)]
 pub struct Store {
-    conn: Arc<Mutex<Connection>>,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    /// What the policy reads, kept in step with the database: every change is applied here and
+    /// its writes queued to the writer while this lock is held, so the writer commits changes
+    /// in the order memory saw them.
+    memory: Mutex<Memory>,
+    /// Jobs for the writer thread; `None` once the store is closing.
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set (once) when a commit failed: memory is then ahead of the file, so the store refuses
+    /// every later call until the enforcer restarts and reloads from the file.
+    broken: Arc<OnceLock<String>>,
+    /// Held (an exclusive lock on `<database>.lock`) for as long as the store is open.
+    _owner: File,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer once it has committed what was queued.
+        drop(lock(&self.jobs).take());
+        if let Some(writer) = lock(&self.writer).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The open leases, the latest spend per team and the blocked teams.
+#[derive(Default)]
+struct Memory {
+    open: HashMap<String, Lease>,
+    spend: BTreeMap<String, (f64, i64)>,
+    blocked: BTreeSet<String>,
+}
+
+/// One write the writer thread carries out.
+enum Op {
+    InsertLease(Box<Lease>),
+    /// Stores the lease's state, GPUs, end, and release.
+    UpdateLease(Box<Lease>),
+    Outbox {
+        topic: &'static str,
+        key: String,
+        payload: String,
+        created_at: i64,
+    },
+    Block {
+        team: String,
+        reason: String,
+        at: i64,
+    },
+    Unblock {
+        team: String,
+    },
+    Spend {
+        team: String,
+        month_to_date_usd: f64,
+        burn_usd_per_hour: f64,
+        ts_ms: i64,
+    },
+    MarkPublished {
+        ids: Vec<i64>,
+        at: i64,
+    },
+    /// A lease row a later one in the same batch replaced.
+    Nothing,
+}
+
+type Read = Box<dyn FnOnce(&Connection) + Send>;
+
+enum Job {
+    /// Ops committed together; `done` hears once they are durable (or why not).
+    Write {
+        ops: Vec<Op>,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    /// A query, run after every write queued before it.
+    Read(Read),
+}
+
+/// The outcome of a store call. Changes are applied to the store's memory at once (so the next
+/// call sees them) and become durable when the writer thread commits them, together with
+/// whatever else was queued meanwhile (group commit). Wait for that with `.await` in async code
+/// or [`Pending::wait`] on a thread that may block; either gives the value only once it is on
+/// disk, or the error.
+#[must_use = "a change is durable only once its Pending is awaited or waited on"]
+pub struct Pending<T> {
+    state: PendingState<T>,
+}
+
+enum PendingState<T> {
+    Ready(Result<T, StoreError>),
+    Write(T, oneshot::Receiver<Result<(), String>>),
+    Read(oneshot::Receiver<Result<T, StoreError>>),
+}
+
+impl<T> Pending<T> {
+    fn ready(result: Result<T, StoreError>) -> Self {
+        Self {
+            state: PendingState::Ready(result),
+        }
+    }
+
+    /// Blocks the calling thread until the value is durable. Not for async code (use `.await`).
+    pub fn wait(self) -> Result<T, StoreError> {
+        match self.state {
+            PendingState::Ready(result) => result,
+            PendingState::Write(value, done) => settle_write(value, done.blocking_recv()),
+            PendingState::Read(answer) => answer.blocking_recv().unwrap_or_else(|_| Err(closed())),
+        }
+    }
+}
+
+impl<T: Send + 'static> Pending<T> {
+    /// The value as soon as the change is applied in memory, without waiting for the commit
+    /// (which still happens, in order, with the changes queued after it). For a step whose loss
+    /// in a crash a restart repairs, e.g. `granted → active`, which re-adoption redoes. A query
+    /// still waits for its answer.
+    pub async fn applied(self) -> Result<T, StoreError> {
+        match self.state {
+            PendingState::Write(value, _) => Ok(value),
+            state => Self { state }.await,
+        }
+    }
+}
+
+impl<T: Send + 'static> std::future::IntoFuture for Pending<T> {
+    type Output = Result<T, StoreError>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            match self.state {
+                PendingState::Ready(result) => result,
+                PendingState::Write(value, done) => settle_write(value, done.await),
+                PendingState::Read(answer) => answer.await.unwrap_or_else(|_| Err(closed())),
+            }
+        })
+    }
+}
+
+fn settle_write<T>(
+    value: T,
+    done: Result<Result<(), String>, oneshot::error::RecvError>,
+) -> Result<T, StoreError> {
+    match done {
+        Ok(Ok(())) => Ok(value),
+        Ok(Err(why)) => Err(StoreError::Broken(why)),
+        Err(_) => Err(closed()),
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Broken("the lease store's writer stopped".into())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Memory is changed only after every check has passed, so a panic cannot leave it half
+    // changed.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// Opens (creating if needed) the database at `path`, brings its schema up to date, loads
+    /// the open leases, spend and blocks into memory, and starts the writer thread. Only one
+    /// store may have a database open at a time: a second one, in this process or another, gets
+    /// [`StoreError::InUse`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+        let owner = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+        match owner.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::InUse(path.display().to_string()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Io(format!(
+                    "cannot lock {}: {e}",
+                    lock_path.display()
+                )))
+            }
+        }
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
+        // The owner lock above already keeps other stores out; holding SQLite's lock for good
+        // spares every commit its lock calls (and keeps the WAL index in heap memory).
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // Every commit is on disk before its caller hears of it; group commit keeps that cheap.
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrate(&mut conn)?;
+        let memory = load(&conn)?;
+        let (jobs, queue) = mpsc::channel();
+        let broken = Arc::new(OnceLock::new());
+        let writer = {
+            let broken = broken.clone();
+            std::thread::Builder::new()
+                .name("lease-store".into())
+                .spawn(move || write_loop(conn, &queue, &broken))
+                .map_err(|e| StoreError::Io(format!("cannot start the store's writer: {e}")))?
+        };
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                memory: Mutex::new(memory),
+                jobs: Mutex::new(Some(jobs)),
+                writer: Mutex::new(Some(writer)),
+                broken,
+                _owner: owner,
+            }),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave a transaction open (rusqlite rolls back on
-        // drop), so the connection is still sound.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    fn check(&self) -> Result<(), StoreError> {
+        match self.inner.broken.get() {
+            Some(why) => Err(StoreError::Broken(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&self, job: Job) -> Result<(), StoreError> {
+        lock(&self.inner.jobs)
+            .as_ref()
+            .ok_or_else(closed)?
+            .send(job)
+            .map_err(|_| closed())
+    }
+
+    /// Queues `ops` (call with the memory lock held, after changing memory); the value is
+    /// handed back once they are committed.
+    fn write<T>(&self, value: T, ops: Vec<Op>) -> Pending<T> {
+        let (done, heard) = oneshot::channel();
+        match self.send(Job::Write { ops, done }) {
+            Ok(()) => Pending {
+                state: PendingState::Write(value, heard),
+            },
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    /// Runs `query` on the writer's connection after every write queued so far.
+    fn read<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Pending<T> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let (answer, heard) = oneshot::channel();
+        let job = Job::Read(Box::new(move |conn| {
+            let _ = answer.send(query(conn));
+        }));
+        match self.send(job) {
+            Ok(()) => Pending {
+                state: PendingState::Read(heard),
+            },
+            Err(e) => Pending::ready(Err(e)),
+        }
     }
 
     /// The schema version of the open database.
-    pub fn schema_version(&self) -> Result<i64, StoreError> {
-        Ok(self
-            .lock()
-            .query_row("SELECT version FROM schema_version", [], |r| r.get(0))?)
+    pub fn schema_version(&self) -> Pending<i64> {
+        self.read(
+            |conn| Ok(conn.query_row("SELECT version FROM schema_version", [], |r| r.get(0))?),
+        )
     }
 
     /// The ledger as of `now_ms`.
     pub fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Result<Ledger, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let ledger = read_ledger(&tx, now_ms, pricing)?;
-        tx.commit()?;
-        Ok(ledger)
+        self.check()?;
+        Ok(lock(&self.inner.memory).ledger(now_ms, pricing))
     }
 
-    /// Admits a request atomically: reads the ledger, asks `decide` (the policy), and records the
-    /// outcome, all inside one `BEGIN IMMEDIATE` transaction. An admitted decision becomes a
-    /// `granted` lease with a `granted` LeaseEvent and an `admit` Action in the outbox; a denied
-    /// one writes a `deny` Action. Nothing is written for a dry run.
+    /// Admits a request atomically: builds the ledger, asks `decide` (the policy), and records
+    /// the outcome, with the store's memory locked throughout, so concurrent requests can never
+    /// exceed a quota or place a GPU twice. An admitted decision becomes a `granted` lease with a
+    /// `granted` LeaseEvent and an `admit` Action in the outbox; a denied one writes a `deny`
+    /// Action. Nothing is written for a dry run.
     pub fn admit(
         &self,
         now_ms: i64,
         pricing: &PricingConfig,
         request: &AdmissionRequest,
         decide: impl FnOnce(&Ledger) -> Decision,
-    ) -> Result<(Decision, Option<Lease>), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let ledger = read_ledger(&tx, now_ms, pricing)?;
-        let decision = decide(&ledger);
-        if request.dry_run {
-            return Ok((decision, None));
+    ) -> Pending<(Decision, Option<Lease>)> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
         }
-        let lease = match (&decision.placement, decision.admitted()) {
+        let mut memory = lock(&self.inner.memory);
+        let decision = decide(&memory.ledger(now_ms, pricing));
+        if request.dry_run {
+            return Pending::ready(Ok((decision, None)));
+        }
+        match (&decision.placement, decision.admitted()) {
             (Some(p), true) => {
                 let lease = Lease {
-                    id: uuid::Uuid::new_v4().to_string(),
+                    // Time-ordered (v7): new leases land at the end of the id index, so a commit
+                    // rewrites one index page, not a random one per lease.
+                    id: uuid::Uuid::now_v7().to_string(),
                     team: request.team.clone(),
                     user: request.user.clone(),
                     project: request.project.clone(),
@@ -368,8 +651,6 @@ impl Store {
                     released_at: None,
                     release_reason: None,
                 };
-                insert_lease(&tx, &lease)?;
-                enqueue(&tx, &lease.event(LeaseEventKind::Granted, now_ms), now_ms)?;
                 let detail = format!(
                     "{} GPUs of {} on {}, ${:.2}/h",
                     lease.gpu_count,
@@ -377,19 +658,23 @@ impl Store {
                     lease.substrate,
                     decision.estimate.usd_per_hour
                 );
-                enqueue(
-                    &tx,
-                    &action(
-                        ActionKind::Admit,
-                        &lease,
-                        "admitted",
-                        Outcome::Ok,
-                        detail,
+                let ops = vec![
+                    Op::InsertLease(Box::new(lease.clone())),
+                    outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
+                    outbox(
+                        &action(
+                            ActionKind::Admit,
+                            &lease,
+                            "admitted",
+                            Outcome::Ok,
+                            detail,
+                            now_ms,
+                        ),
                         now_ms,
                     ),
-                    now_ms,
-                )?;
-                Some(lease)
+                ];
+                memory.open.insert(lease.id.clone(), lease.clone());
+                self.write((decision, Some(lease)), ops)
             }
             _ => {
                 let reason = decision
@@ -414,56 +699,109 @@ impl Store {
                     outcome: Outcome::Ok,
                     detail,
                 };
-                enqueue(&tx, &deny, now_ms)?;
-                None
+                self.write((decision, None), vec![outbox(&deny, now_ms)])
             }
-        };
-        tx.commit()?;
-        Ok((decision, lease))
+        }
     }
 
     /// One lease.
-    pub fn lease(&self, id: &str) -> Result<Option<Lease>, StoreError> {
-        let conn = self.lock();
-        get_lease(&conn, id)
+    pub fn lease(&self, id: &str) -> Pending<Option<Lease>> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        if let Some(lease) = lock(&self.inner.memory).open.get(id) {
+            return Pending::ready(Ok(Some(lease.clone())));
+        }
+        let id = id.to_owned();
+        self.read(move |conn| get_lease(conn, &id))
     }
 
     /// Leases matching `filter`, newest first.
-    pub fn leases(&self, filter: &LeaseFilter) -> Result<Vec<Lease>, StoreError> {
-        let conn = self.lock();
-        let mut sql = format!("SELECT {COLUMNS} FROM leases WHERE 1 = 1");
-        let mut args: Vec<String> = Vec::new();
-        if let Some(state) = filter.state {
-            sql.push_str(" AND state = ?");
-            args.push(state.as_str().into());
-        }
-        if let Some(teams) = &filter.teams {
-            sql.push_str(&format!(
-                " AND team IN ({})",
-                vec!["?"; teams.len()].join(", ")
-            ));
-            if teams.is_empty() {
-                sql = sql.replace("team IN ()", "0 = 1");
+    pub fn leases(&self, filter: &LeaseFilter) -> Pending<Vec<Lease>> {
+        let filter = filter.clone();
+        self.read(move |conn| {
+            let mut sql = format!("SELECT {COLUMNS} FROM leases WHERE 1 = 1");
+            let mut args: Vec<String> = Vec::new();
+            if let Some(state) = filter.state {
+                sql.push_str(" AND state = ?");
+                args.push(state.as_str().into());
             }
-            args.extend(teams.iter().cloned());
-        }
-        sql.push_str(" ORDER BY granted_at DESC, id");
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), row_to_raw)?;
-        rows.map(|r| r.map_err(StoreError::from).and_then(RawLease::parse))
-            .collect()
+            if let Some(teams) = &filter.teams {
+                if teams.is_empty() {
+                    sql.push_str(" AND 0 = 1");
+                } else {
+                    sql.push_str(&format!(
+                        " AND team IN ({})",
+                        vec!["?"; teams.len()].join(", ")
+                    ));
+                    args.extend(teams.iter().cloned());
+                }
+            }
+            sql.push_str(" ORDER BY granted_at DESC, id");
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), row_to_raw)?;
+            rows.map(|r| r.map_err(StoreError::from).and_then(RawLease::parse))
+                .collect()
+        })
+    }
+
+    /// Open leases, oldest grant first.
+    pub fn open_leases(&self) -> Result<Vec<Lease>, StoreError> {
+        self.check()?;
+        let mut open: Vec<Lease> = lock(&self.inner.memory).open.values().cloned().collect();
+        open.sort_by(|a, b| (a.granted_at, &a.id).cmp(&(b.granted_at, &b.id)));
+        Ok(open)
     }
 
     /// Open leases whose end has come, for the runtime rules to reclaim.
     pub fn due_for_expiry(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM leases WHERE {OPEN} AND expires_at IS NOT NULL \
-             AND expires_at <= ?1 ORDER BY expires_at, id"
-        ))?;
-        let rows = stmt.query_map([now_ms], row_to_raw)?;
-        rows.map(|r| r.map_err(StoreError::from).and_then(RawLease::parse))
-            .collect()
+        let mut due: Vec<Lease> = self
+            .open_leases()?
+            .into_iter()
+            .filter(|l| l.expires_at.is_some_and(|e| e <= now_ms))
+            .collect();
+        due.sort_by(|a, b| (a.expires_at, &a.id).cmp(&(b.expires_at, &b.id)));
+        Ok(due)
+    }
+
+    /// Changes an open lease with `change` (which may refuse), keeps memory and the file in
+    /// step, and queues the outbox records `records` derives from the changed lease. A lease
+    /// that is not open is read from the file only to say why it cannot change.
+    fn change(
+        &self,
+        id: &str,
+        to: Option<LeaseState>,
+        change: impl FnOnce(&mut Lease) -> Result<(), StoreError>,
+        records: impl FnOnce(&Lease) -> Vec<Op>,
+    ) -> Pending<Lease> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let mut memory = lock(&self.inner.memory);
+        let Some(current) = memory.open.get(id) else {
+            drop(memory);
+            let id = id.to_owned();
+            return self.read(move |conn| match get_lease(conn, &id)? {
+                None => Err(StoreError::NotFound(id)),
+                Some(lease) => Err(StoreError::InvalidTransition {
+                    id,
+                    from: lease.state,
+                    to: to.unwrap_or(lease.state),
+                }),
+            });
+        };
+        let mut lease = current.clone();
+        if let Err(e) = change(&mut lease) {
+            return Pending::ready(Err(e));
+        }
+        let mut ops = vec![Op::UpdateLease(Box::new(lease.clone()))];
+        ops.extend(records(&lease));
+        if lease.state.is_open() {
+            memory.open.insert(lease.id.clone(), lease.clone());
+        } else {
+            memory.open.remove(&lease.id);
+        }
+        self.write(lease, ops)
     }
 
     /// Moves a lease to `to`, refusing transitions the state machine does not allow. Reaching
@@ -476,175 +814,179 @@ impl Store {
         now_ms: i64,
         reason: ReleaseReason,
         detail: &str,
-    ) -> Result<Lease, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut lease = get_lease(&tx, id)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
-        if !lease.state.can_become(to) {
-            return Err(StoreError::InvalidTransition {
-                id: id.into(),
-                from: lease.state,
-                to,
-            });
-        }
-        lease.state = to;
-        lease.updated_at = now_ms;
-        if !to.is_open() {
-            let reason = if to == LeaseState::Failed {
-                ReleaseReason::Failed
-            } else {
-                reason
-            };
-            lease.released_at = Some(now_ms);
-            lease.release_reason = Some(reason);
-            enqueue(&tx, &lease.event(LeaseEventKind::Released, now_ms), now_ms)?;
-            let outcome = if to == LeaseState::Failed {
-                Outcome::Failed
-            } else {
-                Outcome::Ok
-            };
-            enqueue(
-                &tx,
-                &action(
-                    ActionKind::Reclaim,
-                    &lease,
-                    reason.as_str(),
-                    outcome,
-                    detail.into(),
-                    now_ms,
-                ),
-                now_ms,
-            )?;
-        }
-        tx.execute(
-            "UPDATE leases SET state = ?2, updated_at = ?3, released_at = ?4, release_reason = ?5 \
-             WHERE id = ?1",
-            params![
-                id,
-                to.as_str(),
-                now_ms,
-                lease.released_at,
-                lease.release_reason.map(ReleaseReason::as_str)
-            ],
-        )?;
-        tx.commit()?;
-        Ok(lease)
+    ) -> Pending<Lease> {
+        let detail = detail.to_owned();
+        self.change(
+            id,
+            Some(to),
+            |lease| {
+                if !lease.state.can_become(to) {
+                    return Err(StoreError::InvalidTransition {
+                        id: lease.id.clone(),
+                        from: lease.state,
+                        to,
+                    });
+                }
+                lease.state = to;
+                lease.updated_at = now_ms;
+                if !to.is_open() {
+                    lease.released_at = Some(now_ms);
+                    lease.release_reason = Some(if to == LeaseState::Failed {
+                        ReleaseReason::Failed
+                    } else {
+                        reason
+                    });
+                }
+                Ok(())
+            },
+            |lease| {
+                if lease.state.is_open() {
+                    return Vec::new();
+                }
+                let outcome = if to == LeaseState::Failed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Ok
+                };
+                let why = lease.release_reason.unwrap_or(reason).as_str();
+                vec![
+                    outbox(&lease.event(LeaseEventKind::Released, now_ms), now_ms),
+                    outbox(
+                        &action(ActionKind::Reclaim, lease, why, outcome, detail, now_ms),
+                        now_ms,
+                    ),
+                ]
+            },
+        )
     }
 
     /// Sets an open lease's end to `expires_at`.
-    pub fn extend(&self, id: &str, expires_at: i64, now_ms: i64) -> Result<Lease, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut lease = get_lease(&tx, id)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
-        if !lease.state.is_open() {
-            return Err(StoreError::InvalidTransition {
-                id: id.into(),
-                from: lease.state,
-                to: lease.state,
-            });
-        }
-        lease.expires_at = Some(expires_at);
-        lease.updated_at = now_ms;
-        tx.execute(
-            "UPDATE leases SET expires_at = ?2, updated_at = ?3 WHERE id = ?1",
-            params![id, expires_at, now_ms],
-        )?;
-        tx.commit()?;
-        Ok(lease)
+    pub fn extend(&self, id: &str, expires_at: i64, now_ms: i64) -> Pending<Lease> {
+        self.change(
+            id,
+            None,
+            |lease| {
+                lease.expires_at = Some(expires_at);
+                lease.updated_at = now_ms;
+                Ok(())
+            },
+            |_| Vec::new(),
+        )
     }
 
-    /// Resizes an open lease atomically: reads the ledger and the lease, asks `decide` (the
-    /// policy), and on admission records the new GPUs with a `resized` LeaseEvent and a `resize`
-    /// Action, inside one `BEGIN IMMEDIATE` transaction.
+    /// Resizes an open lease atomically: builds the ledger, asks `decide` (the policy) about the
+    /// lease, and on admission records the new GPUs with a `resized` LeaseEvent and a `resize`
+    /// Action, with the store's memory locked throughout.
     pub fn resize(
         &self,
         id: &str,
         now_ms: i64,
         pricing: &PricingConfig,
         decide: impl FnOnce(&Ledger, &Lease) -> Decision,
-    ) -> Result<(Decision, Lease), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut lease = get_lease(&tx, id)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
-        if !lease.state.is_open() || lease.state == LeaseState::Releasing {
-            return Err(StoreError::InvalidTransition {
-                id: id.into(),
-                from: lease.state,
-                to: lease.state,
-            });
+    ) -> Pending<(Decision, Lease)> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
         }
-        let ledger = read_ledger(&tx, now_ms, pricing)?;
-        let decision = decide(&ledger, &lease);
-        let Some(placement) = decision.placement.as_ref().filter(|_| decision.admitted()) else {
-            return Ok((decision, lease));
+        let mut memory = lock(&self.inner.memory);
+        let refusal = |from| StoreError::InvalidTransition {
+            id: id.into(),
+            from,
+            to: from,
         };
+        let lease = match memory.open.get(id) {
+            Some(l) if l.state == LeaseState::Releasing => {
+                return Pending::ready(Err(refusal(l.state)))
+            }
+            Some(l) => l.clone(),
+            None => {
+                drop(memory);
+                let id = id.to_owned();
+                return self.read(move |conn| match get_lease(conn, &id)? {
+                    None => Err(StoreError::NotFound(id)),
+                    Some(l) => Err(StoreError::InvalidTransition {
+                        id,
+                        from: l.state,
+                        to: l.state,
+                    }),
+                });
+            }
+        };
+        let decision = decide(&memory.ledger(now_ms, pricing), &lease);
+        let Some(placement) = decision.placement.clone().filter(|_| decision.admitted()) else {
+            return Pending::ready(Ok((decision, lease)));
+        };
+        let mut lease = lease;
         let before = lease.gpu_count;
-        lease.gpu_uuids = placement.gpu_uuids.clone();
+        lease.gpu_uuids = placement.gpu_uuids;
         lease.gpu_count = placement.gpu_count;
         lease.updated_at = now_ms;
-        tx.execute(
-            "UPDATE leases SET gpu_count = ?2, gpu_uuids = ?3, updated_at = ?4 WHERE id = ?1",
-            params![id, lease.gpu_count, json(&lease.gpu_uuids), now_ms],
-        )?;
-        enqueue(&tx, &lease.event(LeaseEventKind::Resized, now_ms), now_ms)?;
         let detail = format!("{before} → {} GPUs of {}", lease.gpu_count, lease.gpu_model);
-        enqueue(
-            &tx,
-            &action(
-                ActionKind::Resize,
-                &lease,
-                "requested",
-                Outcome::Ok,
-                detail,
+        let ops = vec![
+            Op::UpdateLease(Box::new(lease.clone())),
+            outbox(&lease.event(LeaseEventKind::Resized, now_ms), now_ms),
+            outbox(
+                &action(
+                    ActionKind::Resize,
+                    &lease,
+                    "requested",
+                    Outcome::Ok,
+                    detail,
+                    now_ms,
+                ),
                 now_ms,
             ),
-            now_ms,
-        )?;
-        tx.commit()?;
-        Ok((decision, lease))
+        ];
+        memory.open.insert(lease.id.clone(), lease.clone());
+        self.write((decision, lease), ops)
     }
 
     /// Stops a team's new admissions, with a `block` Action.
-    pub fn block_team(&self, team: &str, reason: &str, now_ms: i64) -> Result<(), StoreError> {
+    pub fn block_team(&self, team: &str, reason: &str, now_ms: i64) -> Pending<()> {
         self.set_blocked(team, Some(reason), now_ms)
     }
 
     /// Lifts a team's block, with an `unblock` Action.
-    pub fn unblock_team(&self, team: &str, now_ms: i64) -> Result<(), StoreError> {
+    pub fn unblock_team(&self, team: &str, now_ms: i64) -> Pending<()> {
         self.set_blocked(team, None, now_ms)
     }
 
-    fn set_blocked(&self, team: &str, reason: Option<&str>, now_ms: i64) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let changed = match reason {
-            Some(r) => tx.execute(
-                "INSERT OR IGNORE INTO blocked_teams (team, reason, blocked_at) VALUES (?1, ?2, ?3)",
-                params![team, r, now_ms],
-            )?,
-            None => tx.execute("DELETE FROM blocked_teams WHERE team = ?1", [team])?,
-        };
-        if changed > 0 {
-            let record = Action {
-                v: V1,
-                ts_ms: now_ms,
-                action: if reason.is_some() {
-                    ActionKind::Block
-                } else {
-                    ActionKind::Unblock
-                },
-                lease_id: None,
-                team: Some(team.into()),
-                reason: reason.unwrap_or("unblocked").into(),
-                policy: None,
-                driver: None,
-                outcome: Outcome::Ok,
-                detail: String::new(),
-            };
-            enqueue(&tx, &record, now_ms)?;
+    fn set_blocked(&self, team: &str, reason: Option<&str>, now_ms: i64) -> Pending<()> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
         }
-        tx.commit()?;
-        Ok(())
+        let mut memory = lock(&self.inner.memory);
+        let changed = match reason {
+            Some(_) => memory.blocked.insert(team.to_owned()),
+            None => memory.blocked.remove(team),
+        };
+        if !changed {
+            return Pending::ready(Ok(()));
+        }
+        let record = Action {
+            v: V1,
+            ts_ms: now_ms,
+            action: if reason.is_some() {
+                ActionKind::Block
+            } else {
+                ActionKind::Unblock
+            },
+            lease_id: None,
+            team: Some(team.into()),
+            reason: reason.unwrap_or("unblocked").into(),
+            policy: None,
+            driver: None,
+            outcome: Outcome::Ok,
+            detail: String::new(),
+        };
+        let change = match reason {
+            Some(r) => Op::Block {
+                team: team.into(),
+                reason: r.into(),
+                at: now_ms,
+            },
+            None => Op::Unblock { team: team.into() },
+        };
+        self.write((), vec![change, outbox(&record, now_ms)])
     }
 
     /// Records a `team_spend` signal; an older one than the one kept is ignored.
@@ -654,51 +996,350 @@ impl Store {
         month_to_date_usd: f64,
         burn_usd_per_hour: f64,
         ts_ms: i64,
-    ) -> Result<(), StoreError> {
-        self.lock().execute(
-            "INSERT INTO team_spend (team, month_to_date_usd, burn_usd_per_hour, ts_ms) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (team) DO UPDATE SET \
-             month_to_date_usd = excluded.month_to_date_usd, \
-             burn_usd_per_hour = excluded.burn_usd_per_hour, ts_ms = excluded.ts_ms \
-             WHERE excluded.ts_ms >= team_spend.ts_ms",
-            params![team, month_to_date_usd, burn_usd_per_hour, ts_ms],
-        )?;
-        Ok(())
+    ) -> Pending<()> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let mut memory = lock(&self.inner.memory);
+        if memory.spend.get(team).is_some_and(|&(_, ts)| ts > ts_ms) {
+            return Pending::ready(Ok(()));
+        }
+        memory
+            .spend
+            .insert(team.to_owned(), (month_to_date_usd, ts_ms));
+        self.write(
+            (),
+            vec![Op::Spend {
+                team: team.into(),
+                month_to_date_usd,
+                burn_usd_per_hour,
+                ts_ms,
+            }],
+        )
     }
 
     /// Up to `limit` unpublished outbox rows, oldest first.
-    pub fn outbox_pending(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT id, topic, key, payload, created_at FROM outbox \
-             WHERE published_at IS NULL ORDER BY id LIMIT ?1",
-        )?;
-        let rows = stmt.query_map([limit as i64], |r| {
-            Ok(OutboxRow {
-                id: r.get(0)?,
-                topic: r.get(1)?,
-                key: r.get(2)?,
-                payload: r.get(3)?,
-                created_at: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub fn outbox_pending(&self, limit: usize) -> Pending<Vec<OutboxRow>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, topic, key, payload, created_at FROM outbox \
+                 WHERE published_at IS NULL ORDER BY id LIMIT ?1",
+            )?;
+            let rows = stmt.query_map([limit as i64], |r| {
+                Ok(OutboxRow {
+                    id: r.get(0)?,
+                    topic: r.get(1)?,
+                    key: r.get(2)?,
+                    payload: r.get(3)?,
+                    created_at: r.get(4)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+    }
+
+    /// How many outbox rows wait to be published.
+    pub fn outbox_pending_count(&self) -> Pending<usize> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT count(*) FROM outbox WHERE published_at IS NULL")?
+                .query_row([], |r| r.get(0))?;
+            Ok(n as usize)
+        })
     }
 
     /// Marks outbox rows as published (once Kafka has acknowledged them).
-    pub fn outbox_mark_published(&self, ids: &[i64], now_ms: i64) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare(
+    pub fn outbox_mark_published(&self, ids: &[i64], now_ms: i64) -> Pending<()> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        self.write(
+            (),
+            vec![Op::MarkPublished {
+                ids: ids.to_vec(),
+                at: now_ms,
+            }],
+        )
+    }
+}
+
+impl Memory {
+    fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
+        let mut ledger = Ledger {
+            blocked: self.blocked.clone(),
+            ..Ledger::default()
+        };
+        let month_start = month_start_ms(now_ms);
+        // A signal from an earlier month says nothing of this one.
+        let spend_since: BTreeMap<&str, i64> = self
+            .spend
+            .iter()
+            .filter(|(_, &(_, ts))| ts >= month_start)
+            .map(|(team, &(usd, ts))| {
+                ledger.spend_usd.insert(team.clone(), usd);
+                (team.as_str(), ts)
+            })
+            .collect();
+        for lease in self.open.values() {
+            *ledger.held_gpus.entry(lease.team.clone()).or_default() += lease.gpu_count;
+            if lease.gpu_uuids.is_empty() {
+                *ledger
+                    .pooled_in_use
+                    .entry(lease.substrate.clone())
+                    .or_default()
+                    .entry(lease.gpu_model.clone())
+                    .or_default() += lease.gpu_count;
+            } else {
+                ledger
+                    .busy
+                    .entry(lease.substrate.clone())
+                    .or_default()
+                    .extend(lease.gpu_uuids.iter().cloned());
+            }
+            let since = spend_since
+                .get(lease.team.as_str())
+                .copied()
+                .unwrap_or(month_start)
+                .max(lease.granted_at);
+            let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
+            *ledger.spend_usd.entry(lease.team.clone()).or_default() +=
+                hours * f64::from(lease.gpu_count) * pricing.usd_per_gpu_hour(&lease.gpu_model);
+        }
+        ledger
+    }
+}
+
+/// Reads what memory holds from the file.
+fn load(conn: &Connection) -> Result<Memory, StoreError> {
+    let mut memory = Memory::default();
+    {
+        let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM leases WHERE {OPEN}"))?;
+        let rows = stmt.query_map([], row_to_raw)?;
+        for row in rows {
+            let lease = row.map_err(StoreError::from).and_then(RawLease::parse)?;
+            memory.open.insert(lease.id.clone(), lease);
+        }
+    }
+    {
+        let mut stmt = conn.prepare("SELECT team, month_to_date_usd, ts_ms FROM team_spend")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, f64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (team, usd, ts) = row?;
+            memory.spend.insert(team, (usd, ts));
+        }
+    }
+    let mut stmt = conn.prepare("SELECT team FROM blocked_teams")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    memory.blocked = rows.collect::<Result<_, _>>()?;
+    Ok(memory)
+}
+
+/// The writer thread: takes every job queued, runs them in one transaction, commits, and tells
+/// each write's caller. A failed commit breaks the store for good (memory is then ahead of the
+/// file); every job after that is refused.
+fn write_loop(mut conn: Connection, queue: &mpsc::Receiver<Job>, broken: &OnceLock<String>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut waiting = Vec::with_capacity(batch.len());
+        let result = match broken.get() {
+            Some(why) => Err(why.clone()),
+            None => run_batch(&mut conn, batch, &mut waiting).map_err(|e| e.to_string()),
+        };
+        if let Err(why) = &result {
+            if broken.set(why.clone()).is_ok() {
+                tracing::error!(error = %why, "the lease store could not commit; it refuses every change until the enforcer restarts");
+            }
+        }
+        for done in waiting {
+            let _ = done.send(result.clone());
+        }
+    }
+}
+
+fn run_batch(
+    conn: &mut Connection,
+    mut batch: Vec<Job>,
+    waiting: &mut Vec<oneshot::Sender<Result<(), String>>>,
+) -> Result<(), StoreError> {
+    coalesce(&mut batch);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut failed = None;
+    for job in batch {
+        match job {
+            Job::Read(query) => query(&tx),
+            Job::Write { ops, done } => {
+                waiting.push(done);
+                if failed.is_none() {
+                    failed = ops.iter().try_for_each(|op| apply(&tx, op)).err();
+                }
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Within one batch only a lease's last row matters (they commit together): each lease's last
+/// insert or update is written with the lease as it ends the batch, and earlier ones are
+/// dropped. A query in the batch may then see a lease's later state, which memory already
+/// showed every caller.
+fn coalesce(batch: &mut [Job]) {
+    let mut rows: HashMap<String, Vec<(usize, usize)>> = HashMap::new();
+    for (j, job) in batch.iter().enumerate() {
+        if let Job::Write { ops, .. } = job {
+            for (o, op) in ops.iter().enumerate() {
+                if let Op::InsertLease(l) | Op::UpdateLease(l) = op {
+                    rows.entry(l.id.clone()).or_default().push((j, o));
+                }
+            }
+        }
+    }
+    for positions in rows.into_values() {
+        let Some((&(first_job, first_op), rest)) = positions.split_first() else {
+            continue;
+        };
+        let Some((&(last_job, last_op), between)) = rest.split_last() else {
+            continue;
+        };
+        let lease = match take(batch, last_job, last_op) {
+            Op::InsertLease(l) | Op::UpdateLease(l) => l,
+            _ => unreachable!("only lease rows were indexed"),
+        };
+        for &(j, o) in between {
+            take(batch, j, o);
+        }
+        // The first row keeps its kind (an insert stays an insert) and takes the last values.
+        let first = op_at(batch, first_job, first_op);
+        *first = match first {
+            Op::InsertLease(_) => Op::InsertLease(lease),
+            _ => Op::UpdateLease(lease),
+        };
+    }
+}
+
+fn op_at(batch: &mut [Job], job: usize, op: usize) -> &mut Op {
+    match &mut batch[job] {
+        Job::Write { ops, .. } => &mut ops[op],
+        Job::Read(_) => unreachable!("only writes were indexed"),
+    }
+}
+
+fn take(batch: &mut [Job], job: usize, op: usize) -> Op {
+    std::mem::replace(op_at(batch, job, op), Op::Nothing)
+}
+
+fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
+    match op {
+        Op::InsertLease(l) => {
+            tx.prepare_cached(&format!(
+                "INSERT INTO leases ({COLUMNS}) VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+            ))?
+            .execute(params![
+                l.id,
+                l.team,
+                l.user,
+                l.project,
+                l.workload.as_str(),
+                l.substrate,
+                l.gpu_model,
+                l.gpu_count,
+                json(&l.gpu_uuids),
+                json(&l.labels),
+                l.state.as_str(),
+                l.granted_at,
+                l.expires_at,
+                l.updated_at,
+                l.released_at,
+                l.release_reason.map(ReleaseReason::as_str),
+            ])?;
+        }
+        Op::UpdateLease(l) => {
+            tx.prepare_cached(
+                "UPDATE leases SET gpu_count = ?2, gpu_uuids = ?3, state = ?4, expires_at = ?5, \
+                 updated_at = ?6, released_at = ?7, release_reason = ?8 WHERE id = ?1",
+            )?
+            .execute(params![
+                l.id,
+                l.gpu_count,
+                json(&l.gpu_uuids),
+                l.state.as_str(),
+                l.expires_at,
+                l.updated_at,
+                l.released_at,
+                l.release_reason.map(ReleaseReason::as_str),
+            ])?;
+        }
+        Op::Outbox {
+            topic,
+            key,
+            payload,
+            created_at,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO outbox (topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![topic, key, payload, created_at])?;
+        }
+        Op::Block { team, reason, at } => {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO blocked_teams (team, reason, blocked_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![team, reason, at])?;
+        }
+        Op::Unblock { team } => {
+            tx.prepare_cached("DELETE FROM blocked_teams WHERE team = ?1")?
+                .execute([team])?;
+        }
+        Op::Spend {
+            team,
+            month_to_date_usd,
+            burn_usd_per_hour,
+            ts_ms,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO team_spend (team, month_to_date_usd, burn_usd_per_hour, ts_ms) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (team) DO UPDATE SET \
+                 month_to_date_usd = excluded.month_to_date_usd, \
+                 burn_usd_per_hour = excluded.burn_usd_per_hour, ts_ms = excluded.ts_ms \
+                 WHERE excluded.ts_ms >= team_spend.ts_ms",
+            )?
+            .execute(params![team, month_to_date_usd, burn_usd_per_hour, ts_ms])?;
+        }
+        Op::Nothing => {}
+        Op::MarkPublished { ids, at } => {
+            let mut stmt = tx.prepare_cached(
                 "UPDATE outbox SET published_at = ?2 WHERE id = ?1 AND published_at IS NULL",
             )?;
             for id in ids {
-                stmt.execute(params![id, now_ms])?;
+                stmt.execute(params![id, at])?;
             }
         }
-        tx.commit()?;
-        Ok(())
+    }
+    Ok(())
+}
+
+fn outbox<R: Record>(record: &R, now_ms: i64) -> Op {
+    Op::Outbox {
+        topic: R::TOPIC,
+        key: record.key().to_owned(),
+        payload: String::from_utf8(record.to_json()).expect("serde_json writes UTF-8"),
+        created_at: now_ms,
     }
 }
 
@@ -735,43 +1376,6 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 
 fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("string lists and maps serialize")
-}
-
-fn insert_lease(tx: &Transaction<'_>, l: &Lease) -> Result<(), StoreError> {
-    tx.execute(
-        &format!(
-            "INSERT INTO leases ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-        ),
-        params![
-            l.id,
-            l.team,
-            l.user,
-            l.project,
-            l.workload.as_str(),
-            l.substrate,
-            l.gpu_model,
-            l.gpu_count,
-            json(&l.gpu_uuids),
-            json(&l.labels),
-            l.state.as_str(),
-            l.granted_at,
-            l.expires_at,
-            l.updated_at,
-            l.released_at,
-            l.release_reason.map(ReleaseReason::as_str),
-        ],
-    )?;
-    Ok(())
-}
-
-fn enqueue<R: Record>(tx: &Transaction<'_>, record: &R, now_ms: i64) -> Result<(), StoreError> {
-    let payload = String::from_utf8(record.to_json()).expect("serde_json writes UTF-8");
-    tx.execute(
-        "INSERT INTO outbox (topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![R::TOPIC, record.key(), payload, now_ms],
-    )?;
-    Ok(())
 }
 
 fn action(
@@ -887,77 +1491,6 @@ fn get_lease(conn: &Connection, id: &str) -> Result<Option<Lease>, StoreError> {
     .transpose()
 }
 
-fn read_ledger(
-    conn: &Connection,
-    now_ms: i64,
-    pricing: &PricingConfig,
-) -> Result<Ledger, StoreError> {
-    let mut ledger = Ledger::default();
-    let month_start = month_start_ms(now_ms);
-    let mut spend_since: BTreeMap<String, i64> = BTreeMap::new();
-    {
-        let mut stmt = conn.prepare("SELECT team, month_to_date_usd, ts_ms FROM team_spend")?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, f64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })?;
-        for row in rows {
-            let (team, usd, ts) = row?;
-            // A signal from an earlier month says nothing of this one.
-            if ts >= month_start {
-                ledger.spend_usd.insert(team.clone(), usd);
-                spend_since.insert(team, ts);
-            }
-        }
-    }
-    let mut stmt = conn.prepare(&format!(
-        "SELECT team, substrate, gpu_model, gpu_count, gpu_uuids, granted_at FROM leases WHERE {OPEN}"
-    ))?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, String>(2)?,
-            r.get::<_, u32>(3)?,
-            r.get::<_, String>(4)?,
-            r.get::<_, i64>(5)?,
-        ))
-    })?;
-    for row in rows {
-        let (team, substrate, model, count, uuids, granted_at) = row?;
-        *ledger.held_gpus.entry(team.clone()).or_default() += count;
-        let uuids: Vec<String> = serde_json::from_str(&uuids)
-            .map_err(|_| StoreError::Corrupt(format!("a lease of team {team}: gpu_uuids")))?;
-        if uuids.is_empty() {
-            *ledger
-                .pooled_in_use
-                .entry(substrate)
-                .or_default()
-                .entry(model.clone())
-                .or_default() += count;
-        } else {
-            ledger.busy.entry(substrate).or_default().extend(uuids);
-        }
-        let since = spend_since
-            .get(&team)
-            .copied()
-            .unwrap_or(month_start)
-            .max(granted_at);
-        let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
-        *ledger.spend_usd.entry(team).or_default() +=
-            hours * f64::from(count) * pricing.usd_per_gpu_hour(&model);
-    }
-    ledger.blocked = {
-        let mut stmt = conn.prepare("SELECT team FROM blocked_teams")?;
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    Ok(ledger)
-}
-
 /// Start of the UTC calendar month holding `ms`.
 fn month_start_ms(ms: i64) -> i64 {
     gpuwarden_schema::calendar::month_of(ms).0
@@ -974,6 +1507,84 @@ mod tests {
         // 2024-02-29T23:59:59Z → 2024-02-01.
         assert_eq!(month_start_ms(1_709_251_199_000), 1_706_745_600_000);
         assert_eq!(month_start_ms(0), 0);
+    }
+
+    fn lease(id: &str, state: LeaseState, updated_at: i64) -> Box<Lease> {
+        Box::new(Lease {
+            id: id.into(),
+            team: "ml".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: Workload::Training,
+            substrate: "sim".into(),
+            gpu_model: "H100".into(),
+            gpu_count: 1,
+            gpu_uuids: vec!["GPU-0".into()],
+            labels: BTreeMap::new(),
+            state,
+            granted_at: 0,
+            expires_at: None,
+            updated_at,
+            released_at: None,
+            release_reason: None,
+        })
+    }
+
+    fn write(ops: Vec<Op>) -> Job {
+        Job::Write {
+            ops,
+            done: oneshot::channel().0,
+        }
+    }
+
+    fn rows(batch: &[Job]) -> Vec<(&'static str, String, i64)> {
+        batch
+            .iter()
+            .flat_map(|j| match j {
+                Job::Write { ops, .. } => ops.iter().collect::<Vec<_>>(),
+                Job::Read(_) => Vec::new(),
+            })
+            .filter_map(|op| match op {
+                Op::InsertLease(l) => Some(("insert", l.id.clone(), l.updated_at)),
+                Op::UpdateLease(l) => Some(("update", l.id.clone(), l.updated_at)),
+                Op::Outbox { .. } => Some(("outbox", String::new(), 0)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_writes_each_lease_once_with_its_last_values() {
+        let outbox = || Op::Outbox {
+            topic: "t",
+            key: String::new(),
+            payload: String::new(),
+            created_at: 0,
+        };
+        let mut batch = vec![
+            write(vec![
+                Op::InsertLease(lease("a", LeaseState::Granted, 1)),
+                outbox(),
+            ]),
+            write(vec![Op::UpdateLease(lease("b", LeaseState::Active, 2))]),
+            Job::Read(Box::new(|_| {})),
+            write(vec![Op::UpdateLease(lease("a", LeaseState::Active, 3))]),
+            write(vec![
+                Op::UpdateLease(lease("a", LeaseState::Released, 4)),
+                outbox(),
+            ]),
+            write(vec![Op::UpdateLease(lease("b", LeaseState::Releasing, 5))]),
+        ];
+        coalesce(&mut batch);
+        assert_eq!(
+            rows(&batch),
+            vec![
+                ("insert", "a".into(), 4),
+                ("outbox", String::new(), 0),
+                ("update", "b".into(), 5),
+                ("outbox", String::new(), 0),
+            ]
+        );
     }
 
     #[test]

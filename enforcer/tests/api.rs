@@ -36,8 +36,8 @@ impl Driver for TestDriver {
     fn name(&self) -> &str {
         "sim"
     }
-    async fn inventory(&self) -> Result<Inventory, DriverError> {
-        Ok(Inventory {
+    async fn inventory(&self) -> Result<Arc<Inventory>, DriverError> {
+        Ok(Arc::new(Inventory {
             gpus: (0..self.gpus)
                 .map(|i| Gpu {
                     uuid: format!("GPU-{i:02}"),
@@ -47,7 +47,7 @@ impl Driver for TestDriver {
                 })
                 .collect(),
             pooled: Vec::new(),
-        })
+        }))
     }
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
         self.calls
@@ -223,7 +223,7 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
     assert_eq!(lease["expires_at"], NOW + 2 * 3_600_000);
     assert_eq!(*h.driver.calls.lock().unwrap(), vec!["provision 2"]);
 
-    let rows = h.state.store().outbox_pending(10).unwrap();
+    let rows = h.state.store().outbox_pending(10).await.unwrap();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic.as_str()).collect();
     assert_eq!(topics, ["gpuwarden.leases", "gpuwarden.actions"]);
     let event: Value = serde_json::from_str(&rows[0].payload).unwrap();
@@ -251,6 +251,7 @@ async fn a_denial_is_a_200_with_every_reason() {
     h.state
         .store()
         .record_team_spend("ml", 9_500.0, 0.0, NOW)
+        .await
         .unwrap();
     let mut body = ask("ml", "ada", 20);
     body["duration"] = json!("8h");
@@ -291,7 +292,7 @@ async fn dry_run_evaluates_only() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["decision"], "admitted");
     assert!(body.get("lease").is_none());
-    assert!(h.state.store().outbox_pending(10).unwrap().is_empty());
+    assert!(h.state.store().outbox_pending(10).await.unwrap().is_empty());
     assert!(h.driver.calls.lock().unwrap().is_empty());
 }
 
@@ -610,6 +611,7 @@ async fn leases_are_listed_extended_resized_and_released() {
         .state
         .store()
         .outbox_pending(100)
+        .await
         .unwrap()
         .iter()
         .filter(|r| r.topic == "gpuwarden.leases")

@@ -342,6 +342,52 @@ async fn simulated_inventory_is_the_collector_fleet() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn simulated_state_survives_a_torn_journal_line_and_is_compacted() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = substrate(SIMULATED);
+    let uuids: Vec<String> = gpuwarden_schema::fleet::simulated_inventory(&config)
+        .into_iter()
+        .map(|g| g.uuid)
+        .collect();
+    let model = "NVIDIA H100 80GB HBM3";
+    {
+        let driver = build(&config, &context(dir.path()))?;
+        for (i, uuid) in uuids.iter().take(3).enumerate() {
+            let spec = lease(&format!("lease-{i}"), model, vec![uuid.clone()], None);
+            driver.provision(&spec).await?;
+        }
+        driver.reclaim("lease-1", ReleaseReason::User).await?;
+    }
+    let state = context(dir.path()).state_dir;
+    let log = state.join("leases.log");
+    // Three grants and a reclaim, one line each; then a crash in the middle of a fourth.
+    assert_eq!(std::fs::read_to_string(&log)?.lines().count(), 4);
+    let mut torn = std::fs::OpenOptions::new().append(true).open(&log)?;
+    std::io::Write::write_all(&mut torn, br#"{"lease":"lease-9","gpus":["GPU-"#)?;
+    drop(torn);
+
+    let driver = build(&config, &context(dir.path()))?;
+    assert_eq!(driver.status("lease-0").await?, LeaseStatus::Running);
+    assert_eq!(driver.status("lease-1").await?, LeaseStatus::Gone);
+    assert_eq!(driver.status("lease-2").await?, LeaseStatus::Running);
+    assert_eq!(driver.status("lease-9").await?, LeaseStatus::Gone);
+    assert_eq!(
+        std::fs::read(&log)?.len(),
+        0,
+        "the log is folded into leases.json"
+    );
+    let snapshot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("leases.json"))?)?;
+    assert_eq!(snapshot["leases"].as_object().map(|m| m.len()), Some(2));
+
+    // Damage before the last line is not guessed around.
+    std::fs::write(&log, "not json\n{\"lease\":\"lease-0\"}\n")?;
+    let err = build(&config, &context(dir.path())).unwrap_err();
+    assert!(err.to_string().contains("leases.log line 1"), "{err}");
+    Ok(())
+}
+
 // ---- local ----------------------------------------------------------------------------------
 
 fn record_pid(context: &DriverContext, lease_id: &str) -> anyhow::Result<i32> {

@@ -33,7 +33,7 @@ fn config(quota: u32) -> Arc<Config> {
 fn inventory(gpus: u32) -> SubstrateState {
     SubstrateState {
         name: "sim".into(),
-        inventory: Inventory {
+        inventory: Arc::new(Inventory {
             gpus: (0..gpus)
                 .map(|i| Gpu {
                     uuid: format!("GPU-{i}"),
@@ -43,7 +43,7 @@ fn inventory(gpus: u32) -> SubstrateState {
                 })
                 .collect(),
             pooled: Vec::new(),
-        },
+        }),
         ..SubstrateState::default()
     }
 }
@@ -87,6 +87,7 @@ fn admit(store: &Store, config: &Arc<Config>, gpus: u32, inventory_gpus: u32) ->
             };
             evaluate(&req, &snapshot)
         })
+        .wait()
         .unwrap();
     assert_eq!(decision.admitted(), lease.is_some());
     lease.is_some()
@@ -95,6 +96,7 @@ fn admit(store: &Store, config: &Arc<Config>, gpus: u32, inventory_gpus: u32) ->
 fn open_gpus(store: &Store) -> Vec<String> {
     store
         .leases(&LeaseFilter::default())
+        .wait()
         .unwrap()
         .into_iter()
         .filter(|l| l.state.is_open())
@@ -102,15 +104,18 @@ fn open_gpus(store: &Store) -> Vec<String> {
         .collect()
 }
 
+/// 200 threads admitting one GPU each at once through one store; (admitted, GPUs held after a
+/// reopen).
 fn concurrent(path: &Path, quota: u32, inventory_gpus: u32) -> (usize, u32) {
     let config = config(quota);
-    Store::open(path).unwrap();
+    let store = Store::open(path).unwrap();
+    let start = Arc::new(std::sync::Barrier::new(200));
     let threads: Vec<_> = (0..200)
         .map(|_| {
-            let (path, config) = (path.to_path_buf(), config.clone());
-            // Each thread has its own connection, so only SQLite's write lock serializes them.
+            let (store, config, start) = (store.clone(), config.clone(), start.clone());
             std::thread::spawn(move || {
-                admit(&Store::open(&path).unwrap(), &config, 1, inventory_gpus)
+                start.wait();
+                admit(&store, &config, 1, inventory_gpus)
             })
         })
         .collect();
@@ -119,6 +124,7 @@ fn concurrent(path: &Path, quota: u32, inventory_gpus: u32) -> (usize, u32) {
         .map(|t| t.join().unwrap())
         .filter(|a| *a)
         .count();
+    drop(store);
     let store = Store::open(path).unwrap();
     let held = store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"];
     (admitted, held)
@@ -135,7 +141,10 @@ fn two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly() {
     let gpus = open_gpus(&store);
     assert_eq!(gpus.len(), 16);
     // Denials are audited too: 16 admits + 16 grants + 184 denials.
-    assert_eq!(store.outbox_pending(1000).unwrap().len(), 16 * 2 + 184);
+    assert_eq!(
+        store.outbox_pending(1000).wait().unwrap().len(),
+        16 * 2 + 184
+    );
 }
 
 #[test]
@@ -150,19 +159,58 @@ fn two_hundred_concurrent_admissions_never_place_a_gpu_twice() {
 }
 
 #[test]
+fn one_store_owns_a_database_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let store = Store::open(&path).unwrap();
+    // Memory is the admission's truth, so a second owner would break the quota.
+    let err = Store::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::InUse(_)), "{err}");
+    assert!(
+        err.to_string().contains("in use by another enforcer"),
+        "{err}"
+    );
+    // A clone shares the one store; the lock goes with the last of them.
+    let clone = store.clone();
+    drop(store);
+    assert!(matches!(Store::open(&path), Err(StoreError::InUse(_))));
+    drop(clone);
+    Store::open(&path).unwrap();
+}
+
+#[test]
+fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let config = config(4);
+    let store = Store::open(&path).unwrap();
+    assert!(admit(&store, &config, 1, 8));
+    let id = store.open_leases().unwrap()[0].id.clone();
+    let pending = store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, "");
+    // Memory changes at once: the next call sees it before the commit is heard of.
+    assert_eq!(store.open_leases().unwrap()[0].state, LeaseState::Active);
+    drop(pending);
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let lease = store.lease(&id).wait().unwrap().unwrap();
+    assert_eq!(lease.state, LeaseState::Active);
+    assert_eq!(lease.updated_at, NOW + 1);
+}
+
+#[test]
 fn leases_and_quota_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("enforcer.db");
     let config = config(4);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 1);
+    assert_eq!(store.schema_version().wait().unwrap(), 2);
     assert!(admit(&store, &config, 3, 8));
-    let before = store.leases(&LeaseFilter::default()).unwrap();
+    let before = store.leases(&LeaseFilter::default()).wait().unwrap();
     drop(store);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 1);
-    let after = store.leases(&LeaseFilter::default()).unwrap();
+    assert_eq!(store.schema_version().wait().unwrap(), 2);
+    let after = store.leases(&LeaseFilter::default()).wait().unwrap();
     assert_eq!(before, after);
     assert_eq!(after[0].gpu_count, 3);
     assert_eq!(after[0].expires_at, Some(NOW + 3_600_000));
@@ -186,9 +234,12 @@ fn the_outbox_holds_every_change_in_order_until_published() {
     let config = config(4);
     assert!(admit(&store, &config, 2, 8));
     assert!(!admit(&store, &config, 3, 8));
-    let id = store.leases(&LeaseFilter::default()).unwrap()[0].id.clone();
+    let id = store.leases(&LeaseFilter::default()).wait().unwrap()[0]
+        .id
+        .clone();
     store
         .transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, "")
+        .wait()
         .unwrap();
     store
         .transition(
@@ -198,9 +249,10 @@ fn the_outbox_holds_every_change_in_order_until_published() {
             ReleaseReason::User,
             "done",
         )
+        .wait()
         .unwrap();
 
-    let rows = store.outbox_pending(10).unwrap();
+    let rows = store.outbox_pending(10).wait().unwrap();
     let kinds: Vec<(String, String)> = rows
         .iter()
         .map(|r| {
@@ -229,8 +281,9 @@ fn the_outbox_holds_every_change_in_order_until_published() {
 
     store
         .outbox_mark_published(&[rows[0].id, rows[1].id], NOW + 3)
+        .wait()
         .unwrap();
-    let rest = store.outbox_pending(10).unwrap();
+    let rest = store.outbox_pending(10).wait().unwrap();
     assert_eq!(rest.len(), 3);
     assert_eq!(rest[0].id, rows[2].id);
     // Released GPUs no longer count.
@@ -249,12 +302,16 @@ fn invalid_transitions_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("e.db")).unwrap();
     assert!(admit(&store, &config(4), 1, 8));
-    let id = store.leases(&LeaseFilter::default()).unwrap()[0].id.clone();
+    let id = store.leases(&LeaseFilter::default()).wait().unwrap()[0]
+        .id
+        .clone();
     store
         .transition(&id, LeaseState::Released, NOW, ReleaseReason::Admin, "")
+        .wait()
         .unwrap();
     let err = store
         .transition(&id, LeaseState::Active, NOW, ReleaseReason::User, "")
+        .wait()
         .unwrap_err();
     assert!(matches!(err, StoreError::InvalidTransition { .. }), "{err}");
     assert_eq!(
@@ -262,7 +319,9 @@ fn invalid_transitions_are_refused() {
         format!("lease {id} is released and cannot become active")
     );
     assert!(matches!(
-        store.transition("nope", LeaseState::Active, NOW, ReleaseReason::User, ""),
+        store
+            .transition("nope", LeaseState::Active, NOW, ReleaseReason::User, "")
+            .wait(),
         Err(StoreError::NotFound(_))
     ));
 }
@@ -279,8 +338,9 @@ fn expiry_spend_and_blocks() {
     // $2/GPU-hour default: a signal of $100 half an hour in, then 2 GPUs for another half hour.
     store
         .record_team_spend("ml", 100.0, 4.0, NOW + 1_800_000)
+        .wait()
         .unwrap();
-    store.record_team_spend("ml", 1.0, 4.0, NOW).unwrap(); // older: ignored
+    store.record_team_spend("ml", 1.0, 4.0, NOW).wait().unwrap(); // older: ignored
     let ledger = store.ledger(NOW + 3_600_000, &config.pricing).unwrap();
     assert!(
         (ledger.spend_usd["ml"] - 102.0).abs() < 1e-9,
@@ -288,12 +348,13 @@ fn expiry_spend_and_blocks() {
         ledger.spend_usd
     );
 
-    store.block_team("ml", "budget", NOW).unwrap();
+    store.block_team("ml", "budget", NOW).wait().unwrap();
     assert!(!admit(&store, &config, 1, 8));
-    store.unblock_team("ml", NOW).unwrap();
+    store.unblock_team("ml", NOW).wait().unwrap();
     assert!(admit(&store, &config, 1, 8));
     let actions: BTreeMap<String, usize> = store
         .outbox_pending(100)
+        .wait()
         .unwrap()
         .iter()
         .filter_map(|r| {

@@ -119,10 +119,10 @@ impl Publisher {
     /// Sends one batch; `Ok(n)` when all `n` rows were acknowledged, `Err` when some were not
     /// (those that were are marked all the same).
     async fn round(&mut self) -> Result<usize, String> {
-        let store = self.store.clone();
-        let rows: Vec<OutboxRow> = tokio::task::spawn_blocking(move || store.outbox_pending(BATCH))
+        let rows: Vec<OutboxRow> = self
+            .store
+            .outbox_pending(BATCH)
             .await
-            .map_err(|e| e.to_string())?
             .map_err(|e| format!("reading the outbox: {e}"))?;
         if rows.is_empty() {
             return Ok(0);
@@ -146,11 +146,10 @@ impl Publisher {
         }
         let count = delivered.len();
         if !delivered.is_empty() {
-            let store = self.store.clone();
             let now = self.clock.now_ms();
-            tokio::task::spawn_blocking(move || store.outbox_mark_published(&delivered, now))
+            self.store
+                .outbox_mark_published(&delivered, now)
                 .await
-                .map_err(|e| e.to_string())?
                 .map_err(|e| format!("marking outbox rows published: {e}"))?;
         }
         match failure {
@@ -160,12 +159,7 @@ impl Publisher {
     }
 
     async fn pending_count(&self) -> usize {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.outbox_pending(usize::MAX >> 1).map(|r| r.len()))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or(0)
+        self.store.outbox_pending_count().await.unwrap_or(0)
     }
 
     fn warn(&mut self, why: &str) {

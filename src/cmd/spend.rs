@@ -47,8 +47,9 @@ pub(crate) fn run(mut client: ClientConfig, store: Store, stop: Arc<AtomicBool>)
                         },
                     ..
                 }) => {
-                    if let Err(e) =
-                        store.record_team_spend(&team, month_to_date_usd, burn_usd_per_hour, ts_ms)
+                    if let Err(e) = store
+                        .record_team_spend(&team, month_to_date_usd, burn_usd_per_hour, ts_ms)
+                        .wait()
                     {
                         tracing::warn!(error = %e, team, "recording team spend failed");
                     }

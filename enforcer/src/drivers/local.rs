@@ -350,7 +350,7 @@ impl Driver for LocalDriver {
         &self.name
     }
 
-    async fn inventory(&self) -> Result<Inventory, DriverError> {
+    async fn inventory(&self) -> Result<std::sync::Arc<Inventory>, DriverError> {
         let gpus = self
             .uuids
             .iter()
@@ -362,10 +362,10 @@ impl Driver for LocalDriver {
                 model: self.model.clone(),
             })
             .collect();
-        Ok(Inventory {
+        Ok(std::sync::Arc::new(Inventory {
             gpus,
             pooled: Vec::new(),
-        })
+        }))
     }
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {

@@ -6,7 +6,8 @@
 //! driver runs the same contract suite (`tests/drivers.rs`).
 //!
 //! - [`simulated`]: the simulated fleet; remembers which leases it was told to run, in
-//!   `<state_dir>/leases.json`, so that a restarted enforcer re-adopts them.
+//!   `<state_dir>/leases.json` and a journal beside it, so that a restarted enforcer re-adopts
+//!   them.
 //! - [`local`]: one bare-metal host; runs each lease's command as a child process and keeps its
 //!   pid in `<state_dir>/<lease_id>.json`.
 //! - [`webhook`]: an external provisioner called with signed JSON over HTTP.
@@ -17,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use gpuwarden_schema::config::{DriverKind, SubstrateConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
@@ -125,7 +127,7 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     /// The substrate's name (its `[[substrates]]` name).
     fn name(&self) -> &str;
     /// What the substrate has, whether held or free.
-    async fn inventory(&self) -> Result<Inventory, DriverError>;
+    async fn inventory(&self) -> Result<Arc<Inventory>, DriverError>;
     /// Starts a lease on its GPUs.
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError>;
     /// Moves a running lease to `lease.gpu_uuids` / `lease.gpu_count`.

@@ -353,11 +353,11 @@ impl Driver for WebhookDriver {
         &self.name
     }
 
-    async fn inventory(&self) -> Result<Inventory, DriverError> {
-        Ok(Inventory {
+    async fn inventory(&self) -> Result<std::sync::Arc<Inventory>, DriverError> {
+        Ok(std::sync::Arc::new(Inventory {
             gpus: Vec::new(),
             pooled: vec![(self.model.clone(), self.capacity)],
-        })
+        }))
     }
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
