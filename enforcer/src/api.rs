@@ -778,7 +778,8 @@ impl AppState {
         if gpus == 0 {
             return Err(ApiError::field("gpus", "must be at least 1"));
         }
-        let lease = self.lease_for_write(principal, id).await?;
+        let before = self.lease_for_write(principal, id).await?;
+        let lease = &before;
         let subs: Vec<SubstrateState> = self
             .inventories()
             .await
@@ -799,8 +800,15 @@ impl AppState {
             let driver = self.driver(&lease)?;
             if let Err(e) = driver.resize(&Self::spec(&lease)).await {
                 self.inner.metrics.count_driver_error();
+                tracing::warn!(lease_id = %id, error = %e, "resize failed on the substrate; putting the lease back");
+                let now = self.now();
+                self.inner
+                    .store
+                    .undo_resize(id, &before, now, &e.to_string())
+                    .await?;
                 return Err(ApiError::Substrate(format!(
-                    "lease {id} was resized in the store but its substrate did not confirm: {e}"
+                    "lease {id} keeps its {} GPUs: its substrate did not carry out the resize: {e}",
+                    before.gpu_count
                 )));
             }
         }

@@ -940,6 +940,45 @@ impl Store {
         self.write((decision, lease), ops)
     }
 
+    /// Puts a resized lease back on `previous`'s GPUs after its substrate failed to carry the
+    /// resize out: a `resized` LeaseEvent with the old GPUs, so everyone downstream follows it
+    /// back, and a failed `resize` Action saying why.
+    pub fn undo_resize(
+        &self,
+        id: &str,
+        previous: &Lease,
+        now_ms: i64,
+        detail: &str,
+    ) -> Pending<Lease> {
+        let detail = detail.to_owned();
+        self.change(
+            id,
+            None,
+            |lease| {
+                lease.gpu_uuids.clone_from(&previous.gpu_uuids);
+                lease.gpu_count = previous.gpu_count;
+                lease.updated_at = now_ms;
+                Ok(())
+            },
+            |lease| {
+                vec![
+                    outbox(&lease.event(LeaseEventKind::Resized, now_ms), now_ms),
+                    outbox(
+                        &action(
+                            ActionKind::Resize,
+                            lease,
+                            "substrate_failed",
+                            Outcome::Failed,
+                            detail,
+                            now_ms,
+                        ),
+                        now_ms,
+                    ),
+                ]
+            },
+        )
+    }
+
     /// Stops a team's new admissions, with a `block` Action.
     pub fn block_team(&self, team: &str, reason: &str, now_ms: i64) -> Pending<()> {
         self.set_blocked(team, Some(reason), now_ms)

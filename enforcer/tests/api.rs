@@ -28,6 +28,7 @@ const NOW: i64 = 1_767_225_600_000;
 struct TestDriver {
     gpus: u32,
     fail_provision: AtomicBool,
+    fail_resize: AtomicBool,
     calls: Mutex<Vec<String>>,
 }
 
@@ -67,6 +68,12 @@ impl Driver for TestDriver {
             .lock()
             .unwrap()
             .push(format!("resize {}", lease.gpu_count));
+        if self.fail_resize.load(Ordering::Relaxed) {
+            return Err(DriverError::Unavailable {
+                substrate: "sim".into(),
+                message: "the fleet is down".into(),
+            });
+        }
         Ok(())
     }
     async fn reclaim(&self, _: &str, reason: ReleaseReason) -> Result<(), DriverError> {
@@ -646,6 +653,71 @@ async fn a_lease_the_substrate_cannot_start_fails_and_frees_its_gpus() {
     assert_eq!(leases[0]["release_reason"], "failed");
     let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
     assert_eq!(team["gpus_held"], 0);
+}
+
+#[tokio::test]
+async fn a_resize_the_substrate_cannot_carry_out_is_put_back() {
+    let h = harness();
+    let (s, b) = admit(&h.app, "ada", ask("ml", "ada", 2)).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["lease"]["id"].as_str().unwrap().to_string();
+    let gpus = b["lease"]["gpu_uuids"].clone();
+    h.driver.fail_resize.store(true, Ordering::Relaxed);
+    let (s, b) = call(
+        &h.app,
+        Method::POST,
+        &format!("/v1/leases/{id}/resize"),
+        Some("ada"),
+        Some(json!({"gpus": 6}).to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("keeps its 2 GPUs"),
+        "{b}"
+    );
+    let (_, lease) = call(
+        &h.app,
+        Method::GET,
+        &format!("/v1/leases/{id}"),
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (lease["gpu_count"].clone(), lease["gpu_uuids"].clone()),
+        (json!(2), gpus.clone())
+    );
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
+    assert_eq!(team["gpus_held"], 2);
+    // Downstream saw the resize and sees it undone, with the failure audited.
+    let rows = h.state.store().outbox_pending(100).await.unwrap();
+    let records: Vec<Value> = rows
+        .iter()
+        .map(|r| serde_json::from_str(&r.payload).unwrap())
+        .collect();
+    let resized: Vec<&Value> = records.iter().filter(|r| r["event"] == "resized").collect();
+    assert_eq!(resized.len(), 2);
+    assert_eq!(resized[0]["gpu_count"], 6);
+    assert_eq!(
+        (
+            resized[1]["gpu_count"].clone(),
+            resized[1]["gpu_uuids"].clone()
+        ),
+        (json!(2), gpus)
+    );
+    let failed = records
+        .iter()
+        .find(|r| r["action"] == "resize" && r["outcome"] == "failed")
+        .expect("a failed resize action");
+    assert_eq!(failed["reason"], "substrate_failed");
+    assert!(failed["detail"]
+        .as_str()
+        .unwrap()
+        .contains("the fleet is down"));
 }
 
 #[tokio::test]
