@@ -14,6 +14,7 @@ pub mod files;
 pub mod lake;
 pub mod metrics;
 pub mod rollup;
+pub mod signals;
 pub mod sql;
 mod writer;
 

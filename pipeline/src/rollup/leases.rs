@@ -164,6 +164,11 @@ impl Leases {
         self.by_id.is_empty()
     }
 
+    /// Every lease, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.by_id.values()
+    }
+
     /// The lease with this id.
     pub fn get(&self, lease_id: &str) -> Option<&Lease> {
         self.by_id.get(lease_id)
