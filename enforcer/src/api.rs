@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use gpuwarden_schema::config::{Config, Role};
-use gpuwarden_schema::{Clock, ReleaseReason};
+use gpuwarden_schema::{ActionKind, Clock, Outcome, ReleaseReason};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -300,6 +300,18 @@ pub struct ExtendRequest {
     pub duration: String,
 }
 
+/// The body of `POST /v1/leases/{id}/exempt`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptRequest {
+    /// For how long from now, as `"8h"` or `"3d"`.
+    #[schema(example = "8h")]
+    pub duration: String,
+    /// Why; kept in the audit trail.
+    #[schema(example = "benchmark run over the weekend")]
+    pub reason: String,
+}
+
 /// The body of `POST /v1/leases/{id}/resize`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -425,6 +437,21 @@ impl AppState {
         &self.inner.store
     }
 
+    /// The config the enforcer runs with.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    /// The clock every change is stamped with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Whether the enforcer only records what it would do (`enforcer.mode = "dry_run"`).
+    pub fn dry_run(&self) -> bool {
+        self.inner.config.enforcer.mode == gpuwarden_schema::config::EnforcerMode::DryRun
+    }
+
     /// The API's counters (render them on `/metrics`).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
@@ -443,7 +470,8 @@ impl AppState {
         found
     }
 
-    fn now(&self) -> i64 {
+    /// Now, by the enforcer's clock.
+    pub fn now(&self) -> i64 {
         self.inner.clock.now_ms()
     }
 
@@ -709,6 +737,29 @@ impl AppState {
         let due = self.inner.store.due_for_expiry(now)?;
         let mut released = 0;
         for lease in due {
+            if self
+                .inner
+                .store
+                .exempt_until(&lease.id)
+                .is_some_and(|until| until > now)
+            {
+                continue;
+            }
+            if self.dry_run() {
+                let record = crate::rules::lease_action(
+                    ActionKind::Reclaim,
+                    &lease,
+                    "expired",
+                    Outcome::DryRun,
+                    "past its end; would be reclaimed".into(),
+                    now,
+                );
+                self.inner
+                    .store
+                    .record_once(&format!("dry_run:expired:{}", lease.id), &record)
+                    .await?;
+                continue;
+            }
             match self.release(&lease.id, ReleaseReason::Expired).await {
                 Ok(_) => {
                     tracing::info!(lease_id = %lease.id, team = %lease.team, "lease expired; released");
@@ -767,6 +818,39 @@ impl AppState {
         Ok(self.inner.store.extend(id, new_end, now).await?)
     }
 
+    /// Exempts a lease from the runtime rules (idle and duration) until `until_ms`. Admins only;
+    /// audited as an `alert` Action with reason `exempt`.
+    pub async fn exempt(
+        &self,
+        principal: &Principal,
+        id: &str,
+        until_ms: i64,
+        reason: &str,
+    ) -> Result<Lease, ApiError> {
+        if principal.role != Role::Admin {
+            return Err(ApiError::Forbidden(format!(
+                "only an admin may exempt a lease from its policy; {} is a {}",
+                principal.name,
+                format!("{:?}", principal.role).to_lowercase()
+            )));
+        }
+        let now = self.now();
+        if until_ms <= now {
+            return Err(ApiError::field("until", "must be in the future"));
+        }
+        if reason.trim().is_empty() {
+            return Err(ApiError::field(
+                "reason",
+                "must say why the lease is exempt",
+            ));
+        }
+        Ok(self
+            .inner
+            .store
+            .exempt(id, until_ms, &principal.name, reason, now)
+            .await?)
+    }
+
     /// Changes a lease's GPU count, checked by the policy like an admission, and carries it out
     /// through the driver.
     pub async fn resize(
@@ -774,6 +858,18 @@ impl AppState {
         principal: &Principal,
         id: &str,
         gpus: u32,
+    ) -> Result<AdmissionResponse, ApiError> {
+        self.resize_for(principal, id, gpus, "requested").await
+    }
+
+    /// [`AppState::resize`] with the reason its `resize` Action carries (`requested` from the
+    /// API; `idle` or `autoscale` from the runtime rules).
+    pub async fn resize_for(
+        &self,
+        principal: &Principal,
+        id: &str,
+        gpus: u32,
+        reason: &str,
     ) -> Result<AdmissionResponse, ApiError> {
         if gpus == 0 {
             return Err(ApiError::field("gpus", "must be at least 1"));
@@ -791,7 +887,7 @@ impl AppState {
         let (decision, lease) = self
             .inner
             .store
-            .resize(id, now, &config.pricing, |ledger, lease| {
+            .resize(id, now, &config.pricing, reason, |ledger, lease| {
                 let snapshot = Self::snapshot(&config, ledger, subs);
                 policy::evaluate_resize(&lease.holding(now), gpus, &snapshot)
             })
@@ -867,6 +963,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/leases/{id}/release", post(release_lease))
         .route("/v1/leases/{id}/extend", post(extend_lease))
         .route("/v1/leases/{id}/resize", post(resize_lease))
+        .route("/v1/leases/{id}/exempt", post(exempt_lease))
         .route("/v1/teams/{team}", get(get_team))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi_document))
@@ -1003,6 +1100,33 @@ async fn extend_lease(
     state.extend(&principal, &id, by).await.map(Json)
 }
 
+/// Exempts a lease from the idle and duration rules for a while (admins only; audited).
+#[utoipa::path(post, path = "/v1/leases/{id}/exempt", request_body = ExemptRequest,
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The exempted lease", body = Lease),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Only admins may exempt a lease", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+        (status = 409, description = "The lease has ended", body = ErrorBody),
+        (status = 422, description = "The duration or reason is invalid", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+async fn exempt_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExemptRequest>,
+) -> Result<Json<Lease>, ApiError> {
+    let by = gpuwarden_schema::config::parse_duration(&body.duration)
+        .map_err(|e| ApiError::field("duration", e))?;
+    let until = state.now().saturating_add(by.as_millis() as i64);
+    state
+        .exempt(&principal, &id, until, &body.reason)
+        .await
+        .map(Json)
+}
+
 /// Changes a lease's GPU count; answered like an admission.
 #[utoipa::path(post, path = "/v1/leases/{id}/resize", request_body = ResizeRequest,
     params(("id" = String, Path, description = "Lease id")),
@@ -1077,10 +1201,10 @@ impl utoipa::Modify for BearerAuth {
         title = "gpuwarden enforcer",
         description = "Admission and leases for GPU fleets: a denial is a 200 decision with every reason."
     ),
-    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, get_team, healthz),
+    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, exempt_lease, get_team, healthz),
     components(schemas(
         AdmissionRequest, AdmissionResponse, DecisionKind, Reason, policy::ReasonCode, Estimate,
-        Lease, LeaseState, ExtendRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,
+        Lease, LeaseState, ExtendRequest, ExemptRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,
         policy::WorkloadName
     )),
     modifiers(&BearerAuth)

@@ -4,10 +4,13 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
 //! [`policy`] decides (pure), [`store`] remembers (SQLite, with an outbox for Kafka), [`api`]
-//! translates between HTTP and both, and [`drivers`] act on substrates.
+//! translates between HTTP and both, [`rules`] act on the pipeline's signals (alerting through
+//! [`alerts`]), and [`drivers`] act on substrates.
 
+pub mod alerts;
 pub mod api;
 pub mod drivers;
 pub mod metrics;
 pub mod policy;
+pub mod rules;
 pub mod store;

@@ -20,7 +20,7 @@
 //! later call with [`StoreError::Broken`] and the enforcer must restart, which reloads memory from
 //! what the file holds. Callers whose changes were in the failed batch were told they failed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -307,6 +307,19 @@ const MIGRATIONS: &[&str] = &[
     "DROP INDEX leases_team_state;
     DROP INDEX leases_state;
     CREATE INDEX leases_team ON leases (team);",
+    // 3: the runtime rules: exemptions an admin granted, and the marks that make a rule's step
+    // happen once whatever the signals repeat (a warning per idle run, a dry-run record).
+    "CREATE TABLE exemptions (
+        lease_id TEXT PRIMARY KEY,
+        until_ms INTEGER NOT NULL,
+        granted_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at INTEGER NOT NULL
+    );
+    CREATE TABLE rule_marks (
+        key TEXT PRIMARY KEY,
+        at INTEGER NOT NULL
+    );",
 ];
 
 const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
@@ -361,6 +374,10 @@ struct Memory {
     open: HashMap<String, Lease>,
     spend: BTreeMap<String, (f64, i64)>,
     blocked: BTreeSet<String>,
+    /// Lease → the time its exemption from the runtime rules ends.
+    exempt: HashMap<String, i64>,
+    /// Steps of the runtime rules already taken (see [`Store::record_once`]).
+    marks: HashSet<String>,
 }
 
 /// One write the writer thread carries out.
@@ -390,6 +407,17 @@ enum Op {
     },
     MarkPublished {
         ids: Vec<i64>,
+        at: i64,
+    },
+    Exempt {
+        lease_id: String,
+        until_ms: i64,
+        by: String,
+        reason: String,
+        at: i64,
+    },
+    Mark {
+        key: String,
         at: i64,
     },
     /// A lease row a later one in the same batch replaced.
@@ -800,6 +828,7 @@ impl Store {
             memory.open.insert(lease.id.clone(), lease.clone());
         } else {
             memory.open.remove(&lease.id);
+            memory.exempt.remove(&lease.id);
         }
         self.write(lease, ops)
     }
@@ -882,6 +911,7 @@ impl Store {
         id: &str,
         now_ms: i64,
         pricing: &PricingConfig,
+        reason: &str,
         decide: impl FnOnce(&Ledger, &Lease) -> Decision,
     ) -> Pending<(Decision, Lease)> {
         if let Err(e) = self.check() {
@@ -928,7 +958,7 @@ impl Store {
                 &action(
                     ActionKind::Resize,
                     &lease,
-                    "requested",
+                    reason,
                     Outcome::Ok,
                     detail,
                     now_ms,
@@ -1057,6 +1087,101 @@ impl Store {
         )
     }
 
+    /// Records an Action (it goes to Kafka through the outbox).
+    pub fn record_action(&self, action: &Action) -> Pending<()> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let _memory = lock(&self.inner.memory);
+        self.write((), vec![outbox(action, action.ts_ms)])
+    }
+
+    /// Records `action` unless a step under `key` was recorded before (in this run or an
+    /// earlier one): the mark and the Action commit together. The answer says whether it was
+    /// recorded now.
+    pub fn record_once(&self, key: &str, action: &Action) -> Pending<bool> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let mut memory = lock(&self.inner.memory);
+        if !memory.marks.insert(key.to_owned()) {
+            return Pending::ready(Ok(false));
+        }
+        let ops = vec![
+            Op::Mark {
+                key: key.to_owned(),
+                at: action.ts_ms,
+            },
+            outbox(action, action.ts_ms),
+        ];
+        self.write(true, ops)
+    }
+
+    /// Whether a step under `key` was recorded by [`Store::record_once`].
+    pub fn marked(&self, key: &str) -> bool {
+        lock(&self.inner.memory).marks.contains(key)
+    }
+
+    /// Exempts an open lease from the runtime rules (idle, duration) until `until_ms`, recorded
+    /// with who granted it and why, and audited as an `alert` Action with reason `exempt`.
+    pub fn exempt(
+        &self,
+        id: &str,
+        until_ms: i64,
+        by: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Pending<Lease> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let mut memory = lock(&self.inner.memory);
+        let Some(lease) = memory.open.get(id).cloned() else {
+            drop(memory);
+            let id = id.to_owned();
+            return self.read(move |conn| match get_lease(conn, &id)? {
+                None => Err(StoreError::NotFound(id)),
+                Some(l) => Err(StoreError::InvalidTransition {
+                    id,
+                    from: l.state,
+                    to: l.state,
+                }),
+            });
+        };
+        memory.exempt.insert(lease.id.clone(), until_ms);
+        let detail = format!(
+            "exempt from the idle and duration rules until {} (granted by {by}): {reason}",
+            humantime::format_rfc3339_millis(
+                std::time::UNIX_EPOCH + Duration::from_millis(until_ms.max(0) as u64)
+            )
+        );
+        let mut record = action(
+            ActionKind::Alert,
+            &lease,
+            "exempt",
+            Outcome::Ok,
+            detail,
+            now_ms,
+        );
+        record.policy = Some(lease.workload.as_str().into());
+        let ops = vec![
+            Op::Exempt {
+                lease_id: lease.id.clone(),
+                until_ms,
+                by: by.into(),
+                reason: reason.into(),
+                at: now_ms,
+            },
+            outbox(&record, now_ms),
+        ];
+        self.write(lease, ops)
+    }
+
+    /// When the lease's exemption from the runtime rules ends, if it has one.
+    pub fn exempt_until(&self, id: &str) -> Option<i64> {
+        lock(&self.inner.memory).exempt.get(id).copied()
+    }
+
     /// Up to `limit` unpublished outbox rows, oldest first.
     pub fn outbox_pending(&self, limit: usize) -> Pending<Vec<OutboxRow>> {
         self.read(move |conn| {
@@ -1173,9 +1298,24 @@ fn load(conn: &Connection) -> Result<Memory, StoreError> {
             memory.spend.insert(team, (usd, ts));
         }
     }
-    let mut stmt = conn.prepare("SELECT team FROM blocked_teams")?;
+    {
+        let mut stmt = conn.prepare("SELECT team FROM blocked_teams")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        memory.blocked = rows.collect::<Result<_, _>>()?;
+    }
+    {
+        let mut stmt = conn.prepare("SELECT lease_id, until_ms FROM exemptions")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (lease, until) = row?;
+            if memory.open.contains_key(&lease) {
+                memory.exempt.insert(lease, until);
+            }
+        }
+    }
+    let mut stmt = conn.prepare("SELECT key FROM rule_marks")?;
     let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-    memory.blocked = rows.collect::<Result<_, _>>()?;
+    memory.marks = rows.collect::<Result<_, _>>()?;
     Ok(memory)
 }
 
@@ -1359,6 +1499,25 @@ fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
                  WHERE excluded.ts_ms >= team_spend.ts_ms",
             )?
             .execute(params![team, month_to_date_usd, burn_usd_per_hour, ts_ms])?;
+        }
+        Op::Exempt {
+            lease_id,
+            until_ms,
+            by,
+            reason,
+            at,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO exemptions (lease_id, until_ms, granted_by, reason, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (lease_id) DO UPDATE SET \
+                 until_ms = excluded.until_ms, granted_by = excluded.granted_by, \
+                 reason = excluded.reason, at = excluded.at",
+            )?
+            .execute(params![lease_id, until_ms, by, reason, at])?;
+        }
+        Op::Mark { key, at } => {
+            tx.prepare_cached("INSERT OR IGNORE INTO rule_marks (key, at) VALUES (?1, ?2)")?
+                .execute(params![key, at])?;
         }
         Op::Nothing => {}
         Op::MarkPublished { ids, at } => {

@@ -3,102 +3,29 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use gpuwarden_enforcer::api::{openapi_json, router, AppState};
-use gpuwarden_enforcer::drivers::{Driver, DriverError, Gpu, Inventory, LeaseSpec, LeaseStatus};
+use gpuwarden_enforcer::drivers::Driver;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config::{
-    Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, TokenConfig, WorkloadPolicy,
+    Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, WorkloadPolicy,
 };
-use gpuwarden_schema::{ManualClock, ReleaseReason, Workload};
+use gpuwarden_schema::{ManualClock, Workload};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
+mod support;
+
+use support::{call, token, TestDriver};
+
 const NOW: i64 = 1_767_225_600_000;
-
-#[derive(Debug, Default)]
-struct TestDriver {
-    gpus: u32,
-    fail_provision: AtomicBool,
-    fail_resize: AtomicBool,
-    calls: Mutex<Vec<String>>,
-}
-
-#[async_trait::async_trait]
-impl Driver for TestDriver {
-    fn name(&self) -> &str {
-        "sim"
-    }
-    async fn inventory(&self) -> Result<Arc<Inventory>, DriverError> {
-        Ok(Arc::new(Inventory {
-            gpus: (0..self.gpus)
-                .map(|i| Gpu {
-                    uuid: format!("GPU-{i:02}"),
-                    host: format!("h{}", i / 4),
-                    index: i % 4,
-                    model: "NVIDIA H100 80GB HBM3".into(),
-                })
-                .collect(),
-            pooled: Vec::new(),
-        }))
-    }
-    async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("provision {}", lease.gpu_count));
-        if self.fail_provision.load(Ordering::Relaxed) {
-            return Err(DriverError::Unavailable {
-                substrate: "sim".into(),
-                message: "the fleet is down".into(),
-            });
-        }
-        Ok(())
-    }
-    async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("resize {}", lease.gpu_count));
-        if self.fail_resize.load(Ordering::Relaxed) {
-            return Err(DriverError::Unavailable {
-                substrate: "sim".into(),
-                message: "the fleet is down".into(),
-            });
-        }
-        Ok(())
-    }
-    async fn reclaim(&self, _: &str, reason: ReleaseReason) -> Result<(), DriverError> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("reclaim {}", reason.as_str()));
-        Ok(())
-    }
-    async fn status(&self, _: &str) -> Result<LeaseStatus, DriverError> {
-        Ok(LeaseStatus::Running)
-    }
-}
-
-fn token(name: &str, role: Role, teams: &[&str]) -> TokenConfig {
-    TokenConfig {
-        name: name.into(),
-        sha256: Sha256::digest(format!("tok-{name}"))
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        role,
-        teams: teams.iter().map(|t| t.to_string()).collect(),
-    }
-}
 
 fn config() -> Config {
     let team = |name: &str, members: &[&str]| TeamConfig {
@@ -169,32 +96,6 @@ fn harness() -> Harness {
         driver,
         _dir: dir,
     }
-}
-
-async fn call(
-    app: &Router,
-    method: Method,
-    uri: &str,
-    who: Option<&str>,
-    body: Option<String>,
-) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(uri);
-    if let Some(who) = who {
-        req = req.header("authorization", format!("Bearer tok-{who}"));
-    }
-    let body = match body {
-        Some(b) => {
-            req = req.header("content-type", "application/json");
-            Body::from(b)
-        }
-        None => Body::empty(),
-    };
-    let response = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, value)
 }
 
 fn ask(team: &str, user: &str, gpus: i64) -> Value {

@@ -203,13 +203,13 @@ fn leases_and_quota_survive_a_restart() {
     let path = dir.path().join("enforcer.db");
     let config = config(4);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 2);
+    assert_eq!(store.schema_version().wait().unwrap(), 3);
     assert!(admit(&store, &config, 3, 8));
     let before = store.leases(&LeaseFilter::default()).wait().unwrap();
     drop(store);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 2);
+    assert_eq!(store.schema_version().wait().unwrap(), 3);
     let after = store.leases(&LeaseFilter::default()).wait().unwrap();
     assert_eq!(before, after);
     assert_eq!(after[0].gpu_count, 3);
@@ -369,4 +369,60 @@ fn expiry_spend_and_blocks() {
     assert_eq!(actions["unblock"], 1);
     assert_eq!(actions["deny"], 1);
     let _ = ReasonCode::TeamBlocked;
+}
+
+#[test]
+fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let config = config(4);
+    let store = Store::open(&path).unwrap();
+    assert!(admit(&store, &config, 1, 8));
+    let id = store.open_leases().unwrap()[0].id.clone();
+    store
+        .exempt(&id, NOW + 3_600_000, "root", "demo", NOW)
+        .wait()
+        .unwrap();
+    let warning = gpuwarden_schema::Action {
+        v: gpuwarden_schema::V1,
+        ts_ms: NOW,
+        action: gpuwarden_schema::ActionKind::Alert,
+        lease_id: Some(id.clone()),
+        team: Some("ml".into()),
+        reason: "idle_warning".into(),
+        policy: None,
+        driver: None,
+        outcome: gpuwarden_schema::Outcome::Ok,
+        detail: String::new(),
+    };
+    assert!(store.record_once("warn:1", &warning).wait().unwrap());
+    assert!(!store.record_once("warn:1", &warning).wait().unwrap());
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.exempt_until(&id), Some(NOW + 3_600_000));
+    assert!(store.marked("warn:1"));
+    assert!(!store.record_once("warn:1", &warning).wait().unwrap());
+    let reasons: Vec<String> = store
+        .outbox_pending(100)
+        .wait()
+        .unwrap()
+        .iter()
+        .filter(|r| r.topic == "gpuwarden.actions")
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r.payload).unwrap()["reason"].to_string()
+        })
+        .collect();
+    assert_eq!(reasons, ["\"admitted\"", "\"exempt\"", "\"idle_warning\""]);
+    store
+        .transition(&id, LeaseState::Released, NOW + 1, ReleaseReason::User, "")
+        .wait()
+        .unwrap();
+    assert_eq!(store.exempt_until(&id), None);
+    assert!(matches!(
+        store
+            .exempt(&id, NOW + 7_200_000, "root", "late", NOW + 2)
+            .wait(),
+        Err(StoreError::InvalidTransition { .. })
+    ));
 }

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use gpuwarden_enforcer::alerts::Alerts;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
+use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config;
 use gpuwarden_schema::{Clock, SystemClock};
@@ -21,8 +23,8 @@ use tokio::sync::watch;
 use super::kafka::{shutdown_signal, KafkaConnection};
 use super::outbox::Publisher;
 
-/// How often leases past their end are looked for.
-const EXPIRY_EVERY: Duration = Duration::from_secs(2);
+/// How often leases past their end and budgets are looked at.
+const TICK: Duration = Duration::from_secs(2);
 
 /// How long a shutdown waits for the outbox to reach Kafka.
 const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
@@ -95,12 +97,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let kafka = Arc::new(kafka);
         let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
-        let expiring = tokio::spawn(expire_loop(state.clone(), stop_rx.clone()));
-        let spend_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let spending = {
-            let (client, store, stop) = (kafka.client("enforcer"), store.clone(), spend_stop.clone());
-            tokio::task::spawn_blocking(move || super::spend::run(client, store, stop))
-        };
+        let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
+        if state.dry_run() {
+            tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
+        }
+        let ticking = tokio::spawn(rules_loop(state.clone(), rules.clone(), stop_rx.clone()));
+        let signals_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let signals = tokio::spawn(super::signals::run(kafka.client("enforcer"), rules, signals_stop.clone()));
 
         let metrics = state.metrics().clone();
         let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
@@ -123,9 +126,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let _ = stop_tx.send(true);
         // Requests in flight finish; a slow client cannot hold the shutdown for long.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        expiring.abort();
-        spend_stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let _ = spending.await;
+        ticking.abort();
+        signals_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = tokio::time::timeout(Duration::from_secs(10), signals).await;
         match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), publishing).await {
             Ok(Ok(left)) if left > 0 => tracing::warn!(
                 pending = left,
@@ -139,14 +142,19 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn expire_loop(state: AppState, mut stop: watch::Receiver<bool>) {
+/// Every [`TICK`]: releases leases past their end and re-checks budgets (a new month lifts a
+/// budget block without waiting for a signal).
+async fn rules_loop(state: AppState, rules: Rules, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(EXPIRY_EVERY) => {}
+            _ = tokio::time::sleep(TICK) => {}
             _ = super::outbox::stopped(&mut stop) => return,
         }
         if let Err(e) = state.expire_due().await {
             tracing::warn!(error = %e, "looking for expired leases failed");
+        }
+        if let Err(e) = rules.check_budgets().await {
+            tracing::warn!(error = %e, "checking budgets failed");
         }
     }
 }

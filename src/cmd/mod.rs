@@ -14,7 +14,7 @@ mod pipeline;
 mod release;
 mod request;
 mod rollup;
-mod spend;
+mod signals;
 mod sql;
 mod sql_endpoint;
 

@@ -1,0 +1,715 @@
+//! The runtime rules in process: signals handed to `Rules` as the Kafka consumer hands them, a
+//! real SQLite store, a test driver, a manual clock, and a real HTTP server on 127.0.0.1
+//! receiving the alerts.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use axum::Router;
+use gpuwarden_enforcer::alerts::Alerts;
+use gpuwarden_enforcer::api::{router, AppState};
+use gpuwarden_enforcer::drivers::Driver;
+use gpuwarden_enforcer::rules::{steps, Rules, Step, Utilization};
+use gpuwarden_enforcer::store::{LeaseState, Store};
+use gpuwarden_schema::config::{
+    Config, EnforcerMode, GpuPrice, OnIdle, PricingConfig, Role, TeamConfig, WorkloadPolicy,
+};
+use gpuwarden_schema::{ManualClock, Signal, SignalBody, Workload, V1};
+use serde_json::{json, Value};
+
+mod support;
+
+use support::{call, token, TestDriver};
+
+/// 2026-01-10T00:00:00Z.
+const NOW: i64 = 1_768_003_200_000;
+const MIN: i64 = 60_000;
+
+fn config(mode: EnforcerMode, webhook: &str) -> Config {
+    let mut config = Config {
+        pricing: PricingConfig {
+            gpu: vec![GpuPrice {
+                model_match: "H100".into(),
+                usd_per_gpu_hour: 4.0,
+            }],
+            ..PricingConfig::default()
+        },
+        teams: vec![TeamConfig {
+            name: "ml".into(),
+            members: vec!["ada".into()],
+            gpu_quota: 16,
+            monthly_budget_usd: 1_000.0,
+            allowed_models: Vec::new(),
+        }],
+        tokens: vec![
+            token("root", Role::Admin, &[]),
+            token("ada", Role::Member, &["ml"]),
+        ],
+        ..Config::default()
+    };
+    config.enforcer.mode = mode;
+    config.enforcer.alert_webhooks = vec![webhook.to_string()];
+    config.pipeline.signals.every = Duration::from_secs(30);
+    config.workloads.insert(
+        Workload::Notebook,
+        WorkloadPolicy {
+            max_gpus: Some(2),
+            idle_timeout: Some(Duration::from_secs(30 * 60)),
+            warn_before: Some(Duration::from_secs(10 * 60)),
+            on_idle: OnIdle::Reclaim,
+            ..WorkloadPolicy::default()
+        },
+    );
+    config.workloads.insert(
+        Workload::Training,
+        WorkloadPolicy {
+            max_gpus: Some(8),
+            idle_timeout: Some(Duration::from_secs(30 * 60)),
+            on_idle: OnIdle::Reclaim,
+            ..WorkloadPolicy::default()
+        },
+    );
+    config.workloads.insert(
+        Workload::Inference,
+        WorkloadPolicy {
+            min_gpus: Some(1),
+            max_gpus: Some(4),
+            target_util_pct: Some(60.0),
+            ..WorkloadPolicy::default()
+        },
+    );
+    config
+}
+
+/// An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it.
+async fn webhook() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let keep = got.clone();
+    let app = Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push(body);
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{address}/hook"), got)
+}
+
+struct Harness {
+    app: Router,
+    state: AppState,
+    rules: Rules,
+    clock: Arc<ManualClock>,
+    driver: Arc<TestDriver>,
+    alerts: Arc<Mutex<Vec<Value>>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(mode: EnforcerMode) -> Harness {
+    let (url, alerts) = webhook().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
+    let driver = Arc::new(TestDriver {
+        gpus: 16,
+        ..TestDriver::default()
+    });
+    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+    drivers.insert("sim".into(), driver.clone());
+    let clock = Arc::new(ManualClock::new(NOW));
+    let config = Arc::new(config(mode, &url));
+    let state = AppState::new(config.clone(), store, drivers, clock.clone());
+    let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
+    Harness {
+        app: router(state.clone()),
+        state,
+        rules,
+        clock,
+        driver,
+        alerts,
+        _dir: dir,
+    }
+}
+
+impl Harness {
+    async fn admit(&self, workload: &str, gpus: u32, duration: &str) -> String {
+        let body = json!({"team": "ml", "user": "ada", "project": "p", "workload": workload,
+            "gpus": gpus, "duration": duration});
+        let (status, answer) = call(
+            &self.app,
+            Method::POST,
+            "/v1/admission",
+            Some("ada"),
+            Some(body.to_string()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["decision"], "admitted", "{answer}");
+        answer["lease"]["id"].as_str().unwrap().to_string()
+    }
+
+    async fn utilization(&self, lease: &str, util_pct: f64, idle_ms: i64) {
+        let current = self.state.store().lease(lease).await.unwrap().unwrap();
+        let signal = Signal {
+            v: V1,
+            ts_ms: self.clock_now(),
+            window_ms: 15 * MIN,
+            body: SignalBody::LeaseUtilization {
+                lease_id: lease.into(),
+                team: "ml".into(),
+                util_pct,
+                idle_ms,
+                gpus_active: if idle_ms > 0 { 0 } else { current.gpu_count },
+                gpus_total: current.gpu_count,
+                mem_used_max_bytes: 0,
+            },
+        };
+        self.rules.on_signal(&signal).await.unwrap();
+    }
+
+    fn clock_now(&self) -> i64 {
+        self.state.now()
+    }
+
+    fn advance(&self, ms: i64) {
+        self.clock.advance(Duration::from_millis(ms as u64));
+    }
+
+    async fn state_of(&self, lease: &str) -> LeaseState {
+        self.state
+            .store()
+            .lease(lease)
+            .await
+            .unwrap()
+            .unwrap()
+            .state
+    }
+
+    /// Every Action recorded so far, oldest first.
+    async fn actions(&self) -> Vec<Value> {
+        let rows = self.state.store().outbox_pending(10_000).await.unwrap();
+        rows.iter()
+            .filter(|r| r.topic == "gpuwarden.actions")
+            .map(|r| serde_json::from_str(&r.payload).unwrap())
+            .collect()
+    }
+
+    async fn actions_of(&self, lease: &str) -> Vec<(String, String, String)> {
+        self.actions()
+            .await
+            .into_iter()
+            .filter(|a| a["lease_id"] == lease)
+            .map(|a| {
+                (
+                    a["action"].as_str().unwrap().to_string(),
+                    a["reason"].as_str().unwrap().to_string(),
+                    a["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits (up to 5 s) for `n` alerts to reach the webhook.
+    async fn alerts_received(&self, n: usize) -> Vec<Value> {
+        for _ in 0..100 {
+            if self.alerts.lock().unwrap().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.alerts.lock().unwrap().clone()
+    }
+}
+
+fn owned(v: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    v.iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_idle_notebook_is_warned_then_reclaimed_while_a_busy_training_lease_is_left_alone() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let notebook = h.admit("notebook", 1, "8h").await;
+    let training = h.admit("training", 2, "8h").await;
+
+    // 15 min idle: before the warning (30 min timeout, warned 10 min before).
+    h.advance(15 * MIN);
+    h.utilization(&notebook, 0.0, 15 * MIN).await;
+    h.utilization(&training, 92.0, 0).await;
+    assert_eq!(
+        h.actions_of(&notebook).await,
+        owned(&[("admit", "admitted", "ok")])
+    );
+
+    // 21 min: warned, once, however often the signal repeats.
+    h.advance(6 * MIN);
+    h.utilization(&notebook, 0.0, 21 * MIN).await;
+    h.advance(MIN / 2);
+    h.utilization(&notebook, 0.0, 21 * MIN + MIN / 2).await;
+    assert_eq!(
+        h.actions_of(&notebook).await,
+        owned(&[("admit", "admitted", "ok"), ("alert", "idle_warning", "ok")])
+    );
+    let alerts = h.alerts_received(1).await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    let text = alerts[0]["text"].as_str().unwrap();
+    assert!(
+        text.contains(&notebook) && text.contains("reclaimed"),
+        "{text}"
+    );
+    assert_eq!(alerts[0]["gpuwarden"]["reason"], "idle_warning");
+
+    // 30 min: reclaimed with reason idle; the repeated signal changes nothing more.
+    h.advance(9 * MIN);
+    h.utilization(&notebook, 0.0, 30 * MIN + MIN / 2).await;
+    h.utilization(&training, 88.0, 0).await;
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Released);
+    let lease = h.state.store().lease(&notebook).await.unwrap().unwrap();
+    assert_eq!(lease.release_reason.unwrap().as_str(), "idle");
+    h.advance(MIN / 2);
+    h.utilization(&notebook, 0.0, 31 * MIN).await;
+    assert_eq!(
+        h.actions_of(&notebook).await,
+        owned(&[
+            ("admit", "admitted", "ok"),
+            ("alert", "idle_warning", "ok"),
+            ("reclaim", "idle", "ok"),
+        ])
+    );
+    assert_eq!(h.state_of(&training).await, LeaseState::Active);
+    assert_eq!(
+        h.actions_of(&training).await,
+        owned(&[("admit", "admitted", "ok")])
+    );
+    let calls = h.driver.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.iter().filter(|c| c.starts_with("reclaim")).count(),
+        1,
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_older_signal_than_one_handled_is_ignored() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let notebook = h.admit("notebook", 1, "8h").await;
+    h.advance(40 * MIN);
+    h.utilization(&notebook, 50.0, 0).await;
+    // A late signal from before, saying it was idle for 35 min: stale, not acted on.
+    let signal = Signal {
+        v: V1,
+        ts_ms: NOW + 39 * MIN,
+        window_ms: 15 * MIN,
+        body: SignalBody::LeaseUtilization {
+            lease_id: notebook.clone(),
+            team: "ml".into(),
+            util_pct: 0.0,
+            idle_ms: 35 * MIN,
+            gpus_active: 0,
+            gpus_total: 1,
+            mem_used_max_bytes: 0,
+        },
+    };
+    h.rules.on_signal(&signal).await.unwrap();
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
+}
+
+#[tokio::test]
+async fn a_team_over_budget_is_blocked_and_denied_then_unblocked_in_the_next_month() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let spend = |usd: f64, ts_ms: i64| Signal {
+        v: V1,
+        ts_ms,
+        window_ms: 15 * MIN,
+        body: SignalBody::TeamSpend {
+            team: "ml".into(),
+            month_to_date_usd: usd,
+            burn_usd_per_hour: 0.0,
+        },
+    };
+    h.rules.on_signal(&spend(400.0, NOW)).await.unwrap();
+    assert!(h.actions().await.is_empty());
+    h.rules.on_signal(&spend(1_000.5, NOW + MIN)).await.unwrap();
+    let actions = h.actions().await;
+    let kinds: Vec<(&str, &str)> = actions
+        .iter()
+        .map(|a| (a["action"].as_str().unwrap(), a["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("block", "budget_exceeded"), ("alert", "budget_exceeded")]
+    );
+    let alerts = h.alerts_received(1).await;
+    assert!(
+        alerts[0]["text"].as_str().unwrap().contains("*ml*"),
+        "{alerts:?}"
+    );
+
+    let body = json!({"team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1, "duration": "1h"});
+    let (status, answer) = call(
+        &h.app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["decision"], "denied");
+    let codes: Vec<&str> = answer["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"team_blocked"), "{answer}");
+    assert!(codes.contains(&"budget_exceeded"), "{answer}");
+    // The same spend again changes nothing.
+    h.rules
+        .on_signal(&spend(1_001.0, NOW + 2 * MIN))
+        .await
+        .unwrap();
+    assert_eq!(h.actions().await.len(), 3, "{:?}", h.actions().await); // + the deny
+
+    // February: last month's spend says nothing of this one.
+    h.clock.set(1_769_904_000_000 + MIN);
+    h.rules.check_budgets().await.unwrap();
+    let last = h.actions().await.pop().unwrap();
+    assert_eq!(last["action"], "unblock");
+    let (_, answer) = call(
+        &h.app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(answer["decision"], "admitted", "{answer}");
+}
+
+#[tokio::test]
+async fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let lease = h.admit("inference", 4, "8h").await;
+    // Too soon after the grant to judge the size (two signal periods).
+    h.advance(MIN / 2);
+    h.utilization(&lease, 10.0, 0).await;
+    assert_eq!(
+        h.state
+            .store()
+            .lease(&lease)
+            .await
+            .unwrap()
+            .unwrap()
+            .gpu_count,
+        4
+    );
+    // Load 20 % on 4 GPUs toward 60 %: 2 GPUs.
+    h.advance(MIN);
+    h.utilization(&lease, 20.0, 0).await;
+    let now = h.state.store().lease(&lease).await.unwrap().unwrap();
+    assert_eq!(now.gpu_count, 2);
+    assert_eq!(now.gpu_uuids.len(), 2);
+    // Load rises to 100 % on 2: ceil(2 × 100 / 60) = 4, but not before the new size is measured.
+    h.advance(MIN / 2);
+    h.utilization(&lease, 100.0, 0).await;
+    assert_eq!(
+        h.state
+            .store()
+            .lease(&lease)
+            .await
+            .unwrap()
+            .unwrap()
+            .gpu_count,
+        2
+    );
+    h.advance(MIN / 2);
+    h.utilization(&lease, 100.0, 0).await;
+    assert_eq!(
+        h.state
+            .store()
+            .lease(&lease)
+            .await
+            .unwrap()
+            .unwrap()
+            .gpu_count,
+        4
+    );
+    // Never past max_gpus.
+    h.advance(2 * MIN);
+    h.utilization(&lease, 100.0, 0).await;
+    assert_eq!(
+        h.state
+            .store()
+            .lease(&lease)
+            .await
+            .unwrap()
+            .unwrap()
+            .gpu_count,
+        4
+    );
+    assert_eq!(
+        h.actions_of(&lease).await,
+        owned(&[
+            ("admit", "admitted", "ok"),
+            ("resize", "autoscale", "ok"),
+            ("resize", "autoscale", "ok"),
+        ])
+    );
+    let calls = h.driver.calls.lock().unwrap().clone();
+    assert_eq!(calls, ["provision 4", "resize 2", "resize 4"]);
+}
+
+#[tokio::test]
+async fn dry_run_records_every_step_once_and_changes_nothing() {
+    let h = harness(EnforcerMode::DryRun).await;
+    let notebook = h.admit("notebook", 1, "1h").await;
+    h.advance(31 * MIN);
+    h.utilization(&notebook, 0.0, 31 * MIN).await;
+    h.advance(MIN / 2);
+    h.utilization(&notebook, 0.0, 31 * MIN + MIN / 2).await;
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
+    // Past its end too.
+    h.advance(30 * MIN);
+    h.state.expire_due().await.unwrap();
+    h.state.expire_due().await.unwrap();
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
+    assert_eq!(
+        h.actions_of(&notebook).await,
+        owned(&[
+            ("admit", "admitted", "ok"),
+            ("reclaim", "idle", "dry_run"),
+            ("reclaim", "expired", "dry_run"),
+        ])
+    );
+    let spend = Signal {
+        v: V1,
+        ts_ms: h.clock_now(),
+        window_ms: 15 * MIN,
+        body: SignalBody::TeamSpend {
+            team: "ml".into(),
+            month_to_date_usd: 5_000.0,
+            burn_usd_per_hour: 4.0,
+        },
+    };
+    h.rules.on_signal(&spend).await.unwrap();
+    h.rules.on_signal(&spend).await.unwrap();
+    let blocks: Vec<Value> = h
+        .actions()
+        .await
+        .into_iter()
+        .filter(|a| a["action"] == "block")
+        .collect();
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0]["outcome"], "dry_run");
+    assert!(!h
+        .state
+        .store()
+        .ledger(h.clock_now(), &h.state.config().pricing)
+        .unwrap()
+        .blocked
+        .contains("ml"));
+    assert_eq!(*h.driver.calls.lock().unwrap(), ["provision 1"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        h.alerts.lock().unwrap().is_empty(),
+        "a dry run sends nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_reclaim_the_substrate_keeps_refusing_is_retried_then_the_lease_fails_with_an_alert() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let notebook = h.admit("notebook", 1, "8h").await;
+    h.driver.fail_reclaim.store(true, Ordering::Relaxed);
+    h.advance(31 * MIN);
+    h.utilization(&notebook, 0.0, 31 * MIN).await;
+    let calls = h.driver.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.iter().filter(|c| *c == "reclaim idle").count(),
+        gpuwarden_enforcer::rules::RECLAIM_ATTEMPTS as usize
+    );
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Failed);
+    assert_eq!(
+        h.actions_of(&notebook).await,
+        owned(&[
+            ("admit", "admitted", "ok"),
+            ("reclaim", "failed", "failed"),
+            ("alert", "reclaim_failed", "ok"),
+        ])
+    );
+    let alerts = h.alerts_received(1).await;
+    assert_eq!(alerts[0]["gpuwarden"]["reason"], "reclaim_failed");
+}
+
+#[tokio::test]
+async fn only_an_admin_exempts_a_lease_and_an_exempt_lease_is_not_reclaimed() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let notebook = h.admit("notebook", 1, "8h").await;
+    let uri = format!("/v1/leases/{notebook}/exempt");
+    let body = json!({"duration": "2h", "reason": "demo rehearsal"}).to_string();
+    let (status, answer) = call(&h.app, Method::POST, &uri, Some("ada"), Some(body.clone())).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer) = call(
+        &h.app,
+        Method::POST,
+        &uri,
+        Some("root"),
+        Some(json!({"duration": "2h", "reason": " "}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "reason", "{answer}");
+    let (status, answer) = call(&h.app, Method::POST, &uri, Some("root"), Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    h.advance(45 * MIN);
+    h.utilization(&notebook, 0.0, 45 * MIN).await;
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
+    let exempt = h
+        .actions()
+        .await
+        .into_iter()
+        .find(|a| a["reason"] == "exempt")
+        .unwrap();
+    assert_eq!(exempt["action"], "alert");
+    let detail = exempt["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("root") && detail.contains("demo rehearsal"),
+        "{detail}"
+    );
+
+    // Once the exemption ends, the rules apply again.
+    h.advance(80 * MIN);
+    h.utilization(&notebook, 0.0, 125 * MIN).await;
+    assert_eq!(h.state_of(&notebook).await, LeaseState::Released);
+}
+
+#[tokio::test]
+async fn a_busy_gpu_no_lease_holds_is_alerted_once_an_hour() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let signal = |ts_ms: i64| Signal {
+        v: V1,
+        ts_ms,
+        window_ms: 15 * MIN,
+        body: SignalBody::GpuUnattributed {
+            gpu_uuid: "GPU-07".into(),
+            host: "h1".into(),
+            util_pct: 87.0,
+        },
+    };
+    for i in 0..4 {
+        h.rules.on_signal(&signal(NOW + i * MIN / 2)).await.unwrap();
+    }
+    h.rules.on_signal(&signal(NOW + 61 * MIN)).await.unwrap();
+    let alerts: Vec<Value> = h
+        .actions()
+        .await
+        .into_iter()
+        .filter(|a| a["reason"] == "unattributed")
+        .collect();
+    assert_eq!(alerts.len(), 2);
+    assert!(alerts[0]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("GPU-07 on h1"));
+    assert_eq!(h.alerts_received(2).await.len(), 2);
+}
+
+#[test]
+fn the_rules_decide_from_idle_time_policy_and_load() {
+    let lease = |workload, gpus| gpuwarden_enforcer::store::Lease {
+        id: "L".into(),
+        team: "ml".into(),
+        user: "ada".into(),
+        project: "p".into(),
+        workload,
+        substrate: "sim".into(),
+        gpu_model: "H100".into(),
+        gpu_count: gpus,
+        gpu_uuids: Vec::new(),
+        labels: BTreeMap::new(),
+        state: LeaseState::Active,
+        granted_at: 0,
+        expires_at: None,
+        updated_at: 0,
+        released_at: None,
+        release_reason: None,
+    };
+    let config = config(EnforcerMode::Enforce, "http://127.0.0.1:9/");
+    let notebook = config.workload(Workload::Notebook);
+    let util = |idle_ms, util_pct, gpus_total| Utilization {
+        ts_ms: 100 * MIN,
+        util_pct,
+        idle_ms,
+        gpus_total,
+    };
+    let nb = lease(Workload::Notebook, 1);
+    assert_eq!(steps(&nb, &notebook, &util(0, 50.0, 1), false, true), []);
+    assert_eq!(
+        steps(&nb, &notebook, &util(19 * MIN, 0.0, 1), false, true),
+        []
+    );
+    assert_eq!(
+        steps(&nb, &notebook, &util(20 * MIN, 0.0, 1), false, true),
+        [Step::IdleWarning {
+            run_start: 80 * MIN,
+            deadline_ms: 110 * MIN
+        }]
+    );
+    assert_eq!(
+        steps(&nb, &notebook, &util(30 * MIN, 0.0, 1), false, true),
+        [Step::Idle {
+            run_start: 70 * MIN,
+            on_idle: OnIdle::Reclaim,
+            min_gpus: 1
+        }]
+    );
+    assert_eq!(
+        steps(&nb, &notebook, &util(30 * MIN, 0.0, 1), true, true),
+        []
+    );
+
+    let inference = config.workload(Workload::Inference);
+    let inf = lease(Workload::Inference, 2);
+    assert_eq!(steps(&inf, &inference, &util(0, 60.0, 2), false, true), []);
+    assert_eq!(
+        steps(&inf, &inference, &util(0, 61.0, 2), false, true),
+        [Step::Autoscale { gpus: 3 }]
+    );
+    assert_eq!(
+        steps(&inf, &inference, &util(0, 100.0, 2), false, true),
+        [Step::Autoscale { gpus: 4 }]
+    );
+    assert_eq!(
+        steps(&inf, &inference, &util(0, 5.0, 2), false, true),
+        [Step::Autoscale { gpus: 1 }]
+    );
+    // Not measured long enough, or measured at another size: no change.
+    assert_eq!(
+        steps(&inf, &inference, &util(0, 100.0, 2), false, false),
+        []
+    );
+    assert_eq!(steps(&inf, &inference, &util(0, 100.0, 3), false, true), []);
+    // Training never autoscales.
+    let tr = lease(Workload::Training, 2);
+    assert_eq!(
+        steps(
+            &tr,
+            &config.workload(Workload::Training),
+            &util(0, 100.0, 2),
+            false,
+            true
+        ),
+        []
+    );
+}
