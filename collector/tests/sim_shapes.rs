@@ -664,3 +664,48 @@ hosts = [{ prefix = "node", count = 1250, gpus = 8, gpu_model = "NVIDIA H100 80G
         );
     }
 }
+
+#[test]
+fn an_inference_lease_spreads_its_traffic_over_the_gpus_it_holds() {
+    // Two fleets with the same seed run the same inference lease on 4 GPUs; in one it is
+    // resized to 2 at 01:00. Its traffic is the same, so each remaining GPU carries twice the
+    // load (capped at 100 %), and a training lease resized the same way does not change.
+    let mut steady = fleet(3);
+    let mut resized = fleet(3);
+    let h0 = uuids(&steady, "h100-0");
+    let mut serve = lease("serve", Workload::Inference, h0[..4].to_vec());
+    steady.apply(&serve.granted(DAY0));
+    resized.apply(&serve.granted(DAY0));
+    serve.uuids = h0[..2].to_vec();
+    serve.count = 2;
+    resized.apply(&serve.event(LeaseEventKind::Resized, DAY0 + 60 * MIN));
+    let from = DAY0 + 61 * MIN;
+    let a = run(&mut steady, from, from + 60 * MIN, MIN);
+    let b = run(&mut resized, from, from + 60 * MIN, MIN);
+    let on_kept = |samples: &[Sample]| -> Vec<f64> {
+        samples
+            .iter()
+            .filter(|s| s.lease_id.as_deref() == Some("serve") && h0[..2].contains(&s.gpu_uuid))
+            .map(|s| s.util_gpu_pct)
+            .collect()
+    };
+    let (a, b) = (on_kept(&a), on_kept(&b));
+    assert_eq!(a.len(), b.len());
+    assert!(!a.is_empty());
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (y - (2.0 * x).min(100.0)).abs() <= 1.0,
+            "{x} on 4 GPUs, {y} on 2"
+        );
+    }
+    // Back to its grant's size, the load per GPU is as before.
+    serve.uuids = h0[..4].to_vec();
+    serve.count = 4;
+    resized.apply(&serve.event(LeaseEventKind::Resized, DAY0 + 130 * MIN));
+    let a = run(&mut steady, DAY0 + 131 * MIN, DAY0 + 141 * MIN, MIN);
+    let b = run(&mut resized, DAY0 + 131 * MIN, DAY0 + 141 * MIN, MIN);
+    assert_eq!(
+        utils(&a, "serve").collect::<Vec<_>>(),
+        utils(&b, "serve").collect::<Vec<_>>()
+    );
+}

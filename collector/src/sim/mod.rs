@@ -87,6 +87,9 @@ pub struct SimGpu {
 #[derive(Debug, Clone, Copy)]
 struct Work {
     shape: Shape,
+    /// How much of the lease's traffic each GPU carries relative to its grant (inference after
+    /// a resize); 1 otherwise.
+    spread: f64,
     /// Seeded hash of the lease id (or of the GPU, for unleased work).
     key: u64,
 }
@@ -158,6 +161,8 @@ pub struct Fleet {
     by_uuid: HashMap<String, usize>,
     /// The GPUs (positions in `gpus`, sorted) each lease holds.
     leases: BTreeMap<String, Vec<usize>>,
+    /// GPUs each open lease was granted (how inference traffic spreads after a resize).
+    granted: HashMap<String, u32>,
 }
 
 impl Fleet {
@@ -209,6 +214,7 @@ impl Fleet {
             gpus,
             by_uuid,
             leases: BTreeMap::new(),
+            granted: HashMap::new(),
         })
     }
 
@@ -252,7 +258,11 @@ impl Fleet {
     pub fn set_unleased(&mut self, gpu_uuid: &str, shape: Option<Shape>) {
         if let Some(&i) = self.by_uuid.get(gpu_uuid) {
             let key = noise::hash(self.gpus[i].key, S_ROGUE);
-            self.state[i].unleased = shape.map(|shape| Work { shape, key });
+            self.state[i].unleased = shape.map(|shape| Work {
+                shape,
+                spread: 1.0,
+                key,
+            });
         }
     }
 
@@ -273,6 +283,7 @@ impl Fleet {
     }
 
     fn release(&mut self, lease_id: &str) {
+        self.granted.remove(lease_id);
         for i in self.leases.remove(lease_id).unwrap_or_default() {
             self.state[i].holder = None;
         }
@@ -295,8 +306,23 @@ impl Fleet {
         for &i in held.iter().filter(|i| target.binary_search(i).is_err()) {
             self.state[i].holder = None;
         }
+        let shape = Shape::of_lease(event);
+        if event.event == LeaseEventKind::Granted {
+            self.granted
+                .insert(event.lease_id.clone(), event.gpu_count.max(1));
+        }
+        let granted = *self
+            .granted
+            .entry(event.lease_id.clone())
+            .or_insert(event.gpu_count.max(1));
+        let spread = if shape == Shape::Inference && !target.is_empty() {
+            f64::from(granted) / target.len() as f64
+        } else {
+            1.0
+        };
         let work = Work {
-            shape: Shape::of_lease(event),
+            shape,
+            spread,
             key: noise::str_key(self.seed, &event.lease_id),
         };
         for &i in &target {
@@ -371,7 +397,14 @@ fn read(
     let (mut util_sum, mut power_sum) = (0.0, 0.0);
     for point in readings.iter() {
         let work = state.work_at(point.t);
-        let util = work.map_or(0.0, |w| shape::util_pct(w.shape, w.key, gpu.key, point));
+        let util = work.map_or(0.0, |w| {
+            let util = shape::util_pct(w.shape, w.key, gpu.key, point);
+            if w.spread == 1.0 {
+                util
+            } else {
+                (util * w.spread).round().clamp(0.0, 100.0)
+            }
+        });
         let jitter = point.jitter(gpu.key, S_POWER);
         power_sum += shape::power_w(&gpu.spec, work.map(|w| w.shape), util, jitter);
         util_sum += util;

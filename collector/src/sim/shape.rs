@@ -38,7 +38,9 @@ pub enum Shape {
     Training,
     /// Diurnal load peaking at 15:00 UTC (~70 %) with its trough at 03:00 UTC (~10 %), traffic
     /// spikes of +15–30 % in about one minute in seven, and per-reading jitter; memory 30–50 %,
-    /// constant.
+    /// constant. That is the load of the lease's traffic spread over the GPUs it was granted:
+    /// resized to other GPU counts, each GPU carries `granted / now` times as much (at most
+    /// 100 %), as replicas behind a load balancer do, so autoscaling converges.
     Inference,
     /// Mostly idle (0–3 %); in about a third of 15 min slots a cell runs for 1–5 min at
     /// 30–80 %; memory 15–40 %, held throughout.
