@@ -92,6 +92,20 @@ pub fn parse_hour_partition(date: &str, hour: &str) -> Option<i64> {
     Some(days_from_civil(y, m, d) * 86_400_000 + hour * HOUR_MS)
 }
 
+/// An exclusive lock on a file of the lake ([`Lake::try_lock`]), released when dropped.
+#[derive(Debug)]
+pub struct LakeLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl LakeLock {
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// What a flush is about to write, recorded before the first file is written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
@@ -214,6 +228,27 @@ impl Lake {
         }
         hours.sort_unstable();
         hours
+    }
+
+    /// Takes the exclusive lock on `<lake>/<relative>` (an advisory `flock`, created if missing)
+    /// without waiting. `Ok(None)` when another holder has it: another process, or another
+    /// [`Lake::try_lock`] of the same file in this one. The lock lasts as long as the returned
+    /// value, and ends with the process however it ends, so a crash never leaves it taken.
+    pub fn try_lock(&self, relative: &Path) -> Result<Option<LakeLock>, LakeError> {
+        let path = self.root.join(relative);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        }
+        let file = File::create(&path).map_err(io("creating", &path))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(LakeLock { _file: file, path })),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(source)) => Err(LakeError::Io {
+                action: "locking",
+                path,
+                source,
+            }),
+        }
     }
 
     /// Removes a file written by [`Lake::write`], if it exists.
@@ -355,6 +390,18 @@ mod tests {
         let a: arrow_array::ArrayRef =
             std::sync::Arc::new(arrow_array::Int64Array::from(vec![1, 2, 3]));
         RecordBatch::try_from_iter([("x", a)]).unwrap()
+    }
+
+    #[test]
+    fn a_lock_has_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let name = Path::new("rollups/.lock");
+        let held = lake.try_lock(name).unwrap().expect("a free lock is taken");
+        assert_eq!(held.path(), dir.path().join(name));
+        assert!(lake.try_lock(name).unwrap().is_none(), "held elsewhere");
+        drop(held);
+        assert!(lake.try_lock(name).unwrap().is_some(), "free again");
     }
 
     #[test]

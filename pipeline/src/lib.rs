@@ -6,11 +6,13 @@
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
 //! threads flush into the [`lake`]; [`metrics`] reports on it. Query: [`sql`] registers the
 //! lake's tables in a DataFusion session, which [`endpoint`] serves to Postgres clients.
+//! Signals: [`hot`] keeps the hot window from Kafka and publishes what [`signals`] computes.
 
 pub mod buffer;
 pub mod consume;
 pub mod endpoint;
 pub mod files;
+pub mod hot;
 pub mod lake;
 pub mod metrics;
 pub mod rollup;
@@ -20,6 +22,7 @@ mod writer;
 
 pub use buffer::Table;
 pub use consume::{IngestError, IngestOptions};
+pub use hot::{SignalsError, SignalsOptions};
 pub use lake::Lake;
 pub use metrics::Metrics;
 pub use rollup::{Rollup, RollupOptions};

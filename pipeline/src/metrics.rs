@@ -1,4 +1,6 @@
-//! The pipeline's own metrics (`gpuwarden_pipeline_*`), served on `pipeline.metrics_listen`.
+//! The pipeline's own metrics (`gpuwarden_pipeline_*`), served on `pipeline.metrics_listen`:
+//! ingest (records, files, buffers, lag, commits) and signals (published, failures, the last
+//! computation's time, the hot window's size).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -7,6 +9,18 @@ use std::sync::Mutex;
 use gpuwarden_schema::prom::{escape, family, Histogram};
 
 const FLUSH_BUCKETS: [f64; 9] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
+
+/// The `kind` label values of the signal metrics: every [`gpuwarden_schema::SignalBody`] kind.
+const SIGNAL_KINDS: [&str; 3] = ["lease_utilization", "gpu_unattributed", "team_spend"];
+
+/// The index of a signal kind in [`SIGNAL_KINDS`] (an unknown kind counts as the last one; the
+/// list covers every variant, so this does not happen).
+pub(crate) fn signal_kind_index(kind: &str) -> usize {
+    SIGNAL_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(SIGNAL_KINDS.len() - 1)
+}
 
 /// Counters and gauges shared by the consumer loop, the writers and `/metrics`.
 #[derive(Debug)]
@@ -24,6 +38,14 @@ pub struct Metrics {
     pauses: AtomicU64,
     lag: AtomicI64,
     commits: AtomicU64,
+    signals_published: [AtomicU64; 3],
+    signal_failures: AtomicU64,
+    signal_computations: AtomicU64,
+    signal_compute_failures: AtomicU64,
+    /// The last computation's wall time, seconds, as `f64` bits.
+    signal_compute_seconds: AtomicU64,
+    window_samples: AtomicU64,
+    signals_leader: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -42,6 +64,13 @@ impl Default for Metrics {
             pauses: AtomicU64::default(),
             lag: AtomicI64::new(-1),
             commits: AtomicU64::default(),
+            signals_published: Default::default(),
+            signal_failures: AtomicU64::default(),
+            signal_computations: AtomicU64::default(),
+            signal_compute_failures: AtomicU64::default(),
+            signal_compute_seconds: AtomicU64::new(0f64.to_bits()),
+            window_samples: AtomicU64::default(),
+            signals_leader: AtomicU64::default(),
         }
     }
 }
@@ -107,6 +136,65 @@ impl Metrics {
 
     pub(crate) fn committed(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A signal of kind index `kind` ([`signal_kind_index`]) was acknowledged by Kafka.
+    pub(crate) fn signal_published(&self, kind: usize) {
+        if let Some(n) = self.signals_published.get(kind) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` signals could not be published.
+    pub(crate) fn signal_failed(&self, n: u64) {
+        self.signal_failures.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// One computation of signals ended, successfully or not, after `seconds`.
+    pub(crate) fn signals_computed(&self, seconds: f64, ok: bool) {
+        self.signal_computations.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.signal_compute_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        self.signal_compute_seconds
+            .store(seconds.to_bits(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_window_samples(&self, rows: usize) {
+        self.window_samples.store(rows as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_signals_leader(&self, leader: bool) {
+        self.signals_leader
+            .store(u64::from(leader), Ordering::Relaxed);
+    }
+
+    /// Signals of `kind` (`lease_utilization`, …) acknowledged by Kafka so far.
+    pub fn signals_published(&self, kind: &str) -> u64 {
+        SIGNAL_KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.signals_published[i].load(Ordering::Relaxed))
+    }
+
+    /// Signals that could not be published so far.
+    pub fn signal_failures_total(&self) -> u64 {
+        self.signal_failures.load(Ordering::Relaxed)
+    }
+
+    /// Computations of signals so far (failed ones included).
+    pub fn signal_computations_total(&self) -> u64 {
+        self.signal_computations.load(Ordering::Relaxed)
+    }
+
+    /// Samples the hot window holds now.
+    pub fn window_samples(&self) -> u64 {
+        self.window_samples.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process holds the signals lock and publishes.
+    pub fn signals_leader(&self) -> bool {
+        self.signals_leader.load(Ordering::Relaxed) == 1
     }
 
     /// Records received so far, all topics.
@@ -257,6 +345,66 @@ impl Metrics {
             "gauge",
             "Messages behind the end of the assigned partitions.",
             [("", self.lag.load(Ordering::Relaxed).max(0) as f64)],
+        );
+        let published: Vec<(String, f64)> = SIGNAL_KINDS
+            .iter()
+            .zip(&self.signals_published)
+            .map(|(kind, n)| (format!("kind=\"{kind}\""), n.load(Ordering::Relaxed) as f64))
+            .collect();
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_published_total",
+            "counter",
+            "Signals published to gpuwarden.signals and acknowledged, by kind.",
+            published.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signal_publish_failures_total",
+            "counter",
+            "Signals that could not be published (refused or not delivered).",
+            [("", self.signal_failures.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signal_computations_total",
+            "counter",
+            "Computations of signals over the hot window, failed ones included.",
+            [("", self.signal_computations.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signal_computation_failures_total",
+            "counter",
+            "Computations of signals that failed (nothing was published for that time).",
+            [(
+                "",
+                self.signal_compute_failures.load(Ordering::Relaxed) as f64,
+            )],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signal_computation_seconds",
+            "gauge",
+            "Wall time of the last computation of signals, publishing included.",
+            [(
+                "",
+                f64::from_bits(self.signal_compute_seconds.load(Ordering::Relaxed)),
+            )],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_window_samples",
+            "gauge",
+            "Samples held in memory in the signals' hot window.",
+            [("", self.window_samples.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_leader",
+            "gauge",
+            "1 while this process holds the lake's signals lock and publishes signals.",
+            [("", self.signals_leader.load(Ordering::Relaxed) as f64)],
         );
         self.flush_seconds
             .lock()

@@ -1,5 +1,5 @@
-//! `gpuwarden pipeline`: consumes gpuwarden's topics into the Parquet lake, serving `/metrics`
-//! and the SQL endpoint.
+//! `gpuwarden pipeline`: consumes gpuwarden's topics into the Parquet lake, rolls it up,
+//! computes and publishes signals, and serves `/metrics` and the SQL endpoint.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,12 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics, Rollup, RollupOptions};
+use gpuwarden_pipeline::{
+    consume, hot, IngestOptions, Lake, Metrics, Rollup, RollupOptions, SignalsOptions,
+};
 use gpuwarden_schema::config;
 
 use super::kafka::{shutdown_signal, KafkaConnection};
 
-/// Consume Kafka into the Parquet lake.
+/// Consume Kafka into the Parquet lake, roll it up, and publish signals for the enforcer.
 ///
 /// Reads gpuwarden.samples, .leases, .signals and .actions in the consumer group
 /// pipeline.group_id, writes them to <storage.data_dir>/lake/<table>/date=…/hour=…/ as Parquet
@@ -21,6 +23,14 @@ use super::kafka::{shutdown_signal, KafkaConnection};
 /// table with the reason. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
 /// rollup` does), so the open hour's spend shows in team_hourly within minutes. Run more
 /// instances with the same group to share partitions; one at a time rolls up (a lock file).
+///
+/// Computes signals for the enforcer and publishes them on gpuwarden.signals: it keeps the last
+/// pipeline.signals.window of samples (read from gpuwarden.samples outside the consumer group)
+/// and every lease event in memory, and each time event time passes a multiple of
+/// pipeline.signals.every it publishes lease_utilization per open lease, gpu_unattributed per
+/// busy GPU no lease holds, and team_spend per team (month-to-date cost from team_hourly, and
+/// the burn rate of its open leases). One instance per lake publishes (<lake>/signals.lock);
+/// the others stand by and take over when it stops.
 ///
 /// Serves every lake table, read-only, over the Postgres wire protocol on pipeline.sql_listen
 /// (psql, Grafana, any Postgres client), to the [[pipeline.sql_users]] with their password
@@ -82,16 +92,28 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             config.pipeline.rollup_every,
         ));
         let stop = Arc::new(AtomicBool::new(false));
+        // Whichever way this block ends, the blocking threads are told to stop: the runtime's
+        // drop waits for them.
+        let _stop_on_exit = StopOnDrop(Arc::clone(&stop));
+        let signals = {
+            let (client, lake, options, metrics, stop) = (kafka.client("signals"), lake.clone(), SignalsOptions::from_config(&config), Arc::clone(&metrics), Arc::clone(&stop));
+            tokio::task::spawn_blocking(move || hot::run(&client, lake, options, metrics, stop))
+        };
         let ingest = {
             let (client, group, options, metrics, stop) = (kafka.client("pipeline"), config.pipeline.group_id.clone(), options(&config), Arc::clone(&metrics), Arc::clone(&stop));
             tokio::task::spawn_blocking(move || consume::run(&client, &group, lake, options, metrics, stop))
         };
         tokio::pin!(ingest);
+        tokio::pin!(signals);
         tokio::select! {
             _ = shutdown_signal() => {}
             result = &mut ingest => {
                 result??;
                 anyhow::bail!("ingest stopped by itself");
+            }
+            result = &mut signals => {
+                result??;
+                anyhow::bail!("the signals loop stopped by itself");
             }
             result = async { sql_task.as_mut().unwrap().await }, if sql_task.is_some() => {
                 result?.context("the SQL endpoint failed")?;
@@ -100,6 +122,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         stop.store(true, Ordering::SeqCst);
         ingest.await?.context("ingest failed while shutting down")?;
+        signals.await?.context("the signals loop failed while shutting down")?;
         server.abort();
         rollups.abort();
         if let Some(sql_task) = sql_task {
@@ -109,6 +132,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         drop(kafka);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Sets the stop flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Rolls up every `every` until aborted. A failed run is logged and retried at the next tick:

@@ -55,6 +55,9 @@ use leases::Leases;
 
 const HOUR_MS: i64 = 3_600_000;
 
+/// The lock file of the one process rolling up a lake, relative to the lake root.
+const LOCK: &str = "rollups/.lock";
+
 /// The team of capacity no lease holds.
 pub const UNALLOCATED: &str = "(unallocated)";
 
@@ -225,15 +228,9 @@ impl Rollup {
             path: self.dir(),
             source,
         })?;
-        let lock_path = self.dir().join(".lock");
-        let lock = std::fs::File::create(&lock_path).map_err(|source| LakeError::Io {
-            action: "creating",
-            path: lock_path.clone(),
-            source,
-        })?;
-        if lock.try_lock().is_err() {
-            return Err(RollupError::Busy(lock_path));
-        }
+        let Some(lock) = self.lake.try_lock(Path::new(LOCK))? else {
+            return Err(RollupError::Busy(self.lake.root().join(LOCK)));
+        };
 
         let ctx = SessionContext::new();
         let leases = Leases::from_events(self.lease_events(&ctx).await?);

@@ -1,0 +1,443 @@
+//! The signals loop ([`gpuwarden_pipeline::hot`]) against a real Kafka-protocol broker
+//! (librdkafka's mock cluster): lease events and samples produced to their topics come back as
+//! signals on gpuwarden.signals, with month-to-date spend from the lake's `team_hourly`; one
+//! instance per lake publishes; the loop stops on its flag.
+//!
+//! T0 = 2026-11-30T00:00Z; every 30 s, window 15 min; samples every 10 s.
+//! - L-idle (ml, H100, g-idle) and L-busy (ds, A100, g-busy) granted at T0 − 10 min; L-gone
+//!   (ops, g-gone) granted and released before T0.
+//! - Phase 1, k = 10..=60 s: g-idle 0 %, g-busy 80 %, g-rogue (no lease) 90 %, g-gone 70 %
+//!   naming L-gone (its lease is closed: unattributed), and one invalid record. Signals at T0+60 s:
+//!   L-idle util 0, idle since T0+10 s → 50,000 ms; L-busy util 80, idle 0; g-rogue 90 and
+//!   g-gone 70 unattributed; ml spent 100 $ this month (not the 1,000 $ of October, nor the
+//!   `(unallocated)` 7 $), burns 4 $/h (1 H100); ds 20.5 $, burns 1.5 $/h (the default price).
+//! - Phase 2, k = 65, 75, 85 s, all at 0 % but g-rogue; then one g-rogue sample at 95 s moves the
+//!   watermark past T0+90 s. L-busy: util 6×80/9 = 53.333, idle since T0+65 s → 25,000 ms;
+//!   L-idle 80,000 ms; g-gone's samples are still in the window.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::{
+    ArrayRef, BooleanArray, Float64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
+use gpuwarden_pipeline::hot::{self, SignalsOptions};
+use gpuwarden_pipeline::{Lake, Metrics};
+use gpuwarden_schema::config::{GpuPrice, PricingConfig};
+use gpuwarden_schema::kafka::EmbeddedBroker;
+use gpuwarden_schema::{topics, Record, Signal, SignalBody};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use support::{client, produce};
+
+const T0: i64 = 1_795_996_800_000;
+const S: i64 = 1_000;
+const WINDOW: i64 = 15 * 60 * S;
+const H100: &str = "NVIDIA H100 80GB HBM3";
+const A100: &str = "NVIDIA A100-SXM4-80GB";
+
+fn sample(gpu: &str, at: i64, util: f64, lease: Option<&str>) -> (String, Vec<u8>) {
+    let model = if gpu == "g-idle" { H100 } else { A100 };
+    let json = serde_json::json!({"v": 1, "ts_ms": T0 + at, "interval_ms": 10_000,
+        "host": format!("host-{gpu}"), "gpu_uuid": gpu, "gpu_model": model,
+        "util_gpu_pct": util, "mem_used_bytes": 1_000 + at / S, "mem_total_bytes": 1_000_000,
+        "lease_id": lease});
+    (gpu.to_string(), json.to_string().into_bytes())
+}
+
+fn lease_event(
+    at: i64,
+    kind: &str,
+    lease: &str,
+    team: &str,
+    model: &str,
+    gpu: &str,
+) -> (String, Vec<u8>) {
+    let mut e = serde_json::json!({"v": 1, "ts_ms": T0 + at, "event": kind, "lease_id": lease,
+        "team": team, "user": "u", "project": "p", "workload": "training", "substrate": "sim",
+        "gpu_model": model, "gpu_count": 1, "gpu_uuids": [gpu]});
+    if kind == "released" {
+        e["reason"] = serde_json::json!("user");
+    }
+    (lease.to_string(), e.to_string().into_bytes())
+}
+
+/// `team_hourly` rows as the rollups write them: (hour, team, cost).
+fn write_team_hourly(lake: &Lake, rows: &[(i64, &str, f64)]) {
+    let schema = gpuwarden_pipeline::rollup::schema("team_hourly").unwrap();
+    let n = rows.len();
+    let zeros = || Arc::new(Float64Array::from(vec![0.0; n])) as ArrayRef;
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(
+            TimestampMillisecondArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+                .with_timezone("UTC"),
+        ),
+        Arc::new(StringArray::from(
+            rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+        )),
+        Arc::new(StringArray::from(vec![H100; n])),
+        zeros(),
+        zeros(),
+        zeros(),
+        zeros(),
+        Arc::new(Float64Array::from(vec![None::<f64>; n])),
+        Arc::new(Float64Array::from(
+            rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+        )),
+        zeros(),
+        zeros(),
+        Arc::new(BooleanArray::from(vec![true; n])),
+    ];
+    let batch = RecordBatch::try_new(schema, columns).unwrap();
+    lake.write(
+        Path::new("rollups/team_hourly/date=2026-11-29/hour=23/test.parquet"),
+        &batch,
+        "rollups/team_hourly",
+        0,
+    )
+    .unwrap();
+}
+
+fn options() -> SignalsOptions {
+    SignalsOptions {
+        every_ms: 30 * S,
+        window_ms: WINDOW,
+        pricing: PricingConfig {
+            gpu: vec![GpuPrice {
+                model_match: "H100".into(),
+                usd_per_gpu_hour: 4.0,
+            }],
+            default_usd_per_gpu_hour: 1.5,
+            idle_util_pct: 5.0,
+            ..PricingConfig::default()
+        },
+        spend_refresh: Duration::from_secs(60),
+        lock_retry: Duration::from_millis(200),
+    }
+}
+
+/// The signals loop on a thread of its own.
+struct Loop {
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Loop {
+    fn start(bootstrap: &str, lake: &Lake) -> Self {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
+        let metrics = Arc::new(Metrics::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (client, lake, metrics, stop) = (
+                client(bootstrap),
+                lake.clone(),
+                Arc::clone(&metrics),
+                Arc::clone(&stop),
+            );
+            std::thread::spawn(move || hot::run(&client, lake, options(), metrics, stop).unwrap())
+        };
+        Self {
+            metrics,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Sets the stop flag and returns how long the loop took to end.
+    fn stop(&mut self) -> Duration {
+        let asked = Instant::now();
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        asked.elapsed()
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads gpuwarden.signals from the beginning, outside any group.
+struct Signals {
+    consumer: BaseConsumer,
+    seen: Vec<(String, Signal)>,
+}
+
+impl Signals {
+    fn open(bootstrap: &str) -> Self {
+        let consumer: BaseConsumer = client(bootstrap)
+            .set("group.id", "signals-loop-test")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..2 {
+            assignment
+                .add_partition_offset(topics::SIGNALS, p, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        Self {
+            consumer,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads until `n` signals for `ts_ms` have arrived; returns them (by key).
+    fn wait_for(&mut self, ts_ms: i64, n: usize, timeout: Duration) -> BTreeMap<String, Signal> {
+        let until = Instant::now() + timeout;
+        loop {
+            let at: BTreeMap<String, Signal> = self
+                .seen
+                .iter()
+                .filter(|(_, s)| s.ts_ms == ts_ms)
+                .map(|(k, s)| (k.clone(), s.clone()))
+                .collect();
+            if at.len() >= n {
+                return at;
+            }
+            assert!(
+                Instant::now() < until,
+                "{} of {n} signals for {ts_ms} within {timeout:?}; all so far: {:#?}",
+                at.len(),
+                self.seen
+            );
+            self.read(Duration::from_millis(100));
+        }
+    }
+
+    /// Reads what arrives within `wait`.
+    fn read(&mut self, wait: Duration) {
+        while let Some(message) = self.consumer.poll(wait) {
+            let message = message.unwrap();
+            let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+            let signal = Signal::from_json(message.payload().unwrap()).unwrap();
+            self.seen.push((key, signal));
+        }
+    }
+
+    fn count(&self, kind: &str) -> u64 {
+        self.seen
+            .iter()
+            .filter(|(_, s)| s.body.kind() == kind)
+            .count() as u64
+    }
+}
+
+fn lease_utilization(s: &Signal) -> (String, f64, i64, u32, u32) {
+    match &s.body {
+        SignalBody::LeaseUtilization {
+            team,
+            util_pct,
+            idle_ms,
+            gpus_active,
+            gpus_total,
+            ..
+        } => (
+            team.clone(),
+            (util_pct * 1000.0).round() / 1000.0,
+            *idle_ms,
+            *gpus_active,
+            *gpus_total,
+        ),
+        other => panic!("not a lease_utilization: {other:?}"),
+    }
+}
+
+#[test]
+fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
+    let broker = EmbeddedBroker::start(2).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().join("lake")).unwrap();
+    let october = T0 - 40 * 24 * 3_600 * S;
+    write_team_hourly(
+        &lake,
+        &[
+            (T0 - 3_600 * S, "ml", 60.0),
+            (T0 - 7_200 * S, "ml", 40.0),
+            (T0 - 3_600 * S, "ds", 20.5),
+            (T0 - 3_600 * S, "(unallocated)", 7.0),
+            (october, "ml", 1_000.0),
+        ],
+    );
+
+    produce(
+        &bootstrap,
+        topics::LEASES,
+        &[
+            lease_event(-600 * S, "granted", "L-idle", "ml", H100, "g-idle"),
+            lease_event(-600 * S, "granted", "L-busy", "ds", A100, "g-busy"),
+            lease_event(-600 * S, "granted", "L-gone", "ops", A100, "g-gone"),
+            lease_event(-300 * S, "released", "L-gone", "ops", A100, "g-gone"),
+        ],
+    );
+    let mut phase1 = Vec::new();
+    for k in 1..=6 {
+        let at = k * 10 * S;
+        phase1.push(sample("g-idle", at, 0.0, None));
+        phase1.push(sample("g-busy", at, 80.0, None));
+        phase1.push(sample("g-rogue", at, 90.0, None));
+        phase1.push(sample("g-gone", at, 70.0, Some("L-gone")));
+    }
+    phase1.push(("g-bad".into(), br#"{"v":1,"ts_ms":"noon"}"#.to_vec()));
+    produce(&bootstrap, topics::SAMPLES, &phase1);
+
+    let mut publisher = Loop::start(&bootstrap, &lake);
+    let mut signals = Signals::open(&bootstrap);
+    let at60 = signals.wait_for(T0 + 60 * S, 6, Duration::from_secs(15));
+    assert_eq!(
+        at60.keys().collect::<Vec<_>>(),
+        ["L-busy", "L-idle", "ds", "g-gone", "g-rogue", "ml"],
+        "keyed by lease, GPU and team"
+    );
+    assert_eq!(
+        lease_utilization(&at60["L-idle"]),
+        ("ml".into(), 0.0, 50_000, 0, 1)
+    );
+    assert_eq!(
+        lease_utilization(&at60["L-busy"]),
+        ("ds".into(), 80.0, 0, 1, 1)
+    );
+    let unattributed = |gpu: &str, util: f64| SignalBody::GpuUnattributed {
+        gpu_uuid: gpu.into(),
+        host: format!("host-{gpu}"),
+        util_pct: util,
+    };
+    assert_eq!(at60["g-rogue"].body, unattributed("g-rogue", 90.0));
+    assert_eq!(at60["g-gone"].body, unattributed("g-gone", 70.0));
+    let spend = |team: &str, mtd: f64, burn: f64| SignalBody::TeamSpend {
+        team: team.into(),
+        month_to_date_usd: mtd,
+        burn_usd_per_hour: burn,
+    };
+    assert_eq!(at60["ml"].body, spend("ml", 100.0, 4.0));
+    assert_eq!(at60["ds"].body, spend("ds", 20.5, 1.5));
+    for (_, s) in &signals.seen {
+        assert_eq!(s.window_ms, WINDOW);
+        assert_eq!(s.ts_ms, T0 + 60 * S, "only the latest boundary is computed");
+    }
+
+    // A second instance on the same lake stands by while the first holds the lock.
+    let mut standby = Loop::start(&bootstrap, &lake);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(publisher.metrics.signals_leader());
+    assert!(!standby.metrics.signals_leader());
+    assert_eq!(standby.metrics.signal_computations_total(), 0);
+
+    // Live: more samples, then one that moves the watermark past T0+90 s.
+    let mut phase2 = Vec::new();
+    for at in [65 * S, 75 * S, 85 * S] {
+        phase2.push(sample("g-idle", at, 0.0, None));
+        phase2.push(sample("g-busy", at, 0.0, None));
+        phase2.push(sample("g-rogue", at, 90.0, None));
+    }
+    produce(&bootstrap, topics::SAMPLES, &phase2);
+    let until = Instant::now() + Duration::from_secs(10);
+    while publisher.metrics.window_samples() < 24 + 9 {
+        assert!(
+            Instant::now() < until,
+            "the window holds {} samples",
+            publisher.metrics.window_samples()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    produce(
+        &bootstrap,
+        topics::SAMPLES,
+        &[sample("g-rogue", 95 * S, 90.0, None)],
+    );
+    let at90 = signals.wait_for(T0 + 90 * S, 6, Duration::from_secs(10));
+    assert_eq!(
+        lease_utilization(&at90["L-busy"]),
+        ("ds".into(), 53.333, 25_000, 1, 1)
+    );
+    assert_eq!(
+        lease_utilization(&at90["L-idle"]),
+        ("ml".into(), 0.0, 80_000, 0, 1)
+    );
+    assert_eq!(at90["g-rogue"].body, unattributed("g-rogue", 90.0));
+    // Its samples of T0+10..=60 s are still in the window.
+    assert_eq!(at90["g-gone"].body, unattributed("g-gone", 70.0));
+    assert_eq!(at90["ml"].body, spend("ml", 100.0, 4.0));
+
+    // Stopping delivers what was computed, and the counters say what was published.
+    let took = publisher.stop();
+    assert!(took < Duration::from_secs(3), "stopped in {took:?}");
+    signals.read(Duration::from_millis(500));
+    let metrics = &publisher.metrics;
+    for (kind, n) in [
+        ("lease_utilization", 4),
+        ("gpu_unattributed", 4),
+        ("team_spend", 4),
+    ] {
+        assert_eq!(signals.count(kind), n, "{kind}");
+        assert_eq!(metrics.signals_published(kind), n, "{kind}");
+    }
+    assert_eq!(metrics.signal_failures_total(), 0);
+    assert_eq!(metrics.signal_computations_total(), 2);
+    assert!(!metrics.signals_leader());
+    let text = metrics.render();
+    assert!(
+        text.contains("gpuwarden_pipeline_signals_published_total{kind=\"team_spend\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpuwarden_pipeline_signals_window_samples 0"),
+        "{text}"
+    );
+
+    // The standby takes over once the lock is free, rebuilding the window from Kafka.
+    let until = Instant::now() + Duration::from_secs(5);
+    while standby.metrics.signal_computations_total() == 0 {
+        assert!(Instant::now() < until, "the standby did not take over");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(standby.metrics.signals_leader());
+    while standby.metrics.window_samples() != 24 + 9 + 1 {
+        assert!(
+            Instant::now() < until,
+            "the standby holds {} samples",
+            standby.metrics.window_samples()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = standby.stop();
+    assert!(took < Duration::from_secs(3), "stopped in {took:?}");
+}
+
+#[tokio::test]
+async fn month_to_date_spend_is_empty_without_rollups() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().join("lake")).unwrap();
+    assert!(hot::month_to_date(&lake, T0).await.unwrap().is_empty());
+    write_team_hourly(&lake, &[(T0 - 3_600 * S, "ml", 5.0)]);
+    let next_month = T0 + 24 * 3_600 * S;
+    assert!(hot::month_to_date(&lake, next_month)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        hot::month_to_date(&lake, T0).await.unwrap(),
+        BTreeMap::from([("ml".to_string(), 5.0)])
+    );
+}
