@@ -108,7 +108,7 @@ impl Source {
 /// commits: each simulated fleet must see every lease, and rebuilds its state from the topic.
 fn lease_consumer(client: &ClientConfig) -> Result<BaseConsumer, KafkaError> {
     let mut client = client.clone();
-    client
+    gpuwarden_schema::kafka::low_latency(&mut client)
         .set("group.id", "gpuwarden-simulated-fleet")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

@@ -475,7 +475,7 @@ impl<'a> Publisher<'a> {
         stop: &AtomicBool,
     ) -> Result<Option<Self>, SignalsError> {
         let mut consumer_config = client.clone();
-        consumer_config
+        gpuwarden_schema::kafka::low_latency(&mut consumer_config)
             // Needed by librdkafka for a consumer; nothing joins this group or commits to it.
             .set("group.id", "gpuwarden-pipeline-signals")
             .set("enable.auto.commit", "false")
@@ -667,6 +667,7 @@ impl<'a> Publisher<'a> {
                     leases: self.window.leases(),
                     month_to_date_usd: &self.spend.by_team,
                     pricing: &self.options.pricing,
+                    release_grace_ms: self.options.every_ms,
                 };
                 runtime
                     .block_on(self.engine.compute(&inputs))

@@ -25,7 +25,9 @@
 //!   while any of its GPUs has no sample in the window (no evidence, no reclaim). A lease on a
 //!   substrate that names no GPUs is measured on the GPUs its samples name.
 //! - `gpu_unattributed`: a GPU no open lease holds whose samples in the window that belong to no
-//!   lease have an interval-weighted mean at or above the idle threshold.
+//!   lease have an interval-weighted mean at or above the idle threshold. A released lease still
+//!   owns the samples of its last GPUs (or naming it) from that segment's start until
+//!   `release_grace_ms` after its release, which covers the fleet's lag in following it.
 //! - `team_spend`: `month_to_date_usd` is what the caller read from `team_hourly` for the month
 //!   (the open hour included, as the rollup last refreshed it); `burn_usd_per_hour` is the price
 //!   of the GPUs the team's open leases hold now. Every team given and every team with an open
@@ -66,6 +68,9 @@ pub struct Inputs<'a> {
     pub month_to_date_usd: &'a BTreeMap<String, f64>,
     /// Prices and the idle threshold.
     pub pricing: &'a PricingConfig,
+    /// How long after a lease's release its GPUs' samples still count as its own (the fleet's
+    /// lag in following the release), not as unattributed.
+    pub release_grace_ms: i64,
 }
 
 /// One of an open lease's GPUs as the window saw it.
@@ -106,6 +111,16 @@ impl SignalEngine {
         let samples = MemTable::try_new(schema.clone(), vec![inputs.samples.to_vec()])?;
         ctx.register_table("window_samples", Arc::new(samples))?;
         ctx.register_table("holdings", Arc::new(holdings(&open)?))?;
+        let start_ms = inputs.ts_ms - inputs.window_ms;
+        ctx.register_table(
+            "ended",
+            Arc::new(ended(
+                inputs.leases,
+                start_ms,
+                inputs.ts_ms,
+                inputs.release_grace_ms,
+            )?),
+        )?;
         let start = inputs.ts_ms - inputs.window_ms;
         let ts = inputs.ts_ms;
         let attributed = format!(
@@ -149,6 +164,10 @@ impl SignalEngine {
             SELECT s.gpu_uuid, max(s.host) AS host,
                    CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) AS util
             FROM s LEFT ANTI JOIN attributed a ON s.gpu_uuid = a.gpu_uuid AND s.ts_ms = a.ts_ms
+                   LEFT ANTI JOIN ended e ON s.lease_id = e.lease_id
+                                         AND s.ts_ms >= e.since_ms AND s.ts_ms < e.until_ms
+                   LEFT ANTI JOIN ended g ON s.gpu_uuid = g.gpu_uuid
+                                         AND s.ts_ms >= g.since_ms AND s.ts_ms < g.until_ms
             WHERE s.gpu_uuid NOT IN (SELECT gpu_uuid FROM holdings)
             GROUP BY s.gpu_uuid
             HAVING CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) >= {threshold}
@@ -302,6 +321,56 @@ fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
             })
         })
         .collect()
+}
+
+/// `ended`: for each lease released by `ts_ms` whose last segment reaches into the window, one
+/// row per GPU of that segment (and one with no GPU, for samples that name the lease), from the
+/// segment's start to `grace_ms` after the release: samples it owned then, or that trail its
+/// release by the fleet's lag, are not unattributed work.
+fn ended(
+    leases: &Leases,
+    window_start: i64,
+    ts_ms: i64,
+    grace_ms: i64,
+) -> Result<MemTable, DataFusionError> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("gpu_uuid", DataType::Utf8, true),
+        Field::new("since_ms", DataType::Int64, false),
+        Field::new("until_ms", DataType::Int64, false),
+    ]));
+    let (mut ids, mut gpus, mut since, mut until) = (vec![], vec![], vec![], vec![]);
+    for lease in leases.iter() {
+        let Some((released, _)) = lease.released else {
+            continue;
+        };
+        let end = released.saturating_add(grace_ms.max(0));
+        if released > ts_ms || end <= window_start {
+            continue;
+        }
+        let start = lease.segments.last().map_or(lease.granted_at, |s| s.start);
+        let named = lease
+            .segments
+            .last()
+            .map(|s| s.gpu_uuids.as_slice())
+            .unwrap_or_default();
+        for gpu in std::iter::once(None).chain(named.iter().map(|g| Some(g.as_str()))) {
+            ids.push(lease.lease_id.as_str());
+            gpus.push(gpu);
+            since.push(start);
+            until.push(end);
+        }
+    }
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(ids)),
+            Arc::new(StringArray::from(gpus)),
+            Arc::new(Int64Array::from(since)),
+            Arc::new(Int64Array::from(until)),
+        ],
+    )?;
+    MemTable::try_new(schema, vec![vec![batch]])
 }
 
 /// `holdings`: one row per (open lease, GPU it holds now).

@@ -15,6 +15,9 @@
 //! - L6 (ds, g10) granted k=8, resized k=10 to g10+g11: only k=10..=15 count (current segment),
 //!   both at 60 % → util 60, 2 active; g10/g11 before k=10 are held GPUs, so not unattributed.
 //! - g5 (no lease) 70 % → gpu_unattributed 70; g6 (no lease) 2 % → nothing.
+//! - L7 (ops, g12) released at k=14; g12 runs at 80 % naming L7 for k=1..=14 and 0 % at k=15.
+//!   k ≤ 14 are L7's (k=14 trails the release within the 1 min grace), so g12 reads 0 → nothing.
+//!   Without the grace, k=14 and 15 would read 40 % unattributed.
 //! - team_spend: ml 100 $ so far, burn L1 2×4 + L3 1×4 = 12; ds 20 $, burn L2 1.5 + L4 2×4 +
 //!   L6 2×4 = 17.5; ops 0 and 0.
 
@@ -75,6 +78,8 @@ fn leases() -> Leases {
         event(-10, "released", "L5", "ml", H100, 1, &["g9"]),
         event(8, "granted", "L6", "ds", H100, 1, &["g10"]),
         event(10, "resized", "L6", "ds", H100, 2, &["g10", "g11"]),
+        event(-30, "granted", "L7", "ops", H100, 1, &["g12"]),
+        event(14, "released", "L7", "ops", H100, 1, &["g12"]),
     ])
 }
 
@@ -92,6 +97,13 @@ fn first_window() -> Vec<Sample> {
         s.push(sample("g11", k, 60.0, None));
         s.push(sample("g5", k, 70.0, None));
         s.push(sample("g6", k, 2.0, None));
+        // L7's work runs until the fleet follows its release, one sample late.
+        s.push(sample(
+            "g12",
+            k,
+            if k <= 14 { 80.0 } else { 0.0 },
+            Some("L7"),
+        ));
     }
     s.push(sample("g1", 3, 10.0, None));
     s
@@ -130,6 +142,7 @@ async fn compute(
             leases,
             month_to_date_usd: &spend,
             pricing: &pricing,
+            release_grace_ms: MIN,
         })
         .await
         .unwrap();

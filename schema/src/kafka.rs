@@ -58,6 +58,17 @@ pub fn client_config(config: &KafkaConfig, bootstrap: &str, role: &str) -> Clien
     client
 }
 
+/// Makes a consumer of a low-volume topic that something acts on (lease events, signals) hear of
+/// a new record within 100 ms: librdkafka's default lets an empty fetch wait 500 ms, and the
+/// mock cluster holds it that long even when a record arrives meanwhile. An explicit
+/// `fetch.wait.max.ms` in `[kafka.properties]` wins.
+pub fn low_latency(client: &mut ClientConfig) -> &mut ClientConfig {
+    if client.get("fetch.wait.max.ms").is_none() {
+        client.set("fetch.wait.max.ms", "100");
+    }
+    client
+}
+
 /// Creates the topics that do not exist yet; existing ones are left as they are.
 ///
 /// Existing topics are found from the cluster's metadata first, so a cluster where they all exist
