@@ -5,10 +5,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use support::Running;
+use support::{psql, Running};
 
 /// 2026-11-30T10:00:00Z.
 const T0: i64 = 1_796_032_800_000;
@@ -128,46 +128,6 @@ fn ingest(config: &Path, file: &Path, lines: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn psql(port: u16, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
-    let mut command = Command::new("psql");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("PG") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
-        // -X: no ~/.psqlrc; -w: never prompt; -A -t: bare rows, '|' between columns.
-        .args(["-d", "gpuwarden", "-X", "-w", "-A", "-t", "-F", "|"])
-        .env("PGCONNECT_TIMEOUT", "10")
-        .env("PGSSLMODE", "disable")
-        .env("PGPASSFILE", "/dev/null")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(password) = password {
-        command.env("PGPASSWORD", password);
-    }
-    if script {
-        command.stdin(Stdio::piped());
-    } else {
-        command.args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
-        command.stdin(Stdio::null());
-    }
-    let mut child = command
-        .spawn()
-        .expect("psql (postgresql-client) is installed");
-    if script {
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(sql.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
 }
 
 #[test]

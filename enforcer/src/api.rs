@@ -650,6 +650,16 @@ impl AppState {
     /// outbox. A driver failure leaves it `releasing` (call again to retry). Used by the API's
     /// release and by runtime rules (reason `expired`, `idle`, `budget`).
     pub async fn release(&self, id: &str, reason: ReleaseReason) -> Result<Lease, ApiError> {
+        self.release_for(id, reason, "").await
+    }
+
+    /// [`AppState::release`], saying why in the `reclaim` Action's detail.
+    pub async fn release_for(
+        &self,
+        id: &str,
+        reason: ReleaseReason,
+        why: &str,
+    ) -> Result<Lease, ApiError> {
         let now = self.now();
         // Not waited for: `released` commits after it, in order, and is waited for. If the
         // process dies between the reclaim and that commit, the lease is still open on disk and
@@ -668,7 +678,11 @@ impl AppState {
             )));
         }
         let now = self.now();
-        let detail = format!("released ({})", reason.as_str());
+        let mut detail = format!("released ({})", reason.as_str());
+        if !why.is_empty() {
+            detail.push_str(": ");
+            detail.push_str(why);
+        }
         Ok(self
             .inner
             .store
@@ -859,17 +873,18 @@ impl AppState {
         id: &str,
         gpus: u32,
     ) -> Result<AdmissionResponse, ApiError> {
-        self.resize_for(principal, id, gpus, "requested").await
+        self.resize_for(principal, id, gpus, "requested", "").await
     }
 
     /// [`AppState::resize`] with the reason its `resize` Action carries (`requested` from the
-    /// API; `idle` or `autoscale` from the runtime rules).
+    /// API; `idle` or `autoscale` from the runtime rules) and why, for its detail.
     pub async fn resize_for(
         &self,
         principal: &Principal,
         id: &str,
         gpus: u32,
         reason: &str,
+        why: &str,
     ) -> Result<AdmissionResponse, ApiError> {
         if gpus == 0 {
             return Err(ApiError::field("gpus", "must be at least 1"));
@@ -887,7 +902,7 @@ impl AppState {
         let (decision, lease) = self
             .inner
             .store
-            .resize(id, now, &config.pricing, reason, |ledger, lease| {
+            .resize(id, now, &config.pricing, reason, why, |ledger, lease| {
                 let snapshot = Self::snapshot(&config, ledger, subs);
                 policy::evaluate_resize(&lease.holding(now), gpus, &snapshot)
             })

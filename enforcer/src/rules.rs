@@ -4,7 +4,9 @@
 //!   `idle_timeout` gets `on_idle` — an alert, a reclaim (reason `idle`), or a resize to
 //!   `min_gpus` — after a warning alert `warn_before` that deadline. An inference lease with a
 //!   `target_util_pct` is resized between `min_gpus` and `max_gpus` toward it (within quota and
-//!   capacity, as the policy decides any resize).
+//!   capacity, as the policy decides any resize): to ⌈GPUs × util / target⌉ when utilization is
+//!   more than [`AUTOSCALE_TOLERANCE`] off the target, once a whole signal window has measured
+//!   its current size.
 //! - `gpu_unattributed`: an alert, once per GPU per hour.
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
@@ -40,6 +42,9 @@ pub const RECLAIM_ATTEMPTS: u32 = 4;
 /// Wait before the first retry of a reclaim; each later one waits twice as long.
 const RECLAIM_BACKOFF: Duration = Duration::from_millis(500);
 const HOUR_MS: i64 = 3_600_000;
+/// Utilization within this fraction of the target leaves an inference lease as it is (as
+/// Kubernetes' horizontal autoscaler does), so noise does not resize it back and forth.
+pub const AUTOSCALE_TOLERANCE: f64 = 0.1;
 
 /// What a lease's utilization calls for, decided from the signal, the lease and its policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,7 +123,8 @@ pub fn steps(
         (lease.workload, policy.target_util_pct, autoscale_ready)
     {
         // A signal about another size than the lease's current one is stale for scaling.
-        if target > 0.0 && util.gpus_total == lease.gpu_count {
+        let off_target = (util.util_pct / target - 1.0).abs() > AUTOSCALE_TOLERANCE;
+        if target > 0.0 && util.gpus_total == lease.gpu_count && off_target {
             let min = policy.min_gpus.unwrap_or(1).max(1);
             let max = policy.max_gpus.unwrap_or(lease.gpu_count).max(min);
             let wanted = (f64::from(lease.gpu_count) * util.util_pct / target).ceil() as u32;
@@ -325,14 +331,16 @@ impl Rules {
         let policy = config.workload(lease.workload);
         let now = self.state.now();
         let exempt = store.exempt_until(lease_id).is_some_and(|u| u > now);
-        // Judge a new size only once a full signal period has measured it.
+        // Judge a size only once a whole window has measured it (and at least two signal
+        // periods), so the samples of the size before, and the fleet's lag in following a
+        // resize, do not count.
         let every = config.pipeline.signals.every.as_millis() as i64;
         let since = lock(&self.scaled)
             .get(lease_id)
             .copied()
             .unwrap_or(lease.granted_at)
             .max(lease.granted_at);
-        let ready = util.ts_ms - since >= 2 * every.max(window_ms.min(every));
+        let ready = util.ts_ms - since >= window_ms.max(2 * every);
         for step in steps(&lease, &policy, util, exempt, ready) {
             match step {
                 Step::IdleWarning {
@@ -456,7 +464,7 @@ impl Rules {
         }
         match self
             .state
-            .resize_for(&self.principal, &lease.id, gpus, reason)
+            .resize_for(&self.principal, &lease.id, gpus, reason, detail)
             .await
         {
             Ok(answer) if answer.lease.as_ref().is_some_and(|l| l.gpu_count == gpus) => {
@@ -517,7 +525,7 @@ impl Rules {
             if attempt > 0 {
                 tokio::time::sleep(RECLAIM_BACKOFF.saturating_mul(1 << (attempt - 1))).await;
             }
-            match self.state.release(&lease.id, reason).await {
+            match self.state.release_for(&lease.id, reason, detail).await {
                 Ok(_) => {
                     tracing::info!(lease_id = %lease.id, team = %lease.team, reason = reason.as_str(), detail, "lease reclaimed");
                     return Ok(());

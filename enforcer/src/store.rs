@@ -912,6 +912,7 @@ impl Store {
         now_ms: i64,
         pricing: &PricingConfig,
         reason: &str,
+        why: &str,
         decide: impl FnOnce(&Ledger, &Lease) -> Decision,
     ) -> Pending<(Decision, Lease)> {
         if let Err(e) = self.check() {
@@ -950,7 +951,11 @@ impl Store {
         lease.gpu_uuids = placement.gpu_uuids;
         lease.gpu_count = placement.gpu_count;
         lease.updated_at = now_ms;
-        let detail = format!("{before} → {} GPUs of {}", lease.gpu_count, lease.gpu_model);
+        let mut detail = format!("{before} → {} GPUs of {}", lease.gpu_count, lease.gpu_model);
+        if !why.is_empty() {
+            detail.push_str(": ");
+            detail.push_str(why);
+        }
         let ops = vec![
             Op::UpdateLease(Box::new(lease.clone())),
             outbox(&lease.event(LeaseEventKind::Resized, now_ms), now_ms),

@@ -400,63 +400,39 @@ async fn a_team_over_budget_is_blocked_and_denied_then_unblocked_in_the_next_mon
 async fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises() {
     let h = harness(EnforcerMode::Enforce).await;
     let lease = h.admit("inference", 4, "8h").await;
-    // Too soon after the grant to judge the size (two signal periods).
-    h.advance(MIN / 2);
-    h.utilization(&lease, 10.0, 0).await;
-    assert_eq!(
+    let gpus = || async {
         h.state
             .store()
             .lease(&lease)
             .await
             .unwrap()
             .unwrap()
-            .gpu_count,
-        4
-    );
+            .gpu_count
+    };
+    // Too soon after the grant to judge the size: the window (15 min) has not measured it yet.
+    h.advance(10 * MIN);
+    h.utilization(&lease, 10.0, 0).await;
+    assert_eq!(gpus().await, 4);
     // Load 20 % on 4 GPUs toward 60 %: 2 GPUs.
-    h.advance(MIN);
+    h.advance(5 * MIN);
     h.utilization(&lease, 20.0, 0).await;
     let now = h.state.store().lease(&lease).await.unwrap().unwrap();
     assert_eq!(now.gpu_count, 2);
     assert_eq!(now.gpu_uuids.len(), 2);
-    // Load rises to 100 % on 2: ceil(2 × 100 / 60) = 4, but not before the new size is measured.
-    h.advance(MIN / 2);
+    // Load rises to 100 % on 2: ⌈2 × 100 / 60⌉ = 4, but not before a window has measured 2.
+    h.advance(10 * MIN);
     h.utilization(&lease, 100.0, 0).await;
-    assert_eq!(
-        h.state
-            .store()
-            .lease(&lease)
-            .await
-            .unwrap()
-            .unwrap()
-            .gpu_count,
-        2
-    );
-    h.advance(MIN / 2);
+    assert_eq!(gpus().await, 2);
+    h.advance(5 * MIN);
     h.utilization(&lease, 100.0, 0).await;
-    assert_eq!(
-        h.state
-            .store()
-            .lease(&lease)
-            .await
-            .unwrap()
-            .unwrap()
-            .gpu_count,
-        4
-    );
-    // Never past max_gpus.
-    h.advance(2 * MIN);
+    assert_eq!(gpus().await, 4);
+    // Never past max_gpus; near the target, left alone.
+    h.advance(20 * MIN);
     h.utilization(&lease, 100.0, 0).await;
-    assert_eq!(
-        h.state
-            .store()
-            .lease(&lease)
-            .await
-            .unwrap()
-            .unwrap()
-            .gpu_count,
-        4
-    );
+    assert_eq!(gpus().await, 4);
+    h.advance(20 * MIN);
+    h.utilization(&lease, 57.0, 0).await;
+    assert_eq!(gpus().await, 4);
     assert_eq!(
         h.actions_of(&lease).await,
         owned(&[
@@ -682,8 +658,11 @@ fn the_rules_decide_from_idle_time_policy_and_load() {
     let inference = config.workload(Workload::Inference);
     let inf = lease(Workload::Inference, 2);
     assert_eq!(steps(&inf, &inference, &util(0, 60.0, 2), false, true), []);
+    // Within 10 % of the target: left alone.
+    assert_eq!(steps(&inf, &inference, &util(0, 65.0, 2), false, true), []);
+    assert_eq!(steps(&inf, &inference, &util(0, 55.0, 2), false, true), []);
     assert_eq!(
-        steps(&inf, &inference, &util(0, 61.0, 2), false, true),
+        steps(&inf, &inference, &util(0, 67.0, 2), false, true),
         [Step::Autoscale { gpus: 3 }]
     );
     assert_eq!(

@@ -78,44 +78,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         .build()?;
     runtime.block_on(async move {
         let kafka = KafkaConnection::open(&config)?;
-        let metrics = Arc::new(Metrics::default());
-        let (spec, clock): (SourceSpec, Arc<dyn Clock>) = match config.collector.source {
-            CollectorSource::Nvml => {
-                let host = config.collector.host.clone().unwrap_or_else(hostname);
-                let library = args.nvml_library.clone().or(config.collector.nvml_library.clone());
-                (SourceSpec::Nvml { library, host }, Arc::new(SystemClock))
-            }
-            CollectorSource::Simulated => {
-                let substrate = match &config.collector.simulated.substrate {
-                    Some(name) => config.substrate(name).with_context(|| format!("no substrate is named `{name}`"))?,
-                    None => config
-                        .substrates
-                        .iter()
-                        .find(|s| s.driver == DriverKind::Simulated)
-                        .context("--source simulated needs a [[substrates]] entry with driver = \"simulated\"")?,
-                };
-                let fleet = Fleet::new(substrate, config.collector.simulated.seed)?;
-                tracing::info!(substrate = %substrate.name, gpus = fleet.gpus().len(), speed, "simulated fleet");
-                let clock: Arc<dyn Clock> = if speed == 1.0 { Arc::new(SystemClock) } else { Arc::new(AcceleratedClock::from_now(speed)) };
-                (SourceSpec::Simulated { fleet: Box::new(fleet), leases: Some(kafka.client("fleet")) }, clock)
-            }
+        let clock: Arc<dyn Clock> = if speed == 1.0 || config.collector.source == CollectorSource::Nvml {
+            Arc::new(SystemClock)
+        } else {
+            Arc::new(AcceleratedClock::from_now(speed))
         };
-        let settings = SinkSettings {
-            max_buffer_bytes: usize::try_from(config.collector.buffer_max_bytes).unwrap_or(usize::MAX),
-            max_buffer_age: config.collector.buffer_max_age,
-            ..SinkSettings::default()
-        };
-        let sink = KafkaSink::start(&kafka.client("collector"), gpuwarden_schema::topics::SAMPLES, settings, Arc::clone(&metrics))
-            .context("creating the Kafka producer")?;
-        let collector = Collector::start(spec, sink, interval, clock, Arc::clone(&metrics))?;
-
         let listen = args.metrics_listen.unwrap_or(config.collector.metrics_listen);
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding /metrics to {listen}"))?;
-        let address = listener.local_addr()?;
-        tracing::info!(metrics = %format!("http://{address}/metrics"), kafka = %kafka.bootstrap, interval = %humantime::format_duration(interval), "collector running");
-        let server = tokio::spawn(async move {
-            axum::serve(listener, super::metrics_http::router(move || metrics.render())).await
-        });
+        let collecting = start(&config, &kafka, clock, interval, args.nvml_library.clone(), listen).await?;
         match args.run_for {
             Some(limit) => {
                 tokio::select! {
@@ -125,12 +94,102 @@ pub(crate) fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             }
             None => shutdown_signal().await,
         }
-        let report = tokio::task::spawn_blocking(move || collector.stop(Duration::from_secs(10))).await?;
-        server.abort();
-        tracing::info!(published = report.published, dropped = report.dropped, "collector stopped");
+        collecting.stop().await?;
         drop(kafka);
         Ok(std::process::ExitCode::SUCCESS)
     })
+}
+
+/// A running collector and its `/metrics` server.
+pub(crate) struct Collecting {
+    /// Where `/metrics` is served.
+    pub(crate) metrics_address: std::net::SocketAddr,
+    collector: Collector,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Starts sampling `config.collector.source` every `interval` of `clock`'s time into
+/// gpuwarden.samples on `kafka`, and serves `/metrics` on `listen`. A simulated fleet follows
+/// the leases on gpuwarden.leases.
+pub(crate) async fn start(
+    config: &config::Config,
+    kafka: &KafkaConnection,
+    clock: Arc<dyn Clock>,
+    interval: Duration,
+    nvml_library: Option<PathBuf>,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<Collecting> {
+    let metrics = Arc::new(Metrics::default());
+    let spec = match config.collector.source {
+        CollectorSource::Nvml => {
+            let host = config.collector.host.clone().unwrap_or_else(hostname);
+            let library = nvml_library.or(config.collector.nvml_library.clone());
+            SourceSpec::Nvml { library, host }
+        }
+        CollectorSource::Simulated => {
+            let substrate = match &config.collector.simulated.substrate {
+                Some(name) => config.substrate(name).with_context(|| format!("no substrate is named `{name}`"))?,
+                None => config
+                    .substrates
+                    .iter()
+                    .find(|s| s.driver == DriverKind::Simulated)
+                    .context("--source simulated needs a [[substrates]] entry with driver = \"simulated\"")?,
+            };
+            let fleet = Fleet::new(substrate, config.collector.simulated.seed)?;
+            tracing::info!(substrate = %substrate.name, gpus = fleet.gpus().len(), speed = clock.speed(), "simulated fleet");
+            SourceSpec::Simulated {
+                fleet: Box::new(fleet),
+                leases: Some(kafka.client("fleet")),
+            }
+        }
+    };
+    let settings = SinkSettings {
+        max_buffer_bytes: usize::try_from(config.collector.buffer_max_bytes).unwrap_or(usize::MAX),
+        max_buffer_age: config.collector.buffer_max_age,
+        ..SinkSettings::default()
+    };
+    let sink = KafkaSink::start(
+        &kafka.client("collector"),
+        gpuwarden_schema::topics::SAMPLES,
+        settings,
+        Arc::clone(&metrics),
+    )
+    .context("creating the Kafka producer")?;
+    let collector = Collector::start(spec, sink, interval, clock, Arc::clone(&metrics))?;
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding /metrics to {listen}"))?;
+    let metrics_address = listener.local_addr()?;
+    tracing::info!(metrics = %format!("http://{metrics_address}/metrics"), kafka = %kafka.bootstrap, interval = %humantime::format_duration(interval), "collector running");
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            super::metrics_http::router(move || metrics.render()),
+        )
+        .await
+    });
+    Ok(Collecting {
+        metrics_address,
+        collector,
+        server,
+    })
+}
+
+impl Collecting {
+    /// Stops sampling and publishes what is buffered (for up to 10 s).
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        let collector = self.collector;
+        let report =
+            tokio::task::spawn_blocking(move || collector.stop(Duration::from_secs(10))).await?;
+        self.server.abort();
+        tracing::info!(
+            published = report.published,
+            dropped = report.dropped,
+            "collector stopped"
+        );
+        Ok(())
+    }
 }
 
 fn hostname() -> String {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +24,11 @@ use tokio::sync::watch;
 use super::kafka::{shutdown_signal, KafkaConnection};
 use super::outbox::Publisher;
 
-/// How often leases past their end and budgets are looked at.
-const TICK: Duration = Duration::from_secs(2);
+/// How often (event time) leases past their end and budgets are looked at, within
+/// [`TICK_MIN`]..[`TICK_MAX`] of wall time.
+const TICK_EVENT_TIME: Duration = Duration::from_secs(15);
+const TICK_MIN: Duration = Duration::from_millis(50);
+const TICK_MAX: Duration = Duration::from_secs(2);
 
 /// How long a shutdown waits for the outbox to reach Kafka.
 const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
@@ -52,6 +56,40 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config::load(&args.config)?);
+    let listen = args.listen.unwrap_or(config.enforcer.listen);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let kafka = Arc::new(KafkaConnection::open_lazy(&config)?);
+        let enforcer = start(config, kafka, Arc::new(SystemClock), listen).await?;
+        shutdown_signal().await;
+        enforcer.stop().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A running enforcer: the API, the runtime rules and the outbox publisher.
+pub(crate) struct Enforcer {
+    /// Where the API listens.
+    pub(crate) address: SocketAddr,
+    stop_tx: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    ticking: tokio::task::JoinHandle<()>,
+    signals: tokio::task::JoinHandle<()>,
+    signals_stop: Arc<AtomicBool>,
+    publishing: tokio::task::JoinHandle<usize>,
+}
+
+/// Opens the lease store, builds the drivers, re-adopts open leases, and starts the API on
+/// `listen`, the runtime rules (on `clock`'s time) and the outbox publisher to `kafka`.
+pub(crate) async fn start(
+    config: Arc<config::Config>,
+    kafka: Arc<KafkaConnection>,
+    clock: Arc<dyn Clock>,
+    listen: SocketAddr,
+) -> anyhow::Result<Enforcer> {
     let database = config.enforcer_database();
     if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -71,65 +109,79 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
         built.insert(substrate.name.clone(), Arc::from(driver));
     }
-    let listen = args.listen.unwrap_or(config.enforcer.listen);
+    let state = AppState::new(config.clone(), store.clone(), built, clock.clone());
+    let readopted = state
+        .readopt()
+        .await
+        .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
+    tracing::info!(
+        running = readopted.running,
+        failed = readopted.failed,
+        unknown = readopted.unknown,
+        "re-adopted open leases"
+    );
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let state = AppState::new(config.clone(), store.clone(), built, clock.clone());
-        let readopted = state
-            .readopt()
-            .await
-            .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
-        tracing::info!(
-            running = readopted.running,
-            failed = readopted.failed,
-            unknown = readopted.unknown,
-            "re-adopted open leases"
-        );
+    let publisher = Publisher::new(&kafka, store.clone(), clock.clone())
+        .context("creating the Kafka producer")?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
+    let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
+    if state.dry_run() {
+        tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
+    }
+    let tick = clock.wall_for(TICK_EVENT_TIME).clamp(TICK_MIN, TICK_MAX);
+    let ticking = tokio::spawn(rules_loop(
+        state.clone(),
+        rules.clone(),
+        tick,
+        stop_rx.clone(),
+    ));
+    let signals_stop = Arc::new(AtomicBool::new(false));
+    let signals = tokio::spawn(super::signals::run(
+        kafka.client("enforcer"),
+        rules,
+        signals_stop.clone(),
+    ));
 
-        let kafka = KafkaConnection::open_lazy(&config)?;
-        let publisher = Publisher::new(&kafka, store.clone(), clock.clone())
-            .context("creating the Kafka producer")?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let kafka = Arc::new(kafka);
-        let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
-        let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
-        if state.dry_run() {
-            tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
-        }
-        let ticking = tokio::spawn(rules_loop(state.clone(), rules.clone(), stop_rx.clone()));
-        let signals_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let signals = tokio::spawn(super::signals::run(kafka.client("enforcer"), rules, signals_stop.clone()));
+    let metrics = state.metrics().clone();
+    let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the API to {listen}"))?;
+    let address = listener.local_addr()?;
+    tracing::info!(
+        api = %format!("http://{address}"),
+        database = %database.display(),
+        kafka = %kafka.bootstrap,
+        "enforcer running"
+    );
+    let mut server_stop = stop_rx.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        super::outbox::stopped(&mut server_stop).await;
+    });
+    let server = tokio::spawn(async move { server.await });
+    Ok(Enforcer {
+        address,
+        stop_tx,
+        server,
+        ticking,
+        signals,
+        signals_stop,
+        publishing,
+    })
+}
 
-        let metrics = state.metrics().clone();
-        let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding the API to {listen}"))?;
-        let address = listener.local_addr()?;
-        tracing::info!(
-            api = %format!("http://{address}"),
-            database = %database.display(),
-            kafka = %kafka.bootstrap,
-            "enforcer running"
-        );
-        let mut server_stop = stop_rx.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            super::outbox::stopped(&mut server_stop).await;
-        });
-        let server = tokio::spawn(async move { server.await });
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-        // Requests in flight finish; a slow client cannot hold the shutdown for long.
-        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        ticking.abort();
-        signals_stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let _ = tokio::time::timeout(Duration::from_secs(10), signals).await;
-        match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), publishing).await {
+impl Enforcer {
+    /// Stops serving (requests in flight finish), stops the rules, and flushes the outbox for
+    /// a few seconds.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop_tx.send(true);
+        // A slow client cannot hold the shutdown for long.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        self.ticking.abort();
+        self.signals_stop.store(true, Ordering::SeqCst);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.signals).await;
+        match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), self.publishing).await {
             Ok(Ok(left)) if left > 0 => tracing::warn!(
                 pending = left,
                 "outbox records not yet in Kafka; they are published on the next start"
@@ -138,16 +190,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(_) => tracing::warn!("the outbox publisher did not stop in time; pending records are published on the next start"),
         }
         tracing::info!("enforcer stopped");
-        Ok(ExitCode::SUCCESS)
-    })
+    }
 }
 
-/// Every [`TICK`]: releases leases past their end and re-checks budgets (a new month lifts a
+/// Every `tick`: releases leases past their end and re-checks budgets (a new month lifts a
 /// budget block without waiting for a signal).
-async fn rules_loop(state: AppState, rules: Rules, mut stop: watch::Receiver<bool>) {
+async fn rules_loop(
+    state: AppState,
+    rules: Rules,
+    tick: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(TICK) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = super::outbox::stopped(&mut stop) => return,
         }
         if let Err(e) = state.expire_due().await {

@@ -17,6 +17,7 @@ mod rollup;
 mod signals;
 mod sql;
 mod sql_endpoint;
+mod up;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,7 @@ pub(crate) enum Command {
     Request(request::Args),
     Leases(leases::Args),
     Release(release::Args),
+    Up(up::Args),
 }
 
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -52,5 +54,6 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Request(args) => request::run(args),
         Command::Leases(args) => leases::run(args),
         Command::Release(args) => release::run(args),
+        Command::Up(args) => up::run(args),
     }
 }

@@ -1,6 +1,7 @@
 //! `gpuwarden pipeline`: consumes gpuwarden's topics into the Parquet lake, rolls it up,
 //! computes and publishes signals, and serves `/metrics` and the SQL endpoint.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,72 +67,159 @@ pub(crate) fn options(config: &config::Config) -> IngestOptions {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         let kafka = KafkaConnection::open(&config)?;
-        let metrics = Arc::new(Metrics::default());
-        let listen = args.metrics_listen.unwrap_or(config.pipeline.metrics_listen);
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding /metrics to {listen}"))?;
-        let address = listener.local_addr()?;
-        let router = {
-            let metrics = Arc::clone(&metrics);
-            super::metrics_http::router(move || metrics.render())
-        };
-        let server = tokio::spawn(async move { axum::serve(listener, router).await });
-        let sql = super::sql_endpoint::start(&config.pipeline, args.sql_listen, &lake).await?;
-        let sql_address = sql.as_ref().map_or_else(|| "off".to_string(), |s| s.address.to_string());
-        tracing::info!(metrics = %format!("http://{address}/metrics"), sql = %sql_address, lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
-        let mut sql_task = sql.map(|sql| sql.task);
-
-        let rollups = tokio::spawn(rollup_loop(
-            Rollup::new(lake.clone(), RollupOptions::from_config(&config)),
-            config.pipeline.rollup_every,
-        ));
-        let stop = Arc::new(AtomicBool::new(false));
-        // Whichever way this block ends, the blocking threads are told to stop: the runtime's
-        // drop waits for them.
-        let _stop_on_exit = StopOnDrop(Arc::clone(&stop));
-        let signals = {
-            let (client, lake, options, metrics, stop) = (kafka.client("signals"), lake.clone(), SignalsOptions::from_config(&config), Arc::clone(&metrics), Arc::clone(&stop));
-            tokio::task::spawn_blocking(move || hot::run(&client, lake, options, metrics, stop))
-        };
-        let ingest = {
-            let (client, group, options, metrics, stop) = (kafka.client("pipeline"), config.pipeline.group_id.clone(), options(&config), Arc::clone(&metrics), Arc::clone(&stop));
-            tokio::task::spawn_blocking(move || consume::run(&client, &group, lake, options, metrics, stop))
-        };
-        tokio::pin!(ingest);
-        tokio::pin!(signals);
+        let listen = args
+            .metrics_listen
+            .unwrap_or(config.pipeline.metrics_listen);
+        let mut pipeline = start(&config, &kafka, listen, args.sql_listen).await?;
         tokio::select! {
             _ = shutdown_signal() => {}
-            result = &mut ingest => {
-                result??;
-                anyhow::bail!("ingest stopped by itself");
-            }
-            result = &mut signals => {
-                result??;
-                anyhow::bail!("the signals loop stopped by itself");
-            }
-            result = async { sql_task.as_mut().unwrap().await }, if sql_task.is_some() => {
-                result?.context("the SQL endpoint failed")?;
-                anyhow::bail!("the SQL endpoint stopped by itself");
-            }
+            failed = pipeline.failed() => return Err(failed),
         }
-        stop.store(true, Ordering::SeqCst);
-        ingest.await?.context("ingest failed while shutting down")?;
-        signals.await?.context("the signals loop failed while shutting down")?;
-        server.abort();
-        rollups.abort();
-        if let Some(sql_task) = sql_task {
-            sql_task.abort();
-        }
-        tracing::info!(records = metrics.records_in_total(), quarantined = metrics.quarantined_total(), "pipeline stopped");
+        pipeline.stop().await?;
         drop(kafka);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+type Task<E> = Option<tokio::task::JoinHandle<Result<(), E>>>;
+
+/// A running pipeline: ingest, rollups, signals, the SQL endpoint and `/metrics`.
+pub(crate) struct Pipeline {
+    /// Where `/metrics` is served.
+    pub(crate) metrics_address: SocketAddr,
+    /// Where the SQL endpoint listens, when it runs.
+    pub(crate) sql_address: Option<SocketAddr>,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+    // Whichever way the pipeline ends, the blocking threads are told to stop: the runtime's
+    // drop waits for them.
+    _stop_on_exit: StopOnDrop,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    rollups: tokio::task::JoinHandle<()>,
+    ingest: Task<gpuwarden_pipeline::IngestError>,
+    signals: Task<gpuwarden_pipeline::hot::SignalsError>,
+    sql: Task<gpuwarden_pipeline::endpoint::EndpointError>,
+}
+
+/// Opens the lake and starts ingest from `kafka`, the rollups, the signals loop, the SQL
+/// endpoint (on `sql_listen`, else pipeline.sql_listen) and `/metrics` on `metrics_listen`.
+pub(crate) async fn start(
+    config: &config::Config,
+    kafka: &KafkaConnection,
+    metrics_listen: SocketAddr,
+    sql_listen: Option<SocketAddr>,
+) -> anyhow::Result<Pipeline> {
+    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(metrics_listen)
+        .await
+        .with_context(|| format!("binding /metrics to {metrics_listen}"))?;
+    let metrics_address = listener.local_addr()?;
+    let router = {
+        let metrics = Arc::clone(&metrics);
+        super::metrics_http::router(move || metrics.render())
+    };
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let sql = super::sql_endpoint::start(&config.pipeline, sql_listen, &lake).await?;
+    let sql_address = sql.as_ref().map(|s| s.address);
+    tracing::info!(metrics = %format!("http://{metrics_address}/metrics"), sql = %sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
+
+    let rollups = tokio::spawn(rollup_loop(
+        Rollup::new(lake.clone(), RollupOptions::from_config(config)),
+        config.pipeline.rollup_every,
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let signals = {
+        let (client, lake, options, metrics, stop) = (
+            kafka.client("signals"),
+            lake.clone(),
+            SignalsOptions::from_config(config),
+            Arc::clone(&metrics),
+            Arc::clone(&stop),
+        );
+        tokio::task::spawn_blocking(move || hot::run(&client, lake, options, metrics, stop))
+    };
+    let ingest = {
+        let (client, group, options, metrics, stop) = (
+            kafka.client("pipeline"),
+            config.pipeline.group_id.clone(),
+            options(config),
+            Arc::clone(&metrics),
+            Arc::clone(&stop),
+        );
+        tokio::task::spawn_blocking(move || {
+            consume::run(&client, &group, lake, options, metrics, stop)
+        })
+    };
+    Ok(Pipeline {
+        metrics_address,
+        sql_address,
+        metrics,
+        _stop_on_exit: StopOnDrop(Arc::clone(&stop)),
+        stop,
+        server,
+        rollups,
+        ingest: Some(ingest),
+        signals: Some(signals),
+        sql: sql.map(|s| s.task),
+    })
+}
+
+/// Waits for `task` to end, taking it; never ends when there is none.
+async fn ended<E>(task: &mut Task<E>) -> Result<Result<(), E>, tokio::task::JoinError> {
+    match task.as_mut() {
+        Some(handle) => {
+            let result = handle.await;
+            *task = None;
+            result
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Pipeline {
+    /// Waits until a part stops by itself (it should not), and says which and why.
+    pub(crate) async fn failed(&mut self) -> anyhow::Error {
+        let (part, result): (&str, anyhow::Result<()>) = tokio::select! {
+            r = ended(&mut self.ingest) => ("ingest", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
+            r = ended(&mut self.signals) => ("the signals loop", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
+            r = ended(&mut self.sql) => ("the SQL endpoint", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
+        };
+        match result {
+            Ok(()) => anyhow::anyhow!("{part} stopped by itself"),
+            Err(e) => e.context(format!("{part} failed")),
+        }
+    }
+
+    /// Stops reading, writes and commits what is buffered, and stops serving.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(ingest) = self.ingest.take() {
+            ingest.await?.context("ingest failed while shutting down")?;
+        }
+        if let Some(signals) = self.signals.take() {
+            signals
+                .await?
+                .context("the signals loop failed while shutting down")?;
+        }
+        self.server.abort();
+        self.rollups.abort();
+        if let Some(sql) = self.sql.take() {
+            sql.abort();
+        }
+        tracing::info!(
+            records = self.metrics.records_in_total(),
+            quarantined = self.metrics.quarantined_total(),
+            "pipeline stopped"
+        );
+        Ok(())
+    }
 }
 
 /// Sets the stop flag when dropped.

@@ -34,7 +34,7 @@ pub(crate) async fn run(client: ClientConfig, rules: Rules, stop: Arc<AtomicBool
 }
 
 fn consume(mut client: ClientConfig, tx: &mpsc::Sender<Signal>, stop: &AtomicBool) {
-    client
+    gpuwarden_schema::kafka::low_latency(&mut client)
         .set("group.id", "gpuwarden-enforcer")
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "true");

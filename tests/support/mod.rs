@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -142,15 +142,34 @@ impl Broker {
 
 /// One plain HTTP/1.1 GET on 127.0.0.1, returning (status, body).
 pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    http(address, "GET", path, None, None)
+}
+
+/// One plain HTTP/1.1 request on 127.0.0.1, with a bearer token and a JSON body when given;
+/// returns (status, body).
+pub fn http(
+    address: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(address).expect("connects");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    let body = body.unwrap_or_default();
+    if !body.is_empty() {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    write!(stream, "{head}\r\n{body}").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response
@@ -163,6 +182,48 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Runs `sql` (or, with `script`, feeds it to psql's stdin) against the SQL endpoint on
+/// 127.0.0.1:`port` as `user`; rows come back bare, `|` between columns.
+pub fn psql(port: u16, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
+    let mut command = Command::new("psql");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
+        // -X: no ~/.psqlrc; -w: never prompt; -A -t: bare rows, '|' between columns.
+        .args(["-d", "gpuwarden", "-X", "-w", "-A", "-t", "-F", "|"])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env("PGSSLMODE", "disable")
+        .env("PGPASSFILE", "/dev/null")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(password) = password {
+        command.env("PGPASSWORD", password);
+    }
+    if script {
+        command.stdin(Stdio::piped());
+    } else {
+        command.args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
+        command.stdin(Stdio::null());
+    }
+    let mut child = command
+        .spawn()
+        .expect("psql (postgresql-client) is installed");
+    if script {
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(sql.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
 }
 
 pub fn fake_nvml_library() -> PathBuf {

@@ -127,7 +127,8 @@ fn pipeline(config: &Config, report: Report<'_>) {
             "must be at least as long as `signals.every`".into(),
         );
     }
-    if p.sql_listen == p.metrics_listen {
+    // Port 0 asks for any free port, so two of them never clash.
+    if p.sql_listen == p.metrics_listen && p.sql_listen.port() != 0 {
         report(
             at(&["pipeline", "sql_listen"]),
             "is the same address as `pipeline.metrics_listen`".into(),

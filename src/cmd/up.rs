@@ -1,0 +1,131 @@
+//! `gpuwarden up`: the collector, the pipeline and the enforcer in one process, on one clock.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use gpuwarden_schema::config::{self, CollectorSource};
+use gpuwarden_schema::{AcceleratedClock, Clock, SystemClock};
+
+use super::kafka::{shutdown_signal, KafkaConnection};
+
+/// Run the collector, the pipeline and the enforcer together in one process.
+///
+/// Each does what `gpuwarden collect`, `gpuwarden pipeline` and `gpuwarden enforce` do with the
+/// same config, and they still meet only in Kafka: the configured cluster, or with
+/// kafka.brokers = "embedded" a broker inside this process. It logs one line,
+/// "gpuwarden up", with every address: the API, the SQL endpoint, the metrics and the lake.
+///
+/// With a simulated fleet (collector.source = "simulated"), --speed runs event time faster
+/// than the wall clock (60 = an hour a minute), from --start (default now): rules, expiry and
+/// the fleet all follow it. NVML runs in real time only.
+///
+/// Ctrl-C or SIGTERM stops the collector (publishing what it holds), then the enforcer
+/// (flushing its outbox), then the pipeline (writing and committing what it read).
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file.
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// Event time per wall time (simulated fleet only); overrides collector.simulated.speed.
+    #[arg(long, env = "GPUWARDEN_SPEED")]
+    speed: Option<f64>,
+    /// Event time to start at, RFC 3339 (`2026-01-10T01:00:00Z`); default now. Needs a
+    /// simulated fleet.
+    #[arg(long, value_parser = parse_time)]
+    start: Option<i64>,
+    /// Address of the admission API; overrides enforcer.listen.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Address of the SQL endpoint; overrides pipeline.sql_listen.
+    #[arg(long, value_name = "ADDR")]
+    sql_listen: Option<SocketAddr>,
+}
+
+fn parse_time(text: &str) -> Result<i64, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{e}; expected a time like 2026-01-10T01:00:00Z"))
+        .and_then(|t| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .map_err(|_| "times before 1970 are not supported".to_string())
+        })
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config::load(&args.config)?);
+    let simulated = config.collector.source == CollectorSource::Simulated;
+    let speed = args.speed.unwrap_or(if simulated {
+        config.collector.simulated.speed
+    } else {
+        1.0
+    });
+    anyhow::ensure!(
+        speed.is_finite() && speed > 0.0,
+        "--speed must be a positive number, got {speed}"
+    );
+    anyhow::ensure!(
+        simulated || (speed == 1.0 && args.start.is_none()),
+        "--speed and --start need collector.source = \"simulated\": NVML runs in real time"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let clock: Arc<dyn Clock> = match args.start {
+            Some(start) => Arc::new(AcceleratedClock::new(start, speed)),
+            None if speed != 1.0 => Arc::new(AcceleratedClock::from_now(speed)),
+            None => Arc::new(SystemClock),
+        };
+        let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
+        let mut pipeline = super::pipeline::start(
+            &config,
+            &kafka,
+            config.pipeline.metrics_listen,
+            args.sql_listen,
+        )
+        .await
+        .context("starting the pipeline")?;
+        let enforcer = super::enforce::start(
+            config.clone(),
+            kafka.clone(),
+            clock.clone(),
+            args.listen.unwrap_or(config.enforcer.listen),
+        )
+        .await
+        .context("starting the enforcer")?;
+        let collecting = super::collect::start(
+            &config,
+            &kafka,
+            clock.clone(),
+            config.collector.interval,
+            None,
+            config.collector.metrics_listen,
+        )
+        .await
+        .context("starting the collector")?;
+        tracing::info!(
+            api = %format!("http://{}", enforcer.address),
+            sql = %pipeline.sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()),
+            pipeline_metrics = %format!("http://{}/metrics", pipeline.metrics_address),
+            collector_metrics = %format!("http://{}/metrics", collecting.metrics_address),
+            lake = %config.lake_dir().display(),
+            kafka = %kafka.bootstrap,
+            speed,
+            "gpuwarden up"
+        );
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            failed = pipeline.failed() => {
+                tracing::error!(error = %failed, "the pipeline stopped; shutting down");
+            }
+        }
+        collecting.stop().await?;
+        enforcer.stop().await;
+        pipeline.stop().await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,456 @@
+//! Runtime enforcement end to end, in one `gpuwarden up` process per test: the embedded broker,
+//! a simulated fleet that follows the leases, the pipeline computing signals over its hot
+//! window, and the enforcer acting on them, all on one accelerated clock from 03:30 UTC. The
+//! tests ask for leases over HTTP as a front-end would and find every step with psql in
+//! `actions`.
+//!
+//! Policies: notebooks are reclaimed after 4 min idle (warned 1 min before); training after
+//! 4 min idle; inference autoscales between 1 and 4 GPUs toward 60 %; the collector samples
+//! every 10 s; every GPU costs 40 $/h; team ops may spend 30 $ a month.
+//!
+//! Event-time reaction is wall-time latency times the speed, so the tests that time reactions
+//! run at 60× (signals every minute over 3 min); the autoscale test, which needs hours of the
+//! inference load's daily curve, runs at 600× (signals every 5 min over 15 min).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use support::{http, psql, Running};
+
+const TOKEN: &str = "tok-runtime-admin";
+/// 2026-01-10T03:30:00Z: the inference load's trough is at 03:00 and it rises from there.
+const START: &str = "2026-01-10T03:30:00Z";
+const MIN: i64 = 60_000;
+const IDLE_TIMEOUT: i64 = 4 * MIN;
+const SAMPLE_EVERY: i64 = 10_000;
+
+/// How fast and how often: the clock's speed, and the signals' period and window.
+#[derive(Clone, Copy)]
+struct Pace {
+    speed: f64,
+    every_min: i64,
+    window_min: i64,
+}
+
+/// For timing reactions: a minute of event time is a second of wall time.
+const REACT: Pace = Pace {
+    speed: 60.0,
+    every_min: 1,
+    window_min: 3,
+};
+/// For hours of inference load.
+const HOURS: Pace = Pace {
+    speed: 600.0,
+    every_min: 5,
+    window_min: 15,
+};
+
+/// One `up` at a time: each wants both cores to keep up with its clock.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn write_config(dir: &Path, mode: &str, pace: Pace) -> PathBuf {
+    let path = dir.join("gpuwarden.toml");
+    let hash: String = Sha256::digest(TOKEN)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let text = format!(
+        r#"[kafka]
+brokers = "embedded"
+
+[storage]
+data_dir = "{data}"
+
+[collector]
+source = "simulated"
+interval = "10s"
+metrics_listen = "127.0.0.1:0"
+
+[pipeline]
+flush_age = "300ms"
+rollup_every = "2s"
+metrics_listen = "127.0.0.1:0"
+sql_listen = "127.0.0.1:0"
+sql_allow_anonymous = true
+
+[pipeline.signals]
+every = "{every}m"
+window = "{window}m"
+
+[pricing]
+default_usd_per_gpu_hour = 40.0
+
+[[teams]]
+name = "ml"
+members = ["ada"]
+gpu_quota = 16
+monthly_budget_usd = 1000000.0
+
+[[teams]]
+name = "ops"
+members = ["bob"]
+gpu_quota = 16
+monthly_budget_usd = 30.0
+
+[workloads.notebook]
+max_gpus = 2
+idle_timeout = "4m"
+warn_before = "1m"
+on_idle = "reclaim"
+
+[workloads.training]
+max_gpus = 8
+idle_timeout = "4m"
+on_idle = "reclaim"
+
+[workloads.inference]
+min_gpus = 1
+max_gpus = 4
+target_util_pct = 60.0
+
+[enforcer]
+listen = "127.0.0.1:0"
+mode = "{mode}"
+
+[[substrates]]
+name = "sim"
+driver = "simulated"
+hosts = [{{ prefix = "h", count = 2, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
+
+[[tokens]]
+name = "admin"
+sha256 = "{hash}"
+role = "admin"
+"#,
+        data = dir.join("data").display(),
+        every = pace.every_min,
+        window = pace.window_min,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct Up {
+    process: Running,
+    pace: Pace,
+    api: String,
+    sql_port: u16,
+}
+
+fn up(dir: &Path, mode: &str, pace: Pace) -> Up {
+    let config = write_config(dir, mode, pace);
+    let speed = pace.speed.to_string();
+    let mut process = Running::start(
+        &[
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--speed",
+            &speed,
+            "--start",
+            START,
+        ],
+        &[],
+    );
+    let line = process.wait_for_log("gpuwarden up", Duration::from_secs(120));
+    let api = line["api"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+    let sql_port = line["sql"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    Up {
+        process,
+        pace,
+        api,
+        sql_port,
+    }
+}
+
+impl Up {
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string());
+        let (status, answer) = http(&self.api, method, path, Some(TOKEN), body.as_deref());
+        assert_eq!(status, 200, "{method} {path}: {answer}");
+        serde_json::from_str(&answer).unwrap()
+    }
+
+    /// Asks for a lease; the decision.
+    fn request(
+        &self,
+        team: &str,
+        user: &str,
+        workload: &str,
+        gpus: u32,
+        duration: &str,
+        profile: Option<&str>,
+    ) -> Value {
+        let mut body = json!({"team": team, "user": user, "project": "e2e", "workload": workload,
+            "gpus": gpus, "duration": duration});
+        if let Some(profile) = profile {
+            body["labels"] = json!({"sim_profile": profile});
+        }
+        self.call("POST", "/v1/admission", Some(body))
+    }
+
+    fn admit(
+        &self,
+        team: &str,
+        user: &str,
+        workload: &str,
+        gpus: u32,
+        duration: &str,
+        profile: Option<&str>,
+    ) -> Value {
+        let answer = self.request(team, user, workload, gpus, duration, profile);
+        assert_eq!(answer["decision"], "admitted", "{answer}");
+        answer["lease"].clone()
+    }
+
+    fn lease(&self, id: &str) -> Value {
+        self.call("GET", &format!("/v1/leases/{id}"), None)
+    }
+
+    /// Polls until `done` holds (up to `wall`); the wall time it first held.
+    fn wait(&self, what: &str, wall: Duration, mut done: impl FnMut() -> bool) -> Instant {
+        let until = Instant::now() + wall;
+        loop {
+            if done() {
+                return Instant::now();
+            }
+            assert!(Instant::now() < until, "{what}: not within {wall:?}");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Rows of `sql` against the SQL endpoint, as `a|b` lines.
+    fn sql(&self, sql: &str) -> Vec<String> {
+        let out = psql(self.sql_port, "gpuwarden", None, sql, false);
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Polls `actions` in the lake until `sql` returns `want` rows or more.
+    fn sql_rows(&self, sql: &str, want: usize) -> Vec<String> {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows = self.sql(sql);
+            if rows.len() >= want {
+                return rows;
+            }
+            assert!(
+                Instant::now() < until,
+                "{sql}: {rows:?}, wanted {want} rows"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The lease's actions in the lake, in time order, as `action|reason|outcome`.
+fn actions_sql(lease: &str) -> String {
+    format!(
+        "SELECT action, reason, outcome FROM actions WHERE lease_id = '{lease}' ORDER BY ts_ms, action"
+    )
+}
+
+fn id(lease: &Value) -> String {
+    lease["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn an_idle_notebook_is_reclaimed_an_expired_lease_ends_and_a_team_over_budget_is_blocked() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), "enforce", REACT);
+    let speed = up.pace.speed;
+
+    let notebook = id(&up.admit("ml", "ada", "notebook", 1, "8h", Some("idle")));
+    let admitted_wall = Instant::now();
+    let training = id(&up.admit("ml", "ada", "training", 2, "8h", None));
+    let batch = id(&up.admit("ml", "ada", "batch", 1, "10m", None));
+    // 280 $/h against 30 $: over budget within minutes.
+    up.admit("ops", "bob", "training", 4, "10m", None);
+    up.admit("ops", "bob", "training", 3, "10m", None);
+
+    // The idle notebook: warned, then reclaimed within idle_timeout plus one signal period.
+    let reclaimed_wall = up.wait(
+        "the idle notebook is reclaimed",
+        Duration::from_secs(60),
+        || up.lease(&notebook)["state"] == "released",
+    );
+    let lease = up.lease(&notebook);
+    assert_eq!(lease["release_reason"], "idle", "{lease}");
+    let granted = lease["granted_at"].as_i64().unwrap();
+    let released = lease["released_at"].as_i64().unwrap();
+    let late_event = released - (granted + IDLE_TIMEOUT);
+    let deadline_wall =
+        admitted_wall + Duration::from_secs_f64(IDLE_TIMEOUT as f64 / 1000.0 / speed);
+    let late_wall = reclaimed_wall.saturating_duration_since(deadline_wall);
+    assert!(late_event >= 0, "reclaimed before its deadline: {lease}");
+    // The signal that triggered it: the first idle sample ends one interval after the grant, and
+    // a boundary's signal is computed once a sample past it arrives, so the reclaim comes from
+    // the signal at most one period and two sample intervals past the deadline.
+    let detail = up.sql_rows(
+        &format!("SELECT detail FROM actions WHERE lease_id = '{notebook}' AND action = 'reclaim'"),
+        1,
+    );
+    let idle_for = detail[0]
+        .rsplit_once("idle for ")
+        .expect("the reclaim says how long")
+        .1;
+    let idle_for = humantime::parse_duration(idle_for).unwrap().as_millis() as i64;
+    let every = up.pace.every_min * MIN;
+    eprintln!(
+        "idle reclaim: triggered by the signal {:.2} min of event time past the idle deadline; \
+         released {:.2} min of event time and {} ms of wall time after it (at {speed}x, where \
+         each ms of processing is {speed} ms of event time)",
+        (idle_for - IDLE_TIMEOUT) as f64 / MIN as f64,
+        late_event as f64 / MIN as f64,
+        late_wall.as_millis()
+    );
+    assert!(
+        (IDLE_TIMEOUT..=IDLE_TIMEOUT + every + 2 * SAMPLE_EVERY).contains(&idle_for),
+        "reclaimed by a signal of {idle_for} ms idle (timeout {IDLE_TIMEOUT}, signals every {every}): {detail:?}"
+    );
+    assert_eq!(
+        up.sql_rows(&actions_sql(&notebook), 3),
+        [
+            "admit|admitted|ok",
+            "alert|idle_warning|ok",
+            "reclaim|idle|ok"
+        ]
+    );
+
+    // ops is blocked, and its next request is denied saying why.
+    up.wait("ops is blocked", Duration::from_secs(60), || {
+        up.call("GET", "/v1/teams/ops", None)["blocked"] == true
+    });
+    let denied = up.request("ops", "bob", "training", 1, "10m", None);
+    assert_eq!(denied["decision"], "denied", "{denied}");
+    let codes: Vec<&str> = denied["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"team_blocked"), "{denied}");
+    assert!(codes.contains(&"budget_exceeded"), "{denied}");
+    let rows = up.sql_rows(
+        "SELECT action, reason, outcome FROM actions WHERE team = 'ops' AND action IN ('block', 'deny') ORDER BY ts_ms",
+        2,
+    );
+    assert_eq!(rows[0], "block|budget_exceeded|ok", "{rows:?}");
+    assert!(rows[1].starts_with("deny|"), "{rows:?}");
+
+    // The 10-minute batch lease ends at its end.
+    up.wait("the batch lease expires", Duration::from_secs(60), || {
+        up.lease(&batch)["state"] == "released"
+    });
+    let lease = up.lease(&batch);
+    assert_eq!(lease["release_reason"], "expired", "{lease}");
+    assert!(lease["released_at"].as_i64().unwrap() >= lease["expires_at"].as_i64().unwrap());
+    assert_eq!(
+        up.sql_rows(&actions_sql(&batch), 2),
+        ["admit|admitted|ok", "reclaim|expired|ok"]
+    );
+
+    // The busy training lease was left alone.
+    let lease = up.lease(&training);
+    assert_eq!(lease["state"], "active", "{lease}");
+    assert_eq!(lease["gpu_count"], 2);
+    assert_eq!(up.sql(&actions_sql(&training)), ["admit|admitted|ok"]);
+    let (status, log) = up.process.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", log.join("\n"));
+}
+
+#[test]
+fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), "enforce", HOURS);
+    // 4 GPUs for the night's low load shrink; as the morning load rises, the lease grows.
+    let inference = id(&up.admit("ml", "ada", "inference", 4, "8h", None));
+    let resizes = || -> Vec<(u32, u32)> {
+        up.sql(&format!(
+            "SELECT detail FROM actions WHERE lease_id = '{inference}' AND action = 'resize' \
+             AND reason = 'autoscale' AND outcome = 'ok' ORDER BY ts_ms"
+        ))
+        .into_iter()
+        .map(|detail| {
+            // "4 → 1 GPUs of NVIDIA H100 80GB HBM3: utilization 13 % on 4 GPU(s), target 60 %"
+            let (sizes, _) = detail.split_once(" GPUs of").unwrap();
+            let (from, to) = sizes.split_once(" → ").unwrap();
+            (from.trim().parse().unwrap(), to.trim().parse().unwrap())
+        })
+        .collect()
+    };
+    up.wait(
+        "inference scales down, then up",
+        Duration::from_secs(90),
+        || {
+            let moves = resizes();
+            moves
+                .iter()
+                .position(|(from, to)| to < from)
+                .is_some_and(|down| moves[down..].iter().any(|(from, to)| to > from))
+        },
+    );
+    eprintln!("inference autoscale (from, to): {:?}", resizes());
+    let (status, log) = up.process.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", log.join("\n"));
+}
+
+#[test]
+fn dry_run_records_every_step_and_changes_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), "dry_run", REACT);
+    let notebook = id(&up.admit("ml", "ada", "notebook", 1, "10m", Some("idle")));
+    up.admit("ops", "bob", "training", 4, "10m", None);
+    up.admit("ops", "bob", "training", 3, "10m", None);
+
+    let rows = up.sql_rows(&actions_sql(&notebook), 4);
+    assert_eq!(
+        rows,
+        [
+            "admit|admitted|ok",
+            "alert|idle_warning|dry_run",
+            "reclaim|idle|dry_run",
+            "reclaim|expired|dry_run"
+        ]
+    );
+    let lease = up.lease(&notebook);
+    assert_eq!(
+        lease["state"], "active",
+        "a dry run changes nothing: {lease}"
+    );
+    let rows = up.sql_rows(
+        "SELECT action, reason, outcome FROM actions WHERE team = 'ops' AND action = 'block'",
+        1,
+    );
+    assert_eq!(rows, ["block|budget_exceeded|dry_run"]);
+    assert_eq!(up.call("GET", "/v1/teams/ops", None)["blocked"], false);
+    let (status, log) = up.process.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", log.join("\n"));
+}
