@@ -73,6 +73,16 @@ fn config(mode: EnforcerMode, webhook: &str) -> Config {
         },
     );
     config.workloads.insert(
+        Workload::Batch,
+        WorkloadPolicy {
+            max_gpus: Some(4),
+            min_gpus: Some(1),
+            idle_timeout: Some(Duration::from_secs(10 * 60)),
+            on_idle: OnIdle::Resize,
+            ..WorkloadPolicy::default()
+        },
+    );
+    config.workloads.insert(
         Workload::Inference,
         WorkloadPolicy {
             min_gpus: Some(1),
@@ -296,6 +306,30 @@ async fn an_idle_notebook_is_warned_then_reclaimed_while_a_busy_training_lease_i
         1,
         "{calls:?}"
     );
+}
+
+#[tokio::test]
+async fn an_idle_lease_whose_policy_resizes_shrinks_to_its_minimum_once() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let batch = h.admit("batch", 4, "8h").await;
+    h.advance(11 * MIN);
+    h.utilization(&batch, 0.0, 11 * MIN).await;
+    let lease = h.state.store().lease(&batch).await.unwrap().unwrap();
+    assert_eq!((lease.state, lease.gpu_count), (LeaseState::Active, 1));
+    // Still idle on its one GPU: at the minimum, an alert once, and nothing more.
+    h.advance(MIN);
+    h.utilization(&batch, 0.0, 12 * MIN).await;
+    h.advance(MIN);
+    h.utilization(&batch, 0.0, 13 * MIN).await;
+    assert_eq!(
+        h.actions_of(&batch).await,
+        owned(&[
+            ("admit", "admitted", "ok"),
+            ("resize", "idle", "ok"),
+            ("alert", "idle", "ok"),
+        ])
+    );
+    assert_eq!(*h.driver.calls.lock().unwrap(), ["provision 4", "resize 1"]);
 }
 
 #[tokio::test]
