@@ -137,7 +137,7 @@ pub fn steps(
     out
 }
 
-/// An Action about `lease`.
+/// An Action about `lease`, naming its workload's policy.
 pub fn lease_action(
     kind: ActionKind,
     lease: &Lease,
@@ -146,18 +146,9 @@ pub fn lease_action(
     detail: String,
     ts_ms: i64,
 ) -> Action {
-    Action {
-        v: V1,
-        ts_ms,
-        action: kind,
-        lease_id: Some(lease.id.clone()),
-        team: Some(lease.team.clone()),
-        reason: reason.into(),
-        policy: Some(format!("workloads.{}", lease.workload.as_str())),
-        driver: Some(lease.substrate.clone()),
-        outcome,
-        detail,
-    }
+    let mut action = crate::store::action(kind, lease, reason, outcome, detail, ts_ms);
+    action.policy = Some(format!("workloads.{}", lease.workload.as_str()));
+    action
 }
 
 fn team_action(

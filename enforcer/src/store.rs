@@ -931,15 +931,7 @@ impl Store {
             Some(l) => l.clone(),
             None => {
                 drop(memory);
-                let id = id.to_owned();
-                return self.read(move |conn| match get_lease(conn, &id)? {
-                    None => Err(StoreError::NotFound(id)),
-                    Some(l) => Err(StoreError::InvalidTransition {
-                        id,
-                        from: l.state,
-                        to: l.state,
-                    }),
-                });
+                return self.refuse_ended(id);
             }
         };
         let decision = decide(&memory.ledger(now_ms, pricing), &lease);
@@ -1127,6 +1119,20 @@ impl Store {
         lock(&self.inner.memory).marks.contains(key)
     }
 
+    /// Why a lease that is not open cannot change: it does not exist, or it has ended (read from
+    /// the file).
+    fn refuse_ended<T: Send + 'static>(&self, id: &str) -> Pending<T> {
+        let id = id.to_owned();
+        self.read(move |conn| match get_lease(conn, &id)? {
+            None => Err(StoreError::NotFound(id)),
+            Some(l) => Err(StoreError::InvalidTransition {
+                id,
+                from: l.state,
+                to: l.state,
+            }),
+        })
+    }
+
     /// Exempts an open lease from the runtime rules (idle, duration) until `until_ms`, recorded
     /// with who granted it and why, and audited as an `alert` Action with reason `exempt`.
     pub fn exempt(
@@ -1143,15 +1149,7 @@ impl Store {
         let mut memory = lock(&self.inner.memory);
         let Some(lease) = memory.open.get(id).cloned() else {
             drop(memory);
-            let id = id.to_owned();
-            return self.read(move |conn| match get_lease(conn, &id)? {
-                None => Err(StoreError::NotFound(id)),
-                Some(l) => Err(StoreError::InvalidTransition {
-                    id,
-                    from: l.state,
-                    to: l.state,
-                }),
-            });
+            return self.refuse_ended(id);
         };
         memory.exempt.insert(lease.id.clone(), until_ms);
         let detail = format!(
@@ -1581,7 +1579,7 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("string lists and maps serialize")
 }
 
-fn action(
+pub(crate) fn action(
     kind: ActionKind,
     lease: &Lease,
     reason: &str,
