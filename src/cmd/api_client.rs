@@ -34,6 +34,15 @@ pub(crate) struct ApiClient {
 }
 
 impl ApiClient {
+    /// A client of the API at `base` (an http:// URL) with `token`.
+    pub(crate) fn to(base: &str, token: Option<&str>) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.map(str::to_string),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
     pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Self> {
         let base = args.api.trim_end_matches('/').to_string();
         anyhow::ensure!(

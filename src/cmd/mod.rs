@@ -4,6 +4,7 @@ mod api_client;
 mod broker;
 mod check_config;
 mod collect;
+mod demo;
 mod enforce;
 mod ingest;
 mod kafka;
@@ -27,6 +28,7 @@ use clap::Subcommand;
 // is the doc comment of its `Args`, next to the code it describes.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    Demo(demo::Args),
     CheckConfig(check_config::Args),
     Collect(collect::Args),
     Pipeline(pipeline::Args),
@@ -43,6 +45,7 @@ pub(crate) enum Command {
 
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Demo(args) => demo::run(args),
         Command::CheckConfig(args) => check_config::run(args),
         Command::Collect(args) => collect::run(args),
         Command::Pipeline(args) => pipeline::run(args),

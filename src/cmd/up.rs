@@ -44,7 +44,7 @@ pub(crate) struct Args {
     sql_listen: Option<SocketAddr>,
 }
 
-fn parse_time(text: &str) -> Result<i64, String> {
+pub(crate) fn parse_time(text: &str) -> Result<i64, String> {
     humantime::parse_rfc3339_weak(text)
         .map_err(|e| format!("{e}; expected a time like 2026-01-10T01:00:00Z"))
         .and_then(|t| {
@@ -80,52 +80,117 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             None if speed != 1.0 => Arc::new(AcceleratedClock::from_now(speed)),
             None => Arc::new(SystemClock),
         };
-        let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
-        let mut pipeline = super::pipeline::start(
-            &config,
-            &kafka,
-            config.pipeline.metrics_listen,
-            args.sql_listen,
-        )
-        .await
-        .context("starting the pipeline")?;
-        let enforcer = super::enforce::start(
-            config.clone(),
-            kafka.clone(),
-            clock.clone(),
-            args.listen.unwrap_or(config.enforcer.listen),
-        )
-        .await
-        .context("starting the enforcer")?;
-        let collecting = super::collect::start(
-            &config,
-            &kafka,
-            clock.clone(),
-            config.collector.interval,
-            None,
-            config.collector.metrics_listen,
-        )
-        .await
-        .context("starting the collector")?;
+        let listens = Listens {
+            api: args.listen.unwrap_or(config.enforcer.listen),
+            sql: args.sql_listen,
+            pipeline_metrics: config.pipeline.metrics_listen,
+            collector_metrics: config.collector.metrics_listen,
+        };
+        let stack = Stack::start(config, clock, listens).await?;
         tracing::info!(
-            api = %format!("http://{}", enforcer.address),
-            sql = %pipeline.sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()),
-            pipeline_metrics = %format!("http://{}/metrics", pipeline.metrics_address),
-            collector_metrics = %format!("http://{}/metrics", collecting.metrics_address),
-            lake = %config.lake_dir().display(),
-            kafka = %kafka.bootstrap,
+            api = %format!("http://{}", stack.api),
+            sql = %stack.sql.map_or_else(|| "off".to_string(), |a| a.to_string()),
+            pipeline_metrics = %format!("http://{}/metrics", stack.pipeline_metrics),
+            collector_metrics = %format!("http://{}/metrics", stack.collector_metrics),
+            lake = %stack.lake.display(),
+            kafka = %stack.kafka.bootstrap,
             speed,
             "gpuwarden up"
         );
-        tokio::select! {
-            _ = shutdown_signal() => {}
-            failed = pipeline.failed() => {
-                tracing::error!(error = %failed, "the pipeline stopped; shutting down");
-            }
-        }
-        collecting.stop().await?;
-        enforcer.stop().await;
-        pipeline.stop().await?;
+        stack.run_until_stopped(None).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Where a [`Stack`] listens.
+pub(crate) struct Listens {
+    pub(crate) api: SocketAddr,
+    /// `None`: `pipeline.sql_listen`.
+    pub(crate) sql: Option<SocketAddr>,
+    pub(crate) pipeline_metrics: SocketAddr,
+    pub(crate) collector_metrics: SocketAddr,
+}
+
+/// The collector, the pipeline and the enforcer running in this process.
+pub(crate) struct Stack {
+    pub(crate) api: SocketAddr,
+    pub(crate) sql: Option<SocketAddr>,
+    pub(crate) pipeline_metrics: SocketAddr,
+    pub(crate) collector_metrics: SocketAddr,
+    pub(crate) lake: PathBuf,
+    pub(crate) kafka: Arc<KafkaConnection>,
+    pipeline: super::pipeline::Pipeline,
+    enforcer: super::enforce::Enforcer,
+    collecting: super::collect::Collecting,
+}
+
+impl Stack {
+    /// Connects to Kafka (starting the embedded broker if configured) and starts the pipeline,
+    /// the enforcer and the collector, in that order, on `clock`.
+    pub(crate) async fn start(
+        config: Arc<config::Config>,
+        clock: Arc<dyn Clock>,
+        listens: Listens,
+    ) -> anyhow::Result<Stack> {
+        let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
+        let pipeline =
+            super::pipeline::start(&config, &kafka, listens.pipeline_metrics, listens.sql)
+                .await
+                .context("starting the pipeline")?;
+        let enforcer =
+            super::enforce::start(config.clone(), kafka.clone(), clock.clone(), listens.api)
+                .await
+                .context("starting the enforcer")?;
+        let collecting = super::collect::start(
+            &config,
+            &kafka,
+            clock,
+            config.collector.interval,
+            None,
+            listens.collector_metrics,
+        )
+        .await
+        .context("starting the collector")?;
+        Ok(Stack {
+            api: enforcer.address,
+            sql: pipeline.sql_address,
+            pipeline_metrics: pipeline.metrics_address,
+            collector_metrics: collecting.metrics_address,
+            lake: config.lake_dir(),
+            kafka,
+            pipeline,
+            enforcer,
+            collecting,
+        })
+    }
+
+    /// Runs until Ctrl-C or SIGTERM (or `limit`, or a part of the pipeline failing), then stops
+    /// the collector (publishing what it holds), the enforcer (flushing its outbox) and the
+    /// pipeline (writing and committing what it read).
+    pub(crate) async fn run_until_stopped(
+        mut self,
+        limit: Option<std::time::Duration>,
+    ) -> anyhow::Result<()> {
+        let limit = async {
+            match limit {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        let failure = tokio::select! {
+            _ = shutdown_signal() => None,
+            _ = limit => {
+                tracing::info!("--run-for elapsed; shutting down");
+                None
+            }
+            failed = self.pipeline.failed() => {
+                tracing::error!(error = %format!("{failed:#}"), "the pipeline stopped; shutting down");
+                Some(failed)
+            }
+        };
+        self.collecting.stop().await?;
+        self.enforcer.stop().await;
+        self.pipeline.stop().await?;
+        failure.map_or(Ok(()), Err)
+    }
 }

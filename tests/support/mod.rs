@@ -13,7 +13,21 @@ use std::time::{Duration, Instant};
 pub struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
+    out: mpsc::Receiver<String>,
     pub log: Vec<String>,
+}
+
+/// Sends each line `from` gives to a channel, from a thread of its own.
+fn forward_lines(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 impl Running {
@@ -27,18 +41,12 @@ impl Running {
             .stderr(Stdio::piped())
             .spawn()
             .expect("starts gpuwarden");
-        let (tx, lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = forward_lines(child.stderr.take().unwrap());
+        let out = forward_lines(child.stdout.take().unwrap());
         Self {
             child,
             lines,
+            out,
             log: Vec::new(),
         }
     }
@@ -95,12 +103,15 @@ impl Running {
         }
     }
 
-    pub fn stdout_line(&mut self) -> String {
-        let mut line = String::new();
-        BufReader::new(self.child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        line.trim().to_string()
+    /// The next line of standard output, trimmed; panics after `timeout` or at its end.
+    pub fn stdout_line(&mut self, timeout: Duration) -> String {
+        match self.out.recv_timeout(timeout) {
+            Ok(line) => line.trim().to_string(),
+            Err(e) => panic!(
+                "no line on stdout within {timeout:?} ({e}); log so far:\n{}",
+                self.log.join("\n")
+            ),
+        }
     }
 }
 

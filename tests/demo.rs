@@ -1,0 +1,117 @@
+//! The README's first command as a newcomer meets it: `gpuwarden demo` prints what to paste,
+//! and within two minutes psql shows `team_hourly` rows, and reclaims and denials in `actions`;
+//! SIGTERM (as Ctrl-C) stops it cleanly.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{http, psql, Running};
+
+#[test]
+fn the_demo_prints_what_to_paste_and_fills_team_hourly_and_actions_within_two_minutes() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let mut demo = Running::start(
+        &[
+            "demo",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--sql-listen",
+            "127.0.0.1:0",
+            "--pipeline-metrics-listen",
+            "127.0.0.1:0",
+            "--collector-metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let mut banner = Vec::new();
+    loop {
+        let line = demo.stdout_line(Duration::from_secs(60));
+        let done = line.starts_with("Ctrl-C");
+        banner.push(line);
+        assert!(banner.len() < 40, "no end to the banner: {banner:#?}");
+        if done {
+            break;
+        }
+    }
+    let banner = banner.join("\n");
+    // The psql line, ready to paste, and the API with its token.
+    let url = banner
+        .split_whitespace()
+        .find(|w| w.starts_with("\"postgres://"))
+        .unwrap_or_else(|| panic!("no psql URL in\n{banner}"))
+        .trim_matches('"');
+    let port: u16 = url
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let api = banner
+        .split_whitespace()
+        .find(|w| w.starts_with("http://") && !w.contains("/metrics") && !w.contains("/v1"))
+        .unwrap_or_else(|| panic!("no API URL in\n{banner}"))
+        .trim_start_matches("http://");
+    assert!(banner.contains("demo-admin-token"), "{banner}");
+    assert!(
+        banner.contains("curl -s -H 'Authorization: Bearer demo-admin-token'"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains(&dir.path().join("lake").display().to_string()),
+        "{banner}"
+    );
+    let (status, _) = http(
+        api,
+        "GET",
+        "/v1/teams/research",
+        Some("demo-admin-token"),
+        None,
+    );
+    assert_eq!(status, 200);
+
+    let count = |sql: &str| -> i64 {
+        let out = psql(port, "demo", Some("demo"), sql, false);
+        if !out.status.success() {
+            return 0;
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    let until = started + Duration::from_secs(120);
+    let seen = loop {
+        let seen = (
+            count("SELECT count(*) FROM team_hourly"),
+            count("SELECT count(*) FROM actions WHERE action = 'reclaim'"),
+            count("SELECT count(*) FROM actions WHERE action = 'deny'"),
+        );
+        if seen.0 > 0 && seen.1 > 0 && seen.2 > 0 {
+            break seen;
+        }
+        assert!(
+            Instant::now() < until,
+            "within two minutes: team_hourly rows, reclaims, denials = {seen:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!(
+        "demo: {seen:?} (team_hourly rows, reclaims, denials) after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (status, log) = demo.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("pipeline stopped")),
+        "{}",
+        log.join("\n")
+    );
+}

@@ -1,0 +1,451 @@
+//! The whole path as a user meets it, in separate processes that meet only in a broker process:
+//! GPUs sampled by the collector land in the lake through the pipeline, and psql reads the
+//! numbers DESIGN.md defines; an admission over HTTP becomes a lease event, the simulated fleet
+//! runs it, and its cost appears in `team_hourly` under its team.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use support::{fake_nvml_library, http, psql, Broker, Running};
+
+const TOKEN: &str = "e2e-portal-token";
+
+/// The rows of a query that must succeed, as `a|b` lines.
+fn rows(port: u16, sql: &str) -> Vec<String> {
+    let out = psql(port, "anyone", None, sql, false);
+    assert!(
+        out.status.success(),
+        "{sql}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn one(port: u16, sql: &str) -> String {
+    let rows = rows(port, sql);
+    assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+    rows[0].clone()
+}
+
+fn num(text: &str) -> f64 {
+    text.parse()
+        .unwrap_or_else(|_| panic!("not a number: {text:?}"))
+}
+
+/// Polls `check` until it returns Some, for at most `timeout`; `what` names what never came.
+fn eventually<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < until, "{what} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Starts `gpuwarden pipeline`; returns it and the port of its SQL endpoint.
+fn start_pipeline(config: &Path) -> (Running, u16) {
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sql-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
+    let sql = running["sql"].as_str().expect("the sql field");
+    (pipeline, sql.rsplit_once(':').unwrap().1.parse().unwrap())
+}
+
+fn stop(process: Running, what: &str) {
+    let (status, log) = process.terminate(Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "{what} stops cleanly on SIGTERM\n{}",
+        log.join("\n")
+    );
+}
+
+/// Two L40S GPUs through the fake libnvidia-ml.so, one at 80 % and one at 20 %, both at 200 W.
+fn write_nvml_script(dir: &Path) -> PathBuf {
+    let devices: Vec<serde_json::Value> = [(0, 80), (1, 20)]
+        .iter()
+        .map(|(i, util)| {
+            serde_json::json!({
+                "uuid": format!("GPU-e2e-{i}"),
+                "name": "NVIDIA L40S",
+                "index": i,
+                "pci_bus_id": format!("00000000:{:02X}:00.0", 0x17 + i * 0x10),
+                "memory_total_bytes": 48305799168u64,
+                "memory_used_bytes": [4294967296u64],
+                "util_gpu_pct": [util],
+                "util_mem_pct": [10],
+                "power_mw": [200000],
+                "power_limit_mw": 350000,
+                "energy_mj": [1000],
+                "temp_c": [50],
+                "sm_clock_mhz": [2520],
+                "processes": [[]]
+            })
+        })
+        .collect();
+    let path = dir.join("nvml.json");
+    std::fs::write(&path, serde_json::json!({ "devices": devices }).to_string()).unwrap();
+    path
+}
+
+#[test]
+fn collector_broker_pipeline_and_psql_agree_on_the_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = dir.path().join("gpuwarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[kafka]
+brokers = "{bootstrap}"
+partitions = 3
+
+[storage]
+data_dir = "{data}"
+
+[collector]
+source = "nvml"
+interval = "1s"
+host = "e2e-host"
+
+[pipeline]
+flush_age = "300ms"
+rollup_every = "1s"
+sql_allow_anonymous = true
+
+[pricing]
+default_usd_per_gpu_hour = 1.0
+[[pricing.gpu]]
+match = "l40s"
+usd_per_gpu_hour = 1.8
+"#,
+            bootstrap = broker.bootstrap,
+            data = dir.path().join("data").display(),
+        ),
+    )
+    .unwrap();
+
+    // GPU-e2e-0 is leased to team research from a minute before the collector starts.
+    let granted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 60_000;
+    let grant = serde_json::json!({
+        "v": 1, "ts_ms": granted_ms, "event": "granted", "lease_id": "l-e2e-0", "team": "research",
+        "user": "alice", "project": "llm", "workload": "training", "substrate": "box",
+        "gpu_model": "NVIDIA L40S", "gpu_count": 1, "gpu_uuids": ["GPU-e2e-0"]
+    });
+    let mut kcat = Command::new("kcat")
+        .args([
+            "-P",
+            "-b",
+            &broker.bootstrap,
+            "-t",
+            "gpuwarden.leases",
+            "-K",
+            "\t",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kcat is installed (.ci/run installs it)");
+    use std::io::Write as _;
+    writeln!(kcat.stdin.take().unwrap(), "l-e2e-0\t{grant}").unwrap();
+    assert!(kcat.wait().unwrap().success());
+
+    let (pipeline, port) = start_pipeline(&config);
+    let script = write_nvml_script(dir.path());
+    let library = fake_nvml_library();
+    let mut collector = Running::start(
+        &[
+            "collect",
+            "--config",
+            config.to_str().unwrap(),
+            "--nvml-library",
+            library.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[("GPUWARDEN_FAKE_NVML_SCRIPT", script.to_str().unwrap())],
+    );
+    collector.wait_for_log("collector running", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(5));
+    let (status, log) = collector.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", log.join("\n"));
+    let published = log
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| {
+            l["fields"]["message"] == "collector stopped" || l["message"] == "collector stopped"
+        })
+        .and_then(|l| {
+            l["published"]
+                .as_u64()
+                .or(l["fields"]["published"].as_u64())
+        })
+        .unwrap_or_else(|| panic!("no 'collector stopped' line:\n{}", log.join("\n")));
+    assert!(published >= 8, "2 GPUs for ~5 s at 1 s: {published}");
+
+    // Everything the collector published is in the lake, once.
+    eventually(
+        Duration::from_secs(60),
+        "every published sample in the lake",
+        || (num(&one(port, "SELECT count(*) FROM samples")) as u64 == published).then_some(()),
+    );
+    // The observed and allocated hours the rollup must show, worked out from the raw samples:
+    // per GPU Σ interval_ms, and the watermark (the last sample's time) for the running lease.
+    let truth = one(
+        port,
+        "SELECT sum(CASE WHEN gpu_uuid = 'GPU-e2e-0' THEN interval_ms ELSE 0 END), \
+                sum(CASE WHEN gpu_uuid = 'GPU-e2e-1' THEN interval_ms ELSE 0 END), max(ts_ms) \
+         FROM samples",
+    );
+    let truth: Vec<f64> = truth.split('|').map(num).collect();
+    let (leased_ms, free_ms, watermark) = (truth[0], truth[1], truth[2]);
+    let allocated_ms = watermark - granted_ms as f64;
+    let team_hourly = "SELECT team, sum(allocated_gpu_hours), sum(observed_gpu_hours), \
+                              sum(busy_gpu_hours), sum(idle_gpu_hours), sum(cost_usd), sum(energy_kwh) \
+                       FROM team_hourly GROUP BY team ORDER BY team";
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    let teams = eventually(
+        Duration::from_secs(60),
+        "team_hourly at the watermark",
+        || {
+            let teams = rows(port, team_hourly);
+            let research = teams.iter().find(|r| r.starts_with("research|"))?;
+            let allocated = num(research.split('|').nth(1).unwrap());
+            close(allocated * 3_600_000.0, allocated_ms).then_some(teams)
+        },
+    );
+    let hours = |ms: f64| ms / 3_600_000.0;
+    // In team order: "(unallocated)" sorts first.
+    let expected = [
+        // GPU-e2e-1 (20 %) is no one's: allocated = observed.
+        (
+            "(unallocated)",
+            [
+                hours(free_ms),
+                hours(free_ms),
+                hours(free_ms) * 0.2,
+                0.0,
+                hours(free_ms) * 1.8,
+                0.2 * hours(free_ms),
+            ],
+        ),
+        // research holds GPU-e2e-0 (80 %) from the grant to the watermark, priced as an L40S.
+        (
+            "research",
+            [
+                hours(allocated_ms),
+                hours(leased_ms),
+                hours(leased_ms) * 0.8,
+                0.0,
+                hours(allocated_ms) * 1.8,
+                0.2 * hours(leased_ms),
+            ],
+        ),
+    ];
+    assert_eq!(teams.len(), 2, "{teams:?}");
+    for (row, (team, measures)) in teams.iter().zip(expected) {
+        let fields: Vec<&str> = row.split('|').collect();
+        assert_eq!(fields[0], team, "{teams:?}");
+        for (i, (got, want)) in fields[1..].iter().map(|f| num(f)).zip(measures).enumerate() {
+            assert!(
+                close(got, want),
+                "{team}, measure {i} of allocated/observed/busy/idle/cost/energy: {got} != {want}"
+            );
+        }
+    }
+    let per_gpu = rows(
+        port,
+        "SELECT gpu_uuid, min(utilization_pct), max(utilization_pct) FROM gpu_hourly \
+         GROUP BY gpu_uuid ORDER BY gpu_uuid",
+    );
+    assert_eq!(per_gpu, ["GPU-e2e-0|80.0|80.0", "GPU-e2e-1|20.0|20.0"]);
+    stop(pipeline, "the pipeline");
+}
+
+#[test]
+fn an_admission_over_http_is_priced_in_team_hourly_for_its_team() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let hash: String = Sha256::digest(TOKEN)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let config = dir.path().join("gpuwarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[kafka]
+brokers = "{bootstrap}"
+partitions = 3
+
+[storage]
+data_dir = "{data}"
+
+[collector]
+source = "simulated"
+interval = "1s"
+
+[pipeline]
+flush_age = "300ms"
+rollup_every = "1s"
+sql_allow_anonymous = true
+
+[pricing]
+default_usd_per_gpu_hour = 1.0
+[[pricing.gpu]]
+match = "h100"
+usd_per_gpu_hour = 4.0
+
+[[teams]]
+name = "research"
+members = ["alice"]
+gpu_quota = 8
+monthly_budget_usd = 10000.0
+
+[workloads.training]
+max_gpus = 8
+max_duration = "24h"
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[[substrates]]
+name = "sim"
+driver = "simulated"
+hosts = [{{ prefix = "h", count = 1, gpus = 4, gpu_model = "NVIDIA H100 80GB HBM3" }}]
+
+[[tokens]]
+name = "portal"
+sha256 = "{hash}"
+role = "service"
+teams = ["research"]
+"#,
+            bootstrap = broker.bootstrap,
+            data = dir.path().join("data").display(),
+        ),
+    )
+    .unwrap();
+
+    let (pipeline, port) = start_pipeline(&config);
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let running = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = running["api"]
+        .as_str()
+        .expect("the api field")
+        .trim_start_matches("http://")
+        .to_string();
+    let mut collector = Running::start(
+        &[
+            "collect",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    collector.wait_for_log("collector running", Duration::from_secs(30));
+
+    // A provisioning front-end asks for two GPUs for alice.
+    let (status, body) = http(
+        &api,
+        "POST",
+        "/v1/admission",
+        Some(TOKEN),
+        Some(
+            r#"{"team":"research","user":"alice","project":"llm","workload":"training","gpus":2,"duration":"1h"}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let decision: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(decision["decision"], "admitted", "{body}");
+    let lease = decision["lease"]["id"]
+        .as_str()
+        .expect("a lease id")
+        .to_string();
+    assert_eq!(decision["estimate"]["usd_per_hour"], 8.0, "{body}");
+
+    // The grant reaches the lake, the fleet runs the lease and its samples name it.
+    let attributed = format!("SELECT count(*) FROM samples WHERE lease_id = '{lease}'");
+    eventually(Duration::from_secs(60), "samples naming the lease", || {
+        (num(&one(port, &attributed)) >= 4.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let (status, body) = http(
+        &api,
+        "POST",
+        &format!("/v1/leases/{lease}/release"),
+        Some(TOKEN),
+        Some("{}"),
+    );
+    assert_eq!(status, 200, "{body}");
+
+    // Once the release is in the lake, the lease's cost is 2 GPUs × its lifetime × $4, all of it
+    // research's, in team_hourly as in lease_usage.
+    let events = format!(
+        "SELECT min(ts_ms), max(ts_ms), count(*) FROM lease_events WHERE lease_id = '{lease}'"
+    );
+    let (granted, released) =
+        eventually(Duration::from_secs(60), "the release in the lake", || {
+            let row = one(port, &events);
+            let f: Vec<f64> = row.split('|').map(num).collect();
+            (f[2] == 2.0).then_some((f[0], f[1]))
+        });
+    let want_hours = 2.0 * (released - granted) / 3_600_000.0;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    let usage = format!(
+        "SELECT team, release_reason, allocated_gpu_hours, cost_usd FROM lease_usage \
+         WHERE lease_id = '{lease}'"
+    );
+    let research = "SELECT sum(allocated_gpu_hours), sum(cost_usd) FROM team_hourly \
+                    WHERE team = 'research'";
+    eventually(
+        Duration::from_secs(60),
+        "the lease's cost in team_hourly",
+        || {
+            let usage = one(port, &usage);
+            let usage: Vec<&str> = usage.split('|').collect();
+            let team: Vec<f64> = one(port, research).split('|').map(num).collect();
+            (usage[0] == "research"
+                && usage[1] == "user"
+                && close(num(usage[2]), want_hours)
+                && close(num(usage[3]), want_hours * 4.0)
+                && close(team[0], want_hours)
+                && close(team[1], want_hours * 4.0))
+            .then_some(())
+        },
+    );
+    assert_eq!(
+        one(
+            port,
+            &format!("SELECT state FROM leases WHERE lease_id = '{lease}'")
+        ),
+        "released"
+    );
+    stop(collector, "the collector");
+    stop(enforcer, "the enforcer");
+    stop(pipeline, "the pipeline");
+}
