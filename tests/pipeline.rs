@@ -226,6 +226,30 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         r#"{"v":1,"ts_ms":1767225600000,"event":"granted","lease_id":"l-1","team":"research","user":"alice","project":"p","workload":"training","substrate":"sim","gpu_model":"NVIDIA A100-SXM4-80GB","gpu_count":1,"gpu_uuids":["GPU-0001"]}"#,
     )
     .unwrap();
+    // The enforcer's audit trail and the pipeline's signals, as they travel on their topics:
+    // one line of each breaks its contract.
+    let actions = dir.path().join("actions.jsonl");
+    std::fs::write(
+        &actions,
+        [
+            r#"{"v":1,"ts_ms":1767225600000,"action":"admit","lease_id":"l-1","team":"research","reason":"admitted","policy":null,"driver":"sim","outcome":"ok","detail":"1 GPUs of NVIDIA A100-SXM4-80GB on sim, $2.60/h"}"#,
+            r#"{"v":1,"ts_ms":1767229200000,"action":"reclaim","lease_id":"l-1","team":"research","reason":"","policy":null,"driver":"sim","outcome":"ok","detail":"released (idle)"}"#,
+            r#"{"v":1,"ts_ms":1767229200000,"action":"reclaim","lease_id":"l-1","team":"research","reason":"idle","policy":null,"driver":"sim","outcome":"ok","detail":"released (idle): idle for 30m"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let signals = dir.path().join("signals.jsonl");
+    std::fs::write(
+        &signals,
+        [
+            r#"{"v":1,"ts_ms":1767226500000,"window_ms":900000,"kind":"team_spend","team":"research","month_to_date_usd":0.65,"burn_usd_per_hour":2.6}"#,
+            r#"{"v":1,"ts_ms":1767226500000,"window_ms":900000,"kind":"lease_utilization","lease_id":"l-1","team":"research","util_pct":140.0,"idle_ms":0,"gpus_active":1,"gpus_total":1,"mem_used_max_bytes":1073741824}"#,
+            r#"{"v":1,"ts_ms":1767226500000,"window_ms":900000,"kind":"gpu_unattributed","gpu_uuid":"GPU-0003","host":"node-0","util_pct":21.0}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
 
     let run = || {
         Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -237,6 +261,10 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
                 input.to_str().unwrap(),
                 "--lease-events",
                 leases.to_str().unwrap(),
+                "--actions",
+                actions.to_str().unwrap(),
+                "--signals",
+                signals.to_str().unwrap(),
             ])
             .output()
             .unwrap()
@@ -257,6 +285,14 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "{stdout}"
     );
     assert!(
+        stdout.contains("3 actions records read, 2 written, 1 quarantined"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("3 signals records read, 2 written, 1 quarantined"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("SELECT topic"),
         "points at how to see why: {stdout}"
     );
@@ -273,11 +309,40 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "line numbers locate bad lines"
     );
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine WHERE reason LIKE 'malformed JSON%' AND \"offset\" = 8"), 1);
+    assert_eq!(
+        lake_i64(
+            &lake,
+            "SELECT count(*) FROM actions WHERE action = 'reclaim' AND reason = 'idle' AND lease_id = 'l-1'"
+        ),
+        1
+    );
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(
+        lake_i64(
+            &lake,
+            "SELECT count(*) FROM signals WHERE (kind = 'team_spend' AND burn_usd_per_hour = 2.6) \
+             OR (kind = 'gpu_unattributed' AND gpu_uuid = 'GPU-0003')"
+        ),
+        2
+    );
+    let quarantined = |topic: &str, field: &str, line: i64| {
+        lake_i64(
+            &lake,
+            &format!(
+                "SELECT count(*) FROM quarantine WHERE topic = 'file:{}' AND field = '{field}' AND \"offset\" = {line}",
+                topic
+            ),
+        )
+    };
+    assert_eq!(quarantined(actions.to_str().unwrap(), "reason", 2), 1);
+    assert_eq!(quarantined(signals.to_str().unwrap(), "util_pct", 2), 1);
 
     // The same file again rewrites the same files: nothing is counted twice.
     assert!(run().status.success());
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine"), 2);
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM signals"), 2);
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine"), 4);
 
     // Standard input works too ("-"), through the same decoder and quarantine.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))

@@ -8,14 +8,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_array::builder::{ListBuilder, StringBuilder};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
 };
+use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
+use gpuwarden_schema::config::{Config, OnIdle};
 
 use crate::buffer::Table;
 use crate::lake::Lake;
@@ -88,12 +91,135 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     Ok(ctx)
 }
 
+fn string_lists<'a>(lists: impl Iterator<Item = &'a [String]>) -> ArrayRef {
+    let mut builder = ListBuilder::new(StringBuilder::new());
+    for list in lists {
+        for item in list {
+            builder.values().append_value(item);
+        }
+        builder.append(true);
+    }
+    Arc::new(builder.finish())
+}
+
+fn string_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
+}
+
+fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
+    duration.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Registers what the lake does not hold but FinOps questions need, from the configuration:
+/// `teams` (`team, members, gpu_quota, monthly_budget_usd, allowed_models`) and `workloads`
+/// (`workload, min_gpus, max_gpus, max_duration_ms, idle_timeout_ms, warn_before_ms, on_idle,
+/// target_util_pct, substrates`; a limit the config leaves unset is null). They are the
+/// config the process started with.
+pub fn register_config(ctx: &SessionContext, config: &Config) -> Result<(), DataFusionError> {
+    let teams = Arc::new(Schema::new(vec![
+        Field::new("team", DataType::Utf8, false),
+        Field::new("members", string_list_type(), false),
+        Field::new("gpu_quota", DataType::Int64, false),
+        Field::new("monthly_budget_usd", DataType::Float64, false),
+        Field::new("allowed_models", string_list_type(), false),
+    ]));
+    let t = &config.teams;
+    let batch = RecordBatch::try_new(
+        teams.clone(),
+        vec![
+            Arc::new(StringArray::from_iter_values(t.iter().map(|t| &t.name))),
+            string_lists(t.iter().map(|t| t.members.as_slice())),
+            Arc::new(Int64Array::from_iter_values(
+                t.iter().map(|t| i64::from(t.gpu_quota)),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                t.iter().map(|t| t.monthly_budget_usd),
+            )),
+            string_lists(t.iter().map(|t| t.allowed_models.as_slice())),
+        ],
+    )?;
+    ctx.register_table(
+        "teams",
+        Arc::new(MemTable::try_new(teams, vec![vec![batch]])?),
+    )?;
+
+    let workloads = Arc::new(Schema::new(vec![
+        Field::new("workload", DataType::Utf8, false),
+        Field::new("min_gpus", DataType::Int64, true),
+        Field::new("max_gpus", DataType::Int64, true),
+        Field::new("max_duration_ms", DataType::Int64, true),
+        Field::new("idle_timeout_ms", DataType::Int64, true),
+        Field::new("warn_before_ms", DataType::Int64, true),
+        Field::new("on_idle", DataType::Utf8, false),
+        Field::new("target_util_pct", DataType::Float64, true),
+        Field::new("substrates", string_list_type(), false),
+    ]));
+    let w: Vec<_> = config.workloads.iter().collect();
+    let batch = RecordBatch::try_new(
+        workloads.clone(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                w.iter().map(|(k, _)| k.as_str()),
+            )),
+            Arc::new(Int64Array::from_iter(
+                w.iter().map(|(_, p)| p.min_gpus.map(i64::from)),
+            )),
+            Arc::new(Int64Array::from_iter(
+                w.iter().map(|(_, p)| p.max_gpus.map(i64::from)),
+            )),
+            Arc::new(Int64Array::from_iter(
+                w.iter().map(|(_, p)| millis(p.max_duration)),
+            )),
+            Arc::new(Int64Array::from_iter(
+                w.iter().map(|(_, p)| millis(p.idle_timeout)),
+            )),
+            Arc::new(Int64Array::from_iter(
+                w.iter().map(|(_, p)| millis(p.warn_before)),
+            )),
+            Arc::new(StringArray::from_iter_values(w.iter().map(
+                |(_, p)| match p.on_idle {
+                    OnIdle::Alert => "alert",
+                    OnIdle::Reclaim => "reclaim",
+                    OnIdle::Resize => "resize",
+                },
+            ))),
+            Arc::new(Float64Array::from_iter(
+                w.iter().map(|(_, p)| p.target_util_pct),
+            )),
+            string_lists(w.iter().map(|(_, p)| p.substrates.as_slice())),
+        ],
+    )?;
+    ctx.register_table(
+        "workloads",
+        Arc::new(MemTable::try_new(workloads, vec![vec![batch]])?),
+    )?;
+    Ok(())
+}
+
+/// A session over the lake and the configuration's `teams` and `workloads`: what
+/// `gpuwarden sql` and the SQL endpoint serve.
+pub async fn context_with_config(
+    lake: &Lake,
+    config: &Config,
+) -> Result<SessionContext, DataFusionError> {
+    let ctx = context(lake).await?;
+    register_config(&ctx, config)?;
+    Ok(ctx)
+}
+
 /// Runs one query over the lake.
 pub async fn query(
     lake: &Lake,
     sql: &str,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), DataFusionError> {
-    let ctx = context(lake).await?;
+    run(&context(lake).await?, sql).await
+}
+
+/// Runs one query in a session.
+pub async fn run(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(SchemaRef, Vec<RecordBatch>), DataFusionError> {
     let frame = ctx.sql(sql).await?;
     let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
     let batches = frame.collect().await?;

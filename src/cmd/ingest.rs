@@ -1,5 +1,5 @@
-//! `gpuwarden ingest`: loads JSON-lines files into the lake through the pipeline's own decoder,
-//! validator, quarantine and writer.
+//! `gpuwarden ingest`: loads JSON-lines files of any of the four topics' records into the lake
+//! through the pipeline's own decoder, validator, quarantine and writer.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -12,11 +12,16 @@ use gpuwarden_schema::config;
 
 /// Load JSON-lines files into the lake (backfill, or trying gpuwarden on exported data).
 ///
-/// Each line of --samples is one Sample record, each line of --lease-events one LeaseEvent (the
-/// JSON of DESIGN.md's v1 contracts; "-" reads standard input). Valid records are written as
-/// Parquet to the lake; invalid ones to the quarantine table with the reason naming the field.
-/// Ingesting the same file again rewrites the same files, so nothing is counted twice.
-/// Prints how many records were written and quarantined.
+/// Each line of --samples is one Sample record, of --lease-events one LeaseEvent, of --actions
+/// one Action and of --signals one Signal: the JSON of DESIGN.md's v1 contracts, as they travel
+/// on gpuwarden.samples, gpuwarden.leases, gpuwarden.actions and gpuwarden.signals ("-" reads
+/// standard input, for one of them). Valid records are written as Parquet to the lake's
+/// samples, lease_events, actions and signals tables; invalid ones to the quarantine table with
+/// the reason naming the field. Ingesting the same file again rewrites the same files, so
+/// nothing is counted twice. Prints how many records were written and quarantined; run
+/// `gpuwarden rollup` afterwards to roll new samples and lease events up.
+///
+/// Example: gpuwarden ingest -c gw.toml --samples s.jsonl --lease-events l.jsonl --actions a.jsonl
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file (for storage.data_dir and pipeline.flush_rows).
@@ -28,18 +33,33 @@ pub(crate) struct Args {
     /// JSON lines of LeaseEvent records ("-" for standard input).
     #[arg(long, value_name = "FILE")]
     lease_events: Option<String>,
+    /// JSON lines of Action records, the enforcer's audit trail ("-" for standard input).
+    #[arg(long, value_name = "FILE")]
+    actions: Option<String>,
+    /// JSON lines of Signal records ("-" for standard input).
+    #[arg(long, value_name = "FILE")]
+    signals: Option<String>,
     /// Decoding threads (default: all cores).
     #[arg(long, env = "GPUWARDEN_INGEST_THREADS")]
     threads: Option<usize>,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let inputs: Vec<(String, Table)> = [
+        (args.lease_events, Table::LeaseEvents),
+        (args.samples, Table::Samples),
+        (args.actions, Table::Actions),
+        (args.signals, Table::Signals),
+    ]
+    .into_iter()
+    .filter_map(|(input, table)| Some((input?, table)))
+    .collect();
     anyhow::ensure!(
-        args.samples.is_some() || args.lease_events.is_some(),
-        "nothing to ingest: give --samples FILE and/or --lease-events FILE"
+        !inputs.is_empty(),
+        "nothing to ingest: give --samples, --lease-events, --actions and/or --signals FILE"
     );
     anyhow::ensure!(
-        !(args.samples.as_deref() == Some("-") && args.lease_events.as_deref() == Some("-")),
+        inputs.iter().filter(|(input, _)| input == "-").count() <= 1,
         "only one input can be standard input"
     );
     let config = config::load(&args.config)?;
@@ -53,11 +73,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // files large enough and the memory of the chunks in flight small.
     let chunk = config.pipeline.flush_rows.clamp(1_000, 100_000);
     let mut quarantined_any = false;
-    for (input, table) in [
-        (args.lease_events, Table::LeaseEvents),
-        (args.samples, Table::Samples),
-    ] {
-        let Some(input) = input else { continue };
+    for (input, table) in inputs {
         let started = std::time::Instant::now();
         let mut reader: Box<dyn BufRead> = if input == "-" {
             Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin()))

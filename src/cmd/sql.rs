@@ -59,7 +59,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let (schema, batches) = runtime
-        .block_on(sql::query(&lake, &query))
+        .block_on(async {
+            let ctx = sql::context_with_config(&lake, &config).await?;
+            sql::run(&ctx, &query).await
+        })
         .context("running the query")?;
     let mut out = std::io::stdout().lock();
     match args.format {

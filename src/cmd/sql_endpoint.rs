@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use gpuwarden_pipeline::endpoint::{self, Auth, EndpointError};
 use gpuwarden_pipeline::Lake;
-use gpuwarden_schema::config::PipelineConfig;
+use gpuwarden_schema::config::Config;
 use tokio::task::JoinHandle;
 
 /// A running endpoint: its address and the task serving it.
@@ -18,11 +18,13 @@ pub(crate) struct SqlEndpoint {
 
 /// Binds and starts the endpoint, or returns `None` when nobody could log in to it (no
 /// `[[pipeline.sql_users]]` and anonymous access off) and it was not asked for with `listen`.
+/// Besides the lake it serves the config's `teams` and `workloads`.
 pub(crate) async fn start(
-    config: &PipelineConfig,
+    full: &Config,
     listen: Option<SocketAddr>,
     lake: &Lake,
 ) -> anyhow::Result<Option<SqlEndpoint>> {
+    let config = &full.pipeline;
     let auth = Auth::from_config(config);
     if !auth.admits_anyone() {
         anyhow::ensure!(
@@ -40,7 +42,7 @@ pub(crate) async fn start(
         .await
         .with_context(|| format!("binding the SQL endpoint to {listen}"))?;
     let address = listener.local_addr()?;
-    let ctx = gpuwarden_pipeline::sql::context(lake)
+    let ctx = gpuwarden_pipeline::sql::context_with_config(lake, full)
         .await
         .context("registering the lake's tables for the SQL endpoint")?;
     if auth.allows_anonymous() {
