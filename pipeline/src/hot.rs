@@ -263,6 +263,8 @@ pub async fn month_to_date(
 ) -> Result<BTreeMap<String, f64>, DataFusionError> {
     let (start, end) = month_of(ts_ms);
     let ctx = SessionContext::new();
+    // The rollups may replace a file this query has listed.
+    crate::versions::VersionedFs::register(&ctx, lake.root());
     let schema = rollup::schema("team_hourly").expect("team_hourly has a schema");
     register_dir(
         &ctx,

@@ -200,6 +200,9 @@ impl Lake {
         file.sync_all().map_err(io("syncing", &tmp))?;
         let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
         drop(file);
+        // A query that listed the file being replaced reads it on from its kept version.
+        crate::versions::retire(&path, &self.root.join(crate::versions::VERSIONS_DIR))
+            .map_err(io("keeping the version of", &path))?;
         fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
         sync_dir(&dir)?;
         if ROLLUP_INPUTS.contains(&table) {
@@ -254,6 +257,8 @@ impl Lake {
     /// Removes a file written by [`Lake::write`], if it exists.
     pub fn remove(&self, relative: &Path) -> Result<bool, LakeError> {
         let path = self.root.join(relative);
+        crate::versions::retire(&path, &self.root.join(crate::versions::VERSIONS_DIR))
+            .map_err(io("keeping the version of", &path))?;
         match fs::remove_file(&path) {
             Ok(()) => {
                 if let Some(dir) = path.parent() {

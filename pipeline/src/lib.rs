@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod rollup;
 pub mod signals;
 pub mod sql;
+pub mod versions;
 mod writer;
 
 pub use buffer::Table;

@@ -70,6 +70,8 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     if let Some(listings) = ctx.runtime_env().cache_manager.get_list_files_cache() {
         listings.update_cache_limit(0);
     }
+    // The rollups replace files that a query may have listed and not yet read.
+    crate::versions::VersionedFs::register(&ctx, lake.root());
     for table in Table::ALL {
         register_dir(
             &ctx,
@@ -274,5 +276,65 @@ mod tests {
             2,
             "and the next one: the listing is not cached"
         );
+    }
+
+    /// A query over a file the rollups replace and remove while it runs reads the version it
+    /// listed: no error, and one of the versions' counts, never a torn read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queries_read_whole_versions_of_files_replaced_under_them() {
+        use gpuwarden_schema::Record as _;
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let samples = |n: usize| {
+            let rows: Vec<_> = (0..n)
+                .map(|i| {
+                    gpuwarden_schema::Sample::from_json(
+                        format!(
+                            r#"{{"v":1,"ts_ms":{i},"interval_ms":1000,"host":"h","gpu_uuid":"GPU-{i}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
+                        )
+                        .as_bytes(),
+                    )
+                    .unwrap()
+                })
+                .collect();
+            gpuwarden_schema::Sample::to_record_batch(&rows).unwrap()
+        };
+        let (small, large) = (samples(3), samples(5_000));
+        let relative = std::path::PathBuf::from("samples/date=1970-01-01/hour=00/rollup.parquet");
+        lake.write(&relative, &small, "samples", 0).unwrap();
+        let writer = {
+            let lake = lake.clone();
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    match i % 3 {
+                        0 => lake.write(&relative, &large, "samples", 0).map(|_| ()),
+                        1 => lake.remove(&relative).map(|_| ()),
+                        _ => lake.write(&relative, &small, "samples", 0).map(|_| ()),
+                    }
+                    .unwrap();
+                }
+            })
+        };
+        let ctx = context(&lake).await.unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        while !writer.is_finished() {
+            let batches = ctx
+                .sql("SELECT count(*), sum(interval_ms) FROM samples")
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap_or_else(|e| panic!("a query over a replaced file failed: {e}"));
+            let count = batches[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0);
+            assert!([0, 3, 5_000].contains(&count), "a torn read: {count} rows");
+            seen.insert(count);
+        }
+        writer.join().unwrap();
+        assert!(seen.len() > 1, "the queries saw only {seen:?}");
     }
 }

@@ -1,0 +1,338 @@
+//! Reading a lake whose files are replaced under the reader.
+//!
+//! The rollups rewrite an hour's `rollup.parquet` every time they refresh it (a new file renamed
+//! over the old one), and remove it when the hour has no rows left. A query lists a table's
+//! files, with their sizes, before it reads them: a file replaced between the two would be read
+//! with the old size from the new file (`Src size is incorrect`, `Required field type_ is
+//! missing`), and a removed one not at all.
+//!
+//! So a query reads the version it listed. [`Lake::write`] and [`Lake::remove`] keep the file
+//! they replace or remove as a hard link `_versions/<inode>.parquet` for [`RETAIN`]; the lake's
+//! SQL sessions read local files through [`VersionedFs`], whose listing names each file with
+//! its inode (`rollup.parquet.v<inode>.parquet`), and whose reads open that inode: the file at
+//! the path if it is still the same one, else its kept version. A query running longer than
+//! [`RETAIN`] over a file replaced meanwhile fails, naming the file.
+//!
+//! [`Lake::write`]: crate::lake::Lake::write
+//! [`Lake::remove`]: crate::lake::Lake::remove
+
+use std::fmt;
+use std::fs::File;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use datafusion::object_store::local::LocalFileSystem;
+use datafusion::object_store::path::Path;
+use datafusion::object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+use datafusion::prelude::SessionContext;
+use futures::stream::{BoxStream, StreamExt as _};
+
+/// How long a replaced or removed lake file stays readable by queries that listed it.
+pub const RETAIN: Duration = Duration::from_secs(10 * 60);
+
+/// The directory under the lake root where replaced files are kept.
+pub const VERSIONS_DIR: &str = "_versions";
+
+/// Keeps the file at `path`, about to be replaced or removed, as `<versions>/<inode>.parquet`,
+/// and forgets the kept files older than [`RETAIN`]. Nothing to keep is not an error.
+pub(crate) fn retire(path: &FsPath, versions: &FsPath) -> std::io::Result<()> {
+    let inode = match std::fs::metadata(path) {
+        Ok(metadata) => metadata.ino(),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    std::fs::create_dir_all(versions)?;
+    prune(versions)?;
+    match std::fs::hard_link(path, versions.join(format!("{inode}.parquet"))) {
+        Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes kept versions linked more than [`RETAIN`] ago (a link's ctime is when it was made).
+fn prune(versions: &FsPath) -> std::io::Result<()> {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    for entry in std::fs::read_dir(versions)? {
+        let entry = entry?;
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        let linked = u64::try_from(metadata.ctime()).unwrap_or(0);
+        if now.saturating_sub(linked) > RETAIN.as_secs() {
+            match std::fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The local filesystem, read as the version each query listed (see the module docs).
+#[derive(Debug)]
+pub struct VersionedFs {
+    inner: LocalFileSystem,
+    versions: PathBuf,
+}
+
+impl fmt::Display for VersionedFs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VersionedFs({})", self.versions.display())
+    }
+}
+
+const MARK: &str = ".v";
+const EXTENSION: &str = ".parquet";
+
+impl VersionedFs {
+    /// Local files, with replaced ones kept under `<lake_root>/_versions`.
+    pub fn new(lake_root: &FsPath) -> Self {
+        Self {
+            inner: LocalFileSystem::new(),
+            versions: lake_root.join(VERSIONS_DIR),
+        }
+    }
+
+    /// Serves every `file://` table of `ctx` through a [`VersionedFs`] of `lake_root`.
+    pub fn register(ctx: &SessionContext, lake_root: &FsPath) {
+        let url = url_of_local_files();
+        ctx.runtime_env()
+            .register_object_store(url.as_ref(), Arc::new(Self::new(lake_root)));
+    }
+
+    /// `dir/name` listed as `dir/name.v<inode>.parquet`: the name a read finds that inode by.
+    fn name_version(meta: ObjectMeta) -> ObjectMeta {
+        let inode = meta
+            .e_tag
+            .as_deref()
+            .and_then(|tag| tag.split('-').next())
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        match inode {
+            Some(inode) if meta.location.as_ref().ends_with(EXTENSION) => {
+                match Path::parse(format!("{}{MARK}{inode}{EXTENSION}", meta.location)) {
+                    Ok(location) => ObjectMeta { location, ..meta },
+                    Err(_) => meta,
+                }
+            }
+            _ => meta,
+        }
+    }
+
+    /// The path a versioned name was made from, and its inode.
+    fn split(location: &Path) -> Option<(Path, u64)> {
+        let name = location.as_ref().strip_suffix(EXTENSION)?;
+        let (original, inode) = name.rsplit_once(MARK)?;
+        if !original.ends_with(EXTENSION) {
+            return None;
+        }
+        Some((Path::parse(original).ok()?, inode.parse().ok()?))
+    }
+
+    /// Opens `inode`: the file at `path` if it is still that one, else its kept version.
+    fn open(&self, path: &FsPath, inode: u64) -> std::io::Result<(File, PathBuf)> {
+        match File::open(path) {
+            Ok(file) if file.metadata()?.ino() == inode => return Ok((file, path.to_owned())),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let kept = self.versions.join(format!("{inode}.parquet"));
+        match File::open(&kept) {
+            Ok(file) => Ok((file, kept)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(std::io::Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} was replaced while the query read it, and the version it listed is \
+                     gone (kept for {} s); run the query again",
+                    path.display(),
+                    RETAIN.as_secs()
+                ),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn url_of_local_files() -> datafusion::execution::object_store::ObjectStoreUrl {
+    datafusion::execution::object_store::ObjectStoreUrl::local_filesystem()
+}
+
+fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Error {
+    if source.kind() == ErrorKind::NotFound {
+        datafusion::object_store::Error::NotFound {
+            path: path.display().to_string(),
+            source: Box::new(source),
+        }
+    } else {
+        datafusion::object_store::Error::Generic {
+            store: "VersionedFs",
+            source: Box::new(source),
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for VersionedFs {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let Some((original, inode)) = Self::split(location) else {
+            return self.inner.get_opts(location, options).await;
+        };
+        let path = self.inner.path_to_filesystem(&original)?;
+        let (file, opened) = self.open(&path, inode).map_err(|e| error(&path, e))?;
+        let metadata = file.metadata().map_err(|e| error(&opened, e))?;
+        let size = metadata.len();
+        let range = match &options.range {
+            Some(range) => {
+                range
+                    .as_range(size)
+                    .map_err(|e| datafusion::object_store::Error::Generic {
+                        store: "VersionedFs",
+                        source: Box::new(e),
+                    })?
+            }
+            None => 0..size,
+        };
+        let meta = ObjectMeta {
+            location: location.clone(),
+            last_modified: metadata
+                .modified()
+                .map_or_else(|_| Default::default(), Into::into),
+            size,
+            e_tag: None,
+            version: None,
+        };
+        let payload = if options.head {
+            GetResultPayload::Stream(futures::stream::empty().boxed())
+        } else {
+            GetResultPayload::File(file, opened)
+        };
+        Ok(GetResult {
+            payload,
+            meta,
+            range,
+            attributes: Default::default(),
+        })
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner
+            .list(prefix)
+            .map(|meta| meta.map(Self::name_version))
+            .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let mut listed = self.inner.list_with_delimiter(prefix).await?;
+        listed.objects = listed.objects.into_iter().map(Self::name_version).collect();
+        Ok(listed)
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::object_store::ObjectStoreExt as _;
+    use futures::TryStreamExt as _;
+
+    #[tokio::test]
+    async fn a_listed_file_reads_as_listed_after_it_is_replaced_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let file = root.join("t/hour=00/rollup.parquet");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, b"first version").unwrap();
+        let store = VersionedFs::new(root);
+        let prefix = Path::from_filesystem_path(root.join("t")).unwrap();
+        let listed: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        let first = listed[0].clone();
+        assert!(
+            first.location.as_ref().ends_with(".parquet"),
+            "{}",
+            first.location
+        );
+        assert_eq!(first.size, 13);
+
+        // Replaced the way Lake::write replaces: keep the old inode, rename a new file over it.
+        retire(&file, &root.join(VERSIONS_DIR)).unwrap();
+        let tmp = root.join("t/hour=00/.rollup.parquet.tmp");
+        std::fs::write(&tmp, b"the second, longer version").unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        let bytes = store.get_range(&first.location, 6..13).await.unwrap();
+        assert_eq!(&bytes[..], b"version");
+        let whole = store
+            .get(&first.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&whole[..], b"first version");
+
+        // A new listing reads the new file.
+        let listed: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await.unwrap();
+        assert_eq!(listed[0].size, 26);
+        let second = listed[0].clone();
+        assert_ne!(first.location, second.location);
+        let head = store.head(&second.location).await.unwrap();
+        assert_eq!(head.size, 26);
+
+        // Removed the way Lake::remove removes: still readable by the listing that saw it.
+        retire(&file, &root.join(VERSIONS_DIR)).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let whole = store
+            .get(&second.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&whole[..], b"the second, longer version");
+
+        // Gone from the versions too: an error that says what happened.
+        std::fs::remove_dir_all(root.join(VERSIONS_DIR)).unwrap();
+        let err = store.get(&second.location).await.unwrap_err().to_string();
+        assert!(
+            err.contains("was replaced while the query read it"),
+            "{err}"
+        );
+    }
+}
