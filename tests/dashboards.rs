@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::{http_get, psql, Running};
+use support::{http_get, psql, Demo};
 
 const SQL_UID: &str = "gpuwarden-sql";
 const SQL_TYPE: &str = "grafana-postgresql-datasource";
@@ -1043,76 +1043,6 @@ impl Drop for Prometheus {
     }
 }
 
-struct Demo {
-    process: Running,
-    sql_port: u16,
-    /// (scrape job of dashboards/prometheus.yml, address) of the three `/metrics`.
-    metrics: Vec<(&'static str, String)>,
-}
-
-fn start_demo(dir: &Path) -> Demo {
-    let mut process = Running::start(
-        &[
-            "demo",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--sql-listen",
-            "127.0.0.1:0",
-            "--pipeline-metrics-listen",
-            "127.0.0.1:0",
-            "--collector-metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let mut banner = Vec::new();
-    loop {
-        let line = process.stdout_line(Duration::from_secs(60));
-        let done = line.starts_with("Ctrl-C");
-        banner.push(line);
-        assert!(banner.len() < 40, "no end to the banner: {banner:#?}");
-        if done {
-            break;
-        }
-    }
-    let banner = banner.join("\n");
-    let url = banner
-        .split_whitespace()
-        .find(|w| w.starts_with("\"postgres://"))
-        .unwrap_or_else(|| panic!("no psql URL in\n{banner}"))
-        .trim_matches('"');
-    let sql_port = url
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {url}"));
-    let words: Vec<&str> = banner.split_whitespace().collect();
-    let mut metrics = Vec::new();
-    for (i, word) in words.iter().enumerate() {
-        let Some(address) = word
-            .strip_prefix("http://")
-            .and_then(|w| w.strip_suffix("/metrics"))
-        else {
-            continue;
-        };
-        let job = match words.get(i + 1).copied() {
-            Some("(GPUs,") => "gpuwarden-collector",
-            Some("(pipeline)") => "gpuwarden-pipeline",
-            Some("(enforcer)") => "gpuwarden-enforcer",
-            other => panic!("/metrics of what ({other:?})? banner:\n{banner}"),
-        };
-        metrics.push((job, address.to_string()));
-    }
-    assert_eq!(metrics.len(), 3, "three /metrics in the banner:\n{banner}");
-    Demo {
-        process,
-        sql_port,
-        metrics,
-    }
-}
-
 // ------------------------------------------------------------------------------------------
 // Tests
 
@@ -1535,7 +1465,7 @@ fn variable_from(json: &Value, options: Vec<String>, selection: Selection) -> Va
 fn every_panel_answers_on_demo_data_through_psql_and_a_real_prometheus() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let demo = start_demo(&dir.path().join("demo"));
+    let demo = Demo::start(&dir.path().join("demo"));
     let port = demo.sql_port;
     let count = |sql: &str| -> i64 {
         let out = psql(port, "demo", Some("demo"), sql, false);

@@ -6,59 +6,24 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{http, psql, Running};
+use support::{http, psql, Demo};
 
 #[test]
 fn the_demo_prints_what_to_paste_and_fills_team_hourly_and_actions_within_two_minutes() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let mut demo = Running::start(
-        &[
-            "demo",
-            "--data-dir",
-            dir.path().to_str().unwrap(),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--sql-listen",
-            "127.0.0.1:0",
-            "--pipeline-metrics-listen",
-            "127.0.0.1:0",
-            "--collector-metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let mut banner = Vec::new();
-    loop {
-        let line = demo.stdout_line(Duration::from_secs(60));
-        let done = line.starts_with("Ctrl-C");
-        banner.push(line);
-        assert!(banner.len() < 40, "no end to the banner: {banner:#?}");
-        if done {
-            break;
-        }
-    }
-    let banner = banner.join("\n");
+    let Demo {
+        process: demo,
+        banner,
+        sql_port: port,
+        api,
+        ..
+    } = Demo::start(dir.path());
     // The psql line, ready to paste, and the API with its token.
-    let url = banner
-        .split_whitespace()
-        .find(|w| w.starts_with("\"postgres://"))
-        .unwrap_or_else(|| panic!("no psql URL in\n{banner}"))
-        .trim_matches('"');
-    let port: u16 = url
-        .rsplit_once(':')
-        .unwrap()
-        .1
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let api = banner
-        .split_whitespace()
-        .find(|w| w.starts_with("http://") && !w.contains("/metrics") && !w.contains("/v1"))
-        .unwrap_or_else(|| panic!("no API URL in\n{banner}"))
-        .trim_start_matches("http://");
+    assert!(
+        banner.contains("psql \"postgres://demo:demo@127.0.0.1:"),
+        "{banner}"
+    );
     assert!(banner.contains("demo-admin-token"), "{banner}");
     assert!(
         banner.contains("curl -s -H 'Authorization: Bearer demo-admin-token'"),
@@ -68,6 +33,7 @@ fn the_demo_prints_what_to_paste_and_fills_team_hourly_and_actions_within_two_mi
         banner.contains(&dir.path().join("lake").display().to_string()),
         "{banner}"
     );
+    let api = api.as_str();
     let (status, _) = http(
         api,
         "GET",

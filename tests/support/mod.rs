@@ -122,6 +122,94 @@ impl Drop for Running {
     }
 }
 
+/// `gpuwarden demo` on free ports, and the addresses its banner gives.
+pub struct Demo {
+    pub process: Running,
+    /// Everything it printed before "Ctrl-C stops it.", that line included.
+    pub banner: String,
+    /// The SQL endpoint's port (the psql URL's).
+    pub sql_port: u16,
+    /// The admission API, `host:port`.
+    pub api: String,
+    /// The scrape job of dashboards/prometheus.yml and the address of each of the three
+    /// `/metrics`: `gpuwarden-collector`, `gpuwarden-pipeline`, `gpuwarden-enforcer`.
+    pub metrics: Vec<(&'static str, String)>,
+}
+
+impl Demo {
+    /// Starts the demo with its data under `dir` and reads its banner.
+    pub fn start(dir: &Path) -> Self {
+        let mut process = Running::start(
+            &[
+                "demo",
+                "--data-dir",
+                dir.to_str().unwrap(),
+                "--api-listen",
+                "127.0.0.1:0",
+                "--sql-listen",
+                "127.0.0.1:0",
+                "--pipeline-metrics-listen",
+                "127.0.0.1:0",
+                "--collector-metrics-listen",
+                "127.0.0.1:0",
+            ],
+            &[],
+        );
+        let mut lines = Vec::new();
+        loop {
+            let line = process.stdout_line(Duration::from_secs(60));
+            let done = line.starts_with("Ctrl-C");
+            lines.push(line);
+            assert!(lines.len() < 40, "no end to the banner: {lines:#?}");
+            if done {
+                break;
+            }
+        }
+        let banner = lines.join("\n");
+        let words: Vec<&str> = banner.split_whitespace().collect();
+        let url = words
+            .iter()
+            .find(|w| w.starts_with("\"postgres://"))
+            .unwrap_or_else(|| panic!("no psql URL in\n{banner}"))
+            .trim_matches('"');
+        let sql_port = url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {url}"));
+        let api = words
+            .windows(2)
+            .find(|w| w[0] == "API:")
+            .and_then(|w| w[1].strip_prefix("http://"))
+            .unwrap_or_else(|| panic!("no \"Admission API: http://…\" in\n{banner}"))
+            .to_string();
+        let mut metrics = Vec::new();
+        for (i, word) in words.iter().enumerate() {
+            let Some(address) = word
+                .strip_prefix("http://")
+                .and_then(|w| w.strip_suffix("/metrics"))
+            else {
+                continue;
+            };
+            let job = match words.get(i + 1).copied() {
+                Some("(GPUs,") => "gpuwarden-collector",
+                Some("(pipeline)") => "gpuwarden-pipeline",
+                Some("(enforcer)") => "gpuwarden-enforcer",
+                other => panic!("/metrics of what ({other:?})? banner:\n{banner}"),
+            };
+            metrics.push((job, address.to_string()));
+        }
+        assert_eq!(metrics.len(), 3, "three /metrics in the banner:\n{banner}");
+        Self {
+            process,
+            banner,
+            sql_port,
+            api,
+            metrics,
+        }
+    }
+}
+
 /// A `gpuwarden broker` process and its bootstrap address.
 pub struct Broker {
     pub process: Running,
