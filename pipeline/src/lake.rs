@@ -201,14 +201,23 @@ impl Lake {
         let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
         drop(file);
         // A query that listed the file being replaced reads it on from its kept version.
-        crate::versions::retire(&path, &self.root.join(crate::versions::VERSIONS_DIR))
-            .map_err(io("keeping the version of", &path))?;
+        self.retire(&path);
         fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
         sync_dir(&dir)?;
         if ROLLUP_INPUTS.contains(&table) {
             self.mark_for_recompute(table, hour_ms)?;
         }
         Ok(bytes)
+    }
+
+    /// Keeps the file at `path`, about to be replaced or removed, for the queries that listed
+    /// it ([`crate::versions`]). Failing to (a table on another filesystem than the lake's root,
+    /// where a hard link cannot reach) costs only those queries, so it is logged, not fatal.
+    fn retire(&self, path: &Path) {
+        let versions = self.root.join(crate::versions::VERSIONS_DIR);
+        if let Err(e) = crate::versions::retire(path, &versions) {
+            tracing::warn!(path = %path.display(), error = %e, "could not keep the version of a replaced lake file; a query reading it now may fail");
+        }
     }
 
     /// The hours of `table` that have a directory, ascending.
@@ -257,8 +266,7 @@ impl Lake {
     /// Removes a file written by [`Lake::write`], if it exists.
     pub fn remove(&self, relative: &Path) -> Result<bool, LakeError> {
         let path = self.root.join(relative);
-        crate::versions::retire(&path, &self.root.join(crate::versions::VERSIONS_DIR))
-            .map_err(io("keeping the version of", &path))?;
+        self.retire(&path);
         match fs::remove_file(&path) {
             Ok(()) => {
                 if let Some(dir) = path.parent() {
