@@ -456,6 +456,11 @@ fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
             .starts_with("malformed JSON"),
         "{row}"
     );
+    // A query on the command line may open with a comment, like the files of queries/.
+    assert_eq!(
+        sql("csv", "-- how many?\nSELECT count(*) AS n FROM samples"),
+        "n\n2\n"
+    );
     let table = sql("table", "SELECT count(*) AS samples FROM samples");
     assert!(
         table.contains("| samples |") && table.contains("| 2       |"),

@@ -30,8 +30,12 @@ pub(crate) struct Args {
     /// Read the query from this file ("-" for standard input) instead of the command line.
     #[arg(long, short, value_name = "FILE", conflicts_with = "query")]
     file: Option<String>,
-    /// The query.
-    #[arg(value_name = "QUERY", required_unless_present = "file")]
+    /// The query. It may start with a `--` comment, as files of queries/ do.
+    #[arg(
+        value_name = "QUERY",
+        required_unless_present = "file",
+        allow_hyphen_values = true
+    )]
     query: Option<String>,
 }
 
