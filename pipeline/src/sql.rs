@@ -8,8 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
@@ -18,7 +17,8 @@ use datafusion::datasource::listing::{
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
-use gpuwarden_schema::config::{Config, OnIdle};
+use gpuwarden_schema::arrow::{string_list_type, string_lists};
+use gpuwarden_schema::config::Config;
 
 use crate::buffer::Table;
 use crate::lake::Lake;
@@ -93,21 +93,6 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     Ok(ctx)
 }
 
-fn string_lists<'a>(lists: impl Iterator<Item = &'a [String]>) -> ArrayRef {
-    let mut builder = ListBuilder::new(StringBuilder::new());
-    for list in lists {
-        for item in list {
-            builder.values().append_value(item);
-        }
-        builder.append(true);
-    }
-    Arc::new(builder.finish())
-}
-
-fn string_list_type() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
-}
-
 fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
     duration.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
@@ -178,13 +163,9 @@ pub fn register_config(ctx: &SessionContext, config: &Config) -> Result<(), Data
             Arc::new(Int64Array::from_iter(
                 w.iter().map(|(_, p)| millis(p.warn_before)),
             )),
-            Arc::new(StringArray::from_iter_values(w.iter().map(
-                |(_, p)| match p.on_idle {
-                    OnIdle::Alert => "alert",
-                    OnIdle::Reclaim => "reclaim",
-                    OnIdle::Resize => "resize",
-                },
-            ))),
+            Arc::new(StringArray::from_iter_values(
+                w.iter().map(|(_, p)| p.on_idle.as_str()),
+            )),
             Arc::new(Float64Array::from_iter(
                 w.iter().map(|(_, p)| p.target_util_pct),
             )),

@@ -20,7 +20,7 @@ pub(crate) fn field(name: &str, data_type: DataType, nullable: bool) -> Field {
 }
 
 /// The type of a list-of-names column.
-pub(crate) fn string_list_type() -> DataType {
+pub fn string_list_type() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
 }
 
@@ -55,7 +55,8 @@ pub(crate) fn u64s(
     Ok(Arc::new(values))
 }
 
-pub(crate) fn string_lists<'a>(values: impl Iterator<Item = &'a [String]>) -> ArrayRef {
+/// A list-of-names column ([`string_list_type`]), one list per row.
+pub fn string_lists<'a>(values: impl Iterator<Item = &'a [String]>) -> ArrayRef {
     let mut builder = ListBuilder::new(StringBuilder::new());
     for list in values {
         for item in list {

@@ -372,6 +372,17 @@ pub enum OnIdle {
     Resize,
 }
 
+impl OnIdle {
+    /// The name used in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Alert => "alert",
+            Self::Reclaim => "reclaim",
+            Self::Resize => "resize",
+        }
+    }
+}
+
 /// `[workloads.<training|inference|notebook|batch>]`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
