@@ -10,6 +10,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::DataType;
@@ -18,6 +19,8 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
+
+use crate::versions::Versions;
 
 /// Rows per Parquet row group: large enough to compress well, small enough to prune by.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -31,6 +34,8 @@ pub const ROLLUP_INPUTS: [&str; 2] = ["samples", "lease_events"];
 #[derive(Debug, Clone)]
 pub struct Lake {
     root: PathBuf,
+    /// Where replaced files are kept for the queries that listed them.
+    versions: Arc<Versions>,
 }
 
 /// A lake operation that failed.
@@ -124,7 +129,8 @@ impl Lake {
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, LakeError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(io("creating", &root))?;
-        Ok(Self { root })
+        let versions = Arc::new(Versions::of(&root));
+        Ok(Self { root, versions })
     }
 
     /// The lake's root directory.
@@ -214,8 +220,7 @@ impl Lake {
     /// it ([`crate::versions`]). Failing to (a table on another filesystem than the lake's root,
     /// where a hard link cannot reach) costs only those queries, so it is logged, not fatal.
     fn retire(&self, path: &Path) {
-        let versions = self.root.join(crate::versions::VERSIONS_DIR);
-        if let Err(e) = crate::versions::retire(path, &versions) {
+        if let Err(e) = self.versions.retire(path) {
             tracing::warn!(path = %path.display(), error = %e, "could not keep the version of a replaced lake file; a query reading it now may fail");
         }
     }

@@ -7,7 +7,8 @@
 //! missing`), and a removed one not at all.
 //!
 //! So a query reads the version it listed. [`Lake::write`] and [`Lake::remove`] keep the file
-//! they replace or remove as a hard link `_versions/<inode>.parquet` for [`RETAIN`]; the lake's
+//! they replace or remove as a hard link `_versions/<inode>.parquet` for [`RETAIN`] (pruned at
+//! most once a minute); the lake's
 //! SQL sessions read local files through [`VersionedFs`], whose listing names each file with
 //! its inode (`rollup.parquet.v<inode>.parquet`), and whose reads open that inode: the file at
 //! the path if it is still the same one, else its kept version. A query running longer than
@@ -21,6 +22,7 @@ use std::fs::File;
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -40,42 +42,76 @@ pub const RETAIN: Duration = Duration::from_secs(10 * 60);
 /// The directory under the lake root where replaced files are kept.
 pub const VERSIONS_DIR: &str = "_versions";
 
-/// Keeps the file at `path`, about to be replaced or removed, as `<versions>/<inode>.parquet`,
-/// and forgets the kept files older than [`RETAIN`]. Nothing to keep is not an error.
-pub(crate) fn retire(path: &FsPath, versions: &FsPath) -> std::io::Result<()> {
-    let inode = match std::fs::metadata(path) {
-        Ok(metadata) => metadata.ino(),
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    std::fs::create_dir_all(versions)?;
-    prune(versions)?;
-    match std::fs::hard_link(path, versions.join(format!("{inode}.parquet"))) {
-        Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(e),
-        _ => Ok(()),
-    }
+/// How often the kept versions are looked through for ones past [`RETAIN`].
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// The kept versions of a lake's replaced files (`<lake>/_versions`).
+#[derive(Debug)]
+pub(crate) struct Versions {
+    dir: PathBuf,
+    /// When [`Versions::prune`] last ran, in seconds since the epoch.
+    pruned_at: AtomicU64,
 }
 
-/// Removes kept versions linked more than [`RETAIN`] ago (a link's ctime is when it was made).
-fn prune(versions: &FsPath) -> std::io::Result<()> {
-    let now = SystemTime::now()
+fn now_s() -> u64 {
+    SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
-        .as_secs();
-    for entry in std::fs::read_dir(versions)? {
-        let entry = entry?;
-        let Ok(metadata) = entry.metadata() else {
-            continue;
-        };
-        let linked = u64::try_from(metadata.ctime()).unwrap_or(0);
-        if now.saturating_sub(linked) > RETAIN.as_secs() {
-            match std::fs::remove_file(entry.path()) {
-                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+        .as_secs()
+}
+
+impl Versions {
+    pub(crate) fn of(lake_root: &FsPath) -> Self {
+        Self {
+            dir: lake_root.join(VERSIONS_DIR),
+            pruned_at: AtomicU64::new(0),
         }
     }
-    Ok(())
+
+    /// Keeps the file at `path`, about to be replaced or removed, as `<dir>/<inode>.parquet`,
+    /// and, at most every [`PRUNE_EVERY`], forgets the kept files older than [`RETAIN`].
+    /// Nothing to keep is not an error.
+    pub(crate) fn retire(&self, path: &FsPath) -> std::io::Result<()> {
+        let inode = match std::fs::metadata(path) {
+            Ok(metadata) => metadata.ino(),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        std::fs::create_dir_all(&self.dir)?;
+        let now = now_s();
+        let last = self.pruned_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= PRUNE_EVERY.as_secs()
+            && self
+                .pruned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.prune(now)?;
+        }
+        match std::fs::hard_link(path, self.dir.join(format!("{inode}.parquet"))) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes kept versions linked more than [`RETAIN`] before `now` (a link's ctime is when
+    /// it was made).
+    fn prune(&self, now: u64) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            let linked = u64::try_from(metadata.ctime()).unwrap_or(0);
+            if now.saturating_sub(linked) > RETAIN.as_secs() {
+                match std::fs::remove_file(entry.path()) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The local filesystem, read as the version each query listed (see the module docs).
@@ -105,7 +141,7 @@ impl VersionedFs {
 
     /// Serves every `file://` table of `ctx` through a [`VersionedFs`] of `lake_root`.
     pub fn register(ctx: &SessionContext, lake_root: &FsPath) {
-        let url = url_of_local_files();
+        let url = datafusion::execution::object_store::ObjectStoreUrl::local_filesystem();
         ctx.runtime_env()
             .register_object_store(url.as_ref(), Arc::new(Self::new(lake_root)));
     }
@@ -161,10 +197,6 @@ impl VersionedFs {
             Err(e) => Err(e),
         }
     }
-}
-
-fn url_of_local_files() -> datafusion::execution::object_store::ObjectStoreUrl {
-    datafusion::execution::object_store::ObjectStoreUrl::local_filesystem()
 }
 
 fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Error {
@@ -292,7 +324,8 @@ mod tests {
         assert_eq!(first.size, 13);
 
         // Replaced the way Lake::write replaces: keep the old inode, rename a new file over it.
-        retire(&file, &root.join(VERSIONS_DIR)).unwrap();
+        let versions = Versions::of(root);
+        versions.retire(&file).unwrap();
         let tmp = root.join("t/hour=00/.rollup.parquet.tmp");
         std::fs::write(&tmp, b"the second, longer version").unwrap();
         std::fs::rename(&tmp, &file).unwrap();
@@ -316,7 +349,7 @@ mod tests {
         assert_eq!(head.size, 26);
 
         // Removed the way Lake::remove removes: still readable by the listing that saw it.
-        retire(&file, &root.join(VERSIONS_DIR)).unwrap();
+        versions.retire(&file).unwrap();
         std::fs::remove_file(&file).unwrap();
         let whole = store
             .get(&second.location)
