@@ -383,6 +383,12 @@ fn sha256(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
+/// What a `[[tokens]]` entry's `sha256` holds for the bearer token `token`: its SHA-256 in hex,
+/// as `printf %s TOKEN | sha256sum` prints it.
+pub fn token_sha256_hex(token: &str) -> String {
+    sha256(token).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     let text = text.trim();
     if text.len() != 64 {

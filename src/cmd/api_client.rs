@@ -44,16 +44,13 @@ impl ApiClient {
     }
 
     pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Self> {
-        let base = args.api.trim_end_matches('/').to_string();
+        let client = Self::to(&args.api, args.token.as_deref());
         anyhow::ensure!(
-            base.starts_with("http://"),
-            "--api must be an http:// URL, got {base}"
+            client.base.starts_with("http://"),
+            "--api must be an http:// URL, got {}",
+            client.base
         );
-        Ok(Self {
-            base,
-            token: args.token.clone(),
-            client: Client::builder(TokioExecutor::new()).build_http(),
-        })
+        Ok(client)
     }
 
     /// One call; the body of a 2xx answer as JSON, or an error naming the API's reason.

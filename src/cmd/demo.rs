@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use gpuwarden_enforcer::api::token_sha256_hex;
 use gpuwarden_schema::config;
 use gpuwarden_schema::{AcceleratedClock, Clock};
 use hyper::Method;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use super::api_client::ApiClient;
 use super::up::{Listens, Stack};
@@ -66,13 +66,6 @@ pub(crate) struct Args {
     /// Stop after this long (wall time), e.g. `5m`; default: until Ctrl-C.
     #[arg(long, value_parser = config::parse_duration)]
     run_for: Option<Duration>,
-}
-
-fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// The demo's config file: what `gpuwarden up --config` needs to run the same system.
@@ -202,8 +195,8 @@ teams = ["research", "ml-platform", "analytics"]
         sql_password = SQL_PASSWORD,
         admin = ADMIN_TOKEN,
         portal = PORTAL_TOKEN,
-        admin_hash = sha256_hex(ADMIN_TOKEN),
-        portal_hash = sha256_hex(PORTAL_TOKEN),
+        admin_hash = token_sha256_hex(ADMIN_TOKEN),
+        portal_hash = token_sha256_hex(PORTAL_TOKEN),
     )
 }
 
@@ -251,7 +244,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             .await
             .context("starting the demo (another demo running? pick other ports with --api-listen, --sql-listen, --pipeline-metrics-listen, --collector-metrics-listen)")?;
         print_banner(&stack, &config_path, args.speed, start);
-        let api = ApiClient::to(&format!("http://{}", stack.api), Some(PORTAL_TOKEN));
+        let api = ApiClient::to(&format!("http://{}", stack.api()), Some(PORTAL_TOKEN));
         let generator = tokio::spawn(generate(api, clock));
         let result = stack.run_until_stopped(args.run_for).await;
         generator.abort();
@@ -265,7 +258,7 @@ fn print_banner(stack: &Stack, config: &Path, speed: f64, start_ms: i64) {
     let start = humantime::format_rfc3339_seconds(
         std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(start_ms).unwrap_or(0)),
     );
-    let sql = stack.sql.expect("the demo always serves SQL");
+    let sql = stack.sql().expect("the demo always serves SQL");
     println!(
         r#"gpuwarden demo is running: 32 simulated GPUs, 3 teams, event time at {speed}x from {start}.
 
@@ -286,9 +279,9 @@ fn print_banner(stack: &Stack, config: &Path, speed: f64, start_ms: i64) {
   Config:  {config}
 
 Ctrl-C stops it."#,
-        api = stack.api,
-        collector = stack.collector_metrics,
-        pipeline = stack.pipeline_metrics,
+        api = stack.api(),
+        collector = stack.collector_metrics(),
+        pipeline = stack.pipeline_metrics(),
         lake = stack.lake.display(),
         config = config.display(),
     );

@@ -88,10 +88,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let stack = Stack::start(config, clock, listens).await?;
         tracing::info!(
-            api = %format!("http://{}", stack.api),
-            sql = %stack.sql.map_or_else(|| "off".to_string(), |a| a.to_string()),
-            pipeline_metrics = %format!("http://{}/metrics", stack.pipeline_metrics),
-            collector_metrics = %format!("http://{}/metrics", stack.collector_metrics),
+            api = %format!("http://{}", stack.api()),
+            sql = %stack.sql().map_or_else(|| "off".to_string(), |a| a.to_string()),
+            pipeline_metrics = %format!("http://{}/metrics", stack.pipeline_metrics()),
+            collector_metrics = %format!("http://{}/metrics", stack.collector_metrics()),
             lake = %stack.lake.display(),
             kafka = %stack.kafka.bootstrap,
             speed,
@@ -113,10 +113,6 @@ pub(crate) struct Listens {
 
 /// The collector, the pipeline and the enforcer running in this process.
 pub(crate) struct Stack {
-    pub(crate) api: SocketAddr,
-    pub(crate) sql: Option<SocketAddr>,
-    pub(crate) pipeline_metrics: SocketAddr,
-    pub(crate) collector_metrics: SocketAddr,
     pub(crate) lake: PathBuf,
     pub(crate) kafka: Arc<KafkaConnection>,
     pipeline: super::pipeline::Pipeline,
@@ -152,16 +148,32 @@ impl Stack {
         .await
         .context("starting the collector")?;
         Ok(Stack {
-            api: enforcer.address,
-            sql: pipeline.sql_address,
-            pipeline_metrics: pipeline.metrics_address,
-            collector_metrics: collecting.metrics_address,
             lake: config.lake_dir(),
             kafka,
             pipeline,
             enforcer,
             collecting,
         })
+    }
+
+    /// The admission API's address.
+    pub(crate) fn api(&self) -> SocketAddr {
+        self.enforcer.address
+    }
+
+    /// The SQL endpoint's address, if it runs.
+    pub(crate) fn sql(&self) -> Option<SocketAddr> {
+        self.pipeline.sql_address
+    }
+
+    /// The pipeline's `/metrics` address.
+    pub(crate) fn pipeline_metrics(&self) -> SocketAddr {
+        self.pipeline.metrics_address
+    }
+
+    /// The collector's `/metrics` address.
+    pub(crate) fn collector_metrics(&self) -> SocketAddr {
+        self.collecting.metrics_address
     }
 
     /// Runs until Ctrl-C or SIGTERM (or `limit`, or a part of the pipeline failing), then stops
