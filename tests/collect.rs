@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{fake_nvml_library, http_get, Broker, Running};
+use support::{http_get, log_line, start_fake_nvml_collector, Broker, Running};
 
 fn write_config(dir: &std::path::Path, bootstrap: &str) -> std::path::PathBuf {
     let config = dir.join("gpuwarden.toml");
@@ -55,21 +55,8 @@ fn collector_and_broker_processes_meet_over_tcp() {
     let broker = Broker::start(dir.path());
     let config = write_config(dir.path(), &broker.bootstrap);
     let script = write_script(dir.path());
-    let library = fake_nvml_library();
 
-    let mut collector = Running::start(
-        &[
-            "collect",
-            "--config",
-            config.to_str().unwrap(),
-            "--nvml-library",
-            library.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[("GPUWARDEN_FAKE_NVML_SCRIPT", script.to_str().unwrap())],
-    );
-    let running = collector.wait_for_log("collector running", Duration::from_secs(30));
+    let (collector, running) = start_fake_nvml_collector(&config, &script);
     let metrics_url = running["metrics"]
         .as_str()
         .expect("the log names the metrics URL")
@@ -111,13 +98,7 @@ fn collector_and_broker_processes_meet_over_tcp() {
         "SIGTERM ends the collector cleanly: {status:?}\n{}",
         log.join("\n")
     );
-    let stopped: serde_json::Value = log
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|l| {
-            l["fields"]["message"] == "collector stopped" || l["message"] == "collector stopped"
-        })
-        .unwrap_or_else(|| panic!("no 'collector stopped' line:\n{}", log.join("\n")));
+    let stopped = log_line(&log, "collector stopped");
     let published = stopped["published"].as_u64().unwrap();
     assert_eq!(stopped["dropped"].as_u64(), Some(0));
     assert!(published >= 4, "2 GPUs for ~3 s at 1 s: {published}");

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use support::{fake_nvml_library, http, psql, Broker, Running};
+use support::{
+    http, log_line, psql, sha256_hex, start_fake_nvml_collector, start_pipeline_with_sql, Broker,
+    Running,
+};
 
 const TOKEN: &str = "e2e-portal-token";
 
@@ -50,25 +52,6 @@ fn eventually<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Optio
         assert!(Instant::now() < until, "{what} within {timeout:?}");
         std::thread::sleep(Duration::from_millis(300));
     }
-}
-
-/// Starts `gpuwarden pipeline`; returns it and the port of its SQL endpoint.
-fn start_pipeline(config: &Path) -> (Running, u16) {
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--sql-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
-    let sql = running["sql"].as_str().expect("the sql field");
-    (pipeline, sql.rsplit_once(':').unwrap().1.parse().unwrap())
 }
 
 fn stop(process: Running, what: &str) {
@@ -173,37 +156,17 @@ usd_per_gpu_hour = 1.8
     writeln!(kcat.stdin.take().unwrap(), "l-e2e-0\t{grant}").unwrap();
     assert!(kcat.wait().unwrap().success());
 
-    let (pipeline, port) = start_pipeline(&config);
+    let (pipeline, port) = start_pipeline_with_sql(&config);
     let script = write_nvml_script(dir.path());
-    let library = fake_nvml_library();
-    let mut collector = Running::start(
-        &[
-            "collect",
-            "--config",
-            config.to_str().unwrap(),
-            "--nvml-library",
-            library.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[("GPUWARDEN_FAKE_NVML_SCRIPT", script.to_str().unwrap())],
-    );
-    collector.wait_for_log("collector running", Duration::from_secs(30));
+    let (collector, _) = start_fake_nvml_collector(&config, &script);
     std::thread::sleep(Duration::from_secs(5));
     let (status, log) = collector.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
-    let published = log
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|l| {
-            l["fields"]["message"] == "collector stopped" || l["message"] == "collector stopped"
-        })
-        .and_then(|l| {
-            l["published"]
-                .as_u64()
-                .or(l["fields"]["published"].as_u64())
-        })
-        .unwrap_or_else(|| panic!("no 'collector stopped' line:\n{}", log.join("\n")));
+    let stopped = log_line(&log, "collector stopped");
+    let published = stopped["published"]
+        .as_u64()
+        .or(stopped["fields"]["published"].as_u64())
+        .expect("the count published");
     assert!(published >= 8, "2 GPUs for ~5 s at 1 s: {published}");
 
     // Everything the collector published is in the lake, once.
@@ -289,10 +252,7 @@ usd_per_gpu_hour = 1.8
 fn an_admission_over_http_is_priced_in_team_hourly_for_its_team() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let hash: String = Sha256::digest(TOKEN)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = sha256_hex(TOKEN);
     let config = dir.path().join("gpuwarden.toml");
     std::fs::write(
         &config,
@@ -349,7 +309,7 @@ teams = ["research"]
     )
     .unwrap();
 
-    let (pipeline, port) = start_pipeline(&config);
+    let (pipeline, port) = start_pipeline_with_sql(&config);
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
     let running = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
     let api = running["api"]

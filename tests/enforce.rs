@@ -16,17 +16,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use support::{Broker, Running};
+use support::{sha256_hex, Broker, Running};
 
 const TOKEN: &str = "ada-secret-token";
-
-fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// Team `ml` (quota 4, member ada), a simulated substrate `sim` of 8 H100s for training, and a
 /// local substrate `box` of two L4s for batch work.

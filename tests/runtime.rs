@@ -19,8 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-use support::{http, psql, Running};
+use support::{http, psql, sha256_hex, Running};
 
 const TOKEN: &str = "tok-runtime-admin";
 /// 2026-01-10T03:30:00Z: the inference load's trough is at 03:00 and it rises from there.
@@ -55,10 +54,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn write_config(dir: &Path, mode: &str, pace: Pace) -> PathBuf {
     let path = dir.join("gpuwarden.toml");
-    let hash: String = Sha256::digest(TOKEN)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = sha256_hex(TOKEN);
     let text = format!(
         r#"[kafka]
 brokers = "embedded"

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use support::{psql, Running};
+use support::{psql, start_pipeline_with_sql, Running};
 
 /// 2026-11-30T10:00:00Z.
 const T0: i64 = 1_796_032_800_000;
@@ -56,23 +56,7 @@ impl Endpoint {
         )
         .unwrap();
         ingest(&config, &dir.path().join("first.jsonl"), &samples(0, 90));
-        let mut pipeline = Running::start(
-            &[
-                "pipeline",
-                "--config",
-                config.to_str().unwrap(),
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--sql-listen",
-                "127.0.0.1:0",
-            ],
-            &[],
-        );
-        let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
-        let address = running["sql"].as_str().expect("the sql field").to_string();
-        let (host, port) = address.rsplit_once(':').unwrap();
-        assert_eq!(host, "127.0.0.1");
-        let port = port.parse().unwrap();
+        let (pipeline, port) = start_pipeline_with_sql(&config);
         Self {
             dir,
             config,

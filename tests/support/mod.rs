@@ -9,6 +9,17 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
+
+/// What a `[[tokens]]` entry's `sha256` holds for a bearer token, computed here independently of
+/// the enforcer: SHA-256 in hex, as `printf %s TOKEN | sha256sum` prints it.
+pub fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A running `gpuwarden` process whose stderr log lines are collected as they arrive.
 pub struct Running {
     child: Child,
@@ -120,6 +131,57 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The JSON line of `log` (a process's stderr in `--log-format json`) whose message is
+/// `message`; panics, showing the log, when there is none.
+pub fn log_line(log: &[String], message: &str) -> serde_json::Value {
+    log.iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == message || l["message"] == message)
+        .unwrap_or_else(|| panic!("no {message:?} line:\n{}", log.join("\n")))
+}
+
+/// Starts `gpuwarden pipeline` with `/metrics` and the SQL endpoint on free ports of 127.0.0.1;
+/// returns it and the endpoint's port.
+pub fn start_pipeline_with_sql(config: &Path) -> (Running, u16) {
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sql-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
+    let address = running["sql"].as_str().expect("the sql field");
+    let (host, port) = address.rsplit_once(':').unwrap();
+    assert_eq!(host, "127.0.0.1");
+    (pipeline, port.parse().unwrap())
+}
+
+/// Starts `gpuwarden collect` on the fake libnvidia-ml.so playing `script`, `/metrics` on a
+/// free port; returns it and its "collector running" log line.
+pub fn start_fake_nvml_collector(config: &Path, script: &Path) -> (Running, serde_json::Value) {
+    let library = fake_nvml_library();
+    let mut collector = Running::start(
+        &[
+            "collect",
+            "--config",
+            config.to_str().unwrap(),
+            "--nvml-library",
+            library.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[("GPUWARDEN_FAKE_NVML_SCRIPT", script.to_str().unwrap())],
+    );
+    let running = collector.wait_for_log("collector running", Duration::from_secs(30));
+    (collector, running)
 }
 
 /// `gpuwarden demo` on free ports, and the addresses its banner gives.
