@@ -94,6 +94,36 @@ fn text<'a>(value: &'a Value, what: &str) -> &'a str {
 }
 
 /// The data source uid a target runs on: its own, else its panel's.
+/// Every target of `dashboard` on the data source `uid`, with its panel and the name failures
+/// give it: `file › panel title [refId]`, and which variable values it ran with.
+fn targets_on<'a>(
+    file: &str,
+    dashboard: &'a Value,
+    uid: &str,
+    selection: Selection,
+) -> Vec<(String, &'a Value, &'a Value)> {
+    let mut out = Vec::new();
+    for panel in panels(dashboard) {
+        let title = text(&panel["title"], "title");
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if target_uid(panel, target) != uid {
+                continue;
+            }
+            let what = format!(
+                "{file} › {title} [{}]{}",
+                target["refId"].as_str().unwrap_or("?"),
+                if selection == Selection::Last {
+                    " (each variable's last value)"
+                } else {
+                    ""
+                }
+            );
+            out.push((what, panel, target));
+        }
+    }
+    out
+}
+
 fn target_uid<'a>(panel: &'a Value, target: &'a Value) -> &'a str {
     target["datasource"]["uid"]
         .as_str()
@@ -1613,51 +1643,34 @@ fn every_panel_answers_on_demo_data_through_psql_and_a_real_prometheus() {
                 eprintln!("{file}: variable {name} ({selection:?}): {options:?}");
                 variables.push(variable_from(var, options, selection));
             }
-            for panel in panels(json) {
-                let title = text(&panel["title"], "title");
-                for target in panel["targets"].as_array().into_iter().flatten() {
-                    if target_uid(panel, target) != SQL_UID {
+            for (what, panel, target) in targets_on(file, json, SQL_UID, selection) {
+                let low = panel["interval"].as_str().unwrap_or("1m");
+                let interval = calculate_interval(sql_range, resolution(panel), low);
+                let raw = text(&target["rawSql"], "rawSql");
+                let sql = match expand_sql(raw, &variables, sql_range, (interval.0, &interval.1)) {
+                    Ok(sql) => sql,
+                    Err(e) => {
+                        failures.push(format!("{what}: Grafana cannot expand it: {e}\n{raw}"));
                         continue;
                     }
-                    let what = format!(
-                        "{file} › {title} [{}]{}",
-                        target["refId"].as_str().unwrap_or("?"),
-                        if selection == Selection::Last {
-                            " (each variable's last value)"
-                        } else {
-                            ""
-                        }
-                    );
-                    let low = panel["interval"].as_str().unwrap_or("1m");
-                    let interval = calculate_interval(sql_range, resolution(panel), low);
-                    let raw = text(&target["rawSql"], "rawSql");
-                    let sql =
-                        match expand_sql(raw, &variables, sql_range, (interval.0, &interval.1)) {
-                            Ok(sql) => sql,
-                            Err(e) => {
-                                failures
-                                    .push(format!("{what}: Grafana cannot expand it: {e}\n{raw}"));
-                                continue;
-                            }
-                        };
-                    let time_series = target["format"] == "time_series";
-                    let began = Instant::now();
-                    let result = retry(
-                        &what,
-                        || check_answer(psql_answer(port, &sql)?, time_series),
-                        &mut notes,
-                    );
-                    sql_runs += 1;
-                    match result {
-                        Ok((rows, first)) => {
-                            sql_rows += rows;
-                            let ms = began.elapsed().as_millis();
-                            eprintln!("{what}: {rows} rows in {ms} ms; first: {first}");
-                        }
-                        Err(e) => failures.push(format!(
-                            "{what}: {e}\n--- SQL as Grafana sends it ---\n{sql}\n"
-                        )),
+                };
+                let time_series = target["format"] == "time_series";
+                let began = Instant::now();
+                let result = retry(
+                    &what,
+                    || check_answer(psql_answer(port, &sql)?, time_series),
+                    &mut notes,
+                );
+                sql_runs += 1;
+                match result {
+                    Ok((rows, first)) => {
+                        sql_rows += rows;
+                        let ms = began.elapsed().as_millis();
+                        eprintln!("{what}: {rows} rows in {ms} ms; first: {first}");
                     }
+                    Err(e) => failures.push(format!(
+                        "{what}: {e}\n--- SQL as Grafana sends it ---\n{sql}\n"
+                    )),
                 }
             }
         }
@@ -1744,49 +1757,34 @@ fn every_panel_answers_on_demo_data_through_psql_and_a_real_prometheus() {
                 eprintln!("{file}: variable {name} ({selection:?}): {options:?}");
                 variables.push(variable_from(var, options, selection));
             }
-            for panel in panels(json) {
-                let title = text(&panel["title"], "title");
-                for target in panel["targets"].as_array().into_iter().flatten() {
-                    if target_uid(panel, target) != PROM_UID {
+            for (what, panel, target) in targets_on(file, json, PROM_UID, selection) {
+                let raw = text(&target["expr"], "expr");
+                for metric in promql_metric_names(raw) {
+                    names_checked.insert(metric.clone());
+                    if !exposed.contains(&metric) && !synthetic.contains(&metric.as_str()) {
+                        failures.push(format!(
+                            "{what}: the demo exposes no metric {metric}\n{raw}"
+                        ));
+                    }
+                }
+                let low = panel["interval"].as_str().unwrap_or(&scrape_interval);
+                let (interval_ms, _) = calculate_interval(prom_range, resolution(panel), low);
+                let expr = match expand_promql(raw, &variables, prom_range, interval_ms, scrape_ms)
+                {
+                    Ok(expr) => expr,
+                    Err(e) => {
+                        failures.push(format!("{what}: {e}\n{raw}"));
                         continue;
                     }
-                    let what = format!(
-                        "{file} › {title} [{}]{}",
-                        target["refId"].as_str().unwrap_or("?"),
-                        if selection == Selection::Last {
-                            " (each variable's last value)"
-                        } else {
-                            ""
-                        }
-                    );
-                    let raw = text(&target["expr"], "expr");
-                    for metric in promql_metric_names(raw) {
-                        names_checked.insert(metric.clone());
-                        if !exposed.contains(&metric) && !synthetic.contains(&metric.as_str()) {
-                            failures.push(format!(
-                                "{what}: the demo exposes no metric {metric}\n{raw}"
-                            ));
-                        }
+                };
+                prom_runs += 1;
+                match prometheus.query(&expr) {
+                    Ok((_, 0)) => failures.push(format!("{what}: no series\n{expr}\n")),
+                    Ok((kind, n)) => {
+                        prom_series += n;
+                        eprintln!("{what}: {n} {kind} series");
                     }
-                    let low = panel["interval"].as_str().unwrap_or(&scrape_interval);
-                    let (interval_ms, _) = calculate_interval(prom_range, resolution(panel), low);
-                    let expr =
-                        match expand_promql(raw, &variables, prom_range, interval_ms, scrape_ms) {
-                            Ok(expr) => expr,
-                            Err(e) => {
-                                failures.push(format!("{what}: {e}\n{raw}"));
-                                continue;
-                            }
-                        };
-                    prom_runs += 1;
-                    match prometheus.query(&expr) {
-                        Ok((_, 0)) => failures.push(format!("{what}: no series\n{expr}\n")),
-                        Ok((kind, n)) => {
-                            prom_series += n;
-                            eprintln!("{what}: {n} {kind} series");
-                        }
-                        Err(e) => failures.push(format!("{what}: {e}\n{expr}\n")),
-                    }
+                    Err(e) => failures.push(format!("{what}: {e}\n{expr}\n")),
                 }
             }
         }
