@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's allocator: the enforcer's request path, the pipeline's Arrow
+/// buffers and the collector's records allocate constantly, and it spends less CPU on that
+/// (`bench/admission.sh` runs with it too, so its figures are this binary's).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Measure every GPU, price every GPU-hour to the team that held it, and act on what is measured.
 ///
 /// gpuwarden's collector streams per-GPU samples into Kafka, its pipeline turns them into

@@ -511,20 +511,20 @@ impl AppState {
         out
     }
 
-    fn snapshot(config: &Arc<Config>, ledger: &Ledger, mut subs: Vec<SubstrateState>) -> Snapshot {
+    fn snapshot(
+        config: &Arc<Config>,
+        mut ledger: Ledger,
+        mut subs: Vec<SubstrateState>,
+    ) -> Snapshot {
         for s in &mut subs {
-            s.busy = ledger.busy.get(&s.name).cloned().unwrap_or_default();
-            s.pooled_in_use = ledger
-                .pooled_in_use
-                .get(&s.name)
-                .cloned()
-                .unwrap_or_default();
+            s.busy = ledger.busy.remove(&s.name).unwrap_or_default();
+            s.pooled_in_use = ledger.pooled_in_use.remove(&s.name).unwrap_or_default();
         }
         Snapshot {
             config: config.clone(),
-            held_gpus: ledger.held_gpus.clone(),
-            spend_usd: ledger.spend_usd.clone(),
-            blocked: ledger.blocked.clone(),
+            held_gpus: ledger.held_gpus,
+            spend_usd: ledger.spend_usd,
+            blocked: ledger.blocked,
             substrates: subs,
         }
     }

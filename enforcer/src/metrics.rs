@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::policy::ReasonCode;
+use crate::store::CommitStats;
 
 /// Counters the API updates; cheap to share behind an `Arc`.
 #[derive(Debug, Default)]
@@ -33,6 +34,30 @@ impl Metrics {
     /// Counts one failed driver call.
     pub fn count_driver_error(&self) {
         self.driver_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters, and the lease store's `commits`, in the Prometheus text format.
+    pub fn render_with(&self, commits: CommitStats) -> String {
+        let mut out = self.render();
+        out.push_str(
+            "# HELP gpuwarden_enforcer_store_commits_total Lease store transactions committed (one fsync each).\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_store_commits_total counter\n");
+        let _ = writeln!(
+            out,
+            "gpuwarden_enforcer_store_commits_total {}",
+            commits.commits
+        );
+        out.push_str(
+            "# HELP gpuwarden_enforcer_store_writes_total Changes those transactions carried; writes / commits is the group-commit factor.\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_store_writes_total counter\n");
+        let _ = writeln!(
+            out,
+            "gpuwarden_enforcer_store_writes_total {}",
+            commits.writes
+        );
+        out
     }
 
     /// The counters in the Prometheus text format.

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuwarden_schema::config::{Config, Role};
+use gpuwarden_schema::config::{contains_ignoring_case, Config, Role};
 use gpuwarden_schema::Workload;
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
@@ -265,7 +265,7 @@ impl Decision {
 }
 
 fn matches(model: &str, pattern: &str) -> bool {
-    model.to_lowercase().contains(&pattern.to_lowercase())
+    contains_ignoring_case(model, pattern)
 }
 
 fn hours(d: Duration) -> f64 {
@@ -597,38 +597,39 @@ fn candidate_substrates<'a>(
 }
 
 /// Models on a substrate that fit the request and the team, in inventory order, with their free
-/// named GPUs and free pooled count.
+/// named GPUs and free pooled count. Whether a model fits is decided once per model, not once
+/// per GPU.
 fn fitting_models<'a>(
     sub: &'a SubstrateState,
     req: &AdmissionRequest,
     model_allowed: &dyn Fn(&str) -> bool,
-) -> Vec<(String, Vec<&'a Gpu>, u32)> {
+) -> Vec<(&'a str, Vec<&'a Gpu>, u32)> {
     let fits = |m: &str| req.gpu_model.as_deref().is_none_or(|w| matches(m, w)) && model_allowed(m);
-    let mut out: Vec<(String, Vec<&Gpu>, u32)> = Vec::new();
-    for gpu in &sub.inventory.gpus {
-        if !fits(&gpu.model) {
-            continue;
+    // Every model seen, with where its entry is in `out` (None: it does not fit).
+    let mut seen: Vec<(&str, Option<usize>)> = Vec::new();
+    let mut out: Vec<(&str, Vec<&Gpu>, u32)> = Vec::new();
+    let mut verdict = |model: &'a str, out: &mut Vec<(&'a str, Vec<&'a Gpu>, u32)>| {
+        if let Some(&(_, entry)) = seen.iter().find(|(m, _)| *m == model) {
+            return entry;
         }
-        let i = match out.iter().position(|(m, _, _)| m == &gpu.model) {
-            Some(i) => i,
-            None => {
-                out.push((gpu.model.clone(), Vec::new(), 0));
-                out.len() - 1
+        let entry = fits(model).then(|| {
+            out.push((model, Vec::new(), 0));
+            out.len() - 1
+        });
+        seen.push((model, entry));
+        entry
+    };
+    for gpu in &sub.inventory.gpus {
+        if let Some(i) = verdict(&gpu.model, &mut out) {
+            if !sub.busy.contains(&gpu.uuid) {
+                out[i].1.push(gpu);
             }
-        };
-        if !sub.busy.contains(&gpu.uuid) {
-            out[i].1.push(gpu);
         }
     }
     for (model, count) in &sub.inventory.pooled {
-        if !fits(model) {
-            continue;
-        }
-        let used = sub.pooled_in_use.get(model).copied().unwrap_or(0);
-        let free = count.saturating_sub(used);
-        match out.iter_mut().find(|(m, _, _)| m == model) {
-            Some(entry) => entry.2 += free,
-            None => out.push((model.clone(), Vec::new(), free)),
+        if let Some(i) = verdict(model, &mut out) {
+            let used = sub.pooled_in_use.get(model).copied().unwrap_or(0);
+            out[i].2 += count.saturating_sub(used);
         }
     }
     out
@@ -664,7 +665,7 @@ fn place(
                 let gpus = choose(&free, n, req.workload);
                 return Some(Placement {
                     substrate: sub.name.clone(),
-                    gpu_model: model,
+                    gpu_model: model.to_owned(),
                     gpu_count: req.gpus,
                     gpu_uuids: gpus,
                 });
@@ -672,7 +673,7 @@ fn place(
             if pooled as usize >= n {
                 return Some(Placement {
                     substrate: sub.name.clone(),
-                    gpu_model: model,
+                    gpu_model: model.to_owned(),
                     gpu_count: req.gpus,
                     gpu_uuids: Vec::new(),
                 });
@@ -686,14 +687,15 @@ fn place(
 /// whole hosts free for the next big job); inference and notebooks spread across hosts, so one
 /// host's failure takes down as little of a service as possible.
 fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
-    let mut hosts: BTreeMap<&str, Vec<&Gpu>> = BTreeMap::new();
-    for gpu in free {
-        hosts.entry(gpu.host.as_str()).or_default().push(gpu);
+    let hosts_sorted = by_host(free);
+    let mut hosts: Vec<(&str, &[&Gpu])> = Vec::new();
+    let mut start = 0;
+    for i in 1..=hosts_sorted.len() {
+        if i == hosts_sorted.len() || hosts_sorted[i].host != hosts_sorted[start].host {
+            hosts.push((hosts_sorted[start].host.as_str(), &hosts_sorted[start..i]));
+            start = i;
+        }
     }
-    for gpus in hosts.values_mut() {
-        gpus.sort_by_key(|g| g.index);
-    }
-    let mut hosts: Vec<(&str, Vec<&Gpu>)> = hosts.into_iter().collect();
     let mut chosen = Vec::with_capacity(n);
     match workload {
         Workload::Training | Workload::Batch => {
@@ -707,7 +709,7 @@ fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
             }
             hosts.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
             for (_, gpus) in &hosts {
-                for g in gpus {
+                for g in *gpus {
                     if chosen.len() == n {
                         break;
                     }
@@ -731,6 +733,43 @@ fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
         }
     }
     chosen
+}
+
+/// `free` ordered by host name, then by index on the host. Host names are compared once per
+/// host, not once per comparison of two GPUs: each host gets its rank among the names, and the
+/// GPUs are sorted by (rank, index), which drivers' listings mostly are already.
+fn by_host<'a>(free: &[&'a Gpu]) -> Vec<&'a Gpu> {
+    let mut names: Vec<&str> = Vec::new();
+    let mut host_of: Vec<usize> = Vec::with_capacity(free.len());
+    for gpu in free {
+        // A driver lists a host's GPUs together, so the last host seen is usually the one.
+        let i = match names.last() {
+            Some(&last) if last == gpu.host => names.len() - 1,
+            _ => names
+                .iter()
+                .position(|h| *h == gpu.host)
+                .unwrap_or_else(|| {
+                    names.push(&gpu.host);
+                    names.len() - 1
+                }),
+        };
+        host_of.push(i);
+    }
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_unstable_by_key(|&i| names[i]);
+    let mut rank = vec![0usize; names.len()];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r;
+    }
+    let mut keyed: Vec<((usize, u32), &Gpu)> = free
+        .iter()
+        .zip(&host_of)
+        .map(|(g, &h)| ((rank[h], g.index), *g))
+        .collect();
+    if !keyed.is_sorted_by_key(|(k, _)| *k) {
+        keyed.sort_by_key(|(k, _)| *k);
+    }
+    keyed.into_iter().map(|(_, g)| g).collect()
 }
 
 #[cfg(test)]
@@ -1034,6 +1073,58 @@ mod tests {
         assert_eq!(
             uuids,
             vec!["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-a-3", "GPU-b-0"]
+        );
+    }
+
+    #[test]
+    fn placement_orders_hosts_by_name_and_gpus_by_index_whatever_the_listing_order() {
+        // Listed out of order, hosts interleaved: h-2 has 3 free, h-10 has 2, h-1 has 3.
+        let listed = [
+            gpu("h-2", 2, "H100"),
+            gpu("h-10", 1, "H100"),
+            gpu("h-2", 0, "H100"),
+            gpu("h-1", 2, "H100"),
+            gpu("h-10", 0, "H100"),
+            gpu("h-1", 1, "H100"),
+            gpu("h-2", 1, "H100"),
+            gpu("h-1", 0, "H100"),
+        ];
+        let free: Vec<&Gpu> = listed.iter().collect();
+        let hosts: Vec<(&str, u32)> = by_host(&free)
+            .iter()
+            .map(|g| (g.host.as_str(), g.index))
+            .collect();
+        assert_eq!(
+            hosts,
+            vec![
+                ("h-1", 0),
+                ("h-1", 1),
+                ("h-1", 2),
+                ("h-10", 0),
+                ("h-10", 1),
+                ("h-2", 0),
+                ("h-2", 1),
+                ("h-2", 2),
+            ]
+        );
+        // Training: the tightest host that fits, its lowest indices.
+        assert_eq!(
+            choose(&free, 2, Workload::Training),
+            vec!["GPU-h-10-0", "GPU-h-10-1"]
+        );
+        assert_eq!(
+            choose(&free, 3, Workload::Training),
+            vec!["GPU-h-1-0", "GPU-h-1-1", "GPU-h-1-2"]
+        );
+        // Across hosts: the fullest first, ties by name.
+        assert_eq!(
+            choose(&free, 4, Workload::Training),
+            vec!["GPU-h-1-0", "GPU-h-1-1", "GPU-h-1-2", "GPU-h-2-0"]
+        );
+        // Spread: one per host in turn, the fullest hosts (then names) first.
+        assert_eq!(
+            choose(&free, 4, Workload::Inference),
+            vec!["GPU-h-1-0", "GPU-h-2-0", "GPU-h-10-0", "GPU-h-1-1"]
         );
     }
 

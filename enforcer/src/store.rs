@@ -12,7 +12,11 @@
 //! lock, to a single writer thread that owns the connection. The writer commits everything queued
 //! since its last commit in one transaction (group commit: one fsync for many changes) and only
 //! then answers each caller, so a change is reported only once it is on disk. Every call returns
-//! a [`Pending`] to `.await` (async code) or [`Pending::wait`] on (threads). Queries that need the
+//! a [`Pending`] to `.await` (async code) or [`Pending::wait`] on (threads). The writer is woken
+//! only when someone waits (a query, or a caller awaiting a commit), so a change nobody waits for
+//! ([`Pending::applied`]) never costs a commit of its own: it rides along with the next one, or
+//! is committed within 20 ms. [`Store::commit_stats`] counts commits and the changes
+//! they carried. Queries that need the
 //! file (closed leases, the outbox) run on the writer's connection after the writes queued before
 //! them, so a caller always reads its own changes.
 //!
@@ -20,10 +24,12 @@
 //! later call with [`StoreError::Broken`] and the enforcer must restart, which reloads memory from
 //! what the file holds. Callers whose changes were in the failed batch were told they failed.
 
+use std::collections::VecDeque;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use gpuwarden_schema::config::PricingConfig;
@@ -320,6 +326,44 @@ const MIGRATIONS: &[&str] = &[
         key TEXT PRIMARY KEY,
         at INTEGER NOT NULL
     );",
+    // 4: fewer b-trees for each commit to rewrite. Leases are kept in their id's order (WITHOUT
+    // ROWID: the table is its primary key, no separate index of ids), and outbox ids are plain
+    // rowids (AUTOINCREMENT rewrote sqlite_sequence on every insert; ids still only grow while
+    // the newest row is kept, and the publisher needs only their order).
+    "CREATE TABLE leases_v4 (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        user TEXT NOT NULL,
+        project TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        substrate TEXT NOT NULL,
+        gpu_model TEXT NOT NULL,
+        gpu_count INTEGER NOT NULL,
+        gpu_uuids TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        granted_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        updated_at INTEGER NOT NULL,
+        released_at INTEGER,
+        release_reason TEXT
+    ) WITHOUT ROWID;
+    INSERT INTO leases_v4 SELECT * FROM leases;
+    DROP TABLE leases;
+    ALTER TABLE leases_v4 RENAME TO leases;
+    CREATE INDEX leases_team ON leases (team);
+    CREATE TABLE outbox_v4 (
+        id INTEGER PRIMARY KEY,
+        topic TEXT NOT NULL,
+        key TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        published_at INTEGER
+    );
+    INSERT INTO outbox_v4 SELECT * FROM outbox;
+    DROP TABLE outbox;
+    ALTER TABLE outbox_v4 RENAME TO outbox;
+    CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL;",
 ];
 
 const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
@@ -327,6 +371,9 @@ const COLUMNS: &str = "id, team, user, project, workload, substrate, gpu_model, 
     gpu_uuids, labels, state, granted_at, expires_at, updated_at, released_at, release_reason";
 /// Most jobs the writer commits in one transaction.
 const MAX_BATCH: usize = 512;
+/// Longest a change nobody waits for (see [`Pending::applied`]) stays uncommitted when no
+/// waited-for change comes along to carry it.
+const LAZY_COMMIT: Duration = Duration::from_millis(20);
 
 /// The lease store. Cheap to clone; clones share one store.
 #[derive(Clone)]
@@ -348,8 +395,8 @@ struct Inner {
     /// its writes queued to the writer while this lock is held, so the writer commits changes
     /// in the order memory saw them.
     memory: Mutex<Memory>,
-    /// Jobs for the writer thread; `None` once the store is closing.
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Jobs for the writer thread.
+    queue: Arc<Queue>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set (once) when a commit failed: memory is then ahead of the file, so the store refuses
     /// every later call until the enforcer restarts and reloads from the file.
@@ -360,8 +407,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channel ends the writer once it has committed what was queued.
-        drop(lock(&self.jobs).take());
+        // The writer ends once it has committed what was queued.
+        self.queue.close();
         if let Some(writer) = lock(&self.writer).take() {
             let _ = writer.join();
         }
@@ -436,6 +483,116 @@ enum Job {
     Read(Read),
 }
 
+/// The writer's queue. Jobs are queued in the order memory saw their changes. The writer is woken
+/// when someone waits: a query (always awaited), or a caller awaiting a write's commit (see
+/// [`Pending`]). Changes nobody waits for ride along with the next commit, or are committed
+/// after [`LAZY_COMMIT`], so they never cost a commit of their own.
+struct Queue {
+    state: Mutex<QueueState>,
+    wake: Condvar,
+    /// Transactions committed, and the write jobs they carried.
+    commits: AtomicU64,
+    writes: AtomicU64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// Someone waits for a queued job: commit without delay.
+    wanted: bool,
+    /// The store is closing: commit what is queued, then stop.
+    closed: bool,
+    /// The writer sleeps until woken (nothing was queued), so even a change nobody waits for
+    /// must wake it, to be committed within [`LAZY_COMMIT`].
+    idle: bool,
+}
+
+impl Queue {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(QueueState::default()),
+            wake: Condvar::new(),
+            commits: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+
+    fn push(&self, job: Job, wanted: bool) -> Result<(), StoreError> {
+        let mut state = lock(&self.state);
+        if state.closed {
+            return Err(closed());
+        }
+        state.jobs.push_back(job);
+        state.wanted |= wanted;
+        if wanted || state.idle {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Someone waits for what is queued.
+    fn want(&self) {
+        let mut state = lock(&self.state);
+        if !state.wanted {
+            state.wanted = true;
+            self.wake.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.wake.notify_one();
+    }
+
+    /// The next batch, once someone waits for it, or it has waited [`LAZY_COMMIT`], or the
+    /// store is closing; `None` when the store has closed and everything is committed.
+    fn next_batch(&self) -> Option<Vec<Job>> {
+        let mut state = lock(&self.state);
+        loop {
+            if state.jobs.is_empty() {
+                if state.closed {
+                    return None;
+                }
+                // A wish for jobs already taken.
+                state.wanted = false;
+                state.idle = true;
+                state = self
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state.idle = false;
+                continue;
+            }
+            if state.wanted || state.closed {
+                break;
+            }
+            let (next, timeout) = self
+                .wake
+                .wait_timeout(state, LAZY_COMMIT)
+                .unwrap_or_else(PoisonError::into_inner);
+            state = next;
+            if timeout.timed_out() {
+                break;
+            }
+        }
+        let n = state.jobs.len().min(MAX_BATCH);
+        let batch: Vec<Job> = state.jobs.drain(..n).collect();
+        // Whoever asked may be in what is left.
+        state.wanted = !state.jobs.is_empty();
+        Some(batch)
+    }
+}
+
+/// How the writer has grouped changes into transactions: each commit is one fsync, so
+/// `writes / commits` is how many changes shared one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Changes (admissions, transitions, spend, marks, …) they carried.
+    pub writes: u64,
+}
+
 /// The outcome of a store call. Changes are applied to the store's memory at once (so the next
 /// call sees them) and become durable when the writer thread commits them, together with
 /// whatever else was queued meanwhile (group commit). Wait for that with `.await` in async code
@@ -448,7 +605,8 @@ pub struct Pending<T> {
 
 enum PendingState<T> {
     Ready(Result<T, StoreError>),
-    Write(T, oneshot::Receiver<Result<(), String>>),
+    /// The value, the writer's answer, and its queue (to wake it when someone waits).
+    Write(T, oneshot::Receiver<Result<(), String>>, Arc<Queue>),
     Read(oneshot::Receiver<Result<T, StoreError>>),
 }
 
@@ -463,7 +621,10 @@ impl<T> Pending<T> {
     pub fn wait(self) -> Result<T, StoreError> {
         match self.state {
             PendingState::Ready(result) => result,
-            PendingState::Write(value, done) => settle_write(value, done.blocking_recv()),
+            PendingState::Write(value, done, queue) => {
+                queue.want();
+                settle_write(value, done.blocking_recv())
+            }
             PendingState::Read(answer) => answer.blocking_recv().unwrap_or_else(|_| Err(closed())),
         }
     }
@@ -476,7 +637,7 @@ impl<T: Send + 'static> Pending<T> {
     /// still waits for its answer.
     pub async fn applied(self) -> Result<T, StoreError> {
         match self.state {
-            PendingState::Write(value, _) => Ok(value),
+            PendingState::Write(value, _, _) => Ok(value),
             state => Self { state }.await,
         }
     }
@@ -490,7 +651,10 @@ impl<T: Send + 'static> std::future::IntoFuture for Pending<T> {
         Box::pin(async move {
             match self.state {
                 PendingState::Ready(result) => result,
-                PendingState::Write(value, done) => settle_write(value, done.await),
+                PendingState::Write(value, done, queue) => {
+                    queue.want();
+                    settle_write(value, done.await)
+                }
                 PendingState::Read(answer) => answer.await.unwrap_or_else(|_| Err(closed())),
             }
         })
@@ -554,10 +718,10 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrate(&mut conn)?;
         let memory = load(&conn)?;
-        let (jobs, queue) = mpsc::channel();
+        let queue = Arc::new(Queue::new());
         let broken = Arc::new(OnceLock::new());
         let writer = {
-            let broken = broken.clone();
+            let (broken, queue) = (broken.clone(), queue.clone());
             std::thread::Builder::new()
                 .name("lease-store".into())
                 .spawn(move || write_loop(conn, &queue, &broken))
@@ -567,7 +731,7 @@ impl Store {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
                 memory: Mutex::new(memory),
-                jobs: Mutex::new(Some(jobs)),
+                queue,
                 writer: Mutex::new(Some(writer)),
                 broken,
                 _owner: owner,
@@ -582,21 +746,14 @@ impl Store {
         }
     }
 
-    fn send(&self, job: Job) -> Result<(), StoreError> {
-        lock(&self.inner.jobs)
-            .as_ref()
-            .ok_or_else(closed)?
-            .send(job)
-            .map_err(|_| closed())
-    }
-
     /// Queues `ops` (call with the memory lock held, after changing memory); the value is
-    /// handed back once they are committed.
+    /// handed back once they are committed. The writer is not woken until someone waits.
     fn write<T>(&self, value: T, ops: Vec<Op>) -> Pending<T> {
         let (done, heard) = oneshot::channel();
-        match self.send(Job::Write { ops, done }) {
+        let queue = &self.inner.queue;
+        match queue.push(Job::Write { ops, done }, false) {
             Ok(()) => Pending {
-                state: PendingState::Write(value, heard),
+                state: PendingState::Write(value, heard, queue.clone()),
             },
             Err(e) => Pending::ready(Err(e)),
         }
@@ -614,11 +771,20 @@ impl Store {
         let job = Job::Read(Box::new(move |conn| {
             let _ = answer.send(query(conn));
         }));
-        match self.send(job) {
+        match self.inner.queue.push(job, true) {
             Ok(()) => Pending {
                 state: PendingState::Read(heard),
             },
             Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    /// How many transactions the writer has committed, and how many changes they carried.
+    pub fn commit_stats(&self) -> CommitStats {
+        let queue = &self.inner.queue;
+        CommitStats {
+            commits: queue.commits.load(Ordering::Relaxed),
+            writes: queue.writes.load(Ordering::Relaxed),
         }
     }
 
@@ -645,13 +811,13 @@ impl Store {
         now_ms: i64,
         pricing: &PricingConfig,
         request: &AdmissionRequest,
-        decide: impl FnOnce(&Ledger) -> Decision,
+        decide: impl FnOnce(Ledger) -> Decision,
     ) -> Pending<(Decision, Option<Lease>)> {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
         }
         let mut memory = lock(&self.inner.memory);
-        let decision = decide(&memory.ledger(now_ms, pricing));
+        let decision = decide(memory.ledger(now_ms, pricing));
         if request.dry_run {
             return Pending::ready(Ok((decision, None)));
         }
@@ -913,7 +1079,7 @@ impl Store {
         pricing: &PricingConfig,
         reason: &str,
         why: &str,
-        decide: impl FnOnce(&Ledger, &Lease) -> Decision,
+        decide: impl FnOnce(Ledger, &Lease) -> Decision,
     ) -> Pending<(Decision, Lease)> {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
@@ -934,7 +1100,7 @@ impl Store {
                 return self.refuse_ended(id);
             }
         };
-        let decision = decide(&memory.ledger(now_ms, pricing), &lease);
+        let decision = decide(memory.ledger(now_ms, pricing), &lease);
         let Some(placement) = decision.placement.clone().filter(|_| decision.admitted()) else {
             return Pending::ready(Ok((decision, lease)));
         };
@@ -1248,20 +1414,14 @@ impl Memory {
             })
             .collect();
         for lease in self.open.values() {
-            *ledger.held_gpus.entry(lease.team.clone()).or_default() += lease.gpu_count;
+            *slot(&mut ledger.held_gpus, &lease.team) += lease.gpu_count;
             if lease.gpu_uuids.is_empty() {
-                *ledger
-                    .pooled_in_use
-                    .entry(lease.substrate.clone())
-                    .or_default()
-                    .entry(lease.gpu_model.clone())
-                    .or_default() += lease.gpu_count;
+                *slot(
+                    slot(&mut ledger.pooled_in_use, &lease.substrate),
+                    &lease.gpu_model,
+                ) += lease.gpu_count;
             } else {
-                ledger
-                    .busy
-                    .entry(lease.substrate.clone())
-                    .or_default()
-                    .extend(lease.gpu_uuids.iter().cloned());
+                slot(&mut ledger.busy, &lease.substrate).extend(lease.gpu_uuids.iter().cloned());
             }
             let since = spend_since
                 .get(lease.team.as_str())
@@ -1269,11 +1429,19 @@ impl Memory {
                 .unwrap_or(month_start)
                 .max(lease.granted_at);
             let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
-            *ledger.spend_usd.entry(lease.team.clone()).or_default() +=
+            *slot(&mut ledger.spend_usd, &lease.team) +=
                 hours * f64::from(lease.gpu_count) * pricing.usd_per_gpu_hour(&lease.gpu_model);
         }
         ledger
     }
+}
+
+/// `map[key]`, inserted as the default first if absent; the key is copied only then.
+fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("the key was just inserted")
 }
 
 /// Reads what memory holds from the file.
@@ -1325,23 +1493,27 @@ fn load(conn: &Connection) -> Result<Memory, StoreError> {
 /// The writer thread: takes every job queued, runs them in one transaction, commits, and tells
 /// each write's caller. A failed commit breaks the store for good (memory is then ahead of the
 /// file); every job after that is refused.
-fn write_loop(mut conn: Connection, queue: &mpsc::Receiver<Job>, broken: &OnceLock<String>) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+fn write_loop(mut conn: Connection, queue: &Queue, broken: &OnceLock<String>) {
+    while let Some(batch) = queue.next_batch() {
+        let writes = batch
+            .iter()
+            .filter(|j| matches!(j, Job::Write { .. }))
+            .count() as u64;
         let mut waiting = Vec::with_capacity(batch.len());
         let result = match broken.get() {
             Some(why) => Err(why.clone()),
             None => run_batch(&mut conn, batch, &mut waiting).map_err(|e| e.to_string()),
         };
-        if let Err(why) = &result {
-            if broken.set(why.clone()).is_ok() {
-                tracing::error!(error = %why, "the lease store could not commit; it refuses every change until the enforcer restarts");
+        match &result {
+            Ok(()) if writes > 0 => {
+                queue.commits.fetch_add(1, Ordering::Relaxed);
+                queue.writes.fetch_add(writes, Ordering::Relaxed);
+            }
+            Ok(()) => {}
+            Err(why) => {
+                if broken.set(why.clone()).is_ok() {
+                    tracing::error!(error = %why, "the lease store could not commit; it refuses every change until the enforcer restarts");
+                }
             }
         }
         for done in waiting {
@@ -1752,6 +1924,74 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A database written by the version before migration 4 (leases with a rowid, an outbox
+    /// with AUTOINCREMENT) opens with its leases and outbox as they were, and new outbox rows
+    /// come after the old ones.
+    #[test]
+    fn migration_4_keeps_leases_and_the_outbox_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("enforcer.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER NOT NULL);
+                 INSERT INTO schema_version (version) VALUES (3);",
+            )
+            .unwrap();
+            for sql in &MIGRATIONS[..3] {
+                conn.execute_batch(sql).unwrap();
+            }
+            let mut ended = lease("lease-ended", LeaseState::Released, 5);
+            ended.released_at = Some(5);
+            ended.release_reason = Some(ReleaseReason::User);
+            for op in [
+                Op::InsertLease(lease("lease-open", LeaseState::Active, 3)),
+                Op::InsertLease(ended),
+            ] {
+                apply(&conn, &op).unwrap();
+            }
+            for key in ["first", "second", "third"] {
+                let op = Op::Outbox {
+                    topic: "gpuwarden.actions",
+                    key: key.into(),
+                    payload: format!("{{\"key\":\"{key}\"}}"),
+                    created_at: 1,
+                };
+                apply(&conn, &op).unwrap();
+            }
+            conn.execute("UPDATE outbox SET published_at = 2 WHERE key = 'first'", [])
+                .unwrap();
+        }
+
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().wait().unwrap(), 4);
+        let open = store.open_leases().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0], *lease("lease-open", LeaseState::Active, 3));
+        let ended = store.lease("lease-ended").wait().unwrap().unwrap();
+        assert_eq!(ended.state, LeaseState::Released);
+        assert_eq!(ended.released_at, Some(5));
+        let pending = store.outbox_pending(10).wait().unwrap();
+        let keys: Vec<&str> = pending.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["second", "third"]);
+        assert_eq!(pending[0].id, 2);
+        store.block_team("ml", "budget_exceeded", 9).wait().unwrap();
+        let pending = store.outbox_pending(10).wait().unwrap();
+        assert_eq!(pending.len(), 3);
+        assert!(pending[2].id > pending[1].id, "{pending:?}");
+        let without_rowid: String = store
+            .read(|conn| {
+                Ok(conn.query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = 'leases'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .wait()
+            .unwrap();
+        assert!(without_rowid.contains("WITHOUT ROWID"), "{without_rowid}");
     }
 
     #[test]

@@ -151,6 +151,26 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
             .unwrap(),
         "gpuwarden_enforcer_admissions_total{decision=\"admitted\"} 1"
     );
+    // The admission was committed (its Pending awaited), so the store has counted it.
+    let commits = h.state.store().commit_stats();
+    assert!(
+        commits.commits >= 1 && commits.writes >= commits.commits,
+        "{commits:?}"
+    );
+    let text = h.state.metrics().render_with(commits);
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    assert_eq!(
+        value("gpuwarden_enforcer_store_commits_total"),
+        commits.commits
+    );
+    assert_eq!(
+        value("gpuwarden_enforcer_store_writes_total"),
+        commits.writes
+    );
 }
 
 #[tokio::test]

@@ -93,6 +93,28 @@ fn admit(store: &Store, config: &Arc<Config>, gpus: u32, inventory_gpus: u32) ->
     lease.is_some()
 }
 
+/// Admits one GPU without waiting for the commit (as `Pending::applied` does).
+fn admit_without_waiting(store: &Store, config: &Arc<Config>) -> bool {
+    let req = request(1);
+    let pending = store.admit(NOW, &config.pricing, &req.admission, |ledger| {
+        let mut sub = inventory(8);
+        sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
+        evaluate(
+            &req,
+            &Snapshot {
+                config: config.clone(),
+                held_gpus: ledger.held_gpus,
+                spend_usd: ledger.spend_usd,
+                blocked: ledger.blocked,
+                substrates: vec![sub],
+            },
+        )
+    });
+    let admitted = store.open_leases().unwrap().len();
+    drop(pending);
+    admitted > 0
+}
+
 fn open_gpus(store: &Store) -> Vec<String> {
     store
         .leases(&LeaseFilter::default())
@@ -197,19 +219,55 @@ fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
     assert_eq!(lease.updated_at, NOW + 1);
 }
 
+/// A change nobody waits for does not wake the writer, but it is committed on its own soon
+/// after (the store's lazy commit), and a change someone waits for carries it along.
+#[test]
+fn changes_nobody_waits_for_are_committed_soon_or_with_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let config = config(4);
+    let store = Store::open(&path).unwrap();
+    assert!(admit(&store, &config, 1, 8));
+    let id = store.open_leases().unwrap()[0].id.clone();
+    let before = store.commit_stats();
+    drop(store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, ""));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.commit_stats().writes == before.writes {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a change nobody waited for was never committed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let after = store.commit_stats();
+    assert_eq!(
+        (after.commits, after.writes),
+        (before.commits + 1, before.writes + 1)
+    );
+
+    // Two changes nobody waits for, then one somebody does: once that one is committed, so
+    // are the two queued before it (usually in the same commit).
+    let before = store.commit_stats();
+    assert!(admit_without_waiting(&store, &config));
+    assert!(admit_without_waiting(&store, &config));
+    assert!(admit(&store, &config, 1, 8));
+    let after = store.commit_stats();
+    assert_eq!(after.writes, before.writes + 3, "{before:?} → {after:?}");
+}
+
 #[test]
 fn leases_and_quota_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("enforcer.db");
     let config = config(4);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 3);
+    assert_eq!(store.schema_version().wait().unwrap(), 4);
     assert!(admit(&store, &config, 3, 8));
     let before = store.leases(&LeaseFilter::default()).wait().unwrap();
     drop(store);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 3);
+    assert_eq!(store.schema_version().wait().unwrap(), 4);
     let after = store.leases(&LeaseFilter::default()).wait().unwrap();
     assert_eq!(before, after);
     assert_eq!(after[0].gpu_count, 3);

@@ -143,8 +143,10 @@ pub(crate) async fn start(
         signals_stop.clone(),
     ));
 
-    let metrics = state.metrics().clone();
-    let app = api::router(state).merge(super::metrics_http::metrics_only(move || metrics.render()));
+    let (metrics, store) = (state.metrics().clone(), state.store().clone());
+    let app = api::router(state).merge(super::metrics_http::metrics_only(move || {
+        metrics.render_with(store.commit_stats())
+    }));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;

@@ -322,12 +322,25 @@ impl PricingConfig {
     /// Price of one GPU-hour of `gpu_model`: the first `[[pricing.gpu]]` entry whose `match` is a
     /// case-insensitive substring of the model, else the default price.
     pub fn usd_per_gpu_hour(&self, gpu_model: &str) -> f64 {
-        let model = gpu_model.to_lowercase();
         self.gpu
             .iter()
-            .find(|p| model.contains(&p.model_match.to_lowercase()))
+            .find(|p| contains_ignoring_case(gpu_model, &p.model_match))
             .map_or(self.default_usd_per_gpu_hour, |p| p.usd_per_gpu_hour)
     }
+}
+
+/// Whether `pattern` occurs in `text` when both are lowercased, as model names are matched
+/// everywhere (pricing, `allowed_models`, a request's `gpu_model`). ASCII text, which model
+/// names are, is compared in place; anything else is lowercased first.
+pub fn contains_ignoring_case(text: &str, pattern: &str) -> bool {
+    if text.is_ascii() && pattern.is_ascii() {
+        let (text, pattern) = (text.as_bytes(), pattern.as_bytes());
+        return pattern.is_empty()
+            || text
+                .windows(pattern.len())
+                .any(|w| w.eq_ignore_ascii_case(pattern));
+    }
+    text.to_lowercase().contains(&pattern.to_lowercase())
 }
 
 /// `[[pricing.gpu]]`.
@@ -551,6 +564,27 @@ pub struct TokenConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contains_ignoring_case_is_lowercased_contains() {
+        for (text, pattern) in [
+            ("NVIDIA H100 80GB HBM3", "h100"),
+            ("NVIDIA H100 80GB HBM3", "80gb hbm3"),
+            ("NVIDIA H100 80GB HBM3", "A100"),
+            ("NVIDIA H100 80GB HBM3", ""),
+            ("", "h100"),
+            ("h1", "H100"),
+            ("NVIDIA L40S", "nvidia l40s"),
+            ("GPU Ä100", "ä100"),
+            ("GPU Ä100", "Ä1000"),
+        ] {
+            assert_eq!(
+                contains_ignoring_case(text, pattern),
+                text.to_lowercase().contains(&pattern.to_lowercase()),
+                "{text:?} / {pattern:?}"
+            );
+        }
+    }
 
     #[test]
     fn price_is_first_case_insensitive_substring_match_else_default() {
