@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -490,6 +490,9 @@ enum Job {
 struct Queue {
     state: Mutex<QueueState>,
     wake: Condvar,
+    /// `state.wanted`, readable without the lock: a caller who finds it set has nothing to do,
+    /// since the writer has not taken a batch since and will take the caller's job with it.
+    asked: AtomicBool,
     /// Transactions committed, and the write jobs they carried.
     commits: AtomicU64,
     writes: AtomicU64,
@@ -512,6 +515,7 @@ impl Queue {
         Self {
             state: Mutex::new(QueueState::default()),
             wake: Condvar::new(),
+            asked: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
         }
@@ -523,7 +527,9 @@ impl Queue {
             return Err(closed());
         }
         state.jobs.push_back(job);
-        state.wanted |= wanted;
+        if wanted {
+            self.set_wanted(&mut state, true);
+        }
         if wanted || state.idle {
             self.wake.notify_one();
         }
@@ -532,11 +538,19 @@ impl Queue {
 
     /// Someone waits for what is queued.
     fn want(&self) {
+        if self.asked.load(Ordering::Acquire) {
+            return;
+        }
         let mut state = lock(&self.state);
         if !state.wanted {
-            state.wanted = true;
+            self.set_wanted(&mut state, true);
             self.wake.notify_one();
         }
+    }
+
+    fn set_wanted(&self, state: &mut QueueState, wanted: bool) {
+        state.wanted = wanted;
+        self.asked.store(wanted, Ordering::Release);
     }
 
     fn close(&self) {
@@ -554,7 +568,7 @@ impl Queue {
                     return None;
                 }
                 // A wish for jobs already taken.
-                state.wanted = false;
+                self.set_wanted(&mut state, false);
                 state.idle = true;
                 state = self
                     .wake
@@ -578,7 +592,8 @@ impl Queue {
         let n = state.jobs.len().min(MAX_BATCH);
         let batch: Vec<Job> = state.jobs.drain(..n).collect();
         // Whoever asked may be in what is left.
-        state.wanted = !state.jobs.is_empty();
+        let left = !state.jobs.is_empty();
+        self.set_wanted(&mut state, left);
         Some(batch)
     }
 }
