@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use gpuwarden_enforcer::drivers::{Gpu, Inventory};
 use gpuwarden_enforcer::policy::{
-    evaluate, AdmissionRequest, Principal, ReasonCode, Request, Snapshot, SubstrateState,
+    evaluate, AdmissionRequest, Decision, Principal, ReasonCode, Request, Snapshot, SubstrateState,
 };
-use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Store, StoreError};
+use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Ledger, Store, StoreError};
 use gpuwarden_schema::config::{Config, Role, TeamConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
 
@@ -71,48 +71,57 @@ fn request(gpus: u32) -> Request {
     }
 }
 
+/// The policy as the API runs it inside the store's transaction, over one simulated substrate
+/// of `inventory_gpus` GPUs.
+fn decide<'a>(
+    req: &'a Request,
+    config: &'a Arc<Config>,
+    inventory_gpus: u32,
+) -> impl FnOnce(Ledger) -> Decision + 'a {
+    move |ledger| {
+        let mut sub = inventory(inventory_gpus);
+        sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
+        let snapshot = Snapshot {
+            config: config.clone(),
+            held_gpus: ledger.held_gpus,
+            spend_usd: ledger.spend_usd,
+            blocked: ledger.blocked,
+            substrates: vec![sub],
+        };
+        evaluate(req, &snapshot)
+    }
+}
+
 /// Admits through the store exactly as the API does: the policy runs inside the transaction.
 fn admit(store: &Store, config: &Arc<Config>, gpus: u32, inventory_gpus: u32) -> bool {
     let req = request(gpus);
     let (decision, lease) = store
-        .admit(NOW, &config.pricing, &req.admission, |ledger| {
-            let mut sub = inventory(inventory_gpus);
-            sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
-            let snapshot = Snapshot {
-                config: config.clone(),
-                held_gpus: ledger.held_gpus.clone(),
-                spend_usd: ledger.spend_usd.clone(),
-                blocked: ledger.blocked.clone(),
-                substrates: vec![sub],
-            };
-            evaluate(&req, &snapshot)
-        })
+        .admit(
+            NOW,
+            &config.pricing,
+            &req.admission,
+            decide(&req, config, inventory_gpus),
+        )
         .wait()
         .unwrap();
     assert_eq!(decision.admitted(), lease.is_some());
     lease.is_some()
 }
 
-/// Admits one GPU without waiting for the commit (as `Pending::applied` does).
+/// Admits one GPU without waiting for the commit, as a step nobody waits for is taken.
 fn admit_without_waiting(store: &Store, config: &Arc<Config>) -> bool {
     let req = request(1);
-    let pending = store.admit(NOW, &config.pricing, &req.admission, |ledger| {
-        let mut sub = inventory(8);
-        sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
-        evaluate(
-            &req,
-            &Snapshot {
-                config: config.clone(),
-                held_gpus: ledger.held_gpus,
-                spend_usd: ledger.spend_usd,
-                blocked: ledger.blocked,
-                substrates: vec![sub],
-            },
-        )
-    });
-    let admitted = store.open_leases().unwrap().len();
+    let before = store.open_leases().unwrap().len();
+    let pending = store.admit(
+        NOW,
+        &config.pricing,
+        &req.admission,
+        decide(&req, config, 8),
+    );
+    // Memory holds the lease at once; its commit is left to the writer.
+    let admitted = store.open_leases().unwrap().len() == before + 1;
     drop(pending);
-    admitted > 0
+    admitted
 }
 
 fn open_gpus(store: &Store) -> Vec<String> {
