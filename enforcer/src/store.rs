@@ -367,8 +367,20 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
-const COLUMNS: &str = "id, team, user, project, workload, substrate, gpu_model, gpu_count, \
-    gpu_uuids, labels, state, granted_at, expires_at, updated_at, released_at, release_reason";
+/// A lease row's columns, in the order `row_to_raw` reads them; a macro, so that the SQL of the
+/// insert every admission runs is built once, at compile time.
+macro_rules! lease_columns {
+    () => {
+        "id, team, user, project, workload, substrate, gpu_model, gpu_count, gpu_uuids, labels, \
+         state, granted_at, expires_at, updated_at, released_at, release_reason"
+    };
+}
+const COLUMNS: &str = lease_columns!();
+const INSERT_LEASE: &str = concat!(
+    "INSERT INTO leases (",
+    lease_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+);
 /// Most jobs the writer commits in one transaction.
 const MAX_BATCH: usize = 512;
 /// Longest a change nobody waits for (see [`Pending::applied`]) stays uncommitted when no
@@ -1615,11 +1627,7 @@ fn take(batch: &mut [Job], job: usize, op: usize) -> Op {
 fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
     match op {
         Op::InsertLease(l) => {
-            tx.prepare_cached(&format!(
-                "INSERT INTO leases ({COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-            ))?
-            .execute(params![
+            tx.prepare_cached(INSERT_LEASE)?.execute(params![
                 l.id,
                 l.team,
                 l.user,
