@@ -502,9 +502,10 @@ enum Job {
 struct Queue {
     state: Mutex<QueueState>,
     wake: Condvar,
-    /// `state.wanted`, readable without the lock: a caller who finds it set has nothing to do,
-    /// since the writer has not taken a batch since and will take the caller's job with it.
-    asked: AtomicBool,
+    /// Someone waits for a queued job: commit without delay. Changed only with `state` locked,
+    /// so a caller who finds it set without the lock has nothing to do: the writer has not
+    /// taken a batch since, and will take the caller's job with it.
+    wanted: AtomicBool,
     /// Transactions committed, and the write jobs they carried.
     commits: AtomicU64,
     writes: AtomicU64,
@@ -513,8 +514,6 @@ struct Queue {
 #[derive(Default)]
 struct QueueState {
     jobs: VecDeque<Job>,
-    /// Someone waits for a queued job: commit without delay.
-    wanted: bool,
     /// The store is closing: commit what is queued, then stop.
     closed: bool,
     /// The writer sleeps until woken (nothing was queued), so even a change nobody waits for
@@ -527,7 +526,7 @@ impl Queue {
         Self {
             state: Mutex::new(QueueState::default()),
             wake: Condvar::new(),
-            asked: AtomicBool::new(false),
+            wanted: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
         }
@@ -540,7 +539,7 @@ impl Queue {
         }
         state.jobs.push_back(job);
         if wanted {
-            self.set_wanted(&mut state, true);
+            self.wanted.store(true, Ordering::Release);
         }
         if wanted || state.idle {
             self.wake.notify_one();
@@ -550,19 +549,13 @@ impl Queue {
 
     /// Someone waits for what is queued.
     fn want(&self) {
-        if self.asked.load(Ordering::Acquire) {
+        if self.wanted.load(Ordering::Acquire) {
             return;
         }
-        let mut state = lock(&self.state);
-        if !state.wanted {
-            self.set_wanted(&mut state, true);
+        let _state = lock(&self.state);
+        if !self.wanted.swap(true, Ordering::AcqRel) {
             self.wake.notify_one();
         }
-    }
-
-    fn set_wanted(&self, state: &mut QueueState, wanted: bool) {
-        state.wanted = wanted;
-        self.asked.store(wanted, Ordering::Release);
     }
 
     fn close(&self) {
@@ -580,7 +573,7 @@ impl Queue {
                     return None;
                 }
                 // A wish for jobs already taken.
-                self.set_wanted(&mut state, false);
+                self.wanted.store(false, Ordering::Release);
                 state.idle = true;
                 state = self
                     .wake
@@ -589,7 +582,7 @@ impl Queue {
                 state.idle = false;
                 continue;
             }
-            if state.wanted || state.closed {
+            if self.wanted.load(Ordering::Acquire) || state.closed {
                 break;
             }
             let (next, timeout) = self
@@ -604,8 +597,7 @@ impl Queue {
         let n = state.jobs.len().min(MAX_BATCH);
         let batch: Vec<Job> = state.jobs.drain(..n).collect();
         // Whoever asked may be in what is left.
-        let left = !state.jobs.is_empty();
-        self.set_wanted(&mut state, left);
+        self.wanted.store(!state.jobs.is_empty(), Ordering::Release);
         Some(batch)
     }
 }
