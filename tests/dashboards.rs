@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::{http_get, psql, Demo};
+use support::{http_get, psql, status_and_body, Demo};
 
 const SQL_UID: &str = "gpuwarden-sql";
 const SQL_TYPE: &str = "grafana-postgresql-datasource";
@@ -955,16 +955,7 @@ fn http10_get(address: &str, path: &str) -> Result<(u16, String), String> {
     stream
         .read_to_string(&mut response)
         .map_err(|e| format!("{address}{path}: {e}"))?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(status_and_body(&response))
 }
 
 fn url_encode(text: &str) -> String {

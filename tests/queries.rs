@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::Running;
+use support::start_pipeline_with_sql;
 
 /// The price of a GPU-hour in queries/fixture/gpuwarden.toml.
 const H100: f64 = 4.5;
@@ -511,26 +511,8 @@ fn every_query_gives_the_same_rows_through_psql() {
     );
     std::fs::write(&config, text).unwrap();
     build_lake(&config);
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--sql-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
-    let port = running["sql"]
-        .as_str()
-        .expect("the sql field")
-        .rsplit_once(':')
-        .unwrap()
-        .1
-        .to_string();
+    let (mut pipeline, port) = start_pipeline_with_sql(&config);
+    let port = port.to_string();
     pipeline.wait_for_log("rolled up", Duration::from_secs(60));
 
     let mut problems = Vec::new();

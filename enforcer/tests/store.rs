@@ -124,6 +124,33 @@ fn admit_without_waiting(store: &Store, config: &Arc<Config>) -> bool {
     admitted
 }
 
+/// A store in a new directory, holding one admitted lease of one GPU (quota 4).
+struct OneLease {
+    /// Removed when dropped: keep it for as long as the store is used.
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    config: Arc<Config>,
+    store: Store,
+    /// The lease.
+    id: String,
+}
+
+fn one_lease() -> OneLease {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("enforcer.db");
+    let config = config(4);
+    let store = Store::open(&path).unwrap();
+    assert!(admit(&store, &config, 1, 8));
+    let id = store.open_leases().unwrap()[0].id.clone();
+    OneLease {
+        dir,
+        path,
+        config,
+        store,
+        id,
+    }
+}
+
 fn open_gpus(store: &Store) -> Vec<String> {
     store
         .leases(&LeaseFilter::default())
@@ -211,12 +238,13 @@ fn one_store_owns_a_database_at_a_time() {
 
 #[test]
 fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
-    let config = config(4);
-    let store = Store::open(&path).unwrap();
-    assert!(admit(&store, &config, 1, 8));
-    let id = store.open_leases().unwrap()[0].id.clone();
+    let OneLease {
+        dir: _dir,
+        path,
+        store,
+        id,
+        ..
+    } = one_lease();
     let pending = store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, "");
     // Memory changes at once: the next call sees it before the commit is heard of.
     assert_eq!(store.open_leases().unwrap()[0].state, LeaseState::Active);
@@ -232,12 +260,13 @@ fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
 /// after (the store's lazy commit), and a change someone waits for carries it along.
 #[test]
 fn changes_nobody_waits_for_are_committed_soon_or_with_the_next_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
-    let config = config(4);
-    let store = Store::open(&path).unwrap();
-    assert!(admit(&store, &config, 1, 8));
-    let id = store.open_leases().unwrap()[0].id.clone();
+    let OneLease {
+        dir: _dir,
+        config,
+        store,
+        id,
+        ..
+    } = one_lease();
     let before = store.commit_stats();
     drop(store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, ""));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -440,12 +469,13 @@ fn expiry_spend_and_blocks() {
 
 #[test]
 fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
-    let config = config(4);
-    let store = Store::open(&path).unwrap();
-    assert!(admit(&store, &config, 1, 8));
-    let id = store.open_leases().unwrap()[0].id.clone();
+    let OneLease {
+        dir: _dir,
+        path,
+        store,
+        id,
+        ..
+    } = one_lease();
     store
         .exempt(&id, NOW + 3_600_000, "root", "demo", NOW)
         .wait()

@@ -333,6 +333,11 @@ pub fn http(
     write!(stream, "{head}\r\n{body}").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    status_and_body(&response)
+}
+
+/// The status code (0 when there is none) and the body of a whole HTTP response read as text.
+pub fn status_and_body(response: &str) -> (u16, String) {
     let status = response
         .split_whitespace()
         .nth(1)
