@@ -19,7 +19,9 @@
 //!
 //! `bench/admission.sh` runs it in release mode. Arguments: `--rounds K` and `--requests N`
 //! (closed loop: K rounds of N cycles per side), `--rate R` and `--seconds S` (open loop),
-//! `--connections C`.
+//! `--connections C`, `--hosts H` (the simulated fleet's hosts of 8 GPUs each, default 16: placement
+//! looks at every free GPU of the fitting model), and `--only bare|enforcer` to run one side alone (no ratio), for a
+//! profiler to see that side by itself.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -52,6 +54,10 @@ struct Options {
     rate: u64,
     seconds: u64,
     connections: usize,
+    /// Run only the side of this name (`bare` or `enforcer`).
+    only: Option<String>,
+    /// Hosts of 8 GPUs in the simulated fleet.
+    hosts: u64,
 }
 
 fn options() -> Options {
@@ -61,6 +67,8 @@ fn options() -> Options {
         rate: 1_000,
         seconds: 10,
         connections: 16,
+        only: None,
+        hosts: 16,
     };
     let args: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -87,10 +95,19 @@ fn options() -> Options {
     if let Some(v) = value("--connections") {
         o.connections = v as usize;
     }
+    if let Some(v) = value("--hosts") {
+        o.hosts = v.max(1);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--only") {
+        match args.get(i + 1).map(String::as_str) {
+            Some(side @ ("bare" | "enforcer")) => o.only = Some(side.to_owned()),
+            other => panic!("--only takes bare or enforcer, not {other:?}"),
+        }
+    }
     o
 }
 
-fn config(dir: &std::path::Path) -> gpuwarden_schema::config::Config {
+fn config(dir: &std::path::Path, hosts: u64) -> gpuwarden_schema::config::Config {
     let hash: String = Sha256::digest(TOKEN.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -113,7 +130,7 @@ substrates = ["sim"]
 [[substrates]]
 name = "sim"
 driver = "simulated"
-hosts = [{{ prefix = "h", count = 16, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
+hosts = [{{ prefix = "h", count = {hosts}, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
 
 [[tokens]]
 name = "root"
@@ -339,7 +356,7 @@ fn main() {
         .unwrap();
     runtime.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
-        let config = Arc::new(config(dir.path()));
+        let config = Arc::new(config(dir.path(), o.hosts));
         let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
         let mut built: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
         for s in &config.substrates {
@@ -365,39 +382,67 @@ fn main() {
         .await;
 
         println!(
-            "admission benchmark: {} connections; {} rounds of {} cycles per side, closed loop; {} rps for {} s, open loop",
-            o.connections, o.rounds, o.requests, o.rate, o.seconds
+            "admission benchmark: {} connections, {} hosts of 8 GPUs; {} rounds of {} cycles per side, closed loop; {} rps for {} s, open loop",
+            o.connections, o.hosts, o.rounds, o.requests, o.rate, o.seconds
         );
         // The sides take turns, round by round, so a slow spell of the machine falls on both.
+        let runs = |side: &str| o.only.as_deref().is_none_or(|only| only == side);
         let mut ratios = Vec::with_capacity(o.rounds);
         let mut cpu_ratios = Vec::with_capacity(o.rounds);
         for round in 1..=o.rounds {
-            let bare_run = max_throughput(bare, o.requests, o.connections).await;
+            let mut line = format!("round {round}:");
+            let bare_run = match runs("bare") {
+                true => Some(max_throughput(bare, o.requests, o.connections).await),
+                false => None,
+            };
+            if let Some(run) = &bare_run {
+                line += &format!(
+                    " bare {:>7.0} cycles/s ({:>4.0} µs CPU each) ",
+                    run.rate,
+                    micros(run.cpu_per_cycle)
+                );
+            }
             let commits = store.commit_stats();
-            let real_run = max_throughput(enforcer, o.requests, o.connections).await;
-            let grouped = per_commit(commits, store.commit_stats());
-            let ratio = real_run.rate / bare_run.rate;
-            let cpu_ratio = bare_run.cpu_per_cycle.as_secs_f64()
-                / real_run.cpu_per_cycle.as_secs_f64().max(f64::MIN_POSITIVE);
-            println!(
-                "round {round}: bare {:>7.0} cycles/s ({:>4.0} µs CPU each)  enforcer {:>6.0} admissions/s ({:>4.0} µs CPU each, {:>3.0} in the store's writer; {grouped:.1} changes per commit)  ratio {ratio:.2}",
-                bare_run.rate,
-                micros(bare_run.cpu_per_cycle),
-                real_run.rate,
-                micros(real_run.cpu_per_cycle),
-                micros(real_run.store_per_cycle),
-            );
-            ratios.push(ratio);
-            cpu_ratios.push(cpu_ratio);
+            let real_run = match runs("enforcer") {
+                true => Some(max_throughput(enforcer, o.requests, o.connections).await),
+                false => None,
+            };
+            if let Some(run) = &real_run {
+                let grouped = per_commit(commits, store.commit_stats());
+                line += &format!(
+                    " enforcer {:>6.0} admissions/s ({:>4.0} µs CPU each, {:>3.0} in the store's writer; {grouped:.1} changes per commit)",
+                    run.rate,
+                    micros(run.cpu_per_cycle),
+                    micros(run.store_per_cycle),
+                );
+            }
+            if let (Some(bare_run), Some(real_run)) = (&bare_run, &real_run) {
+                let ratio = real_run.rate / bare_run.rate;
+                line += &format!("  ratio {ratio:.2}");
+                ratios.push(ratio);
+                cpu_ratios.push(
+                    bare_run.cpu_per_cycle.as_secs_f64()
+                        / real_run.cpu_per_cycle.as_secs_f64().max(f64::MIN_POSITIVE),
+                );
+            }
+            println!("{line}");
         }
-        let ratio = median(&mut ratios);
-        println!(
-            "ratio enforcer / bare, median of {} rounds: {ratio:.2} (target >= 0.50: {}); by CPU per cycle: {:.2}",
-            o.rounds,
-            if ratio >= 0.5 { "met" } else { "missed" },
-            median(&mut cpu_ratios)
-        );
-        for (name, address) in [("bare axum handler", bare), ("enforcer admission", enforcer)] {
+        if !ratios.is_empty() {
+            let ratio = median(&mut ratios);
+            println!(
+                "ratio enforcer / bare, median of {} rounds: {ratio:.2} (target >= 0.50: {}); by CPU per cycle: {:.2}",
+                o.rounds,
+                if ratio >= 0.5 { "met" } else { "missed" },
+                median(&mut cpu_ratios)
+            );
+        }
+        for (name, side, address) in [
+            ("bare axum handler", "bare", bare),
+            ("enforcer admission", "enforcer", enforcer),
+        ] {
+            if !runs(side) || o.seconds == 0 {
+                continue;
+            }
             let latencies = fixed_rate(address, o.rate, o.seconds, o.connections).await;
             let p99 = percentile(&latencies, 0.99);
             println!(

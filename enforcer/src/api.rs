@@ -8,7 +8,7 @@
 //! methods of [`AppState`] so the CLI and the runtime rules can call them in process.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request as HttpRequest, State};
@@ -26,10 +26,11 @@ use subtle::ConstantTimeEq;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{OpenApi, ToSchema};
 
-use crate::drivers::{Driver, LeaseSpec, LeaseStatus};
+use crate::drivers::{Driver, Inventory, LeaseSpec, LeaseStatus};
 use crate::metrics::Metrics;
 use crate::policy::{
-    self, AdmissionRequest, Decision, Estimate, Principal, Reason, Snapshot, SubstrateState,
+    self, AdmissionRequest, Decision, Estimate, FleetIndex, Principal, Reason, Snapshot,
+    SubstrateState,
 };
 use crate::store::{Lease, LeaseFilter, LeaseState, Ledger, Store, StoreError};
 
@@ -377,6 +378,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     tokens: Vec<([u8; 32], Principal)>,
+    /// Each substrate's placement index, kept while its driver reports the same inventory.
+    fleets: Mutex<BTreeMap<String, Arc<FleetIndex>>>,
 }
 
 fn sha256(text: &str) -> [u8; 32] {
@@ -434,6 +437,7 @@ impl AppState {
                 clock,
                 metrics: Arc::new(Metrics::default()),
                 tokens,
+                fleets: Mutex::default(),
             }),
         }
     }
@@ -499,6 +503,7 @@ impl AppState {
             match driver.inventory().await {
                 Ok(inventory) => out.push(SubstrateState {
                     name: name.clone(),
+                    index: Some(self.fleet(name, &inventory)),
                     inventory,
                     ..SubstrateState::default()
                 }),
@@ -509,6 +514,23 @@ impl AppState {
             }
         }
         out
+    }
+
+    /// `name`'s placement index for `inventory`: the kept one while the driver reports the same
+    /// inventory, else a new one (built outside the lock, so a slow build stalls no one else).
+    fn fleet(&self, name: &str, inventory: &Arc<Inventory>) -> Arc<FleetIndex> {
+        let fleets = &self.inner.fleets;
+        if let Some(index) = fleets.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            if index.is_of(inventory) {
+                return index.clone();
+            }
+        }
+        let index = Arc::new(FleetIndex::new(inventory.clone()));
+        fleets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned(), index.clone());
+        index
     }
 
     fn snapshot(

@@ -7,7 +7,7 @@
 //! stands in the way at once. Placement (which substrate, model and GPUs) lives here too, because
 //! "is there capacity" and "which GPUs" are the same question.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,6 +135,211 @@ pub struct SubstrateState {
     pub busy: BTreeSet<String>,
     /// GPUs of pooled capacity held by open leases, by model.
     pub pooled_in_use: BTreeMap<String, u32>,
+    /// `inventory` arranged for placement, kept by the caller from one request to the next
+    /// while the driver reports the same inventory; built on the spot when absent or stale.
+    pub index: Option<Arc<FleetIndex>>,
+}
+
+impl SubstrateState {
+    /// The placement index of this state's inventory.
+    fn fleet(&self) -> Arc<FleetIndex> {
+        match &self.index {
+            Some(index) if index.is_of(&self.inventory) => index.clone(),
+            _ => Arc::new(FleetIndex::new(self.inventory.clone())),
+        }
+    }
+}
+
+/// A substrate's named GPUs arranged for placement: by model, then by host, with the hosts
+/// ordered by name and by size. Built once per inventory, so that placing a lease costs in the
+/// GPUs open leases hold and the few hosts it looks at, not in every GPU of the fleet: on a
+/// fleet of thousands of GPUs a full scan per admission was the admission's largest cost.
+#[derive(Debug)]
+pub struct FleetIndex {
+    inventory: Arc<Inventory>,
+    /// Models of named GPUs, in the order the inventory first lists them.
+    models: Vec<ModelHosts>,
+    /// A GPU's UUID → its (model, host) slots.
+    at: HashMap<String, (usize, usize)>,
+}
+
+/// The hosts holding GPUs of one model.
+#[derive(Debug)]
+struct ModelHosts {
+    /// Position in the inventory of the model's first GPU (whose `model` names it).
+    first: usize,
+    /// Each host's GPUs of the model (positions in the inventory, by index), hosts by name.
+    hosts: Vec<Vec<usize>>,
+    /// `hosts` slots, fewest GPUs first, then by name: where the tightest fit is.
+    smallest_first: Vec<usize>,
+    /// `hosts` slots, most GPUs first, then by name: where spreading starts.
+    largest_first: Vec<usize>,
+    /// GPUs of the model.
+    total: usize,
+}
+
+impl FleetIndex {
+    /// Arranges `inventory`'s named GPUs (one pass and a sort; pooled capacity needs none).
+    pub fn new(inventory: Arc<Inventory>) -> Self {
+        let gpus = &inventory.gpus;
+        let mut models: Vec<ModelHosts> = Vec::new();
+        // Per model: host name → its GPUs' positions.
+        let mut grouped: Vec<BTreeMap<&str, Vec<usize>>> = Vec::new();
+        let mut model_slot: HashMap<&str, usize> = HashMap::new();
+        for (position, gpu) in gpus.iter().enumerate() {
+            let m = *model_slot.entry(gpu.model.as_str()).or_insert_with(|| {
+                models.push(ModelHosts {
+                    first: position,
+                    hosts: Vec::new(),
+                    smallest_first: Vec::new(),
+                    largest_first: Vec::new(),
+                    total: 0,
+                });
+                grouped.push(BTreeMap::new());
+                models.len() - 1
+            });
+            grouped[m]
+                .entry(gpu.host.as_str())
+                .or_default()
+                .push(position);
+        }
+        let mut at = HashMap::with_capacity(gpus.len());
+        for (m, (model, hosts)) in models.iter_mut().zip(grouped).enumerate() {
+            for (h, (_, mut positions)) in hosts.into_iter().enumerate() {
+                positions.sort_by_key(|&p| gpus[p].index);
+                for &p in &positions {
+                    at.insert(gpus[p].uuid.clone(), (m, h));
+                }
+                model.total += positions.len();
+                model.hosts.push(positions);
+            }
+            // Slots are already in name order, so a stable sort by size keeps names as ties.
+            let mut slots: Vec<usize> = (0..model.hosts.len()).collect();
+            slots.sort_by_key(|&h| model.hosts[h].len());
+            model.smallest_first = slots.clone();
+            slots.sort_by_key(|&h| std::cmp::Reverse(model.hosts[h].len()));
+            model.largest_first = slots;
+        }
+        Self {
+            inventory,
+            models,
+            at,
+        }
+    }
+
+    /// Whether this index was built from `inventory` (the same report, not an equal one).
+    pub fn is_of(&self, inventory: &Arc<Inventory>) -> bool {
+        Arc::ptr_eq(&self.inventory, inventory)
+    }
+
+    fn model_name(&self, m: usize) -> &str {
+        &self.inventory.gpus[self.models[m].first].model
+    }
+
+    fn host_name(&self, m: usize, h: usize) -> &str {
+        &self.inventory.gpus[self.models[m].hosts[h][0]].host
+    }
+}
+
+/// An index equals another built from an equal inventory (it is a function of it).
+impl PartialEq for FleetIndex {
+    fn eq(&self, other: &Self) -> bool {
+        self.inventory == other.inventory
+    }
+}
+
+/// One substrate's free named GPUs as one request sees them: the index, and how many GPUs open
+/// leases hold on each (model, host) they touch.
+struct FreeGpus<'a> {
+    index: &'a FleetIndex,
+    busy: &'a BTreeSet<String>,
+    held: HashMap<(usize, usize), usize>,
+    /// GPUs held, by model.
+    held_of_model: Vec<usize>,
+}
+
+impl<'a> FreeGpus<'a> {
+    fn new(index: &'a FleetIndex, busy: &'a BTreeSet<String>) -> Self {
+        let mut held = HashMap::new();
+        let mut held_of_model = vec![0; index.models.len()];
+        // UUIDs the inventory no longer lists hold nothing placement could use.
+        for &(m, h) in busy.iter().filter_map(|uuid| index.at.get(uuid)) {
+            *held.entry((m, h)).or_insert(0) += 1;
+            held_of_model[m] += 1;
+        }
+        Self {
+            index,
+            busy,
+            held,
+            held_of_model,
+        }
+    }
+
+    fn of_model(&self, m: usize) -> usize {
+        self.index.models[m].total - self.held_of_model[m]
+    }
+
+    fn on_host(&self, m: usize, h: usize) -> usize {
+        self.index.models[m].hosts[h].len() - self.held.get(&(m, h)).copied().unwrap_or(0)
+    }
+
+    /// A host's free GPUs of model `m`, by index.
+    fn gpus(&self, m: usize, h: usize) -> Vec<&'a Gpu> {
+        let gpus = &self.index.inventory.gpus;
+        let positions = self.index.models[m].hosts[h].iter().map(|&p| &gpus[p]);
+        match self.held.contains_key(&(m, h)) {
+            true => positions.filter(|g| !self.busy.contains(&g.uuid)).collect(),
+            false => positions.collect(),
+        }
+    }
+
+    /// `n` free GPUs of model `m` (there are at least `n`), picked as [`pick`] picks among
+    /// every host, from the few hosts that can matter: those open leases touch and the first
+    /// untouched ones in the order the workload prefers.
+    fn choose(&self, m: usize, n: usize, workload: Workload) -> Vec<String> {
+        let model = &self.index.models[m];
+        let touched: BTreeSet<usize> = self
+            .held
+            .keys()
+            .filter(|(hm, _)| *hm == m)
+            .map(|&(_, h)| h)
+            .collect();
+        let untouched = |order: &'a [usize]| order.iter().copied().filter(|h| !touched.contains(h));
+        let mut slots: Vec<usize> = match workload {
+            Workload::Training | Workload::Batch => {
+                // The tightest fit is the smallest untouched host that fits, or a touched one.
+                let from = model
+                    .smallest_first
+                    .partition_point(|&h| model.hosts[h].len() < n);
+                let smallest = untouched(&model.smallest_first[from..]).next();
+                let fits_one =
+                    smallest.is_some() || touched.iter().any(|&h| self.on_host(m, h) >= n);
+                match fits_one {
+                    true => touched.iter().copied().chain(smallest).collect(),
+                    // Across hosts, the fullest first: every host may take part.
+                    false => (0..model.hosts.len()).collect(),
+                }
+            }
+            // Round-robin takes one from each of the first `n` hosts in its order before it
+            // takes a second from any; untouched hosts enter that order by size.
+            Workload::Inference | Workload::Notebook => match n + touched.len() < model.hosts.len()
+            {
+                true => touched
+                    .iter()
+                    .copied()
+                    .chain(untouched(&model.largest_first).take(n))
+                    .collect(),
+                false => (0..model.hosts.len()).collect(),
+            },
+        };
+        slots.sort_unstable();
+        let hosts: Vec<(&str, Vec<&Gpu>)> = slots
+            .into_iter()
+            .map(|h| (self.index.host_name(m, h), self.gpus(m, h)))
+            .filter(|(_, gpus)| !gpus.is_empty())
+            .collect();
+        pick(hosts, n, workload)
+    }
 }
 
 /// Everything [`evaluate`] needs to know about the world, gathered by the caller.
@@ -549,17 +754,17 @@ pub fn evaluate_resize(lease: &Holding, gpus: u32, snapshot: &Snapshot) -> Decis
             .filter(|&free| free >= growth)
             .map(|_| Vec::new()),
         Some(s) => {
-            let free: Vec<&Gpu> = s
-                .inventory
-                .gpus
-                .iter()
-                .filter(|g| g.model == lease.gpu_model && !s.busy.contains(&g.uuid))
-                .collect();
-            (free.len() >= growth as usize).then(|| {
-                let mut uuids = lease.gpu_uuids.clone();
-                uuids.extend(choose(&free, growth as usize, lease.workload));
-                uuids
-            })
+            let index = s.fleet();
+            let free = FreeGpus::new(&index, &s.busy);
+            let growth = growth as usize;
+            (0..index.models.len())
+                .find(|&m| index.model_name(m) == lease.gpu_model)
+                .filter(|&m| free.of_model(m) >= growth)
+                .map(|m| {
+                    let mut uuids = lease.gpu_uuids.clone();
+                    uuids.extend(free.choose(m, growth, lease.workload));
+                    uuids
+                })
         }
     };
     match placement {
@@ -596,40 +801,67 @@ fn candidate_substrates<'a>(
     }
 }
 
-/// Models on a substrate that fit the request and the team, in inventory order, with their free
-/// named GPUs and free pooled count. Whether a model fits is decided once per model, not once
-/// per GPU.
+/// A model a request may be placed on, on one substrate.
+struct Fitting<'a> {
+    /// Full model name.
+    name: &'a str,
+    /// Its slot in the substrate's index, if the substrate names GPUs of it.
+    named: Option<usize>,
+    /// Free named GPUs of it.
+    free: usize,
+    /// Free pooled GPUs of it.
+    pooled: u32,
+}
+
+/// Models on a substrate that fit the request and the team, in inventory order (named models
+/// first, then pooled ones not named), with how many of each are free. Whether a model fits is
+/// decided once per model.
 fn fitting_models<'a>(
     sub: &'a SubstrateState,
+    free: &FreeGpus<'a>,
     req: &AdmissionRequest,
     model_allowed: &dyn Fn(&str) -> bool,
-) -> Vec<(&'a str, Vec<&'a Gpu>, u32)> {
+) -> Vec<Fitting<'a>> {
     let fits = |m: &str| req.gpu_model.as_deref().is_none_or(|w| matches(m, w)) && model_allowed(m);
-    // Every model seen, with where its entry is in `out` (None: it does not fit).
-    let mut seen: Vec<(&str, Option<usize>)> = Vec::new();
-    let mut out: Vec<(&str, Vec<&Gpu>, u32)> = Vec::new();
-    let mut verdict = |model: &'a str, out: &mut Vec<(&'a str, Vec<&'a Gpu>, u32)>| {
-        if let Some(&(_, entry)) = seen.iter().find(|(m, _)| *m == model) {
-            return entry;
-        }
-        let entry = fits(model).then(|| {
-            out.push((model, Vec::new(), 0));
-            out.len() - 1
-        });
-        seen.push((model, entry));
-        entry
-    };
-    for gpu in &sub.inventory.gpus {
-        if let Some(i) = verdict(&gpu.model, &mut out) {
-            if !sub.busy.contains(&gpu.uuid) {
-                out[i].1.push(gpu);
-            }
+    let index = free.index;
+    let mut out: Vec<Fitting<'a>> = Vec::new();
+    // Every model seen, and whether it fits.
+    let mut seen: Vec<(&str, bool)> = Vec::new();
+    for m in 0..index.models.len() {
+        let name = &sub.inventory.gpus[index.models[m].first].model;
+        let fit = fits(name);
+        seen.push((name, fit));
+        if fit {
+            out.push(Fitting {
+                name,
+                named: Some(m),
+                free: free.of_model(m),
+                pooled: 0,
+            });
         }
     }
     for (model, count) in &sub.inventory.pooled {
-        if let Some(i) = verdict(model, &mut out) {
-            let used = sub.pooled_in_use.get(model).copied().unwrap_or(0);
-            out[i].2 += count.saturating_sub(used);
+        let fit = match seen.iter().find(|(m, _)| m == model) {
+            Some(&(_, fit)) => fit,
+            None => {
+                let fit = fits(model);
+                seen.push((model, fit));
+                fit
+            }
+        };
+        if !fit {
+            continue;
+        }
+        let used = sub.pooled_in_use.get(model).copied().unwrap_or(0);
+        let pooled = count.saturating_sub(used);
+        match out.iter_mut().find(|f| f.name == model) {
+            Some(f) => f.pooled += pooled,
+            None => out.push(Fitting {
+                name: model,
+                named: None,
+                free: 0,
+                pooled,
+            }),
         }
     }
     out
@@ -643,8 +875,14 @@ fn free_gpus(
 ) -> usize {
     candidate_substrates(req, snapshot, preference)
         .into_iter()
-        .flat_map(|s| fitting_models(s, req, model_allowed))
-        .map(|(_, named, pooled)| named.len().max(pooled as usize))
+        .flat_map(|s| {
+            let index = s.fleet();
+            let free = FreeGpus::new(&index, &s.busy);
+            fitting_models(s, &free, req, model_allowed)
+                .iter()
+                .map(|f| f.free.max(f.pooled as usize))
+                .max()
+        })
         .max()
         .unwrap_or(0)
 }
@@ -660,42 +898,30 @@ fn place(
         return None;
     }
     for sub in candidate_substrates(req, snapshot, preference) {
-        for (model, free, pooled) in fitting_models(sub, req, model_allowed) {
-            if free.len() >= n {
-                let gpus = choose(&free, n, req.workload);
-                return Some(Placement {
-                    substrate: sub.name.clone(),
-                    gpu_model: model.to_owned(),
-                    gpu_count: req.gpus,
-                    gpu_uuids: gpus,
-                });
-            }
-            if pooled as usize >= n {
-                return Some(Placement {
-                    substrate: sub.name.clone(),
-                    gpu_model: model.to_owned(),
-                    gpu_count: req.gpus,
-                    gpu_uuids: Vec::new(),
-                });
-            }
+        let index = sub.fleet();
+        let free = FreeGpus::new(&index, &sub.busy);
+        for model in fitting_models(sub, &free, req, model_allowed) {
+            let gpu_uuids = match model.named {
+                Some(m) if model.free >= n => free.choose(m, n, req.workload),
+                _ if model.pooled as usize >= n => Vec::new(),
+                _ => continue,
+            };
+            return Some(Placement {
+                substrate: sub.name.clone(),
+                gpu_model: model.name.to_owned(),
+                gpu_count: req.gpus,
+                gpu_uuids,
+            });
         }
     }
     None
 }
 
-/// Picks `n` of the free GPUs: training and batch pack onto as few hosts as possible (keeping
-/// whole hosts free for the next big job); inference and notebooks spread across hosts, so one
-/// host's failure takes down as little of a service as possible.
-fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
-    let hosts_sorted = by_host(free);
-    let mut hosts: Vec<(&str, &[&Gpu])> = Vec::new();
-    let mut start = 0;
-    for i in 1..=hosts_sorted.len() {
-        if i == hosts_sorted.len() || hosts_sorted[i].host != hosts_sorted[start].host {
-            hosts.push((hosts_sorted[start].host.as_str(), &hosts_sorted[start..i]));
-            start = i;
-        }
-    }
+/// Picks `n` of the free GPUs of `hosts` (by name, each with its free GPUs by index):
+/// training and batch pack onto as few hosts as possible (keeping whole hosts free for the next
+/// big job); inference and notebooks spread across hosts, so one host's failure takes down as
+/// little of a service as possible.
+fn pick(mut hosts: Vec<(&str, Vec<&Gpu>)>, n: usize, workload: Workload) -> Vec<String> {
     let mut chosen = Vec::with_capacity(n);
     match workload {
         Workload::Training | Workload::Batch => {
@@ -709,7 +935,7 @@ fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
             }
             hosts.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
             for (_, gpus) in &hosts {
-                for g in *gpus {
+                for g in gpus {
                     if chosen.len() == n {
                         break;
                     }
@@ -733,43 +959,6 @@ fn choose(free: &[&Gpu], n: usize, workload: Workload) -> Vec<String> {
         }
     }
     chosen
-}
-
-/// `free` ordered by host name, then by index on the host. Host names are compared once per
-/// host, not once per comparison of two GPUs: each host gets its rank among the names, and the
-/// GPUs are sorted by (rank, index), which drivers' listings mostly are already.
-fn by_host<'a>(free: &[&'a Gpu]) -> Vec<&'a Gpu> {
-    let mut names: Vec<&str> = Vec::new();
-    let mut host_of: Vec<usize> = Vec::with_capacity(free.len());
-    for gpu in free {
-        // A driver lists a host's GPUs together, so the last host seen is usually the one.
-        let i = match names.last() {
-            Some(&last) if last == gpu.host => names.len() - 1,
-            _ => names
-                .iter()
-                .position(|h| *h == gpu.host)
-                .unwrap_or_else(|| {
-                    names.push(&gpu.host);
-                    names.len() - 1
-                }),
-        };
-        host_of.push(i);
-    }
-    let mut order: Vec<usize> = (0..names.len()).collect();
-    order.sort_unstable_by_key(|&i| names[i]);
-    let mut rank = vec![0usize; names.len()];
-    for (r, &i) in order.iter().enumerate() {
-        rank[i] = r;
-    }
-    let mut keyed: Vec<((usize, u32), &Gpu)> = free
-        .iter()
-        .zip(&host_of)
-        .map(|(g, &h)| ((rank[h], g.index), *g))
-        .collect();
-    if !keyed.is_sorted_by_key(|(k, _)| *k) {
-        keyed.sort_by_key(|(k, _)| *k);
-    }
-    keyed.into_iter().map(|(_, g)| g).collect()
 }
 
 #[cfg(test)]
@@ -1076,6 +1265,30 @@ mod tests {
         );
     }
 
+    /// `n` GPUs of the inventory's first model, with `busy` held, as placement picks them.
+    fn indexed(gpus: &[Gpu], busy: &BTreeSet<String>, n: usize, w: Workload) -> Vec<String> {
+        let index = FleetIndex::new(Arc::new(Inventory {
+            gpus: gpus.to_vec(),
+            pooled: Vec::new(),
+        }));
+        FreeGpus::new(&index, busy).choose(0, n, w)
+    }
+
+    /// What placement must pick, the long way: every host with a free GPU of the first model,
+    /// by name, each with its free GPUs by index, all handed to [`pick`].
+    fn full_scan(gpus: &[Gpu], busy: &BTreeSet<String>, n: usize, w: Workload) -> Vec<String> {
+        let mut hosts: BTreeMap<&str, Vec<&Gpu>> = BTreeMap::new();
+        for g in gpus {
+            if g.model == gpus[0].model && !busy.contains(&g.uuid) {
+                hosts.entry(&g.host).or_default().push(g);
+            }
+        }
+        for free in hosts.values_mut() {
+            free.sort_by_key(|g| g.index);
+        }
+        pick(hosts.into_iter().collect(), n, w)
+    }
+
     #[test]
     fn placement_orders_hosts_by_name_and_gpus_by_index_whatever_the_listing_order() {
         // Listed out of order, hosts interleaved: h-2 has 3 free, h-10 has 2, h-1 has 3.
@@ -1089,43 +1302,92 @@ mod tests {
             gpu("h-2", 1, "H100"),
             gpu("h-1", 0, "H100"),
         ];
-        let free: Vec<&Gpu> = listed.iter().collect();
-        let hosts: Vec<(&str, u32)> = by_host(&free)
-            .iter()
-            .map(|g| (g.host.as_str(), g.index))
-            .collect();
-        assert_eq!(
-            hosts,
-            vec![
-                ("h-1", 0),
-                ("h-1", 1),
-                ("h-1", 2),
-                ("h-10", 0),
-                ("h-10", 1),
-                ("h-2", 0),
-                ("h-2", 1),
-                ("h-2", 2),
-            ]
-        );
+        let none = BTreeSet::new();
         // Training: the tightest host that fits, its lowest indices.
         assert_eq!(
-            choose(&free, 2, Workload::Training),
+            indexed(&listed, &none, 2, Workload::Training),
             vec!["GPU-h-10-0", "GPU-h-10-1"]
         );
         assert_eq!(
-            choose(&free, 3, Workload::Training),
+            indexed(&listed, &none, 3, Workload::Training),
             vec!["GPU-h-1-0", "GPU-h-1-1", "GPU-h-1-2"]
         );
         // Across hosts: the fullest first, ties by name.
         assert_eq!(
-            choose(&free, 4, Workload::Training),
+            indexed(&listed, &none, 4, Workload::Training),
             vec!["GPU-h-1-0", "GPU-h-1-1", "GPU-h-1-2", "GPU-h-2-0"]
         );
         // Spread: one per host in turn, the fullest hosts (then names) first.
         assert_eq!(
-            choose(&free, 4, Workload::Inference),
+            indexed(&listed, &none, 4, Workload::Inference),
             vec!["GPU-h-1-0", "GPU-h-2-0", "GPU-h-10-0", "GPU-h-1-1"]
         );
+        // A held GPU makes h-1 the tightest fit for two, and is never picked.
+        let busy = BTreeSet::from(["GPU-h-1-0".to_owned()]);
+        assert_eq!(
+            indexed(&listed, &busy, 2, Workload::Training),
+            vec!["GPU-h-1-1", "GPU-h-1-2"]
+        );
+        assert_eq!(
+            indexed(&listed, &busy, 3, Workload::Inference),
+            vec!["GPU-h-2-0", "GPU-h-1-1", "GPU-h-10-0"]
+        );
+    }
+
+    #[test]
+    fn indexed_placement_picks_what_a_scan_of_every_free_gpu_picks() {
+        // Fleets of varied hosts (sizes 1 to 8, two models, listed shuffled), GPUs held at
+        // random, every workload and size: the index looks at few hosts and must agree with
+        // the scan of all of them.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        let workloads = [
+            Workload::Training,
+            Workload::Batch,
+            Workload::Inference,
+            Workload::Notebook,
+        ];
+        let mut checked = 0;
+        for _ in 0..300 {
+            let mut gpus = Vec::new();
+            for h in 0..1 + next(12) {
+                let model = if next(4) == 0 { "A100" } else { "H100" };
+                for i in 0..1 + next(8) {
+                    gpus.push(gpu(&format!("h-{h}"), i as u32, model));
+                }
+            }
+            for i in (1..gpus.len()).rev() {
+                gpus.swap(i, next(i as u64 + 1) as usize);
+            }
+            let busy: BTreeSet<String> = gpus
+                .iter()
+                .filter(|_| next(3) == 0)
+                .map(|g| g.uuid.clone())
+                .chain(["GPU-gone-0".to_owned()])
+                .collect();
+            let free = gpus
+                .iter()
+                .filter(|g| g.model == gpus[0].model && !busy.contains(&g.uuid))
+                .count();
+            for n in 1..=free.min(12) {
+                for w in workloads {
+                    let got = indexed(&gpus, &busy, n, w);
+                    assert_eq!(
+                        got,
+                        full_scan(&gpus, &busy, n, w),
+                        "{n} {w:?} of {gpus:?}, held {busy:?}"
+                    );
+                    assert_eq!(got.len(), n);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1000, "only {checked} placements checked");
     }
 
     #[test]
