@@ -20,7 +20,8 @@
 //! `bench/admission.sh` runs it in release mode. Arguments: `--rounds K` and `--requests N`
 //! (closed loop: K rounds of N cycles per side), `--rate R` and `--seconds S` (open loop),
 //! `--connections C`, `--hosts H` (the simulated fleet's hosts of 8 GPUs each, default 16: placement
-//! looks at every free GPU of the fitting model), and `--only bare|enforcer` to run one side alone (no ratio), for a
+//! looks at every free GPU of the fitting model), `--held L` (leases admitted first and held
+//! open throughout, so that every admission counts them), and `--only bare|enforcer` to run one side alone (no ratio), for a
 //! profiler to see that side by itself.
 
 use std::collections::BTreeMap;
@@ -58,6 +59,8 @@ struct Options {
     only: Option<String>,
     /// Hosts of 8 GPUs in the simulated fleet.
     hosts: u64,
+    /// Leases admitted before the rounds and held open throughout.
+    held: u64,
 }
 
 fn options() -> Options {
@@ -69,6 +72,7 @@ fn options() -> Options {
         connections: 16,
         only: None,
         hosts: 16,
+        held: 0,
     };
     let args: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -98,6 +102,9 @@ fn options() -> Options {
     if let Some(v) = value("--hosts") {
         o.hosts = v.max(1);
     }
+    if let Some(v) = value("--held") {
+        o.held = v;
+    }
     if let Some(i) = args.iter().position(|a| a == "--only") {
         match args.get(i + 1).map(String::as_str) {
             Some(side @ ("bare" | "enforcer")) => o.only = Some(side.to_owned()),
@@ -119,7 +126,7 @@ data_dir = "{dir}"
 [[teams]]
 name = "ml"
 members = ["ada"]
-gpu_quota = 1000
+gpu_quota = 1000000
 monthly_budget_usd = 1e12
 
 [workloads.training]
@@ -381,9 +388,15 @@ fn main() {
         )
         .await;
 
+        if o.held > 0 {
+            let mut sender = connect(enforcer).await;
+            for _ in 0..o.held {
+                admit(&mut sender, enforcer).await;
+            }
+        }
         println!(
-            "admission benchmark: {} connections, {} hosts of 8 GPUs; {} rounds of {} cycles per side, closed loop; {} rps for {} s, open loop",
-            o.connections, o.hosts, o.rounds, o.requests, o.rate, o.seconds
+            "admission benchmark: {} connections, {} hosts of 8 GPUs, {} leases held open; {} rounds of {} cycles per side, closed loop; {} rps for {} s, open loop",
+            o.connections, o.hosts, o.held, o.rounds, o.requests, o.rate, o.seconds
         );
         // The sides take turns, round by round, so a slow spell of the machine falls on both.
         let runs = |side: &str| o.only.as_deref().is_none_or(|only| only == side);

@@ -132,7 +132,7 @@ pub struct SubstrateState {
     /// What its driver reports.
     pub inventory: Arc<Inventory>,
     /// UUIDs held by open leases.
-    pub busy: BTreeSet<String>,
+    pub busy: Arc<BTreeSet<String>>,
     /// GPUs of pooled capacity held by open leases, by model.
     pub pooled_in_use: BTreeMap<String, u32>,
     /// `inventory` arranged for placement, kept by the caller from one request to the next
@@ -1403,7 +1403,7 @@ mod tests {
     fn busy_gpus_are_not_placed_and_pooled_capacity_counts_by_model() {
         let mut s = snapshot();
         for i in 0..4 {
-            s.substrates[0].busy.insert(format!("GPU-a-{i}"));
+            Arc::make_mut(&mut s.substrates[0].busy).insert(format!("GPU-a-{i}"));
         }
         s.substrates[1].pooled_in_use.insert(H100.into(), 5);
         // sim has 2 free H100, pool has 3: four fit nowhere.

@@ -236,8 +236,9 @@ pub struct Ledger {
     pub spend_usd: BTreeMap<String, f64>,
     /// Blocked teams.
     pub blocked: BTreeSet<String>,
-    /// UUIDs held by open leases, by substrate.
-    pub busy: BTreeMap<String, BTreeSet<String>>,
+    /// UUIDs held by open leases, by substrate (shared with the store, which copies a set only
+    /// when it changes one a ledger still holds).
+    pub busy: BTreeMap<String, Arc<BTreeSet<String>>>,
     /// Pooled GPUs held by open leases, by substrate and model.
     pub pooled_in_use: BTreeMap<String, BTreeMap<String, u32>>,
 }
@@ -430,13 +431,29 @@ impl Drop for Inner {
 /// The open leases, the latest spend per team and the blocked teams.
 #[derive(Default)]
 struct Memory {
+    /// Changed only through [`Memory::put`] and [`Memory::take`], which keep `held` in step.
     open: HashMap<String, Lease>,
+    /// What the open leases hold, so that an admission reads it instead of walking them all.
+    held: Held,
     spend: BTreeMap<String, (f64, i64)>,
     blocked: BTreeSet<String>,
     /// Lease → the time its exemption from the runtime rules ends.
     exempt: HashMap<String, i64>,
     /// Steps of the runtime rules already taken (see [`Store::record_once`]).
     marks: HashSet<String>,
+}
+
+/// What the open leases hold, by team and by substrate.
+#[derive(Default)]
+struct Held {
+    /// GPUs, by team.
+    gpus: BTreeMap<String, u32>,
+    /// Named GPUs, by substrate.
+    busy: BTreeMap<String, Arc<BTreeSet<String>>>,
+    /// Pooled GPUs, by substrate and model.
+    pooled: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Open lease ids, by team.
+    leases: HashMap<String, HashSet<String>>,
 }
 
 /// One write the writer thread carries out.
@@ -836,7 +853,7 @@ impl Store {
             return Pending::ready(Err(e));
         }
         let mut memory = lock(&self.inner.memory);
-        let decision = decide(memory.ledger(now_ms, pricing));
+        let decision = decide(memory.ledger_of(&request.team, now_ms, pricing));
         if request.dry_run {
             return Pending::ready(Ok((decision, None)));
         }
@@ -886,7 +903,7 @@ impl Store {
                         now_ms,
                     ),
                 ];
-                memory.open.insert(lease.id.clone(), lease.clone());
+                memory.put(lease.clone());
                 self.write((decision, Some(lease)), ops)
             }
             _ => {
@@ -1010,9 +1027,9 @@ impl Store {
         let mut ops = vec![Op::UpdateLease(Box::new(lease.clone()))];
         ops.extend(records(&lease));
         if lease.state.is_open() {
-            memory.open.insert(lease.id.clone(), lease.clone());
+            memory.put(lease.clone());
         } else {
-            memory.open.remove(&lease.id);
+            memory.take(&lease.id);
             memory.exempt.remove(&lease.id);
         }
         self.write(lease, ops)
@@ -1119,7 +1136,7 @@ impl Store {
                 return self.refuse_ended(id);
             }
         };
-        let decision = decide(memory.ledger(now_ms, pricing), &lease);
+        let decision = decide(memory.ledger_of(&lease.team, now_ms, pricing), &lease);
         let Some(placement) = decision.placement.clone().filter(|_| decision.admitted()) else {
             return Pending::ready(Ok((decision, lease)));
         };
@@ -1148,7 +1165,7 @@ impl Store {
                 now_ms,
             ),
         ];
-        memory.open.insert(lease.id.clone(), lease.clone());
+        memory.put(lease.clone());
         self.write((decision, lease), ops)
     }
 
@@ -1416,42 +1433,136 @@ impl Store {
 }
 
 impl Memory {
-    fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
-        let mut ledger = Ledger {
-            blocked: self.blocked.clone(),
-            ..Ledger::default()
-        };
-        let month_start = month_start_ms(now_ms);
-        // A signal from an earlier month says nothing of this one.
-        let spend_since: BTreeMap<&str, i64> = self
-            .spend
-            .iter()
-            .filter(|(_, &(_, ts))| ts >= month_start)
-            .map(|(team, &(usd, ts))| {
-                ledger.spend_usd.insert(team.clone(), usd);
-                (team.as_str(), ts)
-            })
-            .collect();
-        for lease in self.open.values() {
-            *slot(&mut ledger.held_gpus, &lease.team) += lease.gpu_count;
-            if lease.gpu_uuids.is_empty() {
-                *slot(
-                    slot(&mut ledger.pooled_in_use, &lease.substrate),
-                    &lease.gpu_model,
-                ) += lease.gpu_count;
-            } else {
-                slot(&mut ledger.busy, &lease.substrate).extend(lease.gpu_uuids.iter().cloned());
+    /// Records `lease` as open (replacing its previous version) and what it holds.
+    fn put(&mut self, lease: Lease) {
+        self.take(&lease.id);
+        let held = &mut self.held;
+        *slot(&mut held.gpus, &lease.team) += lease.gpu_count;
+        if lease.gpu_uuids.is_empty() {
+            *slot(slot(&mut held.pooled, &lease.substrate), &lease.gpu_model) += lease.gpu_count;
+        } else {
+            Arc::make_mut(slot(&mut held.busy, &lease.substrate))
+                .extend(lease.gpu_uuids.iter().cloned());
+        }
+        held.leases
+            .entry(lease.team.clone())
+            .or_default()
+            .insert(lease.id.clone());
+        self.open.insert(lease.id.clone(), lease);
+    }
+
+    /// Forgets an open lease and what it held; a team, substrate or model left holding nothing
+    /// has no entry, as if it never held anything.
+    fn take(&mut self, id: &str) -> Option<Lease> {
+        let lease = self.open.remove(id)?;
+        let held = &mut self.held;
+        if let Some(gpus) = held.gpus.get_mut(&lease.team) {
+            *gpus = gpus.saturating_sub(lease.gpu_count);
+            if *gpus == 0 {
+                held.gpus.remove(&lease.team);
             }
-            let since = spend_since
-                .get(lease.team.as_str())
-                .copied()
-                .unwrap_or(month_start)
-                .max(lease.granted_at);
-            let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
+        }
+        if lease.gpu_uuids.is_empty() {
+            if let Some(models) = held.pooled.get_mut(&lease.substrate) {
+                if let Some(n) = models.get_mut(&lease.gpu_model) {
+                    *n = n.saturating_sub(lease.gpu_count);
+                    if *n == 0 {
+                        models.remove(&lease.gpu_model);
+                    }
+                }
+                if models.is_empty() {
+                    held.pooled.remove(&lease.substrate);
+                }
+            }
+        } else if let Some(busy) = held.busy.get_mut(&lease.substrate) {
+            let set = Arc::make_mut(busy);
+            for uuid in &lease.gpu_uuids {
+                set.remove(uuid);
+            }
+            if set.is_empty() {
+                held.busy.remove(&lease.substrate);
+            }
+        }
+        if let Some(ids) = held.leases.get_mut(&lease.team) {
+            ids.remove(id);
+            if ids.is_empty() {
+                held.leases.remove(&lease.team);
+            }
+        }
+        Some(lease)
+    }
+
+    /// The whole ledger: every team's spend (which walks every open lease).
+    fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
+        let mut ledger = self.holdings();
+        let month_start = month_start_ms(now_ms);
+        for (team, &(usd, ts)) in &self.spend {
+            if ts >= month_start {
+                ledger.spend_usd.insert(team.clone(), usd);
+            }
+        }
+        for lease in self.open.values() {
             *slot(&mut ledger.spend_usd, &lease.team) +=
-                hours * f64::from(lease.gpu_count) * pricing.usd_per_gpu_hour(&lease.gpu_model);
+                self.accrued(lease, month_start, now_ms, pricing);
         }
         ledger
+    }
+
+    /// The ledger an admission or resize for `team` reads: what every team holds, but only
+    /// `team`'s spend (all the policy looks at), so it walks only that team's open leases.
+    fn ledger_of(&self, team: &str, now_ms: i64, pricing: &PricingConfig) -> Ledger {
+        let mut ledger = self.holdings();
+        let month_start = month_start_ms(now_ms);
+        let signal = self
+            .spend
+            .get(team)
+            .filter(|&&(_, ts)| ts >= month_start)
+            .map(|&(usd, _)| usd);
+        let leases = self.held.leases.get(team);
+        if signal.is_none() && leases.is_none() {
+            return ledger;
+        }
+        let accrued: f64 = leases
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.open.get(id))
+            .map(|lease| self.accrued(lease, month_start, now_ms, pricing))
+            .sum();
+        ledger
+            .spend_usd
+            .insert(team.to_owned(), signal.unwrap_or(0.0) + accrued);
+        ledger
+    }
+
+    /// Held GPUs and blocked teams, without spend.
+    fn holdings(&self) -> Ledger {
+        Ledger {
+            held_gpus: self.held.gpus.clone(),
+            spend_usd: BTreeMap::new(),
+            blocked: self.blocked.clone(),
+            busy: self.held.busy.clone(),
+            pooled_in_use: self.held.pooled.clone(),
+        }
+    }
+
+    /// What `lease` has cost since its team's latest spend signal of this month (or since the
+    /// month began, or since it was granted, whichever is latest), at its current GPU count.
+    fn accrued(
+        &self,
+        lease: &Lease,
+        month_start: i64,
+        now_ms: i64,
+        pricing: &PricingConfig,
+    ) -> f64 {
+        let since = self
+            .spend
+            .get(&lease.team)
+            .map(|&(_, ts)| ts)
+            .filter(|&ts| ts >= month_start)
+            .unwrap_or(month_start)
+            .max(lease.granted_at);
+        let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
+        hours * f64::from(lease.gpu_count) * pricing.usd_per_gpu_hour(&lease.gpu_model)
     }
 }
 
@@ -1471,7 +1582,7 @@ fn load(conn: &Connection) -> Result<Memory, StoreError> {
         let rows = stmt.query_map([], row_to_raw)?;
         for row in rows {
             let lease = row.map_err(StoreError::from).and_then(RawLease::parse)?;
-            memory.open.insert(lease.id.clone(), lease);
+            memory.put(lease);
         }
     }
     {
@@ -1888,6 +1999,9 @@ fn month_start_ms(ms: i64) -> i64 {
 mod tests {
     use super::*;
 
+    /// A time in the middle of a month (2026-12-03).
+    const NOW: i64 = 1_796_300_000_000;
+
     #[test]
     fn month_start_is_the_first_of_the_utc_month() {
         // 2024-03-15T12:00:00Z → 2024-03-01T00:00:00Z.
@@ -1916,6 +2030,79 @@ mod tests {
             released_at: None,
             release_reason: None,
         })
+    }
+
+    /// The holdings recounted from every open lease, as the ledger was once built each time.
+    fn recount(memory: &Memory) -> Ledger {
+        let mut ledger = Ledger {
+            blocked: memory.blocked.clone(),
+            ..Ledger::default()
+        };
+        for l in memory.open.values() {
+            *slot(&mut ledger.held_gpus, &l.team) += l.gpu_count;
+            if l.gpu_uuids.is_empty() {
+                *slot(slot(&mut ledger.pooled_in_use, &l.substrate), &l.gpu_model) += l.gpu_count;
+            } else {
+                Arc::make_mut(slot(&mut ledger.busy, &l.substrate))
+                    .extend(l.gpu_uuids.iter().cloned());
+            }
+        }
+        ledger
+    }
+
+    #[test]
+    fn holdings_kept_in_step_equal_a_recount_and_one_teams_ledger_prices_as_the_whole() {
+        let pricing = PricingConfig {
+            default_usd_per_gpu_hour: 2.0,
+            ..PricingConfig::default()
+        };
+        let mut memory = Memory::default();
+        let month = month_start_ms(NOW);
+        memory.spend.insert("ml".into(), (100.0, month + 1_000));
+        memory.spend.insert("old".into(), (50.0, month - 1));
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        let teams = ["ml", "cv", "old"];
+        for step in 0..2_000 {
+            let id = format!("l{}", next(40));
+            if next(4) == 0 {
+                memory.take(&id);
+            } else {
+                // New, resized, moved or pooled: whatever it held before must be let go.
+                let mut l = *lease(&id, LeaseState::Active, step);
+                l.team = teams[next(3) as usize].into();
+                l.substrate = ["sim", "pool"][next(2) as usize].into();
+                l.gpu_model = ["H100", "A100"][next(2) as usize].into();
+                l.gpu_count = 1 + next(4) as u32;
+                l.gpu_uuids = match l.substrate.as_str() {
+                    "pool" => Vec::new(),
+                    _ => (0..l.gpu_count).map(|g| format!("GPU-{id}-{g}")).collect(),
+                };
+                l.granted_at = month + next(3_600_000) as i64;
+                memory.put(l);
+            }
+            let now = month + 3_600_000;
+            let whole = memory.ledger(now, &pricing);
+            let recounted = recount(&memory);
+            assert_eq!(whole.held_gpus, recounted.held_gpus, "step {step}");
+            assert_eq!(whole.busy, recounted.busy, "step {step}");
+            assert_eq!(whole.pooled_in_use, recounted.pooled_in_use, "step {step}");
+            for team in teams {
+                let one = memory.ledger_of(team, now, &pricing);
+                assert_eq!(one.held_gpus, whole.held_gpus);
+                let (a, b) = (one.spend_usd.get(team), whole.spend_usd.get(team));
+                assert!(
+                    a.zip(b).map_or(a == b, |(a, b)| (a - b).abs() < 1e-9),
+                    "step {step}, {team}: {a:?} alone, {b:?} in the whole ledger"
+                );
+            }
+        }
+        assert!(memory.held.leases.values().all(|ids| !ids.is_empty()));
     }
 
     fn write(ops: Vec<Op>) -> Job {
