@@ -7,8 +7,11 @@
 //! stands in the way at once. Placement (which substrate, model and GPUs) lives here too, because
 //! "is there capacity" and "which GPUs" are the same question.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use gpuwarden_schema::config::{contains_ignoring_case, Config, Role};
@@ -132,7 +135,7 @@ pub struct SubstrateState {
     /// What its driver reports.
     pub inventory: Arc<Inventory>,
     /// UUIDs held by open leases.
-    pub busy: Arc<BTreeSet<String>>,
+    pub busy: Arc<HeldGpus>,
     /// GPUs of pooled capacity held by open leases, by model.
     pub pooled_in_use: BTreeMap<String, u32>,
     /// `inventory` arranged for placement, kept by the caller from one request to the next
@@ -161,6 +164,9 @@ pub struct FleetIndex {
     models: Vec<ModelHosts>,
     /// A GPU's UUID → its (model, host) slots.
     at: HashMap<String, (usize, usize)>,
+    /// Free GPUs per host as of the latest holdings placement read, brought up to date from
+    /// the changes to the holdings since (see [`HeldGpus`]).
+    free: Mutex<Option<FreeState>>,
 }
 
 /// The hosts holding GPUs of one model.
@@ -170,10 +176,6 @@ struct ModelHosts {
     first: usize,
     /// Each host's GPUs of the model (positions in the inventory, by index), hosts by name.
     hosts: Vec<Vec<usize>>,
-    /// `hosts` slots, fewest GPUs first, then by name: where the tightest fit is.
-    smallest_first: Vec<usize>,
-    /// `hosts` slots, most GPUs first, then by name: where spreading starts.
-    largest_first: Vec<usize>,
     /// GPUs of the model.
     total: usize,
 }
@@ -191,8 +193,6 @@ impl FleetIndex {
                 models.push(ModelHosts {
                     first: position,
                     hosts: Vec::new(),
-                    smallest_first: Vec::new(),
-                    largest_first: Vec::new(),
                     total: 0,
                 });
                 grouped.push(BTreeMap::new());
@@ -213,17 +213,12 @@ impl FleetIndex {
                 model.total += positions.len();
                 model.hosts.push(positions);
             }
-            // Slots are already in name order, so a stable sort by size keeps names as ties.
-            let mut slots: Vec<usize> = (0..model.hosts.len()).collect();
-            slots.sort_by_key(|&h| model.hosts[h].len());
-            model.smallest_first = slots.clone();
-            slots.sort_by_key(|&h| std::cmp::Reverse(model.hosts[h].len()));
-            model.largest_first = slots;
         }
         Self {
             inventory,
             models,
             at,
+            free: Mutex::new(None),
         }
     }
 
@@ -248,95 +243,295 @@ impl PartialEq for FleetIndex {
     }
 }
 
-/// One substrate's free named GPUs as one request sees them: the index, and how many GPUs open
-/// leases hold on each (model, host) they touch.
+/// How many changes [`HeldGpus`] remembers. Placement reads the holdings on every admission, so
+/// it is rarely more than a few changes behind; further behind, it recounts.
+const RECENT_CHANGES: usize = 4096;
+
+/// The GPUs open leases hold on one substrate, with the latest changes to them: placement keeps
+/// each host's free GPUs and brings them up to date from the changes alone, instead of
+/// recounting every held GPU on every admission.
+#[derive(Debug)]
+pub struct HeldGpus {
+    uuids: BTreeSet<String>,
+    /// Which history of changes this is. A clone starts its own (the two may then change
+    /// apart), so a count kept for one is never carried over to the other by mistake.
+    origin: u64,
+    /// Changes made so far.
+    version: u64,
+    /// The latest changes, oldest first: a UUID and whether it became held.
+    recent: VecDeque<(String, bool)>,
+}
+
+impl HeldGpus {
+    fn fresh_origin() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn record(&mut self, uuid: String, held: bool) {
+        if self.recent.len() == RECENT_CHANGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((uuid, held));
+        self.version += 1;
+    }
+
+    /// Marks `uuid` held; false if it already was.
+    pub fn insert(&mut self, uuid: String) -> bool {
+        if self.uuids.contains(&uuid) {
+            return false;
+        }
+        self.uuids.insert(uuid.clone());
+        self.record(uuid, true);
+        true
+    }
+
+    /// Marks `uuid` free; false if it was not held.
+    pub fn remove(&mut self, uuid: &str) -> bool {
+        if !self.uuids.remove(uuid) {
+            return false;
+        }
+        self.record(uuid.to_owned(), false);
+        true
+    }
+
+    /// Whether `uuid` is held.
+    pub fn contains(&self, uuid: &str) -> bool {
+        self.uuids.contains(uuid)
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.uuids.is_empty()
+    }
+
+    /// The held UUIDs, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &String> {
+        self.uuids.iter()
+    }
+
+    /// The changes after the first `version` of this history, if it still has them all.
+    fn changes_since(
+        &self,
+        origin: u64,
+        version: u64,
+    ) -> Option<impl Iterator<Item = &(String, bool)>> {
+        let first = self.version - self.recent.len() as u64;
+        (origin == self.origin && (first..=self.version).contains(&version))
+            .then(|| self.recent.iter().skip((version - first) as usize))
+    }
+}
+
+impl Default for HeldGpus {
+    fn default() -> Self {
+        Self {
+            uuids: BTreeSet::new(),
+            origin: Self::fresh_origin(),
+            version: 0,
+            recent: VecDeque::new(),
+        }
+    }
+}
+
+impl Clone for HeldGpus {
+    fn clone(&self) -> Self {
+        Self {
+            uuids: self.uuids.clone(),
+            origin: Self::fresh_origin(),
+            version: 0,
+            recent: VecDeque::new(),
+        }
+    }
+}
+
+/// Two holdings are equal when they hold the same GPUs, whatever their histories.
+impl PartialEq for HeldGpus {
+    fn eq(&self, other: &Self) -> bool {
+        self.uuids == other.uuids
+    }
+}
+
+impl Extend<String> for HeldGpus {
+    fn extend<I: IntoIterator<Item = String>>(&mut self, uuids: I) {
+        for uuid in uuids {
+            self.insert(uuid);
+        }
+    }
+}
+
+impl<const N: usize> From<[&str; N]> for HeldGpus {
+    fn from(uuids: [&str; N]) -> Self {
+        let mut held = Self::default();
+        held.extend(uuids.map(str::to_owned));
+        held
+    }
+}
+
+/// Free GPUs per host of an index, as of one version of one history of holdings.
+#[derive(Debug)]
+struct FreeState {
+    origin: u64,
+    version: u64,
+    models: Vec<ModelFree>,
+}
+
+/// One model's free GPUs: per host, and the hosts with any free ordered both ways placement
+/// looks for them.
+#[derive(Debug)]
+struct ModelFree {
+    /// Free GPUs per host slot.
+    free: Vec<usize>,
+    /// GPUs held.
+    held: usize,
+    /// Hosts with free GPUs as (free, slot): the first from `n` up is the tightest fit.
+    tightest: BTreeSet<(usize, usize)>,
+    /// Hosts with free GPUs as (most free first, slot): where spreading and filling start.
+    fullest: BTreeSet<(Reverse<usize>, usize)>,
+}
+
+impl ModelFree {
+    fn set(&mut self, h: usize, free: usize) {
+        let before = self.free[h];
+        if before > 0 {
+            self.tightest.remove(&(before, h));
+            self.fullest.remove(&(Reverse(before), h));
+        }
+        if free > 0 {
+            self.tightest.insert((free, h));
+            self.fullest.insert((Reverse(free), h));
+        }
+        self.free[h] = free;
+    }
+}
+
+impl FreeState {
+    /// Counts from scratch: every host free, less what `held` holds.
+    fn count(index: &FleetIndex, held: &HeldGpus) -> Self {
+        let mut models: Vec<ModelFree> = index
+            .models
+            .iter()
+            .map(|model| ModelFree {
+                free: model.hosts.iter().map(Vec::len).collect(),
+                held: 0,
+                tightest: BTreeSet::new(),
+                fullest: BTreeSet::new(),
+            })
+            .collect();
+        // UUIDs the inventory no longer lists hold nothing placement could use.
+        for &(m, h) in held.iter().filter_map(|uuid| index.at.get(uuid)) {
+            models[m].free[h] -= 1;
+            models[m].held += 1;
+        }
+        for model in &mut models {
+            for (h, &free) in model.free.iter().enumerate().filter(|(_, &f)| f > 0) {
+                model.tightest.insert((free, h));
+                model.fullest.insert((Reverse(free), h));
+            }
+        }
+        Self {
+            origin: held.origin,
+            version: held.version,
+            models,
+        }
+    }
+
+    /// Brings the counts to `held`: from its changes when it has all those since, else anew.
+    fn update(state: &mut Option<Self>, index: &FleetIndex, held: &HeldGpus) {
+        if let Some(s) = state.as_mut() {
+            if let Some(changes) = held.changes_since(s.origin, s.version) {
+                for (uuid, now_held) in changes {
+                    let Some(&(m, h)) = index.at.get(uuid) else {
+                        continue;
+                    };
+                    let model = &mut s.models[m];
+                    let free = model.free[h];
+                    match now_held {
+                        true => {
+                            model.held += 1;
+                            model.set(h, free - 1);
+                        }
+                        false => {
+                            model.held -= 1;
+                            model.set(h, free + 1);
+                        }
+                    }
+                }
+                s.version = held.version;
+                return;
+            }
+        }
+        *state = Some(Self::count(index, held));
+    }
+}
+
+/// One substrate's free named GPUs as one request sees them: the index and its free counts,
+/// brought to the holdings the request read.
 struct FreeGpus<'a> {
     index: &'a FleetIndex,
-    busy: &'a BTreeSet<String>,
-    held: HashMap<(usize, usize), usize>,
-    /// GPUs held, by model.
-    held_of_model: Vec<usize>,
+    held: &'a HeldGpus,
+    state: MutexGuard<'a, Option<FreeState>>,
 }
 
 impl<'a> FreeGpus<'a> {
-    fn new(index: &'a FleetIndex, busy: &'a BTreeSet<String>) -> Self {
-        let mut held = HashMap::new();
-        let mut held_of_model = vec![0; index.models.len()];
-        // UUIDs the inventory no longer lists hold nothing placement could use.
-        for &(m, h) in busy.iter().filter_map(|uuid| index.at.get(uuid)) {
-            *held.entry((m, h)).or_insert(0) += 1;
-            held_of_model[m] += 1;
-        }
-        Self {
-            index,
-            busy,
-            held,
-            held_of_model,
-        }
+    fn new(index: &'a FleetIndex, held: &'a HeldGpus) -> Self {
+        let mut state = index.free.lock().unwrap_or_else(PoisonError::into_inner);
+        FreeState::update(&mut state, index, held);
+        Self { index, held, state }
+    }
+
+    fn model(&self, m: usize) -> &ModelFree {
+        &self
+            .state
+            .as_ref()
+            .expect("brought up to date in new")
+            .models[m]
     }
 
     fn of_model(&self, m: usize) -> usize {
-        self.index.models[m].total - self.held_of_model[m]
-    }
-
-    fn on_host(&self, m: usize, h: usize) -> usize {
-        self.index.models[m].hosts[h].len() - self.held.get(&(m, h)).copied().unwrap_or(0)
+        self.index.models[m].total - self.model(m).held
     }
 
     /// A host's free GPUs of model `m`, by index.
     fn gpus(&self, m: usize, h: usize) -> Vec<&'a Gpu> {
         let gpus = &self.index.inventory.gpus;
         let positions = self.index.models[m].hosts[h].iter().map(|&p| &gpus[p]);
-        match self.held.contains_key(&(m, h)) {
-            true => positions.filter(|g| !self.busy.contains(&g.uuid)).collect(),
-            false => positions.collect(),
+        match self.model(m).free[h] == self.index.models[m].hosts[h].len() {
+            true => positions.collect(),
+            false => positions.filter(|g| !self.held.contains(&g.uuid)).collect(),
         }
     }
 
     /// `n` free GPUs of model `m` (there are at least `n`), picked as [`pick`] picks among
-    /// every host, from the few hosts that can matter: those open leases touch and the first
-    /// untouched ones in the order the workload prefers.
+    /// every host, from only the hosts that can matter: the tightest that fits (training,
+    /// batch), else the fullest until `n` are free among them; the `n` fullest (inference,
+    /// notebooks: round-robin takes one from each of them before a second from any).
     fn choose(&self, m: usize, n: usize, workload: Workload) -> Vec<String> {
-        let model = &self.index.models[m];
-        let touched: BTreeSet<usize> = self
-            .held
-            .keys()
-            .filter(|(hm, _)| *hm == m)
-            .map(|&(_, h)| h)
-            .collect();
-        let untouched = |order: &'a [usize]| order.iter().copied().filter(|h| !touched.contains(h));
+        let model = self.model(m);
         let mut slots: Vec<usize> = match workload {
-            Workload::Training | Workload::Batch => {
-                // The tightest fit is the smallest untouched host that fits, or a touched one.
-                let from = model
-                    .smallest_first
-                    .partition_point(|&h| model.hosts[h].len() < n);
-                let smallest = untouched(&model.smallest_first[from..]).next();
-                let fits_one =
-                    smallest.is_some() || touched.iter().any(|&h| self.on_host(m, h) >= n);
-                match fits_one {
-                    true => touched.iter().copied().chain(smallest).collect(),
-                    // Across hosts, the fullest first: every host may take part.
-                    false => (0..model.hosts.len()).collect(),
+            Workload::Training | Workload::Batch => match model.tightest.range((n, 0)..).next() {
+                Some(&(_, h)) => vec![h],
+                None => {
+                    let mut free = 0;
+                    model
+                        .fullest
+                        .iter()
+                        .take_while(|&&(Reverse(f), _)| {
+                            let more = free < n;
+                            free += f;
+                            more
+                        })
+                        .map(|&(_, h)| h)
+                        .collect()
                 }
-            }
-            // Round-robin takes one from each of the first `n` hosts in its order before it
-            // takes a second from any; untouched hosts enter that order by size.
-            Workload::Inference | Workload::Notebook => match n + touched.len() < model.hosts.len()
-            {
-                true => touched
-                    .iter()
-                    .copied()
-                    .chain(untouched(&model.largest_first).take(n))
-                    .collect(),
-                false => (0..model.hosts.len()).collect(),
             },
+            Workload::Inference | Workload::Notebook => {
+                model.fullest.iter().take(n).map(|&(_, h)| h).collect()
+            }
         };
         slots.sort_unstable();
         let hosts: Vec<(&str, Vec<&Gpu>)> = slots
             .into_iter()
             .map(|h| (self.index.host_name(m, h), self.gpus(m, h)))
-            .filter(|(_, gpus)| !gpus.is_empty())
             .collect();
         pick(hosts, n, workload)
     }
@@ -1266,17 +1461,18 @@ mod tests {
     }
 
     /// `n` GPUs of the inventory's first model, with `busy` held, as placement picks them.
-    fn indexed(gpus: &[Gpu], busy: &BTreeSet<String>, n: usize, w: Workload) -> Vec<String> {
+    fn indexed(gpus: &[Gpu], busy: &HeldGpus, n: usize, w: Workload) -> Vec<String> {
         let index = FleetIndex::new(Arc::new(Inventory {
             gpus: gpus.to_vec(),
             pooled: Vec::new(),
         }));
-        FreeGpus::new(&index, busy).choose(0, n, w)
+        let picked = FreeGpus::new(&index, busy).choose(0, n, w);
+        picked
     }
 
     /// What placement must pick, the long way: every host with a free GPU of the first model,
     /// by name, each with its free GPUs by index, all handed to [`pick`].
-    fn full_scan(gpus: &[Gpu], busy: &BTreeSet<String>, n: usize, w: Workload) -> Vec<String> {
+    fn full_scan(gpus: &[Gpu], busy: &HeldGpus, n: usize, w: Workload) -> Vec<String> {
         let mut hosts: BTreeMap<&str, Vec<&Gpu>> = BTreeMap::new();
         for g in gpus {
             if g.model == gpus[0].model && !busy.contains(&g.uuid) {
@@ -1302,7 +1498,7 @@ mod tests {
             gpu("h-2", 1, "H100"),
             gpu("h-1", 0, "H100"),
         ];
-        let none = BTreeSet::new();
+        let none = HeldGpus::default();
         // Training: the tightest host that fits, its lowest indices.
         assert_eq!(
             indexed(&listed, &none, 2, Workload::Training),
@@ -1323,7 +1519,7 @@ mod tests {
             vec!["GPU-h-1-0", "GPU-h-2-0", "GPU-h-10-0", "GPU-h-1-1"]
         );
         // A held GPU makes h-1 the tightest fit for two, and is never picked.
-        let busy = BTreeSet::from(["GPU-h-1-0".to_owned()]);
+        let busy = HeldGpus::from(["GPU-h-1-0"]);
         assert_eq!(
             indexed(&listed, &busy, 2, Workload::Training),
             vec!["GPU-h-1-1", "GPU-h-1-2"]
@@ -1336,9 +1532,11 @@ mod tests {
 
     #[test]
     fn indexed_placement_picks_what_a_scan_of_every_free_gpu_picks() {
-        // Fleets of varied hosts (sizes 1 to 8, two models, listed shuffled), GPUs held at
-        // random, every workload and size: the index looks at few hosts and must agree with
-        // the scan of all of them.
+        // Fleets of varied hosts (sizes 1 to 8, two models, listed shuffled); GPUs taken and
+        // freed at random, one index following the changes (now and then a burst longer than
+        // the changes remembered, or a copy of the holdings, which it must recount); every
+        // workload and size after each change: the index looks at few hosts and must agree
+        // with the scan of all of them.
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = |below: u64| {
             seed ^= seed << 13;
@@ -1353,7 +1551,7 @@ mod tests {
             Workload::Notebook,
         ];
         let mut checked = 0;
-        for _ in 0..300 {
+        for _ in 0..60 {
             let mut gpus = Vec::new();
             for h in 0..1 + next(12) {
                 let model = if next(4) == 0 { "A100" } else { "H100" };
@@ -1364,30 +1562,49 @@ mod tests {
             for i in (1..gpus.len()).rev() {
                 gpus.swap(i, next(i as u64 + 1) as usize);
             }
-            let busy: BTreeSet<String> = gpus
-                .iter()
-                .filter(|_| next(3) == 0)
-                .map(|g| g.uuid.clone())
-                .chain(["GPU-gone-0".to_owned()])
-                .collect();
-            let free = gpus
-                .iter()
-                .filter(|g| g.model == gpus[0].model && !busy.contains(&g.uuid))
-                .count();
-            for n in 1..=free.min(12) {
-                for w in workloads {
-                    let got = indexed(&gpus, &busy, n, w);
-                    assert_eq!(
-                        got,
-                        full_scan(&gpus, &busy, n, w),
-                        "{n} {w:?} of {gpus:?}, held {busy:?}"
-                    );
-                    assert_eq!(got.len(), n);
-                    checked += 1;
+            let index = FleetIndex::new(Arc::new(Inventory {
+                gpus: gpus.clone(),
+                pooled: Vec::new(),
+            }));
+            let mut held = HeldGpus::from(["GPU-gone-0"]);
+            for _ in 0..40 {
+                let changes = match next(20) {
+                    0 => RECENT_CHANGES + 1,
+                    _ => 1 + next(3) as usize,
+                };
+                for _ in 0..changes {
+                    let uuid = match next(10) {
+                        0 => "GPU-gone-1".to_owned(),
+                        _ => gpus[next(gpus.len() as u64) as usize].uuid.clone(),
+                    };
+                    if !held.remove(&uuid) {
+                        held.insert(uuid);
+                    }
+                }
+                if next(10) == 0 {
+                    held = held.clone();
+                }
+                let free = gpus
+                    .iter()
+                    .filter(|g| g.model == gpus[0].model && !held.contains(&g.uuid))
+                    .count();
+                let state = FreeGpus::new(&index, &held);
+                assert_eq!(state.of_model(0), free);
+                for n in 1..=free.min(10) {
+                    for w in workloads {
+                        let got = state.choose(0, n, w);
+                        assert_eq!(
+                            got,
+                            full_scan(&gpus, &held, n, w),
+                            "{n} {w:?} of {gpus:?}, held {held:?}"
+                        );
+                        assert_eq!(got.len(), n);
+                        checked += 1;
+                    }
                 }
             }
         }
-        assert!(checked > 1000, "only {checked} placements checked");
+        assert!(checked > 10_000, "only {checked} placements checked");
     }
 
     #[test]

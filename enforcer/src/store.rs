@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use utoipa::ToSchema;
 
-use crate::policy::{AdmissionRequest, Decision, Holding, WorkloadName};
+use crate::policy::{AdmissionRequest, Decision, HeldGpus, Holding, WorkloadName};
 
 /// A lease store failure.
 #[derive(Debug, thiserror::Error)]
@@ -238,7 +238,7 @@ pub struct Ledger {
     pub blocked: BTreeSet<String>,
     /// UUIDs held by open leases, by substrate (shared with the store, which copies a set only
     /// when it changes one a ledger still holds).
-    pub busy: BTreeMap<String, Arc<BTreeSet<String>>>,
+    pub busy: BTreeMap<String, Arc<HeldGpus>>,
     /// Pooled GPUs held by open leases, by substrate and model.
     pub pooled_in_use: BTreeMap<String, BTreeMap<String, u32>>,
 }
@@ -449,11 +449,19 @@ struct Held {
     /// GPUs, by team.
     gpus: BTreeMap<String, u32>,
     /// Named GPUs, by substrate.
-    busy: BTreeMap<String, Arc<BTreeSet<String>>>,
+    busy: BTreeMap<String, Arc<HeldGpus>>,
     /// Pooled GPUs, by substrate and model.
     pooled: BTreeMap<String, BTreeMap<String, u32>>,
-    /// Open lease ids, by team.
-    leases: HashMap<String, HashSet<String>>,
+    /// What each team's open leases cost over time, by team and lease id: what its spend adds
+    /// up, kept apart so that adding it up walks only the team's leases, close together.
+    leases: HashMap<String, HashMap<String, Accruing>>,
+}
+
+/// What adds up a lease's cost: since when, how many GPUs, of which model.
+struct Accruing {
+    granted_at: i64,
+    gpu_count: u32,
+    gpu_model: String,
 }
 
 /// One write the writer thread carries out.
@@ -1444,15 +1452,19 @@ impl Memory {
             Arc::make_mut(slot(&mut held.busy, &lease.substrate))
                 .extend(lease.gpu_uuids.iter().cloned());
         }
-        held.leases
-            .entry(lease.team.clone())
-            .or_default()
-            .insert(lease.id.clone());
+        held.leases.entry(lease.team.clone()).or_default().insert(
+            lease.id.clone(),
+            Accruing {
+                granted_at: lease.granted_at,
+                gpu_count: lease.gpu_count,
+                gpu_model: lease.gpu_model.clone(),
+            },
+        );
         self.open.insert(lease.id.clone(), lease);
     }
 
-    /// Forgets an open lease and what it held; a team, substrate or model left holding nothing
-    /// has no entry, as if it never held anything.
+    /// Forgets an open lease and what it held; a team or pooled model left holding nothing has
+    /// no entry, as if it never held anything.
     fn take(&mut self, id: &str) -> Option<Lease> {
         let lease = self.open.remove(id)?;
         let held = &mut self.held;
@@ -1475,12 +1487,11 @@ impl Memory {
                 }
             }
         } else if let Some(busy) = held.busy.get_mut(&lease.substrate) {
+            // Kept when empty: placement follows this history of changes, and a new one would
+            // make it count the substrate's free GPUs anew.
             let set = Arc::make_mut(busy);
             for uuid in &lease.gpu_uuids {
                 set.remove(uuid);
-            }
-            if set.is_empty() {
-                held.busy.remove(&lease.substrate);
             }
         }
         if let Some(ids) = held.leases.get_mut(&lease.team) {
@@ -1496,14 +1507,18 @@ impl Memory {
     fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
         let mut ledger = self.holdings();
         let month_start = month_start_ms(now_ms);
+        let mut price = Prices::new(pricing);
         for (team, &(usd, ts)) in &self.spend {
             if ts >= month_start {
                 ledger.spend_usd.insert(team.clone(), usd);
             }
         }
-        for lease in self.open.values() {
-            *slot(&mut ledger.spend_usd, &lease.team) +=
-                self.accrued(lease, month_start, now_ms, pricing);
+        for (team, leases) in &self.held.leases {
+            let since = self.spend_since(team, month_start);
+            *slot(&mut ledger.spend_usd, team) += leases
+                .values()
+                .map(|a| accrued(a, since, now_ms, price.of(&a.gpu_model)))
+                .sum::<f64>();
         }
         ledger
     }
@@ -1522,11 +1537,12 @@ impl Memory {
         if signal.is_none() && leases.is_none() {
             return ledger;
         }
+        let since = self.spend_since(team, month_start);
+        let mut price = Prices::new(pricing);
         let accrued: f64 = leases
             .into_iter()
-            .flatten()
-            .filter_map(|id| self.open.get(id))
-            .map(|lease| self.accrued(lease, month_start, now_ms, pricing))
+            .flat_map(HashMap::values)
+            .map(|a| accrued(a, since, now_ms, price.of(&a.gpu_model)))
             .sum();
         ledger
             .spend_usd
@@ -1545,24 +1561,46 @@ impl Memory {
         }
     }
 
-    /// What `lease` has cost since its team's latest spend signal of this month (or since the
-    /// month began, or since it was granted, whichever is latest), at its current GPU count.
-    fn accrued(
-        &self,
-        lease: &Lease,
-        month_start: i64,
-        now_ms: i64,
-        pricing: &PricingConfig,
-    ) -> f64 {
-        let since = self
-            .spend
-            .get(&lease.team)
+    /// When `team`'s open leases start to add to its spend: its latest spend signal of this
+    /// month, else the month's start.
+    fn spend_since(&self, team: &str, month_start: i64) -> i64 {
+        self.spend
+            .get(team)
             .map(|&(_, ts)| ts)
             .filter(|&ts| ts >= month_start)
             .unwrap_or(month_start)
-            .max(lease.granted_at);
-        let hours = (now_ms - since).max(0) as f64 / 3_600_000.0;
-        hours * f64::from(lease.gpu_count) * pricing.usd_per_gpu_hour(&lease.gpu_model)
+    }
+}
+
+/// What a lease has cost since `since` (or since it was granted, if later), at its current GPU
+/// count and `usd_per_gpu_hour`.
+fn accrued(lease: &Accruing, since: i64, now_ms: i64, usd_per_gpu_hour: f64) -> f64 {
+    let hours = (now_ms - since.max(lease.granted_at)).max(0) as f64 / 3_600_000.0;
+    hours * f64::from(lease.gpu_count) * usd_per_gpu_hour
+}
+
+/// GPU-hour prices, each model's looked up once (a lookup matches the model against every
+/// price rule).
+struct Prices<'a> {
+    pricing: &'a PricingConfig,
+    known: Vec<(String, f64)>,
+}
+
+impl<'a> Prices<'a> {
+    fn new(pricing: &'a PricingConfig) -> Self {
+        Self {
+            pricing,
+            known: Vec::new(),
+        }
+    }
+
+    fn of(&mut self, model: &str) -> f64 {
+        if let Some(&(_, usd)) = self.known.iter().find(|(m, _)| m == model) {
+            return usd;
+        }
+        let usd = self.pricing.usd_per_gpu_hour(model);
+        self.known.push((model.to_owned(), usd));
+        usd
     }
 }
 
@@ -2090,7 +2128,9 @@ mod tests {
             let whole = memory.ledger(now, &pricing);
             let recounted = recount(&memory);
             assert_eq!(whole.held_gpus, recounted.held_gpus, "step {step}");
-            assert_eq!(whole.busy, recounted.busy, "step {step}");
+            let mut kept = whole.busy.clone();
+            kept.retain(|_, held| !held.is_empty());
+            assert_eq!(kept, recounted.busy, "step {step}");
             assert_eq!(whole.pooled_in_use, recounted.pooled_in_use, "step {step}");
             for team in teams {
                 let one = memory.ledger_of(team, now, &pricing);
