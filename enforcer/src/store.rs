@@ -452,16 +452,128 @@ struct Held {
     busy: BTreeMap<String, Arc<HeldGpus>>,
     /// Pooled GPUs, by substrate and model.
     pooled: BTreeMap<String, BTreeMap<String, u32>>,
-    /// What each team's open leases cost over time, by team and lease id: what its spend adds
-    /// up, kept apart so that adding it up walks only the team's leases, close together.
-    leases: HashMap<String, HashMap<String, Accruing>>,
+    /// What each team's open leases cost over time, summed so that a team's spend is read
+    /// without walking its leases.
+    accruals: HashMap<String, Accruals>,
 }
 
-/// What adds up a lease's cost: since when, how many GPUs, of which model.
-struct Accruing {
-    granted_at: i64,
-    gpu_count: u32,
-    gpu_model: String,
+/// What a team's open leases have cost, kept as exact sums per model. A lease accrues from its
+/// grant or from `since` (the team's latest spend signal, else the month's start), whichever is
+/// later, so over the leases of a model the GPU-milliseconds to `now` are
+/// `now × GPUs − since × GPUs granted by since − Σ grant × GPUs of those granted after`; the sums
+/// of leases granted by `since` are folded in as `since` moves, each lease once.
+#[derive(Default)]
+struct Accruals {
+    models: BTreeMap<String, ModelAccrual>,
+}
+
+#[derive(Default)]
+struct ModelAccrual {
+    /// Open leases by grant time (ms): GPUs, and grant × GPUs.
+    by_grant: BTreeMap<i64, (u64, i128)>,
+    /// The same over every open lease.
+    gpus: u64,
+    weighted: i128,
+    /// The same over the leases granted by `folded_until`.
+    folded_until: i64,
+    folded_gpus: u64,
+    folded_weighted: i128,
+}
+
+impl ModelAccrual {
+    fn new() -> Self {
+        Self {
+            folded_until: i64::MIN,
+            ..Self::default()
+        }
+    }
+
+    fn add(&mut self, granted_at: i64, gpus: u32, sign: i8) {
+        let gpus = u64::from(gpus);
+        let weighted = i128::from(granted_at) * i128::from(gpus);
+        let folded = granted_at <= self.folded_until;
+        let entry = self.by_grant.entry(granted_at).or_default();
+        if sign > 0 {
+            entry.0 += gpus;
+            entry.1 += weighted;
+            self.gpus += gpus;
+            self.weighted += weighted;
+            if folded {
+                self.folded_gpus += gpus;
+                self.folded_weighted += weighted;
+            }
+        } else {
+            entry.0 -= gpus;
+            entry.1 -= weighted;
+            if entry.0 == 0 {
+                self.by_grant.remove(&granted_at);
+            }
+            self.gpus -= gpus;
+            self.weighted -= weighted;
+            if folded {
+                self.folded_gpus -= gpus;
+                self.folded_weighted -= weighted;
+            }
+        }
+    }
+
+    /// GPU-milliseconds accrued by `now`, counting from `since` (None when a lease or `since`
+    /// lies after `now`: a clock that went back; the caller walks the leases then).
+    fn gpu_ms(&mut self, since: i64, now: i64) -> Option<i128> {
+        let latest = self.by_grant.last_key_value().map_or(i64::MIN, |(&g, _)| g);
+        if now < since || now < latest {
+            return None;
+        }
+        use std::ops::Bound::{Excluded, Included};
+        if since > self.folded_until {
+            for (_, &(g, w)) in self
+                .by_grant
+                .range((Excluded(self.folded_until), Included(since)))
+            {
+                self.folded_gpus += g;
+                self.folded_weighted += w;
+            }
+        } else if since < self.folded_until {
+            for (_, &(g, w)) in self
+                .by_grant
+                .range((Excluded(since), Included(self.folded_until)))
+            {
+                self.folded_gpus -= g;
+                self.folded_weighted -= w;
+            }
+        }
+        self.folded_until = since;
+        let from = i128::from(since) * i128::from(self.folded_gpus)
+            + (self.weighted - self.folded_weighted);
+        Some(i128::from(now) * i128::from(self.gpus) - from)
+    }
+}
+
+impl Accruals {
+    fn add(&mut self, lease: &Lease, sign: i8) {
+        if !self.models.contains_key(&lease.gpu_model) {
+            self.models
+                .insert(lease.gpu_model.clone(), ModelAccrual::new());
+        }
+        let model = self
+            .models
+            .get_mut(&lease.gpu_model)
+            .expect("just inserted");
+        model.add(lease.granted_at, lease.gpu_count, sign);
+        if model.gpus == 0 && model.by_grant.is_empty() {
+            self.models.remove(&lease.gpu_model);
+        }
+    }
+
+    /// USD accrued by `now` since `since`, or None (see [`ModelAccrual::gpu_ms`]).
+    fn usd(&mut self, since: i64, now: i64, pricing: &PricingConfig) -> Option<f64> {
+        let mut usd = 0.0;
+        for (model, accrual) in &mut self.models {
+            let gpu_ms = accrual.gpu_ms(since, now)?;
+            usd += gpu_ms as f64 / 3_600_000.0 * pricing.usd_per_gpu_hour(model);
+        }
+        Some(usd)
+    }
 }
 
 /// One write the writer thread carries out.
@@ -1452,14 +1564,14 @@ impl Memory {
             Arc::make_mut(slot(&mut held.busy, &lease.substrate))
                 .extend(lease.gpu_uuids.iter().cloned());
         }
-        held.leases.entry(lease.team.clone()).or_default().insert(
-            lease.id.clone(),
-            Accruing {
-                granted_at: lease.granted_at,
-                gpu_count: lease.gpu_count,
-                gpu_model: lease.gpu_model.clone(),
-            },
-        );
+        match held.accruals.get_mut(&lease.team) {
+            Some(accruals) => accruals.add(&lease, 1),
+            None => {
+                let mut accruals = Accruals::default();
+                accruals.add(&lease, 1);
+                held.accruals.insert(lease.team.clone(), accruals);
+            }
+        }
         self.open.insert(lease.id.clone(), lease);
     }
 
@@ -1494,59 +1606,36 @@ impl Memory {
                 set.remove(uuid);
             }
         }
-        if let Some(ids) = held.leases.get_mut(&lease.team) {
-            ids.remove(id);
-            if ids.is_empty() {
-                held.leases.remove(&lease.team);
+        if let Some(accruals) = held.accruals.get_mut(&lease.team) {
+            accruals.add(&lease, -1);
+            if accruals.models.is_empty() {
+                held.accruals.remove(&lease.team);
             }
         }
         Some(lease)
     }
 
-    /// The whole ledger: every team's spend (which walks every open lease).
-    fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
-        let mut ledger = self.holdings();
-        let month_start = month_start_ms(now_ms);
-        let mut price = Prices::new(pricing);
-        for (team, &(usd, ts)) in &self.spend {
-            if ts >= month_start {
-                ledger.spend_usd.insert(team.clone(), usd);
-            }
+    /// The whole ledger: every team's spend.
+    fn ledger(&mut self, now_ms: i64, pricing: &PricingConfig) -> Ledger {
+        let mut teams: BTreeSet<String> = self.held.accruals.keys().cloned().collect();
+        teams.extend(self.spend.keys().cloned());
+        let spend_usd = teams
+            .into_iter()
+            .filter_map(|team| Some((team.clone(), self.spend_of(&team, now_ms, pricing)?)))
+            .collect();
+        Ledger {
+            spend_usd,
+            ..self.holdings()
         }
-        for (team, leases) in &self.held.leases {
-            let since = self.spend_since(team, month_start);
-            *slot(&mut ledger.spend_usd, team) += leases
-                .values()
-                .map(|a| accrued(a, since, now_ms, price.of(&a.gpu_model)))
-                .sum::<f64>();
-        }
-        ledger
     }
 
     /// The ledger an admission or resize for `team` reads: what every team holds, but only
-    /// `team`'s spend (all the policy looks at), so it walks only that team's open leases.
-    fn ledger_of(&self, team: &str, now_ms: i64, pricing: &PricingConfig) -> Ledger {
+    /// `team`'s spend (all the policy looks at).
+    fn ledger_of(&mut self, team: &str, now_ms: i64, pricing: &PricingConfig) -> Ledger {
         let mut ledger = self.holdings();
-        let month_start = month_start_ms(now_ms);
-        let signal = self
-            .spend
-            .get(team)
-            .filter(|&&(_, ts)| ts >= month_start)
-            .map(|&(usd, _)| usd);
-        let leases = self.held.leases.get(team);
-        if signal.is_none() && leases.is_none() {
-            return ledger;
+        if let Some(usd) = self.spend_of(team, now_ms, pricing) {
+            ledger.spend_usd.insert(team.to_owned(), usd);
         }
-        let since = self.spend_since(team, month_start);
-        let mut price = Prices::new(pricing);
-        let accrued: f64 = leases
-            .into_iter()
-            .flat_map(HashMap::values)
-            .map(|a| accrued(a, since, now_ms, price.of(&a.gpu_model)))
-            .sum();
-        ledger
-            .spend_usd
-            .insert(team.to_owned(), signal.unwrap_or(0.0) + accrued);
         ledger
     }
 
@@ -1561,46 +1650,37 @@ impl Memory {
         }
     }
 
-    /// When `team`'s open leases start to add to its spend: its latest spend signal of this
-    /// month, else the month's start.
-    fn spend_since(&self, team: &str, month_start: i64) -> i64 {
-        self.spend
+    /// `team`'s month-to-date spend: its latest spend signal of this month plus what its open
+    /// leases have accrued since (or since the month began, or since they were granted,
+    /// whichever is latest), at their current GPU counts. None when it has neither.
+    fn spend_of(&mut self, team: &str, now_ms: i64, pricing: &PricingConfig) -> Option<f64> {
+        let month_start = month_start_ms(now_ms);
+        let signal = self
+            .spend
             .get(team)
-            .map(|&(_, ts)| ts)
-            .filter(|&ts| ts >= month_start)
-            .unwrap_or(month_start)
-    }
-}
-
-/// What a lease has cost since `since` (or since it was granted, if later), at its current GPU
-/// count and `usd_per_gpu_hour`.
-fn accrued(lease: &Accruing, since: i64, now_ms: i64, usd_per_gpu_hour: f64) -> f64 {
-    let hours = (now_ms - since.max(lease.granted_at)).max(0) as f64 / 3_600_000.0;
-    hours * f64::from(lease.gpu_count) * usd_per_gpu_hour
-}
-
-/// GPU-hour prices, each model's looked up once (a lookup matches the model against every
-/// price rule).
-struct Prices<'a> {
-    pricing: &'a PricingConfig,
-    known: Vec<(String, f64)>,
-}
-
-impl<'a> Prices<'a> {
-    fn new(pricing: &'a PricingConfig) -> Self {
-        Self {
-            pricing,
-            known: Vec::new(),
-        }
-    }
-
-    fn of(&mut self, model: &str) -> f64 {
-        if let Some(&(_, usd)) = self.known.iter().find(|(m, _)| m == model) {
-            return usd;
-        }
-        let usd = self.pricing.usd_per_gpu_hour(model);
-        self.known.push((model.to_owned(), usd));
-        usd
+            .filter(|&&(_, ts)| ts >= month_start)
+            .copied();
+        let since = signal.map_or(month_start, |(_, ts)| ts);
+        let accrued = match self.held.accruals.get_mut(team) {
+            None if signal.is_none() => return None,
+            None => 0.0,
+            Some(accruals) => match accruals.usd(since, now_ms, pricing) {
+                Some(usd) => usd,
+                // A clock that went back: lease by lease, each accruing nothing before it began.
+                None => self
+                    .open
+                    .values()
+                    .filter(|l| l.team == team)
+                    .map(|l| {
+                        let ms = (now_ms - since.max(l.granted_at)).max(0);
+                        ms as f64 / 3_600_000.0
+                            * f64::from(l.gpu_count)
+                            * pricing.usd_per_gpu_hour(&l.gpu_model)
+                    })
+                    .sum(),
+            },
+        };
+        Some(signal.map_or(0.0, |(usd, _)| usd) + accrued)
     }
 }
 
@@ -2088,15 +2168,47 @@ mod tests {
         ledger
     }
 
+    /// A team's spend lease by lease, as the ledger once added it up each time.
+    fn spend_lease_by_lease(
+        memory: &Memory,
+        team: &str,
+        now: i64,
+        pricing: &PricingConfig,
+    ) -> Option<f64> {
+        let month_start = month_start_ms(now);
+        let signal = memory
+            .spend
+            .get(team)
+            .filter(|&&(_, ts)| ts >= month_start)
+            .copied();
+        let since = signal.map_or(month_start, |(_, ts)| ts);
+        let leases: Vec<&Lease> = memory.open.values().filter(|l| l.team == team).collect();
+        if signal.is_none() && leases.is_empty() {
+            return None;
+        }
+        let accrued: f64 = leases
+            .iter()
+            .map(|l| {
+                let hours = (now - since.max(l.granted_at)).max(0) as f64 / 3_600_000.0;
+                hours * f64::from(l.gpu_count) * pricing.usd_per_gpu_hour(&l.gpu_model)
+            })
+            .sum();
+        Some(signal.map_or(0.0, |(usd, _)| usd) + accrued)
+    }
+
     #[test]
-    fn holdings_kept_in_step_equal_a_recount_and_one_teams_ledger_prices_as_the_whole() {
+    fn holdings_and_spend_kept_in_step_equal_a_recount_lease_by_lease() {
         let pricing = PricingConfig {
             default_usd_per_gpu_hour: 2.0,
+            gpu: vec![gpuwarden_schema::config::GpuPrice {
+                model_match: "h100".into(),
+                usd_per_gpu_hour: 4.37,
+            }],
             ..PricingConfig::default()
         };
         let mut memory = Memory::default();
         let month = month_start_ms(NOW);
-        memory.spend.insert("ml".into(), (100.0, month + 1_000));
+        let hour: i64 = 3_600_000;
         memory.spend.insert("old".into(), (50.0, month - 1));
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |below: u64| {
@@ -2106,25 +2218,39 @@ mod tests {
             seed % below
         };
         let teams = ["ml", "cv", "old"];
-        for step in 0..2_000 {
-            let id = format!("l{}", next(40));
-            if next(4) == 0 {
-                memory.take(&id);
-            } else {
-                // New, resized, moved or pooled: whatever it held before must be let go.
-                let mut l = *lease(&id, LeaseState::Active, step);
-                l.team = teams[next(3) as usize].into();
-                l.substrate = ["sim", "pool"][next(2) as usize].into();
-                l.gpu_model = ["H100", "A100"][next(2) as usize].into();
-                l.gpu_count = 1 + next(4) as u32;
-                l.gpu_uuids = match l.substrate.as_str() {
-                    "pool" => Vec::new(),
-                    _ => (0..l.gpu_count).map(|g| format!("GPU-{id}-{g}")).collect(),
-                };
-                l.granted_at = month + next(3_600_000) as i64;
-                memory.put(l);
+        let mut now = month + 2 * hour;
+        for step in 0..3_000 {
+            let id = format!("l{}", next(60));
+            match next(8) {
+                0 | 1 => drop(memory.take(&id)),
+                // A spend signal moves the time the team's leases accrue from, either way.
+                2 => {
+                    let ts = month + next(4 * hour as u64) as i64;
+                    memory
+                        .spend
+                        .insert(teams[next(3) as usize].into(), (next(500) as f64, ts));
+                }
+                _ => {
+                    // New, resized, moved or pooled: whatever it held before must be let go.
+                    let mut l = *lease(&id, LeaseState::Active, step);
+                    l.team = teams[next(3) as usize].into();
+                    l.substrate = ["sim", "pool"][next(2) as usize].into();
+                    l.gpu_model = ["NVIDIA H100 80GB HBM3", "A100"][next(2) as usize].into();
+                    l.gpu_count = 1 + next(4) as u32;
+                    l.gpu_uuids = match l.substrate.as_str() {
+                        "pool" => Vec::new(),
+                        _ => (0..l.gpu_count).map(|g| format!("GPU-{id}-{g}")).collect(),
+                    };
+                    l.granted_at = month + next(4 * hour as u64) as i64;
+                    memory.put(l);
+                }
             }
-            let now = month + 3_600_000;
+            // Mostly forward, now and then back (before some grants), or into the next month.
+            now = match next(10) {
+                0 => month + next(2 * hour as u64) as i64,
+                1 => month + 32 * 24 * hour + next(hour as u64) as i64,
+                _ => now.max(month + 4 * hour) + next(60_000) as i64,
+            };
             let whole = memory.ledger(now, &pricing);
             let recounted = recount(&memory);
             assert_eq!(whole.held_gpus, recounted.held_gpus, "step {step}");
@@ -2133,16 +2259,29 @@ mod tests {
             assert_eq!(kept, recounted.busy, "step {step}");
             assert_eq!(whole.pooled_in_use, recounted.pooled_in_use, "step {step}");
             for team in teams {
+                let want = spend_lease_by_lease(&memory, team, now, &pricing);
                 let one = memory.ledger_of(team, now, &pricing);
                 assert_eq!(one.held_gpus, whole.held_gpus);
-                let (a, b) = (one.spend_usd.get(team), whole.spend_usd.get(team));
-                assert!(
-                    a.zip(b).map_or(a == b, |(a, b)| (a - b).abs() < 1e-9),
-                    "step {step}, {team}: {a:?} alone, {b:?} in the whole ledger"
-                );
+                for (got, what) in [
+                    (one.spend_usd.get(team), "alone"),
+                    (whole.spend_usd.get(team), "in the whole ledger"),
+                ] {
+                    let same = match (got, want) {
+                        (Some(&a), Some(b)) => (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+                        (a, b) => a.is_none() && b.is_none(),
+                    };
+                    assert!(
+                        same,
+                        "step {step}, {team} {what}: {got:?}, lease by lease {want:?}"
+                    );
+                }
+            }
+            if next(50) == 0 {
+                // Back into this month, for the next steps.
+                now = month + 4 * hour;
             }
         }
-        assert!(memory.held.leases.values().all(|ids| !ids.is_empty()));
+        assert!(memory.held.accruals.values().all(|a| !a.models.is_empty()));
     }
 
     fn write(ops: Vec<Op>) -> Job {
