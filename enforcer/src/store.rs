@@ -1555,6 +1555,19 @@ impl Store {
 impl Memory {
     /// Records `lease` as open (replacing its previous version) and what it holds.
     fn put(&mut self, lease: Lease) {
+        // A change of state, end or release holds what it held: only the lease is replaced.
+        if let Some(open) = self.open.get_mut(&lease.id) {
+            let holds_the_same = open.team == lease.team
+                && open.substrate == lease.substrate
+                && open.gpu_model == lease.gpu_model
+                && open.gpu_count == lease.gpu_count
+                && open.gpu_uuids == lease.gpu_uuids
+                && open.granted_at == lease.granted_at;
+            if holds_the_same {
+                *open = lease;
+                return;
+            }
+        }
         self.take(&lease.id);
         let held = &mut self.held;
         *slot(&mut held.gpus, &lease.team) += lease.gpu_count;
@@ -2223,6 +2236,14 @@ mod tests {
             let id = format!("l{}", next(60));
             match next(8) {
                 0 | 1 => drop(memory.take(&id)),
+                // A transition: the same holdings, another state.
+                3 if memory.open.contains_key(&id) => {
+                    let mut l = memory.open[&id].clone();
+                    l.state = LeaseState::Releasing;
+                    l.updated_at = step;
+                    memory.put(l);
+                    assert_eq!(memory.open[&id].state, LeaseState::Releasing);
+                }
                 // A spend signal moves the time the team's leases accrue from, either way.
                 2 => {
                     let ts = month + next(4 * hour as u64) as i64;
