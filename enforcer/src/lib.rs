@@ -14,3 +14,14 @@ pub mod metrics;
 pub mod policy;
 pub mod rules;
 pub mod store;
+
+/// Randomized tests' numbers: a seeded xorshift, the same sequence on every run.
+#[cfg(test)]
+pub(crate) fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |below| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    }
+}

@@ -1537,13 +1537,7 @@ mod tests {
         // the changes remembered, or a copy of the holdings, which it must recount); every
         // workload and size after each change: the index looks at few hosts and must agree
         // with the scan of all of them.
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15_u64);
         let workloads = [
             Workload::Training,
             Workload::Batch,

@@ -2223,13 +2223,7 @@ mod tests {
         let month = month_start_ms(NOW);
         let hour: i64 = 3_600_000;
         memory.spend.insert("old".into(), (50.0, month - 1));
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = crate::xorshift(0x2545_f491_4f6c_dd1d_u64);
         let teams = ["ml", "cv", "old"];
         let mut now = month + 2 * hour;
         for step in 0..3_000 {
