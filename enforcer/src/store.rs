@@ -454,7 +454,7 @@ struct Held {
     pooled: BTreeMap<String, BTreeMap<String, u32>>,
     /// What each team's open leases cost over time, summed so that a team's spend is read
     /// without walking its leases.
-    accruals: HashMap<String, Accruals>,
+    accruals: BTreeMap<String, Accruals>,
 }
 
 /// What a team's open leases have cost, kept as exact sums per model. A lease accrues from its
@@ -467,53 +467,36 @@ struct Accruals {
     models: BTreeMap<String, ModelAccrual>,
 }
 
+/// One model's sums. Any `folded_until` is consistent while there are no leases, so the
+/// default (0) is as good a start as any.
 #[derive(Default)]
 struct ModelAccrual {
     /// Open leases by grant time (ms): GPUs, and grant × GPUs.
-    by_grant: BTreeMap<i64, (u64, i128)>,
+    by_grant: BTreeMap<i64, (i64, i128)>,
     /// The same over every open lease.
-    gpus: u64,
+    gpus: i64,
     weighted: i128,
     /// The same over the leases granted by `folded_until`.
     folded_until: i64,
-    folded_gpus: u64,
+    folded_gpus: i64,
     folded_weighted: i128,
 }
 
 impl ModelAccrual {
-    fn new() -> Self {
-        Self {
-            folded_until: i64::MIN,
-            ..Self::default()
-        }
-    }
-
-    fn add(&mut self, granted_at: i64, gpus: u32, sign: i8) {
-        let gpus = u64::from(gpus);
+    /// Counts `gpus` GPUs granted at `granted_at` in the sums (negative: takes them out).
+    fn add(&mut self, granted_at: i64, gpus: i64) {
         let weighted = i128::from(granted_at) * i128::from(gpus);
-        let folded = granted_at <= self.folded_until;
         let entry = self.by_grant.entry(granted_at).or_default();
-        if sign > 0 {
-            entry.0 += gpus;
-            entry.1 += weighted;
-            self.gpus += gpus;
-            self.weighted += weighted;
-            if folded {
-                self.folded_gpus += gpus;
-                self.folded_weighted += weighted;
-            }
-        } else {
-            entry.0 -= gpus;
-            entry.1 -= weighted;
-            if entry.0 == 0 {
-                self.by_grant.remove(&granted_at);
-            }
-            self.gpus -= gpus;
-            self.weighted -= weighted;
-            if folded {
-                self.folded_gpus -= gpus;
-                self.folded_weighted -= weighted;
-            }
+        entry.0 += gpus;
+        entry.1 += weighted;
+        if entry.0 == 0 {
+            self.by_grant.remove(&granted_at);
+        }
+        self.gpus += gpus;
+        self.weighted += weighted;
+        if granted_at <= self.folded_until {
+            self.folded_gpus += gpus;
+            self.folded_weighted += weighted;
         }
     }
 
@@ -550,17 +533,11 @@ impl ModelAccrual {
 }
 
 impl Accruals {
-    fn add(&mut self, lease: &Lease, sign: i8) {
-        if !self.models.contains_key(&lease.gpu_model) {
-            self.models
-                .insert(lease.gpu_model.clone(), ModelAccrual::new());
-        }
-        let model = self
-            .models
-            .get_mut(&lease.gpu_model)
-            .expect("just inserted");
-        model.add(lease.granted_at, lease.gpu_count, sign);
-        if model.gpus == 0 && model.by_grant.is_empty() {
+    /// Counts `lease`'s GPUs in its model's sums, `sign` 1, or takes them out, `sign` -1.
+    fn add(&mut self, lease: &Lease, sign: i64) {
+        let model = slot(&mut self.models, &lease.gpu_model);
+        model.add(lease.granted_at, sign * i64::from(lease.gpu_count));
+        if model.by_grant.is_empty() {
             self.models.remove(&lease.gpu_model);
         }
     }
@@ -1577,14 +1554,7 @@ impl Memory {
             Arc::make_mut(slot(&mut held.busy, &lease.substrate))
                 .extend(lease.gpu_uuids.iter().cloned());
         }
-        match held.accruals.get_mut(&lease.team) {
-            Some(accruals) => accruals.add(&lease, 1),
-            None => {
-                let mut accruals = Accruals::default();
-                accruals.add(&lease, 1);
-                held.accruals.insert(lease.team.clone(), accruals);
-            }
-        }
+        slot(&mut held.accruals, &lease.team).add(&lease, 1);
         self.open.insert(lease.id.clone(), lease);
     }
 
@@ -1634,7 +1604,10 @@ impl Memory {
         teams.extend(self.spend.keys().cloned());
         let spend_usd = teams
             .into_iter()
-            .filter_map(|team| Some((team.clone(), self.spend_of(&team, now_ms, pricing)?)))
+            .filter_map(|team| {
+                let usd = self.spend_of(&team, now_ms, pricing)?;
+                Some((team, usd))
+            })
             .collect();
         Ledger {
             spend_usd,
