@@ -19,10 +19,10 @@
 //!
 //! `bench/admission.sh` runs it in release mode. Arguments: `--rounds K` and `--requests N`
 //! (closed loop: K rounds of N cycles per side), `--rate R` and `--seconds S` (open loop),
-//! `--connections C`, `--hosts H` (the simulated fleet's hosts of 8 GPUs each, default 16: placement
-//! looks at every free GPU of the fitting model), `--held L` (leases admitted first and held
-//! open throughout, so that every admission counts them), and `--only bare|enforcer` to run one side alone (no ratio), for a
-//! profiler to see that side by itself.
+//! `--connections C`, `--hosts H` (the simulated fleet's hosts of 8 GPUs each, default 16),
+//! `--held L` (leases admitted first and held open throughout): the two show whether an
+//! admission's cost grows with the fleet or the leases open; and `--only bare|enforcer` to run
+//! one side alone (no ratio), for a profiler to see that side by itself.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
