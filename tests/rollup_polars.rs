@@ -416,7 +416,7 @@ fn gpuwarden(args: &[&str]) -> String {
 
 const SETUP: &str = "run `bash .ci/run`, or create the environment by hand:\n  \
      python3 -m venv /var/tmp/gpuwarden-venv && \
-     /var/tmp/gpuwarden-venv/bin/pip install -r tests/polars/requirements.txt\n  \
+     /var/tmp/gpuwarden-venv/bin/pip install -r tests/requirements.txt\n  \
      export GPUWARDEN_PYTHON=/var/tmp/gpuwarden-venv/bin/python";
 
 /// The Python that runs the polars reference: GPUWARDEN_PYTHON, which must import polars.

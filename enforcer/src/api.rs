@@ -27,6 +27,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::drivers::{Driver, Inventory, LeaseSpec, LeaseStatus};
+use crate::fields;
 use crate::metrics::Metrics;
 use crate::policy::{
     self, AdmissionRequest, Decision, Estimate, FleetIndex, Principal, Reason, Snapshot,
@@ -317,8 +318,8 @@ pub struct ExemptRequest {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeRequest {
-    /// The GPU count wanted, at least 1.
-    #[schema(minimum = 1)]
+    /// The GPU count wanted, at least 1; a whole number (`2.0` reads as 2).
+    #[serde(deserialize_with = "crate::fields::gpu_count")]
     pub gpus: u32,
 }
 
@@ -329,8 +330,8 @@ pub struct ResizeRequest {
 pub struct LeaseQuery {
     /// Only this team's leases.
     pub team: Option<String>,
-    /// Only leases in this state (`granted`, `active`, `releasing`, `released`, `failed`).
-    #[param(value_type = Option<String>)]
+    /// Only leases in this state.
+    #[param(value_type = Option<LeaseState>)]
     pub state: Option<LeaseState>,
 }
 
@@ -564,12 +565,13 @@ impl AppState {
             ("user", &request.user),
             ("project", &request.project),
         ] {
-            if value.trim().is_empty() {
-                return Err(ApiError::field(field, "must not be empty"));
-            }
+            fields::check_name(value).map_err(|why| ApiError::field(field, why))?;
         }
         if request.gpus == 0 {
             return Err(ApiError::field("gpus", "must be at least 1"));
+        }
+        if let Some(argv) = &request.command {
+            fields::check_command(argv).map_err(|why| ApiError::field("command", why))?;
         }
         if config.team(&request.team).is_none() {
             return Err(ApiError::NotFound(format!(
@@ -577,12 +579,13 @@ impl AppState {
                 request.team
             )));
         }
+        // Like an unknown team, an unknown substrate is a name the document cannot list (it
+        // depends on the config), so it is a 404 rather than a malformed request.
         if let Some(s) = &request.substrate {
             if !self.inner.drivers.contains_key(s) {
-                return Err(ApiError::field(
-                    "substrate",
-                    format!("there is no substrate named {s}"),
-                ));
+                return Err(ApiError::NotFound(format!(
+                    "there is no substrate named {s}"
+                )));
             }
         }
         if let Some(why) = principal.write_refusal(&request.team, &request.user) {
@@ -842,7 +845,7 @@ impl AppState {
                 "lease {id} has no end to extend"
             )));
         };
-        let new_end = expires_at.saturating_add(by.as_millis() as i64);
+        let new_end = gpuwarden_schema::end_after(expires_at, by);
         let max = self.inner.config.workload(lease.workload).max_duration;
         if let Some(max) = max {
             let total = Duration::from_millis((new_end - lease.granted_at).max(0) as u64);
@@ -860,13 +863,13 @@ impl AppState {
         Ok(self.inner.store.extend(id, new_end, now).await?)
     }
 
-    /// Exempts a lease from the runtime rules (idle and duration) until `until_ms`. Admins only;
-    /// audited as an `alert` Action with reason `exempt`.
+    /// Exempts a lease from the runtime rules (idle and duration) for `duration` from now. Admins
+    /// only; audited as an `alert` Action with reason `exempt`.
     pub async fn exempt(
         &self,
         principal: &Principal,
         id: &str,
-        until_ms: i64,
+        duration: Duration,
         reason: &str,
     ) -> Result<Lease, ApiError> {
         if principal.role != Role::Admin {
@@ -876,16 +879,14 @@ impl AppState {
                 format!("{:?}", principal.role).to_lowercase()
             )));
         }
+        if duration.is_zero() {
+            return Err(ApiError::field("duration", "must be more than zero"));
+        }
+        fields::check_text(reason).map_err(|why| {
+            ApiError::field("reason", format!("{why}; say why the lease is exempt"))
+        })?;
         let now = self.now();
-        if until_ms <= now {
-            return Err(ApiError::field("until", "must be in the future"));
-        }
-        if reason.trim().is_empty() {
-            return Err(ApiError::field(
-                "reason",
-                "must say why the lease is exempt",
-            ));
-        }
+        let until_ms = gpuwarden_schema::end_after(now, duration);
         Ok(self
             .inner
             .store
@@ -1010,6 +1011,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/teams/{team}", get(get_team))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi_document))
+        .fallback(no_route)
         .with_state(state)
 }
 
@@ -1017,12 +1019,9 @@ pub fn router(state: AppState) -> Router {
 #[utoipa::path(post, path = "/v1/admission", request_body = AdmissionRequest,
     responses(
         (status = 200, description = "The decision: admitted (with the lease) or denied (with every reason)", body = AdmissionResponse),
-        (status = 400, description = "The body is not JSON", body = ErrorBody),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not act for this team or user", body = ErrorBody),
-        (status = 404, description = "No such team", body = ErrorBody),
-        (status = 413, description = "The body is too large", body = ErrorBody),
-        (status = 422, description = "A field is missing or invalid", body = ErrorBody),
+        (status = 404, description = "No such team, or no such substrate", body = ErrorBody),
+        (status = 422, description = "A field is missing, of the wrong type, or out of its bounds (the error names it)", body = ErrorBody),
         (status = 503, description = "Admitted, but the substrate could not start it", body = ErrorBody),
     ),
     security(("bearer" = [])))]
@@ -1038,9 +1037,8 @@ async fn admission(
 #[utoipa::path(get, path = "/v1/leases", params(LeaseQuery),
     responses(
         (status = 200, description = "The leases", body = [Lease]),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not read this team", body = ErrorBody),
-        (status = 422, description = "A query parameter is invalid", body = ErrorBody),
+        (status = 422, description = "A query parameter is invalid or unknown", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 async fn list_leases(
@@ -1071,7 +1069,6 @@ async fn list_leases(
 #[utoipa::path(get, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, description = "The lease", body = Lease),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not read this lease's team", body = ErrorBody),
         (status = 404, description = "No such lease", body = ErrorBody),
     ),
@@ -1099,7 +1096,6 @@ async fn get_lease(
 #[utoipa::path(post, path = "/v1/leases/{id}/release", params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, description = "The released lease", body = Lease),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not change this lease", body = ErrorBody),
         (status = 404, description = "No such lease", body = ErrorBody),
         (status = 409, description = "The lease has already ended", body = ErrorBody),
@@ -1125,7 +1121,6 @@ async fn release_lease(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, description = "The extended lease", body = Lease),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "Not this principal's lease, or past max_duration", body = ErrorBody),
         (status = 404, description = "No such lease", body = ErrorBody),
         (status = 409, description = "The lease has ended or has no end", body = ErrorBody),
@@ -1138,8 +1133,7 @@ async fn extend_lease(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ExtendRequest>,
 ) -> Result<Json<Lease>, ApiError> {
-    let by = gpuwarden_schema::config::parse_duration(&body.duration)
-        .map_err(|e| ApiError::field("duration", e))?;
+    let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
     state.extend(&principal, &id, by).await.map(Json)
 }
 
@@ -1148,7 +1142,6 @@ async fn extend_lease(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, description = "The exempted lease", body = Lease),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "Only admins may exempt a lease", body = ErrorBody),
         (status = 404, description = "No such lease", body = ErrorBody),
         (status = 409, description = "The lease has ended", body = ErrorBody),
@@ -1161,11 +1154,9 @@ async fn exempt_lease(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ExemptRequest>,
 ) -> Result<Json<Lease>, ApiError> {
-    let by = gpuwarden_schema::config::parse_duration(&body.duration)
-        .map_err(|e| ApiError::field("duration", e))?;
-    let until = state.now().saturating_add(by.as_millis() as i64);
+    let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
     state
-        .exempt(&principal, &id, until, &body.reason)
+        .exempt(&principal, &id, by, &body.reason)
         .await
         .map(Json)
 }
@@ -1175,7 +1166,6 @@ async fn exempt_lease(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, description = "The decision, with the lease as it now is", body = AdmissionResponse),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not change this lease", body = ErrorBody),
         (status = 404, description = "No such lease", body = ErrorBody),
         (status = 409, description = "The lease has ended", body = ErrorBody),
@@ -1196,7 +1186,6 @@ async fn resize_lease(
 #[utoipa::path(get, path = "/v1/teams/{team}", params(("team" = String, Path, description = "Team name")),
     responses(
         (status = 200, description = "The team", body = TeamView),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The principal may not read this team", body = ErrorBody),
         (status = 404, description = "No such team", body = ErrorBody),
     ),
@@ -1213,6 +1202,11 @@ async fn get_team(
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving", body = String)))]
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// Any path the API does not have: a 404 in the API's one error shape.
+async fn no_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("there is no {} in this API", uri.path()))
 }
 
 async fn openapi_document() -> Response {
@@ -1238,6 +1232,193 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// The answers every operation of a kind can give, added once rather than listed on each: 401
+/// where a token is required, 400 and 413 where a body is read, 500 on every `/v1` operation.
+struct CommonResponses;
+
+fn error_response(description: &str) -> utoipa::openapi::Response {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+}
+
+impl utoipa::Modify for CommonResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::header::HeaderBuilder;
+        use utoipa::openapi::{ObjectBuilder, Type};
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let responses = &mut operation.responses.responses;
+                let mut add = |status: &str, response: utoipa::openapi::Response| {
+                    responses.entry(status.into()).or_insert(response.into());
+                };
+                if operation.security.is_some() {
+                    let mut unauthorized = error_response(
+                        "No bearer token, or one that matches no `[[tokens]]` entry",
+                    );
+                    unauthorized.headers.insert(
+                        "WWW-Authenticate".into(),
+                        HeaderBuilder::new()
+                            .schema(ObjectBuilder::new().schema_type(Type::String))
+                            .description(Some("`Bearer`"))
+                            .build(),
+                    );
+                    add("401", unauthorized);
+                }
+                if operation.request_body.is_some() {
+                    add(
+                        "400",
+                        error_response("The body is missing or is not JSON (the error names the line and column)"),
+                    );
+                    add(
+                        "413",
+                        error_response("The body is larger than `enforcer.max_request_bytes`"),
+                    );
+                }
+                if path.starts_with("/v1/") {
+                    add(
+                        "500",
+                        error_response(
+                            "The enforcer failed (its store, or a bug); the detail is in its log",
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The bounds and patterns of [`fields`], written into the request schemas that the handlers
+/// check against them.
+struct FieldRules;
+
+impl utoipa::Modify for FieldRules {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{KnownFormat, SchemaFormat};
+        use utoipa::openapi::{RefOr, Schema};
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        let mut constrain =
+            |schema: &str, property: &str, rule: &dyn Fn(&mut utoipa::openapi::Object)| {
+                let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(schema)
+                else {
+                    panic!("the OpenAPI document has no object schema {schema}");
+                };
+                let Some(RefOr::T(Schema::Object(field))) = object.properties.get_mut(property)
+                else {
+                    panic!("{schema} has no property {property} to constrain");
+                };
+                rule(field);
+            };
+        let name = |o: &mut utoipa::openapi::Object| {
+            o.min_length = Some(1);
+            o.max_length = Some(fields::MAX_NAME_CHARS);
+            o.pattern = Some(fields::NAME_PATTERN.into());
+        };
+        let duration = |o: &mut utoipa::openapi::Object| {
+            o.pattern = Some(fields::DURATION_PATTERN.into());
+        };
+        let gpus = |o: &mut utoipa::openapi::Object| {
+            o.format = Some(SchemaFormat::KnownFormat(KnownFormat::Int64));
+            o.minimum = Some(1usize.into());
+            o.maximum = Some((fields::MAX_GPUS as usize).into());
+        };
+        for property in ["team", "user", "project"] {
+            constrain("AdmissionRequest", property, &name);
+        }
+        constrain("AdmissionRequest", "gpus", &gpus);
+        constrain("AdmissionRequest", "duration", &duration);
+        constrain("ResizeRequest", "gpus", &gpus);
+        constrain("ExtendRequest", "duration", &duration);
+        constrain("ExemptRequest", "duration", &duration);
+        constrain("ExemptRequest", "reason", &|o| {
+            o.max_length = Some(fields::MAX_NAME_CHARS);
+            o.pattern = Some(fields::TEXT_PATTERN.into());
+        });
+        let Some(RefOr::T(Schema::Object(admission))) =
+            components.schemas.get_mut("AdmissionRequest")
+        else {
+            panic!("the OpenAPI document has no AdmissionRequest");
+        };
+        let Some(RefOr::T(Schema::Array(command))) = admission.properties.get_mut("command") else {
+            panic!("AdmissionRequest's command is not an array");
+        };
+        let argument = || {
+            utoipa::openapi::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::Type::String)
+                .pattern(Some(fields::ARGUMENT_PATTERN))
+        };
+        command.min_items = Some(1);
+        command.items =
+            utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(argument().into()));
+        command.prefix_items = vec![argument().min_length(Some(1)).into()];
+    }
+}
+
+/// OpenAPI links from an answer that carries a lease to the operations on that lease, so a
+/// client (or a stateful test) can follow a lease from its admission to its release.
+struct LeaseLinks;
+
+impl utoipa::Modify for LeaseLinks {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::link::LinkBuilder;
+        let on_lease = [
+            ("GetLease", "get_lease", "The lease"),
+            ("ReleaseLease", "release_lease", "End the lease"),
+            ("ExtendLease", "extend_lease", "Move the lease's end later"),
+            (
+                "ResizeLease",
+                "resize_lease",
+                "Change the lease's GPU count",
+            ),
+            (
+                "ExemptLease",
+                "exempt_lease",
+                "Exempt the lease from the runtime rules",
+            ),
+        ];
+        let sources = [
+            ("/v1/admission", "$response.body#/lease/id"),
+            ("/v1/leases/{id}/resize", "$response.body#/lease/id"),
+            ("/v1/leases/{id}", "$response.body#/id"),
+            ("/v1/leases/{id}/extend", "$response.body#/id"),
+            ("/v1/leases/{id}/exempt", "$response.body#/id"),
+        ];
+        for (path, id) in sources {
+            let item = openapi
+                .paths
+                .paths
+                .get_mut(path)
+                .expect("a documented path");
+            let operation = item
+                .post
+                .as_mut()
+                .or(item.get.as_mut())
+                .expect("an operation");
+            let Some(utoipa::openapi::RefOr::T(ok)) = operation.responses.responses.get_mut("200")
+            else {
+                panic!("{path} documents no 200 answer");
+            };
+            for (name, operation_id, description) in on_lease {
+                let link = LinkBuilder::new()
+                    .operation_id(operation_id)
+                    .parameter("id", id)
+                    .description(description)
+                    .build();
+                ok.links.insert(name.into(), link.into());
+            }
+        }
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -1248,13 +1429,14 @@ impl utoipa::Modify for BearerAuth {
     components(schemas(
         AdmissionRequest, AdmissionResponse, DecisionKind, Reason, policy::ReasonCode, Estimate,
         Lease, LeaseState, ExtendRequest, ExemptRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,
-        policy::WorkloadName
+        policy::WorkloadName, policy::ReleaseReasonName
     )),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &CommonResponses, &FieldRules, &LeaseLinks)
 )]
 struct ApiDoc;
 
-/// The OpenAPI document of [`router`].
+/// The OpenAPI document of [`router`]. Serialize it with [`openapi_json`]: utoipa (5.5) writes a
+/// Link object's fields in snake case (`operation_id`), where OpenAPI spells them in camel case.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
@@ -1262,9 +1444,41 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// [`openapi`] as pretty JSON with a trailing newline: what `/openapi.json` serves and
 /// `enforcer/openapi.json` holds.
 pub fn openapi_json() -> String {
-    let mut text = openapi()
-        .to_pretty_json()
-        .expect("an OpenAPI document is plain JSON");
+    let mut document = serde_json::to_value(openapi()).expect("an OpenAPI document is plain JSON");
+    for item in document["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|p| p.values_mut())
+    {
+        for operation in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|i| i.values_mut())
+        {
+            let responses = operation
+                .get_mut("responses")
+                .and_then(|r| r.as_object_mut());
+            for response in responses.into_iter().flat_map(|r| r.values_mut()) {
+                let links = response.get_mut("links").and_then(|l| l.as_object_mut());
+                for link in links.into_iter().flat_map(|l| l.values_mut()) {
+                    let Some(link) = link.as_object_mut() else {
+                        continue;
+                    };
+                    for (snake, camel) in [
+                        ("operation_id", "operationId"),
+                        ("operation_ref", "operationRef"),
+                        ("request_body", "requestBody"),
+                    ] {
+                        if let Some(value) = link.remove(snake) {
+                            link.insert(camel.into(), value);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut text =
+        serde_json::to_string_pretty(&document).expect("an OpenAPI document is plain JSON");
     text.push('\n');
     text
 }

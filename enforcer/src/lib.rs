@@ -10,6 +10,7 @@
 pub mod alerts;
 pub mod api;
 pub mod drivers;
+pub mod fields;
 pub mod metrics;
 pub mod policy;
 pub mod rules;

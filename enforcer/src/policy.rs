@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use gpuwarden_schema::config::{contains_ignoring_case, Config, Role};
 use gpuwarden_schema::Workload;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::drivers::{Gpu, Inventory};
@@ -70,8 +70,8 @@ pub struct AdmissionRequest {
     /// The kind of work; its `[workloads.<kind>]` policy applies.
     #[schema(value_type = WorkloadName)]
     pub workload: Workload,
-    /// GPUs wanted, at least 1.
-    #[schema(minimum = 1)]
+    /// GPUs wanted, at least 1; a whole number (`2.0` reads as 2).
+    #[serde(deserialize_with = "crate::fields::gpu_count")]
     pub gpus: u32,
     /// A case-insensitive substring of the GPU model wanted (`"H100"`); any allowed model when
     /// absent.
@@ -80,9 +80,9 @@ pub struct AdmissionRequest {
     /// The substrate to run on; the workload's preference order when absent.
     #[serde(default)]
     pub substrate: Option<String>,
-    /// How long the lease is wanted, as `"30m"` or `"2h"`; the workload's `max_duration` when
-    /// absent.
-    #[serde(default, deserialize_with = "optional_duration")]
+    /// How long the lease is wanted, as `"30m"`, `"2h"` or `"1h30m"`; the workload's
+    /// `max_duration` when absent.
+    #[serde(default, deserialize_with = "crate::fields::optional_duration")]
     #[schema(value_type = Option<String>, example = "2h")]
     pub duration: Option<Duration>,
     /// Free-form labels carried into lease events.
@@ -112,10 +112,25 @@ pub(crate) enum WorkloadName {
     Batch,
 }
 
-fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let text = Option::<String>::deserialize(d)?;
-    text.map(|t| gpuwarden_schema::config::parse_duration(&t).map_err(serde::de::Error::custom))
-        .transpose()
+/// Why a lease ended.
+// Stands for `schema::ReleaseReason` in the document, as [`WorkloadName`] does for `Workload`.
+#[derive(ToSchema)]
+#[schema(as = ReleaseReason)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub(crate) enum ReleaseReasonName {
+    /// The holder released it.
+    User,
+    /// It reached its end.
+    Expired,
+    /// It was reclaimed for being idle.
+    Idle,
+    /// Its team ran out of budget.
+    Budget,
+    /// An administrator ended it.
+    Admin,
+    /// Its substrate failed to run it.
+    Failed,
 }
 
 /// An admission request and who makes it.

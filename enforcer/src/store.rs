@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use gpuwarden_schema::config::PricingConfig;
 use gpuwarden_schema::{
-    Action, ActionKind, LeaseEvent, LeaseEventKind, Outcome, Record, ReleaseReason, Workload, V1,
+    end_after, Action, ActionKind, LeaseEvent, LeaseEventKind, Outcome, Record, ReleaseReason,
+    Workload, V1,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};
@@ -184,7 +185,7 @@ pub struct Lease {
     /// When it ended.
     pub released_at: Option<i64>,
     /// Why it ended.
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<crate::policy::ReleaseReasonName>)]
     pub release_reason: Option<ReleaseReason>,
 }
 
@@ -971,9 +972,7 @@ impl Store {
                     labels: request.labels.clone().unwrap_or_default(),
                     state: LeaseState::Granted,
                     granted_at: now_ms,
-                    expires_at: decision
-                        .duration
-                        .map(|d| now_ms.saturating_add(d.as_millis() as i64)),
+                    expires_at: decision.duration.map(|d| end_after(now_ms, d)),
                     updated_at: now_ms,
                     released_at: None,
                     release_reason: None,

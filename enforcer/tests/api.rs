@@ -421,6 +421,122 @@ async fn malformed_requests_get_one_error_shape_naming_the_fault() {
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
 }
 
+/// What the OpenAPI document states of each field is what the handlers enforce: names are
+/// non-blank with no space at either end, GPU counts are whole numbers however written,
+/// durations follow the document's pattern and are more than zero, a missing body is a 400, and
+/// an unknown substrate is a 404 like an unknown team.
+#[tokio::test]
+async fn fields_are_checked_as_the_document_states() {
+    let h = harness();
+    let app = &h.app;
+    for (field, value) in [
+        ("team", ""),
+        ("team", " ml"),
+        ("user", "ada "),
+        ("project", "   "),
+        ("project", "a\nb"),
+    ] {
+        let mut body = ask("ml", "ada", 1);
+        body[field] = json!(value);
+        let (s, b) = admit(app, "root", body.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
+        assert_eq!(b["error"]["field"], field, "{body}: {b}");
+    }
+    let mut long = ask("ml", "ada", 1);
+    long["project"] = json!("p".repeat(257));
+    let (s, b) = admit(app, "root", long).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 256"),
+        "{b}"
+    );
+
+    // JSON Schema's integer is any number without a fraction.
+    let (s, b) = call(
+        app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(r#"{"team":"ml","user":"ada","project":"p","workload":"training","gpus":2.0,"dry_run":true}"#.into()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["decision"], "admitted", "{b}");
+    for gpus in ["1.5", "4294967296", "1e10"] {
+        let body = format!(
+            r#"{{"team":"ml","user":"ada","project":"p","workload":"training","gpus":{gpus}}}"#
+        );
+        let (s, b) = call(app, Method::POST, "/v1/admission", Some("ada"), Some(body)).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{gpus}: {b}");
+        assert_eq!(b["error"]["field"], "gpus", "{b}");
+    }
+
+    for duration in ["0s", "0h 0m", "1.5h", "2 h ", "05m", "2H"] {
+        let mut body = ask("ml", "ada", 1);
+        body["duration"] = json!(duration);
+        let (s, b) = admit(app, "ada", body).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{duration:?}: {b}");
+        assert_eq!(b["error"]["field"], "duration", "{b}");
+    }
+    for duration in ["90m", "1h 30m", "1 hour"] {
+        let mut body = ask("ml", "ada", 1);
+        body["duration"] = json!(duration);
+        body["dry_run"] = json!(true);
+        let (s, b) = admit(app, "ada", body).await;
+        assert_eq!(s, StatusCode::OK, "{duration:?}: {b}");
+    }
+
+    let mut body = ask("ml", "ada", 1);
+    body["substrate"] = json!("moon");
+    let (s, b) = admit(app, "ada", body).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains("moon"),
+        "{b}"
+    );
+
+    let (_, b) = admit(app, "ada", ask("ml", "ada", 1)).await;
+    let id = b["lease"]["id"].as_str().unwrap().to_string();
+    for op in ["extend", "exempt", "resize"] {
+        let path = format!("/v1/leases/{id}/{op}");
+        let (s, b) = call(app, Method::POST, &path, Some("root"), None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{op}: {b}");
+        assert_eq!(b["error"]["code"], "malformed_json", "{op}: {b}");
+    }
+    let path = format!("/v1/leases/{id}/exempt");
+    for body in [
+        json!({"duration": "0s", "reason": "x"}),
+        json!({"duration": "1h", "reason": " \t"}),
+    ] {
+        let (s, b) = call(
+            app,
+            Method::POST,
+            &path,
+            Some("root"),
+            Some(body.to_string()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
+    }
+    let body = json!({"duration": "1ms", "reason": "the shortest exemption"});
+    let (s, b) = call(
+        app,
+        Method::POST,
+        &path,
+        Some("root"),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    let (s, b) = call(app, Method::GET, "/v2/nothing", Some("root"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(b["error"]["code"], "not_found", "{b}");
+}
+
 #[tokio::test]
 async fn leases_are_listed_extended_resized_and_released() {
     let h = harness();

@@ -34,6 +34,17 @@ fn system_now_ms() -> i64 {
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The latest time gpuwarden records, in Unix epoch milliseconds: the last millisecond of the
+/// year 9999, the last one RFC 3339 (and so every log line, CLI table and SQL client) can write.
+pub const LATEST_MS: i64 = 253_402_300_799_999;
+
+/// `start_ms + duration`, in milliseconds, no later than [`LATEST_MS`]: the end of a lease or an
+/// exemption however long it was asked to last.
+pub fn end_after(start_ms: i64, duration: Duration) -> i64 {
+    let duration_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+    start_ms.saturating_add(duration_ms).min(LATEST_MS)
+}
+
 /// The machine's clock: event time is wall time.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
@@ -123,6 +134,18 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ends_stop_at_the_last_time_rfc_3339_can_write() {
+        assert_eq!(end_after(1_000, Duration::from_secs(2)), 3_000);
+        assert_eq!(end_after(1_000, Duration::MAX), LATEST_MS);
+        assert_eq!(end_after(LATEST_MS - 1, Duration::from_secs(1)), LATEST_MS);
+        let latest = UNIX_EPOCH + Duration::from_millis(LATEST_MS as u64);
+        assert_eq!(
+            humantime::format_rfc3339_millis(latest).to_string(),
+            "9999-12-31T23:59:59.999Z"
+        );
+    }
 
     #[test]
     fn manual_clock_moves_only_when_told() {

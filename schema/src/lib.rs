@@ -26,7 +26,7 @@ pub mod topics;
 pub mod version;
 
 pub use action::{Action, ActionKind, Outcome};
-pub use clock::{AcceleratedClock, Clock, ManualClock, SystemClock};
+pub use clock::{end_after, AcceleratedClock, Clock, ManualClock, SystemClock, LATEST_MS};
 pub use error::{ArrowConvertError, DecodeError, ValidationError};
 pub use lease::{LeaseEvent, LeaseEventKind, ReleaseReason, Workload};
 pub use record::Record;
