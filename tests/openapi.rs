@@ -20,34 +20,13 @@ use support::{http, sha256_hex, Broker, Running};
 
 const ADMIN_TOKEN: &str = "schemathesis-admin-token";
 
-const SETUP: &str = "run `bash .ci/run`, or create the environment by hand:\n  \
-     python3 -m venv /var/tmp/gpuwarden-venv && \
-     /var/tmp/gpuwarden-venv/bin/pip install -r tests/requirements.txt\n  \
-     export GPUWARDEN_PYTHON=/var/tmp/gpuwarden-venv/bin/python";
-
-/// The schemathesis command beside GPUWARDEN_PYTHON. Missing, it fails the test: a conformance
-/// check that silently skips checks nothing.
+/// The schemathesis command beside the tests' Python (GPUWARDEN_PYTHON).
 fn schemathesis() -> PathBuf {
-    let python = std::env::var("GPUWARDEN_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| {
-            panic!("GPUWARDEN_PYTHON is not set; this test needs schemathesis: {SETUP}")
-        });
-    let command = Path::new(&python)
+    let python = support::venv_python("schemathesis", "import schemathesis");
+    Path::new(&python)
         .parent()
         .expect("GPUWARDEN_PYTHON is a path")
-        .join("schemathesis");
-    let out = Command::new(&command)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|e| panic!("{} does not run ({e}): {SETUP}", command.display()));
-    assert!(
-        out.status.success(),
-        "{} --version failed: {SETUP}",
-        command.display()
-    );
-    command
+        .join("schemathesis")
 }
 
 /// Two teams (one with a small budget), every workload on a simulated fleet of 32 H100s and 16

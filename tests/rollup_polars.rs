@@ -414,30 +414,9 @@ fn gpuwarden(args: &[&str]) -> String {
     stdout
 }
 
-const SETUP: &str = "run `bash .ci/run`, or create the environment by hand:\n  \
-     python3 -m venv /var/tmp/gpuwarden-venv && \
-     /var/tmp/gpuwarden-venv/bin/pip install -r tests/requirements.txt\n  \
-     export GPUWARDEN_PYTHON=/var/tmp/gpuwarden-venv/bin/python";
-
 /// The Python that runs the polars reference: GPUWARDEN_PYTHON, which must import polars.
-/// Missing, it fails the test: a cross-check that silently skips checks nothing.
 fn python() -> String {
-    let python = std::env::var("GPUWARDEN_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| {
-            panic!("GPUWARDEN_PYTHON is not set; this test needs a Python with polars: {SETUP}")
-        });
-    let out = Command::new(&python)
-        .args(["-c", "import polars; print(polars.__version__)"])
-        .output()
-        .unwrap_or_else(|e| panic!("GPUWARDEN_PYTHON={python} does not run ({e}): {SETUP}"));
-    assert!(
-        out.status.success(),
-        "GPUWARDEN_PYTHON={python} cannot import polars: {}\n{SETUP}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    python
+    support::venv_python("polars", "import polars")
 }
 
 type Row = BTreeMap<String, Value>;

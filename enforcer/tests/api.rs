@@ -507,30 +507,24 @@ async fn fields_are_checked_as_the_document_states() {
         assert_eq!(b["error"]["code"], "malformed_json", "{op}: {b}");
     }
     let path = format!("/v1/leases/{id}/exempt");
-    for body in [
-        json!({"duration": "0s", "reason": "x"}),
-        json!({"duration": "1h", "reason": " \t"}),
+    for (body, status) in [
+        (
+            json!({"duration": "0s", "reason": "x"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"duration": "1h", "reason": " \t"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"duration": "1ms", "reason": "the shortest exemption"}),
+            StatusCode::OK,
+        ),
     ] {
-        let (s, b) = call(
-            app,
-            Method::POST,
-            &path,
-            Some("root"),
-            Some(body.to_string()),
-        )
-        .await;
-        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
+        let body = Some(body.to_string());
+        let (s, b) = call(app, Method::POST, &path, Some("root"), body).await;
+        assert_eq!(s, status, "{b}");
     }
-    let body = json!({"duration": "1ms", "reason": "the shortest exemption"});
-    let (s, b) = call(
-        app,
-        Method::POST,
-        &path,
-        Some("root"),
-        Some(body.to_string()),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
 
     let (s, b) = call(app, Method::GET, "/v2/nothing", Some("root"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
