@@ -1363,62 +1363,6 @@ impl utoipa::Modify for FieldRules {
     }
 }
 
-/// OpenAPI links from an answer that carries a lease to the operations on that lease, so a
-/// client (or a stateful test) can follow a lease from its admission to its release.
-struct LeaseLinks;
-
-impl utoipa::Modify for LeaseLinks {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::link::LinkBuilder;
-        let on_lease = [
-            ("GetLease", "get_lease", "The lease"),
-            ("ReleaseLease", "release_lease", "End the lease"),
-            ("ExtendLease", "extend_lease", "Move the lease's end later"),
-            (
-                "ResizeLease",
-                "resize_lease",
-                "Change the lease's GPU count",
-            ),
-            (
-                "ExemptLease",
-                "exempt_lease",
-                "Exempt the lease from the runtime rules",
-            ),
-        ];
-        let sources = [
-            ("/v1/admission", "$response.body#/lease/id"),
-            ("/v1/leases/{id}/resize", "$response.body#/lease/id"),
-            ("/v1/leases/{id}", "$response.body#/id"),
-            ("/v1/leases/{id}/extend", "$response.body#/id"),
-            ("/v1/leases/{id}/exempt", "$response.body#/id"),
-        ];
-        for (path, id) in sources {
-            let item = openapi
-                .paths
-                .paths
-                .get_mut(path)
-                .expect("a documented path");
-            let operation = item
-                .post
-                .as_mut()
-                .or(item.get.as_mut())
-                .expect("an operation");
-            let Some(utoipa::openapi::RefOr::T(ok)) = operation.responses.responses.get_mut("200")
-            else {
-                panic!("{path} documents no 200 answer");
-            };
-            for (name, operation_id, description) in on_lease {
-                let link = LinkBuilder::new()
-                    .operation_id(operation_id)
-                    .parameter("id", id)
-                    .description(description)
-                    .build();
-                ok.links.insert(name.into(), link.into());
-            }
-        }
-    }
-}
-
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -1431,51 +1375,60 @@ impl utoipa::Modify for LeaseLinks {
         Lease, LeaseState, ExtendRequest, ExemptRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,
         policy::WorkloadName, policy::ReleaseReasonName
     )),
-    modifiers(&BearerAuth, &CommonResponses, &FieldRules, &LeaseLinks)
+    modifiers(&BearerAuth, &CommonResponses, &FieldRules)
 )]
 struct ApiDoc;
 
-/// The OpenAPI document of [`router`]. Serialize it with [`openapi_json`]: utoipa (5.5) writes a
-/// Link object's fields in snake case (`operation_id`), where OpenAPI spells them in camel case.
+/// The OpenAPI document of [`router`], without its links (see [`openapi_json`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
+/// The operations on one lease that an answer carrying it links to: (link name, operationId,
+/// description).
+const LEASE_LINKS: [(&str, &str, &str); 5] = [
+    ("GetLease", "get_lease", "The lease"),
+    ("ReleaseLease", "release_lease", "End the lease"),
+    ("ExtendLease", "extend_lease", "Move the lease's end later"),
+    (
+        "ResizeLease",
+        "resize_lease",
+        "Change the lease's GPU count",
+    ),
+    (
+        "ExemptLease",
+        "exempt_lease",
+        "Exempt the lease from the runtime rules",
+    ),
+];
+
 /// [`openapi`] as pretty JSON with a trailing newline: what `/openapi.json` serves and
-/// `enforcer/openapi.json` holds.
+/// `enforcer/openapi.json` holds. It adds the links from every answer that carries a lease to the
+/// operations on that lease, so a client (or a stateful test) can follow a lease from its
+/// admission to its release. They are written here, as JSON, because utoipa 5.5 serializes a
+/// Link's fields in snake case (`operation_id`) where OpenAPI spells them `operationId`.
 pub fn openapi_json() -> String {
     let mut document = serde_json::to_value(openapi()).expect("an OpenAPI document is plain JSON");
-    for item in document["paths"]
-        .as_object_mut()
-        .into_iter()
-        .flat_map(|p| p.values_mut())
-    {
-        for operation in item
-            .as_object_mut()
-            .into_iter()
-            .flat_map(|i| i.values_mut())
-        {
-            let responses = operation
-                .get_mut("responses")
-                .and_then(|r| r.as_object_mut());
-            for response in responses.into_iter().flat_map(|r| r.values_mut()) {
-                let links = response.get_mut("links").and_then(|l| l.as_object_mut());
-                for link in links.into_iter().flat_map(|l| l.values_mut()) {
-                    let Some(link) = link.as_object_mut() else {
-                        continue;
-                    };
-                    for (snake, camel) in [
-                        ("operation_id", "operationId"),
-                        ("operation_ref", "operationRef"),
-                        ("request_body", "requestBody"),
-                    ] {
-                        if let Some(value) = link.remove(snake) {
-                            link.insert(camel.into(), value);
-                        }
-                    }
-                }
-            }
-        }
+    for (path, method, id) in [
+        ("/v1/admission", "post", "$response.body#/lease/id"),
+        ("/v1/leases/{id}/resize", "post", "$response.body#/lease/id"),
+        ("/v1/leases/{id}", "get", "$response.body#/id"),
+        ("/v1/leases/{id}/extend", "post", "$response.body#/id"),
+        ("/v1/leases/{id}/exempt", "post", "$response.body#/id"),
+    ] {
+        let ok = &mut document["paths"][path][method]["responses"]["200"];
+        assert!(ok.is_object(), "{method} {path} documents no 200 answer");
+        ok["links"] = LEASE_LINKS
+            .iter()
+            .map(|(name, operation, description)| {
+                let link = serde_json::json!({
+                    "operationId": operation,
+                    "parameters": {"id": id},
+                    "description": description,
+                });
+                (name.to_string(), link)
+            })
+            .collect();
     }
     let mut text =
         serde_json::to_string_pretty(&document).expect("an OpenAPI document is plain JSON");

@@ -25,6 +25,13 @@ pub const NAME_PATTERN: &str = r"^[^\x00-\x1f\x7f ]([^\x00-\x1f\x7f]*[^\x00-\x1f
 /// space or a control character.
 pub const TEXT_PATTERN: &str = r"[^\x00-\x20\x7f]";
 
+/// The units [`DURATION_PATTERN`] takes, as one group (a macro, so `concat!` can use it).
+macro_rules! duration_unit {
+    () => {
+        "(ms|msec|millis|s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hrs|hour|hours|d|day|days|w|wk|wks|week|weeks)"
+    };
+}
+
 /// A duration as people write it: parts of a whole number (at most six digits, no leading zeros)
 /// and a unit, optionally separated by one space, adding up to more than zero: one part with a
 /// number above zero, which up to three zero parts may precede (`"0h 30m"`) and up to three more
@@ -35,9 +42,13 @@ pub const TEXT_PATTERN: &str = r"[^\x00-\x20\x7f]";
 /// 76,000 years: every duration the pattern admits fits in the millisecond timestamps leases
 /// carry.
 pub const DURATION_PATTERN: &str = concat!(
-    "^(0 ?(ms|msec|millis|s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hrs|hour|hours|d|day|days|w|wk|wks|week|weeks) ?){0,3}",
-    "[1-9][0-9]{0,5} ?(ms|msec|millis|s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hrs|hour|hours|d|day|days|w|wk|wks|week|weeks)",
-    "( ?(0|[1-9][0-9]{0,5}) ?(ms|msec|millis|s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hrs|hour|hours|d|day|days|w|wk|wks|week|weeks)){0,3}$"
+    "^(0 ?",
+    duration_unit!(),
+    " ?){0,3}[1-9][0-9]{0,5} ?",
+    duration_unit!(),
+    "( ?(0|[1-9][0-9]{0,5}) ?",
+    duration_unit!(),
+    "){0,3}$"
 );
 
 /// An argument of a lease's command: any text without a NUL character, which no program's
