@@ -44,6 +44,8 @@ use utoipa::ToSchema;
 
 use crate::policy::{AdmissionRequest, Decision, HeldGpus, Holding, WorkloadName};
 
+pub mod audit;
+
 /// A lease store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
