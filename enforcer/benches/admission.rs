@@ -33,6 +33,7 @@ use axum::routing;
 use bytes::Bytes;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
+use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::{CommitStats, Store};
 use gpuwarden_schema::{Clock, SystemClock};
 use http_body_util::{BodyExt as _, Full};
@@ -393,12 +394,12 @@ fn main() {
             built.insert(s.name.clone(), Arc::from(drivers::build(s, &context).unwrap()));
         }
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let enforcer = serve(api::router(AppState::new(
+        let enforcer = serve(api::router(AppState::new(Service::new(
             config,
             store.clone(),
             built,
             clock,
-        )))
+        ))))
         .await;
         let fixed = || async { ([(header::CONTENT_TYPE, "application/json")], FIXED) };
         let bare = serve(

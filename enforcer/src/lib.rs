@@ -3,9 +3,15 @@
 //! budget blocks, autoscale), and the substrate drivers that carry actions out.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
-//! [`policy`] decides (pure), [`store`] remembers (SQLite, with an outbox for Kafka), [`api`]
-//! translates between HTTP and both, [`rules`] act on the pipeline's signals (alerting through
-//! [`alerts`]), and [`drivers`] act on substrates.
+//! Its modules are layers; each uses only those below it:
+//!
+//! - [`fields`], [`metrics`]: request field rules and counters;
+//! - [`drivers`]: act on substrates (one trait, one registry);
+//! - [`policy`]: decides (pure: a function of the request, a snapshot and the placement state);
+//! - [`store`]: remembers (SQLite, with an outbox for Kafka; [`store::audit`] builds every Action);
+//! - [`service`]: the lease lifecycle over the three, with a typed error saying whose fault;
+//! - [`rules`]: act on the pipeline's signals through the service (alerting through [`alerts`]);
+//! - [`api`]: translates between HTTP and the service.
 
 pub mod alerts;
 pub mod api;
@@ -14,6 +20,7 @@ pub mod fields;
 pub mod metrics;
 pub mod policy;
 pub mod rules;
+pub mod service;
 pub mod store;
 
 /// Randomized tests' numbers: a seeded xorshift, the same sequence on every run.

@@ -11,7 +11,7 @@
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
 //!   unblocked once it fits again (a new month, or a raised budget).
-//! - Leases past their end are reclaimed with reason `expired` ([`AppState::expire_due`]).
+//! - Leases past their end are reclaimed with reason `expired` ([`Service::expire_due`]).
 //!
 //! Every step is an Action in the store's outbox (and so on `gpuwarden.actions` and in the lake).
 //! Steps are idempotent: a lease is reclaimed once (a releasing or ended lease is left alone),
@@ -28,13 +28,12 @@ use std::time::Duration;
 
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::config::{OnIdle, Role, WorkloadPolicy};
-use gpuwarden_schema::{
-    Action, ActionKind, Outcome, ReleaseReason, Signal, SignalBody, Workload, V1,
-};
+use gpuwarden_schema::{Action, ActionKind, Outcome, ReleaseReason, Signal, SignalBody, Workload};
 
 use crate::alerts::Alerts;
-use crate::api::{ApiError, AppState};
 use crate::policy::Principal;
+use crate::service::{Service, ServiceError};
+use crate::store::audit::Audit;
 use crate::store::{Lease, LeaseState};
 
 /// Tries of a reclaim before the lease is marked failed.
@@ -138,7 +137,7 @@ pub fn steps(
 }
 
 /// An Action about `lease`, naming its workload's policy.
-pub fn lease_action(
+fn lease_action(
     kind: ActionKind,
     lease: &Lease,
     reason: &str,
@@ -146,11 +145,12 @@ pub fn lease_action(
     detail: String,
     ts_ms: i64,
 ) -> Action {
-    let mut action = crate::store::action(kind, lease, reason, outcome, detail, ts_ms);
-    action.policy = Some(format!("workloads.{}", lease.workload.as_str()));
-    action
+    Audit::lease(kind, lease, reason)
+        .under_workload_policy(lease.workload)
+        .at(ts_ms, outcome, detail)
 }
 
+/// An Action about `team`, naming its budget.
 fn team_action(
     kind: ActionKind,
     team: &str,
@@ -159,18 +159,9 @@ fn team_action(
     detail: String,
     ts_ms: i64,
 ) -> Action {
-    Action {
-        v: V1,
-        ts_ms,
-        action: kind,
-        lease_id: None,
-        team: Some(team.into()),
-        reason: reason.into(),
-        policy: Some(format!("teams.{team}.monthly_budget_usd")),
-        driver: None,
-        outcome,
-        detail,
-    }
+    Audit::team(kind, team, reason)
+        .under_budget_of(team)
+        .at(ts_ms, outcome, detail)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -191,7 +182,7 @@ fn at(ms: i64) -> String {
 /// The runtime rules over one enforcer's state. Cheap to clone.
 #[derive(Clone)]
 pub struct Rules {
-    state: AppState,
+    service: Service,
     alerts: Alerts,
     principal: Principal,
     /// Lease → time of the newest `lease_utilization` handled.
@@ -207,11 +198,11 @@ impl std::fmt::Debug for Rules {
 }
 
 impl Rules {
-    /// Rules acting through `state` (its store, drivers, clock and config), alerting through
+    /// Rules acting through `service` (its store, drivers, clock and config), alerting through
     /// `alerts`.
-    pub fn new(state: AppState, alerts: Alerts) -> Self {
+    pub fn new(service: Service, alerts: Alerts) -> Self {
         Self {
-            state,
+            service,
             alerts,
             principal: Principal {
                 name: "gpuwarden-rules".into(),
@@ -224,7 +215,7 @@ impl Rules {
     }
 
     /// Acts on one signal.
-    pub async fn on_signal(&self, signal: &Signal) -> Result<(), ApiError> {
+    pub async fn on_signal(&self, signal: &Signal) -> Result<(), ServiceError> {
         match &signal.body {
             SignalBody::LeaseUtilization {
                 lease_id,
@@ -247,20 +238,13 @@ impl Rules {
                 util_pct,
             } => {
                 let hour = signal.ts_ms.div_euclid(HOUR_MS);
-                let action = Action {
-                    v: V1,
-                    ts_ms: self.state.now(),
-                    action: ActionKind::Alert,
-                    lease_id: None,
-                    team: None,
-                    reason: "unattributed".into(),
-                    policy: None,
-                    driver: None,
-                    outcome: self.outcome(),
-                    detail: format!(
+                let action = Audit::fleet(ActionKind::Alert, "unattributed").at(
+                    self.service.now(),
+                    self.outcome(),
+                    format!(
                         "GPU {gpu_uuid} on {host} is busy ({util_pct:.0} % over the window) and no lease holds it"
                     ),
-                };
+                );
                 self.alert_once(&format!("unattributed:{gpu_uuid}:{hour}"), &action)
                     .await
             }
@@ -269,7 +253,7 @@ impl Rules {
                 month_to_date_usd,
                 burn_usd_per_hour,
             } => {
-                self.state
+                self.service
                     .store()
                     .record_team_spend(team, *month_to_date_usd, *burn_usd_per_hour, signal.ts_ms)
                     .await?;
@@ -279,7 +263,7 @@ impl Rules {
     }
 
     fn outcome(&self) -> Outcome {
-        if self.state.dry_run() {
+        if self.service.dry_run() {
             Outcome::DryRun
         } else {
             Outcome::Ok
@@ -288,8 +272,8 @@ impl Rules {
 
     /// Records `action` once under `key` and, when it is new and not a dry run, sends it to the
     /// webhooks.
-    async fn alert_once(&self, key: &str, action: &Action) -> Result<(), ApiError> {
-        if self.state.store().record_once(key, action).await? && action.outcome == Outcome::Ok {
+    async fn alert_once(&self, key: &str, action: &Action) -> Result<(), ServiceError> {
+        if self.service.store().record_once(key, action).await? && action.outcome == Outcome::Ok {
             tracing::info!(reason = %action.reason, lease_id = ?action.lease_id, team = ?action.team, detail = %action.detail, "alert");
             self.alerts.send(action);
         }
@@ -301,8 +285,8 @@ impl Rules {
         lease_id: &str,
         util: &Utilization,
         window_ms: i64,
-    ) -> Result<(), ApiError> {
-        let store = self.state.store();
+    ) -> Result<(), ServiceError> {
+        let store = self.service.store();
         let Some(lease) = store.lease(lease_id).await? else {
             tracing::debug!(lease_id, "signal about an unknown lease; ignored");
             return Ok(());
@@ -318,9 +302,9 @@ impl Rules {
             }
             seen.insert(lease_id.to_owned(), util.ts_ms);
         }
-        let config = self.state.config();
+        let config = self.service.config();
         let policy = config.workload(lease.workload);
-        let now = self.state.now();
+        let now = self.service.now();
         let exempt = store.exempt_until(lease_id).is_some_and(|u| u > now);
         // Judge a size only once a whole window has measured it (and at least two signal
         // periods), so the samples of the size before, and the fleet's lag in following a
@@ -432,14 +416,14 @@ impl Rules {
         gpus: u32,
         reason: &str,
         detail: &str,
-    ) -> Result<bool, ApiError> {
-        let store = self.state.store();
-        let now = self.state.now();
+    ) -> Result<bool, ServiceError> {
+        let store = self.service.store();
+        let now = self.service.now();
         let key = format!(
             "{reason}:{}:{}:{}→{gpus}",
             lease.id, lease.updated_at, lease.gpu_count
         );
-        if self.state.dry_run() {
+        if self.service.dry_run() {
             let action = lease_action(
                 ActionKind::Resize,
                 lease,
@@ -454,7 +438,7 @@ impl Rules {
             return Ok(false);
         }
         match self
-            .state
+            .service
             .resize_for(&self.principal, &lease.id, gpus, reason, detail)
             .await
         {
@@ -463,7 +447,12 @@ impl Rules {
                 Ok(true)
             }
             Ok(answer) => {
-                let why: Vec<String> = answer.reasons.iter().map(|r| r.message.clone()).collect();
+                let why: Vec<String> = answer
+                    .decision
+                    .reasons
+                    .iter()
+                    .map(|r| r.message.clone())
+                    .collect();
                 let action = lease_action(
                     ActionKind::Alert,
                     lease,
@@ -479,7 +468,7 @@ impl Rules {
                 self.alert_once(&format!("refused:{key}"), &action).await?;
                 Ok(false)
             }
-            Err(ApiError::Substrate(e)) => {
+            Err(ServiceError::Substrate(e)) => {
                 // The store put the lease back and recorded the failed resize.
                 tracing::warn!(lease_id = %lease.id, error = %e, "resize failed on the substrate");
                 Ok(false)
@@ -495,16 +484,16 @@ impl Rules {
         lease: &Lease,
         reason: ReleaseReason,
         detail: &str,
-    ) -> Result<(), ApiError> {
-        let store = self.state.store();
-        if self.state.dry_run() {
+    ) -> Result<(), ServiceError> {
+        let store = self.service.store();
+        if self.service.dry_run() {
             let action = lease_action(
                 ActionKind::Reclaim,
                 lease,
                 reason.as_str(),
                 Outcome::DryRun,
                 format!("{detail}; would reclaim {} GPU(s)", lease.gpu_count),
-                self.state.now(),
+                self.service.now(),
             );
             store
                 .record_once(&format!("dry_run:reclaim:{}", lease.id), &action)
@@ -516,34 +505,26 @@ impl Rules {
             if attempt > 0 {
                 tokio::time::sleep(RECLAIM_BACKOFF.saturating_mul(1 << (attempt - 1))).await;
             }
-            match self.state.release_for(&lease.id, reason, detail).await {
+            match self.service.release_for(&lease.id, reason, detail).await {
                 Ok(_) => {
                     tracing::info!(lease_id = %lease.id, team = %lease.team, reason = reason.as_str(), detail, "lease reclaimed");
                     return Ok(());
                 }
-                Err(ApiError::Substrate(e)) => {
+                Err(ServiceError::Substrate(e)) => {
                     tracing::warn!(lease_id = %lease.id, attempt = attempt + 1, error = %e, "reclaim not confirmed by the substrate");
                     last = e;
                 }
                 // Ended meanwhile (released by its holder, or by another step): nothing to do.
-                Err(ApiError::Conflict(_)) => return Ok(()),
+                Err(ServiceError::Conflict(_)) => return Ok(()),
                 Err(e) => return Err(e),
             }
         }
-        let now = self.state.now();
+        let now = self.service.now();
         let why = format!(
             "the substrate did not confirm the reclaim ({}) after {RECLAIM_ATTEMPTS} attempts: {last}",
             reason.as_str()
         );
-        store
-            .transition(
-                &lease.id,
-                LeaseState::Failed,
-                now,
-                ReleaseReason::Failed,
-                &why,
-            )
-            .await?;
+        self.service.fail(&lease.id, &why).await?;
         let action = lease_action(
             ActionKind::Alert,
             lease,
@@ -559,10 +540,10 @@ impl Rules {
     /// Blocks each team whose month-to-date spend has passed its budget, and unblocks each
     /// blocked team that fits again. Called on every `team_spend` signal and periodically (a
     /// new month unblocks without a signal).
-    pub async fn check_budgets(&self) -> Result<(), ApiError> {
-        let config = self.state.config().clone();
-        let now = self.state.now();
-        let ledger = self.state.store().ledger(now, &config.pricing)?;
+    pub async fn check_budgets(&self) -> Result<(), ServiceError> {
+        let config = self.service.config().clone();
+        let now = self.service.now();
+        let ledger = self.service.store().ledger(now, &config.pricing)?;
         let (year, month) = month_of(now);
         for team in &config.teams {
             let spend = ledger.spend_usd.get(&team.name).copied().unwrap_or(0.0);
@@ -574,7 +555,7 @@ impl Rules {
             );
             if over && !blocked {
                 let month_key = format!("{}:{year}-{month:02}", team.name);
-                if self.state.dry_run() {
+                if self.service.dry_run() {
                     let action = team_action(
                         ActionKind::Block,
                         &team.name,
@@ -583,15 +564,14 @@ impl Rules {
                         detail,
                         now,
                     );
-                    self.state
+                    self.service
                         .store()
                         .record_once(&format!("dry_run:block:{month_key}"), &action)
                         .await?;
                     continue;
                 }
-                self.state
-                    .store()
-                    .block_team(&team.name, "budget_exceeded", now)
+                self.service
+                    .block_team(&team.name, "budget_exceeded")
                     .await?;
                 tracing::warn!(team = %team.name, spend, budget = team.monthly_budget_usd, "team over budget; blocked");
                 let action = team_action(
@@ -604,8 +584,8 @@ impl Rules {
                 );
                 self.alert_once(&format!("budget:{month_key}:{now}"), &action)
                     .await?;
-            } else if !over && blocked && !self.state.dry_run() {
-                self.state.store().unblock_team(&team.name, now).await?;
+            } else if !over && blocked && !self.service.dry_run() {
+                self.service.unblock_team(&team.name).await?;
                 tracing::info!(team = %team.name, spend, budget = team.monthly_budget_usd, "team within budget again; unblocked");
             }
         }

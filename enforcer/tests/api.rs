@@ -12,6 +12,7 @@ use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use gpuwarden_enforcer::api::{openapi_json, router, AppState};
 use gpuwarden_enforcer::drivers::Driver;
+use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config::{
     Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, WorkloadPolicy,
@@ -70,7 +71,7 @@ fn config() -> Config {
 
 struct Harness {
     app: Router,
-    state: AppState,
+    state: Service,
     driver: Arc<TestDriver>,
     _dir: tempfile::TempDir,
 }
@@ -84,14 +85,14 @@ fn harness() -> Harness {
     });
     let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
     drivers.insert("sim".into(), driver.clone());
-    let state = AppState::new(
+    let state = Service::new(
         Arc::new(config()),
         store,
         drivers,
         Arc::new(ManualClock::new(NOW)),
     );
     Harness {
-        app: router(state.clone()),
+        app: router(AppState::new(state.clone())),
         state,
         driver,
         _dir: dir,

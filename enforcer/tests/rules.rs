@@ -13,6 +13,7 @@ use gpuwarden_enforcer::alerts::Alerts;
 use gpuwarden_enforcer::api::{router, AppState};
 use gpuwarden_enforcer::drivers::Driver;
 use gpuwarden_enforcer::rules::{steps, Rules, Step, Utilization};
+use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::{LeaseState, Store};
 use gpuwarden_schema::config::{
     Config, EnforcerMode, GpuPrice, OnIdle, PricingConfig, Role, TeamConfig, WorkloadPolicy,
@@ -116,7 +117,7 @@ async fn webhook() -> (String, Arc<Mutex<Vec<Value>>>) {
 
 struct Harness {
     app: Router,
-    state: AppState,
+    state: Service,
     rules: Rules,
     clock: Arc<ManualClock>,
     driver: Arc<TestDriver>,
@@ -136,10 +137,10 @@ async fn harness(mode: EnforcerMode) -> Harness {
     drivers.insert("sim".into(), driver.clone());
     let clock = Arc::new(ManualClock::new(NOW));
     let config = Arc::new(config(mode, &url));
-    let state = AppState::new(config.clone(), store, drivers, clock.clone());
+    let state = Service::new(config.clone(), store, drivers, clock.clone());
     let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
     Harness {
-        app: router(state.clone()),
+        app: router(AppState::new(state.clone())),
         state,
         rules,
         clock,

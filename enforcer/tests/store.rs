@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use gpuwarden_enforcer::drivers::{Gpu, Inventory};
 use gpuwarden_enforcer::policy::{
-    evaluate, AdmissionRequest, Decision, Principal, ReasonCode, Request, Snapshot, SubstrateState,
+    evaluate, AdmissionRequest, Decision, Placements, Principal, ReasonCode, Request, Snapshot,
+    SubstrateState,
 };
 use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Ledger, Store, StoreError};
 use gpuwarden_schema::config::{Config, Role, TeamConfig};
@@ -88,7 +89,7 @@ fn decide<'a>(
             blocked: ledger.blocked,
             substrates: vec![sub],
         };
-        evaluate(req, &snapshot)
+        evaluate(req, &snapshot, &mut Placements::default())
     }
 }
 

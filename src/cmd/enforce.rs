@@ -16,6 +16,7 @@ use gpuwarden_enforcer::alerts::Alerts;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
 use gpuwarden_enforcer::rules::Rules;
+use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config;
 use gpuwarden_schema::{Clock, SystemClock};
@@ -109,7 +110,7 @@ pub(crate) async fn start(
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
         built.insert(substrate.name.clone(), Arc::from(driver));
     }
-    let state = AppState::new(config.clone(), store.clone(), built, clock.clone());
+    let state = Service::new(config.clone(), store.clone(), built, clock.clone());
     let readopted = state
         .readopt()
         .await
@@ -144,9 +145,10 @@ pub(crate) async fn start(
     ));
 
     let (metrics, store) = (state.metrics().clone(), state.store().clone());
-    let app = api::router(state).merge(super::metrics_http::metrics_only(move || {
-        metrics.render_with(store.commit_stats())
-    }));
+    let app =
+        api::router(AppState::new(state)).merge(super::metrics_http::metrics_only(move || {
+            metrics.render_with(store.commit_stats())
+        }));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;
@@ -197,12 +199,7 @@ impl Enforcer {
 
 /// Every `tick`: releases leases past their end and re-checks budgets (a new month lifts a
 /// budget block without waiting for a signal).
-async fn rules_loop(
-    state: AppState,
-    rules: Rules,
-    tick: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn rules_loop(state: Service, rules: Rules, tick: Duration, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}

@@ -1,146 +1,36 @@
 //! The admission policy: a pure function from a request and a snapshot of the world to a decision.
 //!
-//! [`evaluate`] does no I/O. The lease store builds the [`Snapshot`] (GPUs held, spend, blocked
-//! teams, GPUs in use) inside the same transaction that records the lease, and the API adds the
-//! drivers' inventories, so the decision and the lease it creates cannot disagree. Every check that
-//! fails is reported, each with a stable [`ReasonCode`], so a front-end can show a person all that
-//! stands in the way at once. Placement (which substrate, model and GPUs) lives here too, because
-//! "is there capacity" and "which GPUs" are the same question.
+//! [`evaluate`] and [`evaluate_resize`] do no I/O and read no clock: everything they depend on is
+//! in their arguments, the [`Request`] (or the [`Holding`]), the [`Snapshot`], and the
+//! [`Placements`] placement keeps between decisions. The lease store builds the snapshot's
+//! holdings, spend and blocks inside the same transaction that records the lease, and the
+//! service adds the drivers' inventories, so the decision and the lease it creates cannot
+//! disagree. Every check that fails is reported, each with a stable [`ReasonCode`], so a
+//! front-end can show a person all that stands in the way at once. Placement (which substrate,
+//! model and GPUs) is decided here too, because "is there capacity" and "which GPUs" are the same
+//! question.
+//!
+//! - [`request`]: what the policy is asked (principal, admission request, holding);
+//! - [`decision`]: what it answers (decision, reasons, estimate, placement);
+//! - [`placement`]: the fleet index, the holdings and the placement state kept between calls;
+//! - this module: the snapshot and the two evaluations.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+pub mod decision;
+pub mod placement;
+pub mod request;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use gpuwarden_schema::config::{contains_ignoring_case, Config, Role};
-use gpuwarden_schema::Workload;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use gpuwarden_schema::config::{contains_ignoring_case, Config};
 
-use crate::drivers::{Gpu, Inventory};
-
-/// Who is asking: the principal a bearer token maps to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    /// The token's name (a user for `member`, a front-end for `service`).
-    pub name: String,
-    /// What it may do.
-    pub role: Role,
-    /// Teams it acts for (ignored for `admin`).
-    pub teams: Vec<String>,
-}
-
-impl Principal {
-    /// Whether the principal may read the team's leases and figures.
-    pub fn may_read(&self, team: &str) -> bool {
-        self.role == Role::Admin || self.teams.iter().any(|t| t == team)
-    }
-
-    /// Why the principal may not change leases of `team` for `user`, or `None` when it may.
-    /// Admins act for anyone; members for themselves in their teams; services for anyone in
-    /// their teams (membership of the user is checked by [`evaluate`]); viewers never write.
-    pub fn write_refusal(&self, team: &str, user: &str) -> Option<String> {
-        match self.role {
-            Role::Admin => None,
-            Role::Viewer => Some(format!("{} is a viewer and may only read", self.name)),
-            _ if !self.teams.iter().any(|t| t == team) => {
-                Some(format!("{} does not act for team {team}", self.name))
-            }
-            Role::Member if user != self.name => Some(format!(
-                "{} is a member and acts only as itself, not as {user}",
-                self.name
-            )),
-            Role::Member | Role::Service => None,
-        }
-    }
-}
-
-/// The body of `POST /v1/admission`.
-#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AdmissionRequest {
-    /// The team the lease is charged to.
-    pub team: String,
-    /// The person the lease is for.
-    pub user: String,
-    /// The project the work belongs to.
-    pub project: String,
-    /// The kind of work; its `[workloads.<kind>]` policy applies.
-    #[schema(value_type = WorkloadName)]
-    pub workload: Workload,
-    /// GPUs wanted, at least 1; a whole number (`2.0` reads as 2).
-    #[serde(deserialize_with = "crate::fields::gpu_count")]
-    pub gpus: u32,
-    /// A case-insensitive substring of the GPU model wanted (`"H100"`); any allowed model when
-    /// absent.
-    #[serde(default)]
-    pub gpu_model: Option<String>,
-    /// The substrate to run on; the workload's preference order when absent.
-    #[serde(default)]
-    pub substrate: Option<String>,
-    /// How long the lease is wanted, as `"30m"`, `"2h"` or `"1h30m"`; the workload's
-    /// `max_duration` when absent.
-    #[serde(default, deserialize_with = "crate::fields::optional_duration")]
-    #[schema(value_type = Option<String>, example = "2h")]
-    pub duration: Option<Duration>,
-    /// Free-form labels carried into lease events.
-    #[serde(default)]
-    pub labels: Option<BTreeMap<String, String>>,
-    /// Evaluate only: no lease is created and nothing is recorded.
-    #[serde(default)]
-    pub dry_run: bool,
-    /// The program to run for the lease (argv, no shell), on substrates that run one (`local`);
-    /// other drivers ignore it. It is not part of the policy's decision and is not stored: a
-    /// re-adopted lease keeps running the process it has.
-    #[serde(default)]
-    pub command: Option<Vec<String>>,
-}
-
-/// The kind of work; each has its own policy in `[workloads.<kind>]`.
-// `schema::Workload` carries no OpenAPI derive (schema stays free of HTTP concerns); this enum
-// stands for it in the document.
-#[derive(ToSchema)]
-#[schema(as = Workload)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum WorkloadName {
-    Training,
-    Inference,
-    Notebook,
-    Batch,
-}
-
-/// Why a lease ended.
-// Stands for `schema::ReleaseReason` in the document, as [`WorkloadName`] does for `Workload`.
-#[derive(ToSchema)]
-#[schema(as = ReleaseReason)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum ReleaseReasonName {
-    /// The holder released it.
-    User,
-    /// It reached its end.
-    Expired,
-    /// It was reclaimed for being idle.
-    Idle,
-    /// Its team ran out of budget.
-    Budget,
-    /// An administrator ended it.
-    Admin,
-    /// Its substrate failed to run it.
-    Failed,
-}
-
-/// An admission request and who makes it.
-#[derive(Debug, Clone)]
-pub struct Request {
-    /// The caller.
-    pub principal: Principal,
-    /// What it asks for.
-    pub admission: AdmissionRequest,
-}
+pub use self::decision::{Decision, Estimate, Placement, Reason, ReasonCode};
+use self::placement::FreeGpus;
+pub use self::placement::{FleetIndex, HeldGpus, Placements};
+pub use self::request::{AdmissionRequest, Holding, Principal, Request};
+pub(crate) use self::request::{ReleaseReasonName, WorkloadName};
+use crate::drivers::Inventory;
 
 /// One substrate as placement sees it: what it has and what open leases hold of it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -168,390 +58,6 @@ impl SubstrateState {
     }
 }
 
-/// A substrate's named GPUs arranged for placement: by model, then by host, with the hosts
-/// ordered by name and by size. Built once per inventory, so that placing a lease costs in the
-/// GPUs open leases hold and the few hosts it looks at, not in every GPU of the fleet: on a
-/// fleet of thousands of GPUs a full scan per admission was the admission's largest cost.
-#[derive(Debug)]
-pub struct FleetIndex {
-    inventory: Arc<Inventory>,
-    /// Models of named GPUs, in the order the inventory first lists them.
-    models: Vec<ModelHosts>,
-    /// A GPU's UUID → its (model, host) slots.
-    at: HashMap<String, (usize, usize)>,
-    /// Free GPUs per host as of the latest holdings placement read, brought up to date from
-    /// the changes to the holdings since (see [`HeldGpus`]).
-    free: Mutex<Option<FreeState>>,
-}
-
-/// The hosts holding GPUs of one model.
-#[derive(Debug)]
-struct ModelHosts {
-    /// Position in the inventory of the model's first GPU (whose `model` names it).
-    first: usize,
-    /// Each host's GPUs of the model (positions in the inventory, by index), hosts by name.
-    hosts: Vec<Vec<usize>>,
-    /// GPUs of the model.
-    total: usize,
-}
-
-impl FleetIndex {
-    /// Arranges `inventory`'s named GPUs (one pass and a sort; pooled capacity needs none).
-    pub fn new(inventory: Arc<Inventory>) -> Self {
-        let gpus = &inventory.gpus;
-        let mut models: Vec<ModelHosts> = Vec::new();
-        // Per model: host name → its GPUs' positions.
-        let mut grouped: Vec<BTreeMap<&str, Vec<usize>>> = Vec::new();
-        let mut model_slot: HashMap<&str, usize> = HashMap::new();
-        for (position, gpu) in gpus.iter().enumerate() {
-            let m = *model_slot.entry(gpu.model.as_str()).or_insert_with(|| {
-                models.push(ModelHosts {
-                    first: position,
-                    hosts: Vec::new(),
-                    total: 0,
-                });
-                grouped.push(BTreeMap::new());
-                models.len() - 1
-            });
-            grouped[m]
-                .entry(gpu.host.as_str())
-                .or_default()
-                .push(position);
-        }
-        let mut at = HashMap::with_capacity(gpus.len());
-        for (m, (model, hosts)) in models.iter_mut().zip(grouped).enumerate() {
-            for (h, (_, mut positions)) in hosts.into_iter().enumerate() {
-                positions.sort_by_key(|&p| gpus[p].index);
-                for &p in &positions {
-                    at.insert(gpus[p].uuid.clone(), (m, h));
-                }
-                model.total += positions.len();
-                model.hosts.push(positions);
-            }
-        }
-        Self {
-            inventory,
-            models,
-            at,
-            free: Mutex::new(None),
-        }
-    }
-
-    /// Whether this index was built from `inventory` (the same report, not an equal one).
-    pub fn is_of(&self, inventory: &Arc<Inventory>) -> bool {
-        Arc::ptr_eq(&self.inventory, inventory)
-    }
-
-    fn model_name(&self, m: usize) -> &str {
-        &self.inventory.gpus[self.models[m].first].model
-    }
-
-    fn host_name(&self, m: usize, h: usize) -> &str {
-        &self.inventory.gpus[self.models[m].hosts[h][0]].host
-    }
-}
-
-/// An index equals another built from an equal inventory (it is a function of it).
-impl PartialEq for FleetIndex {
-    fn eq(&self, other: &Self) -> bool {
-        self.inventory == other.inventory
-    }
-}
-
-/// How many changes [`HeldGpus`] remembers. Placement reads the holdings on every admission, so
-/// it is rarely more than a few changes behind; further behind, it recounts.
-const RECENT_CHANGES: usize = 4096;
-
-/// The GPUs open leases hold on one substrate, with the latest changes to them: placement keeps
-/// each host's free GPUs and brings them up to date from the changes alone, instead of
-/// recounting every held GPU on every admission.
-#[derive(Debug)]
-pub struct HeldGpus {
-    uuids: BTreeSet<String>,
-    /// Which history of changes this is. A clone starts its own (the two may then change
-    /// apart), so a count kept for one is never carried over to the other by mistake.
-    origin: u64,
-    /// Changes made so far.
-    version: u64,
-    /// The latest changes, oldest first: a UUID and whether it became held.
-    recent: VecDeque<(String, bool)>,
-}
-
-impl HeldGpus {
-    fn fresh_origin() -> u64 {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn record(&mut self, uuid: String, held: bool) {
-        if self.recent.len() == RECENT_CHANGES {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((uuid, held));
-        self.version += 1;
-    }
-
-    /// Marks `uuid` held; false if it already was.
-    pub fn insert(&mut self, uuid: String) -> bool {
-        if self.uuids.contains(&uuid) {
-            return false;
-        }
-        self.uuids.insert(uuid.clone());
-        self.record(uuid, true);
-        true
-    }
-
-    /// Marks `uuid` free; false if it was not held.
-    pub fn remove(&mut self, uuid: &str) -> bool {
-        if !self.uuids.remove(uuid) {
-            return false;
-        }
-        self.record(uuid.to_owned(), false);
-        true
-    }
-
-    /// Whether `uuid` is held.
-    pub fn contains(&self, uuid: &str) -> bool {
-        self.uuids.contains(uuid)
-    }
-
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.uuids.is_empty()
-    }
-
-    /// The held UUIDs, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &String> {
-        self.uuids.iter()
-    }
-
-    /// The changes after the first `version` of this history, if it still has them all.
-    fn changes_since(
-        &self,
-        origin: u64,
-        version: u64,
-    ) -> Option<impl Iterator<Item = &(String, bool)>> {
-        let first = self.version - self.recent.len() as u64;
-        (origin == self.origin && (first..=self.version).contains(&version))
-            .then(|| self.recent.iter().skip((version - first) as usize))
-    }
-}
-
-impl Default for HeldGpus {
-    fn default() -> Self {
-        Self {
-            uuids: BTreeSet::new(),
-            origin: Self::fresh_origin(),
-            version: 0,
-            recent: VecDeque::new(),
-        }
-    }
-}
-
-impl Clone for HeldGpus {
-    fn clone(&self) -> Self {
-        Self {
-            uuids: self.uuids.clone(),
-            origin: Self::fresh_origin(),
-            version: 0,
-            recent: VecDeque::new(),
-        }
-    }
-}
-
-/// Two holdings are equal when they hold the same GPUs, whatever their histories.
-impl PartialEq for HeldGpus {
-    fn eq(&self, other: &Self) -> bool {
-        self.uuids == other.uuids
-    }
-}
-
-impl Extend<String> for HeldGpus {
-    fn extend<I: IntoIterator<Item = String>>(&mut self, uuids: I) {
-        for uuid in uuids {
-            self.insert(uuid);
-        }
-    }
-}
-
-impl<const N: usize> From<[&str; N]> for HeldGpus {
-    fn from(uuids: [&str; N]) -> Self {
-        let mut held = Self::default();
-        held.extend(uuids.map(str::to_owned));
-        held
-    }
-}
-
-/// Free GPUs per host of an index, as of one version of one history of holdings.
-#[derive(Debug)]
-struct FreeState {
-    origin: u64,
-    version: u64,
-    models: Vec<ModelFree>,
-}
-
-/// One model's free GPUs: per host, and the hosts with any free ordered both ways placement
-/// looks for them.
-#[derive(Debug)]
-struct ModelFree {
-    /// Free GPUs per host slot.
-    free: Vec<usize>,
-    /// GPUs held.
-    held: usize,
-    /// Hosts with free GPUs as (free, slot): the first from `n` up is the tightest fit.
-    tightest: BTreeSet<(usize, usize)>,
-    /// Hosts with free GPUs as (most free first, slot): where spreading and filling start.
-    fullest: BTreeSet<(Reverse<usize>, usize)>,
-}
-
-impl ModelFree {
-    fn set(&mut self, h: usize, free: usize) {
-        let before = self.free[h];
-        if before > 0 {
-            self.tightest.remove(&(before, h));
-            self.fullest.remove(&(Reverse(before), h));
-        }
-        if free > 0 {
-            self.tightest.insert((free, h));
-            self.fullest.insert((Reverse(free), h));
-        }
-        self.free[h] = free;
-    }
-}
-
-impl FreeState {
-    /// Counts from scratch: every host free, less what `held` holds.
-    fn count(index: &FleetIndex, held: &HeldGpus) -> Self {
-        let mut models: Vec<ModelFree> = index
-            .models
-            .iter()
-            .map(|model| ModelFree {
-                free: model.hosts.iter().map(Vec::len).collect(),
-                held: 0,
-                tightest: BTreeSet::new(),
-                fullest: BTreeSet::new(),
-            })
-            .collect();
-        // UUIDs the inventory no longer lists hold nothing placement could use.
-        for &(m, h) in held.iter().filter_map(|uuid| index.at.get(uuid)) {
-            models[m].free[h] -= 1;
-            models[m].held += 1;
-        }
-        for model in &mut models {
-            for (h, &free) in model.free.iter().enumerate().filter(|(_, &f)| f > 0) {
-                model.tightest.insert((free, h));
-                model.fullest.insert((Reverse(free), h));
-            }
-        }
-        Self {
-            origin: held.origin,
-            version: held.version,
-            models,
-        }
-    }
-
-    /// Brings the counts to `held`: from its changes when it has all those since, else anew.
-    fn update(state: &mut Option<Self>, index: &FleetIndex, held: &HeldGpus) {
-        if let Some(s) = state.as_mut() {
-            if let Some(changes) = held.changes_since(s.origin, s.version) {
-                for (uuid, now_held) in changes {
-                    let Some(&(m, h)) = index.at.get(uuid) else {
-                        continue;
-                    };
-                    let model = &mut s.models[m];
-                    let free = model.free[h];
-                    match now_held {
-                        true => {
-                            model.held += 1;
-                            model.set(h, free - 1);
-                        }
-                        false => {
-                            model.held -= 1;
-                            model.set(h, free + 1);
-                        }
-                    }
-                }
-                s.version = held.version;
-                return;
-            }
-        }
-        *state = Some(Self::count(index, held));
-    }
-}
-
-/// One substrate's free named GPUs as one request sees them: the index and its free counts,
-/// brought to the holdings the request read.
-struct FreeGpus<'a> {
-    index: &'a FleetIndex,
-    held: &'a HeldGpus,
-    state: MutexGuard<'a, Option<FreeState>>,
-}
-
-impl<'a> FreeGpus<'a> {
-    fn new(index: &'a FleetIndex, held: &'a HeldGpus) -> Self {
-        let mut state = index.free.lock().unwrap_or_else(PoisonError::into_inner);
-        FreeState::update(&mut state, index, held);
-        Self { index, held, state }
-    }
-
-    fn model(&self, m: usize) -> &ModelFree {
-        &self
-            .state
-            .as_ref()
-            .expect("brought up to date in new")
-            .models[m]
-    }
-
-    fn of_model(&self, m: usize) -> usize {
-        self.index.models[m].total - self.model(m).held
-    }
-
-    /// A host's free GPUs of model `m`, by index.
-    fn gpus(&self, m: usize, h: usize) -> Vec<&'a Gpu> {
-        let gpus = &self.index.inventory.gpus;
-        let positions = self.index.models[m].hosts[h].iter().map(|&p| &gpus[p]);
-        match self.model(m).free[h] == self.index.models[m].hosts[h].len() {
-            true => positions.collect(),
-            false => positions.filter(|g| !self.held.contains(&g.uuid)).collect(),
-        }
-    }
-
-    /// `n` free GPUs of model `m` (there are at least `n`), picked as [`pick`] picks among
-    /// every host, from only the hosts that can matter: the tightest that fits (training,
-    /// batch), else the fullest until `n` are free among them; the `n` fullest (inference,
-    /// notebooks: round-robin takes one from each of them before a second from any).
-    fn choose(&self, m: usize, n: usize, workload: Workload) -> Vec<String> {
-        let model = self.model(m);
-        let mut slots: Vec<usize> = match workload {
-            Workload::Training | Workload::Batch => match model.tightest.range((n, 0)..).next() {
-                Some(&(_, h)) => vec![h],
-                None => {
-                    let mut free = 0;
-                    model
-                        .fullest
-                        .iter()
-                        .take_while(|&&(Reverse(f), _)| {
-                            let more = free < n;
-                            free += f;
-                            more
-                        })
-                        .map(|&(_, h)| h)
-                        .collect()
-                }
-            },
-            Workload::Inference | Workload::Notebook => {
-                model.fullest.iter().take(n).map(|&(_, h)| h).collect()
-            }
-        };
-        slots.sort_unstable();
-        let hosts: Vec<(&str, Vec<&Gpu>)> = slots
-            .into_iter()
-            .map(|h| (self.index.host_name(m, h), self.gpus(m, h)))
-            .collect();
-        pick(hosts, n, workload)
-    }
-}
-
 /// Everything [`evaluate`] needs to know about the world, gathered by the caller.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -568,117 +74,6 @@ pub struct Snapshot {
     pub substrates: Vec<SubstrateState>,
 }
 
-/// A stable reason for a denial; front-ends may switch on these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ReasonCode {
-    /// The caller may not act for this team, or the user is not one of its members.
-    NotMember,
-    /// The workload policy caps GPUs per lease (or the substrate is not one it allows).
-    WorkloadLimit,
-    /// The team may not use the GPU model asked for.
-    ModelNotAllowed,
-    /// The duration asked for is longer than the workload's `max_duration`.
-    DurationLimit,
-    /// GPUs held plus GPUs asked would exceed the team's quota.
-    QuotaExceeded,
-    /// Month-to-date spend plus this lease's estimate would exceed the team's monthly budget.
-    BudgetExceeded,
-    /// No fitting substrate has enough free GPUs of a fitting model.
-    NoCapacity,
-    /// The team's admissions are blocked (over budget, or by an administrator).
-    TeamBlocked,
-}
-
-impl ReasonCode {
-    /// Every code, in a stable order.
-    pub const ALL: [ReasonCode; 8] = [
-        Self::NotMember,
-        Self::WorkloadLimit,
-        Self::ModelNotAllowed,
-        Self::DurationLimit,
-        Self::QuotaExceeded,
-        Self::BudgetExceeded,
-        Self::NoCapacity,
-        Self::TeamBlocked,
-    ];
-
-    /// The snake_case code used in JSON, actions and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotMember => "not_member",
-            Self::WorkloadLimit => "workload_limit",
-            Self::ModelNotAllowed => "model_not_allowed",
-            Self::DurationLimit => "duration_limit",
-            Self::QuotaExceeded => "quota_exceeded",
-            Self::BudgetExceeded => "budget_exceeded",
-            Self::NoCapacity => "no_capacity",
-            Self::TeamBlocked => "team_blocked",
-        }
-    }
-}
-
-/// One failed check.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct Reason {
-    /// Stable code.
-    pub code: ReasonCode,
-    /// For a person, with the numbers behind it.
-    pub message: String,
-}
-
-/// What the lease would cost, priced as the lake prices GPU-hours.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
-pub struct Estimate {
-    /// Price of one GPU-hour of the model × GPUs.
-    pub usd_per_hour: f64,
-    /// Cost over the requested duration (or the workload's `max_duration`); null when the lease
-    /// has no end, in which case the budget check counts one hour.
-    pub max_usd: Option<f64>,
-}
-
-/// Where an admitted lease goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    /// The substrate.
-    pub substrate: String,
-    /// The full model name of the GPUs.
-    pub gpu_model: String,
-    /// How many GPUs.
-    pub gpu_count: u32,
-    /// The GPUs chosen; empty on pooled capacity.
-    pub gpu_uuids: Vec<String>,
-}
-
-/// The answer to a request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Every check that failed; empty when admitted.
-    pub reasons: Vec<Reason>,
-    /// What the lease would cost.
-    pub estimate: Estimate,
-    /// Where it goes; `None` when there is no capacity.
-    pub placement: Option<Placement>,
-    /// When the lease ends, if it has a duration.
-    pub duration: Option<Duration>,
-}
-
-impl Decision {
-    /// Whether every check passed.
-    pub fn admitted(&self) -> bool {
-        self.reasons.is_empty() && self.placement.is_some()
-    }
-
-    /// Whether a check with `code` failed.
-    pub fn has(&self, code: ReasonCode) -> bool {
-        self.reasons.iter().any(|r| r.code == code)
-    }
-
-    fn deny(&mut self, code: ReasonCode, message: String) {
-        self.reasons.push(Reason { code, message });
-    }
-}
-
 fn matches(model: &str, pattern: &str) -> bool {
     contains_ignoring_case(model, pattern)
 }
@@ -692,7 +87,7 @@ fn money(usd: f64) -> String {
 }
 
 /// Decides an admission request against a snapshot. Pure: the same inputs give the same answer.
-pub fn evaluate(request: &Request, snapshot: &Snapshot) -> Decision {
+pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placements) -> Decision {
     let req = &request.admission;
     let config = &snapshot.config;
     let policy = config.workload(req.workload);
@@ -802,7 +197,13 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot) -> Decision {
         );
     }
 
-    let placement = place(req, snapshot, &policy.substrates, &model_allowed);
+    let placement = place(
+        req,
+        snapshot,
+        placements,
+        &policy.substrates,
+        &model_allowed,
+    );
     // Price what would be placed; without a placement, the model asked for (or the default).
     let priced_model = placement
         .as_ref()
@@ -836,7 +237,13 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot) -> Decision {
         Some(p) => decision.placement = Some(p),
         None => {
             let model = req.gpu_model.as_deref().unwrap_or("any allowed model");
-            let free = free_gpus(snapshot, req, &policy.substrates, &model_allowed);
+            let free = free_gpus(
+                snapshot,
+                placements,
+                req,
+                &policy.substrates,
+                &model_allowed,
+            );
             decision.deny(
                 ReasonCode::NoCapacity,
                 format!(
@@ -849,30 +256,16 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot) -> Decision {
     decision
 }
 
-/// A lease as [`evaluate_resize`] sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Holding {
-    /// The lease's team.
-    pub team: String,
-    /// Its kind of work.
-    pub workload: Workload,
-    /// Where it runs.
-    pub substrate: String,
-    /// Full model name of its GPUs.
-    pub gpu_model: String,
-    /// The GPUs it holds now (empty on pooled capacity).
-    pub gpu_uuids: Vec<String>,
-    /// How many it holds now.
-    pub gpu_count: u32,
-    /// How long it has left, if it ends.
-    pub remaining: Option<Duration>,
-}
-
 /// Decides whether a lease may change to `gpus` GPUs on its substrate and model. Shrinking keeps
 /// the first GPUs; growing adds free ones. The same codes as admission apply: `workload_limit`
 /// (above `max_gpus` or below `min_gpus`), `quota_exceeded`, `budget_exceeded` and
 /// `team_blocked` (growth only), `no_capacity`.
-pub fn evaluate_resize(lease: &Holding, gpus: u32, snapshot: &Snapshot) -> Decision {
+pub fn evaluate_resize(
+    lease: &Holding,
+    gpus: u32,
+    snapshot: &Snapshot,
+    placements: &mut Placements,
+) -> Decision {
     let config = &snapshot.config;
     let policy = config.workload(lease.workload);
     let usd_per_hour = config.pricing.usd_per_gpu_hour(&lease.gpu_model) * f64::from(gpus);
@@ -965,7 +358,7 @@ pub fn evaluate_resize(lease: &Holding, gpus: u32, snapshot: &Snapshot) -> Decis
             .map(|_| Vec::new()),
         Some(s) => {
             let index = s.fleet();
-            let free = FreeGpus::new(&index, &s.busy);
+            let free = FreeGpus::new(&index, &s.busy, placements.free_of(&s.name, &index));
             let growth = growth as usize;
             (0..index.models.len())
                 .find(|&m| index.model_name(m) == lease.gpu_model)
@@ -1079,6 +472,7 @@ fn fitting_models<'a>(
 
 fn free_gpus(
     snapshot: &Snapshot,
+    placements: &mut Placements,
     req: &AdmissionRequest,
     preference: &[String],
     model_allowed: &dyn Fn(&str) -> bool,
@@ -1087,7 +481,7 @@ fn free_gpus(
         .into_iter()
         .flat_map(|s| {
             let index = s.fleet();
-            let free = FreeGpus::new(&index, &s.busy);
+            let free = FreeGpus::new(&index, &s.busy, placements.free_of(&s.name, &index));
             fitting_models(s, &free, req, model_allowed)
                 .iter()
                 .map(|f| f.free.max(f.pooled as usize))
@@ -1100,6 +494,7 @@ fn free_gpus(
 fn place(
     req: &AdmissionRequest,
     snapshot: &Snapshot,
+    placements: &mut Placements,
     preference: &[String],
     model_allowed: &dyn Fn(&str) -> bool,
 ) -> Option<Placement> {
@@ -1109,7 +504,7 @@ fn place(
     }
     for sub in candidate_substrates(req, snapshot, preference) {
         let index = sub.fleet();
-        let free = FreeGpus::new(&index, &sub.busy);
+        let free = FreeGpus::new(&index, &sub.busy, placements.free_of(&sub.name, &index));
         for model in fitting_models(sub, &free, req, model_allowed) {
             let gpu_uuids = match model.named {
                 Some(m) if model.free >= n => free.choose(m, n, req.workload),
@@ -1127,54 +522,19 @@ fn place(
     None
 }
 
-/// Picks `n` of the free GPUs of `hosts` (by name, each with its free GPUs by index):
-/// training and batch pack onto as few hosts as possible (keeping whole hosts free for the next
-/// big job); inference and notebooks spread across hosts, so one host's failure takes down as
-/// little of a service as possible.
-fn pick(mut hosts: Vec<(&str, Vec<&Gpu>)>, n: usize, workload: Workload) -> Vec<String> {
-    let mut chosen = Vec::with_capacity(n);
-    match workload {
-        Workload::Training | Workload::Batch => {
-            // One host if any fits (the tightest fit), else the fullest hosts first.
-            if let Some((_, gpus)) = hosts
-                .iter()
-                .filter(|(_, g)| g.len() >= n)
-                .min_by_key(|(h, g)| (g.len(), *h))
-            {
-                return gpus[..n].iter().map(|g| g.uuid.clone()).collect();
-            }
-            hosts.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
-            for (_, gpus) in &hosts {
-                for g in gpus {
-                    if chosen.len() == n {
-                        break;
-                    }
-                    chosen.push(g.uuid.clone());
-                }
-            }
-        }
-        Workload::Inference | Workload::Notebook => {
-            // Round-robin: the host given fewest so far next, the one with most free first.
-            let mut taken = vec![0usize; hosts.len()];
-            while chosen.len() < n {
-                let Some(i) = (0..hosts.len())
-                    .filter(|&i| taken[i] < hosts[i].1.len())
-                    .min_by_key(|&i| (taken[i], std::cmp::Reverse(hosts[i].1.len()), hosts[i].0))
-                else {
-                    break;
-                };
-                chosen.push(hosts[i].1[taken[i]].uuid.clone());
-                taken[i] += 1;
-            }
-        }
-    }
-    chosen
-}
-
 #[cfg(test)]
 mod tests {
+    use super::placement::{pick, RECENT_CHANGES};
     use super::*;
+    use crate::drivers::Gpu;
+    use gpuwarden_schema::config::Role;
     use gpuwarden_schema::config::{GpuPrice, PricingConfig, TeamConfig, WorkloadPolicy};
+    use gpuwarden_schema::Workload;
+
+    /// A decision with nothing kept from an earlier one.
+    fn decide(request: &Request, snapshot: &Snapshot) -> Decision {
+        evaluate(request, snapshot, &mut Placements::default())
+    }
 
     fn gpu(host: &str, index: u32, model: &str) -> Gpu {
         Gpu {
@@ -1303,7 +663,7 @@ mod tests {
 
     #[test]
     fn admits_within_every_limit_and_prices_the_placed_model() {
-        let d = evaluate(&request(Workload::Training, 2), &snapshot());
+        let d = decide(&request(Workload::Training, 2), &snapshot());
         assert!(d.admitted(), "{:?}", d.reasons);
         let p = d.placement.unwrap();
         assert_eq!(p.substrate, "sim");
@@ -1317,7 +677,7 @@ mod tests {
     fn estimate_without_a_duration_runs_to_the_workload_max() {
         let mut r = request(Workload::Training, 3);
         r.admission.duration = None;
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert_eq!(d.estimate.usd_per_hour, 12.0);
         assert_eq!(d.estimate.max_usd, Some(12.0 * 24.0));
         assert_eq!(d.duration, Some(Duration::from_secs(24 * 3600)));
@@ -1328,7 +688,7 @@ mod tests {
         let mut r = request(Workload::Batch, 1);
         r.admission.duration = None;
         r.admission.gpu_model = Some("h100".into());
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert!(d.admitted(), "{:?}", d.reasons);
         assert_eq!(d.estimate.usd_per_hour, 4.0);
         assert_eq!(d.estimate.max_usd, None);
@@ -1338,7 +698,7 @@ mod tests {
     fn not_member_for_a_user_outside_the_team_or_a_principal_of_another_team() {
         let mut r = request(Workload::Training, 1);
         r.admission.user = "eve".into();
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert_eq!(codes(&d), vec![ReasonCode::NotMember]);
         assert!(d.reasons[0]
             .message
@@ -1350,15 +710,12 @@ mod tests {
             role: Role::Service,
             teams: vec!["other".into()],
         };
-        assert_eq!(
-            codes(&evaluate(&r, &snapshot())),
-            vec![ReasonCode::NotMember]
-        );
+        assert_eq!(codes(&decide(&r, &snapshot())), vec![ReasonCode::NotMember]);
     }
 
     #[test]
     fn workload_limit_names_the_cap() {
-        let d = evaluate(&request(Workload::Training, 9), &snapshot());
+        let d = decide(&request(Workload::Training, 9), &snapshot());
         assert!(d.has(ReasonCode::WorkloadLimit));
         let m = &d.reasons[0].message;
         assert!(m.contains("at most 8") && m.contains("9 were asked"), "{m}");
@@ -1368,7 +725,7 @@ mod tests {
     fn model_not_allowed() {
         let mut r = request(Workload::Training, 1);
         r.admission.gpu_model = Some("a100".into());
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert!(d.has(ReasonCode::ModelNotAllowed), "{:?}", d.reasons);
         // The A100s exist, but this team may not use them, so there is no capacity either.
         assert!(d.has(ReasonCode::NoCapacity));
@@ -1378,7 +735,7 @@ mod tests {
     fn duration_limit() {
         let mut r = request(Workload::Training, 1);
         r.admission.duration = Some(Duration::from_secs(48 * 3600));
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert_eq!(codes(&d), vec![ReasonCode::DurationLimit]);
         assert!(
             d.reasons[0].message.contains("1day"),
@@ -1396,12 +753,12 @@ mod tests {
     fn quota_exceeded_counts_gpus_already_held() {
         let mut s = snapshot();
         s.held_gpus.insert("ml".into(), 14);
-        let d = evaluate(&request(Workload::Training, 3), &s);
+        let d = decide(&request(Workload::Training, 3), &s);
         assert_eq!(codes(&d), vec![ReasonCode::QuotaExceeded]);
         assert!(d.reasons[0]
             .message
             .contains("holds 14 of its 16 GPUs and asked for 3"));
-        assert!(evaluate(&request(Workload::Training, 2), &s).admitted());
+        assert!(decide(&request(Workload::Training, 2), &s).admitted());
     }
 
     #[test]
@@ -1409,7 +766,7 @@ mod tests {
         let mut s = snapshot();
         // 2 GPUs × $4 × 2 h = $16; 9,985 + 16 > 10,000.
         s.spend_usd.insert("ml".into(), 9_985.0);
-        let d = evaluate(&request(Workload::Training, 2), &s);
+        let d = decide(&request(Workload::Training, 2), &s);
         assert_eq!(codes(&d), vec![ReasonCode::BudgetExceeded]);
         assert!(
             d.reasons[0].message.contains("$9985.00"),
@@ -1418,14 +775,14 @@ mod tests {
         );
         assert!(d.reasons[0].message.contains("$16.00"));
         s.spend_usd.insert("ml".into(), 9_984.0);
-        assert!(evaluate(&request(Workload::Training, 2), &s).admitted());
+        assert!(decide(&request(Workload::Training, 2), &s).admitted());
     }
 
     #[test]
     fn no_capacity_when_no_fitting_substrate_has_enough_free() {
         let mut r = request(Workload::Training, 7);
         r.admission.substrate = Some("sim".into());
-        let d = evaluate(&r, &snapshot());
+        let d = decide(&r, &snapshot());
         assert_eq!(codes(&d), vec![ReasonCode::NoCapacity]);
         assert!(
             d.reasons[0].message.contains("at most 6 free"),
@@ -1439,7 +796,7 @@ mod tests {
         let mut s = snapshot();
         s.blocked.insert("ml".into());
         assert_eq!(
-            codes(&evaluate(&request(Workload::Training, 1), &s)),
+            codes(&decide(&request(Workload::Training, 1), &s)),
             vec![ReasonCode::TeamBlocked]
         );
     }
@@ -1454,7 +811,7 @@ mod tests {
         r.admission.user = "eve".into();
         r.admission.gpu_model = Some("A100".into());
         r.admission.duration = Some(Duration::from_secs(100 * 3600));
-        let d = evaluate(&r, &s);
+        let d = decide(&r, &s);
         let mut got = codes(&d);
         got.sort();
         assert_eq!(got, ReasonCode::ALL.to_vec());
@@ -1464,10 +821,10 @@ mod tests {
     #[test]
     fn training_packs_onto_the_fewest_hosts() {
         // Two fit on b exactly (tightest fit), leaving a whole for a bigger job.
-        let d = evaluate(&request(Workload::Training, 2), &snapshot());
+        let d = decide(&request(Workload::Training, 2), &snapshot());
         assert_eq!(d.placement.unwrap().gpu_uuids, vec!["GPU-b-0", "GPU-b-1"]);
         // Five need two hosts: all of a, then one of b.
-        let d = evaluate(&request(Workload::Training, 5), &snapshot());
+        let d = decide(&request(Workload::Training, 5), &snapshot());
         let uuids = d.placement.unwrap().gpu_uuids;
         assert_eq!(
             uuids,
@@ -1481,7 +838,7 @@ mod tests {
             gpus: gpus.to_vec(),
             pooled: Vec::new(),
         }));
-        let picked = FreeGpus::new(&index, busy).choose(0, n, w);
+        let picked = FreeGpus::new(&index, busy, &mut None).choose(0, n, w);
         picked
     }
 
@@ -1576,6 +933,7 @@ mod tests {
                 pooled: Vec::new(),
             }));
             let mut held = HeldGpus::from(["GPU-gone-0"]);
+            let mut kept = None;
             for _ in 0..40 {
                 let changes = match next(20) {
                     0 => RECENT_CHANGES + 1,
@@ -1597,7 +955,7 @@ mod tests {
                     .iter()
                     .filter(|g| g.model == gpus[0].model && !held.contains(&g.uuid))
                     .count();
-                let state = FreeGpus::new(&index, &held);
+                let state = FreeGpus::new(&index, &held, &mut kept);
                 assert_eq!(state.of_model(0), free);
                 for n in 1..=free.min(10) {
                     for w in workloads {
@@ -1618,7 +976,7 @@ mod tests {
 
     #[test]
     fn inference_spreads_across_hosts() {
-        let d = evaluate(&request(Workload::Inference, 4), &snapshot());
+        let d = decide(&request(Workload::Inference, 4), &snapshot());
         let uuids = d.placement.unwrap().gpu_uuids;
         let hosts: BTreeSet<&str> = uuids.iter().map(|u| &u[4..5]).collect();
         assert_eq!(hosts.len(), 2, "{uuids:?}");
@@ -1633,9 +991,9 @@ mod tests {
         }
         s.substrates[1].pooled_in_use.insert(H100.into(), 5);
         // sim has 2 free H100, pool has 3: four fit nowhere.
-        let d = evaluate(&request(Workload::Training, 4), &s);
+        let d = decide(&request(Workload::Training, 4), &s);
         assert_eq!(codes(&d), vec![ReasonCode::NoCapacity]);
-        let d = evaluate(&request(Workload::Training, 3), &s);
+        let d = decide(&request(Workload::Training, 3), &s);
         let p = d.placement.unwrap();
         assert_eq!(p.substrate, "pool");
         assert!(p.gpu_uuids.is_empty());
@@ -1652,11 +1010,11 @@ mod tests {
             .unwrap()
             .substrates = vec!["pool".into(), "sim".into()];
         s.config = Arc::new(config);
-        let d = evaluate(&request(Workload::Training, 1), &s);
+        let d = decide(&request(Workload::Training, 1), &s);
         assert_eq!(d.placement.unwrap().substrate, "pool");
         let mut r = request(Workload::Training, 1);
         r.admission.substrate = Some("elsewhere".into());
-        let d = evaluate(&r, &s);
+        let d = decide(&r, &s);
         assert!(d.has(ReasonCode::WorkloadLimit) && d.has(ReasonCode::NoCapacity));
     }
 }

@@ -1,0 +1,175 @@
+//! The API's one error shape, `{error: {code, message, field?}}`, and how each failure maps to
+//! a status: the service's [`ServiceError`]s by whose fault they are, and the HTTP layer's own
+//! (a body that is not JSON or too large, a missing token). An internal failure's detail goes to
+//! the log, with the request it failed, through [`log_failures`]; the caller is told only that
+//! the enforcer failed.
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::service::ServiceError;
+
+/// An API error: whose fault, a status, and one JSON shape `{error: {code, message, field?}}`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON (400); the message names the line and column.
+    #[error("{0}")]
+    MalformedJson(String),
+    /// A field is missing, of the wrong type or out of range (422).
+    #[error("{field}: {message}")]
+    InvalidField {
+        /// The field at fault, as a path (`gpus`, `labels.team`).
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No valid bearer token was given (401).
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// The principal may not do this (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The team or lease named does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The body is larger than `enforcer.max_request_bytes` (413).
+    #[error("the request body is larger than the {limit} bytes allowed")]
+    PayloadTooLarge {
+        /// The limit, bytes.
+        limit: usize,
+    },
+    /// The lease's state does not allow the change (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// A substrate driver failed; retrying may help (503).
+    #[error("{0}")]
+    Substrate(String),
+    /// A bug or a store failure (500); the detail is logged (by [`log_failures`]), not sent.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            Self::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Substrate(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::MalformedJson(_) => "malformed_json",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
+            Self::NotFound(_) => "not_found",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::Conflict(_) => "conflict",
+            Self::Substrate(_) => "substrate_unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    pub(super) fn field(name: &str, message: impl Into<String>) -> Self {
+        Self::InvalidField {
+            field: name.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Invalid { field, message } => Self::InvalidField { field, message },
+            ServiceError::NotFound(m) => Self::NotFound(m),
+            ServiceError::Conflict(m) => Self::Conflict(m),
+            ServiceError::Forbidden(m) => Self::Forbidden(m),
+            ServiceError::Substrate(m) => Self::Substrate(m),
+            e @ (ServiceError::Store(_) | ServiceError::Bug(_)) => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable code: `malformed_json`, `invalid_field`, `unauthorized`, `forbidden`,
+    /// `not_found`, `payload_too_large`, `conflict`, `substrate_unavailable`, `internal`.
+    pub code: String,
+    /// For a person.
+    pub message: String,
+    /// The field at fault, for `invalid_field`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let message = match &self {
+            Self::Internal(_) => "the enforcer failed; the error is in its log".to_string(),
+            Self::InvalidField { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        let field = match &self {
+            Self::InvalidField { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code().into(),
+                message,
+                field,
+            },
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if let Self::Internal(detail) = self {
+            response.extensions_mut().insert(Failure(detail));
+            return response;
+        }
+        if matches!(self, Self::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// The detail of an internal failure, carried from [`ApiError::into_response`] to
+/// [`log_failures`] in the response's extensions.
+#[derive(Debug, Clone)]
+struct Failure(String);
+
+/// Logs each internal failure with the method and path of the request it failed.
+pub(super) async fn log_failures(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    if let Some(Failure(detail)) = response.extensions().get::<Failure>() {
+        tracing::error!(%method, %path, error = %detail, "enforcer API request failed");
+    }
+    response
+}

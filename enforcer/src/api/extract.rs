@@ -1,0 +1,169 @@
+//! What the handlers take from a request: the caller, as the [`Principal`] its bearer token
+//! belongs to, and a JSON body whose rejections share [`ApiError`]'s shape.
+
+use axum::extract::{FromRequest, FromRequestParts, Request as HttpRequest};
+use axum::http::header;
+use axum::http::request::Parts;
+use gpuwarden_schema::config::TokenConfig;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::{ApiError, AppState};
+use crate::policy::Principal;
+
+/// The configured bearer tokens: each one's SHA-256 and the principal it stands for.
+#[derive(Debug, Default)]
+pub(super) struct Tokens(Vec<([u8; 32], Principal)>);
+
+impl Tokens {
+    /// The `[[tokens]]` entries. One whose `sha256` is not 64 hex digits never matches (the
+    /// config validation reports it).
+    pub(super) fn new(tokens: &[TokenConfig]) -> Self {
+        Self(
+            tokens
+                .iter()
+                .filter_map(|t| {
+                    Some((
+                        parse_hex32(&t.sha256)?,
+                        Principal {
+                            name: t.name.clone(),
+                            role: t.role,
+                            teams: t.teams.clone(),
+                        },
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    /// The principal a bearer token belongs to. Every configured hash is compared, in constant
+    /// time, so the answer's timing says nothing of which token came close.
+    pub(super) fn authenticate(&self, token: &str) -> Option<Principal> {
+        let digest = sha256(token);
+        let mut found = None;
+        for (hash, principal) in &self.0 {
+            if bool::from(hash.ct_eq(&digest)) && found.is_none() {
+                found = Some(principal.clone());
+            }
+        }
+        found
+    }
+}
+
+fn sha256(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// What a `[[tokens]]` entry's `sha256` holds for the bearer token `token`: its SHA-256 in hex,
+/// as `printf %s TOKEN | sha256sum` prints it.
+pub fn token_sha256_hex(token: &str) -> String {
+    sha256(token).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    let text = text.trim();
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(ApiError::Unauthorized)?;
+        state.authenticate(token).ok_or(ApiError::Unauthorized)
+    }
+}
+
+/// A JSON body extractor whose rejections are [`ApiError`]s: over `enforcer.max_request_bytes`
+/// → 413, not JSON → 400 naming line and column, wrong shape → 422 naming the field.
+#[derive(Debug, Clone)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: HttpRequest, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.service.config().enforcer.max_request_bytes;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        let bytes = axum::body::to_bytes(req.into_body(), limit)
+            .await
+            .map_err(|e| {
+                let inner = e.into_inner();
+                if inner
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    ApiError::PayloadTooLarge { limit }
+                } else {
+                    ApiError::MalformedJson(format!("the request body could not be read: {inner}"))
+                }
+            })?;
+        decode(&bytes).map(ApiJson)
+    }
+}
+
+/// Decodes a JSON body into `T` with errors that name the line and column, or the field.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    use serde_json::error::Category;
+    let syntax = |inner: &serde_json::Error| {
+        ApiError::MalformedJson(format!(
+            "the body is not valid JSON: {} at line {} column {}",
+            strip_position(&inner.to_string()),
+            inner.line(),
+            inner.column()
+        ))
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            Category::Syntax | Category::Eof | Category::Io => syntax(&inner),
+            Category::Data => {
+                let message = strip_position(&inner.to_string());
+                // serde reports a missing field against the object that lacks it.
+                let named = message
+                    .split('`')
+                    .nth(1)
+                    .filter(|_| message.starts_with("missing field"));
+                let field = match (path.as_str(), named) {
+                    (".", Some(n)) => n.to_string(),
+                    (p, Some(n)) => format!("{p}.{n}"),
+                    (p, None) => p.to_string(),
+                };
+                ApiError::field(&field, message)
+            }
+        }
+    })?;
+    de.end().map_err(|e| syntax(&e))?;
+    Ok(value)
+}
+
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}

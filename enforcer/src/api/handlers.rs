@@ -1,0 +1,189 @@
+//! The API's operations: each takes the caller and its request apart, calls the service, and
+//! answers in the API's bodies. No decision is made here. Each operation's `#[utoipa::path]`
+//! documents it in the OpenAPI document ([`super::openapi`]).
+
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::types::{
+    AdmissionResponse, ExemptRequest, ExtendRequest, LeaseQuery, ResizeRequest, TeamView,
+};
+use super::{openapi_json, ApiError, ApiJson, AppState, ErrorBody};
+use crate::fields;
+use crate::policy::{AdmissionRequest, Principal};
+use crate::store::Lease;
+
+/// Decides an admission request.
+#[utoipa::path(post, path = "/v1/admission", request_body = AdmissionRequest,
+    responses(
+        (status = 200, description = "The decision: admitted (with the lease) or denied (with every reason)", body = AdmissionResponse),
+        (status = 403, description = "The principal may not act for this team or user", body = ErrorBody),
+        (status = 404, description = "No such team, or no such substrate", body = ErrorBody),
+        (status = 422, description = "A field is missing, of the wrong type, or out of its bounds (the error names it)", body = ErrorBody),
+        (status = 503, description = "Admitted, but the substrate could not start it", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn admission(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiJson(request): ApiJson<AdmissionRequest>,
+) -> Result<Json<AdmissionResponse>, ApiError> {
+    let admission = state.service.admit(&principal, request).await?;
+    Ok(Json(admission.into()))
+}
+
+/// Lists leases the principal may read, newest first.
+#[utoipa::path(get, path = "/v1/leases", params(LeaseQuery),
+    responses(
+        (status = 200, description = "The leases", body = [Lease]),
+        (status = 403, description = "The principal may not read this team", body = ErrorBody),
+        (status = 422, description = "A query parameter is invalid or unknown", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn list_leases(
+    State(state): State<AppState>,
+    principal: Principal,
+    query: Result<Query<LeaseQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Lease>>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::field("query", e.body_text()))?;
+    let leases = state
+        .service
+        .leases(&principal, query.team, query.state)
+        .await?;
+    Ok(Json(leases))
+}
+
+/// One lease.
+#[utoipa::path(get, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The lease", body = Lease),
+        (status = 403, description = "The principal may not read this lease's team", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn get_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<Lease>, ApiError> {
+    Ok(Json(state.service.lease(&principal, &id).await?))
+}
+
+/// Ends a lease and frees its GPUs.
+#[utoipa::path(post, path = "/v1/leases/{id}/release", params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The released lease", body = Lease),
+        (status = 403, description = "The principal may not change this lease", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+        (status = 409, description = "The lease has already ended", body = ErrorBody),
+        (status = 503, description = "The substrate did not confirm; retry", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn release_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<Lease>, ApiError> {
+    Ok(Json(state.service.release_by(&principal, &id).await?))
+}
+
+/// Moves a lease's end later, within the workload's `max_duration` (admins may go past it).
+#[utoipa::path(post, path = "/v1/leases/{id}/extend", request_body = ExtendRequest,
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The extended lease", body = Lease),
+        (status = 403, description = "Not this principal's lease, or past max_duration", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+        (status = 409, description = "The lease has ended or has no end", body = ErrorBody),
+        (status = 422, description = "The duration is invalid", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn extend_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExtendRequest>,
+) -> Result<Json<Lease>, ApiError> {
+    let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
+    Ok(Json(state.service.extend(&principal, &id, by).await?))
+}
+
+/// Exempts a lease from the idle and duration rules for a while (admins only; audited).
+#[utoipa::path(post, path = "/v1/leases/{id}/exempt", request_body = ExemptRequest,
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The exempted lease", body = Lease),
+        (status = 403, description = "Only admins may exempt a lease", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+        (status = 409, description = "The lease has ended", body = ErrorBody),
+        (status = 422, description = "The duration or reason is invalid", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn exempt_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExemptRequest>,
+) -> Result<Json<Lease>, ApiError> {
+    let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
+    let lease = state
+        .service
+        .exempt(&principal, &id, by, &body.reason)
+        .await?;
+    Ok(Json(lease))
+}
+
+/// Changes a lease's GPU count; answered like an admission.
+#[utoipa::path(post, path = "/v1/leases/{id}/resize", request_body = ResizeRequest,
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "The decision, with the lease as it now is", body = AdmissionResponse),
+        (status = 403, description = "The principal may not change this lease", body = ErrorBody),
+        (status = 404, description = "No such lease", body = ErrorBody),
+        (status = 409, description = "The lease has ended", body = ErrorBody),
+        (status = 422, description = "The GPU count is invalid", body = ErrorBody),
+        (status = 503, description = "The substrate did not confirm", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn resize_lease(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ResizeRequest>,
+) -> Result<Json<AdmissionResponse>, ApiError> {
+    let resized = state.service.resize(&principal, &id, body.gpus).await?;
+    Ok(Json(resized.into()))
+}
+
+/// A team's quota, GPUs held, spend, budget and block.
+#[utoipa::path(get, path = "/v1/teams/{team}", params(("team" = String, Path, description = "Team name")),
+    responses(
+        (status = 200, description = "The team", body = TeamView),
+        (status = 403, description = "The principal may not read this team", body = ErrorBody),
+        (status = 404, description = "No such team", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn get_team(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(team): Path<String>,
+) -> Result<Json<TeamView>, ApiError> {
+    Ok(Json(state.service.team(&principal, &team).await?.into()))
+}
+
+/// Liveness: answers while the process serves.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving", body = String)))]
+pub(super) async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Any path the API does not have: a 404 in the API's one error shape.
+pub(super) async fn no_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("there is no {} in this API", uri.path()))
+}
+
+pub(super) async fn openapi_document() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+}

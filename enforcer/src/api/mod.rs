@@ -1,0 +1,80 @@
+//! The enforcer's HTTP API (axum): admission, leases, teams, health and the OpenAPI document.
+//!
+//! This layer only translates between HTTP and the [`Service`]: it authenticates the bearer
+//! token to a [`Principal`] ([`extract`]), decodes the body with [`ApiJson`] (whose rejections
+//! share [`ApiError`]'s one JSON shape), calls the service ([`handlers`]), and maps its answer to
+//! the API's bodies ([`types`]) and its [`crate::service::ServiceError`] to a status
+//! ([`error`]). A denial is a decision, answered with 200; 4xx is for malformed requests (naming
+//! the field), authentication (401), authorization (403), names that do not exist (404) and
+//! changes the lease's state does not allow (409); 503 is a substrate that did not confirm, 500
+//! the enforcer's own failure (logged with the request by [`error::log_failures`]).
+//!
+//! - [`error`]: the error shape and the status of each failure;
+//! - [`extract`]: the caller (bearer tokens) and JSON bodies;
+//! - [`handlers`]: one function per operation;
+//! - [`types`]: the API's own bodies;
+//! - [`openapi`]: the OpenAPI document.
+
+mod error;
+mod extract;
+mod handlers;
+mod openapi;
+mod types;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use self::error::{ApiError, ErrorBody, ErrorDetail};
+pub use self::extract::{decode, token_sha256_hex, ApiJson};
+pub use self::openapi::{openapi, openapi_json};
+pub use self::types::{
+    AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, LeaseQuery, ResizeRequest,
+    TeamView,
+};
+use crate::policy::Principal;
+use crate::service::Service;
+
+/// Everything the handlers share: the service and the bearer tokens. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    service: Service,
+    tokens: Arc<extract::Tokens>,
+}
+
+impl AppState {
+    /// State for the router: `service`, and the bearer tokens of its config's `[[tokens]]`.
+    pub fn new(service: Service) -> Self {
+        let tokens = Arc::new(extract::Tokens::new(&service.config().tokens));
+        Self { service, tokens }
+    }
+
+    /// The service the API calls.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// The principal a bearer token belongs to, if any.
+    pub fn authenticate(&self, token: &str) -> Option<Principal> {
+        self.tokens.authenticate(token)
+    }
+}
+
+/// The router: every route of the API on `state`. The binary adds `/metrics`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/admission", post(handlers::admission))
+        .route("/v1/leases", get(handlers::list_leases))
+        .route("/v1/leases/{id}", get(handlers::get_lease))
+        .route("/v1/leases/{id}/release", post(handlers::release_lease))
+        .route("/v1/leases/{id}/extend", post(handlers::extend_lease))
+        .route("/v1/leases/{id}/resize", post(handlers::resize_lease))
+        .route("/v1/leases/{id}/exempt", post(handlers::exempt_lease))
+        .route("/v1/teams/{team}", get(handlers::get_team))
+        .route("/healthz", get(handlers::healthz))
+        .route("/openapi.json", get(handlers::openapi_document))
+        .fallback(handlers::no_route)
+        .layer(axum::middleware::from_fn(error::log_failures))
+        .with_state(state)
+}

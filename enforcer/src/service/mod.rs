@@ -1,0 +1,723 @@
+//! The lease lifecycle: admission, provisioning, release, re-adoption, expiry, extension,
+//! exemption, resizing and the team view, over the store, the pure policy and the substrate
+//! drivers.
+//!
+//! Every entry point of the enforcer goes through [`Service`]: the HTTP API (`crate::api`)
+//! translates requests into its calls and its [`ServiceError`]s into statuses; the runtime
+//! rules (`crate::rules`) call it for reclaims and resizes; the binary calls it to re-adopt
+//! leases at start and to expire them on a timer. A substrate's own admission hook (a submit
+//! plugin, an admission webhook) is one more such caller. The service knows nothing of HTTP,
+//! Kafka or tokens: it is told who asks ([`Principal`]) and answers in its own types.
+//!
+//! Each change follows the same order: the policy decides inside the store's transaction (so
+//! the decision and the lease it creates cannot disagree), the store records it (with its
+//! LeaseEvent and Action in the outbox), then the driver carries it out; a driver failure is
+//! recorded too (the lease failed, stays releasing, or is put back), and reported as
+//! [`ServiceError::Substrate`].
+
+mod error;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use gpuwarden_schema::config::{Config, EnforcerMode, Role};
+use gpuwarden_schema::{ActionKind, Clock, Outcome, ReleaseReason};
+
+pub use self::error::ServiceError;
+use crate::drivers::{Driver, Inventory, LeaseSpec, LeaseStatus};
+use crate::fields;
+use crate::metrics::Metrics;
+use crate::policy::{
+    self, AdmissionRequest, Decision, FleetIndex, Principal, Snapshot, SubstrateState,
+};
+use crate::store::audit::Audit;
+use crate::store::{Lease, LeaseFilter, LeaseState, Ledger, Store};
+
+/// What an admission or a resize decided, and the lease as it now is.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// The policy's decision: admitted, or every reason it was not.
+    pub decision: Decision,
+    /// The lease created or resized; none for a denied admission or a dry run.
+    pub lease: Option<Lease>,
+}
+
+/// A team's quota, holdings, spend, budget and block, as admission sees them now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Team {
+    /// The team.
+    pub name: String,
+    /// Most GPUs it may hold.
+    pub gpu_quota: u32,
+    /// GPUs it holds in open leases.
+    pub gpus_held: u32,
+    /// Month-to-date spend: the latest spend signal plus what open leases accrued since.
+    pub month_to_date_usd: f64,
+    /// Its monthly budget.
+    pub monthly_budget_usd: f64,
+    /// Whether its new admissions are blocked.
+    pub blocked: bool,
+    /// Models it may use (any when empty).
+    pub allowed_models: Vec<String>,
+}
+
+/// What [`Service::readopt`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readoption {
+    /// Leases still running on their substrate, kept.
+    pub running: usize,
+    /// Leases whose substrate no longer runs them, marked failed.
+    pub failed: usize,
+    /// Leases whose substrate could not answer, left as they were.
+    pub unknown: usize,
+}
+
+/// The enforcer's lease lifecycle over one store and one set of drivers. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Arc<Config>,
+    store: Store,
+    drivers: BTreeMap<String, Arc<dyn Driver>>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    /// What placement keeps from one decision to the next (see [`policy::Placements`]).
+    placements: Mutex<policy::Placements>,
+}
+
+impl Service {
+    /// The lifecycle over `store`, with one driver per `[[substrates]]` name (placement tries
+    /// substrates in config order) and `clock` stamping every change.
+    pub fn new(
+        config: Arc<Config>,
+        store: Store,
+        drivers: BTreeMap<String, Arc<dyn Driver>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                drivers,
+                clock,
+                metrics: Arc::new(Metrics::default()),
+                placements: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The lease store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The config the enforcer runs with.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    /// The clock every change is stamped with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Whether the enforcer only records what it would do (`enforcer.mode = "dry_run"`).
+    pub fn dry_run(&self) -> bool {
+        self.inner.config.enforcer.mode == EnforcerMode::DryRun
+    }
+
+    /// The enforcer's counters (decisions, driver errors; rendered on `/metrics`).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Now, by the enforcer's clock.
+    pub fn now(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Each substrate's inventory, in config order, with its placement index; a driver that
+    /// cannot answer is left out (its capacity counts as none) and logged.
+    async fn inventories(&self) -> Vec<SubstrateState> {
+        let mut out = Vec::new();
+        let config = &self.inner.config;
+        let mut names: Vec<&String> = config.substrates.iter().map(|s| &s.name).collect();
+        for name in self.inner.drivers.keys() {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        for name in names {
+            let Some(driver) = self.inner.drivers.get(name) else {
+                continue;
+            };
+            match driver.inventory().await {
+                Ok(inventory) => out.push(SubstrateState {
+                    name: name.clone(),
+                    index: Some(self.fleet(name, &inventory)),
+                    inventory,
+                    ..SubstrateState::default()
+                }),
+                Err(e) => {
+                    self.inner.metrics.count_driver_error();
+                    tracing::warn!(substrate = %name, error = %e, "inventory failed; placing elsewhere");
+                }
+            }
+        }
+        out
+    }
+
+    /// `name`'s placement index for `inventory`: the kept one while the driver reports the same
+    /// inventory, else a new one (built outside the lock, so a slow build stalls no one else).
+    fn fleet(&self, name: &str, inventory: &Arc<Inventory>) -> Arc<FleetIndex> {
+        if let Some(index) = self.placements().index_of(name, inventory) {
+            return index;
+        }
+        let index = Arc::new(FleetIndex::new(inventory.clone()));
+        self.placements().keep_index(name, index.clone());
+        index
+    }
+
+    fn placements(&self) -> std::sync::MutexGuard<'_, policy::Placements> {
+        self.inner
+            .placements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn snapshot(
+        config: &Arc<Config>,
+        mut ledger: Ledger,
+        mut subs: Vec<SubstrateState>,
+    ) -> Snapshot {
+        for s in &mut subs {
+            s.busy = ledger.busy.remove(&s.name).unwrap_or_default();
+            s.pooled_in_use = ledger.pooled_in_use.remove(&s.name).unwrap_or_default();
+        }
+        Snapshot {
+            config: config.clone(),
+            held_gpus: ledger.held_gpus,
+            spend_usd: ledger.spend_usd,
+            blocked: ledger.blocked,
+            substrates: subs,
+        }
+    }
+
+    /// Decides an admission request and, when admitted (and not a dry run), records the lease,
+    /// provisions it through its substrate's driver and leaves its records in the outbox.
+    pub async fn admit(
+        &self,
+        principal: &Principal,
+        request: AdmissionRequest,
+    ) -> Result<Admission, ServiceError> {
+        let config = self.inner.config.clone();
+        for (field, value) in [
+            ("team", &request.team),
+            ("user", &request.user),
+            ("project", &request.project),
+        ] {
+            fields::check_name(value).map_err(|why| ServiceError::invalid(field, why))?;
+        }
+        if request.gpus == 0 {
+            return Err(ServiceError::invalid("gpus", "must be at least 1"));
+        }
+        if let Some(argv) = &request.command {
+            fields::check_command(argv).map_err(|why| ServiceError::invalid("command", why))?;
+        }
+        if config.team(&request.team).is_none() {
+            return Err(ServiceError::NotFound(format!(
+                "there is no team named {}",
+                request.team
+            )));
+        }
+        // Like an unknown team, an unknown substrate is a name that depends on the config, so
+        // it is not found rather than malformed.
+        if let Some(s) = &request.substrate {
+            if !self.inner.drivers.contains_key(s) {
+                return Err(ServiceError::NotFound(format!(
+                    "there is no substrate named {s}"
+                )));
+            }
+        }
+        if let Some(why) = principal.write_refusal(&request.team, &request.user) {
+            return Err(ServiceError::Forbidden(why));
+        }
+        let subs = self.inventories().await;
+        let now = self.now();
+        let command = request.command.clone();
+        let policy_request = policy::Request {
+            principal: principal.clone(),
+            admission: request.clone(),
+        };
+        let (decision, lease) = self
+            .inner
+            .store
+            .admit(now, &config.pricing, &request, |ledger| {
+                let snapshot = Self::snapshot(&config, ledger, subs);
+                policy::evaluate(&policy_request, &snapshot, &mut self.placements())
+            })
+            .await?;
+        self.inner
+            .metrics
+            .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));
+        let lease = match lease {
+            Some(lease) => Some(self.provision(lease, command).await?),
+            None => None,
+        };
+        Ok(Admission { decision, lease })
+    }
+
+    fn spec(lease: &Lease) -> LeaseSpec {
+        LeaseSpec {
+            lease_id: lease.id.clone(),
+            team: lease.team.clone(),
+            user: lease.user.clone(),
+            project: lease.project.clone(),
+            workload: lease.workload,
+            gpu_model: lease.gpu_model.clone(),
+            gpu_count: lease.gpu_count,
+            gpu_uuids: lease.gpu_uuids.clone(),
+            command: None,
+            labels: lease.labels.clone(),
+        }
+    }
+
+    fn driver(&self, lease: &Lease) -> Result<Arc<dyn Driver>, ServiceError> {
+        self.inner
+            .drivers
+            .get(&lease.substrate)
+            .cloned()
+            .ok_or_else(|| {
+                ServiceError::Substrate(format!("no driver runs substrate {}", lease.substrate))
+            })
+    }
+
+    async fn provision(
+        &self,
+        lease: Lease,
+        command: Option<Vec<String>>,
+    ) -> Result<Lease, ServiceError> {
+        let driver = self.driver(&lease)?;
+        let id = lease.id.clone();
+        let spec = LeaseSpec {
+            command,
+            ..Self::spec(&lease)
+        };
+        match driver.provision(&spec).await {
+            Ok(()) => {
+                let now = self.now();
+                // `granted` is on disk; if `active` is lost in a crash, re-adoption redoes it.
+                let store = &self.inner.store;
+                Ok(store
+                    .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
+                    .applied()
+                    .await?)
+            }
+            Err(e) => {
+                self.inner.metrics.count_driver_error();
+                tracing::warn!(lease_id = %id, error = %e, "provisioning failed");
+                let now = self.now();
+                let detail = e.to_string();
+                self.inner
+                    .store
+                    .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
+                    .await?;
+                Err(ServiceError::Substrate(format!(
+                    "the lease was admitted but could not be started: {e}"
+                )))
+            }
+        }
+    }
+
+    /// The leases `principal` may read, newest first: of `team` when given (which it must be
+    /// allowed to read), else of every team it reads (every team for an admin); only those in
+    /// `state` when given.
+    pub async fn leases(
+        &self,
+        principal: &Principal,
+        team: Option<String>,
+        state: Option<LeaseState>,
+    ) -> Result<Vec<Lease>, ServiceError> {
+        let teams = match team {
+            Some(team) if principal.may_read(&team) => Some(vec![team]),
+            Some(team) => {
+                return Err(ServiceError::Forbidden(format!(
+                    "{} may not read team {team}",
+                    principal.name
+                )))
+            }
+            None if principal.role == Role::Admin => None,
+            None => Some(principal.teams.clone()),
+        };
+        let filter = LeaseFilter { teams, state };
+        Ok(self.inner.store.leases(&filter).await?)
+    }
+
+    /// Lease `id`, if `principal` may read its team.
+    pub async fn lease(&self, principal: &Principal, id: &str) -> Result<Lease, ServiceError> {
+        let lease = self
+            .inner
+            .store
+            .lease(id)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))?;
+        if !principal.may_read(&lease.team) {
+            return Err(ServiceError::Forbidden(format!(
+                "{} may not read team {}",
+                principal.name, lease.team
+            )));
+        }
+        Ok(lease)
+    }
+
+    /// Ends lease `id` for `principal`: reason `user`, or `admin` when an admin ends someone
+    /// else's lease. See [`Service::release`].
+    pub async fn release_by(&self, principal: &Principal, id: &str) -> Result<Lease, ServiceError> {
+        let lease = self.lease_for_write(principal, id).await?;
+        let reason = if principal.role == Role::Admin && principal.name != lease.user {
+            ReleaseReason::Admin
+        } else {
+            ReleaseReason::User
+        };
+        self.release(id, reason).await
+    }
+
+    /// Ends a lease: `releasing`, the driver's reclaim, then `released` with a LeaseEvent in the
+    /// outbox. A driver failure leaves it `releasing` (call again to retry). Used by the API's
+    /// release and by runtime rules (reason `expired`, `idle`, `budget`).
+    pub async fn release(&self, id: &str, reason: ReleaseReason) -> Result<Lease, ServiceError> {
+        self.release_for(id, reason, "").await
+    }
+
+    /// [`Service::release`], saying why in the `reclaim` Action's detail.
+    pub async fn release_for(
+        &self,
+        id: &str,
+        reason: ReleaseReason,
+        why: &str,
+    ) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        // Not waited for: `released` commits after it, in order, and is waited for. If the
+        // process dies between the reclaim and that commit, the lease is still open on disk and
+        // re-adoption finds it gone from its substrate and marks it failed.
+        let lease = self
+            .inner
+            .store
+            .transition(id, LeaseState::Releasing, now, reason, "")
+            .applied()
+            .await?;
+        let driver = self.driver(&lease)?;
+        if let Err(e) = driver.reclaim(id, reason).await {
+            self.inner.metrics.count_driver_error();
+            return Err(ServiceError::Substrate(format!(
+                "lease {id} is releasing but its substrate did not confirm: {e}"
+            )));
+        }
+        let now = self.now();
+        let mut detail = format!("released ({})", reason.as_str());
+        if !why.is_empty() {
+            detail.push_str(": ");
+            detail.push_str(why);
+        }
+        Ok(self
+            .inner
+            .store
+            .transition(id, LeaseState::Released, now, reason, &detail)
+            .await?)
+    }
+
+    /// Marks lease `id` failed with `why` (a substrate that never confirmed its reclaim); its
+    /// `released` event (reason `failed`) goes to the outbox.
+    pub async fn fail(&self, id: &str, why: &str) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .store
+            .transition(id, LeaseState::Failed, now, ReleaseReason::Failed, why)
+            .await?)
+    }
+
+    /// Re-adopts the leases a previous run of the enforcer left open: each `granted` or `active`
+    /// lease's driver is asked for its status. `Running` keeps it (a `granted` one becomes
+    /// `active`); `Exited` or `Gone` marks it `failed`, which publishes its `released` event
+    /// (reason `failed`). A driver that cannot answer leaves the lease as it is, to be asked
+    /// again on the next start; `releasing` leases are left to a retried release.
+    pub async fn readopt(&self) -> Result<Readoption, ServiceError> {
+        let mut report = Readoption::default();
+        let open = self.inner.store.open_leases()?;
+        for lease in open {
+            if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
+                continue;
+            }
+            let driver = self.driver(&lease)?;
+            let status = match driver.status(&lease.id).await {
+                Ok(status) => status,
+                Err(e) => {
+                    self.inner.metrics.count_driver_error();
+                    tracing::warn!(lease_id = %lease.id, error = %e, "cannot ask the substrate about a lease; leaving it as it is");
+                    report.unknown += 1;
+                    continue;
+                }
+            };
+            let now = self.now();
+            let id = lease.id.clone();
+            match status {
+                LeaseStatus::Running => {
+                    if lease.state == LeaseState::Granted {
+                        self.inner
+                            .store
+                            .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
+                            .await?;
+                    }
+                    report.running += 1;
+                }
+                LeaseStatus::Exited(_) | LeaseStatus::Gone => {
+                    let detail = match status {
+                        LeaseStatus::Exited(Some(code)) => {
+                            format!("ended while the enforcer was down (exit code {code})")
+                        }
+                        _ => "gone from its substrate while the enforcer was down".to_string(),
+                    };
+                    tracing::warn!(lease_id = %lease.id, substrate = %lease.substrate, detail = %detail, "lease failed");
+                    self.inner
+                        .store
+                        .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
+                        .await?;
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Releases every open lease whose `expires_at` has passed, with reason `expired`; returns
+    /// how many were released. A lease whose driver fails stays `releasing` and is tried again
+    /// on the next call.
+    pub async fn expire_due(&self) -> Result<usize, ServiceError> {
+        let now = self.now();
+        let due = self.inner.store.due_for_expiry(now)?;
+        let mut released = 0;
+        for lease in due {
+            if self
+                .inner
+                .store
+                .exempt_until(&lease.id)
+                .is_some_and(|until| until > now)
+            {
+                continue;
+            }
+            if self.dry_run() {
+                let record = Audit::lease(ActionKind::Reclaim, &lease, "expired")
+                    .under_workload_policy(lease.workload)
+                    .at(now, Outcome::DryRun, "past its end; would be reclaimed");
+                self.inner
+                    .store
+                    .record_once(&format!("dry_run:expired:{}", lease.id), &record)
+                    .await?;
+                continue;
+            }
+            match self.release(&lease.id, ReleaseReason::Expired).await {
+                Ok(_) => {
+                    tracing::info!(lease_id = %lease.id, team = %lease.team, "lease expired; released");
+                    released += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(lease_id = %lease.id, error = %e, "releasing an expired lease failed; will retry")
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    async fn lease_for_write(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Lease, ServiceError> {
+        let lease = self
+            .inner
+            .store
+            .lease(id)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))?;
+        if let Some(why) = principal.write_refusal(&lease.team, &lease.user) {
+            return Err(ServiceError::Forbidden(why));
+        }
+        Ok(lease)
+    }
+
+    /// Moves a lease's end later by `by`. Only admins may go past the workload's `max_duration`
+    /// (counted from the grant).
+    pub async fn extend(
+        &self,
+        principal: &Principal,
+        id: &str,
+        by: Duration,
+    ) -> Result<Lease, ServiceError> {
+        let lease = self.lease_for_write(principal, id).await?;
+        let Some(expires_at) = lease.expires_at else {
+            return Err(ServiceError::Conflict(format!(
+                "lease {id} has no end to extend"
+            )));
+        };
+        let new_end = gpuwarden_schema::end_after(expires_at, by);
+        let max = self.inner.config.workload(lease.workload).max_duration;
+        if let Some(max) = max {
+            let total = Duration::from_millis((new_end - lease.granted_at).max(0) as u64);
+            if total > max && principal.role != Role::Admin {
+                return Err(ServiceError::Forbidden(format!(
+                    "{} leases may last at most {}; extending by {} would make this one last {}",
+                    lease.workload,
+                    humantime::format_duration(max),
+                    humantime::format_duration(by),
+                    humantime::format_duration(total)
+                )));
+            }
+        }
+        let now = self.now();
+        Ok(self.inner.store.extend(id, new_end, now).await?)
+    }
+
+    /// Exempts a lease from the runtime rules (idle and duration) for `duration` from now. Admins
+    /// only; audited as an `alert` Action with reason `exempt`.
+    pub async fn exempt(
+        &self,
+        principal: &Principal,
+        id: &str,
+        duration: Duration,
+        reason: &str,
+    ) -> Result<Lease, ServiceError> {
+        if principal.role != Role::Admin {
+            return Err(ServiceError::Forbidden(format!(
+                "only an admin may exempt a lease from its policy; {} is a {}",
+                principal.name,
+                format!("{:?}", principal.role).to_lowercase()
+            )));
+        }
+        if duration.is_zero() {
+            return Err(ServiceError::invalid("duration", "must be more than zero"));
+        }
+        fields::check_text(reason).map_err(|why| {
+            ServiceError::invalid("reason", format!("{why}; say why the lease is exempt"))
+        })?;
+        let now = self.now();
+        let until_ms = gpuwarden_schema::end_after(now, duration);
+        Ok(self
+            .inner
+            .store
+            .exempt(id, until_ms, &principal.name, reason, now)
+            .await?)
+    }
+
+    /// Changes a lease's GPU count, checked by the policy like an admission, and carries it out
+    /// through the driver.
+    pub async fn resize(
+        &self,
+        principal: &Principal,
+        id: &str,
+        gpus: u32,
+    ) -> Result<Admission, ServiceError> {
+        self.resize_for(principal, id, gpus, "requested", "").await
+    }
+
+    /// [`Service::resize`] with the reason its `resize` Action carries (`requested` from the
+    /// API; `idle` or `autoscale` from the runtime rules) and why, for its detail.
+    pub async fn resize_for(
+        &self,
+        principal: &Principal,
+        id: &str,
+        gpus: u32,
+        reason: &str,
+        why: &str,
+    ) -> Result<Admission, ServiceError> {
+        if gpus == 0 {
+            return Err(ServiceError::invalid("gpus", "must be at least 1"));
+        }
+        let before = self.lease_for_write(principal, id).await?;
+        let lease = &before;
+        let subs: Vec<SubstrateState> = self
+            .inventories()
+            .await
+            .into_iter()
+            .filter(|s| s.name == lease.substrate)
+            .collect();
+        let config = self.inner.config.clone();
+        let now = self.now();
+        let (decision, lease) = self
+            .inner
+            .store
+            .resize(id, now, &config.pricing, reason, why, |ledger, lease| {
+                let snapshot = Self::snapshot(&config, ledger, subs);
+                policy::evaluate_resize(
+                    &lease.holding(now),
+                    gpus,
+                    &snapshot,
+                    &mut self.placements(),
+                )
+            })
+            .await?;
+        if decision.admitted() {
+            let driver = self.driver(&lease)?;
+            if let Err(e) = driver.resize(&Self::spec(&lease)).await {
+                self.inner.metrics.count_driver_error();
+                tracing::warn!(lease_id = %id, error = %e, "resize failed on the substrate; putting the lease back");
+                let now = self.now();
+                self.inner
+                    .store
+                    .undo_resize(id, &before, now, &e.to_string())
+                    .await?;
+                return Err(ServiceError::Substrate(format!(
+                    "lease {id} keeps its {} GPUs: its substrate did not carry out the resize: {e}",
+                    before.gpu_count
+                )));
+            }
+        }
+        Ok(Admission {
+            decision,
+            lease: Some(lease),
+        })
+    }
+
+    /// Blocks `team`'s new admissions for `reason` (`budget_exceeded`), with a `block` Action.
+    pub async fn block_team(&self, team: &str, reason: &str) -> Result<(), ServiceError> {
+        let now = self.now();
+        Ok(self.inner.store.block_team(team, reason, now).await?)
+    }
+
+    /// Lifts `team`'s block, with an `unblock` Action.
+    pub async fn unblock_team(&self, team: &str) -> Result<(), ServiceError> {
+        let now = self.now();
+        Ok(self.inner.store.unblock_team(team, now).await?)
+    }
+
+    /// A team's quota, holdings, spend, budget and block.
+    pub async fn team(&self, principal: &Principal, team: &str) -> Result<Team, ServiceError> {
+        let config = self.inner.config.clone();
+        let t = config
+            .team(team)
+            .ok_or_else(|| ServiceError::NotFound(format!("there is no team named {team}")))?
+            .clone();
+        if !principal.may_read(team) {
+            return Err(ServiceError::Forbidden(format!(
+                "{} may not read team {team}",
+                principal.name
+            )));
+        }
+        let now = self.now();
+        let ledger = self.inner.store.ledger(now, &config.pricing)?;
+        Ok(Team {
+            gpus_held: ledger.held_gpus.get(&t.name).copied().unwrap_or(0),
+            month_to_date_usd: ledger.spend_usd.get(&t.name).copied().unwrap_or(0.0),
+            blocked: ledger.blocked.contains(&t.name),
+            gpu_quota: t.gpu_quota,
+            monthly_budget_usd: t.monthly_budget_usd,
+            allowed_models: t.allowed_models,
+            name: t.name,
+        })
+    }
+}
