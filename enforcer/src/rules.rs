@@ -146,9 +146,9 @@ pub fn lease_action(
     detail: String,
     ts_ms: i64,
 ) -> Action {
-    let mut action = crate::store::action(kind, lease, reason, outcome, detail, ts_ms);
-    action.policy = Some(format!("workloads.{}", lease.workload.as_str()));
-    action
+    crate::store::audit::Audit::lease(kind, lease, reason)
+        .under_workload_policy(lease.workload)
+        .at(ts_ms, outcome, detail)
 }
 
 fn team_action(
