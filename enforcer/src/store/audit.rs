@@ -12,7 +12,7 @@
 
 use gpuwarden_schema::{Action, ActionKind, Outcome, Workload, V1};
 
-use super::Lease;
+use super::types::Lease;
 
 /// An [`Action`] being built. Its outcome, detail and time are given last, by [`Audit::at`].
 #[derive(Debug, Clone)]

@@ -1,0 +1,218 @@
+//! The database's schema, as the migrations that build it: a database at version `n` has run the
+//! first `n`, and [`migrate`] runs the rest when the store opens.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use super::types::StoreError;
+
+/// The schema's changes, in order; a database's `schema_version` is how many it has run.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: leases, the outbox, blocked teams, the latest spend per team.
+    "CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        user TEXT NOT NULL,
+        project TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        substrate TEXT NOT NULL,
+        gpu_model TEXT NOT NULL,
+        gpu_count INTEGER NOT NULL,
+        gpu_uuids TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        granted_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        updated_at INTEGER NOT NULL,
+        released_at INTEGER,
+        release_reason TEXT
+    );
+    CREATE INDEX leases_team_state ON leases (team, state);
+    CREATE INDEX leases_state ON leases (state);
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        topic TEXT NOT NULL,
+        key TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        published_at INTEGER
+    );
+    CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL;
+    CREATE TABLE blocked_teams (
+        team TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        blocked_at INTEGER NOT NULL
+    );
+    CREATE TABLE team_spend (
+        team TEXT PRIMARY KEY,
+        month_to_date_usd REAL NOT NULL,
+        burn_usd_per_hour REAL NOT NULL,
+        ts_ms INTEGER NOT NULL
+    );",
+    // 2: the open leases live in memory, so nothing looks leases up by state any more; an index
+    // holding the state is only rewritten on every transition. Listing by team keeps one.
+    "DROP INDEX leases_team_state;
+    DROP INDEX leases_state;
+    CREATE INDEX leases_team ON leases (team);",
+    // 3: the runtime rules: exemptions an admin granted, and the marks that make a rule's step
+    // happen once whatever the signals repeat (a warning per idle run, a dry-run record).
+    "CREATE TABLE exemptions (
+        lease_id TEXT PRIMARY KEY,
+        until_ms INTEGER NOT NULL,
+        granted_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at INTEGER NOT NULL
+    );
+    CREATE TABLE rule_marks (
+        key TEXT PRIMARY KEY,
+        at INTEGER NOT NULL
+    );",
+    // 4: fewer b-trees for each commit to rewrite. Leases are kept in their id's order (WITHOUT
+    // ROWID: the table is its primary key, no separate index of ids), and outbox ids are plain
+    // rowids (AUTOINCREMENT rewrote sqlite_sequence on every insert; ids still only grow while
+    // the newest row is kept, and the publisher needs only their order).
+    "CREATE TABLE leases_v4 (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        user TEXT NOT NULL,
+        project TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        substrate TEXT NOT NULL,
+        gpu_model TEXT NOT NULL,
+        gpu_count INTEGER NOT NULL,
+        gpu_uuids TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        granted_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        updated_at INTEGER NOT NULL,
+        released_at INTEGER,
+        release_reason TEXT
+    ) WITHOUT ROWID;
+    INSERT INTO leases_v4 SELECT * FROM leases;
+    DROP TABLE leases;
+    ALTER TABLE leases_v4 RENAME TO leases;
+    CREATE INDEX leases_team ON leases (team);
+    CREATE TABLE outbox_v4 (
+        id INTEGER PRIMARY KEY,
+        topic TEXT NOT NULL,
+        key TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        published_at INTEGER
+    );
+    INSERT INTO outbox_v4 SELECT * FROM outbox;
+    DROP TABLE outbox;
+    ALTER TABLE outbox_v4 RENAME TO outbox;
+    CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL;",
+];
+
+/// Brings the database's schema up to date, in one transaction; refuses one written by a newer
+/// gpuwarden.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+        [],
+    )?;
+    let version: Option<i64> = tx
+        .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
+        .optional()?;
+    let version = match version {
+        Some(v) => v,
+        None => {
+            tx.execute("INSERT INTO schema_version (version) VALUES (0)", [])?;
+            0
+        }
+    };
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(StoreError::TooNew {
+            found: version,
+            known,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql)?;
+        tx.execute("UPDATE schema_version SET version = ?1", [i as i64 + 1])?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuwarden_schema::ReleaseReason;
+
+    use super::*;
+    use crate::store::types::tests::lease;
+    use crate::store::writer::{apply, Op};
+    use crate::store::{LeaseState, Store};
+
+    /// A database written by the version before migration 4 (leases with a rowid, an outbox
+    /// with AUTOINCREMENT) opens with its leases and outbox as they were, and new outbox rows
+    /// come after the old ones.
+    #[test]
+    fn migration_4_keeps_leases_and_the_outbox_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("enforcer.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER NOT NULL);
+                 INSERT INTO schema_version (version) VALUES (3);",
+            )
+            .unwrap();
+            for sql in &MIGRATIONS[..3] {
+                conn.execute_batch(sql).unwrap();
+            }
+            let mut ended = lease("lease-ended", LeaseState::Released, 5);
+            ended.released_at = Some(5);
+            ended.release_reason = Some(ReleaseReason::User);
+            for op in [
+                Op::InsertLease(lease("lease-open", LeaseState::Active, 3)),
+                Op::InsertLease(ended),
+            ] {
+                apply(&conn, &op).unwrap();
+            }
+            for key in ["first", "second", "third"] {
+                let op = Op::Outbox {
+                    topic: "gpuwarden.actions",
+                    key: key.into(),
+                    payload: format!("{{\"key\":\"{key}\"}}"),
+                    created_at: 1,
+                };
+                apply(&conn, &op).unwrap();
+            }
+            conn.execute("UPDATE outbox SET published_at = 2 WHERE key = 'first'", [])
+                .unwrap();
+        }
+
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().wait().unwrap(), 4);
+        let open = store.open_leases().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0], *lease("lease-open", LeaseState::Active, 3));
+        let ended = store.lease("lease-ended").wait().unwrap().unwrap();
+        assert_eq!(ended.state, LeaseState::Released);
+        assert_eq!(ended.released_at, Some(5));
+        let pending = store.outbox_pending(10).wait().unwrap();
+        let keys: Vec<&str> = pending.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["second", "third"]);
+        assert_eq!(pending[0].id, 2);
+        store.block_team("ml", "budget_exceeded", 9).wait().unwrap();
+        let pending = store.outbox_pending(10).wait().unwrap();
+        assert_eq!(pending.len(), 3);
+        assert!(pending[2].id > pending[1].id, "{pending:?}");
+        let without_rowid: String = store
+            .read(|conn| {
+                Ok(conn.query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = 'leases'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .wait()
+            .unwrap();
+        assert!(without_rowid.contains("WITHOUT ROWID"), "{without_rowid}");
+    }
+}

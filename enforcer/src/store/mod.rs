@@ -1,0 +1,776 @@
+//! The durable lease store: one SQLite database (WAL mode, `synchronous = FULL`) holding leases,
+//! blocked teams, the latest team spend, and an outbox of records for Kafka.
+//!
+//! Every lease change writes its `LeaseEvent` (and, for admissions, its `Action`) to the outbox in
+//! the same transaction, so the topics can never miss or invent a change; the publisher reads
+//! [`Store::outbox_pending`] and marks rows with [`Store::outbox_mark_published`].
+//!
+//! One process owns a database at a time (an exclusive lock on `<database>.lock`), and it keeps
+//! what admission reads in memory: the open leases, the latest spend per team, the blocked teams.
+//! A change is checked and applied to memory under one lock, so concurrent requests can never
+//! exceed a quota or place a GPU twice ([`Store::admit`]), and its rows are queued, under the same
+//! lock, to a single writer thread that owns the connection. The writer commits everything queued
+//! since its last commit in one transaction (group commit: one fsync for many changes) and only
+//! then answers each caller, so a change is reported only once it is on disk. Every call returns
+//! a [`Pending`] to `.await` (async code) or [`Pending::wait`] on (threads). The writer is woken
+//! only when someone waits (a query, or a caller awaiting a commit), so a change nobody waits for
+//! ([`Pending::applied`]) never costs a commit of its own: it rides along with the next one, or
+//! is committed within 20 ms. [`Store::commit_stats`] counts commits and the changes
+//! they carried. Queries that need the
+//! file (closed leases, the outbox) run on the writer's connection after the writes queued before
+//! them, so a caller always reads its own changes.
+//!
+//! If a commit fails (disk full, I/O error), memory is ahead of the file: the store refuses every
+//! later call with [`StoreError::Broken`] and the enforcer must restart, which reloads memory from
+//! what the file holds. Callers whose changes were in the failed batch were told they failed.
+//!
+//! The one lock (check and apply to memory, queue the rows, all under the memory lock) is taken
+//! in one place, `Store::mutate` in this file: every method that changes something describes its
+//! change as a closure over memory and hands it to `mutate`.
+//!
+//! The code is split along the same lines, each part using only those before it:
+//!
+//! - `types.rs`: the records ([`Lease`], [`LeaseState`], [`Ledger`], [`LeaseFilter`],
+//!   [`OutboxRow`]) and [`StoreError`];
+//! - `migrations.rs`: the schema, as the migrations run when the store opens;
+//! - `rows.rs`: a lease as a row of the `leases` table;
+//! - `memory.rs`: what admission reads in memory, and the ledger and spend maths over it;
+//! - `writer.rs`: the queue, the writer thread and its group commit, and [`Pending`];
+//! - [`audit`]: the one builder of Action records;
+//! - this file: [`Store`], which ties memory and the writer together.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use gpuwarden_schema::config::PricingConfig;
+use gpuwarden_schema::{end_after, Action, ActionKind, LeaseEventKind, Outcome, ReleaseReason};
+use rusqlite::Connection;
+
+use crate::policy::{AdmissionRequest, Decision};
+
+pub mod audit;
+mod memory;
+mod migrations;
+mod rows;
+mod types;
+mod writer;
+
+pub use types::{Lease, LeaseFilter, LeaseState, Ledger, OutboxRow, StoreError};
+pub use writer::{CommitStats, Pending};
+
+use audit::Audit;
+use memory::{load, Memory};
+use migrations::migrate;
+use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS};
+use writer::{lock, outbox, write_loop, Op, Queue};
+
+/// The lease store. Cheap to clone; clones share one store.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    /// What the policy reads, kept in step with the database: every change is applied here and
+    /// its writes queued to the writer while this lock is held (by [`Store::mutate`], the only
+    /// code that does both), so the writer commits changes in the order memory saw them.
+    memory: Mutex<Memory>,
+    /// Jobs for the writer thread.
+    queue: Arc<Queue>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set (once) when a commit failed: memory is then ahead of the file, so the store refuses
+    /// every later call until the enforcer restarts and reloads from the file.
+    broken: Arc<OnceLock<String>>,
+    /// Held (an exclusive lock on `<database>.lock`) for as long as the store is open.
+    _owner: File,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The writer ends once it has committed what was queued.
+        self.queue.close();
+        if let Some(writer) = lock(&self.writer).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// What a change made of memory, decided by the closure given to [`Store::mutate`].
+enum Change<T> {
+    /// Memory was changed: `Vec<Op>` are the rows that make the file follow, and `T` the answer
+    /// once they are committed.
+    Write(T, Vec<Op>),
+    /// Nothing to change (a dry run, a change made before, a request the policy refused): the
+    /// answer now.
+    Unchanged(T),
+    /// The change is refused; memory is as it was.
+    Refused(StoreError),
+    /// Lease `id` is not open: the answer is why, read from the file once the lock is released
+    /// (it does not exist, or it has ended; `to` is the state asked for, if any).
+    NotOpen { id: String, to: Option<LeaseState> },
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`, brings its schema up to date, loads
+    /// the open leases, spend and blocks into memory, and starts the writer thread. Only one
+    /// store may have a database open at a time: a second one, in this process or another, gets
+    /// [`StoreError::InUse`].
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+        let owner = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+        match owner.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::InUse(path.display().to_string()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Io(format!(
+                    "cannot lock {}: {e}",
+                    lock_path.display()
+                )))
+            }
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        // The owner lock above already keeps other stores out; holding SQLite's lock for good
+        // spares every commit its lock calls (and keeps the WAL index in heap memory).
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Every commit is on disk before its caller hears of it; group commit keeps that cheap.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrate(&mut conn)?;
+        let memory = load(&conn)?;
+        let queue = Arc::new(Queue::new());
+        let broken = Arc::new(OnceLock::new());
+        let writer = {
+            let (broken, queue) = (broken.clone(), queue.clone());
+            std::thread::Builder::new()
+                .name("lease-store".into())
+                .spawn(move || write_loop(conn, &queue, &broken))
+                .map_err(|e| StoreError::Io(format!("cannot start the store's writer: {e}")))?
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                memory: Mutex::new(memory),
+                queue,
+                writer: Mutex::new(Some(writer)),
+                broken,
+                _owner: owner,
+            }),
+        })
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        match self.inner.broken.get() {
+            Some(why) => Err(StoreError::Broken(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes a change: the one place the store's invariant is kept.
+    ///
+    /// **A change is checked and applied to memory under one lock, and its rows are queued
+    /// under the same lock.** `change` runs with the memory lock held: it reads what it needs,
+    /// checks, and only once every check has passed changes memory (so a refusal, or a panic,
+    /// leaves memory as it was) and says which rows make the file follow ([`Change::Write`]).
+    /// Those rows are queued to the writer before the lock is released, so two changes can
+    /// never both pass a check that only one of them should (a quota, a GPU placed twice), and
+    /// the writer commits changes in the order memory saw them. Every method that changes
+    /// memory or the file goes through here; none takes the lock and queues by hand.
+    fn mutate<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&mut Memory) -> Change<T>,
+    ) -> Pending<T> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        let mut memory = lock(&self.inner.memory);
+        let pending = match change(&mut memory) {
+            Change::Write(value, ops) => self.inner.queue.write(value, ops),
+            Change::Unchanged(value) => Pending::ready(Ok(value)),
+            Change::Refused(e) => Pending::ready(Err(e)),
+            Change::NotOpen { id, to } => {
+                drop(memory);
+                return self.refuse_not_open(id, to);
+            }
+        };
+        // Only now, with the rows queued.
+        drop(memory);
+        pending
+    }
+
+    /// Why lease `id`, not open, cannot change (to `to`, or at all): it does not exist, or it
+    /// has ended (read from the file).
+    fn refuse_not_open<T: Send + 'static>(&self, id: String, to: Option<LeaseState>) -> Pending<T> {
+        self.read(move |conn| match get_lease(conn, &id)? {
+            None => Err(StoreError::NotFound(id)),
+            Some(lease) => Err(StoreError::InvalidTransition {
+                id,
+                from: lease.state,
+                to: to.unwrap_or(lease.state),
+            }),
+        })
+    }
+
+    /// Runs `query` on the writer's connection after every write queued so far.
+    fn read<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Pending<T> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        self.inner.queue.read(query)
+    }
+
+    /// How many transactions the writer has committed, and how many changes they carried.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.inner.queue.stats()
+    }
+
+    /// The schema version of the open database.
+    pub fn schema_version(&self) -> Pending<i64> {
+        self.read(
+            |conn| Ok(conn.query_row("SELECT version FROM schema_version", [], |r| r.get(0))?),
+        )
+    }
+
+    /// The ledger as of `now_ms`.
+    pub fn ledger(&self, now_ms: i64, pricing: &PricingConfig) -> Result<Ledger, StoreError> {
+        self.check()?;
+        Ok(lock(&self.inner.memory).ledger(now_ms, pricing))
+    }
+
+    /// Admits a request atomically: builds the ledger, asks `decide` (the policy), and records
+    /// the outcome, with the store's memory locked throughout, so concurrent requests can never
+    /// exceed a quota or place a GPU twice. An admitted decision becomes a `granted` lease with a
+    /// `granted` LeaseEvent and an `admit` Action in the outbox; a denied one writes a `deny`
+    /// Action. Nothing is written for a dry run.
+    pub fn admit(
+        &self,
+        now_ms: i64,
+        pricing: &PricingConfig,
+        request: &AdmissionRequest,
+        decide: impl FnOnce(Ledger) -> Decision,
+    ) -> Pending<(Decision, Option<Lease>)> {
+        self.mutate(|memory| {
+            let decision = decide(memory.ledger_of(&request.team, now_ms, pricing));
+            if request.dry_run {
+                return Change::Unchanged((decision, None));
+            }
+            match (&decision.placement, decision.admitted()) {
+                (Some(p), true) => {
+                    let lease = Lease {
+                        // Time-ordered (v7): new leases land at the end of the id index, so a
+                        // commit rewrites one index page, not a random one per lease.
+                        id: uuid::Uuid::now_v7().to_string(),
+                        team: request.team.clone(),
+                        user: request.user.clone(),
+                        project: request.project.clone(),
+                        workload: request.workload,
+                        substrate: p.substrate.clone(),
+                        gpu_model: p.gpu_model.clone(),
+                        gpu_count: p.gpu_count,
+                        gpu_uuids: p.gpu_uuids.clone(),
+                        labels: request.labels.clone().unwrap_or_default(),
+                        state: LeaseState::Granted,
+                        granted_at: now_ms,
+                        expires_at: decision.duration.map(|d| end_after(now_ms, d)),
+                        updated_at: now_ms,
+                        released_at: None,
+                        release_reason: None,
+                    };
+                    let detail = format!(
+                        "{} GPUs of {} on {}, ${:.2}/h",
+                        lease.gpu_count,
+                        lease.gpu_model,
+                        lease.substrate,
+                        decision.estimate.usd_per_hour
+                    );
+                    let admit = Audit::lease(ActionKind::Admit, &lease, "admitted").at(
+                        now_ms,
+                        Outcome::Ok,
+                        detail,
+                    );
+                    let ops = vec![
+                        Op::InsertLease(Box::new(lease.clone())),
+                        outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
+                        outbox(&admit, now_ms),
+                    ];
+                    memory.put(lease.clone());
+                    Change::Write((decision, Some(lease)), ops)
+                }
+                _ => {
+                    let reason = decision
+                        .reasons
+                        .first()
+                        .map_or("no_capacity", |r| r.code.as_str());
+                    let detail = decision
+                        .reasons
+                        .iter()
+                        .map(|r| format!("{}: {}", r.code.as_str(), r.message))
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let deny = Audit::team(ActionKind::Deny, &request.team, reason).at(
+                        now_ms,
+                        Outcome::Ok,
+                        detail,
+                    );
+                    Change::Write((decision, None), vec![outbox(&deny, now_ms)])
+                }
+            }
+        })
+    }
+
+    /// One lease.
+    pub fn lease(&self, id: &str) -> Pending<Option<Lease>> {
+        if let Err(e) = self.check() {
+            return Pending::ready(Err(e));
+        }
+        if let Some(lease) = lock(&self.inner.memory).open(id) {
+            return Pending::ready(Ok(Some(lease.clone())));
+        }
+        let id = id.to_owned();
+        self.read(move |conn| get_lease(conn, &id))
+    }
+
+    /// Leases matching `filter`, newest first.
+    pub fn leases(&self, filter: &LeaseFilter) -> Pending<Vec<Lease>> {
+        let filter = filter.clone();
+        self.read(move |conn| {
+            let mut sql = format!("SELECT {COLUMNS} FROM leases WHERE 1 = 1");
+            let mut args: Vec<String> = Vec::new();
+            if let Some(state) = filter.state {
+                sql.push_str(" AND state = ?");
+                args.push(state.as_str().into());
+            }
+            if let Some(teams) = &filter.teams {
+                if teams.is_empty() {
+                    sql.push_str(" AND 0 = 1");
+                } else {
+                    sql.push_str(&format!(
+                        " AND team IN ({})",
+                        vec!["?"; teams.len()].join(", ")
+                    ));
+                    args.extend(teams.iter().cloned());
+                }
+            }
+            sql.push_str(" ORDER BY granted_at DESC, id");
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), row_to_raw)?;
+            rows.map(|r| r.map_err(StoreError::from).and_then(RawLease::parse))
+                .collect()
+        })
+    }
+
+    /// Open leases, oldest grant first.
+    pub fn open_leases(&self) -> Result<Vec<Lease>, StoreError> {
+        self.check()?;
+        let mut open: Vec<Lease> = lock(&self.inner.memory).open_leases().cloned().collect();
+        open.sort_by(|a, b| (a.granted_at, &a.id).cmp(&(b.granted_at, &b.id)));
+        Ok(open)
+    }
+
+    /// Open leases whose end has come, for the runtime rules to reclaim.
+    pub fn due_for_expiry(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
+        let mut due: Vec<Lease> = self
+            .open_leases()?
+            .into_iter()
+            .filter(|l| l.expires_at.is_some_and(|e| e <= now_ms))
+            .collect();
+        due.sort_by(|a, b| (a.expires_at, &a.id).cmp(&(b.expires_at, &b.id)));
+        Ok(due)
+    }
+
+    /// Changes an open lease with `change` (which may refuse), keeps memory and the file in
+    /// step, and queues the outbox records `records` derives from the changed lease. A lease
+    /// that is not open is read from the file only to say why it cannot change.
+    fn change_lease(
+        &self,
+        id: &str,
+        to: Option<LeaseState>,
+        change: impl FnOnce(&mut Lease) -> Result<(), StoreError>,
+        records: impl FnOnce(&Lease) -> Vec<Op>,
+    ) -> Pending<Lease> {
+        self.mutate(|memory| {
+            let Some(current) = memory.open(id) else {
+                return Change::NotOpen {
+                    id: id.to_owned(),
+                    to,
+                };
+            };
+            let mut lease = current.clone();
+            if let Err(e) = change(&mut lease) {
+                return Change::Refused(e);
+            }
+            let mut ops = vec![Op::UpdateLease(Box::new(lease.clone()))];
+            ops.extend(records(&lease));
+            if lease.state.is_open() {
+                memory.put(lease.clone());
+            } else {
+                memory.take(&lease.id);
+                memory.exempt.remove(&lease.id);
+            }
+            Change::Write(lease, ops)
+        })
+    }
+
+    /// Moves a lease to `to`, refusing transitions the state machine does not allow. Reaching
+    /// `released` or `failed` writes a `released` LeaseEvent (reason `reason`, or `failed`) and a
+    /// `reclaim` Action to the outbox in the same transaction.
+    pub fn transition(
+        &self,
+        id: &str,
+        to: LeaseState,
+        now_ms: i64,
+        reason: ReleaseReason,
+        detail: &str,
+    ) -> Pending<Lease> {
+        let detail = detail.to_owned();
+        self.change_lease(
+            id,
+            Some(to),
+            |lease| {
+                if !lease.state.can_become(to) {
+                    return Err(StoreError::InvalidTransition {
+                        id: lease.id.clone(),
+                        from: lease.state,
+                        to,
+                    });
+                }
+                lease.state = to;
+                lease.updated_at = now_ms;
+                if !to.is_open() {
+                    lease.released_at = Some(now_ms);
+                    lease.release_reason = Some(if to == LeaseState::Failed {
+                        ReleaseReason::Failed
+                    } else {
+                        reason
+                    });
+                }
+                Ok(())
+            },
+            |lease| {
+                if lease.state.is_open() {
+                    return Vec::new();
+                }
+                let outcome = if to == LeaseState::Failed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Ok
+                };
+                let why = lease.release_reason.unwrap_or(reason).as_str();
+                let reclaim =
+                    Audit::lease(ActionKind::Reclaim, lease, why).at(now_ms, outcome, detail);
+                vec![
+                    outbox(&lease.event(LeaseEventKind::Released, now_ms), now_ms),
+                    outbox(&reclaim, now_ms),
+                ]
+            },
+        )
+    }
+
+    /// Sets an open lease's end to `expires_at`.
+    pub fn extend(&self, id: &str, expires_at: i64, now_ms: i64) -> Pending<Lease> {
+        self.change_lease(
+            id,
+            None,
+            |lease| {
+                lease.expires_at = Some(expires_at);
+                lease.updated_at = now_ms;
+                Ok(())
+            },
+            |_| Vec::new(),
+        )
+    }
+
+    /// Resizes an open lease atomically: builds the ledger, asks `decide` (the policy) about the
+    /// lease, and on admission records the new GPUs with a `resized` LeaseEvent and a `resize`
+    /// Action, with the store's memory locked throughout.
+    pub fn resize(
+        &self,
+        id: &str,
+        now_ms: i64,
+        pricing: &PricingConfig,
+        reason: &str,
+        why: &str,
+        decide: impl FnOnce(Ledger, &Lease) -> Decision,
+    ) -> Pending<(Decision, Lease)> {
+        self.mutate(|memory| {
+            let lease = match memory.open(id) {
+                Some(l) if l.state == LeaseState::Releasing => {
+                    return Change::Refused(StoreError::InvalidTransition {
+                        id: id.into(),
+                        from: l.state,
+                        to: l.state,
+                    })
+                }
+                Some(l) => l.clone(),
+                None => {
+                    return Change::NotOpen {
+                        id: id.to_owned(),
+                        to: None,
+                    }
+                }
+            };
+            let decision = decide(memory.ledger_of(&lease.team, now_ms, pricing), &lease);
+            let Some(placement) = decision.placement.clone().filter(|_| decision.admitted()) else {
+                return Change::Unchanged((decision, lease));
+            };
+            let mut lease = lease;
+            let before = lease.gpu_count;
+            lease.gpu_uuids = placement.gpu_uuids;
+            lease.gpu_count = placement.gpu_count;
+            lease.updated_at = now_ms;
+            let mut detail = format!("{before} → {} GPUs of {}", lease.gpu_count, lease.gpu_model);
+            if !why.is_empty() {
+                detail.push_str(": ");
+                detail.push_str(why);
+            }
+            let resize =
+                Audit::lease(ActionKind::Resize, &lease, reason).at(now_ms, Outcome::Ok, detail);
+            let ops = vec![
+                Op::UpdateLease(Box::new(lease.clone())),
+                outbox(&lease.event(LeaseEventKind::Resized, now_ms), now_ms),
+                outbox(&resize, now_ms),
+            ];
+            memory.put(lease.clone());
+            Change::Write((decision, lease), ops)
+        })
+    }
+
+    /// Puts a resized lease back on `previous`'s GPUs after its substrate failed to carry the
+    /// resize out: a `resized` LeaseEvent with the old GPUs, so everyone downstream follows it
+    /// back, and a failed `resize` Action saying why.
+    pub fn undo_resize(
+        &self,
+        id: &str,
+        previous: &Lease,
+        now_ms: i64,
+        detail: &str,
+    ) -> Pending<Lease> {
+        let detail = detail.to_owned();
+        self.change_lease(
+            id,
+            None,
+            |lease| {
+                lease.gpu_uuids.clone_from(&previous.gpu_uuids);
+                lease.gpu_count = previous.gpu_count;
+                lease.updated_at = now_ms;
+                Ok(())
+            },
+            |lease| {
+                let failed = Audit::lease(ActionKind::Resize, lease, "substrate_failed").at(
+                    now_ms,
+                    Outcome::Failed,
+                    detail,
+                );
+                vec![
+                    outbox(&lease.event(LeaseEventKind::Resized, now_ms), now_ms),
+                    outbox(&failed, now_ms),
+                ]
+            },
+        )
+    }
+
+    /// Stops a team's new admissions, with a `block` Action.
+    pub fn block_team(&self, team: &str, reason: &str, now_ms: i64) -> Pending<()> {
+        self.set_blocked(team, Some(reason), now_ms)
+    }
+
+    /// Lifts a team's block, with an `unblock` Action.
+    pub fn unblock_team(&self, team: &str, now_ms: i64) -> Pending<()> {
+        self.set_blocked(team, None, now_ms)
+    }
+
+    fn set_blocked(&self, team: &str, reason: Option<&str>, now_ms: i64) -> Pending<()> {
+        self.mutate(|memory| {
+            let changed = match reason {
+                Some(_) => memory.blocked.insert(team.to_owned()),
+                None => memory.blocked.remove(team),
+            };
+            if !changed {
+                return Change::Unchanged(());
+            }
+            let kind = if reason.is_some() {
+                ActionKind::Block
+            } else {
+                ActionKind::Unblock
+            };
+            let record = Audit::team(kind, team, reason.unwrap_or("unblocked")).at(
+                now_ms,
+                Outcome::Ok,
+                String::new(),
+            );
+            let change = match reason {
+                Some(r) => Op::Block {
+                    team: team.into(),
+                    reason: r.into(),
+                    at: now_ms,
+                },
+                None => Op::Unblock { team: team.into() },
+            };
+            Change::Write((), vec![change, outbox(&record, now_ms)])
+        })
+    }
+
+    /// Records a `team_spend` signal; an older one than the one kept is ignored.
+    pub fn record_team_spend(
+        &self,
+        team: &str,
+        month_to_date_usd: f64,
+        burn_usd_per_hour: f64,
+        ts_ms: i64,
+    ) -> Pending<()> {
+        self.mutate(|memory| {
+            if memory.spend.get(team).is_some_and(|&(_, ts)| ts > ts_ms) {
+                return Change::Unchanged(());
+            }
+            memory
+                .spend
+                .insert(team.to_owned(), (month_to_date_usd, ts_ms));
+            let spend = Op::Spend {
+                team: team.into(),
+                month_to_date_usd,
+                burn_usd_per_hour,
+                ts_ms,
+            };
+            Change::Write((), vec![spend])
+        })
+    }
+
+    /// Records an Action (it goes to Kafka through the outbox).
+    pub fn record_action(&self, action: &Action) -> Pending<()> {
+        self.mutate(|_| Change::Write((), vec![outbox(action, action.ts_ms)]))
+    }
+
+    /// Records `action` unless a step under `key` was recorded before (in this run or an
+    /// earlier one): the mark and the Action commit together. The answer says whether it was
+    /// recorded now.
+    pub fn record_once(&self, key: &str, action: &Action) -> Pending<bool> {
+        self.mutate(|memory| {
+            if !memory.marks.insert(key.to_owned()) {
+                return Change::Unchanged(false);
+            }
+            let ops = vec![
+                Op::Mark {
+                    key: key.to_owned(),
+                    at: action.ts_ms,
+                },
+                outbox(action, action.ts_ms),
+            ];
+            Change::Write(true, ops)
+        })
+    }
+
+    /// Whether a step under `key` was recorded by [`Store::record_once`].
+    pub fn marked(&self, key: &str) -> bool {
+        lock(&self.inner.memory).marks.contains(key)
+    }
+
+    /// Exempts an open lease from the runtime rules (idle, duration) until `until_ms`, recorded
+    /// with who granted it and why, and audited as an `alert` Action with reason `exempt`.
+    pub fn exempt(
+        &self,
+        id: &str,
+        until_ms: i64,
+        by: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Pending<Lease> {
+        self.mutate(|memory| {
+            let Some(lease) = memory.open(id).cloned() else {
+                return Change::NotOpen {
+                    id: id.to_owned(),
+                    to: None,
+                };
+            };
+            memory.exempt.insert(lease.id.clone(), until_ms);
+            let detail = format!(
+                "exempt from the idle and duration rules until {} (granted by {by}): {reason}",
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + Duration::from_millis(until_ms.max(0) as u64)
+                )
+            );
+            // Its policy is named by the workload alone (`training`), not `workloads.training`
+            // as the rules name it.
+            let record = Audit::lease(ActionKind::Alert, &lease, "exempt")
+                .under_policy(lease.workload.as_str().into())
+                .at(now_ms, Outcome::Ok, detail);
+            let ops = vec![
+                Op::Exempt {
+                    lease_id: lease.id.clone(),
+                    until_ms,
+                    by: by.into(),
+                    reason: reason.into(),
+                    at: now_ms,
+                },
+                outbox(&record, now_ms),
+            ];
+            Change::Write(lease, ops)
+        })
+    }
+
+    /// When the lease's exemption from the runtime rules ends, if it has one.
+    pub fn exempt_until(&self, id: &str) -> Option<i64> {
+        lock(&self.inner.memory).exempt.get(id).copied()
+    }
+
+    /// Up to `limit` unpublished outbox rows, oldest first.
+    pub fn outbox_pending(&self, limit: usize) -> Pending<Vec<OutboxRow>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, topic, key, payload, created_at FROM outbox \
+                 WHERE published_at IS NULL ORDER BY id LIMIT ?1",
+            )?;
+            let rows = stmt.query_map([limit as i64], |r| {
+                Ok(OutboxRow {
+                    id: r.get(0)?,
+                    topic: r.get(1)?,
+                    key: r.get(2)?,
+                    payload: r.get(3)?,
+                    created_at: r.get(4)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+    }
+
+    /// How many outbox rows wait to be published.
+    pub fn outbox_pending_count(&self) -> Pending<usize> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT count(*) FROM outbox WHERE published_at IS NULL")?
+                .query_row([], |r| r.get(0))?;
+            Ok(n as usize)
+        })
+    }
+
+    /// Marks outbox rows as published (once Kafka has acknowledged them). It changes nothing in
+    /// memory, but is queued through `Store::mutate` like every other write.
+    pub fn outbox_mark_published(&self, ids: &[i64], now_ms: i64) -> Pending<()> {
+        let published = Op::MarkPublished {
+            ids: ids.to_vec(),
+            at: now_ms,
+        };
+        self.mutate(|_| Change::Write((), vec![published]))
+    }
+}
