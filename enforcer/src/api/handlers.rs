@@ -8,12 +8,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::types::{
-    AdmissionResponse, ExemptRequest, ExtendRequest, LeaseQuery, ResizeRequest, TeamView,
+    AdmissionResponse, ExemptRequest, ExtendRequest, Lease, LeaseQuery, ResizeRequest, TeamView,
 };
 use super::{openapi_json, ApiError, ApiJson, AppState, ErrorBody};
 use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
-use crate::store::Lease;
 
 /// Decides an admission request.
 #[utoipa::path(post, path = "/v1/admission", request_body = AdmissionRequest,
@@ -50,9 +49,9 @@ pub(super) async fn list_leases(
     let Query(query) = query.map_err(|e| ApiError::field("query", e.body_text()))?;
     let leases = state
         .service
-        .leases(&principal, query.team, query.state)
+        .leases(&principal, query.team, query.state.map(Into::into))
         .await?;
-    Ok(Json(leases))
+    Ok(Json(leases.into_iter().map(Lease::from).collect()))
 }
 
 /// One lease.
@@ -68,7 +67,7 @@ pub(super) async fn get_lease(
     principal: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Lease>, ApiError> {
-    Ok(Json(state.service.lease(&principal, &id).await?))
+    Ok(Json(state.service.lease(&principal, &id).await?.into()))
 }
 
 /// Ends a lease and frees its GPUs.
@@ -86,7 +85,9 @@ pub(super) async fn release_lease(
     principal: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Lease>, ApiError> {
-    Ok(Json(state.service.release_by(&principal, &id).await?))
+    Ok(Json(
+        state.service.release_by(&principal, &id).await?.into(),
+    ))
 }
 
 /// Moves a lease's end later, within the workload's `max_duration` (admins may go past it).
@@ -107,7 +108,9 @@ pub(super) async fn extend_lease(
     ApiJson(body): ApiJson<ExtendRequest>,
 ) -> Result<Json<Lease>, ApiError> {
     let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
-    Ok(Json(state.service.extend(&principal, &id, by).await?))
+    Ok(Json(
+        state.service.extend(&principal, &id, by).await?.into(),
+    ))
 }
 
 /// Exempts a lease from the idle and duration rules for a while (admins only; audited).
@@ -132,7 +135,7 @@ pub(super) async fn exempt_lease(
         .service
         .exempt(&principal, &id, by, &body.reason)
         .await?;
-    Ok(Json(lease))
+    Ok(Json(lease.into()))
 }
 
 /// Changes a lease's GPU count; answered like an admission.

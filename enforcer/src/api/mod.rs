@@ -30,8 +30,8 @@ pub use self::error::{ApiError, ErrorBody, ErrorDetail};
 pub use self::extract::{decode, token_sha256_hex, ApiJson};
 pub use self::openapi::{openapi, openapi_json};
 pub use self::types::{
-    AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, LeaseQuery, ResizeRequest,
-    TeamView,
+    AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, Lease, LeaseQuery, LeaseState,
+    ResizeRequest, TeamView,
 };
 use crate::policy::Principal;
 use crate::service::Service;

@@ -10,12 +10,12 @@ use utoipa::OpenApi;
 #[allow(clippy::wildcard_imports)]
 use super::handlers::*;
 use super::types::{
-    AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, ResizeRequest, TeamView,
+    AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, Lease, LeaseState,
+    ResizeRequest, TeamView,
 };
 use super::{ErrorBody, ErrorDetail};
 use crate::fields;
 use crate::policy::{self, AdmissionRequest, Estimate, Reason};
-use crate::store::{Lease, LeaseState};
 
 struct BearerAuth;
 

@@ -1,12 +1,17 @@
 //! The API's own bodies: what its operations take and answer beyond the policy's request and
-//! decision types, each converted from the service's answer.
+//! decision types, each converted from the service's answer. The lease and its state are written
+//! here again rather than derived on the store's records, so the store's rows and the API's
+//! bodies can change apart.
 
+use std::collections::BTreeMap;
+
+use gpuwarden_schema::{ReleaseReason, Workload};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::policy::{Estimate, Reason};
+use crate::policy::{Estimate, Reason, ReleaseReasonName, WorkloadName};
 use crate::service::{Admission, Team};
-use crate::store::{Lease, LeaseState};
+use crate::store;
 
 /// What `POST /v1/admission` (and `resize`) answers.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -41,7 +46,7 @@ impl From<Admission> for AdmissionResponse {
                 DecisionKind::Denied
             },
             reasons: decision.reasons,
-            lease,
+            lease: lease.map(Lease::from),
             estimate: decision.estimate,
         }
     }
@@ -118,6 +123,109 @@ impl From<Team> for TeamView {
             monthly_budget_usd: t.monthly_budget_usd,
             blocked: t.blocked,
             allowed_models: t.allowed_models,
+        }
+    }
+}
+
+/// One lease. Times are Unix epoch milliseconds (UTC).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Lease {
+    /// The lease's id.
+    pub id: String,
+    /// The team it is charged to.
+    pub team: String,
+    /// The person it is for.
+    pub user: String,
+    /// The project the work belongs to.
+    pub project: String,
+    /// The kind of work.
+    #[schema(value_type = WorkloadName)]
+    pub workload: Workload,
+    /// The substrate it runs on.
+    pub substrate: String,
+    /// Full model name of its GPUs.
+    pub gpu_model: String,
+    /// GPUs held.
+    pub gpu_count: u32,
+    /// The GPUs held; empty on a substrate that picks devices itself.
+    pub gpu_uuids: Vec<String>,
+    /// Labels from the request.
+    pub labels: BTreeMap<String, String>,
+    /// Where it is in its life.
+    pub state: LeaseState,
+    /// When it was admitted.
+    pub granted_at: i64,
+    /// When it must end; null when it has no end.
+    pub expires_at: Option<i64>,
+    /// When it last changed.
+    pub updated_at: i64,
+    /// When it ended.
+    pub released_at: Option<i64>,
+    /// Why it ended.
+    #[schema(value_type = Option<ReleaseReasonName>)]
+    pub release_reason: Option<ReleaseReason>,
+}
+
+/// Where a lease is in its life. `granted → active → releasing → released`, and `failed` from
+/// any open state; `released` and `failed` are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Admitted and recorded; the substrate is being asked to start it.
+    Granted,
+    /// The substrate runs it.
+    Active,
+    /// The substrate is being asked to end it.
+    Releasing,
+    /// Ended; its GPUs are free.
+    Released,
+    /// The substrate could not run or end it cleanly; its GPUs are free.
+    Failed,
+}
+
+impl From<store::Lease> for Lease {
+    fn from(l: store::Lease) -> Self {
+        Self {
+            id: l.id,
+            team: l.team,
+            user: l.user,
+            project: l.project,
+            workload: l.workload,
+            substrate: l.substrate,
+            gpu_model: l.gpu_model,
+            gpu_count: l.gpu_count,
+            gpu_uuids: l.gpu_uuids,
+            labels: l.labels,
+            state: l.state.into(),
+            granted_at: l.granted_at,
+            expires_at: l.expires_at,
+            updated_at: l.updated_at,
+            released_at: l.released_at,
+            release_reason: l.release_reason,
+        }
+    }
+}
+
+impl From<store::LeaseState> for LeaseState {
+    fn from(s: store::LeaseState) -> Self {
+        match s {
+            store::LeaseState::Granted => Self::Granted,
+            store::LeaseState::Active => Self::Active,
+            store::LeaseState::Releasing => Self::Releasing,
+            store::LeaseState::Released => Self::Released,
+            store::LeaseState::Failed => Self::Failed,
+        }
+    }
+}
+
+impl From<LeaseState> for store::LeaseState {
+    fn from(s: LeaseState) -> Self {
+        match s {
+            LeaseState::Granted => Self::Granted,
+            LeaseState::Active => Self::Active,
+            LeaseState::Releasing => Self::Releasing,
+            LeaseState::Released => Self::Released,
+            LeaseState::Failed => Self::Failed,
         }
     }
 }

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuwarden_schema::{LeaseEvent, LeaseEventKind, ReleaseReason, Workload, V1};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-use crate::policy::{HeldGpus, Holding, WorkloadName};
+use crate::policy::{HeldGpus, Holding};
 
 /// A lease store failure.
 #[derive(Debug, thiserror::Error)]
@@ -54,8 +52,7 @@ pub enum StoreError {
 
 /// Where a lease is in its life. `granted → active → releasing → released`, and `failed` from
 /// any open state; `released` and `failed` are final.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaseState {
     /// Admitted and recorded; the substrate is being asked to start it.
     Granted,
@@ -118,7 +115,7 @@ impl std::fmt::Display for LeaseState {
 }
 
 /// One lease. Times are Unix epoch milliseconds (UTC).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Lease {
     /// The lease's id.
     pub id: String,
@@ -129,7 +126,6 @@ pub struct Lease {
     /// The project the work belongs to.
     pub project: String,
     /// The kind of work.
-    #[schema(value_type = WorkloadName)]
     pub workload: Workload,
     /// The substrate it runs on.
     pub substrate: String,
@@ -152,7 +148,6 @@ pub struct Lease {
     /// When it ended.
     pub released_at: Option<i64>,
     /// Why it ended.
-    #[schema(value_type = Option<crate::policy::ReleaseReasonName>)]
     pub release_reason: Option<ReleaseReason>,
 }
 
