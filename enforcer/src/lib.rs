@@ -3,15 +3,19 @@
 //! budget blocks, autoscale), and the substrate drivers that carry actions out.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
-//! Its modules are layers; each uses only those below it:
+//! Its modules are layers; each uses only those above it in this list, never one below:
 //!
-//! - [`fields`], [`metrics`]: request field rules and counters;
+//! - [`fields`]: the rules request fields follow;
 //! - [`drivers`]: act on substrates (one trait, one registry);
 //! - [`policy`]: decides (pure: a function of the request, a snapshot and the placement state);
 //! - [`store`]: remembers (SQLite, with an outbox for Kafka; [`store::audit`] builds every Action);
-//! - [`service`]: the lease lifecycle over the three, with a typed error saying whose fault;
-//! - [`rules`]: act on the pipeline's signals through the service (alerting through [`alerts`]);
+//! - [`metrics`]: the enforcer's counters;
+//! - [`service`]: the lease lifecycle over the four, with a typed error saying whose fault;
+//! - [`alerts`], [`rules`]: act on the pipeline's signals through the service, alerting through
+//!   webhooks;
 //! - [`api`]: translates between HTTP and the service.
+//!
+//! `docs/ARCHITECTURE.md` ("The enforcer") draws the same map.
 
 pub mod alerts;
 pub mod api;

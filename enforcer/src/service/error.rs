@@ -1,7 +1,7 @@
 //! What can go wrong in the lease lifecycle, by whose fault: the caller's (a field, a name that
 //! does not exist, a change the lease's state or the principal's role does not allow), a
 //! substrate's, the store's, or the enforcer's own. Each entry point maps it to its own terms:
-//! the HTTP API to a status ([`crate::api::ApiError`]), the runtime rules to a retry or not.
+//! the HTTP API to a status, the runtime rules to a retry or not.
 
 use crate::store::StoreError;
 

@@ -2,9 +2,9 @@
 //! exemption, resizing and the team view, over the store, the pure policy and the substrate
 //! drivers.
 //!
-//! Every entry point of the enforcer goes through [`Service`]: the HTTP API (`crate::api`)
+//! Every entry point of the enforcer goes through [`Service`]: the HTTP API (`api`)
 //! translates requests into its calls and its [`ServiceError`]s into statuses; the runtime
-//! rules (`crate::rules`) call it for reclaims and resizes; the binary calls it to re-adopt
+//! rules (`rules`) call it for reclaims and resizes; the binary calls it to re-adopt
 //! leases at start and to expire them on a timer. A substrate's own admission hook (a submit
 //! plugin, an admission webhook) is one more such caller. The service knows nothing of HTTP,
 //! Kafka or tokens: it is told who asks ([`Principal`]) and answers in its own types.
