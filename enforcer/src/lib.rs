@@ -12,6 +12,7 @@ pub mod api;
 pub mod drivers;
 pub mod fields;
 pub mod metrics;
+pub mod outbound;
 pub mod policy;
 pub mod rules;
 pub mod store;
