@@ -11,6 +11,7 @@ pub mod alerts;
 pub mod api;
 pub mod drivers;
 pub mod fields;
+pub mod kafka;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;
