@@ -12,20 +12,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use gpuwarden_schema::retry::Backoff;
 use gpuwarden_schema::{Action, ActionKind};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, Uri};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
+
+use crate::outbound::{http_client, HttpClient};
 
 /// Tries per URL before an alert is given up on.
 pub const ATTEMPTS: u32 = 4;
 /// Wait before the first retry; each later one waits twice as long.
 const BACKOFF: Duration = Duration::from_millis(200);
+/// The longest wait: the last retry's, so every retry of [`ATTEMPTS`] waits twice the one before.
+const MAX_BACKOFF: Duration = BACKOFF.saturating_mul(1 << ATTEMPTS.saturating_sub(2));
 /// Time allowed per attempt.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -37,7 +38,7 @@ pub struct Alerts {
 
 struct Inner {
     urls: Vec<(String, Uri)>,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     delivered: AtomicU64,
     failed: AtomicU64,
 }
@@ -73,15 +74,10 @@ impl Alerts {
                 }
             })
             .collect();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
         Self {
             inner: Arc::new(Inner {
                 urls,
-                client: Client::builder(TokioExecutor::new()).build(https),
+                client: http_client(),
                 delivered: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
             }),
@@ -130,9 +126,10 @@ impl Alerts {
 impl Inner {
     async fn deliver(&self, url: &str, uri: Uri, body: Bytes) {
         let mut last = String::new();
+        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
-                tokio::time::sleep(BACKOFF.saturating_mul(1 << (attempt - 1))).await;
+                tokio::time::sleep(backoff.next_pause()).await;
             }
             match tokio::time::timeout(TIMEOUT, self.attempt(uri.clone(), body.clone())).await {
                 Err(_) => last = format!("no answer within {TIMEOUT:?}"),
@@ -198,4 +195,16 @@ pub fn text(action: &Action) -> String {
         line.push_str(" _(dry run: nothing was changed)_");
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_wait_twice_as_long_each_time() {
+        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
+        let pauses: Vec<Duration> = (1..ATTEMPTS).map(|_| backoff.next_pause()).collect();
+        assert_eq!(pauses, [200, 400, 800].map(Duration::from_millis));
+    }
 }

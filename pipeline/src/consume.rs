@@ -367,7 +367,7 @@ impl State {
             };
             let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
-            let received_ms = message.timestamp().to_millis().unwrap_or_else(now_ms);
+            let received_ms = message.timestamp().to_millis().unwrap_or_else(wall_ms);
             let payload = message.payload().unwrap_or_default();
             let table = Table::of_topic(topic).expect("each of the four topics has a table");
             let buffer = self.buffers.entry((topic, partition)).or_default();
@@ -439,13 +439,7 @@ impl State {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Wall-clock milliseconds, for dating records that carry no time of their own.
 pub(crate) fn wall_ms() -> i64 {
-    now_ms()
+    gpuwarden_schema::clock::wall_now_ms()
 }

@@ -24,7 +24,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::object_store::local::LocalFileSystem;
@@ -35,6 +35,7 @@ use datafusion::object_store::{
 };
 use datafusion::prelude::SessionContext;
 use futures::stream::{BoxStream, StreamExt as _};
+use gpuwarden_schema::clock::wall_now_s;
 
 /// How long a replaced or removed lake file stays readable by queries that listed it.
 pub const RETAIN: Duration = Duration::from_secs(10 * 60);
@@ -51,13 +52,6 @@ pub(crate) struct Versions {
     dir: PathBuf,
     /// When [`Versions::prune`] last ran, in seconds since the epoch.
     pruned_at: AtomicU64,
-}
-
-fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
 }
 
 impl Versions {
@@ -78,7 +72,7 @@ impl Versions {
             Err(e) => return Err(e),
         };
         std::fs::create_dir_all(&self.dir)?;
-        let now = now_s();
+        let now = wall_now_s();
         let last = self.pruned_at.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= PRUNE_EVERY.as_secs()
             && self

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use gpuwarden_schema::retry::Backoff;
+
 use crate::buffer::Sealed;
 use crate::lake::{Intent, Lake, LakeError};
 use crate::metrics::Metrics;
@@ -164,7 +166,7 @@ fn write_with_retry(
     throttle: Option<u64>,
     stop: &AtomicBool,
 ) -> Option<Done> {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     loop {
         match write(lake, metrics, &job, throttle) {
             Ok(files) => {
@@ -178,12 +180,12 @@ fn write_with_retry(
                 });
             }
             Err(e) => {
-                tracing::error!(error = %e, source = %job.source, retry_in = ?backoff, "cannot write to the lake; the data stays buffered and its offsets uncommitted");
+                let pause = backoff.next_pause();
+                tracing::error!(error = %e, source = %job.source, retry_in = ?pause, "cannot write to the lake; the data stays buffered and its offsets uncommitted");
                 if stop.load(Ordering::SeqCst) {
                     return None;
                 }
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                std::thread::sleep(pause);
             }
         }
     }

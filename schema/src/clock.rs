@@ -1,5 +1,9 @@
 //! Event time. Every computation in gpuwarden runs on a [`Clock`] rather than on the wall clock,
 //! so the demo and the tests can run a day of fleet time in minutes and land on the same numbers.
+//!
+//! What genuinely needs the wall clock (a signature's timestamp, the time a record arrived, the
+//! age of a kept file, a fresh directory's name) reads it through [`wall_now_ms`] or
+//! [`wall_now_s`], here and nowhere else.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -27,11 +31,19 @@ pub trait Clock: Debug + Send + Sync {
     }
 }
 
-fn system_now_ms() -> i64 {
+/// The machine's wall clock in Unix epoch milliseconds (UTC); 0 before 1970. Event time comes
+/// from a [`Clock`]; this is for what must be dated in real time whatever the clock runs at.
+pub fn wall_now_ms() -> i64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// [`wall_now_ms`] in whole seconds, for what is dated to the second (a request signature's
+/// timestamp, file times).
+pub fn wall_now_s() -> u64 {
+    u64::try_from(wall_now_ms() / 1000).unwrap_or(0)
 }
 
 /// The latest time gpuwarden records, in Unix epoch milliseconds: the last millisecond of the
@@ -51,7 +63,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        system_now_ms()
+        wall_now_ms()
     }
 }
 
@@ -80,7 +92,7 @@ impl AcceleratedClock {
 
     /// A clock starting at the current wall time.
     pub fn from_now(speed: f64) -> Self {
-        Self::new(system_now_ms(), speed)
+        Self::new(wall_now_ms(), speed)
     }
 }
 
@@ -172,8 +184,19 @@ mod tests {
 
     #[test]
     fn system_clock_is_wall_time() {
-        let before = system_now_ms();
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let before = i64::try_from(before.as_millis()).unwrap();
+        let wall = wall_now_ms();
         let now = SystemClock.now_ms();
-        assert!(now >= before && now - before < 5_000);
+        assert!(
+            wall >= before && wall - before < 5_000,
+            "{wall} vs {before}"
+        );
+        assert!(now >= wall && now - wall < 5_000, "{now} vs {wall}");
+        let seconds = i64::try_from(wall_now_s()).unwrap();
+        assert!(
+            seconds >= wall / 1000 && seconds - wall / 1000 < 5,
+            "{seconds} vs {wall}"
+        );
     }
 }

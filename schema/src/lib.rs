@@ -3,7 +3,8 @@
 //! Collector, pipeline and enforcer never import one another: they meet in Kafka topics, and this
 //! crate is what they agree on there. It owns the four v1 records ([`Sample`], [`LeaseEvent`],
 //! [`Signal`], [`Action`]), their JSON form (what travels on the topics), their Arrow form (what the
-//! lake stores), their validation, the topic names, the [`Clock`] that drives event time, and the
+//! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
+//! wall clock is read), the retry pause every component waits between tries ([`retry`]), and the
 //! one configuration file every process reads ([`config`]). It does no I/O beyond reading that file.
 
 pub mod action;
@@ -19,6 +20,7 @@ pub mod kafka;
 pub mod lease;
 pub mod prom;
 pub mod record;
+pub mod retry;
 pub mod sample;
 pub mod sample_row;
 pub mod signal;

@@ -1,14 +1,13 @@
 //! The self-service commands' side of the enforcer's HTTP API: where it is, the bearer token,
-//! and one JSON call. Errors the API answers (4xx/5xx) become errors carrying its message.
+//! and one JSON call over the enforcer's outbound client ([`gpuwarden_enforcer::outbound`]).
+//! Errors the API answers (4xx/5xx) become errors carrying its message.
 
 use anyhow::Context as _;
 use bytes::Bytes;
+use gpuwarden_enforcer::outbound::{http_client, HttpClient};
 use http_body_util::{BodyExt as _, Full};
 use hyper::header;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 /// Where the enforcer is and who is calling; flattened into each self-service command.
@@ -30,7 +29,7 @@ pub(crate) struct ApiArgs {
 pub(crate) struct ApiClient {
     base: String,
     token: Option<String>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
 }
 
 impl ApiClient {
@@ -39,7 +38,7 @@ impl ApiClient {
         Self {
             base: base.trim_end_matches('/').to_string(),
             token: token.map(str::to_string),
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: http_client(),
         }
     }
 

@@ -210,9 +210,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!(
             "gpuwarden-demo-{}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs())
+            gpuwarden_schema::clock::wall_now_s()
         )),
     };
     std::fs::create_dir_all(&data_dir)
@@ -227,12 +225,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let start = args.start.unwrap_or_else(|| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
-            now - 24 * 3_600_000
-        });
+        let start = args
+            .start
+            .unwrap_or_else(|| gpuwarden_schema::clock::wall_now_ms() - 24 * 3_600_000);
         let clock: Arc<dyn Clock> = Arc::new(AcceleratedClock::new(start, args.speed));
         let listens = Listens {
             api: args.api_listen,

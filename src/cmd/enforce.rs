@@ -1,7 +1,9 @@
 //! `gpuwarden enforce`: the enforcer as a service. Opens the lease store, builds one driver per
 //! `[[substrates]]` entry, re-adopts the leases a previous run left open, serves the admission
 //! API with `/metrics`, releases leases past their end, and publishes the store's outbox to
-//! Kafka (see [`super::outbox`]).
+//! Kafka. This module only wires: the outbox publisher and the signals consumer are
+//! [`gpuwarden_enforcer::kafka`]'s, handed client settings from the command's
+//! [`KafkaConnection`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use anyhow::Context as _;
 use gpuwarden_enforcer::alerts::Alerts;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
+use gpuwarden_enforcer::kafka::outbox::{stopped, Publisher};
 use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
@@ -23,7 +26,6 @@ use gpuwarden_schema::{Clock, SystemClock};
 use tokio::sync::watch;
 
 use super::kafka::{shutdown_signal, KafkaConnection};
-use super::outbox::Publisher;
 
 /// How often (event time) leases past their end and budgets are looked at, within
 /// [`TICK_MIN`]..[`TICK_MAX`] of wall time.
@@ -122,10 +124,11 @@ pub(crate) async fn start(
         "re-adopted open leases"
     );
 
-    let publisher = Publisher::new(&kafka, store.clone(), clock.clone())
+    let publisher = Publisher::new(&kafka.client("enforcer"), store.clone(), clock.clone())
         .context("creating the Kafka producer")?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let publishing = tokio::spawn(publisher.run(kafka.clone(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
+    let publishing =
+        tokio::spawn(publisher.run(kafka.topic_setup(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
     let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
     if state.dry_run() {
         tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
@@ -138,7 +141,7 @@ pub(crate) async fn start(
         stop_rx.clone(),
     ));
     let signals_stop = Arc::new(AtomicBool::new(false));
-    let signals = tokio::spawn(super::signals::run(
+    let signals = tokio::spawn(gpuwarden_enforcer::kafka::signals::run(
         kafka.client("enforcer"),
         rules,
         signals_stop.clone(),
@@ -161,7 +164,7 @@ pub(crate) async fn start(
     );
     let mut server_stop = stop_rx.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        super::outbox::stopped(&mut server_stop).await;
+        stopped(&mut server_stop).await;
     });
     let server = tokio::spawn(async move { server.await });
     Ok(Enforcer {
@@ -203,7 +206,7 @@ async fn rules_loop(state: Service, rules: Rules, tick: Duration, mut stop: watc
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
-            _ = super::outbox::stopped(&mut stop) => return,
+            _ = stopped(&mut stop) => return,
         }
         if let Err(e) = state.expire_due().await {
             tracing::warn!(error = %e, "looking for expired leases failed");

@@ -2,6 +2,7 @@
 //! broker started in this process when `brokers = "embedded"`.
 
 use anyhow::Context as _;
+use gpuwarden_enforcer::kafka::outbox::TopicSetup;
 use gpuwarden_schema::config::Config;
 use gpuwarden_schema::kafka::{self, EmbeddedBroker};
 use rdkafka::config::ClientConfig;
@@ -43,8 +44,8 @@ impl KafkaConnection {
     }
 
     /// Like [`open`](Self::open), but does not reach an external cluster now: a command that
-    /// must start while Kafka is down (the enforcer, whose outbox waits for it) calls
-    /// [`ensure_topics`](Self::ensure_topics) later, when it can.
+    /// must start while Kafka is down (the enforcer, whose outbox waits for it) hands
+    /// [`topic_setup`](Self::topic_setup) to what creates the topics later, when it can.
     pub(crate) fn open_lazy(config: &Config) -> anyhow::Result<Self> {
         if config.kafka.is_embedded() {
             return Self::open(config);
@@ -56,18 +57,17 @@ impl KafkaConnection {
         })
     }
 
-    /// Creates gpuwarden's topics where they are missing (blocks on the cluster's metadata).
-    pub(crate) fn ensure_topics(&self) -> anyhow::Result<()> {
+    /// What creating gpuwarden's topics on this cluster takes; none for the embedded broker,
+    /// which has them from its start.
+    pub(crate) fn topic_setup(&self) -> Option<TopicSetup> {
         if self._embedded.is_some() {
-            return Ok(());
+            return None;
         }
-        kafka::ensure_topics(
-            &self.client("admin"),
-            &gpuwarden_schema::topics::ALL,
-            self.config.partitions,
-            self.config.replication_factor,
-        )
-        .with_context(|| format!("creating gpuwarden's topics on {}", self.bootstrap))
+        Some(TopicSetup {
+            admin: self.client("admin"),
+            partitions: self.config.partitions,
+            replication: self.config.replication_factor,
+        })
     }
 
     /// Client settings for a client playing `role` (it names the client to the brokers).

@@ -1,4 +1,11 @@
 //! The subcommands. Adding one is a module here, a variant of [`Command`], and a line in [`run`].
+//!
+//! Each module parses its command's arguments and wires the library crates together; the work
+//! itself lives in those crates (the enforcer's outbox publisher and signals consumer, for one,
+//! in `gpuwarden_enforcer::kafka`). The modules that are not commands are wiring that several
+//! commands share: the connection to Kafka ([`kafka`]), the `/metrics` endpoint
+//! ([`metrics_http`]), the SQL endpoint ([`sql_endpoint`]) and the self-service commands' API
+//! client ([`api_client`]).
 
 mod api_client;
 mod broker;
@@ -10,12 +17,10 @@ mod ingest;
 mod kafka;
 mod leases;
 mod metrics_http;
-mod outbox;
 mod pipeline;
 mod release;
 mod request;
 mod rollup;
-mod signals;
 mod sql;
 mod sql_endpoint;
 mod up;

@@ -26,23 +26,22 @@
 //!
 //! Inventory is the configured pool, `(gpu_model, capacity)`; the provisioner is not asked.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
+use gpuwarden_schema::clock::wall_now_s;
 use gpuwarden_schema::config::SubstrateConfig;
+use gpuwarden_schema::retry::Backoff;
 use gpuwarden_schema::ReleaseReason;
 use hmac::{Hmac, KeyInit, Mac};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::{config_error, Driver, DriverError, Inventory, LeaseSpec, LeaseStatus};
+use crate::outbound::{http_client, HttpClient};
 
 /// Time allowed per attempt when `timeout` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,7 +69,7 @@ pub struct WebhookDriver {
     retries: u32,
     model: String,
     capacity: u32,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
 }
 
 /// The body of every call.
@@ -209,12 +208,6 @@ impl WebhookDriver {
                 None
             }
         };
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new()).build(https);
         Ok(Self {
             name: config.name.clone(),
             url,
@@ -224,7 +217,7 @@ impl WebhookDriver {
             retries: config.retries.unwrap_or(DEFAULT_RETRIES),
             model,
             capacity,
-            client,
+            client: http_client(),
         })
     }
 
@@ -242,11 +235,10 @@ impl WebhookDriver {
         );
         let attempts = self.retries.saturating_add(1);
         let mut last = String::new();
+        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
         for attempt in 0..attempts {
             if attempt > 0 {
-                let wait = BACKOFF
-                    .saturating_mul(1 << (attempt - 1).min(16))
-                    .min(MAX_BACKOFF);
+                let wait = backoff.next_pause();
                 tracing::warn!(
                     substrate = %self.name,
                     lease_id = %lease_id,
@@ -299,9 +291,7 @@ impl WebhookDriver {
                 HeaderValue::from_static(concat!("gpuwarden/", env!("CARGO_PKG_VERSION"))),
             );
         if let Some(secret) = &self.secret {
-            let timestamp = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
+            let timestamp = wall_now_s();
             request = request
                 .header(TIMESTAMP_HEADER, timestamp)
                 .header(SIGNATURE_HEADER, signature(secret, timestamp, &body));
@@ -444,5 +434,22 @@ mod tests {
             signature(b"k", 42, b"body"),
             format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
         );
+    }
+
+    #[test]
+    fn retries_wait_as_documented() {
+        // 0.1 s, 0.2 s, 0.4 s…, doubling, at most 5 s: the module docs' promise to provisioners.
+        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
+        let pauses: Vec<Duration> = (0..9).map(|_| backoff.next_pause()).collect();
+        assert_eq!(
+            pauses,
+            [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000, 5_000].map(Duration::from_millis)
+        );
+        // The n-th retry waits BACKOFF·2ⁿ⁻¹, capped, however many retries are configured.
+        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
+        for retry in 0..64u32 {
+            let doubled = BACKOFF.saturating_mul(1 << retry.min(16)).min(MAX_BACKOFF);
+            assert_eq!(backoff.next_pause(), doubled, "retry {retry}");
+        }
     }
 }

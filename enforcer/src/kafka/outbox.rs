@@ -1,49 +1,90 @@
-//! The enforcer's outbox publisher: moves the lease store's outbox rows (lease events and
-//! actions, written in the same transaction as the change they record) to Kafka.
+//! The outbox publisher: moves the lease store's outbox rows (lease events and actions, written
+//! in the same transaction as the change they record) to Kafka.
 //!
 //! Rows are sent oldest first by an idempotent producer, keyed and routed as the row says, and
 //! marked published only once Kafka has acknowledged them. A row that is not acknowledged stays
 //! in the outbox and is sent again on the next round, so Kafka being down delays records but
 //! never loses them; a record may then reach Kafka twice (at-least-once), which consumers
 //! already tolerate because they key on the lease and the event time.
+//!
+//! `gpuwarden enforce` (and `up` and `demo`, which contain it) runs one beside the admission API.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuwarden_enforcer::store::{OutboxRow, Store};
-use gpuwarden_schema::Clock;
+use gpuwarden_schema::retry::Backoff;
+use gpuwarden_schema::{topics, Clock};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use tokio::sync::watch;
 
-use super::kafka::KafkaConnection;
+use crate::store::{OutboxRow, Store};
 
 /// Rows sent per round.
 const BATCH: usize = 500;
 /// Pause when the outbox is empty.
 const IDLE_POLL: Duration = Duration::from_millis(100);
-/// First and longest pause after a failed round.
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Pauses after failed rounds: 0.2 s, doubling, at most 5 s.
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 /// Most one warning about Kafka per this interval.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How long librdkafka keeps retrying one record before handing it back to us.
 const MESSAGE_TIMEOUT_MS: &str = "10000";
 
-pub(crate) struct Publisher {
+/// How the publisher makes sure gpuwarden's topics exist before it sends anything: an external
+/// cluster may not have them yet, and may not be up when the enforcer starts. (The embedded
+/// broker creates them as it starts, so it needs none.)
+#[derive(Debug, Clone)]
+pub struct TopicSetup {
+    /// Settings for the admin client that looks for the topics and creates the missing ones.
+    pub admin: ClientConfig,
+    /// Partitions of each topic created (`kafka.partitions`).
+    pub partitions: i32,
+    /// Replicas of each topic created (`kafka.replication_factor`).
+    pub replication: i32,
+}
+
+impl TopicSetup {
+    /// Creates the topics that are missing; blocks on the cluster's metadata.
+    fn ensure(&self) -> Result<(), String> {
+        gpuwarden_schema::kafka::ensure_topics(
+            &self.admin,
+            &topics::ALL,
+            self.partitions,
+            self.replication,
+        )
+        .map_err(|e| {
+            let bootstrap = self.admin.get("bootstrap.servers").unwrap_or_default();
+            format!("creating gpuwarden's topics on {bootstrap}: {e}")
+        })
+    }
+}
+
+/// Publishes the lease store's outbox; see the module docs.
+pub struct Publisher {
     store: Store,
     producer: FutureProducer,
     clock: Arc<dyn Clock>,
     last_warning: Option<Instant>,
 }
 
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher").finish_non_exhaustive()
+    }
+}
+
 impl Publisher {
-    pub(crate) fn new(
-        kafka: &KafkaConnection,
+    /// Creates the idempotent producer from `client` (bootstrap servers and
+    /// `[kafka.properties]`); published rows are marked with `clock`'s time.
+    pub fn new(
+        client: &ClientConfig,
         store: Store,
         clock: Arc<dyn Clock>,
-    ) -> anyhow::Result<Self> {
-        let mut client = kafka.client("enforcer");
+    ) -> Result<Self, KafkaError> {
+        let mut client = client.clone();
         client
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
@@ -57,29 +98,31 @@ impl Publisher {
     }
 
     /// Publishes until `stop` turns true, then keeps going for at most `flush` while rows are
-    /// pending. Returns how many rows were still pending at the end.
-    pub(crate) async fn run(
+    /// pending. Returns how many rows were still pending at the end. With `topics`, creates the
+    /// missing topics first, retrying until the cluster answers.
+    pub async fn run(
         mut self,
-        kafka: Arc<KafkaConnection>,
+        topics: Option<TopicSetup>,
         mut stop: watch::Receiver<bool>,
         flush: Duration,
     ) -> usize {
-        let mut backoff = BACKOFF_MIN;
-        // Topics first: an external cluster may not have them, and may not be up yet.
-        loop {
-            let k = kafka.clone();
-            match tokio::task::spawn_blocking(move || k.ensure_topics()).await {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => self.warn(&format!("{e:#}")),
-                Err(e) => self.warn(&e.to_string()),
+        if let Some(topics) = topics {
+            let topics = Arc::new(topics);
+            let mut backoff = BACKOFF;
+            loop {
+                let t = Arc::clone(&topics);
+                match tokio::task::spawn_blocking(move || t.ensure()).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(e)) => self.warn(&e),
+                    Err(e) => self.warn(&e.to_string()),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_pause()) => {}
+                    _ = stopped(&mut stop) => return self.pending_count().await,
+                }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                _ = stopped(&mut stop) => return self.pending_count().await,
-            }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
-        backoff = BACKOFF_MIN;
+        let mut backoff = BACKOFF;
         let mut deadline: Option<Instant> = None;
         loop {
             let stopping = *stop.borrow();
@@ -93,14 +136,12 @@ impl Publisher {
                 Ok(0) if deadline.is_some() => return 0,
                 Ok(0) => IDLE_POLL,
                 Ok(_) => {
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                     Duration::ZERO
                 }
                 Err(why) => {
                     self.warn(&why);
-                    let pause = backoff;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    pause
+                    backoff.next_pause()
                 }
             };
             if !pause.is_zero() {
@@ -171,6 +212,6 @@ impl Publisher {
 }
 
 /// Resolves once `stop` is true (or its sender is gone).
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }

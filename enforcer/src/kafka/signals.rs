@@ -1,28 +1,32 @@
 //! The enforcer's view of what the pipeline measures: every signal on `gpuwarden.signals` goes
-//! to the runtime rules ([`gpuwarden_enforcer::rules`]) — team spend for the budget check and
+//! to the runtime rules ([`crate::rules`]) — team spend for the budget check and
 //! blocks, lease utilization for idle reclaim and autoscale, unattributed GPUs for alerts.
 //!
 //! It reads in the consumer group `gpuwarden-enforcer` from the earliest offset the group has
 //! not committed. A replay repeats nothing: the store keeps only the newest spend per team, and
 //! the rules ignore a lease's older signals and record each step once.
+//!
+//! `gpuwarden enforce` (and `up` and `demo`, which contain it) runs it beside the admission API.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_schema::{topics, Record as _, Signal};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Message as _;
 use tokio::sync::mpsc;
 
+use crate::rules::Rules;
+
 /// Signals waiting for the rules; the consumer waits when the rules fall this far behind.
 const QUEUE: usize = 1024;
 
-/// Consumes signals until `stop` is set, handing each to `rules` in order. Runs the consumer
-/// on a blocking thread and the rules on the runtime it is called from.
-pub(crate) async fn run(client: ClientConfig, rules: Rules, stop: Arc<AtomicBool>) {
+/// Consumes signals until `stop` is set, handing each to `rules` in order. `client` carries the
+/// bootstrap servers and `[kafka.properties]`. Runs the consumer on a blocking thread and the
+/// rules on the runtime it is called from.
+pub async fn run(client: ClientConfig, rules: Rules, stop: Arc<AtomicBool>) {
     let (tx, mut rx) = mpsc::channel::<Signal>(QUEUE);
     let consumer = tokio::task::spawn_blocking(move || consume(client, &tx, &stop));
     while let Some(signal) = rx.recv().await {

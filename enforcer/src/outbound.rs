@@ -1,0 +1,27 @@
+//! The one HTTP client gpuwarden calls out with: alert webhooks ([`crate::alerts`]), webhook
+//! provisioners ([`crate::drivers::webhook`]) and the command line's calls to the enforcer's API.
+//!
+//! HTTP/1 over hyper-util's pooled client, with TLS through rustls and Mozilla's roots built in
+//! (no system trust store needed), so `https://` and `http://` URLs both work. Each caller sets
+//! its own timeout per attempt and retries with [`gpuwarden_schema::retry::Backoff`].
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// An HTTP/1 client for `http://` and `https://` URLs that sends a whole body at once. Cheap to
+/// clone: clones share one connection pool.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A new client with its own connection pool.
+pub fn http_client() -> HttpClient {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(https)
+}
