@@ -5,7 +5,8 @@
 //! It depends on `gpuwarden-schema` only: it meets the collector and the pipeline in Kafka topics.
 //! Its modules are layers; each uses only those above it in this list, never one below:
 //!
-//! - [`fields`]: the rules request fields follow;
+//! - [`fields`]: the rules request fields follow; [`outbound`]: the one HTTP client for calls
+//!   out (webhooks, alerts);
 //! - [`drivers`]: act on substrates (one trait, one registry);
 //! - [`policy`]: decides (pure: a function of the request, a snapshot and the placement state);
 //! - [`store`]: remembers (SQLite, with an outbox for Kafka; [`store::audit`] builds every Action);
@@ -13,7 +14,11 @@
 //! - [`service`]: the lease lifecycle over the four, with a typed error saying whose fault;
 //! - [`alerts`], [`rules`]: act on the pipeline's signals through the service, alerting through
 //!   webhooks;
-//! - [`api`]: translates between HTTP and the service.
+//! - [`api`]: translates between HTTP and the service;
+//! - [`kafka`]: the store's outbox to Kafka, and Kafka's signals to the rules.
+//!
+//! Retries back off with `gpuwarden_schema::retry::Backoff` and time comes from the schema's
+//! clock, as everywhere in gpuwarden.
 //!
 //! `docs/ARCHITECTURE.md` ("The enforcer") draws the same map.
 

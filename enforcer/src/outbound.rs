@@ -1,5 +1,5 @@
-//! The one HTTP client gpuwarden calls out with: alert webhooks ([`crate::alerts`]), webhook
-//! provisioners ([`crate::drivers::webhook`]) and the command line's calls to the enforcer's API.
+//! The one HTTP client gpuwarden calls out with: alert webhooks, webhook provisioners (the
+//! `webhook` driver) and the command line's calls to the enforcer's API.
 //!
 //! HTTP/1 over hyper-util's pooled client, with TLS through rustls and Mozilla's roots built in
 //! (no system trust store needed), so `https://` and `http://` URLs both work. Each caller sets

@@ -112,8 +112,8 @@ pub(crate) async fn start(
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
         built.insert(substrate.name.clone(), Arc::from(driver));
     }
-    let state = Service::new(config.clone(), store.clone(), built, clock.clone());
-    let readopted = state
+    let service = Service::new(config.clone(), store.clone(), built, clock.clone());
+    let readopted = service
         .readopt()
         .await
         .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
@@ -129,13 +129,16 @@ pub(crate) async fn start(
     let (stop_tx, stop_rx) = watch::channel(false);
     let publishing =
         tokio::spawn(publisher.run(kafka.topic_setup(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
-    let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
-    if state.dry_run() {
+    let rules = Rules::new(
+        service.clone(),
+        Alerts::new(&config.enforcer.alert_webhooks),
+    );
+    if service.dry_run() {
         tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
     }
     let tick = clock.wall_for(TICK_EVENT_TIME).clamp(TICK_MIN, TICK_MAX);
     let ticking = tokio::spawn(rules_loop(
-        state.clone(),
+        service.clone(),
         rules.clone(),
         tick,
         stop_rx.clone(),
@@ -147,9 +150,9 @@ pub(crate) async fn start(
         signals_stop.clone(),
     ));
 
-    let (metrics, store) = (state.metrics().clone(), state.store().clone());
+    let (metrics, store) = (service.metrics().clone(), service.store().clone());
     let app =
-        api::router(AppState::new(state)).merge(super::metrics_http::metrics_only(move || {
+        api::router(AppState::new(service)).merge(super::metrics_http::metrics_only(move || {
             metrics.render_with(store.commit_stats())
         }));
     let listener = tokio::net::TcpListener::bind(listen)
@@ -202,13 +205,18 @@ impl Enforcer {
 
 /// Every `tick`: releases leases past their end and re-checks budgets (a new month lifts a
 /// budget block without waiting for a signal).
-async fn rules_loop(state: Service, rules: Rules, tick: Duration, mut stop: watch::Receiver<bool>) {
+async fn rules_loop(
+    service: Service,
+    rules: Rules,
+    tick: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = stopped(&mut stop) => return,
         }
-        if let Err(e) = state.expire_due().await {
+        if let Err(e) = service.expire_due().await {
             tracing::warn!(error = %e, "looking for expired leases failed");
         }
         if let Err(e) = rules.check_budgets().await {
