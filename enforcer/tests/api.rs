@@ -1,29 +1,25 @@
 //! The admission API in process: the axum `Router` driven with `tower::ServiceExt::oneshot`, a
 //! real SQLite store in a temp dir, and a test driver standing in for a substrate.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use gpuwarden_enforcer::api::{openapi_json, router, AppState};
-use gpuwarden_enforcer::drivers::Driver;
-use gpuwarden_enforcer::store::Store;
+use gpuwarden_enforcer::api::openapi_json;
 use gpuwarden_schema::config::{
     Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, WorkloadPolicy,
 };
-use gpuwarden_schema::{ManualClock, Workload};
+use gpuwarden_schema::Workload;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 mod support;
 
-use support::{call, token, TestDriver};
+use support::{call, token, Enforcer};
 
 const NOW: i64 = 1_767_225_600_000;
 
@@ -68,34 +64,9 @@ fn config() -> Config {
     config
 }
 
-struct Harness {
-    app: Router,
-    state: AppState,
-    driver: Arc<TestDriver>,
-    _dir: tempfile::TempDir,
-}
-
-fn harness() -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
-    let driver = Arc::new(TestDriver {
-        gpus: 32,
-        ..TestDriver::default()
-    });
-    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
-    drivers.insert("sim".into(), driver.clone());
-    let state = AppState::new(
-        Arc::new(config()),
-        store,
-        drivers,
-        Arc::new(ManualClock::new(NOW)),
-    );
-    Harness {
-        app: router(state.clone()),
-        state,
-        driver,
-        _dir: dir,
-    }
+/// The enforcer every test here drives: the config above, 32 GPUs, the clock at `NOW`.
+fn harness() -> Enforcer {
+    Enforcer::new(config(), 32, NOW)
 }
 
 fn ask(team: &str, user: &str, gpus: i64) -> Value {

@@ -3,26 +3,24 @@
 //! receiving the alerts.
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use axum::Router;
-use gpuwarden_enforcer::alerts::Alerts;
-use gpuwarden_enforcer::api::{router, AppState};
-use gpuwarden_enforcer::drivers::Driver;
-use gpuwarden_enforcer::rules::{steps, Rules, Step, Utilization};
-use gpuwarden_enforcer::store::{LeaseState, Store};
+use gpuwarden_enforcer::rules::{steps, Step, Utilization};
+use gpuwarden_enforcer::store::LeaseState;
 use gpuwarden_schema::config::{
     Config, EnforcerMode, GpuPrice, OnIdle, PricingConfig, Role, TeamConfig, WorkloadPolicy,
 };
-use gpuwarden_schema::{ManualClock, Signal, SignalBody, Workload, V1};
+use gpuwarden_schema::{Signal, SignalBody, Workload, V1};
 use serde_json::{json, Value};
 
 mod support;
 
-use support::{call, token, TestDriver};
+use support::{call, eventually_async, token, Enforcer};
 
 /// 2026-01-10T00:00:00Z.
 const NOW: i64 = 1_768_003_200_000;
@@ -114,38 +112,25 @@ async fn webhook() -> (String, Arc<Mutex<Vec<Value>>>) {
     (format!("http://{address}/hook"), got)
 }
 
+/// An enforcer of 16 GPUs in `mode`, the clock at `NOW`, whose alerts reach the webhook above.
 struct Harness {
-    app: Router,
-    state: AppState,
-    rules: Rules,
-    clock: Arc<ManualClock>,
-    driver: Arc<TestDriver>,
+    enforcer: Enforcer,
     alerts: Arc<Mutex<Vec<Value>>>,
-    _dir: tempfile::TempDir,
+}
+
+impl Deref for Harness {
+    type Target = Enforcer;
+
+    fn deref(&self) -> &Enforcer {
+        &self.enforcer
+    }
 }
 
 async fn harness(mode: EnforcerMode) -> Harness {
     let (url, alerts) = webhook().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
-    let driver = Arc::new(TestDriver {
-        gpus: 16,
-        ..TestDriver::default()
-    });
-    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
-    drivers.insert("sim".into(), driver.clone());
-    let clock = Arc::new(ManualClock::new(NOW));
-    let config = Arc::new(config(mode, &url));
-    let state = AppState::new(config.clone(), store, drivers, clock.clone());
-    let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
     Harness {
-        app: router(state.clone()),
-        state,
-        rules,
-        clock,
-        driver,
+        enforcer: Enforcer::new(config(mode, &url), 16, NOW),
         alerts,
-        _dir: dir,
     }
 }
 
@@ -227,15 +212,21 @@ impl Harness {
             .collect()
     }
 
-    /// Waits (up to 5 s) for `n` alerts to reach the webhook.
+    /// The alerts the webhook received, once there are `n` (up to 5 s).
     async fn alerts_received(&self, n: usize) -> Vec<Value> {
-        for _ in 0..100 {
-            if self.alerts.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.alerts.lock().unwrap().clone()
+        eventually_async(
+            &format!("{n} alerts at the webhook"),
+            Duration::from_secs(5),
+            async || {
+                let alerts = self.alerts.lock().unwrap().clone();
+                if alerts.len() >= n {
+                    Ok(alerts)
+                } else {
+                    Err(format!("{alerts:?}"))
+                }
+            },
+        )
+        .await
     }
 }
 
@@ -529,6 +520,7 @@ async fn dry_run_records_every_step_once_and_changes_nothing() {
         .blocked
         .contains("ml"));
     assert_eq!(*h.driver.calls.lock().unwrap(), ["provision 1"]);
+    // An alert that is never sent cannot be waited for: the time one would take to arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         h.alerts.lock().unwrap().is_empty(),
