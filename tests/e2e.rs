@@ -7,51 +7,18 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::{
-    http, log_line, psql, sha256_hex, start_fake_nvml_collector, start_pipeline_with_sql, Broker,
-    Running,
+    eventually, http, log_line, metric, sha256_hex, start_fake_nvml_collector,
+    start_pipeline_with_sql, Broker, Psql, Running,
 };
 
 const TOKEN: &str = "e2e-portal-token";
 
-/// The rows of a query that must succeed, as `a|b` lines.
-fn rows(port: u16, sql: &str) -> Vec<String> {
-    let out = psql(port, "anyone", None, sql, false);
-    assert!(
-        out.status.success(),
-        "{sql}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn one(port: u16, sql: &str) -> String {
-    let rows = rows(port, sql);
-    assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
-    rows[0].clone()
-}
-
 fn num(text: &str) -> f64 {
     text.parse()
         .unwrap_or_else(|_| panic!("not a number: {text:?}"))
-}
-
-/// Polls `check` until it returns Some, for at most `timeout`; `what` names what never came.
-fn eventually<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < until, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 fn stop(process: Running, what: &str) {
@@ -61,6 +28,16 @@ fn stop(process: Running, what: &str) {
         "{what} stops cleanly on SIGTERM\n{}",
         log.join("\n")
     );
+}
+
+/// `host:port` of the `/metrics` a "running" log line names.
+fn metrics_address(running: &serde_json::Value) -> String {
+    running["metrics"]
+        .as_str()
+        .expect("the log names the metrics URL")
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string()
 }
 
 /// Two L40S GPUs through the fake libnvidia-ml.so, one at 80 % and one at 20 %, both at 200 W.
@@ -157,9 +134,19 @@ usd_per_gpu_hour = 1.8
     assert!(kcat.wait().unwrap().success());
 
     let (pipeline, port) = start_pipeline_with_sql(&config);
+    let psql = Psql::new(port, "anyone", None);
     let script = write_nvml_script(dir.path());
-    let (collector, _) = start_fake_nvml_collector(&config, &script);
-    std::thread::sleep(Duration::from_secs(5));
+    let (collector, running) = start_fake_nvml_collector(&config, &script);
+    let metrics = metrics_address(&running);
+    // 2 GPUs sampled every second: 8 samples published within seconds.
+    eventually(
+        "8 samples published",
+        Duration::from_secs(30),
+        || match metric(&metrics, "gpuwarden_collector_samples_published_total") {
+            Some(n) if n >= 8.0 => Ok(()),
+            n => Err(format!("{n:?}")),
+        },
+    );
     let (status, log) = collector.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
     let stopped = log_line(&log, "collector stopped");
@@ -167,18 +154,27 @@ usd_per_gpu_hour = 1.8
         .as_u64()
         .or(stopped["fields"]["published"].as_u64())
         .expect("the count published");
-    assert!(published >= 8, "2 GPUs for ~5 s at 1 s: {published}");
+    assert!(
+        published >= 8,
+        "at least the 8 /metrics showed before the stop: {published}"
+    );
 
     // Everything the collector published is in the lake, once.
     eventually(
-        Duration::from_secs(60),
         "every published sample in the lake",
-        || (num(&one(port, "SELECT count(*) FROM samples")) as u64 == published).then_some(()),
+        Duration::from_secs(60),
+        || {
+            let n = num(&psql.one("SELECT count(*) FROM samples")) as u64;
+            if n == published {
+                Ok(())
+            } else {
+                Err(format!("{n} of {published}"))
+            }
+        },
     );
     // The observed and allocated hours the rollup must show, worked out from the raw samples:
     // per GPU Σ interval_ms, and the watermark (the last sample's time) for the running lease.
-    let truth = one(
-        port,
+    let truth = psql.one(
         "SELECT sum(CASE WHEN gpu_uuid = 'GPU-e2e-0' THEN interval_ms ELSE 0 END), \
                 sum(CASE WHEN gpu_uuid = 'GPU-e2e-1' THEN interval_ms ELSE 0 END), max(ts_ms) \
          FROM samples",
@@ -191,13 +187,15 @@ usd_per_gpu_hour = 1.8
                        FROM team_hourly GROUP BY team ORDER BY team";
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
     let teams = eventually(
-        Duration::from_secs(60),
         "team_hourly at the watermark",
+        Duration::from_secs(60),
         || {
-            let teams = rows(port, team_hourly);
-            let research = teams.iter().find(|r| r.starts_with("research|"))?;
-            let allocated = num(research.split('|').nth(1).unwrap());
-            close(allocated * 3_600_000.0, allocated_ms).then_some(teams)
+            let teams = psql.rows(team_hourly);
+            let research = teams.iter().find(|r| r.starts_with("research|"));
+            match research.map(|r| num(r.split('|').nth(1).unwrap())) {
+                Some(allocated) if close(allocated * 3_600_000.0, allocated_ms) => Ok(teams),
+                _ => Err(format!("{teams:?}")),
+            }
         },
     );
     let hours = |ms: f64| ms / 3_600_000.0;
@@ -239,8 +237,7 @@ usd_per_gpu_hour = 1.8
             );
         }
     }
-    let per_gpu = rows(
-        port,
+    let per_gpu = psql.rows(
         "SELECT gpu_uuid, min(utilization_pct), max(utilization_pct) FROM gpu_hourly \
          GROUP BY gpu_uuid ORDER BY gpu_uuid",
     );
@@ -310,6 +307,7 @@ teams = ["research"]
     .unwrap();
 
     let (pipeline, port) = start_pipeline_with_sql(&config);
+    let psql = Psql::new(port, "anyone", None);
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
     let running = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
     let api = running["api"]
@@ -350,9 +348,19 @@ teams = ["research"]
 
     // The grant reaches the lake, the fleet runs the lease and its samples name it.
     let attributed = format!("SELECT count(*) FROM samples WHERE lease_id = '{lease}'");
-    eventually(Duration::from_secs(60), "samples naming the lease", || {
-        (num(&one(port, &attributed)) >= 4.0).then_some(())
-    });
+    eventually(
+        "4 samples naming the lease",
+        Duration::from_secs(60),
+        || {
+            let n = num(&psql.one(&attributed));
+            if n >= 4.0 {
+                Ok(())
+            } else {
+                Err(n)
+            }
+        },
+    );
+    // The lease runs on a while before its release: its whole lifetime is what is priced below.
     std::thread::sleep(Duration::from_secs(2));
     let (status, body) = http(
         &api,
@@ -369,10 +377,14 @@ teams = ["research"]
         "SELECT min(ts_ms), max(ts_ms), count(*) FROM lease_events WHERE lease_id = '{lease}'"
     );
     let (granted, released) =
-        eventually(Duration::from_secs(60), "the release in the lake", || {
-            let row = one(port, &events);
+        eventually("the release in the lake", Duration::from_secs(60), || {
+            let row = psql.one(&events);
             let f: Vec<f64> = row.split('|').map(num).collect();
-            (f[2] == 2.0).then_some((f[0], f[1]))
+            if f[2] == 2.0 {
+                Ok((f[0], f[1]))
+            } else {
+                Err(row)
+            }
         });
     let want_hours = 2.0 * (released - granted) / 3_600_000.0;
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
@@ -383,26 +395,32 @@ teams = ["research"]
     let research = "SELECT sum(allocated_gpu_hours), sum(cost_usd) FROM team_hourly \
                     WHERE team = 'research'";
     eventually(
-        Duration::from_secs(60),
         "the lease's cost in team_hourly",
+        Duration::from_secs(60),
         || {
-            let usage = one(port, &usage);
-            let usage: Vec<&str> = usage.split('|').collect();
-            let team: Vec<f64> = one(port, research).split('|').map(num).collect();
-            (usage[0] == "research"
+            let row = psql.one(&usage);
+            let usage: Vec<&str> = row.split('|').collect();
+            let team = psql.one(research);
+            let hours: Vec<f64> = team.split('|').map(num).collect();
+            if usage[0] == "research"
                 && usage[1] == "user"
                 && close(num(usage[2]), want_hours)
                 && close(num(usage[3]), want_hours * 4.0)
-                && close(team[0], want_hours)
-                && close(team[1], want_hours * 4.0))
-            .then_some(())
+                && close(hours[0], want_hours)
+                && close(hours[1], want_hours * 4.0)
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "lease_usage {row}, research {team}, want {want_hours} GPU-hours"
+                ))
+            }
         },
     );
     assert_eq!(
-        one(
-            port,
-            &format!("SELECT state FROM leases WHERE lease_id = '{lease}'")
-        ),
+        psql.one(&format!(
+            "SELECT state FROM leases WHERE lease_id = '{lease}'"
+        )),
         "released"
     );
     stop(collector, "the collector");

@@ -10,13 +10,13 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{sha256_hex, Broker, Running};
+use support::{eventually, sha256_hex, Broker, Running};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -161,18 +161,18 @@ fn lease_events(bootstrap: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> 
         .unwrap();
     consumer.subscribe(&["gpuwarden.leases"]).unwrap();
     let mut events = Vec::new();
-    let until = Instant::now() + Duration::from_secs(60);
-    while !done(&events) {
-        assert!(
-            Instant::now() < until,
-            "the expected lease events did not arrive; got {events:#?}"
-        );
-        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+    eventually("the expected lease events", Duration::from_secs(60), || {
+        while let Some(message) = consumer.poll(Duration::ZERO) {
             let message = message.unwrap();
             let payload = message.payload().expect("a payload");
             events.push(serde_json::from_slice(payload).unwrap());
         }
-    }
+        if done(&events) {
+            Ok(())
+        } else {
+            Err(format!("{events:#?}"))
+        }
+    });
     events
 }
 
@@ -288,6 +288,17 @@ fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Waits (up to 10 s) until `pid` is alive no more.
+fn gone(pid: i32, what: &str) {
+    eventually(what, Duration::from_secs(10), || {
+        if alive(pid) {
+            Err(format!("{pid} is alive"))
+        } else {
+            Ok(())
+        }
+    });
+}
+
 fn kill(pid: i32, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])
@@ -333,11 +344,7 @@ fn restart_scenario(kill_the_local_process: bool) {
     );
     if kill_the_local_process {
         kill(pid, "-KILL");
-        let until = Instant::now() + Duration::from_secs(10);
-        while alive(pid) {
-            assert!(Instant::now() < until, "sleep did not die");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        gone(pid, "sleep dies of SIGKILL");
     }
 
     // Second run, same data dir, Kafka now there.
@@ -409,11 +416,7 @@ fn restart_scenario(kill_the_local_process: bool) {
         // The re-adopted lease is released by pid, through the driver that did not start it.
         let released = cli(&api, &["release", &local]);
         assert_eq!(released.status.code(), Some(0), "{}", show(&released));
-        let until = Instant::now() + Duration::from_secs(10);
-        while alive(pid) {
-            assert!(Instant::now() < until, "release did not stop the process");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        gone(pid, "release stops the process");
         events
     };
     // Each event written while Kafka was away arrives, once.
@@ -493,24 +496,23 @@ fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
     }
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
 
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let after = request();
-        if after.status.code() == Some(3) {
-            assert!(
-                stdout(&after).contains("budget_exceeded"),
-                "{}",
-                show(&after)
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the spend signal never reached admission: {}",
-            show(&after)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let after = eventually(
+        "the spend signal reaches admission",
+        Duration::from_secs(60),
+        || {
+            let after = request();
+            if after.status.code() == Some(3) {
+                Ok(after)
+            } else {
+                Err(show(&after))
+            }
+        },
+    );
+    assert!(
+        stdout(&after).contains("budget_exceeded"),
+        "{}",
+        show(&after)
+    );
     let (status, log) = enforcer.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
 }

@@ -6,11 +6,11 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use support::{lake_i64, parquet_files, Broker, Running};
+use support::{eventually, lake_i64, parquet_files, Broker, Running};
 
 const T0: i64 = 1_767_225_600_000;
 
@@ -99,22 +99,22 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
     producer.flush(Duration::from_secs(30)).unwrap();
 
     let (first, _) = start_pipeline(&config);
-    let until = Instant::now() + Duration::from_secs(60);
-    while parquet_files(&lake.join("samples")) < 2 {
-        assert!(
-            Instant::now() < until,
-            "no files written within 60 s:\n{}",
-            first.log.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Checked every few milliseconds, so that the kill comes while files are being written.
+    eventually(
+        "two samples files",
+        Duration::from_secs(60),
+        || match parquet_files(&lake.join("samples")) {
+            n if n >= 2 => Ok(()),
+            n => Err(format!("{n} files; log:\n{}", first.log.join("\n"))),
+        },
+    );
     Command::new("kill")
         .args(["-KILL", &first.pid().to_string()])
         .status()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let at_kill = lake_i64(&lake, "SELECT count(*) FROM samples");
+    // Reaped, so that the lake is counted as the killed process left it.
     drop(first);
+    let at_kill = lake_i64(&lake, "SELECT count(*) FROM samples");
     assert!(
         at_kill < n as i64,
         "killed mid-run: {at_kill} of {n} rows were written"
@@ -127,25 +127,27 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
         .trim_start_matches("http://")
         .trim_end_matches("/metrics")
         .to_string();
-    let until = Instant::now() + Duration::from_secs(120);
-    loop {
-        // Recovery may be removing files right now (or have removed all of them): a query that
-        // finds none counts as nothing yet.
-        let distinct = support::try_lake_i64(
-            &lake,
-            "SELECT count(DISTINCT (gpu_uuid, ts_ms)) FROM samples",
-        )
-        .unwrap_or(0);
-        if distinct == n as i64 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{distinct} of {n} samples after the restart:\n{}",
-            second.log.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    eventually(
+        "every sample after the restart",
+        Duration::from_secs(120),
+        || {
+            // Recovery may be removing files right now (or have removed all of them): a query
+            // that finds none counts as nothing yet.
+            let distinct = support::try_lake_i64(
+                &lake,
+                "SELECT count(DISTINCT (gpu_uuid, ts_ms)) FROM samples",
+            )
+            .unwrap_or(0);
+            if distinct == n as i64 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{distinct} of {n} samples; log:\n{}",
+                    second.log.join("\n")
+                ))
+            }
+        },
+    );
     let (code, metrics) = support::http_get(&metrics_address, "/metrics");
     assert_eq!(code, 200);
     assert!(
@@ -521,20 +523,19 @@ fn a_running_pipeline_rolls_up_the_open_hour_within_its_rollup_period() {
                  + CAST(round(allocated_gpu_hours * 3600000) AS BIGINT) / 1000 \
                  FROM team_hourly WHERE team = 'research' AND NOT final";
     let expected = 300_000 * 1_000_000 + 295_000 / 1000;
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        match support::try_lake_i64(&lake, query) {
-            Ok(v) if v == expected => break,
-            other => assert!(
-                Instant::now() < until,
-                "team_hourly never showed research's open hour (last: {other:?}; samples: {:?}, lease events: {:?}, team_hourly rows: {:?})",
+    eventually(
+        "research's open hour in team_hourly",
+        Duration::from_secs(60),
+        || match support::try_lake_i64(&lake, query) {
+            Ok(v) if v == expected => Ok(()),
+            other => Err(format!(
+                "{other:?}; samples: {:?}, lease events: {:?}, team_hourly rows: {:?}",
                 support::try_lake_i64(&lake, "SELECT count(*) FROM samples"),
                 support::try_lake_i64(&lake, "SELECT count(*) FROM lease_events"),
                 support::try_lake_i64(&lake, "SELECT count(*) FROM team_hourly"),
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            )),
+        },
+    );
     assert_eq!(
         lake_i64(
             &lake,

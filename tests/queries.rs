@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::start_pipeline_with_sql;
+use support::{start_pipeline_with_sql, Psql};
 
 /// The price of a GPU-hour in queries/fixture/gpuwarden.toml.
 const H100: f64 = 4.5;
@@ -512,35 +512,16 @@ fn every_query_gives_the_same_rows_through_psql() {
     std::fs::write(&config, text).unwrap();
     build_lake(&config);
     let (mut pipeline, port) = start_pipeline_with_sql(&config);
-    let port = port.to_string();
+    let psql = Psql::new(port, "finops", Some("fixture"));
     pipeline.wait_for_log("rolled up", Duration::from_secs(60));
 
     let mut problems = Vec::new();
     for query in query_files() {
         let name = name_of(&query);
-        let mut psql = Command::new("psql");
-        for (var, _) in std::env::vars() {
-            if var.starts_with("PG") {
-                psql.env_remove(var);
-            }
-        }
         let out = psql
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "finops",
-                "-d",
-                "gpuwarden",
-            ])
-            .args(["-X", "-w", "--csv", "-v", "ON_ERROR_STOP=1", "-f"])
+            .command()
+            .args(["--csv", "-v", "ON_ERROR_STOP=1", "-f"])
             .arg(&query)
-            .env("PGPASSWORD", "fixture")
-            .env("PGCONNECT_TIMEOUT", "10")
-            .env("PGSSLMODE", "disable")
-            .env("PGPASSFILE", "/dev/null")
             .output()
             .expect("psql (postgresql-client) is installed");
         if !out.status.success() {

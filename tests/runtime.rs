@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{http, psql, sha256_hex, Running};
+use support::{eventually, http, sha256_hex, Psql, Running};
 
 const TOKEN: &str = "tok-runtime-admin";
 /// 2026-01-10T03:30:00Z: the inference load's trough is at 03:00 and it rises from there.
@@ -219,47 +219,43 @@ impl Up {
         self.call("GET", &format!("/v1/leases/{id}"), None)
     }
 
-    /// Polls until `done` holds (up to `wall`); the wall time it first held.
-    fn wait(&self, what: &str, wall: Duration, mut done: impl FnMut() -> bool) -> Instant {
-        let until = Instant::now() + wall;
-        loop {
-            if done() {
-                return Instant::now();
+    /// The lease `id` once `done` holds for it (up to `wall`), and the wall time it first did.
+    fn lease_when(
+        &self,
+        what: &str,
+        wall: Duration,
+        id: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> (Value, Instant) {
+        eventually(what, wall, || {
+            let lease = self.lease(id);
+            if done(&lease) {
+                Ok((lease, Instant::now()))
+            } else {
+                Err(lease)
             }
-            assert!(Instant::now() < until, "{what}: not within {wall:?}");
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        })
     }
 
     /// Rows of `sql` against the SQL endpoint, as `a|b` lines.
     fn sql(&self, sql: &str) -> Vec<String> {
-        let out = psql(self.sql_port, "gpuwarden", None, sql, false);
-        assert!(
-            out.status.success(),
-            "{sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect()
+        Psql::new(self.sql_port, "gpuwarden", None).rows(sql)
     }
 
     /// Polls `actions` in the lake until `sql` returns `want` rows or more.
     fn sql_rows(&self, sql: &str, want: usize) -> Vec<String> {
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let rows = self.sql(sql);
-            if rows.len() >= want {
-                return rows;
-            }
-            assert!(
-                Instant::now() < until,
-                "{sql}: {rows:?}, wanted {want} rows"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        eventually(
+            &format!("{want} rows of {sql}"),
+            Duration::from_secs(60),
+            || {
+                let rows = self.sql(sql);
+                if rows.len() >= want {
+                    Ok(rows)
+                } else {
+                    Err(format!("{rows:?}"))
+                }
+            },
+        )
     }
 }
 
@@ -290,12 +286,12 @@ fn an_idle_notebook_is_reclaimed_an_expired_lease_ends_and_a_team_over_budget_is
     up.admit("ops", "bob", "training", 3, "10m", None);
 
     // The idle notebook: warned, then reclaimed within idle_timeout plus one signal period.
-    let reclaimed_wall = up.wait(
+    let (lease, reclaimed_wall) = up.lease_when(
         "the idle notebook is reclaimed",
         Duration::from_secs(60),
-        || up.lease(&notebook)["state"] == "released",
+        &notebook,
+        |lease| lease["state"] == "released",
     );
-    let lease = up.lease(&notebook);
     assert_eq!(lease["release_reason"], "idle", "{lease}");
     let granted = lease["granted_at"].as_i64().unwrap();
     let released = lease["released_at"].as_i64().unwrap();
@@ -339,8 +335,13 @@ fn an_idle_notebook_is_reclaimed_an_expired_lease_ends_and_a_team_over_budget_is
     );
 
     // ops is blocked, and its next request is denied saying why.
-    up.wait("ops is blocked", Duration::from_secs(60), || {
-        up.call("GET", "/v1/teams/ops", None)["blocked"] == true
+    eventually("ops is blocked", Duration::from_secs(60), || {
+        let team = up.call("GET", "/v1/teams/ops", None);
+        if team["blocked"] == true {
+            Ok(())
+        } else {
+            Err(team)
+        }
     });
     let denied = up.request("ops", "bob", "training", 1, "10m", None);
     assert_eq!(denied["decision"], "denied", "{denied}");
@@ -360,10 +361,12 @@ fn an_idle_notebook_is_reclaimed_an_expired_lease_ends_and_a_team_over_budget_is
     assert!(rows[1].starts_with("deny|"), "{rows:?}");
 
     // The 10-minute batch lease ends at its end.
-    up.wait("the batch lease expires", Duration::from_secs(60), || {
-        up.lease(&batch)["state"] == "released"
-    });
-    let lease = up.lease(&batch);
+    let (lease, _) = up.lease_when(
+        "the batch lease expires",
+        Duration::from_secs(60),
+        &batch,
+        |lease| lease["state"] == "released",
+    );
     assert_eq!(lease["release_reason"], "expired", "{lease}");
     assert!(lease["released_at"].as_i64().unwrap() >= lease["expires_at"].as_i64().unwrap());
     assert_eq!(
@@ -401,15 +404,20 @@ fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises() {
         })
         .collect()
     };
-    up.wait(
+    eventually(
         "inference scales down, then up",
         Duration::from_secs(90),
         || {
             let moves = resizes();
-            moves
+            let down_then_up = moves
                 .iter()
                 .position(|(from, to)| to < from)
-                .is_some_and(|down| moves[down..].iter().any(|(from, to)| to > from))
+                .is_some_and(|down| moves[down..].iter().any(|(from, to)| to > from));
+            if down_then_up {
+                Ok(())
+            } else {
+                Err(format!("{moves:?}"))
+            }
         },
     );
     eprintln!("inference autoscale (from, to): {:?}", resizes());

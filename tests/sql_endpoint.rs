@@ -5,10 +5,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use support::{psql, start_pipeline_with_sql, Running};
+use support::{eventually, start_pipeline_with_sql, Psql, Running};
 
 /// 2026-11-30T10:00:00Z.
 const T0: i64 = 1_796_032_800_000;
@@ -71,31 +71,20 @@ impl Endpoint {
         ))
     }
 
-    /// psql as `user`, running `sql` (with `-c`, or as a script on standard input when it holds
-    /// several statements that must share one connection).
-    fn psql(&self, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
-        psql(self.port, user, password, sql, script)
+    /// psql as `user`.
+    fn psql(&self, user: &str, password: Option<&str>) -> Psql {
+        Psql::new(self.port, user, password)
     }
 
     /// The rows of a query that must succeed, as `a|b` lines.
+    #[track_caller]
     fn query(&self, sql: &str) -> Vec<String> {
-        let out = self.psql(USER, Some(PASSWORD), sql, false);
-        assert!(
-            out.status.success(),
-            "{sql}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect()
+        self.psql(USER, Some(PASSWORD)).rows(sql)
     }
 
+    #[track_caller]
     fn one(&self, sql: &str) -> String {
-        let rows = self.query(sql);
-        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
-        rows[0].clone()
+        self.psql(USER, Some(PASSWORD)).one(sql)
     }
 }
 
@@ -154,7 +143,7 @@ fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
 fn wrong_passwords_unknown_users_and_anonymous_clients_are_refused() {
     let endpoint = Endpoint::with_users();
     let refused = |user: &str, password: Option<&str>| {
-        let out = endpoint.psql(user, password, "SELECT 1", false);
+        let out = endpoint.psql(user, password).run("SELECT 1");
         assert!(!out.status.success(), "{user} got in");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -185,14 +174,16 @@ fn wrong_passwords_unknown_users_and_anonymous_clients_are_refused() {
     let open = Endpoint::start(&format!(
         "sql_allow_anonymous = true\n[[pipeline.sql_users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"
     ));
-    let out = open.psql("grafana", None, "SELECT count(*) FROM samples", false);
+    let out = open
+        .psql("grafana", None)
+        .run("SELECT count(*) FROM samples");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "720");
-    let out = open.psql(USER, Some("incorrect horse"), "SELECT 1", false);
+    let out = open.psql(USER, Some("incorrect horse")).run("SELECT 1");
     assert!(!out.status.success());
 
     // Nobody could log in: asking for the endpoint anyway is an error that says what to add.
@@ -234,7 +225,7 @@ fn writes_are_refused_and_the_connection_stays_usable() {
         SELECT 1 AS a INTO copied;\n\
         SET datafusion.execution.batch_size = 1;\n\
         SELECT count(*) FROM samples;\n";
-    let out = endpoint.psql(USER, Some(PASSWORD), script, true);
+    let out = endpoint.psql(USER, Some(PASSWORD)).script(script);
     let stderr = String::from_utf8_lossy(&out.stderr);
     for what in [
         "CREATE TABLE",
@@ -263,12 +254,9 @@ fn writes_are_refused_and_the_connection_stays_usable() {
     );
 
     // What clients send when they connect or hand a connection back is accepted.
-    let out = endpoint.psql(
-        USER,
-        Some(PASSWORD),
+    let out = endpoint.psql(USER, Some(PASSWORD)).script(
         "SET application_name = 'grafana';\nSET extra_float_digits = 3;\nSET TIME ZONE 'UTC';\n\
          BEGIN;\nSELECT 1;\nCOMMIT;\nROLLBACK;\nDISCARD ALL;\nSHOW TIME ZONE;\nSELECT 2;\n",
-        true,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("ERROR"), "{stderr}");
@@ -448,11 +436,18 @@ fn psql_reads_the_rollups_through_grafana_time_macros() {
     let endpoint = Endpoint::with_users();
     // The pipeline rolls up at start: 90 minutes of 8 GPUs at 0, 10, …, 70 % make one final
     // and one open hour, all unallocated at the default $2 per GPU-hour.
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while endpoint.one("SELECT count(*) FROM team_hourly") != "2" {
-        assert!(std::time::Instant::now() < until, "no rollups within 60 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(
+        "the rollups' two team_hourly rows",
+        Duration::from_secs(60),
+        || {
+            let rows = endpoint.one("SELECT count(*) FROM team_hourly");
+            if rows == "2" {
+                Ok(())
+            } else {
+                Err(rows)
+            }
+        },
+    );
     // $__timeGroupAlias(hour, 1h) and $__timeFilter(hour), expanded.
     let rows = endpoint.query(
         r#"SELECT floor(extract(epoch from hour)/3600)*3600 AS "time", team,

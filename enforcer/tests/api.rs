@@ -1,30 +1,25 @@
 //! The admission API in process: the axum `Router` driven with `tower::ServiceExt::oneshot`, a
 //! real SQLite store in a temp dir, and a test driver standing in for a substrate.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use gpuwarden_enforcer::api::{openapi_json, router, AppState};
-use gpuwarden_enforcer::drivers::Driver;
-use gpuwarden_enforcer::service::Service;
-use gpuwarden_enforcer::store::Store;
+use gpuwarden_enforcer::api::openapi_json;
 use gpuwarden_schema::config::{
     Config, EnforcerConfig, GpuPrice, PricingConfig, Role, TeamConfig, WorkloadPolicy,
 };
-use gpuwarden_schema::{ManualClock, Workload};
+use gpuwarden_schema::Workload;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 mod support;
 
-use support::{call, token, TestDriver};
+use support::{call, token, Enforcer};
 
 const NOW: i64 = 1_767_225_600_000;
 
@@ -69,34 +64,9 @@ fn config() -> Config {
     config
 }
 
-struct Harness {
-    app: Router,
-    state: Service,
-    driver: Arc<TestDriver>,
-    _dir: tempfile::TempDir,
-}
-
-fn harness() -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
-    let driver = Arc::new(TestDriver {
-        gpus: 32,
-        ..TestDriver::default()
-    });
-    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
-    drivers.insert("sim".into(), driver.clone());
-    let state = Service::new(
-        Arc::new(config()),
-        store,
-        drivers,
-        Arc::new(ManualClock::new(NOW)),
-    );
-    Harness {
-        app: router(AppState::new(state.clone())),
-        state,
-        driver,
-        _dir: dir,
-    }
+/// The enforcer every test here drives: the config above, 32 GPUs, the clock at `NOW`.
+fn harness() -> Enforcer {
+    Enforcer::new(config(), 32, NOW)
 }
 
 fn ask(team: &str, user: &str, gpus: i64) -> Value {
@@ -132,7 +102,7 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
     assert_eq!(lease["expires_at"], NOW + 2 * 3_600_000);
     assert_eq!(*h.driver.calls.lock().unwrap(), vec!["provision 2"]);
 
-    let rows = h.state.store().outbox_pending(10).await.unwrap();
+    let rows = h.service.store().outbox_pending(10).await.unwrap();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic.as_str()).collect();
     assert_eq!(topics, ["gpuwarden.leases", "gpuwarden.actions"]);
     let event: Value = serde_json::from_str(&rows[0].payload).unwrap();
@@ -144,7 +114,7 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
     assert_eq!(team["gpu_quota"], 16);
     assert_eq!(team["blocked"], false);
     assert_eq!(
-        h.state
+        h.service
             .metrics()
             .render()
             .lines()
@@ -153,12 +123,12 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
         "gpuwarden_enforcer_admissions_total{decision=\"admitted\"} 1"
     );
     // The admission was committed (its Pending awaited), so the store has counted it.
-    let commits = h.state.store().commit_stats();
+    let commits = h.service.store().commit_stats();
     assert!(
         commits.commits >= 1 && commits.writes >= commits.commits,
         "{commits:?}"
     );
-    let text = h.state.metrics().render_with(commits);
+    let text = h.service.metrics().render_with(commits);
     let value = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
@@ -177,7 +147,7 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
 #[tokio::test]
 async fn a_denial_is_a_200_with_every_reason() {
     let h = harness();
-    h.state
+    h.service
         .store()
         .record_team_spend("ml", 9_500.0, 0.0, NOW)
         .await
@@ -221,7 +191,13 @@ async fn dry_run_evaluates_only() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["decision"], "admitted");
     assert!(body.get("lease").is_none());
-    assert!(h.state.store().outbox_pending(10).await.unwrap().is_empty());
+    assert!(h
+        .service
+        .store()
+        .outbox_pending(10)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(h.driver.calls.lock().unwrap().is_empty());
 }
 
@@ -647,7 +623,7 @@ async fn leases_are_listed_extended_resized_and_released() {
     let (_, team) = call(app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
     assert_eq!(team["gpus_held"], 1);
     let events: Vec<String> = h
-        .state
+        .service
         .store()
         .outbox_pending(100)
         .await
@@ -726,7 +702,7 @@ async fn a_resize_the_substrate_cannot_carry_out_is_put_back() {
     let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
     assert_eq!(team["gpus_held"], 2);
     // Downstream saw the resize and sees it undone, with the failure audited.
-    let rows = h.state.store().outbox_pending(100).await.unwrap();
+    let rows = h.service.store().outbox_pending(100).await.unwrap();
     let records: Vec<Value> = rows
         .iter()
         .map(|r| serde_json::from_str(&r.payload).unwrap())

@@ -19,6 +19,10 @@ use gpuwarden_schema::config::SubstrateConfig;
 use gpuwarden_schema::{ReleaseReason, Workload};
 use serde_json::{json, Value};
 
+mod support;
+
+use support::eventually_async;
+
 fn substrate(text: &str) -> SubstrateConfig {
     toml::from_str(text).expect("test config parses")
 }
@@ -411,21 +415,17 @@ fn process_alive(pid: i32) -> bool {
     }
 }
 
-async fn wait_for_file(path: &Path) -> anyhow::Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return Ok(text);
-            }
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// The text of `path` once its last line is written (up to 10 s).
+async fn wait_for_file(path: &Path) -> String {
+    eventually_async(
+        &format!("{} written", path.display()),
+        Duration::from_secs(10),
+        async || match std::fs::read_to_string(path) {
+            Ok(text) if text.ends_with('\n') => Ok(text),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -448,8 +448,8 @@ async fn local_child_sees_its_gpus_and_lease_id_and_logs_to_the_state_dir() -> a
         ]),
     );
     driver.provision(&spec).await?;
-    assert_eq!(wait_for_file(&env_file).await?, "2,0\nlease-env\n");
-    let log = wait_for_file(&ctx.state_dir.join("lease-env.log")).await?;
+    assert_eq!(wait_for_file(&env_file).await, "2,0\nlease-env\n");
+    let log = wait_for_file(&ctx.state_dir.join("lease-env.log")).await;
     assert_eq!(log, "to the log\n");
     let pid = record_pid(&ctx, "lease-env")?;
     assert!(process_alive(pid));
@@ -517,7 +517,7 @@ async fn local_sigkill_follows_sigterm_after_the_grace_period() -> anyhow::Resul
         ]),
     );
     driver.provision(&spec).await?;
-    wait_for_file(&ready).await?;
+    wait_for_file(&ready).await;
     let started = Instant::now();
     driver
         .reclaim("lease-stubborn", ReleaseReason::Budget)
@@ -553,19 +553,18 @@ async fn local_reports_the_exit_code_of_a_process_that_ended() -> anyhow::Result
         argv(&["sh", "-c", "exit 3"]),
     );
     driver.provision(&spec).await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match driver.status("lease-batch").await? {
-            LeaseStatus::Exited(code) => {
-                assert_eq!(code, Some(3));
-                break;
-            }
-            LeaseStatus::Running => {}
-            LeaseStatus::Gone => bail!("the driver lost its own child"),
-        }
-        ensure!(Instant::now() < deadline, "the process never ended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let code = eventually_async(
+        "the process ends",
+        Duration::from_secs(10),
+        async || match driver.status("lease-batch").await {
+            Ok(LeaseStatus::Exited(code)) => Ok(code),
+            Ok(LeaseStatus::Running) => Err("running"),
+            Ok(LeaseStatus::Gone) => panic!("the driver lost its own child"),
+            Err(e) => panic!("status: {e}"),
+        },
+    )
+    .await;
+    assert_eq!(code, Some(3));
     // Its GPU is free again.
     let next = lease(
         "lease-next",
@@ -600,11 +599,18 @@ async fn local_restart_readopts_live_children_and_reports_dead_ones_gone() -> an
         .args(["-KILL", &dead.to_string()])
         .status()?;
     assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while process_alive(dead) {
-        ensure!(Instant::now() < deadline, "kill -KILL did not end {dead}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        &format!("kill -KILL ends {dead}"),
+        Duration::from_secs(5),
+        async || {
+            if process_alive(dead) {
+                Err("alive")
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
 
     let driver = build(&config, &ctx)?;
     assert_eq!(driver.status("lease-live").await?, LeaseStatus::Running);

@@ -3,27 +3,24 @@
 //! receiving the alerts.
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use axum::Router;
-use gpuwarden_enforcer::alerts::Alerts;
-use gpuwarden_enforcer::api::{router, AppState};
-use gpuwarden_enforcer::drivers::Driver;
-use gpuwarden_enforcer::rules::{steps, Rules, Step, Utilization};
-use gpuwarden_enforcer::service::Service;
-use gpuwarden_enforcer::store::{LeaseState, Store};
+use gpuwarden_enforcer::rules::{steps, Step, Utilization};
+use gpuwarden_enforcer::store::LeaseState;
 use gpuwarden_schema::config::{
     Config, EnforcerMode, GpuPrice, OnIdle, PricingConfig, Role, TeamConfig, WorkloadPolicy,
 };
-use gpuwarden_schema::{ManualClock, Signal, SignalBody, Workload, V1};
+use gpuwarden_schema::{Signal, SignalBody, Workload, V1};
 use serde_json::{json, Value};
 
 mod support;
 
-use support::{call, token, TestDriver};
+use support::{call, eventually_async, token, Enforcer};
 
 /// 2026-01-10T00:00:00Z.
 const NOW: i64 = 1_768_003_200_000;
@@ -115,38 +112,25 @@ async fn webhook() -> (String, Arc<Mutex<Vec<Value>>>) {
     (format!("http://{address}/hook"), got)
 }
 
+/// An enforcer of 16 GPUs in `mode`, the clock at `NOW`, whose alerts reach the webhook above.
 struct Harness {
-    app: Router,
-    state: Service,
-    rules: Rules,
-    clock: Arc<ManualClock>,
-    driver: Arc<TestDriver>,
+    enforcer: Enforcer,
     alerts: Arc<Mutex<Vec<Value>>>,
-    _dir: tempfile::TempDir,
+}
+
+impl Deref for Harness {
+    type Target = Enforcer;
+
+    fn deref(&self) -> &Enforcer {
+        &self.enforcer
+    }
 }
 
 async fn harness(mode: EnforcerMode) -> Harness {
     let (url, alerts) = webhook().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
-    let driver = Arc::new(TestDriver {
-        gpus: 16,
-        ..TestDriver::default()
-    });
-    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
-    drivers.insert("sim".into(), driver.clone());
-    let clock = Arc::new(ManualClock::new(NOW));
-    let config = Arc::new(config(mode, &url));
-    let state = Service::new(config.clone(), store, drivers, clock.clone());
-    let rules = Rules::new(state.clone(), Alerts::new(&config.enforcer.alert_webhooks));
     Harness {
-        app: router(AppState::new(state.clone())),
-        state,
-        rules,
-        clock,
-        driver,
+        enforcer: Enforcer::new(config(mode, &url), 16, NOW),
         alerts,
-        _dir: dir,
     }
 }
 
@@ -168,7 +152,7 @@ impl Harness {
     }
 
     async fn utilization(&self, lease: &str, util_pct: f64, idle_ms: i64) {
-        let current = self.state.store().lease(lease).await.unwrap().unwrap();
+        let current = self.service.store().lease(lease).await.unwrap().unwrap();
         let signal = Signal {
             v: V1,
             ts_ms: self.clock_now(),
@@ -187,7 +171,7 @@ impl Harness {
     }
 
     fn clock_now(&self) -> i64 {
-        self.state.now()
+        self.service.now()
     }
 
     fn advance(&self, ms: i64) {
@@ -195,7 +179,7 @@ impl Harness {
     }
 
     async fn state_of(&self, lease: &str) -> LeaseState {
-        self.state
+        self.service
             .store()
             .lease(lease)
             .await
@@ -206,7 +190,7 @@ impl Harness {
 
     /// Every Action recorded so far, oldest first.
     async fn actions(&self) -> Vec<Value> {
-        let rows = self.state.store().outbox_pending(10_000).await.unwrap();
+        let rows = self.service.store().outbox_pending(10_000).await.unwrap();
         rows.iter()
             .filter(|r| r.topic == "gpuwarden.actions")
             .map(|r| serde_json::from_str(&r.payload).unwrap())
@@ -228,15 +212,21 @@ impl Harness {
             .collect()
     }
 
-    /// Waits (up to 5 s) for `n` alerts to reach the webhook.
+    /// The alerts the webhook received, once there are `n` (up to 5 s).
     async fn alerts_received(&self, n: usize) -> Vec<Value> {
-        for _ in 0..100 {
-            if self.alerts.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.alerts.lock().unwrap().clone()
+        eventually_async(
+            &format!("{n} alerts at the webhook"),
+            Duration::from_secs(5),
+            async || {
+                let alerts = self.alerts.lock().unwrap().clone();
+                if alerts.len() >= n {
+                    Ok(alerts)
+                } else {
+                    Err(format!("{alerts:?}"))
+                }
+            },
+        )
+        .await
     }
 }
 
@@ -284,7 +274,7 @@ async fn an_idle_notebook_is_warned_then_reclaimed_while_a_busy_training_lease_i
     h.utilization(&notebook, 0.0, 30 * MIN + MIN / 2).await;
     h.utilization(&training, 88.0, 0).await;
     assert_eq!(h.state_of(&notebook).await, LeaseState::Released);
-    let lease = h.state.store().lease(&notebook).await.unwrap().unwrap();
+    let lease = h.service.store().lease(&notebook).await.unwrap().unwrap();
     assert_eq!(lease.release_reason.unwrap().as_str(), "idle");
     h.advance(MIN / 2);
     h.utilization(&notebook, 0.0, 31 * MIN).await;
@@ -315,7 +305,7 @@ async fn an_idle_lease_whose_policy_resizes_shrinks_to_its_minimum_once() {
     let batch = h.admit("batch", 4, "8h").await;
     h.advance(11 * MIN);
     h.utilization(&batch, 0.0, 11 * MIN).await;
-    let lease = h.state.store().lease(&batch).await.unwrap().unwrap();
+    let lease = h.service.store().lease(&batch).await.unwrap().unwrap();
     assert_eq!((lease.state, lease.gpu_count), (LeaseState::Active, 1));
     // Still idle on its one GPU: at the minimum, an alert once, and nothing more.
     h.advance(MIN);
@@ -436,7 +426,7 @@ async fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises
     let h = harness(EnforcerMode::Enforce).await;
     let lease = h.admit("inference", 4, "8h").await;
     let gpus = || async {
-        h.state
+        h.service
             .store()
             .lease(&lease)
             .await
@@ -451,7 +441,7 @@ async fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises
     // Load 20 % on 4 GPUs toward 60 %: 2 GPUs.
     h.advance(5 * MIN);
     h.utilization(&lease, 20.0, 0).await;
-    let now = h.state.store().lease(&lease).await.unwrap().unwrap();
+    let now = h.service.store().lease(&lease).await.unwrap().unwrap();
     assert_eq!(now.gpu_count, 2);
     assert_eq!(now.gpu_uuids.len(), 2);
     // Load rises to 100 % on 2: ⌈2 × 100 / 60⌉ = 4, but not before a window has measured 2.
@@ -491,8 +481,8 @@ async fn dry_run_records_every_step_once_and_changes_nothing() {
     assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
     // Past its end too.
     h.advance(30 * MIN);
-    h.state.expire_due().await.unwrap();
-    h.state.expire_due().await.unwrap();
+    h.service.expire_due().await.unwrap();
+    h.service.expire_due().await.unwrap();
     assert_eq!(h.state_of(&notebook).await, LeaseState::Active);
     assert_eq!(
         h.actions_of(&notebook).await,
@@ -523,13 +513,14 @@ async fn dry_run_records_every_step_once_and_changes_nothing() {
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0]["outcome"], "dry_run");
     assert!(!h
-        .state
+        .service
         .store()
-        .ledger(h.clock_now(), &h.state.config().pricing)
+        .ledger(h.clock_now(), &h.service.config().pricing)
         .unwrap()
         .blocked
         .contains("ml"));
     assert_eq!(*h.driver.calls.lock().unwrap(), ["provision 1"]);
+    // An alert that is never sent cannot be waited for: the time one would take to arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         h.alerts.lock().unwrap().is_empty(),

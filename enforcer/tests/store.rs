@@ -16,6 +16,10 @@ use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Ledger, Store, StoreErr
 use gpuwarden_schema::config::{Config, Role, TeamConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
 
+mod support;
+
+use support::eventually;
+
 const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
 fn config(quota: u32) -> Arc<Config> {
@@ -270,14 +274,18 @@ fn changes_nobody_waits_for_are_committed_soon_or_with_the_next_one() {
     } = one_lease();
     let before = store.commit_stats();
     drop(store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, ""));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while store.commit_stats().writes == before.writes {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a change nobody waited for was never committed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    eventually(
+        "the commit of a change nobody waited for",
+        Duration::from_secs(10),
+        || {
+            let stats = store.commit_stats();
+            if stats.writes == before.writes {
+                Err(format!("{stats:?}"))
+            } else {
+                Ok(())
+            }
+        },
+    );
     let after = store.commit_stats();
     assert_eq!(
         (after.commits, after.writes),

@@ -1,8 +1,16 @@
-//! Helpers for end-to-end tests that drive the `gpuwarden` binary as an operator would: start a
-//! process, read its JSON logs as they come, stop it with a signal.
+//! What the end-to-end tests share, to drive the `gpuwarden` binary as an operator would: start a
+//! process, read its JSON logs as they come, stop it with a signal; ask its SQL endpoint with
+//! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
+//! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does.
+//!
+//! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod grafana;
+pub mod prometheus;
+
+use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -10,6 +18,34 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+
+/// Tries `check` until it gives `Ok`, and returns what it gave. After `timeout` it panics with
+/// `what` and the last `Err`, which says what the check saw instead.
+///
+/// Between tries it waits nine times as long as the try took, from 5 ms to 1 s, so that the
+/// checks take a tenth of the time at most, of this process and of the one they ask: a check
+/// that reads a file sees the change within milliseconds, and one that runs psql or calls an
+/// API leaves the CPU to the processes it is waiting for.
+#[track_caller]
+pub fn eventually<T, E: Display>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        let tried = Instant::now();
+        let seen = match check() {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
+        if started.elapsed() >= timeout {
+            panic!("{what}: not within {timeout:?}; the last try saw:\n{seen}");
+        }
+        let pause = (tried.elapsed() * 9).clamp(Duration::from_millis(5), Duration::from_secs(1));
+        std::thread::sleep(pause.min(timeout.saturating_sub(started.elapsed())));
+    }
+}
 
 /// What a `[[tokens]]` entry's `sha256` holds for a bearer token, computed here independently of
 /// the enforcer: SHA-256 in hex, as `printf %s TOKEN | sha256sum` prints it.
@@ -92,26 +128,20 @@ impl Running {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let until = Instant::now() + timeout;
-        loop {
+        // On a timeout the panic drops `self`, which kills the process.
+        let status = eventually("the exit on SIGTERM", timeout, || {
             if let Some(status) = self.child.try_wait().unwrap() {
-                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                    self.log.push(line);
-                }
-                return (status, std::mem::take(&mut self.log));
-            }
-            if Instant::now() > until {
-                let _ = self.child.kill();
-                panic!(
-                    "did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                    self.log.join("\n")
-                );
+                return Ok(status);
             }
             while let Ok(line) = self.lines.try_recv() {
                 self.log.push(line);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            Err(format!("still running; log:\n{}", self.log.join("\n")))
+        });
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.log.push(line);
         }
+        (status, std::mem::take(&mut self.log))
     }
 
     /// The next line of standard output, trimmed; panics after `timeout` or at its end.
@@ -291,12 +321,12 @@ impl Broker {
             ],
             &[],
         );
-        let until = Instant::now() + Duration::from_secs(20);
-        while !file.exists() {
-            assert!(Instant::now() < until, "the broker wrote no bootstrap file");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let bootstrap = std::fs::read_to_string(&file).unwrap().trim().to_string();
+        let bootstrap = eventually(
+            "the broker's bootstrap file",
+            Duration::from_secs(20),
+            || std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display())),
+        );
+        let bootstrap = bootstrap.trim().to_string();
         Self { process, bootstrap }
     }
 }
@@ -350,46 +380,155 @@ pub fn status_and_body(response: &str) -> (u16, String) {
     (status, body)
 }
 
-/// Runs `sql` (or, with `script`, feeds it to psql's stdin) against the SQL endpoint on
-/// 127.0.0.1:`port` as `user`; rows come back bare, `|` between columns.
-pub fn psql(port: u16, user: &str, password: Option<&str>, sql: &str, script: bool) -> Output {
-    let mut command = Command::new("psql");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("PG") {
-            command.env_remove(name);
+/// psql, the real PostgreSQL client, against the SQL endpoint on 127.0.0.1:`port` as `user`:
+/// database `gpuwarden`, no ~/.psqlrc, no `PG*` variable of the environment, never a prompt.
+pub struct Psql {
+    port: u16,
+    user: String,
+    password: Option<String>,
+}
+
+/// A query's answer with its column names; `None` for SQL NULL.
+pub struct Answer {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl Psql {
+    pub fn new(port: u16, user: &str, password: Option<&str>) -> Self {
+        Self {
+            port,
+            user: user.into(),
+            password: password.map(String::from),
         }
     }
-    command
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
-        // -X: no ~/.psqlrc; -w: never prompt; -A -t: bare rows, '|' between columns.
-        .args(["-d", "gpuwarden", "-X", "-w", "-A", "-t", "-F", "|"])
-        .env("PGCONNECT_TIMEOUT", "10")
-        .env("PGSSLMODE", "disable")
-        .env("PGPASSFILE", "/dev/null")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(password) = password {
-        command.env("PGPASSWORD", password);
+
+    /// The connection alone; the caller adds how to print and what to run.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new("psql");
+        for (name, _) in std::env::vars() {
+            if name.starts_with("PG") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U"])
+            .arg(&self.user)
+            // -X: no ~/.psqlrc; -w: never prompt.
+            .args(["-d", "gpuwarden", "-X", "-w"])
+            .env("PGCONNECT_TIMEOUT", "10")
+            .env("PGSSLMODE", "disable")
+            .env("PGPASSFILE", "/dev/null")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(password) = &self.password {
+            command.env("PGPASSWORD", password);
+        }
+        command
     }
-    if script {
-        command.stdin(Stdio::piped());
-    } else {
-        command.args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
-        command.stdin(Stdio::null());
+
+    /// Runs `sql` with `-c`, stopping at the first error; rows come back bare, `|` between
+    /// columns.
+    pub fn run(&self, sql: &str) -> Output {
+        self.command()
+            .args(["-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("psql (postgresql-client) is installed")
     }
-    let mut child = command
-        .spawn()
-        .expect("psql (postgresql-client) is installed");
-    if script {
-        use std::io::Write as _;
+
+    /// Feeds `script` to psql's standard input, as one connection that goes on after an error;
+    /// rows come back bare, `|` between columns.
+    pub fn script(&self, script: &str) -> Output {
+        let mut child = self
+            .command()
+            .args(["-A", "-t", "-F", "|"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("psql (postgresql-client) is installed");
         child
             .stdin
             .take()
             .unwrap()
-            .write_all(sql.as_bytes())
+            .write_all(script.as_bytes())
             .unwrap();
+        child.wait_with_output().unwrap()
     }
-    child.wait_with_output().unwrap()
+
+    /// The rows of a query that must succeed, as `a|b` lines.
+    #[track_caller]
+    pub fn rows(&self, sql: &str) -> Vec<String> {
+        let out = self.run(sql);
+        assert!(
+            out.status.success(),
+            "{sql}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The one row of a query that must succeed and return exactly one.
+    #[track_caller]
+    pub fn one(&self, sql: &str) -> String {
+        let rows = self.rows(sql);
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        rows[0].clone()
+    }
+
+    /// Runs `sql` with the column names (which a time series needs for its `time` column) and
+    /// NULL told apart from text; psql's error message when it fails.
+    pub fn answer(&self, sql: &str) -> Result<Answer, String> {
+        const NULL: &str = "\u{1}NULL";
+        let out = self
+            .command()
+            .args(["-A", "-F", "\u{1f}", "-P", "footer=off"])
+            .args([
+                "-P",
+                &format!("null={NULL}"),
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("psql (postgresql-client) is installed");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut lines = stdout.lines();
+        let columns: Vec<String> = lines
+            .next()
+            .ok_or("psql printed no header")?
+            .split('\u{1f}')
+            .map(str::to_string)
+            .collect();
+        let mut rows = Vec::new();
+        for line in lines {
+            let row: Vec<Option<String>> = line
+                .split('\u{1f}')
+                .map(|v| (v != NULL).then(|| v.to_string()))
+                .collect();
+            if row.len() != columns.len() {
+                return Err(format!(
+                    "a row psql printed does not split into {columns:?}: {line:?}"
+                ));
+            }
+            rows.push(row);
+        }
+        Ok(Answer { columns, rows })
+    }
+}
+
+/// The value of the unlabelled series `name` on the `/metrics` at `address`, when it has one.
+pub fn metric(address: &str, name: &str) -> Option<f64> {
+    let (_, body) = http_get(address, "/metrics");
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 pub fn fake_nvml_library() -> PathBuf {

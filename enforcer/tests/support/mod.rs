@@ -1,21 +1,126 @@
-//! What the enforcer's integration tests share: a substrate driver that records its calls and
-//! fails on demand, and API tokens.
+//! What the enforcer's integration tests share: an enforcer put together for a test (its store
+//! in a temp dir, a manual clock, a substrate driver that records its calls and fails on
+//! demand), API tokens and calls, and waits for what happens in the background.
+//!
+//! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
+use gpuwarden_enforcer::alerts::Alerts;
+use gpuwarden_enforcer::api::{router, AppState};
 use gpuwarden_enforcer::drivers::{Driver, DriverError, Gpu, Inventory, LeaseSpec, LeaseStatus};
-use gpuwarden_schema::config::{Role, TokenConfig};
-use gpuwarden_schema::ReleaseReason;
+use gpuwarden_enforcer::rules::Rules;
+use gpuwarden_enforcer::service::Service;
+use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::config::{Config, Role, TokenConfig};
+use gpuwarden_schema::{ManualClock, ReleaseReason};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
+
+/// An enforcer in process: the API's router and the rules over one service, with the store in a
+/// temp dir, a manual clock, and one substrate, `sim`, played by a `TestDriver`.
+pub(crate) struct Enforcer {
+    pub(crate) app: Router,
+    pub(crate) service: Service,
+    pub(crate) rules: Rules,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) driver: Arc<TestDriver>,
+    _dir: tempfile::TempDir,
+}
+
+impl Enforcer {
+    /// An enforcer on `config` whose clock reads `now` (epoch milliseconds), with `gpus` GPUs.
+    pub(crate) fn new(config: Config, gpus: u32, now: i64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = Arc::new(TestDriver {
+            gpus,
+            ..TestDriver::default()
+        });
+        let clock = Arc::new(ManualClock::new(now));
+        let (service, rules, app) =
+            assemble(Arc::new(config), dir.path(), driver.clone(), clock.clone());
+        Self {
+            app,
+            service,
+            rules,
+            clock,
+            driver,
+            _dir: dir,
+        }
+    }
+}
+
+/// The store in `dir`, the service the API and the rules share, the rules and the router, put
+/// together as `gpuwarden enforce` does. The one place in the tests that knows how.
+fn assemble(
+    config: Arc<Config>,
+    dir: &Path,
+    driver: Arc<TestDriver>,
+    clock: Arc<ManualClock>,
+) -> (Service, Rules, Router) {
+    let store = Store::open(&dir.join("enforcer.db")).unwrap();
+    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+    drivers.insert("sim".into(), driver);
+    let service = Service::new(config.clone(), store, drivers, clock);
+    let rules = Rules::new(
+        service.clone(),
+        Alerts::new(&config.enforcer.alert_webhooks),
+    );
+    (service.clone(), rules, router(AppState::new(service)))
+}
+
+/// How long the waits below pause between tries.
+const PAUSE: Duration = Duration::from_millis(10);
+
+/// Tries `check` until it gives `Ok`, and returns what it gave. After `timeout` it panics with
+/// `what` and the last `Err`, which says what the check saw instead.
+#[track_caller]
+pub(crate) fn eventually<T, E: Display>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(seen) if started.elapsed() >= timeout => {
+                panic!("{what}: not within {timeout:?}; the last try saw:\n{seen}")
+            }
+            Err(_) => std::thread::sleep(PAUSE),
+        }
+    }
+}
+
+/// [`eventually`] for a Tokio test: the pauses leave the runtime to the tasks being waited for.
+pub(crate) async fn eventually_async<T, E: Display>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) if started.elapsed() >= timeout => {
+                panic!("{what}: not within {timeout:?}; the last try saw:\n{seen}")
+            }
+            Err(_) => tokio::time::sleep(PAUSE).await,
+        }
+    }
+}
 
 /// A substrate of `gpus` H100s on hosts of four; `fail_*` make its calls fail.
 #[derive(Debug, Default)]
