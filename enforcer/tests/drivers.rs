@@ -11,12 +11,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, ensure, Context as _};
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
+use gpuwarden_enforcer::api::{router, AppState};
 use gpuwarden_enforcer::drivers::{
-    self, build, DriverContext, DriverError, Inventory, LeaseSpec, LeaseStatus,
+    self, build, Driver, DriverContext, DriverError, Gpu, Inventory, LeaseSpec, LeaseStatus,
 };
-use gpuwarden_schema::config::SubstrateConfig;
-use gpuwarden_schema::{ReleaseReason, Workload};
+use gpuwarden_enforcer::service::Service;
+use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::config::{Config, GpuPrice, Role, SubstrateConfig, TeamConfig};
+use gpuwarden_schema::{ManualClock, ReleaseReason, Workload};
 use serde_json::{json, Value};
 
 mod support;
@@ -119,22 +123,42 @@ enum ResizeMoves {
 }
 
 struct Subject {
-    config: SubstrateConfig,
-    context: DriverContext,
+    /// The substrate's name, as its driver must report it.
+    name: String,
+    /// A new instance of the driver: each call stands for the enforcer starting again over the
+    /// same substrate.
+    start: Box<dyn Fn() -> anyhow::Result<Box<dyn Driver>>>,
     command: Option<Vec<String>>,
     resize_moves: ResizeMoves,
+}
+
+impl Subject {
+    /// The driver the registry (`drivers::build`) makes of `config`, over `context`.
+    fn registered(
+        config: SubstrateConfig,
+        context: DriverContext,
+        command: Option<Vec<String>>,
+        resize_moves: ResizeMoves,
+    ) -> Self {
+        Self {
+            name: config.name.clone(),
+            start: Box::new(move || Ok(build(&config, &context)?)),
+            command,
+            resize_moves,
+        }
+    }
 }
 
 /// The contract every driver keeps.
 async fn contract(subject: Subject) -> anyhow::Result<()> {
     let Subject {
-        config,
-        context,
+        name,
+        start,
         command,
         resize_moves,
     } = subject;
-    let driver = build(&config, &context)?;
-    assert_eq!(driver.name(), config.name);
+    let driver = start()?;
+    assert_eq!(driver.name(), name);
     let inventory = driver.inventory().await?;
     check_inventory(&inventory)?;
 
@@ -187,7 +211,7 @@ async fn contract(subject: Subject) -> anyhow::Result<()> {
 
     // A restart: a new instance over the same config and state dir re-adopts the lease.
     drop(driver);
-    let driver = build(&config, &context)?;
+    let driver = start()?;
     assert_eq!(
         driver.inventory().await?,
         inventory,
@@ -216,7 +240,7 @@ async fn contract(subject: Subject) -> anyhow::Result<()> {
     );
 
     drop(driver);
-    let driver = build(&config, &context)?;
+    let driver = start()?;
     assert_ne!(
         driver.status(id).await?,
         LeaseStatus::Running,
@@ -268,36 +292,36 @@ capacity = 32
 #[tokio::test]
 async fn contract_simulated() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    contract(Subject {
-        config: substrate(SIMULATED),
-        context: context(dir.path()),
-        command: None,
-        resize_moves: ResizeMoves::Yes,
-    })
+    contract(Subject::registered(
+        substrate(SIMULATED),
+        context(dir.path()),
+        None,
+        ResizeMoves::Yes,
+    ))
     .await
 }
 
 #[tokio::test]
 async fn contract_local_with_a_process() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    contract(Subject {
-        config: local_config("1s"),
-        context: context(dir.path()),
-        command: argv(&["sleep", "30"]),
-        resize_moves: ResizeMoves::Rejected,
-    })
+    contract(Subject::registered(
+        local_config("1s"),
+        context(dir.path()),
+        argv(&["sleep", "30"]),
+        ResizeMoves::Rejected,
+    ))
     .await
 }
 
 #[tokio::test]
 async fn contract_local_holding_gpus_without_a_command() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    contract(Subject {
-        config: local_config("1s"),
-        context: context(dir.path()),
-        command: None,
-        resize_moves: ResizeMoves::Yes,
-    })
+    contract(Subject::registered(
+        local_config("1s"),
+        context(dir.path()),
+        None,
+        ResizeMoves::Yes,
+    ))
     .await
 }
 
@@ -305,12 +329,12 @@ async fn contract_local_holding_gpus_without_a_command() -> anyhow::Result<()> {
 async fn contract_webhook() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Provisioner::start("s3cret").await;
-    contract(Subject {
-        config: webhook_config(&server.url, r#"secret = "s3cret""#),
-        context: context(dir.path()),
-        command: None,
-        resize_moves: ResizeMoves::Yes,
-    })
+    contract(Subject::registered(
+        webhook_config(&server.url, r#"secret = "s3cret""#),
+        context(dir.path()),
+        None,
+        ResizeMoves::Yes,
+    ))
     .await?;
     let calls = server.calls();
     assert!(calls.iter().any(|c| c.action == "resize"), "{calls:?}");
@@ -1012,5 +1036,151 @@ async fn webhook_that_nobody_answers_is_unavailable() -> anyhow::Result<()> {
         .expect_err("refused");
     assert!(matches!(err, DriverError::Unavailable { .. }), "{err}");
     assert!(err.to_string().contains("2 attempt"), "{err}");
+    Ok(())
+}
+
+/// A substrate driver written outside the enforcer crate, as a new substrate's driver would be
+/// written inside it: one type implementing [`Driver`]. Its substrate keeps what runs (as Slurm
+/// or a hypervisor would), so a new instance over the same substrate re-adopts it.
+#[derive(Debug)]
+struct Outside {
+    gpus: Vec<Gpu>,
+    /// The substrate: lease id → the GPUs it runs on.
+    running: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
+}
+
+impl Outside {
+    fn new(running: Arc<Mutex<BTreeMap<String, Vec<String>>>>) -> Self {
+        let gpus = (0..4)
+            .map(|i| Gpu {
+                uuid: format!("GPU-outside-{i}"),
+                host: "outside-1".into(),
+                index: i,
+                model: "NVIDIA H100 80GB HBM3".into(),
+            })
+            .collect();
+        Self { gpus, running }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<String>>> {
+        self.running.lock().expect("lock")
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for Outside {
+    fn name(&self) -> &str {
+        "outside"
+    }
+    async fn inventory(&self) -> Result<Arc<Inventory>, DriverError> {
+        Ok(Arc::new(Inventory {
+            gpus: self.gpus.clone(),
+            pooled: Vec::new(),
+        }))
+    }
+    async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
+        self.running()
+            .insert(lease.lease_id.clone(), lease.gpu_uuids.clone());
+        Ok(())
+    }
+    async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
+        match self.running().get_mut(&lease.lease_id) {
+            Some(gpus) => {
+                *gpus = lease.gpu_uuids.clone();
+                Ok(())
+            }
+            None => Err(DriverError::Rejected {
+                substrate: "outside".into(),
+                message: format!("lease {} does not run here", lease.lease_id),
+            }),
+        }
+    }
+    async fn reclaim(&self, lease_id: &str, _: ReleaseReason) -> Result<(), DriverError> {
+        self.running().remove(lease_id);
+        Ok(())
+    }
+    async fn status(&self, lease_id: &str) -> Result<LeaseStatus, DriverError> {
+        Ok(match self.running().contains_key(lease_id) {
+            true => LeaseStatus::Running,
+            false => LeaseStatus::Gone,
+        })
+    }
+}
+
+/// A new substrate is one driver: the contract suite takes it as it is, and the service and the
+/// HTTP API admit, place and release leases on it without a change.
+#[tokio::test]
+async fn a_driver_from_outside_the_crate_keeps_the_contract_and_serves_the_api(
+) -> anyhow::Result<()> {
+    let substrate = Arc::new(Mutex::new(BTreeMap::new()));
+    let kept = substrate.clone();
+    contract(Subject {
+        name: "outside".into(),
+        start: Box::new(move || Ok(Box::new(Outside::new(kept.clone())))),
+        command: None,
+        resize_moves: ResizeMoves::Yes,
+    })
+    .await?;
+
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("enforcer.db"))?;
+    let mut config = Config {
+        teams: vec![TeamConfig {
+            name: "ml".into(),
+            members: vec!["ada".into()],
+            gpu_quota: 8,
+            monthly_budget_usd: 1_000.0,
+            allowed_models: Vec::new(),
+        }],
+        tokens: vec![support::token("ada", Role::Member, &["ml"])],
+        ..Config::default()
+    };
+    config.pricing.gpu.push(GpuPrice {
+        model_match: "H100".into(),
+        usd_per_gpu_hour: 4.0,
+    });
+    let mut drivers: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+    drivers.insert("outside".into(), Arc::new(Outside::new(substrate.clone())));
+    let service = Service::new(
+        Arc::new(config),
+        store,
+        drivers,
+        Arc::new(ManualClock::new(1_767_225_600_000)),
+    );
+    let app = router(AppState::new(service));
+
+    let ask = json!({"team": "ml", "user": "ada", "project": "p", "workload": "training",
+        "gpus": 2, "duration": "1h"});
+    let (status, answer) = support::call(
+        &app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(ask.to_string()),
+    )
+    .await;
+    ensure!(status == StatusCode::OK, "admission: {status} {answer}");
+    ensure!(answer["decision"] == "admitted", "{answer}");
+    let lease = &answer["lease"];
+    ensure!(lease["substrate"] == "outside", "{lease}");
+    ensure!(lease["state"] == "active", "{lease}");
+    let id = lease["id"].as_str().context("a lease id")?;
+    let held: Vec<String> = serde_json::from_value(lease["gpu_uuids"].clone())?;
+    ensure!(
+        substrate.lock().expect("lock").get(id) == Some(&held),
+        "the substrate runs the lease on the GPUs placement chose"
+    );
+
+    let (status, released) = support::call(
+        &app,
+        Method::POST,
+        &format!("/v1/leases/{id}/release"),
+        Some("ada"),
+        None,
+    )
+    .await;
+    ensure!(status == StatusCode::OK, "release: {status} {released}");
+    ensure!(released["state"] == "released", "{released}");
+    ensure!(substrate.lock().expect("lock").is_empty());
     Ok(())
 }

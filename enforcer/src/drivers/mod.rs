@@ -2,8 +2,12 @@
 //! leases on a substrate and asks what it holds, and the registry that builds a driver from a
 //! `[[substrates]]` entry by its `driver` kind.
 //!
-//! Adding a substrate is one module here, one [`Driver`] impl, and one arm in [`build`]. Every
-//! driver runs the same contract suite (`tests/drivers.rs`).
+//! Adding a substrate is one module here, one [`Driver`] impl, and one arm in [`build`] (the
+//! registry), with its `driver` kind and settings in the schema's config; the service, the
+//! policy, the runtime rules and the API take any driver as it is. Every driver runs the same
+//! contract suite (`tests/drivers.rs`, which also runs a driver written outside this crate
+//! through the contract and the API). `docs/ARCHITECTURE.md` ("Adding a substrate driver")
+//! gives the steps.
 //!
 //! - [`simulated`]: the simulated fleet; remembers which leases it was told to run, in
 //!   `<state_dir>/leases.json` and a journal beside it, so that a restarted enforcer re-adopts
