@@ -49,11 +49,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::lake::{Lake, LakeError};
+use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
 use crate::rollup::{self, UNALLOCATED};
 use crate::signals::{Inputs, SignalEngine};
-use crate::sql::register_dir;
 
 /// The lock file of the one publisher, relative to the lake root.
 pub const LOCK: &str = "signals.lock";

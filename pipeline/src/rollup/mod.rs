@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
 use crate::lake::{hour_partition, Lake, LakeError};
-use crate::sql::register_dir;
+use crate::listing::register_dir;
 use gpuwarden_schema::calendar::month_of;
 use leases::Leases;
 
