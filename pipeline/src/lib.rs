@@ -47,4 +47,4 @@ pub use consume::{IngestError, IngestOptions};
 pub use hot::{SignalsError, SignalsOptions};
 pub use lake::Lake;
 pub use metrics::Metrics;
-pub use rollup::{Rollup, RollupOptions};
+pub use rollup::{Rollup, RollupOptions, RollupTable};

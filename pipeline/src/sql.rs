@@ -18,7 +18,7 @@ use gpuwarden_schema::config::Config;
 use crate::buffer::Table;
 use crate::lake::Lake;
 use crate::listing::register_dir;
-use crate::rollup;
+use crate::rollup::RollupTable;
 
 /// `lease_usage`: one row per lease, its identity and its measures over every hour.
 const LEASE_USAGE: &str = r#"CREATE VIEW lease_usage AS
@@ -57,13 +57,12 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
             table.schema(),
         )?;
     }
-    for table in rollup::TABLES {
-        let schema = rollup::schema(table).expect("a rollup table has a schema");
+    for table in RollupTable::ALL {
         register_dir(
             &ctx,
-            table,
-            &lake.root().join("rollups").join(table),
-            schema,
+            table.name(),
+            &lake.root().join(table.dir()),
+            table.schema(),
         )?;
     }
     ctx.sql(LEASE_USAGE).await?;
