@@ -49,11 +49,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::lake::{Lake, LakeError};
+use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
-use crate::rollup::{self, UNALLOCATED};
+use crate::rollup::{RollupTable, UNALLOCATED};
 use crate::signals::{Inputs, SignalEngine};
-use crate::sql::register_dir;
 
 /// The lock file of the one publisher, relative to the lake root.
 pub const LOCK: &str = "signals.lock";
@@ -265,12 +265,12 @@ pub async fn month_to_date(
     let ctx = SessionContext::new();
     // The rollups may replace a file this query has listed.
     crate::versions::VersionedFs::register(&ctx, lake.root());
-    let schema = rollup::schema("team_hourly").expect("team_hourly has a schema");
+    let table = RollupTable::TeamHourly;
     register_dir(
         &ctx,
-        "team_hourly",
-        &lake.root().join("rollups").join("team_hourly"),
-        schema,
+        table.name(),
+        &lake.root().join(table.dir()),
+        table.schema(),
     )?;
     let sql = format!(
         r#"SELECT team, CAST(sum(cost_usd) AS DOUBLE) AS cost_usd FROM team_hourly

@@ -4,9 +4,29 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the enforcer in Kafka topics.
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
-//! threads flush into the [`lake`]; [`metrics`] reports on it. Query: [`sql`] registers the
-//! lake's tables in a DataFusion session, which [`endpoint`] serves to Postgres clients.
-//! Signals: [`hot`] keeps the hot window from Kafka and publishes what [`signals`] computes.
+//! threads flush into the [`lake`]; [`metrics`] reports on it. Rollups: [`rollup`] computes the
+//! derived tables from the lake and writes them back to it. Query: [`sql`] registers the lake's
+//! tables in a DataFusion session, which [`endpoint`] serves to Postgres clients. Signals: [`hot`]
+//! keeps the hot window from Kafka and publishes what [`signals`] computes.
+//!
+//! # Layers
+//!
+//! A module uses only modules above it in this list, never one below it:
+//!
+//! - [`versions`]: keeps the lake files a query listed readable while they are replaced.
+//! - [`lake`] (uses `versions`): the files on disk, their partitions, marks and locks.
+//! - [`buffer`] (uses `lake`): the raw tables and the rows waiting to be flushed to them.
+//! - [`metrics`]: the pipeline's own Prometheus metrics.
+//! - [`listing`]: a directory of the lake as a DataFusion table.
+//! - `writer` (`buffer`, `lake`, `metrics`), then [`consume`] (the same and `writer`), then
+//!   [`files`] (the same and `consume`): ingest.
+//! - [`rollup`] (`buffer`, `lake`, `listing`): the rollup tables, their schemas and how they are
+//!   computed; `rollup::leases` rebuilds leases from their events.
+//! - [`signals`] (`rollup::leases`): signals as a pure function of the hot window.
+//! - [`hot`] (`consume`, `lake`, `listing`, `metrics`, `rollup`, `signals`, `versions`): the
+//!   signals loop.
+//! - [`sql`] (`buffer`, `lake`, `listing`, `rollup`, `versions`): the session over every table.
+//! - [`endpoint`]: serves the session it is handed, and uses no other module.
 
 pub mod buffer;
 pub mod consume;
@@ -14,6 +34,7 @@ pub mod endpoint;
 pub mod files;
 pub mod hot;
 pub mod lake;
+pub mod listing;
 pub mod metrics;
 pub mod rollup;
 pub mod signals;
@@ -26,4 +47,4 @@ pub use consume::{IngestError, IngestOptions};
 pub use hot::{SignalsError, SignalsOptions};
 pub use lake::Lake;
 pub use metrics::Metrics;
-pub use rollup::{Rollup, RollupOptions};
+pub use rollup::{Rollup, RollupOptions, RollupTable};

@@ -5,15 +5,10 @@
 //! next query without a new session, and an empty table is a table with no rows rather than an
 //! error.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{
-    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
-};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
@@ -22,26 +17,8 @@ use gpuwarden_schema::config::Config;
 
 use crate::buffer::Table;
 use crate::lake::Lake;
-use crate::rollup;
-
-/// Registers the Parquet files under `dir` (recursively) as `name`, read with `schema`.
-/// The directory is created if missing so that the table exists, empty, from the start.
-pub fn register_dir(
-    ctx: &SessionContext,
-    name: &str,
-    dir: &Path,
-    schema: SchemaRef,
-) -> Result<(), DataFusionError> {
-    std::fs::create_dir_all(dir)?;
-    let url = ListingTableUrl::parse(format!("{}/", dir.display()))?;
-    let options =
-        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-    let config = ListingTableConfig::new(url)
-        .with_listing_options(options)
-        .with_schema(schema);
-    ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
-    Ok(())
-}
+use crate::listing::register_dir;
+use crate::rollup::RollupTable;
 
 /// `lease_usage`: one row per lease, its identity and its measures over every hour.
 const LEASE_USAGE: &str = r#"CREATE VIEW lease_usage AS
@@ -80,13 +57,12 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
             table.schema(),
         )?;
     }
-    for table in rollup::TABLES {
-        let schema = rollup::schema(table).expect("a rollup table has a schema");
+    for table in RollupTable::ALL {
         register_dir(
             &ctx,
-            table,
-            &lake.root().join("rollups").join(table),
-            schema,
+            table.name(),
+            &lake.root().join(table.dir()),
+            table.schema(),
         )?;
     }
     ctx.sql(LEASE_USAGE).await?;

@@ -71,7 +71,7 @@ fn lease_event(
 
 /// `team_hourly` rows as the rollups write them: (hour, team, cost).
 fn write_team_hourly(lake: &Lake, rows: &[(i64, &str, f64)]) {
-    let schema = gpuwarden_pipeline::rollup::schema("team_hourly").unwrap();
+    let schema = gpuwarden_pipeline::RollupTable::TeamHourly.schema();
     let n = rows.len();
     let zeros = || Arc::new(Float64Array::from(vec![0.0; n])) as ArrayRef;
     let columns: Vec<ArrayRef> = vec![

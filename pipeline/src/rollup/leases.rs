@@ -17,7 +17,7 @@ use arrow_array::{
 use arrow_schema::ArrowError;
 use gpuwarden_schema::{LeaseEvent, LeaseEventKind};
 
-use super::tables;
+use super::tables::{self, RollupTable};
 use crate::lake::hour_of;
 
 const HOUR_MS: i64 = 3_600_000;
@@ -335,7 +335,7 @@ impl Leases {
             time(&|l| l.released.as_ref().map(|r| r.0)),
             text(&|l| l.released.as_ref().and_then(|r| r.1.clone())),
         ];
-        RecordBatch::try_new(tables::leases(), columns)
+        RecordBatch::try_new(RollupTable::Leases.schema(), columns)
     }
 
     /// `known_leases`: each lease's id, team, model and FOCUS tags, for joining samples to it.

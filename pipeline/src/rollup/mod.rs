@@ -49,38 +49,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
 use crate::lake::{hour_partition, Lake, LakeError};
-use crate::sql::register_dir;
+use crate::listing::register_dir;
 use gpuwarden_schema::calendar::month_of;
 use leases::Leases;
+pub use tables::RollupTable;
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// The lock file of the one process rolling up a lake, relative to the lake root.
-const LOCK: &str = "rollups/.lock";
+/// The lock file of the one process rolling up a lake, relative to the rollups' directory.
+const LOCK: &str = ".lock";
 
 /// The team of capacity no lease holds.
 pub const UNALLOCATED: &str = "(unallocated)";
-
-/// The tables the rollups write, each under `rollups/<name>/`.
-pub const TABLES: [&str; 5] = [
-    "gpu_hourly",
-    "lease_hourly",
-    "team_hourly",
-    "focus_costs",
-    "leases",
-];
-
-/// The schema of a table the rollups write.
-pub fn schema(table: &str) -> Option<SchemaRef> {
-    Some(match table {
-        "gpu_hourly" => tables::gpu_hourly(),
-        "lease_hourly" => tables::lease_hourly(),
-        "team_hourly" => tables::team_hourly(),
-        "focus_costs" => tables::focus_costs(),
-        "leases" => tables::leases(),
-        _ => return None,
-    })
-}
 
 /// What the rollups need from the config.
 #[derive(Debug, Clone)]
@@ -216,7 +196,7 @@ impl Rollup {
     }
 
     fn dir(&self) -> PathBuf {
-        self.lake.root().join("rollups")
+        self.lake.root().join(tables::DIR)
     }
 
     /// Computes every hour that needs it (see the module documentation). Idempotent: a second
@@ -228,8 +208,8 @@ impl Rollup {
             path: self.dir(),
             source,
         })?;
-        let Some(lock) = self.lake.try_lock(Path::new(LOCK))? else {
-            return Err(RollupError::Busy(self.lake.root().join(LOCK)));
+        let Some(lock) = self.lake.try_lock(&Path::new(tables::DIR).join(LOCK))? else {
+            return Err(RollupError::Busy(self.dir().join(LOCK)));
         };
 
         let ctx = SessionContext::new();
@@ -351,12 +331,12 @@ impl Rollup {
     }
 
     fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
-        let relative = Path::new("rollups/leases/leases.parquet");
+        let dir = RollupTable::Leases.dir();
+        let relative = Path::new(&dir).join("leases.parquet");
         if leases.is_empty() {
-            self.lake.remove(relative)?;
+            self.lake.remove(&relative)?;
         } else {
-            self.lake
-                .write(relative, &leases.to_batch()?, "rollups/leases", 0)?;
+            self.lake.write(&relative, &leases.to_batch()?, &dir, 0)?;
         }
         Ok(())
     }
@@ -407,13 +387,13 @@ impl Rollup {
             ("hour", time(hour)),
             ("final", ScalarValue::Boolean(Some(is_final))),
         ];
-        self.write_hour("gpu_hourly", hour, &gpu.batches, &common)?;
-        self.write_hour("lease_hourly", hour, &lease_rows.batches, &common)?;
-        let team_rows = self.write_hour("team_hourly", hour, &team.batches, &common)?;
+        self.write_hour(RollupTable::GpuHourly, hour, &gpu.batches, &common)?;
+        self.write_hour(RollupTable::LeaseHourly, hour, &lease_rows.batches, &common)?;
+        let team_rows = self.write_hour(RollupTable::TeamHourly, hour, &team.batches, &common)?;
         let pricing = &self.options.pricing;
         let (month_start, month_end) = month_of(hour);
         self.write_hour(
-            "focus_costs",
+            RollupTable::FocusCosts,
             hour,
             &focus.batches,
             &[
@@ -443,14 +423,13 @@ impl Rollup {
     /// Writes one hour of `table` (or removes it when the hour has no rows); returns the rows.
     fn write_hour(
         &self,
-        table: &str,
+        table: RollupTable,
         hour: i64,
         batches: &[RecordBatch],
         constants: &[(&str, ScalarValue)],
     ) -> Result<usize, RollupError> {
-        let schema = schema(table).expect("a rollup table");
-        let relative = PathBuf::from("rollups")
-            .join(table)
+        let dir = table.dir();
+        let relative = Path::new(&dir)
             .join(hour_partition(hour))
             .join("rollup.parquet");
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
@@ -459,9 +438,8 @@ impl Rollup {
             return Ok(0);
         }
         let batch = concat_batches(&batches[0].schema(), batches)?;
-        let batch = conform(&schema, &batch, constants)?;
-        self.lake
-            .write(&relative, &batch, &format!("rollups/{table}"), hour)?;
+        let batch = conform(&table.schema(), &batch, constants)?;
+        self.lake.write(&relative, &batch, &dir, hour)?;
         Ok(rows)
     }
 }

@@ -1,11 +1,68 @@
-//! The schemas of the derived tables: the ones the rollups write under `lake/rollups/` and the
-//! small per-run tables they join samples against. Types and nullability are fixed here, not
-//! inferred from a query, so every file of a table has the same schema and `focus_costs` says
-//! exactly what FOCUS 1.2 says of each column.
+//! The derived tables: [`RollupTable`], the ones the rollups write under `lake/rollups/` (their
+//! names, directories and schemas), and the schemas of the small per-run tables they join
+//! samples against. Types and nullability are fixed here, not inferred from a query, so every
+//! file of a table has the same schema and `focus_costs` says exactly what FOCUS 1.2 says of
+//! each column.
 
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+/// The directory under the lake root that holds every rollup table and the rollups' own state.
+pub const DIR: &str = "rollups";
+
+/// A table the rollups write, each under `rollups/<name>/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RollupTable {
+    /// `gpu_hourly`: one row per GPU and hour with samples.
+    GpuHourly,
+    /// `lease_hourly`: one row per lease and hour, plus `(unallocated)` per GPU model.
+    LeaseHourly,
+    /// `team_hourly`: one row per team, GPU model and hour.
+    TeamHourly,
+    /// `focus_costs`: FOCUS 1.2 cost and usage rows.
+    FocusCosts,
+    /// `leases`: one row per lease, its current state.
+    Leases,
+}
+
+impl RollupTable {
+    /// The rollup tables, in a stable order.
+    pub const ALL: [RollupTable; 5] = [
+        Self::GpuHourly,
+        Self::LeaseHourly,
+        Self::TeamHourly,
+        Self::FocusCosts,
+        Self::Leases,
+    ];
+
+    /// The table's name in the lake and in SQL.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GpuHourly => "gpu_hourly",
+            Self::LeaseHourly => "lease_hourly",
+            Self::TeamHourly => "team_hourly",
+            Self::FocusCosts => "focus_costs",
+            Self::Leases => "leases",
+        }
+    }
+
+    /// The table's directory, relative to the lake root: `rollups/<name>`.
+    pub fn dir(self) -> String {
+        format!("{DIR}/{}", self.name())
+    }
+
+    /// The table's Arrow schema.
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            Self::GpuHourly => gpu_hourly(),
+            Self::LeaseHourly => lease_hourly(),
+            Self::TeamHourly => team_hourly(),
+            Self::FocusCosts => focus_costs(),
+            Self::Leases => leases(),
+        }
+    }
+}
 
 /// Timestamps of derived tables: milliseconds, UTC (Postgres `timestamptz`).
 pub fn timestamp() -> DataType {
@@ -36,7 +93,7 @@ fn measures(with_cost: bool) -> Vec<Field> {
 }
 
 /// `gpu_hourly`: one row per GPU and hour with samples.
-pub fn gpu_hourly() -> SchemaRef {
+fn gpu_hourly() -> SchemaRef {
     Arc::new(Schema::new(vec![
         f("hour", timestamp(), false),
         f("host", DataType::Utf8, false),
@@ -55,7 +112,7 @@ pub fn gpu_hourly() -> SchemaRef {
 
 /// `lease_hourly`: one row per lease and hour with an allocation or a sample, plus one per GPU
 /// model for `(unallocated)` (null `lease_id`). `lease_usage` and `focus_costs` come from it.
-pub fn lease_hourly() -> SchemaRef {
+fn lease_hourly() -> SchemaRef {
     let mut fields = vec![
         f("hour", timestamp(), false),
         f("lease_id", DataType::Utf8, true),
@@ -68,7 +125,7 @@ pub fn lease_hourly() -> SchemaRef {
 }
 
 /// `team_hourly`: DESIGN.md's columns.
-pub fn team_hourly() -> SchemaRef {
+fn team_hourly() -> SchemaRef {
     let mut fields = vec![
         f("hour", timestamp(), false),
         f("team", DataType::Utf8, false),
@@ -80,7 +137,7 @@ pub fn team_hourly() -> SchemaRef {
 }
 
 /// `leases`: one row per lease, its current state.
-pub fn leases() -> SchemaRef {
+fn leases() -> SchemaRef {
     Arc::new(Schema::new(vec![
         f("lease_id", DataType::Utf8, false),
         f("state", DataType::Utf8, false),
@@ -107,7 +164,7 @@ pub fn leases() -> SchemaRef {
 /// FOCUS 1.2 cost and usage rows: one per lease and hour, and one per GPU model and hour for
 /// `(unallocated)` capacity. Column names, types and nullability as the FOCUS specification
 /// gives them; `x_` columns are gpuwarden's own.
-pub fn focus_costs() -> SchemaRef {
+fn focus_costs() -> SchemaRef {
     let text = DataType::Utf8;
     Arc::new(Schema::new(vec![
         f("BilledCost", DECIMAL, false),

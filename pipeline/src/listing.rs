@@ -1,0 +1,34 @@
+//! A directory of the lake's Parquet files as a DataFusion table. Both the SQL session over the
+//! whole lake ([`crate::sql`]) and the jobs that read a few of its tables on their own (the
+//! rollups, the month-to-date spend of the signals loop) register tables this way, so it sits
+//! below all of them and knows none.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use datafusion::error::DataFusionError;
+use datafusion::prelude::SessionContext;
+
+/// Registers the Parquet files under `dir` (recursively) as `name`, read with `schema`.
+/// The directory is created if missing so that the table exists, empty, from the start.
+pub fn register_dir(
+    ctx: &SessionContext,
+    name: &str,
+    dir: &Path,
+    schema: SchemaRef,
+) -> Result<(), DataFusionError> {
+    std::fs::create_dir_all(dir)?;
+    let url = ListingTableUrl::parse(format!("{}/", dir.display()))?;
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new(url)
+        .with_listing_options(options)
+        .with_schema(schema);
+    ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
+    Ok(())
+}
