@@ -165,11 +165,98 @@ struct Failure(String);
 
 /// Logs each internal failure with the method and path of the request it failed.
 pub(super) async fn log_failures(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    // Both clones share the request's buffers: no copy on the way through.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
     let response = next.run(request).await;
     if let Some(Failure(detail)) = response.extensions().get::<Failure>() {
-        tracing::error!(%method, %path, error = %detail, "enforcer API request failed");
+        tracing::error!(%method, path = uri.path(), error = %detail, "enforcer API request failed");
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use axum::Router;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    /// Log lines, kept for the test to read.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    async fn answer(app: &Router, path: &str) -> (StatusCode, String) {
+        let request = Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .expect("request");
+        let response = app.clone().oneshot(request).await.expect("answered");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// An internal failure's detail reaches the log with the request it failed, and never the
+    /// caller; the caller's own faults are not logged as failures.
+    #[tokio::test(flavor = "current_thread")]
+    async fn internal_failures_are_logged_with_their_request_and_not_sent() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let _guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .finish(),
+        );
+        let app = Router::new()
+            .route(
+                "/v1/broken",
+                get(|| async { ApiError::Internal("the disk is full".into()) }),
+            )
+            .route(
+                "/v1/missing",
+                get(|| async { ApiError::NotFound("there is no lease x".into()) }),
+            )
+            .layer(axum::middleware::from_fn(log_failures));
+
+        let (status, body) = answer(&app, "/v1/broken").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            !body.contains("disk"),
+            "the detail stays in the log: {body}"
+        );
+        let (status, _) = answer(&app, "/v1/missing").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+
+        let log = String::from_utf8(lines.0.lock().expect("lock").clone()).expect("UTF-8");
+        let failures: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("enforcer API request failed"))
+            .collect();
+        assert_eq!(failures.len(), 1, "one failure logged: {log}");
+        for part in [
+            "ERROR",
+            "method=GET",
+            "path=\"/v1/broken\"",
+            "the disk is full",
+        ] {
+            assert!(failures[0].contains(part), "{part} in {}", failures[0]);
+        }
+    }
 }

@@ -358,14 +358,18 @@ impl Service {
         Ok(self.inner.store.leases(&filter).await?)
     }
 
-    /// Lease `id`, if `principal` may read its team.
-    pub async fn lease(&self, principal: &Principal, id: &str) -> Result<Lease, ServiceError> {
-        let lease = self
-            .inner
+    /// Lease `id` as the store has it, whoever asks.
+    async fn stored(&self, id: &str) -> Result<Lease, ServiceError> {
+        self.inner
             .store
             .lease(id)
             .await?
-            .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))?;
+            .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))
+    }
+
+    /// Lease `id`, if `principal` may read its team.
+    pub async fn lease(&self, principal: &Principal, id: &str) -> Result<Lease, ServiceError> {
+        let lease = self.stored(id).await?;
         if !principal.may_read(&lease.team) {
             return Err(ServiceError::Forbidden(format!(
                 "{} may not read team {}",
@@ -539,12 +543,7 @@ impl Service {
         principal: &Principal,
         id: &str,
     ) -> Result<Lease, ServiceError> {
-        let lease = self
-            .inner
-            .store
-            .lease(id)
-            .await?
-            .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))?;
+        let lease = self.stored(id).await?;
         if let Some(why) = principal.write_refusal(&lease.team, &lease.user) {
             return Err(ServiceError::Forbidden(why));
         }
