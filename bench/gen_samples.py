@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes N Sample records (DESIGN.md v1) as JSON lines: a fleet of GPUs sampled every 5 s,
-seeded, with the optional fields filled as NVML would. Used by the ingest benchmark."""
+"""Writes N Sample records (v1, docs/ARCHITECTURE.md#sample) as JSON lines: a fleet of GPUs
+sampled every 5 s, seeded, with the optional fields filled as NVML would. Used by the ingest
+benchmark."""
 import json
 import random
 import sys

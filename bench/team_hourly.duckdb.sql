@@ -1,7 +1,7 @@
--- team_hourly computed by DuckDB straight from the lake's raw Parquet, following DESIGN.md
--- "What the numbers mean" (the same rules as pipeline/src/rollup): the peer of
--- `gpuwarden rollup` in bench/rollup-vs-duckdb.sh, which also checks that both give the same
--- rows. {lake}, {price}, {idle} and {lateness_ms} are filled in by the script.
+-- team_hourly computed by DuckDB straight from the lake's raw Parquet, following
+-- docs/ARCHITECTURE.md "What the numbers mean" (the same rules as pipeline/src/rollup): the
+-- peer of `gpuwarden rollup` in bench/rollup-vs-duckdb.sh, which also checks that both give the
+-- same rows. {lake}, {price}, {idle} and {lateness_ms} are filled in by the script.
 WITH
 raw_events AS (
     SELECT DISTINCT ON (lease_id, ts_ms, event) *,

@@ -1,7 +1,8 @@
 //! The whole path as a user meets it, in separate processes that meet only in a broker process:
 //! GPUs sampled by the collector land in the lake through the pipeline, and psql reads the
-//! numbers DESIGN.md defines; an admission over HTTP becomes a lease event, the simulated fleet
-//! runs it, and its cost appears in `team_hourly` under its team.
+//! numbers as docs/ARCHITECTURE.md#what-the-numbers-mean defines them; an admission over HTTP
+//! becomes a lease event, the simulated fleet runs it, and its cost appears in `team_hourly`
+//! under its team.
 
 mod support;
 

@@ -179,7 +179,8 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
         log.join("\n")
     );
 
-    // DESIGN.md's dedup rule: (gpu_uuid, ts_ms) counts once. Every produced sample is there...
+    // The dedup rule (docs/ARCHITECTURE.md#duplicates): (gpu_uuid, ts_ms) counts once. Every
+    // produced sample is there...
     assert_eq!(
         lake_i64(
             &lake,

@@ -121,7 +121,7 @@ fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
             "2026-11-30 11:00:00.000000|240"
         ]
     );
-    // Every DESIGN.md table the context has is there, empty ones included.
+    // Every table of docs/ARCHITECTURE.md#sql-tables is there, empty ones included.
     assert_eq!(endpoint.one("SELECT count(*) FROM lease_events"), "0");
 
     // Another 30 minutes, ingested while the pipeline runs: the next query sees them.

@@ -1,6 +1,6 @@
-//! The dependency rule of DESIGN.md, read from `cargo metadata`: `schema` depends on no other
-//! gpuwarden crate; `collector`, `pipeline` and `enforcer` depend on `schema` only, never on one
-//! another; they meet in Kafka, not in code.
+//! The dependency rule (docs/ARCHITECTURE.md#crates-and-the-dependency-rule), read from
+//! `cargo metadata`: `schema` depends on no other gpuwarden crate; `collector`, `pipeline` and
+//! `enforcer` depend on `schema` only, never on one another; they meet in Kafka, not in code.
 
 use std::collections::BTreeMap;
 use std::process::Command;

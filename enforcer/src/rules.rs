@@ -1,4 +1,5 @@
-//! Runtime rules: what the enforcer does with the pipeline's signals (DESIGN.md "Runtime rules").
+//! Runtime rules: what the enforcer does with the pipeline's signals
+//! (docs/ARCHITECTURE.md#runtime-rules).
 //!
 //! - `lease_utilization`: a lease whose GPUs have all been idle for its workload's
 //!   `idle_timeout` gets `on_idle` — an alert, a reclaim (reason `idle`), or a resize to

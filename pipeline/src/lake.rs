@@ -2,8 +2,9 @@
 //! never leaves half of one, which hours must be rolled up again, and the flush journal that
 //! lets a restarted pipeline remove files whose Kafka offsets were never committed.
 //!
-//! Layout (DESIGN.md): `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`.
-//! `<source>` is `<topic>-p<partition>` for Kafka and `file-<name>` for `gpuwarden ingest`;
+//! Layout (docs/ARCHITECTURE.md#lake-layout):
+//! `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`. `<source>` is
+//! `<topic>-p<partition>` for Kafka and `file-<table>-<name>` for `gpuwarden ingest`;
 //! `<first>-<last>` is the offset (or line) range the file holds, so replaying the same range
 //! rewrites the same file instead of adding one.
 
@@ -114,7 +115,7 @@ impl LakeLock {
 /// What a flush is about to write, recorded before the first file is written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
-    /// `<topic>-p<partition>` or `file-<name>`.
+    /// `<topic>-p<partition>` or `file-<table>-<name>`.
     pub source: String,
     /// First offset in the flush.
     pub first: i64,

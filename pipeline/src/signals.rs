@@ -1,4 +1,4 @@
-//! Signals: what the enforcer acts on, measured over the hot window (DESIGN.md "Signal").
+//! Signals: what the enforcer acts on, measured over the hot window (docs/ARCHITECTURE.md#signal).
 //!
 //! [`SignalEngine::compute`] takes the window's samples (Arrow batches in the `samples` schema),
 //! the leases (rebuilt from their events, [`Leases`]), each team's month-to-date cost from the
@@ -7,7 +7,7 @@
 //! (`team_spend`). The per-sample work is DataFusion SQL over in-memory tables; the rest is a few
 //! rows per lease.
 //!
-//! What the numbers mean, where DESIGN.md leaves it open:
+//! What the numbers mean, exactly (docs/ARCHITECTURE.md#signal-figures summarizes them):
 //! - Samples are deduplicated on `(gpu_uuid, ts_ms)` (each column's maximum, as the rollups do)
 //!   and counted when `ts - window < ts_ms <= ts`.
 //! - A sample belongs to the open lease it names; one that names no open lease belongs to the

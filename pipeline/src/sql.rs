@@ -1,7 +1,7 @@
-//! SQL over the lake with DataFusion: every table registered under its DESIGN.md name (raw
-//! tables, rollups, and the `lease_usage` view), each stored one as a
-//! listing table with its schema fixed in code. A listing table lists its files at every scan,
-//! so files written after the session started (new flushes, new rollups) are visible to the
+//! SQL over the lake with DataFusion: every table registered under its name in
+//! docs/ARCHITECTURE.md#sql-tables (raw tables, rollups, and the `lease_usage` view), each stored
+//! one as a listing table with its schema fixed in code. A listing table lists its files at every
+//! scan, so files written after the session started (new flushes, new rollups) are visible to the
 //! next query without a new session, and an empty table is a table with no rows rather than an
 //! error.
 

@@ -1,5 +1,5 @@
 //! The rollups against a small lake whose every number was computed by hand, one definition of
-//! DESIGN.md "What the numbers mean" at a time. The fixture, in minutes after hour H:
+//! docs/ARCHITECTURE.md#what-the-numbers-mean at a time. The fixture, in minutes after hour H:
 //!
 //! - g1 (H100, host h1): a sample every minute, k = 0..119 (ts = H + k min), 50 % busy, 300 W.
 //! - g2 (H100, host h1): k = 30..59, idle (0 %), no power reading.

@@ -1,6 +1,6 @@
-//! The v1 records against DESIGN.md: every invalid case is rejected with a reason naming its
-//! field, valid records survive JSON and Arrow round trips unchanged, and no bytes make the
-//! decoder panic.
+//! The v1 records against docs/ARCHITECTURE.md#record-contracts: every invalid case is rejected
+//! with a reason naming its field, valid records survive JSON and Arrow round trips unchanged,
+//! and no bytes make the decoder panic.
 
 use std::collections::BTreeMap;
 
@@ -87,7 +87,7 @@ fn every_wrong_typed_sample_field_is_named() {
 }
 
 #[test]
-fn sample_range_rules_of_design_md() {
+fn sample_range_rules() {
     let cases: [(&str, Value, &str); 6] = [
         ("util_gpu_pct", json!(100.5), "outside 0..=100"),
         ("util_gpu_pct", json!(-0.1), "outside 0..=100"),

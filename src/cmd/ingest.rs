@@ -13,13 +13,14 @@ use gpuwarden_schema::config;
 /// Load JSON-lines files into the lake (backfill, or trying gpuwarden on exported data).
 ///
 /// Each line of --samples is one Sample record, of --lease-events one LeaseEvent, of --actions
-/// one Action and of --signals one Signal: the JSON of DESIGN.md's v1 contracts, as they travel
-/// on gpuwarden.samples, gpuwarden.leases, gpuwarden.actions and gpuwarden.signals ("-" reads
-/// standard input, for one of them). Valid records are written as Parquet to the lake's
-/// samples, lease_events, actions and signals tables; invalid ones to the quarantine table with
-/// the reason naming the field. Ingesting the same file again rewrites the same files, so
-/// nothing is counted twice. Prints how many records were written and quarantined; run
-/// `gpuwarden rollup` afterwards to roll new samples and lease events up.
+/// one Action and of --signals one Signal: the JSON of the v1 record contracts
+/// (docs/ARCHITECTURE.md#record-contracts), as they travel on gpuwarden.samples,
+/// gpuwarden.leases, gpuwarden.actions and gpuwarden.signals ("-" reads standard input, for one
+/// of them). Valid records are written as Parquet to the lake's samples, lease_events, actions
+/// and signals tables; invalid ones to the quarantine table with the reason naming the field.
+/// Ingesting the same file again rewrites the same files, so nothing is counted twice. Prints how
+/// many records were written and quarantined; run `gpuwarden rollup` afterwards to roll new
+/// samples and lease events up.
 ///
 /// Example: gpuwarden ingest -c gw.toml --samples s.jsonl --lease-events l.jsonl --actions a.jsonl
 #[derive(Debug, clap::Args)]

@@ -3,9 +3,9 @@
 Parquet files: the independent second implementation that tests/rollup_polars.rs checks
 DataFusion's rollups against.
 
-It follows DESIGN.md ("What the numbers mean"), made precise as twelve numbered rules; each
-function below implements one or two of them and quotes them in its docstring. It shares no code
-with the pipeline: keep it that way, or the cross-check stops meaning anything.
+It follows docs/ARCHITECTURE.md "What the numbers mean", made precise as twelve numbered rules;
+each function below implements one or two of them and quotes them in its docstring. It shares no
+code with the pipeline: keep it that way, or the cross-check stops meaning anything.
 
 Usage:
     python rollups.py --lake DATA_DIR/lake --params '{"lateness_ms": 600000, "pricing": {...}}'

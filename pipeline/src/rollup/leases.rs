@@ -1,7 +1,7 @@
 //! Leases as the rollups see them, rebuilt from the `lease_events` table on every run: each
-//! lease's identity, its segments (DESIGN.md "Lease segments"), and from those the two things an
-//! hour's rollup needs — how many GPU-hours each lease held in the hour, and which lease owns
-//! each GPU at each instant of the hour when several grants overlap.
+//! lease's identity, its segments (docs/ARCHITECTURE.md#lease-segments), and from those the two
+//! things an hour's rollup needs — how many GPU-hours each lease held in the hour, and which lease
+//! owns each GPU at each instant of the hour when several grants overlap.
 //!
 //! The event log is small next to the samples (a few events per lease), so this is plain Rust
 //! over a `Vec`; the per-sample work stays in DataFusion, which joins samples to [`Owner`]
@@ -196,9 +196,9 @@ impl Leases {
         hours
     }
 
-    /// GPU-hours each lease held in the hour starting at `hour` (DESIGN.md
-    /// "allocated_gpu_hours"): open segments run to the watermark. Leases holding nothing in
-    /// the hour are left out.
+    /// GPU-hours each lease held in the hour starting at `hour` (allocated GPU-hours,
+    /// docs/ARCHITECTURE.md#measures): open segments run to the watermark. Leases holding nothing
+    /// in the hour are left out.
     pub fn allocation(&self, hour: i64, watermark: i64) -> Vec<(&str, f64)> {
         let (from, to) = (hour, hour + HOUR_MS);
         self.by_id

@@ -1,6 +1,7 @@
 //! Rollups: DataFusion turns the lake's raw `samples` and `lease_events` into utilization, waste
-//! and cost per GPU, lease and team, hour by hour, exactly as DESIGN.md "What the numbers mean"
-//! defines them, and writes them back to the lake under `rollups/<table>/date=…/hour=…/`.
+//! and cost per GPU, lease and team, hour by hour, exactly as
+//! docs/ARCHITECTURE.md#what-the-numbers-mean defines them, and writes them back to the lake
+//! under `rollups/<table>/date=…/hour=…/`.
 //!
 //! One run ([`Rollup::run`]):
 //! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark, the largest
@@ -521,8 +522,9 @@ fn memtable(batch: RecordBatch) -> Result<MemTable, DataFusionError> {
     MemTable::try_new(batch.schema(), vec![vec![batch]])
 }
 
-/// SQL for the price of a GPU-hour of the model in `column`: DESIGN.md's first matching
-/// `[[pricing.gpu]]` entry, else the default.
+/// SQL for the price of a GPU-hour of the model in `column` (docs/ARCHITECTURE.md#price): the
+/// first matching `[[pricing.gpu]]` entry, else the default, as
+/// [`PricingConfig::usd_per_gpu_hour`] computes it in Rust.
 pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
     if pricing.gpu.is_empty() {
         return format!("CAST({:?} AS DOUBLE)", pricing.default_usd_per_gpu_hour);

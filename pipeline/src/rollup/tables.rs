@@ -124,7 +124,8 @@ fn lease_hourly() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// `team_hourly`: DESIGN.md's columns.
+/// `team_hourly`: one row per team, GPU model and hour with an allocation or a sample
+/// (docs/ARCHITECTURE.md#rollup-tables).
 fn team_hourly() -> SchemaRef {
     let mut fields = vec![
         f("hour", timestamp(), false),
