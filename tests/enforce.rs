@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{eventually, sha256_hex, Broker, Running};
+use support::{eventually, log_line, sha256_hex, Broker, Running};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -515,4 +515,29 @@ fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
     );
     let (status, log) = enforcer.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
+}
+
+/// `gpuwarden enforce` alone, with `brokers = "embedded"`: the broker it starts lives as long as
+/// the enforcer, so a lease's records reach it, and a shutdown flushes the outbox.
+#[test]
+fn an_enforcer_with_its_embedded_broker_publishes_and_flushes_its_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "embedded");
+    let (enforcer, api) = start_enforcer(&config);
+    let id = request_ok(&api, &["--gpus", "1", "--workload", "training"]);
+    let out = cli(&api, &["release", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+
+    let (status, log) = enforcer.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}:\n{}", log.join("\n"));
+    log_line(&log, "outbox flushed");
+    let refused: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("Connection refused"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the embedded broker went away while the enforcer ran:\n{}",
+        log.join("\n")
+    );
 }

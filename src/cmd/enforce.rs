@@ -82,6 +82,9 @@ pub(crate) struct Enforcer {
     ticking: tokio::task::JoinHandle<()>,
     signals: tokio::task::JoinHandle<()>,
     signals_stop: Arc<AtomicBool>,
+    /// Held until the enforcer has stopped: with `brokers = "embedded"` the broker lives as long
+    /// as its connection, and the publisher and the consumer only hold client settings.
+    _kafka: Arc<KafkaConnection>,
     publishing: tokio::task::JoinHandle<usize>,
 }
 
@@ -178,6 +181,7 @@ pub(crate) async fn start(
         signals,
         signals_stop,
         publishing,
+        _kafka: kafka,
     })
 }
 
