@@ -25,8 +25,6 @@ use crate::outbound::{http_client, HttpClient};
 pub const ATTEMPTS: u32 = 4;
 /// Wait before the first retry; each later one waits twice as long.
 const BACKOFF: Duration = Duration::from_millis(200);
-/// The longest wait: the last retry's, so every retry of [`ATTEMPTS`] waits twice the one before.
-const MAX_BACKOFF: Duration = BACKOFF.saturating_mul(1 << ATTEMPTS.saturating_sub(2));
 /// Time allowed per attempt.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -126,7 +124,7 @@ impl Alerts {
 impl Inner {
     async fn deliver(&self, url: &str, uri: Uri, body: Bytes) {
         let mut last = String::new();
-        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
+        let mut backoff = Backoff::doubling(BACKOFF);
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(backoff.next_pause()).await;
@@ -203,7 +201,7 @@ mod tests {
 
     #[test]
     fn retries_wait_twice_as_long_each_time() {
-        let mut backoff = Backoff::new(BACKOFF, MAX_BACKOFF);
+        let mut backoff = Backoff::doubling(BACKOFF);
         let pauses: Vec<Duration> = (1..ATTEMPTS).map(|_| backoff.next_pause()).collect();
         assert_eq!(pauses, [200, 400, 800].map(Duration::from_millis));
     }

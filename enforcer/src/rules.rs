@@ -42,8 +42,6 @@ use crate::store::{Lease, LeaseState};
 pub const RECLAIM_ATTEMPTS: u32 = 4;
 /// Wait before the first retry of a reclaim; each later one waits twice as long.
 const RECLAIM_BACKOFF: Duration = Duration::from_millis(500);
-/// The longest wait, before the last retry.
-const RECLAIM_BACKOFF_MAX: Duration = RECLAIM_BACKOFF.saturating_mul(1 << (RECLAIM_ATTEMPTS - 2));
 const HOUR_MS: i64 = 3_600_000;
 /// Utilization within this fraction of the target leaves an inference lease as it is (as
 /// Kubernetes' horizontal autoscaler does), so noise does not resize it back and forth.
@@ -505,7 +503,7 @@ impl Rules {
             return Ok(());
         }
         let mut last = String::new();
-        let mut backoff = Backoff::new(RECLAIM_BACKOFF, RECLAIM_BACKOFF_MAX);
+        let mut backoff = Backoff::doubling(RECLAIM_BACKOFF);
         for attempt in 0..RECLAIM_ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(backoff.next_pause()).await;

@@ -25,6 +25,12 @@ impl Backoff {
         }
     }
 
+    /// Pauses starting at `first` and doubling without a ceiling: for a loop whose number of
+    /// tries already bounds the wait.
+    pub const fn doubling(first: Duration) -> Self {
+        Self::new(first, Duration::MAX)
+    }
+
     /// The pause before the next try (first, 2×first, 4×first, …, capped at max).
     pub fn next_pause(&mut self) -> Duration {
         let pause = self.next.min(self.max);
@@ -94,7 +100,7 @@ mod tests {
     #[test]
     fn many_tries_neither_overflow_nor_pass_the_ceiling() {
         let mut capped = Backoff::new(ms(100), Duration::from_secs(5));
-        let mut uncapped = Backoff::new(ms(100), Duration::MAX);
+        let mut uncapped = Backoff::doubling(ms(100));
         for _ in 0..10_000 {
             assert!(capped.next_pause() <= Duration::from_secs(5));
             uncapped.next_pause();

@@ -45,12 +45,6 @@ impl ServiceError {
             message: message.into(),
         }
     }
-
-    /// Whether the failure is the enforcer's (store or bug) rather than the caller's or a
-    /// substrate's: what an operator must look at.
-    pub fn is_internal(&self) -> bool {
-        matches!(self, Self::Store(_) | Self::Bug(_))
-    }
 }
 
 impl From<StoreError> for ServiceError {
