@@ -153,23 +153,28 @@ impl Service {
             }
         }
         for name in names {
-            let Some(driver) = self.inner.drivers.get(name) else {
-                continue;
-            };
-            match driver.inventory().await {
-                Ok(inventory) => out.push(SubstrateState {
-                    name: name.clone(),
-                    index: Some(self.fleet(name, &inventory)),
-                    inventory,
-                    ..SubstrateState::default()
-                }),
-                Err(e) => {
-                    self.inner.metrics.count_driver_error();
-                    tracing::warn!(substrate = %name, error = %e, "inventory failed; placing elsewhere");
-                }
-            }
+            out.extend(self.inventory_of(name).await);
         }
         out
+    }
+
+    /// Substrate `name`'s inventory with its placement index; none when it has no driver, or
+    /// when its driver cannot answer (counted and logged: its capacity counts as none).
+    async fn inventory_of(&self, name: &str) -> Option<SubstrateState> {
+        let driver = self.inner.drivers.get(name)?;
+        match driver.inventory().await {
+            Ok(inventory) => Some(SubstrateState {
+                name: name.to_owned(),
+                index: Some(self.fleet(name, &inventory)),
+                inventory,
+                ..SubstrateState::default()
+            }),
+            Err(e) => {
+                self.inner.metrics.count_driver_error();
+                tracing::warn!(substrate = %name, error = %e, "inventory failed; placing elsewhere");
+                None
+            }
+        }
     }
 
     /// `name`'s placement index for `inventory`: the kept one while the driver reports the same
@@ -639,11 +644,11 @@ impl Service {
         }
         let before = self.lease_for_write(principal, id).await?;
         let lease = &before;
+        // A lease is resized where it runs: only its substrate is asked.
         let subs: Vec<SubstrateState> = self
-            .inventories()
+            .inventory_of(&lease.substrate)
             .await
             .into_iter()
-            .filter(|s| s.name == lease.substrate)
             .collect();
         let config = self.inner.config.clone();
         let now = self.now();
