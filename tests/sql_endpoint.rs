@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::{eventually, start_pipeline_with_sql, Psql, Running};
+use support::{
+    eventually, ingest_samples, start_pipeline_with_sql, until_sql_threads_busy, Psql, Running,
+};
 
 /// 2026-11-30T10:00:00Z.
 const T0: i64 = 1_796_032_800_000;
@@ -55,7 +57,7 @@ impl Endpoint {
             ),
         )
         .unwrap();
-        ingest(&config, &dir.path().join("first.jsonl"), &samples(0, 90));
+        ingest_samples(&config, &dir.path().join("first.jsonl"), &samples(0, 90));
         let (pipeline, port) = start_pipeline_with_sql(&config);
         Self {
             dir,
@@ -88,21 +90,6 @@ impl Endpoint {
     }
 }
 
-fn ingest(config: &Path, file: &Path, lines: &str) {
-    std::fs::write(file, lines).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(["ingest", "--config", config.to_str().unwrap(), "--samples"])
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
     let endpoint = Endpoint::with_users();
@@ -125,7 +112,7 @@ fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
     assert_eq!(endpoint.one("SELECT count(*) FROM lease_events"), "0");
 
     // Another 30 minutes, ingested while the pipeline runs: the next query sees them.
-    ingest(
+    ingest_samples(
         &endpoint.config,
         &endpoint.dir.path().join("more.jsonl"),
         &samples(90, 30),
@@ -476,4 +463,214 @@ fn psql_reads_the_rollups_through_grafana_time_macros() {
         endpoint.one("SELECT count(*), max(mem_used_max_bytes) FROM gpu_hourly"),
         "16|1073741824"
     );
+}
+
+/// 720³ rows to order: longer than any limit below.
+const RUNAWAY: &str = "SELECT a.host, b.host, c.host FROM samples a, samples b, samples c \
+                       ORDER BY a.ts_ms, b.ts_ms LIMIT 5";
+/// One aggregate holding 720² model names, none of which it can spill.
+const MEMORY_HOG: &str = "SELECT cardinality(array_agg(a.gpu_model)) FROM samples a, samples b";
+
+/// The SQLSTATE and message of the ErrorResponse the server answers a startup message with
+/// (protocol 3.0, no password sent).
+fn startup_error(port: u16, user: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut body = 196_608_u32.to_be_bytes().to_vec();
+    for part in ["user", user, "database", "gpuwarden", ""] {
+        body.extend_from_slice(part.as_bytes());
+        body.push(0);
+    }
+    let mut message = u32::try_from(body.len() + 4)
+        .unwrap()
+        .to_be_bytes()
+        .to_vec();
+    message.extend_from_slice(&body);
+    socket.write_all(&message).unwrap();
+    let mut header = [0u8; 5];
+    socket.read_exact(&mut header).unwrap();
+    assert_eq!(header[0], b'E', "an ErrorResponse");
+    let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
+    let mut fields = vec![0u8; length - 4];
+    socket.read_exact(&mut fields).unwrap();
+    let (mut code, mut text) = (String::new(), String::new());
+    for field in fields.split(|b| *b == 0).filter(|f| !f.is_empty()) {
+        let value = String::from_utf8_lossy(&field[1..]).into_owned();
+        match field[0] {
+            b'C' => code = value,
+            b'M' => text = value,
+            _ => {}
+        }
+    }
+    (code, text)
+}
+
+/// psql's error for `sql`, verbose (with its SQLSTATE); panics if it succeeds.
+#[track_caller]
+fn error_of(psql: &Psql, sql: &str) -> String {
+    let out = psql
+        .command()
+        .args([
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            "VERBOSITY=verbose",
+        ])
+        .args(["-c", sql])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{sql} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn each_limit_ends_a_query_with_its_sqlstate_and_names_the_setting() {
+    let endpoint = Endpoint::start(
+        r#"
+[pipeline.sql_limits]
+max_connections = 4
+queue_timeout = "0s"
+
+[[pipeline.sql_users]]
+name = "finops"
+password = "finops-pw"
+
+[[pipeline.sql_users]]
+name = "hasty"
+password = "hasty-pw"
+statement_timeout = "1s"
+
+[[pipeline.sql_users]]
+name = "tiny"
+password = "tiny-pw"
+query_memory = "8MiB"
+
+[[pipeline.sql_users]]
+name = "solo"
+password = "solo-pw"
+max_queries = 1
+"#,
+    );
+    let pid = endpoint.pipeline.pid();
+    let user = |name: &str| endpoint.psql(name, Some(&format!("{name}-pw")));
+
+    // The statement timeout: the user's, and one the client sets for itself.
+    let error = error_of(&user("hasty"), RUNAWAY);
+    assert!(
+        error.contains("57014")
+            && error.contains("statement timeout (1s, statement_timeout of user \"hasty\")"),
+        "{error}"
+    );
+    let out = user("finops").script(&format!(
+        "\\set VERBOSITY verbose\nSET statement_timeout = '1s';\n{RUNAWAY};\nSELECT 1;\n"
+    ));
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains("57014") && error.contains("(1s, SET statement_timeout)"),
+        "{error}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "1"),
+        "the connection goes on after the timeout"
+    );
+
+    // The memory limit: what cannot spill fails; the same query fits the default limit.
+    let error = error_of(&user("tiny"), MEMORY_HOG);
+    assert!(
+        error.contains("53200") && error.contains("out of memory"),
+        "{error}"
+    );
+    assert_eq!(user("finops").rows(MEMORY_HOG), ["518400"]);
+
+    // Queries per user: a second one while the first runs is refused (no queueing here).
+    let first = user("solo").spawn(RUNAWAY);
+    until_sql_threads_busy(pid);
+    let error = error_of(&user("solo"), "SELECT 1");
+    assert!(
+        error.contains("53300") && error.contains("user \"solo\" already runs 1"),
+        "{error}"
+    );
+    assert_eq!(user("finops").rows("SELECT 1"), ["1"], "other users go on");
+    let _ = Command::new("kill")
+        .args(["-INT", &first.id().to_string()])
+        .status();
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("57014"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Connections: four are open, the fifth is refused.
+    let idle: Vec<_> = (0..4)
+        .map(|i| {
+            use std::io::{BufRead as _, Write as _};
+            let mut psql = user("finops")
+                .command()
+                .args(["-A", "-t"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            writeln!(psql.stdin.as_mut().unwrap(), "SELECT 'connected';").unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(psql.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            if line.trim() != "connected" {
+                let out = psql.wait_with_output().unwrap();
+                panic!(
+                    "connection {i}: {line:?} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            psql
+        })
+        .collect();
+    let error = error_of(&user("finops"), "SELECT 1");
+    assert!(error.contains("too many clients"), "{error}");
+    // psql does not print the SQLSTATE of a refused connection: read it off the wire.
+    let (code, message) = startup_error(endpoint.port, "finops");
+    assert_eq!(code, "53300", "{message}");
+    for mut psql in idle {
+        drop(psql.stdin.take());
+        assert!(psql.wait().unwrap().success());
+    }
+    eventually("connections again", Duration::from_secs(10), || {
+        let out = user("finops").run("SELECT 1");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+
+    // `gpuwarden sql` runs under the same limits, which --timeout and --memory override.
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args(["sql", "--config", endpoint.config.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["--timeout", "1s", RUNAWAY]);
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        error.contains("statement timeout (1s, --timeout)") && error.contains("57014"),
+        "{error}"
+    );
+    let out = cli(&["--memory", "8MiB", MEMORY_HOG]);
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(error.contains("53200"), "{error}");
+
+    let (status, log) = endpoint.pipeline.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", log.join("\n"));
 }

@@ -6,6 +6,13 @@
 //! clients send on connect, never anything that writes or changes the session every connection
 //! shares), and the few Postgres functions client queries need that neither DataFusion nor
 //! datafusion-postgres provides. It talks to nothing but its listener and the session it is given.
+//!
+//! Connections are handled on threads of their own ([`Server`]), and their queries run on the
+//! [`Governor`]'s: each connection runs inside its [`Session`], so that the governor applies its
+//! user's limits, a Postgres cancel request (psql's Ctrl-C) stops its query, and a client that
+//! disconnects has its query stopped at once. Errors of the governor reach the client with the
+//! SQLSTATE Postgres would give: 57014 canceled or timed out, 53200 out of memory, 53300 too many
+//! connections or queries.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -44,17 +51,21 @@ use datafusion_postgres::pgwire::api::auth::{
 use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use datafusion_postgres::pgwire::api::results::{Response, Tag};
+use datafusion_postgres::pgwire::api::PgWireConnectionState;
 use datafusion_postgres::pgwire::api::{
-    ClientInfo, ConnectionManager, PgWireServerHandlers, PidSecretKeyGenerator,
+    ClientInfo, ConnectionManager, ErrorHandler, PgWireServerHandlers, PidSecretKeyGenerator,
     RandomPidSecretKeyGenerator, METADATA_USER,
 };
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use datafusion_postgres::pgwire::messages::cancel::CancelRequest;
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use datafusion_postgres::{DfSessionService, QueryHook};
 use futures::Sink;
 use gpuwarden_schema::config::PipelineConfig;
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::governor::{self, Governor, Reason, Session};
 
 /// Why the endpoint could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +74,10 @@ pub enum EndpointError {
     /// (an internal error: nothing the operator configured is at fault).
     #[error("preparing the SQL session for Postgres clients: {0}")]
     Session(#[source] DataFusionError),
+    /// The threads that handle connections could not be started, or the listener handed to
+    /// them.
+    #[error("starting the SQL endpoint's threads: {0}")]
+    Threads(#[source] std::io::Error),
 }
 
 /// Who may connect: the users of `[[pipeline.sql_users]]` with their password, and anyone else
@@ -152,8 +167,71 @@ fn salt_for(keys: &RandomState, user: &str) -> Vec<u8> {
         .collect()
 }
 
+/// The endpoint running on threads of its own: what [`serve`] runs, and how it stops.
+pub struct Server {
+    runtime: Option<tokio::runtime::Runtime>,
+    task: JoinHandle<Result<(), EndpointError>>,
+    governor: Arc<Governor>,
+}
+
+impl Server {
+    /// Serves `ctx` on `listener` (a non-blocking listener) from two threads that do nothing
+    /// else; `governor` is the one that runs `ctx`'s queries.
+    pub fn start(
+        listener: std::net::TcpListener,
+        ctx: Arc<SessionContext>,
+        auth: Auth,
+        governor: Arc<Governor>,
+        max_connections: usize,
+    ) -> Result<Self, EndpointError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("gpuwarden-sql-connections")
+            .enable_all()
+            .build()
+            .map_err(EndpointError::Threads)?;
+        let task = runtime.spawn(async move {
+            let listener = TcpListener::from_std(listener).map_err(EndpointError::Threads)?;
+            serve(listener, ctx, auth, max_connections).await
+        });
+        Ok(Self {
+            runtime: Some(runtime),
+            task,
+            governor,
+        })
+    }
+
+    /// Waits until the endpoint stops by itself (it does only when it fails).
+    pub async fn stopped(&mut self) -> Result<(), EndpointError> {
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => Err(EndpointError::Threads(std::io::Error::other(e))),
+        }
+    }
+
+    /// Cancels every running query (its client is told why), waits up to `grace` for them to
+    /// end, and closes every connection.
+    pub async fn shut_down(mut self, grace: Duration) {
+        self.governor.shut_down(grace).await;
+        self.task.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Serves `ctx` to Postgres clients connecting to `listener` until the returned future is
-/// dropped (which also closes every open connection).
+/// dropped (which also closes every open connection), refusing connections past
+/// `max_connections`. Each connection runs in its own [`Session`], for the governor that runs
+/// `ctx`'s queries.
 ///
 /// The session is first given what Postgres clients query besides the lake: `information_schema`,
 /// `pg_catalog`, and functions such as `current_setting`. Tables registered in `ctx` are served
@@ -162,21 +240,28 @@ pub async fn serve(
     listener: TcpListener,
     ctx: Arc<SessionContext>,
     auth: Auth,
+    max_connections: usize,
 ) -> Result<(), EndpointError> {
     prepare(&ctx)?;
     let connections = Arc::new(ConnectionManager::new());
     let mut parameters = DefaultServerParameterProvider::default();
     parameters.is_superuser = false;
     parameters.default_transaction_read_only = true;
+    let shared = Arc::new(Shared {
+        auth: Arc::new(auth),
+        parameters: Arc::new(parameters),
+        pids: Arc::new(RandomPidSecretKeyGenerator::default()),
+        connections: Arc::clone(&connections),
+        sessions: std::sync::Mutex::new(HashMap::new()),
+        max_connections,
+    });
     let handlers = Arc::new(Handlers {
         session: Arc::new(DfSessionService::new_with_hooks(ctx, hooks())),
-        cancel: Arc::new(DefaultCancelHandler::new(Arc::clone(&connections))),
-        shared: Arc::new(Shared {
-            auth: Arc::new(auth),
-            parameters: Arc::new(parameters),
-            pids: Arc::new(RandomPidSecretKeyGenerator::default()),
-            connections,
+        cancel: Arc::new(Cancel {
+            pgwire: DefaultCancelHandler::new(connections),
+            shared: Arc::clone(&shared),
         }),
+        shared,
     });
 
     let mut open = JoinSet::new();
@@ -184,14 +269,34 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let handlers = Arc::clone(&handlers);
-                    open.spawn(async move {
-                        if let Err(e) =
-                            datafusion_postgres::pgwire::tokio::process_socket(socket, None, handlers).await
-                        {
-                            tracing::debug!(peer = %peer, error = %e, "SQL connection ended with an error");
-                        }
+                    let connection = Arc::new(ConnectionState {
+                        shared: Arc::clone(&handlers.shared),
+                        session: Session::new(),
+                        refused: open.len() >= max_connections,
+                        pid: std::sync::OnceLock::new(),
                     });
+                    let hangup = Hangup::watch(&socket);
+                    let handlers = Arc::new(Connection {
+                        handlers: Arc::clone(&handlers),
+                        state: Arc::clone(&connection),
+                    });
+                    open.spawn(Arc::clone(&connection.session).scope(async move {
+                        let served = datafusion_postgres::pgwire::tokio::process_socket(
+                            socket,
+                            None,
+                            handlers,
+                        );
+                        tokio::select! {
+                            result = served => if let Err(e) = result {
+                                tracing::debug!(peer = %peer, error = %e, "SQL connection ended with an error");
+                            },
+                            // Dropping pgwire's future drops the query's stream, which stops it.
+                            () = hangup.closed() => {
+                                tracing::debug!(peer = %peer, user = connection.session.user().unwrap_or_default(), "SQL client hung up");
+                            }
+                        }
+                        connection.forget();
+                    }));
                 }
                 Err(e) => {
                     // Out of file descriptors, usually: wait instead of spinning.
@@ -200,6 +305,44 @@ pub async fn serve(
                 }
             },
             Some(_) = open.join_next(), if !open.is_empty() => {}
+        }
+    }
+}
+
+/// Tells when a client closed its end of the connection, while pgwire owns the socket and reads
+/// nothing from it (a query runs): a second descriptor of the same socket, on which the hang-up
+/// shows as the end of the stream, seen without reading what the client sent.
+struct Hangup(Option<tokio::net::TcpStream>);
+
+impl Hangup {
+    fn watch(socket: &tokio::net::TcpStream) -> Self {
+        use std::os::fd::AsFd as _;
+        let watched = socket
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(|fd| tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)));
+        match watched {
+            Ok(watched) => Self(Some(watched)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch a SQL connection for its client hanging up; its queries will run to their end if it does");
+                Self(None)
+            }
+        }
+    }
+
+    /// Waits until the client has closed the connection (or forever, when unwatched).
+    async fn closed(&self) {
+        let Some(socket) = &self.0 else {
+            return std::future::pending().await;
+        };
+        let mut byte = [0u8; 1];
+        loop {
+            match socket.peek(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                // What the client sent is there for pgwire, which reads it when it is done
+                // with the query: look again a little later.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
         }
     }
 }
@@ -241,38 +384,140 @@ struct Shared {
     parameters: Arc<DefaultServerParameterProvider>,
     pids: Arc<RandomPidSecretKeyGenerator>,
     connections: Arc<ConnectionManager>,
+    /// Logged-in sessions by process id: whom a cancel request stops.
+    sessions: std::sync::Mutex<HashMap<i32, LoggedIn>>,
+    max_connections: usize,
 }
+
+/// A logged-in session and the secret key a cancel request for it must give.
+type LoggedIn = (Vec<u8>, Arc<Session>);
 
 struct Handlers {
     session: Arc<DfSessionService>,
-    cancel: Arc<DefaultCancelHandler>,
+    cancel: Arc<Cancel>,
     shared: Arc<Shared>,
 }
 
-impl PgWireServerHandlers for Handlers {
+/// One client connection: the handlers every connection shares, and its own state.
+struct Connection {
+    handlers: Arc<Handlers>,
+    state: Arc<ConnectionState>,
+}
+
+struct ConnectionState {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    /// Over `max_connections` when it was accepted: refused at startup.
+    refused: bool,
+    /// Its process id, once logged in.
+    pid: std::sync::OnceLock<i32>,
+}
+
+impl ConnectionState {
+    /// Names the session's user and registers it for cancel requests.
+    fn logged_in(&self, user: &str, pid: i32, secret: &[u8]) {
+        self.session.logged_in(user);
+        if self.pid.set(pid).is_ok() {
+            self.shared
+                .sessions
+                .lock()
+                .expect("sessions")
+                .insert(pid, (secret.to_vec(), Arc::clone(&self.session)));
+        }
+    }
+
+    /// Unregisters the session when the connection ends.
+    fn forget(&self) {
+        if let Some(pid) = self.pid.get() {
+            self.shared.sessions.lock().expect("sessions").remove(pid);
+        }
+    }
+}
+
+impl PgWireServerHandlers for Connection {
     fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        Arc::clone(&self.session)
+        Arc::clone(&self.handlers.session)
     }
 
     fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        Arc::clone(&self.session)
+        Arc::clone(&self.handlers.session)
     }
 
     // Called once per connection: the SASL exchange keeps its state in its handler.
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        let source: Arc<dyn AuthSource> = Arc::new(Passwords(Arc::clone(&self.shared.auth)));
-        let pids: Arc<dyn PidSecretKeyGenerator> = self.shared.pids.clone();
+        let shared = &self.handlers.shared;
+        let source: Arc<dyn AuthSource> = Arc::new(Passwords(Arc::clone(&shared.auth)));
+        let pids: Arc<dyn PidSecretKeyGenerator> = shared.pids.clone();
         Arc::new(Startup {
-            sasl: SASLAuthStartupHandler::new(Arc::clone(&self.shared.parameters))
+            sasl: SASLAuthStartupHandler::new(Arc::clone(&shared.parameters))
                 .with_scram(ScramAuth::new(source))
                 .with_pid_secret_key_generator(pids)
-                .with_connection_manager(Arc::clone(&self.shared.connections)),
-            shared: Arc::clone(&self.shared),
+                .with_connection_manager(Arc::clone(&shared.connections)),
+            connection: Arc::clone(&self.state),
         })
     }
 
     fn cancel_handler(&self) -> Arc<impl CancelHandler> {
-        Arc::clone(&self.cancel)
+        Arc::clone(&self.handlers.cancel)
+    }
+
+    fn error_handler(&self) -> Arc<impl ErrorHandler> {
+        Arc::new(Errors)
+    }
+}
+
+/// Cancel requests: stop the query of the session they name (it gets 57014), and let pgwire
+/// interrupt a statement still being planned.
+struct Cancel {
+    pgwire: DefaultCancelHandler,
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl CancelHandler for Cancel {
+    async fn on_cancel_request(&self, request: CancelRequest) {
+        let secret = request.secret_key.to_bytes();
+        let session = {
+            let sessions = self.shared.sessions.lock().expect("sessions");
+            sessions
+                .get(&request.pid)
+                .filter(|(known, _)| known.as_slice() == secret.as_ref())
+                .map(|(_, session)| Arc::clone(session))
+        };
+        match session {
+            Some(session) => {
+                if session.cancel(Reason::Canceled) {
+                    tracing::info!(
+                        user = session.user().unwrap_or_default(),
+                        "SQL query canceled by its client"
+                    );
+                }
+            }
+            None => tracing::debug!(pid = request.pid, "a cancel request names no session"),
+        }
+        self.pgwire.on_cancel_request(request).await;
+    }
+}
+
+/// Gives the errors of the governor and of the memory pool the SQLSTATE Postgres would.
+struct Errors;
+
+impl ErrorHandler for Errors {
+    fn on_error<C>(&self, client: &C, error: &mut PgWireError)
+    where
+        C: ClientInfo,
+    {
+        let PgWireError::ApiError(cause) = error else {
+            return;
+        };
+        if let Some((code, message)) = governor::sqlstate(cause.as_ref()) {
+            tracing::info!(user = client.metadata().get(METADATA_USER).map(String::as_str).unwrap_or_default(), code, error = %message, "SQL query ended by a limit");
+            *error = PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_string(),
+                code.to_string(),
+                message,
+            )));
+        }
     }
 }
 
@@ -290,10 +535,11 @@ impl AuthSource for Passwords {
     }
 }
 
-/// One connection's authentication: SCRAM-SHA-256, or none for an anonymous user.
+/// One connection's authentication: SCRAM-SHA-256, or none for an anonymous user; refused
+/// at once past `max_connections`.
 struct Startup {
     sasl: SASLAuthStartupHandler<DefaultServerParameterProvider>,
-    shared: Arc<Shared>,
+    connection: Arc<ConnectionState>,
 }
 
 #[async_trait]
@@ -308,24 +554,50 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let shared = &self.connection.shared;
         if let PgWireFrontendMessage::Startup(ref startup) = message {
-            let auth = &self.shared.auth;
+            if self.connection.refused {
+                tracing::warn!(peer = %client.socket_addr(), limit = shared.max_connections, "SQL connection refused: too many connections");
+                return Err(fatal(
+                    "53300",
+                    format!(
+                        "sorry, too many clients already ({} connections are open: \
+                         pipeline.sql_limits.max_connections)",
+                        shared.max_connections
+                    ),
+                ));
+            }
+            let auth = &shared.auth;
             let user = startup.parameters.get(METADATA_USER);
             if auth.allow_anonymous && user.is_some_and(|u| !auth.users.contains_key(u)) {
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
-                let (pid, secret_key) = self.shared.pids.generate(client);
+                let (pid, secret_key) = shared.pids.generate(client);
                 client.set_pid_and_secret_key(pid, secret_key.clone());
                 // What pgwire's own handlers do, so that a cancel request reaches this connection.
-                let (handle, guard) = self.shared.connections.register(pid, secret_key);
+                let (handle, guard) = shared.connections.register(pid, secret_key.clone());
                 client.session_extensions().insert(handle);
                 client.session_extensions().insert(guard);
-                finish_authentication(client, self.shared.parameters.as_ref()).await?;
-                tracing::debug!(user = ?user, peer = %client.socket_addr(), "anonymous SQL connection");
+                finish_authentication(client, shared.parameters.as_ref()).await?;
+                let user = user.map(String::as_str).unwrap_or_default();
+                self.connection
+                    .logged_in(user, pid, secret_key.to_bytes().as_ref());
+                tracing::debug!(user = %user, peer = %client.socket_addr(), "anonymous SQL connection");
                 return Ok(());
             }
         }
-        match self.sasl.on_startup(client, message).await {
+        let result = self.sasl.on_startup(client, message).await;
+        if result.is_ok() && matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
+            let (pid, secret_key) = client.pid_and_secret_key();
+            let user = client
+                .metadata()
+                .get(METADATA_USER)
+                .cloned()
+                .unwrap_or_default();
+            self.connection
+                .logged_in(&user, pid, secret_key.to_bytes().as_ref());
+        }
+        match result {
             // pgwire names the user from the SCRAM message, which libpq leaves empty: name the
             // one the client logged in as, in the words Postgres uses.
             Err(PgWireError::InvalidPassword(_)) => {
@@ -519,6 +791,20 @@ async fn check_all(ctx: &SessionContext, queries: &[Statement]) -> PgWireResult<
     Ok(())
 }
 
+/// Hands the client's `SET statement_timeout` (which datafusion-postgres keeps in the
+/// connection's metadata) to its session, for the governor: it may shorten the user's limit,
+/// never lengthen it.
+fn note_settings(metadata: &HashMap<String, String>) {
+    if let Some(session) = Session::current() {
+        let timeout = metadata
+            .get("statement_timeout_ms")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis);
+        session.set_statement_timeout(timeout);
+    }
+}
+
 fn nothing() -> LogicalPlan {
     LogicalPlan::EmptyRelation(EmptyRelation {
         produce_one_row: false,
@@ -532,8 +818,9 @@ impl QueryHook for ReadOnly {
         &self,
         statement: &Statement,
         session_context: &SessionContext,
-        _client: &mut dyn HookClient,
+        client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
+        note_settings(client.metadata());
         self.check(statement, session_context).await
     }
 
@@ -541,8 +828,9 @@ impl QueryHook for ReadOnly {
         &self,
         statement: &Statement,
         session_context: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
+        client: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
+        note_settings(client.metadata());
         match verdict(statement) {
             // The plan checked here is the one that runs: no second planning.
             Verdict::Query => Some(plan_read_only(session_context, statement).await),

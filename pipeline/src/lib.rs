@@ -6,7 +6,8 @@
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
 //! threads flush into the [`lake`]; [`metrics`] reports on it. Rollups: [`rollup`] computes the
 //! derived tables from the lake and writes them back to it. Query: [`sql`] registers the lake's
-//! tables in a DataFusion session, which [`endpoint`] serves to Postgres clients. Signals: [`hot`]
+//! tables in a DataFusion session, which [`endpoint`] serves to Postgres clients and [`governor`]
+//! runs each query of, under its user's limits. Signals: [`hot`]
 //! keeps the hot window from Kafka and publishes what [`signals`] computes.
 //!
 //! # Layers
@@ -25,13 +26,16 @@
 //! - [`signals`] (`rollup::leases`): signals as a pure function of the hot window.
 //! - [`hot`] (`consume`, `lake`, `listing`, `metrics`, `rollup`, `signals`, `versions`): the
 //!   signals loop.
-//! - [`sql`] (`buffer`, `lake`, `listing`, `rollup`, `versions`): the session over every table.
-//! - [`endpoint`]: serves the session it is handed, and uses no other module.
+//! - [`governor`]: runs the queries people submit on threads of their own, under their limits.
+//! - [`sql`] (`buffer`, `governor`, `lake`, `listing`, `rollup`, `versions`): the session over
+//!   every table.
+//! - [`endpoint`] (`governor`): serves the session it is handed to Postgres clients.
 
 pub mod buffer;
 pub mod consume;
 pub mod endpoint;
 pub mod files;
+pub mod governor;
 pub mod hot;
 pub mod lake;
 pub mod listing;

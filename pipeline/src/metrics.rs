@@ -1,6 +1,6 @@
 //! The pipeline's own metrics (`gpuwarden_pipeline_*`), served on `pipeline.metrics_listen`:
-//! ingest (records, files, buffers, lag, commits) and signals (published, failures, the last
-//! computation's time, the hot window's size).
+//! ingest (records, files, buffers, lag, commits), rollups (runs, failures) and signals
+//! (published, failures, the last computation's time, the hot window's size).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -46,6 +46,8 @@ pub struct Metrics {
     signal_compute_seconds: AtomicU64,
     window_samples: AtomicU64,
     signals_leader: AtomicU64,
+    rollups: AtomicU64,
+    rollup_failures: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -71,6 +73,8 @@ impl Default for Metrics {
             signal_compute_seconds: AtomicU64::new(0f64.to_bits()),
             window_samples: AtomicU64::default(),
             signals_leader: AtomicU64::default(),
+            rollups: AtomicU64::default(),
+            rollup_failures: AtomicU64::default(),
         }
     }
 }
@@ -94,6 +98,14 @@ fn bump_str(map: &Mutex<BTreeMap<String, u64>>, key: &str, n: u64) {
 }
 
 impl Metrics {
+    /// Counts a run of the rollups, failed or not.
+    pub fn rolled_up(&self, failed: bool) {
+        self.rollups.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.rollup_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts `n` records of `topic`, `bad` of them quarantined.
     pub(crate) fn records_in_n(&self, topic: &str, n: u64, bad: u64) {
         bump_str(&self.records_in, topic, n);
@@ -391,6 +403,20 @@ impl Metrics {
                 "",
                 f64::from_bits(self.signal_compute_seconds.load(Ordering::Relaxed)),
             )],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_rollups_total",
+            "counter",
+            "Runs of the rollups (every pipeline.rollup_every), failed ones included.",
+            [("", self.rollups.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_rollup_failures_total",
+            "counter",
+            "Runs of the rollups that failed (retried at the next one).",
+            [("", self.rollup_failures.load(Ordering::Relaxed) as f64)],
         );
         family(
             &mut out,

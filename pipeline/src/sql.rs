@@ -11,11 +11,12 @@ use arrow_array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use gpuwarden_schema::arrow::{string_list_type, string_lists};
 use gpuwarden_schema::config::Config;
 
 use crate::buffer::Table;
+use crate::governor::Governor;
 use crate::lake::Lake;
 use crate::listing::register_dir;
 use crate::rollup::RollupTable;
@@ -38,9 +39,17 @@ GROUP BY l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu
          l.gpu_count, l.granted_at, l.released_at, l.release_reason"#;
 
 /// A session with every table of the lake registered: the raw tables, the rollups
-/// (`rollups/<table>/`) and the views over them.
+/// (`rollups/<table>/`) and the views over them. Its queries run where they are polled, without
+/// limits: it is for the pipeline's own queries; what people submit goes through
+/// [`context_with_config`].
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
-    let ctx = SessionContext::new();
+    register_lake(SessionContext::new(), lake).await
+}
+
+async fn register_lake(
+    ctx: SessionContext,
+    lake: &Lake,
+) -> Result<SessionContext, DataFusionError> {
     // DataFusion keeps a table's file listing once it has files, for as long as the session
     // lives: a session served for days would never see a new flush or rollup. Listing a local
     // directory at every scan costs little next to reading the files.
@@ -155,13 +164,14 @@ pub fn register_config(ctx: &SessionContext, config: &Config) -> Result<(), Data
     Ok(())
 }
 
-/// A session over the lake and the configuration's `teams` and `workloads`: what
-/// `gpuwarden sql` and the SQL endpoint serve.
+/// A session over the lake and the configuration's `teams` and `workloads`, whose queries
+/// `governor` runs: what `gpuwarden sql` and the SQL endpoint serve.
 pub async fn context_with_config(
     lake: &Lake,
     config: &Config,
+    governor: &Arc<Governor>,
 ) -> Result<SessionContext, DataFusionError> {
-    let ctx = context(lake).await?;
+    let ctx = register_lake(governor.context(SessionConfig::new()), lake).await?;
     register_config(&ctx, config)?;
     Ok(ctx)
 }

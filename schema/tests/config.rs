@@ -251,3 +251,86 @@ fn a_missing_file_says_so() {
     let err = config::load(std::path::Path::new("/nonexistent/gpuwarden.toml")).unwrap_err();
     assert!(err.to_string().contains("cannot read the file"), "{err}");
 }
+
+#[test]
+fn sql_limits_take_sizes_and_durations_and_name_the_field_at_fault() {
+    let good = config::parse(
+        "good.toml",
+        "\
+[pipeline]
+max_buffered_bytes = \"256MiB\"
+
+[pipeline.sql_limits]
+query_memory = \"2GiB\"
+statement_timeout = \"0s\"
+
+[[pipeline.sql_users]]
+name = \"finops\"
+password = \"x\"
+query_memory = 67108864
+max_queries = 2
+",
+    )
+    .unwrap();
+    let p = &good.pipeline;
+    assert_eq!(p.max_buffered_bytes, 256 << 20);
+    assert_eq!(p.sql_limits.query_memory, 2 << 30);
+    assert!(p.sql_limits.statement_timeout.is_zero());
+    assert_eq!(p.sql_limits.max_queries, 16, "the default");
+    assert_eq!(p.sql_users[0].query_memory, Some(64 << 20));
+    assert_eq!(p.sql_users[0].max_queries, Some(2));
+    assert_eq!(p.sql_users[0].statement_timeout, None);
+
+    let errs = errors(
+        "\
+[pipeline.sql_limits]
+query_memory = \"lots\"
+max_queries = 0
+
+[[pipeline.sql_users]]
+name = \"finops\"
+password = \"x\"
+max_queries = 0
+statement_timeout = \"soon\"
+",
+    );
+    assert!(find(&errs, "pipeline.sql_limits.query_memory")
+        .message
+        .contains("invalid size \"lots\""));
+    assert_eq!(
+        find(&errs, "pipeline.sql_limits.query_memory").line,
+        Some(2)
+    );
+    assert!(find(&errs, "pipeline.sql_users[0].statement_timeout")
+        .message
+        .contains("invalid duration"));
+}
+
+#[test]
+fn sql_limits_that_admit_nothing_are_refused() {
+    let errs = errors(
+        "\
+[pipeline]
+shutdown_deadline = \"0s\"
+
+[pipeline.sql_limits]
+max_queries = 0
+max_connections = 0
+query_memory = 1000
+
+[[pipeline.sql_users]]
+name = \"finops\"
+password = \"x\"
+max_queries = 0
+",
+    );
+    for path in [
+        "pipeline.shutdown_deadline",
+        "pipeline.sql_limits.max_queries",
+        "pipeline.sql_limits.max_connections",
+        "pipeline.sql_limits.query_memory",
+        "pipeline.sql_users[0].max_queries",
+    ] {
+        let _ = find(&errs, path);
+    }
+}

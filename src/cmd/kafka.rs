@@ -86,3 +86,29 @@ pub(crate) async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM; shutting down"),
     }
 }
+
+/// Bounds how long shutting down may take: once `deadline` has passed (or at a second Ctrl-C or
+/// SIGTERM), the process exits with status 1 whatever it was doing. Nothing is lost: what was
+/// not committed to Kafka is read again at the next start. `setting` names the deadline's
+/// setting in the log.
+pub(crate) fn arm_shutdown_deadline(deadline: std::time::Duration, setting: &'static str) {
+    let watchdog = std::thread::Builder::new()
+        .name("gpuwarden-shutdown-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(deadline);
+            tracing::error!(
+                deadline = %humantime::format_duration(deadline),
+                setting,
+                "not stopped within the shutdown deadline; exiting now (what was not committed is read again at the next start)"
+            );
+            std::process::exit(1);
+        });
+    if let Err(e) = watchdog {
+        tracing::warn!(error = %e, "cannot bound the shutdown: no watchdog thread");
+    }
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tracing::warn!("second signal; exiting now");
+        std::process::exit(1);
+    });
+}

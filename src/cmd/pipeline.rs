@@ -13,7 +13,7 @@ use gpuwarden_pipeline::{
 };
 use gpuwarden_schema::config;
 
-use super::kafka::{shutdown_signal, KafkaConnection};
+use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 
 /// Consume Kafka into the Parquet lake, roll it up, and publish signals for the enforcer.
 ///
@@ -40,7 +40,15 @@ use super::kafka::{shutdown_signal, KafkaConnection};
 /// that instances run only for ingest need no users), unless --sql-listen asks for it: then it
 /// refuses to start.
 ///
-/// Ctrl-C or SIGTERM writes what is buffered, commits, and exits 0.
+/// Queries run on threads of their own, at a lower priority than the rest, under the limits of
+/// [pipeline.sql_limits] (and each user's own): a statement timeout (SQLSTATE 57014), memory
+/// per query (53200), queries per user and in all, and connections (53300). psql's Ctrl-C
+/// cancels a query, and so does its client disconnecting.
+///
+/// Ctrl-C or SIGTERM cancels running SQL queries (their clients get SQLSTATE 57P01), writes
+/// what is buffered, commits, and exits 0, within pipeline.shutdown_deadline (30 s by default;
+/// past it, or at a second Ctrl-C, the process exits 1 at once, and what it had not committed
+/// is read again at the next start).
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file.
@@ -81,6 +89,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             _ = shutdown_signal() => {}
             failed = pipeline.failed() => return Err(failed),
         }
+        arm_shutdown_deadline(
+            config.pipeline.shutdown_deadline,
+            "pipeline.shutdown_deadline",
+        );
         pipeline.stop().await?;
         drop(kafka);
         Ok(ExitCode::SUCCESS)
@@ -104,7 +116,7 @@ pub(crate) struct Pipeline {
     rollups: tokio::task::JoinHandle<()>,
     ingest: Task<gpuwarden_pipeline::IngestError>,
     signals: Task<gpuwarden_pipeline::hot::SignalsError>,
-    sql: Task<gpuwarden_pipeline::endpoint::EndpointError>,
+    sql: Option<gpuwarden_pipeline::endpoint::Server>,
 }
 
 /// Opens the lake and starts ingest from `kafka`, the rollups, the signals loop, the SQL
@@ -133,6 +145,7 @@ pub(crate) async fn start(
     let rollups = tokio::spawn(rollup_loop(
         Rollup::new(lake.clone(), RollupOptions::from_config(config)),
         config.pipeline.rollup_every,
+        Arc::clone(&metrics),
     ));
     let stop = Arc::new(AtomicBool::new(false));
     let signals = {
@@ -167,8 +180,20 @@ pub(crate) async fn start(
         rollups,
         ingest: Some(ingest),
         signals: Some(signals),
-        sql: sql.map(|s| s.task),
+        sql: sql.map(|s| s.server),
     })
+}
+
+/// Waits for the SQL endpoint to stop by itself; never ends when there is none.
+async fn sql_stopped(
+    server: &mut Option<gpuwarden_pipeline::endpoint::Server>,
+) -> Result<(), gpuwarden_pipeline::endpoint::EndpointError> {
+    let Some(running) = server.as_mut() else {
+        return std::future::pending().await;
+    };
+    let result = running.stopped().await;
+    *server = None;
+    result
 }
 
 /// Waits for `task` to end, taking it; never ends when there is none.
@@ -189,7 +214,7 @@ impl Pipeline {
         let (part, result): (&str, anyhow::Result<()>) = tokio::select! {
             r = ended(&mut self.ingest) => ("ingest", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
             r = ended(&mut self.signals) => ("the signals loop", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
-            r = ended(&mut self.sql) => ("the SQL endpoint", r.map_err(Into::into).and_then(|r| r.map_err(Into::into))),
+            r = sql_stopped(&mut self.sql) => ("the SQL endpoint", r.map_err(Into::into)),
         };
         match result {
             Ok(()) => anyhow::anyhow!("{part} stopped by itself"),
@@ -197,8 +222,18 @@ impl Pipeline {
         }
     }
 
-    /// Stops reading, writes and commits what is buffered, and stops serving.
+    /// Cancels running SQL queries (their clients are told why) and closes the SQL endpoint;
+    /// the rest runs on.
+    pub(crate) async fn stop_sql(&mut self) {
+        if let Some(sql) = self.sql.take() {
+            sql.shut_down(SQL_SHUTDOWN_GRACE).await;
+        }
+    }
+
+    /// Cancels running SQL queries and closes the endpoint, then stops reading, writes and
+    /// commits what is buffered, and stops serving `/metrics`.
     pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop_sql().await;
         self.stop.store(true, Ordering::SeqCst);
         if let Some(ingest) = self.ingest.take() {
             ingest.await?.context("ingest failed while shutting down")?;
@@ -210,9 +245,6 @@ impl Pipeline {
         }
         self.server.abort();
         self.rollups.abort();
-        if let Some(sql) = self.sql.take() {
-            sql.abort();
-        }
         tracing::info!(
             records = self.metrics.records_in_total(),
             quarantined = self.metrics.quarantined_total(),
@@ -221,6 +253,9 @@ impl Pipeline {
         Ok(())
     }
 }
+
+/// How long canceled SQL queries have to tell their clients so before the endpoint closes.
+const SQL_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Sets the stop flag when dropped.
 struct StopOnDrop(Arc<AtomicBool>);
@@ -233,12 +268,17 @@ impl Drop for StopOnDrop {
 
 /// Rolls up every `every` until aborted. A failed run is logged and retried at the next tick:
 /// the marks and the state file keep what it had still to do.
-async fn rollup_loop(rollup: Rollup, every: std::time::Duration) {
+async fn rollup_loop(rollup: Rollup, every: std::time::Duration, metrics: Arc<Metrics>) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        match rollup.run().await {
+        let result = rollup.run().await;
+        metrics.rolled_up(matches!(
+            result,
+            Err(ref e) if !matches!(e, gpuwarden_pipeline::rollup::RollupError::Busy(_))
+        ));
+        match result {
             Ok(report) if report.hours > 0 => tracing::info!(
                 hours = report.hours,
                 final_hours = report.final_hours,

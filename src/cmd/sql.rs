@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use gpuwarden_pipeline::governor::{self, Governor, GovernorOptions};
 use gpuwarden_pipeline::{sql, Lake};
 use gpuwarden_schema::config;
 
@@ -15,6 +16,11 @@ use gpuwarden_schema::config;
 /// lease_hourly, team_hourly, focus_costs (FOCUS 1.2), leases (one row per lease, its current
 /// state), and the view lease_usage. The dialect is DataFusion's, close to PostgreSQL's;
 /// FOCUS columns are case-sensitive: SELECT "BilledCost" FROM focus_costs.
+///
+/// The query runs under the limits of [pipeline.sql_limits] (statement_timeout, query_memory),
+/// as it would through the SQL endpoint: past its timeout it is canceled, and past its memory
+/// it spills what it can to disk and fails if it still needs more. --timeout and --memory
+/// override them.
 /// Examples:
 ///   gpuwarden sql -c gw.toml "SELECT gpu_model, avg(util_gpu_pct) FROM samples GROUP BY 1"
 ///   gpuwarden sql -c gw.toml "SELECT team, sum(cost_usd) FROM team_hourly GROUP BY team"
@@ -30,6 +36,13 @@ pub(crate) struct Args {
     /// Read the query from this file ("-" for standard input) instead of the command line.
     #[arg(long, short, value_name = "FILE", conflicts_with = "query")]
     file: Option<String>,
+    /// Cancel the query after this long ("30s", "10m"; "0s" for no limit). Default:
+    /// pipeline.sql_limits.statement_timeout.
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration)]
+    timeout: Option<std::time::Duration>,
+    /// Memory the query may hold ("512MiB", "4GiB"). Default: pipeline.sql_limits.query_memory.
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    memory: Option<u64>,
     /// The query. It may start with a `--` comment, as files of queries/ do.
     #[arg(
         value_name = "QUERY",
@@ -59,13 +72,27 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, None) => unreachable!("clap requires a query or a file"),
     };
     let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let limits = &config.pipeline.sql_limits;
+    let mut options = GovernorOptions::from_config(limits, &[]);
+    if let Some(timeout) = args.timeout {
+        options.defaults.statement_timeout = (!timeout.is_zero()).then_some(timeout);
+        options.defaults_set_by = "--timeout".to_string();
+    }
+    if let Some(memory) = args.memory {
+        options.defaults.query_memory = usize::try_from(memory).unwrap_or(usize::MAX);
+    }
+    let governor = Governor::new(options).context("starting the query threads")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (schema, batches) = runtime
         .block_on(async {
-            let ctx = sql::context_with_config(&lake, &config).await?;
+            let ctx = sql::context_with_config(&lake, &config, &governor).await?;
             sql::run(&ctx, &query).await
+        })
+        .map_err(|e| match governor::sqlstate(&e) {
+            Some((code, message)) => anyhow::anyhow!("{message} (SQLSTATE {code})"),
+            None => anyhow::Error::new(e),
         })
         .context("running the query")?;
     let mut out = std::io::stdout().lock();

@@ -1,19 +1,20 @@
 //! The pipeline's SQL endpoint: decides whether it runs, binds it, and serves the lake's session
-//! on it with [`gpuwarden_pipeline::endpoint`].
+//! on it with [`gpuwarden_pipeline::endpoint`], its queries run by a
+//! [`gpuwarden_pipeline::governor::Governor`] under `[pipeline.sql_limits]`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gpuwarden_pipeline::endpoint::{self, Auth, EndpointError};
+use gpuwarden_pipeline::endpoint::{Auth, Server};
+use gpuwarden_pipeline::governor::{Governor, GovernorOptions};
 use gpuwarden_pipeline::Lake;
 use gpuwarden_schema::config::Config;
-use tokio::task::JoinHandle;
 
-/// A running endpoint: its address and the task serving it.
+/// A running endpoint: its address and its server.
 pub(crate) struct SqlEndpoint {
     pub(crate) address: SocketAddr,
-    pub(crate) task: JoinHandle<Result<(), EndpointError>>,
+    pub(crate) server: Server,
 }
 
 /// Binds and starts the endpoint, or returns `None` when nobody could log in to it (no
@@ -38,16 +39,32 @@ pub(crate) async fn start(
         return Ok(None);
     }
     let listen = listen.unwrap_or(config.sql_listen);
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("binding the SQL endpoint to {listen}"))?;
+    listener.set_nonblocking(true)?;
     let address = listener.local_addr()?;
-    let ctx = gpuwarden_pipeline::sql::context_with_config(lake, full)
+    let options = GovernorOptions::from_config(&config.sql_limits, &config.sql_users);
+    let threads = options.threads;
+    let governor = Governor::new(options).context("starting the SQL query threads")?;
+    let ctx = gpuwarden_pipeline::sql::context_with_config(lake, full, &governor)
         .await
         .context("registering the lake's tables for the SQL endpoint")?;
     if auth.allows_anonymous() {
         tracing::warn!(sql = %address, "the SQL endpoint accepts connections without a password (pipeline.sql_allow_anonymous)");
     }
-    let task = tokio::spawn(endpoint::serve(listener, Arc::new(ctx), auth));
-    Ok(Some(SqlEndpoint { address, task }))
+    let limits = &config.sql_limits;
+    tracing::debug!(
+        threads,
+        max_queries = limits.max_queries,
+        max_connections = limits.max_connections,
+        "SQL endpoint limits"
+    );
+    let server = Server::start(
+        listener,
+        Arc::new(ctx),
+        auth,
+        governor,
+        limits.max_connections,
+    )?;
+    Ok(Some(SqlEndpoint { address, server }))
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use gpuwarden_schema::config::{self, CollectorSource};
 use gpuwarden_schema::{AcceleratedClock, Clock, SystemClock};
 
-use super::kafka::{shutdown_signal, KafkaConnection};
+use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 
 /// Run the collector, the pipeline and the enforcer together in one process.
 ///
@@ -22,8 +22,10 @@ use super::kafka::{shutdown_signal, KafkaConnection};
 /// than the wall clock (60 = an hour a minute), from --start (default now): rules, expiry and
 /// the fleet all follow it. NVML runs in real time only.
 ///
-/// Ctrl-C or SIGTERM stops the collector (publishing what it holds), then the enforcer
-/// (flushing its outbox), then the pipeline (writing and committing what it read).
+/// Ctrl-C or SIGTERM cancels running SQL queries, then stops the collector (publishing what it
+/// holds), the enforcer (flushing its outbox) and the pipeline (writing and committing what it
+/// read), within pipeline.shutdown_deadline (past it, or at a second Ctrl-C, the process exits
+/// 1 at once).
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file.
@@ -113,6 +115,8 @@ pub(crate) struct Listens {
 
 /// The collector, the pipeline and the enforcer running in this process.
 pub(crate) struct Stack {
+    /// pipeline.shutdown_deadline: how long stopping may take.
+    shutdown_deadline: std::time::Duration,
     pub(crate) lake: PathBuf,
     pub(crate) kafka: Arc<KafkaConnection>,
     pipeline: super::pipeline::Pipeline,
@@ -148,6 +152,7 @@ impl Stack {
         .await
         .context("starting the collector")?;
         Ok(Stack {
+            shutdown_deadline: config.pipeline.shutdown_deadline,
             lake: config.lake_dir(),
             kafka,
             pipeline,
@@ -190,7 +195,10 @@ impl Stack {
             }
         };
         let failure = tokio::select! {
-            _ = shutdown_signal() => None,
+            _ = shutdown_signal() => {
+                arm_shutdown_deadline(self.shutdown_deadline, "pipeline.shutdown_deadline");
+                None
+            }
             _ = limit => {
                 tracing::info!("--run-for elapsed; shutting down");
                 None
@@ -200,6 +208,7 @@ impl Stack {
                 Some(failed)
             }
         };
+        self.pipeline.stop_sql().await;
         self.collecting.stop().await?;
         self.enforcer.stop().await;
         self.pipeline.stop().await?;

@@ -428,6 +428,15 @@ impl Psql {
         command
     }
 
+    /// Starts `sql` in the background; rows come back bare, and errors in their verbose form,
+    /// with their SQLSTATE.
+    pub fn spawn(&self, sql: &str) -> Child {
+        self.command()
+            .args(["-A", "-t", "-v", "VERBOSITY=verbose", "-c", sql])
+            .spawn()
+            .expect("psql (postgresql-client) is installed")
+    }
+
     /// Runs `sql` with `-c`, stopping at the first error; rows come back bare, `|` between
     /// columns.
     pub fn run(&self, sql: &str) -> Output {
@@ -522,6 +531,74 @@ impl Psql {
         }
         Ok(Answer { columns, rows })
     }
+}
+
+/// Writes `lines` (JSON samples) to `file` and loads them into the lake of `config` with
+/// `gpuwarden ingest`.
+pub fn ingest_samples(config: &Path, file: &Path, lines: &str) {
+    std::fs::write(file, lines).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["ingest", "--config", config.to_str().unwrap(), "--samples"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// CPU time, in clock ticks, the SQL query threads (`gpuwarden-sql`) of process `pid` have used
+/// so far.
+pub fn sql_threads_cpu(pid: u32) -> u64 {
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let Ok(name) = std::fs::read_to_string(task.join("comm")) else {
+            continue;
+        };
+        if name.trim() != "gpuwarden-sql" {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.join("stat")) else {
+            continue;
+        };
+        // utime and stime, the 14th and 15th fields; the name (2nd) is in parentheses.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    ticks
+}
+
+/// How many clock ticks (1/100 s) the SQL query threads of `pid` use over `over`.
+pub fn sql_threads_busy(pid: u32, over: Duration) -> u64 {
+    let before = sql_threads_cpu(pid);
+    std::thread::sleep(over);
+    sql_threads_cpu(pid) - before
+}
+
+/// Waits until a query keeps the SQL threads of `pid` busy: a fifth of a CPU or more, which
+/// they get even when every CPU is busy with other work, at their lower priority.
+pub fn until_sql_threads_busy(pid: u32) {
+    eventually(
+        "a query keeping the SQL threads busy",
+        Duration::from_secs(60),
+        || {
+            let ticks = sql_threads_busy(pid, Duration::from_millis(500));
+            if ticks >= 10 {
+                Ok(())
+            } else {
+                Err(format!("{ticks} ticks in 500 ms"))
+            }
+        },
+    );
 }
 
 /// The value of the unlabelled series `name` on the `/metrics` at `address`, when it has one.

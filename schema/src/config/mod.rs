@@ -10,6 +10,7 @@
 
 mod duration;
 mod load;
+mod size;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use crate::lease::Workload;
 
 pub use duration::parse as parse_duration;
 pub use load::{load, parse, ConfigError, ConfigErrors};
+pub use size::parse as parse_size;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -213,7 +215,8 @@ pub struct PipelineConfig {
     /// Longest a buffered row waits before its file is written.
     #[serde(deserialize_with = "duration::required")]
     pub flush_age: Duration,
-    /// Memory the ingest buffers may hold before consumption pauses, bytes.
+    /// Memory the ingest buffers may hold before consumption pauses: bytes, or `"512MiB"`.
+    #[serde(deserialize_with = "size::required")]
     pub max_buffered_bytes: u64,
     /// How long after an hour ends its data may still arrive before it is final.
     #[serde(deserialize_with = "duration::required")]
@@ -229,6 +232,13 @@ pub struct PipelineConfig {
     pub sql_allow_anonymous: bool,
     /// `[[pipeline.sql_users]]`: who may connect to the SQL endpoint.
     pub sql_users: Vec<SqlUser>,
+    /// `[pipeline.sql_limits]`: what one SQL query may take, and how many may run at once.
+    pub sql_limits: SqlLimits,
+    /// How long Ctrl-C or SIGTERM leaves the process to stop (SQL queries are canceled at once;
+    /// buffered rows are written and committed) before it exits anyway, with status 1. Whatever
+    /// was not committed is read again from Kafka at the next start.
+    #[serde(deserialize_with = "duration::required")]
+    pub shutdown_deadline: Duration,
     /// `[pipeline.signals]`: the hot window and how often signals are computed.
     pub signals: SignalsConfig,
 }
@@ -246,6 +256,8 @@ impl Default for PipelineConfig {
             sql_listen: SocketAddr::from(([127, 0, 0, 1], 5433)),
             sql_allow_anonymous: false,
             sql_users: Vec::new(),
+            sql_limits: SqlLimits::default(),
+            shutdown_deadline: Duration::from_secs(30),
             signals: SignalsConfig::default(),
         }
     }
@@ -259,6 +271,58 @@ pub struct SqlUser {
     pub name: String,
     /// Password; write `"${ENV_VAR}"` to keep it out of the file.
     pub password: String,
+    /// This user's statement timeout; `sql_limits.statement_timeout` when unset.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub statement_timeout: Option<Duration>,
+    /// Memory one of this user's queries may hold; `sql_limits.query_memory` when unset.
+    #[serde(default, deserialize_with = "size::optional")]
+    pub query_memory: Option<u64>,
+    /// Queries this user may run at once; `sql_limits.max_queries_per_user` when unset.
+    #[serde(default)]
+    pub max_queries: Option<usize>,
+}
+
+/// `[pipeline.sql_limits]`: the limits of the SQL endpoint and of `gpuwarden sql`. Queries run on
+/// threads of their own, at a lower CPU priority than ingest, rollups and signals, so that no
+/// query can hold those back.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqlLimits {
+    /// Longest a query may run; past it the query is canceled with SQLSTATE 57014. `"0s"` for
+    /// no limit. A client may ask for less with `SET statement_timeout`, never for more.
+    #[serde(deserialize_with = "duration::required")]
+    pub statement_timeout: Duration,
+    /// Memory one query may hold: bytes, or `"1GiB"`. Sorts, aggregations and joins that can
+    /// spill to disk do so past it; a query that still needs more fails with SQLSTATE 53200.
+    #[serde(deserialize_with = "size::required")]
+    pub query_memory: u64,
+    /// Queries one user may run at once (a `[[pipeline.sql_users]]` entry's `max_queries`
+    /// overrides it).
+    pub max_queries_per_user: usize,
+    /// Queries all users together may run at once.
+    pub max_queries: usize,
+    /// How long a query waits for a free slot when a maximum is reached before it is refused
+    /// with SQLSTATE 53300. `"0s"` refuses it at once.
+    #[serde(deserialize_with = "duration::required")]
+    pub queue_timeout: Duration,
+    /// Connections open at once; more are refused with SQLSTATE 53300.
+    pub max_connections: usize,
+    /// Threads that run queries; 0 for one per CPU.
+    pub threads: usize,
+}
+
+impl Default for SqlLimits {
+    fn default() -> Self {
+        Self {
+            statement_timeout: Duration::from_secs(5 * 60),
+            query_memory: 1 << 30,
+            max_queries_per_user: 8,
+            max_queries: 16,
+            queue_timeout: Duration::from_secs(30),
+            max_connections: 100,
+            threads: 0,
+        }
+    }
 }
 
 /// `[pipeline.signals]`.

@@ -153,8 +153,48 @@ fn pipeline(config: &Config, report: Report<'_>) {
                 "must not be empty".into(),
             );
         }
+        if user.max_queries == Some(0) {
+            report(
+                item_in(&["pipeline", "sql_users"], i, "max_queries"),
+                "must be at least 1".into(),
+            );
+        }
+        if user.query_memory.is_some_and(|m| m < MIN_QUERY_MEMORY) {
+            report(
+                item_in(&["pipeline", "sql_users"], i, "query_memory"),
+                format!("must be at least {}MiB", MIN_QUERY_MEMORY >> 20),
+            );
+        }
+    }
+    let limits = &p.sql_limits;
+    for (field, value) in [
+        ("max_queries_per_user", limits.max_queries_per_user),
+        ("max_queries", limits.max_queries),
+        ("max_connections", limits.max_connections),
+    ] {
+        if value == 0 {
+            report(
+                at(&["pipeline", "sql_limits", field]),
+                "must be at least 1".into(),
+            );
+        }
+    }
+    if limits.query_memory < MIN_QUERY_MEMORY {
+        report(
+            at(&["pipeline", "sql_limits", "query_memory"]),
+            format!("must be at least {}MiB", MIN_QUERY_MEMORY >> 20),
+        );
+    }
+    if p.shutdown_deadline.is_zero() {
+        report(
+            at(&["pipeline", "shutdown_deadline"]),
+            "must be longer than 0s".into(),
+        );
     }
 }
+
+/// Less memory than this cannot hold a query's first batches.
+const MIN_QUERY_MEMORY: u64 = 1 << 20;
 
 fn item_in(parents: &[&str], index: usize, field: &str) -> FieldPath {
     let mut path = at(parents);
