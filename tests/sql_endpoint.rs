@@ -9,7 +9,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    eventually, ingest_samples, start_pipeline_with_sql, until_sql_threads_busy, Psql, Running,
+    eventually, ingest_samples, sql_threads_busy, start_pipeline_with_sql, until_sql_threads_busy,
+    Psql, Running,
 };
 
 /// 2026-11-30T10:00:00Z.
@@ -471,33 +472,50 @@ const RUNAWAY: &str = "SELECT a.host, b.host, c.host FROM samples a, samples b, 
 /// One aggregate holding 720² model names, none of which it can spill.
 const MEMORY_HOG: &str = "SELECT cardinality(array_agg(a.gpu_model)) FROM samples a, samples b";
 
-/// The SQLSTATE and message of the ErrorResponse the server answers a startup message with
-/// (protocol 3.0, no password sent).
-fn startup_error(port: u16, user: &str) -> (String, String) {
-    use std::io::{Read as _, Write as _};
-    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut body = 196_608_u32.to_be_bytes().to_vec();
-    for part in ["user", user, "database", "gpuwarden", ""] {
-        body.extend_from_slice(part.as_bytes());
-        body.push(0);
+/// A connection that sends a startup message (protocol 3.0, no password), and what it reads back.
+struct RawClient(std::net::TcpStream);
+
+impl RawClient {
+    fn start(port: u16, user: &str) -> Self {
+        let socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut body = 196_608_u32.to_be_bytes().to_vec();
+        for part in ["user", user, "database", "gpuwarden", ""] {
+            body.extend_from_slice(part.as_bytes());
+            body.push(0);
+        }
+        let mut client = Self(socket);
+        client.send(None, &body);
+        client
     }
-    let mut message = u32::try_from(body.len() + 4)
-        .unwrap()
-        .to_be_bytes()
-        .to_vec();
-    message.extend_from_slice(&body);
-    socket.write_all(&message).unwrap();
-    let mut header = [0u8; 5];
-    socket.read_exact(&mut header).unwrap();
-    assert_eq!(header[0], b'E', "an ErrorResponse");
-    let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
-    let mut fields = vec![0u8; length - 4];
-    socket.read_exact(&mut fields).unwrap();
+
+    fn send(&mut self, kind: Option<u8>, body: &[u8]) {
+        use std::io::Write as _;
+        let mut message: Vec<u8> = kind.into_iter().collect();
+        message.extend_from_slice(&u32::try_from(body.len() + 4).unwrap().to_be_bytes());
+        message.extend_from_slice(body);
+        // The server may have closed its end already.
+        let _ = self.0.write_all(&message);
+    }
+
+    /// The next message's type and body; `None` at the end of the stream.
+    fn next(&mut self) -> Option<(u8, Vec<u8>)> {
+        use std::io::Read as _;
+        let mut header = [0u8; 5];
+        self.0.read_exact(&mut header).ok()?;
+        let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; length - 4];
+        self.0.read_exact(&mut body).ok()?;
+        Some((header[0], body))
+    }
+}
+
+/// The SQLSTATE and message of an ErrorResponse body.
+fn error_fields(body: &[u8]) -> (String, String) {
     let (mut code, mut text) = (String::new(), String::new());
-    for field in fields.split(|b| *b == 0).filter(|f| !f.is_empty()) {
+    for field in body.split(|b| *b == 0).filter(|f| !f.is_empty()) {
         let value = String::from_utf8_lossy(&field[1..]).into_owned();
         match field[0] {
             b'C' => code = value,
@@ -635,9 +653,21 @@ max_queries = 1
         .collect();
     let error = error_of(&user("finops"), "SELECT 1");
     assert!(error.contains("too many clients"), "{error}");
-    // psql does not print the SQLSTATE of a refused connection: read it off the wire.
-    let (code, message) = startup_error(endpoint.port, "finops");
+    // psql does not print the SQLSTATE of a refused connection: read it off the wire. A client
+    // that sends a query all the same (pgwire reads on after a refusal) runs nothing.
+    let mut raw = RawClient::start(endpoint.port, "finops");
+    let (kind, body) = raw.next().expect("an answer to the startup message");
+    assert_eq!(kind, b'E');
+    let (code, message) = error_fields(&body);
     assert_eq!(code, "53300", "{message}");
+    raw.send(Some(b'Q'), format!("{RUNAWAY}\0").as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    let ticks = sql_threads_busy(pid, Duration::from_secs(1));
+    assert!(
+        ticks <= 2,
+        "a refused connection ran a query: {ticks} ticks"
+    );
+    drop(raw);
     for mut psql in idle {
         drop(psql.stdin.take());
         assert!(psql.wait().unwrap().success());
@@ -673,4 +703,10 @@ max_queries = 1
 
     let (status, log) = endpoint.pipeline.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
+    assert!(
+        log.iter()
+            .any(|l| l.contains("SQL query ended by a limit") && l.contains("28000")),
+        "the refused connection's query was refused for want of a login:\n{}",
+        log.join("\n")
+    );
 }

@@ -54,6 +54,9 @@ pub enum QueryError {
     /// Its client disconnected.
     #[error("canceling statement: the client disconnected")]
     Disconnected,
+    /// A connection that has not logged in (pgwire reads on after refusing a startup).
+    #[error("not logged in")]
+    NotLoggedIn,
     /// The user runs as many queries as they may.
     #[error(
         "too many queries: user \"{user}\" already runs {limit} (max_queries), and none ended \
@@ -91,6 +94,8 @@ impl QueryError {
             Self::Canceled | Self::Timeout { .. } | Self::Disconnected => "57014",
             // admin_shutdown
             Self::Shutdown => "57P01",
+            // invalid_authorization_specification
+            Self::NotLoggedIn => "28000",
             // too_many_connections: what Postgres answers past its connection limits too.
             Self::TooManyOfUser { .. } | Self::TooMany { .. } => "53300",
         }

@@ -67,10 +67,15 @@ impl QueryPlanner for GovernedPlanner {
             return Ok(plan);
         }
         let session = Session::current();
-        let user = session
-            .as_ref()
-            .and_then(|s| s.user().map(str::to_string))
-            .unwrap_or_else(|| LOCAL_USER.to_string());
+        let user = match &session {
+            // Outside any session: `gpuwarden sql`.
+            None => LOCAL_USER.to_string(),
+            Some(session) => match session.user() {
+                Some(user) => user.to_string(),
+                // pgwire goes on reading a connection it refused at startup: nothing runs there.
+                None => return Err(QueryError::NotLoggedIn.into()),
+            },
+        };
         let mut limits = self.governor.limits_of(&user).clone();
         let mut timeout_source = if self.governor.options.users.contains_key(&user) {
             format!("statement_timeout of user \"{user}\"")
@@ -198,8 +203,9 @@ impl ExecutionPlan for Governed {
                 self.user.clone(),
                 self.limits.clone(),
             );
+            let watched = Arc::clone(&control);
             let control = Arc::clone(&control);
-            self.governor.executor.spawn(async move {
+            let run = async move {
                 let permits = tokio::select! {
                     admitted = governor.admit(&user, &limits) => admitted,
                     reason = control.stopped() => Err(QueryError::from_reason(reason, &limits, "statement_timeout")),
@@ -224,6 +230,23 @@ impl ExecutionPlan for Governed {
                     if tx.send(batch).await.is_err() || failed {
                         return;
                     }
+                }
+            };
+            // The query's own end, whether or not anyone reads it (a cursor nobody fetches
+            // from, a client that stopped reading): past the deadline or once stopped, it gives
+            // its slot back. The reader reports why.
+            let control = watched;
+            self.governor.executor.spawn(async move {
+                let deadline = async {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = run => {}
+                    _ = control.stopped() => {}
+                    () = deadline => control.cancel(Reason::Timeout),
                 }
             })
         };
@@ -312,10 +335,25 @@ impl Running {
                         tracing::debug!(user = %self.user, elapsed_ms = self.elapsed_ms(), error = %e, "SQL query failed");
                         Err(e)
                     }
-                    None => {
-                        tracing::debug!(user = %self.user, elapsed_ms = self.elapsed_ms(), "SQL query done");
-                        Ok(None)
-                    }
+                    None => match (&mut self.guard.task).await {
+                        Ok(()) if self.guard.control.reason().is_none() => {
+                            tracing::debug!(user = %self.user, elapsed_ms = self.elapsed_ms(), "SQL query done");
+                            Ok(None)
+                        }
+                        // Stopped while its last batches were on their way: say why.
+                        Ok(()) => Err(QueryError::from_reason(
+                            self.guard.control.reason().unwrap_or(Reason::Canceled),
+                            &self.limits,
+                            &self.timeout_source,
+                        )
+                        .into()),
+                        Err(e) => {
+                            tracing::error!(user = %self.user, error = %e, "SQL query failed inside its plan");
+                            Err(DataFusionError::Execution(format!(
+                                "the query failed inside its plan: {e}"
+                            )))
+                        }
+                    },
                 };
             }
         };
