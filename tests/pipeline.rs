@@ -30,7 +30,8 @@ fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
         format!(
             // A short session timeout lets the restarted pipeline take over the killed one's
             // partitions in seconds instead of the default 45.
-            "[kafka]\nbrokers = \"{bootstrap}\"\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_rows = 500\nflush_age = \"300ms\"\n",
+            // The records are dated 2026-01-01 and sent now: history on Kafka, let through.
+            "[kafka]\nbrokers = \"{bootstrap}\"\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_rows = 500\nflush_age = \"300ms\"\nclock.max_age = \"3650d\"\n",
             dir.join("data").display()
         ),
     )

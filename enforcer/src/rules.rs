@@ -9,6 +9,7 @@
 //!   more than [`AUTOSCALE_TOLERANCE`] off the target, once a whole signal window has measured
 //!   its current size.
 //! - `gpu_unattributed`: an alert, once per GPU per hour.
+//! - `clock_skew`: an alert, once per host per UTC day while its clock stays wrong.
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
 //!   unblocked once it fits again (a new month, or a raised budget).
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use gpuwarden_schema::calendar::month_of;
+use gpuwarden_schema::clock::span;
 use gpuwarden_schema::config::{OnIdle, Role, WorkloadPolicy};
 use gpuwarden_schema::retry::Backoff;
 use gpuwarden_schema::{Action, ActionKind, Outcome, ReleaseReason, Signal, SignalBody, Workload};
@@ -260,6 +262,20 @@ impl Rules {
                     .record_team_spend(team, *month_to_date_usd, *burn_usd_per_hour, signal.ts_ms)
                     .await?;
                 self.check_budgets().await
+            }
+            SignalBody::ClockSkew { host, skew_ms } => {
+                let day = signal.ts_ms.div_euclid(24 * HOUR_MS);
+                let direction = if *skew_ms >= 0 { "ahead of" } else { "behind" };
+                let action = Audit::fleet(ActionKind::Alert, "clock_skew").at(
+                    self.service.now(),
+                    self.outcome(),
+                    format!(
+                        "the clock of host {host} runs {} {direction} gpuwarden's: its samples are quarantined, not counted, until its time is fixed (NTP); see pipeline.clock and the clock_skew table",
+                        span(skew_ms.saturating_abs())
+                    ),
+                );
+                self.alert_once(&format!("clock_skew:{host}:{day}"), &action)
+                    .await
             }
         }
     }

@@ -718,3 +718,57 @@ fn the_rules_decide_from_idle_time_policy_and_load() {
         []
     );
 }
+
+#[tokio::test]
+async fn a_host_with_a_wrong_clock_is_alerted_once_a_day_and_changes_nothing_else() {
+    let h = harness(EnforcerMode::Enforce).await;
+    const DAY: i64 = 24 * 60 * MIN;
+    let signal = |host: &str, ts_ms: i64, skew_ms: i64| Signal {
+        v: V1,
+        ts_ms,
+        window_ms: MIN / 2,
+        body: SignalBody::ClockSkew {
+            host: host.into(),
+            skew_ms,
+        },
+    };
+    // Reported every 30 s while the host's samples keep arriving 400 days ahead.
+    for i in 0..10 {
+        h.rules
+            .on_signal(&signal("h1", NOW + i * MIN / 2, 400 * DAY))
+            .await
+            .unwrap();
+    }
+    h.rules
+        .on_signal(&signal("h2", NOW, -3 * DAY))
+        .await
+        .unwrap();
+    let alerts: Vec<Value> = h
+        .actions()
+        .await
+        .into_iter()
+        .filter(|a| a["reason"] == "clock_skew")
+        .collect();
+    assert_eq!(alerts.len(), 2, "{alerts:#?}");
+    let detail = |i: usize| alerts[i]["detail"].as_str().unwrap().to_string();
+    assert!(
+        detail(0).contains("host h1 runs 400d ahead of gpuwarden's"),
+        "{}",
+        detail(0)
+    );
+    assert!(
+        detail(1).contains("host h2 runs 3d behind"),
+        "{}",
+        detail(1)
+    );
+    assert_eq!(alerts[0]["action"], "alert");
+    assert!(alerts[0]["team"].is_null() && alerts[0]["lease_id"].is_null());
+    let received = h.alerts_received(2).await;
+    assert_eq!(received.len(), 2);
+    // Nothing else was done: no block, no reclaim.
+    assert!(h
+        .actions()
+        .await
+        .iter()
+        .all(|a| a["reason"] == "clock_skew"));
+}

@@ -13,6 +13,7 @@ use arrow_schema::{ArrowError, DataType, Field, Schema};
 use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
 use gpuwarden_schema::{topics, Action, DecodeError, LeaseEvent, Record, Signal};
 
+use crate::bounds::{Bounds, Direction, HostSkews, OutOfBounds};
 use crate::lake::hour_of;
 
 /// The lake's raw tables.
@@ -170,8 +171,38 @@ impl Rows {
 pub enum Outcome {
     /// Decoded into its table.
     Accepted(Table),
-    /// Refused; written to `quarantine`.
+    /// Refused as invalid; written to `quarantine`.
     Quarantined,
+    /// Refused because its time is out of bounds; written to `quarantine`.
+    OutOfBounds(Direction),
+}
+
+impl Outcome {
+    /// Whether the record went to `quarantine`.
+    pub fn quarantined(self) -> bool {
+        !matches!(self, Self::Accepted(_))
+    }
+}
+
+/// When a record arrived, and the bounds its time must keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival<'a> {
+    /// Arrival time ([`crate::bounds::arrival_ms`]); it also dates a quarantine row.
+    pub ms: i64,
+    /// The bounds.
+    pub bounds: &'a Bounds,
+}
+
+/// Why a record was refused.
+enum Refusal {
+    Invalid(DecodeError),
+    OutOfBounds(OutOfBounds),
+}
+
+impl From<DecodeError> for Refusal {
+    fn from(e: DecodeError) -> Self {
+        Self::Invalid(e)
+    }
 }
 
 /// A sealed buffer: one batch per (table, hour), and the offsets they came from.
@@ -221,8 +252,10 @@ impl Default for SourceBuffer {
 }
 
 impl SourceBuffer {
-    /// Decodes one record of `table` and buffers it, or buffers a quarantine row saying why not.
-    /// `received_ms` dates a quarantined record; `topic`, `partition`, `offset` locate it.
+    /// Decodes one record of `table` and buffers it, or buffers a quarantine row saying why not:
+    /// it does not decode or validate, or its time is out of `arrival`'s bounds. `topic`,
+    /// `partition`, `offset` locate it; each sample's clock skew goes to `skews` when given.
+    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
         table: Table,
@@ -230,28 +263,36 @@ impl SourceBuffer {
         topic: &str,
         partition: i32,
         offset: i64,
-        received_ms: i64,
+        arrival: &Arrival<'_>,
+        skews: Option<&mut HostSkews>,
     ) -> Outcome {
         self.first.get_or_insert(offset);
         self.last = self.last.max(offset);
         self.started.get_or_insert_with(Instant::now);
         self.rows += 1;
-        let result = self.decode(table, payload);
-        match result {
-            Ok(()) => Outcome::Accepted(table),
-            Err(err) => {
-                self.quarantine(QuarantineRow {
-                    ts_ms: received_ms,
-                    topic: topic.to_string(),
-                    partition,
-                    offset,
-                    field: err.field().map(str::to_string),
-                    reason: err.to_string(),
-                    raw: payload.to_vec(),
-                });
-                Outcome::Quarantined
-            }
-        }
+        let (field, reason, outcome) = match self.decode(table, payload, arrival, skews) {
+            Ok(()) => return Outcome::Accepted(table),
+            Err(Refusal::Invalid(err)) => (
+                err.field().map(str::to_string),
+                err.to_string(),
+                Outcome::Quarantined,
+            ),
+            Err(Refusal::OutOfBounds(err)) => (
+                Some("ts_ms".to_string()),
+                format!("ts_ms: {err}"),
+                Outcome::OutOfBounds(err.direction),
+            ),
+        };
+        self.quarantine(QuarantineRow {
+            ts_ms: arrival.ms,
+            topic: topic.to_string(),
+            partition,
+            offset,
+            field,
+            reason,
+            raw: payload.to_vec(),
+        });
+        outcome
     }
 
     /// Buffers a quarantine row for a record refused before decoding (e.g. an unknown topic).
@@ -268,10 +309,26 @@ impl SourceBuffer {
         }
     }
 
-    fn decode(&mut self, table: Table, payload: &[u8]) -> Result<(), DecodeError> {
+    fn decode(
+        &mut self,
+        table: Table,
+        payload: &[u8],
+        arrival: &Arrival<'_>,
+        skews: Option<&mut HostSkews>,
+    ) -> Result<(), Refusal> {
+        let within = |ts_ms: i64| {
+            arrival
+                .bounds
+                .check(ts_ms, arrival.ms, table == Table::Samples)
+                .map_err(Refusal::OutOfBounds)
+        };
         match table {
             Table::Samples => {
                 let row = SampleRow::from_json(payload)?;
+                if let Some(skews) = skews {
+                    skews.observe(&row.host, row.ts_ms, arrival.ms);
+                }
+                within(row.ts_ms)?;
                 let entry = self
                     .hours
                     .entry((table, hour_of(row.ts_ms)))
@@ -285,6 +342,7 @@ impl SourceBuffer {
             }
             Table::LeaseEvents => {
                 let event = LeaseEvent::from_json(payload)?;
+                within(event.ts_ms)?;
                 self.bytes += payload.len() + 128;
                 let Rows::LeaseEvents(v) = self
                     .hours
@@ -297,6 +355,7 @@ impl SourceBuffer {
             }
             Table::Signals => {
                 let signal = Signal::from_json(payload)?;
+                within(signal.ts_ms)?;
                 self.bytes += payload.len() + 128;
                 let Rows::Signals(v) = self
                     .hours
@@ -309,6 +368,7 @@ impl SourceBuffer {
             }
             Table::Actions => {
                 let action = Action::from_json(payload)?;
+                within(action.ts_ms)?;
                 self.bytes += payload.len() + 128;
                 let Rows::Actions(v) = self
                     .hours

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuwarden_schema::topics;
+use gpuwarden_schema::{topics, Clock};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
@@ -20,7 +20,8 @@ use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::buffer::{Outcome, SourceBuffer, Table};
+use crate::bounds::{arrival_ms, Bounds, HostSkews};
+use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
 use crate::lake::Lake;
 use crate::metrics::Metrics;
 use crate::writer::{Done, Job, Writers};
@@ -38,6 +39,10 @@ pub struct IngestOptions {
     pub writers: usize,
     /// Slows the writers to this many bytes per second: for testing a slow disk.
     pub write_throttle: Option<u64>,
+    /// The bounds a record's time must keep against its arrival.
+    pub bounds: Bounds,
+    /// The clock arrival is read on (the one the fleet's records are dated with).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Ingest could not run.
@@ -154,6 +159,10 @@ pub fn run(
         in_flight: BTreeMap::new(),
         owned: BTreeSet::new(),
         paused: false,
+        skews: HostSkews::default(),
+        skews_published: None,
+        out_of_bounds_unlogged: 0,
+        out_of_bounds_logged: None,
     };
     tracing::info!(group = group_id, topics = ?topics::ALL, "ingest running");
     while !stop.load(Ordering::SeqCst) {
@@ -194,7 +203,19 @@ struct State {
     in_flight: BTreeMap<(&'static str, i32), usize>,
     owned: BTreeSet<(&'static str, i32)>,
     paused: bool,
+    /// Each host's clock skew, published to the metrics every [`SKEW_PUBLISH`].
+    skews: HostSkews,
+    skews_published: Option<std::time::Instant>,
+    /// Out-of-bounds records not logged yet, and when they last were (at most every 10 s).
+    out_of_bounds_unlogged: u64,
+    out_of_bounds_logged: Option<std::time::Instant>,
 }
+
+/// How often the hosts' clock skews are copied to `/metrics`.
+const SKEW_PUBLISH: Duration = Duration::from_secs(5);
+
+/// A host silent this long (in arrival time) leaves the clock-skew gauge.
+const SKEW_FORGET_MS: i64 = 3_600_000;
 
 impl State {
     fn buffered_bytes(&self) -> usize {
@@ -335,6 +356,7 @@ impl State {
     /// is already there.
     fn poll(&mut self) {
         let mut counts: [(u64, u64); 4] = [(0, 0); 4];
+        let mut out_of_bounds = Vec::new();
         // Stop taking messages the moment memory passes the bound, so the pause that follows
         // holds it to within one message.
         let mut bytes = self.buffered_bytes();
@@ -367,20 +389,64 @@ impl State {
             };
             let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
-            let received_ms = message.timestamp().to_millis().unwrap_or_else(wall_ms);
+            let arrival = Arrival {
+                ms: arrival_ms(&*self.options.clock, message.timestamp().to_millis()),
+                bounds: &self.options.bounds,
+            };
             let payload = message.payload().unwrap_or_default();
             let table = Table::of_topic(topic).expect("each of the four topics has a table");
             let buffer = self.buffers.entry((topic, partition)).or_default();
             let before = buffer.bytes();
-            let outcome = buffer.add(table, payload, topic, partition, offset, received_ms);
+            let outcome = buffer.add(
+                table,
+                payload,
+                topic,
+                partition,
+                offset,
+                &arrival,
+                Some(&mut self.skews),
+            );
             bytes += buffer.bytes() - before;
             counts[i].0 += 1;
-            counts[i].1 += u64::from(outcome == Outcome::Quarantined);
+            counts[i].1 += u64::from(outcome.quarantined());
+            if let Outcome::OutOfBounds(direction) = outcome {
+                out_of_bounds.push((topic, direction, partition, offset));
+            }
         }
         for (topic, (n, bad)) in topics::ALL.iter().zip(counts) {
             if n > 0 {
                 self.metrics.records_in_n(topic, n, bad);
             }
+        }
+        for &(topic, direction, _, _) in &out_of_bounds {
+            self.metrics.out_of_bounds(topic, direction, 1);
+        }
+        if let Some(&(topic, direction, partition, offset)) = out_of_bounds.last() {
+            self.out_of_bounds_unlogged += out_of_bounds.len() as u64;
+            if self
+                .out_of_bounds_logged
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+            {
+                tracing::warn!(
+                    records = self.out_of_bounds_unlogged,
+                    topic,
+                    partition,
+                    offset,
+                    bound = direction.name(),
+                    "records whose time is out of bounds were quarantined (the quarantine table says why; the last is named here)"
+                );
+                self.out_of_bounds_unlogged = 0;
+                self.out_of_bounds_logged = Some(std::time::Instant::now());
+            }
+        }
+        if self
+            .skews_published
+            .is_none_or(|t| t.elapsed() >= SKEW_PUBLISH)
+        {
+            self.skews
+                .forget_before(self.options.clock.now_ms() - SKEW_FORGET_MS);
+            self.metrics.set_host_skews(self.skews.skews());
+            self.skews_published = Some(std::time::Instant::now());
         }
     }
 

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use crate::buffer::{Outcome, SourceBuffer, Table};
+use crate::bounds::{Bounds, Direction};
+use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
 use crate::lake::{Lake, LakeError};
 use crate::metrics::Metrics;
 use crate::writer::{Job, Writers};
@@ -24,6 +25,9 @@ pub struct FileReport {
     pub written: u64,
     /// Records written to `quarantine` instead.
     pub quarantined: u64,
+    /// Of those, records dated too far ahead of the time they were read
+    /// (`pipeline.clock.max_skew`).
+    pub future: u64,
 }
 
 /// Ingest of a file failed.
@@ -66,7 +70,9 @@ impl Chunk {
 
 /// Reads JSON lines of `table`'s records from `input` into the lake. `name` identifies the input
 /// in file names and in quarantine rows (`file:<name>`); `chunk_lines` lines make one chunk;
-/// `threads` chunks are decoded at once. Progress goes to the log every ten chunks.
+/// `threads` chunks are decoded at once. A record dated further ahead of the time its chunk was
+/// read than `bounds` allow is quarantined. Progress goes to the log every ten chunks.
+#[allow(clippy::too_many_arguments)]
 pub fn ingest(
     input: &mut dyn BufRead,
     name: &str,
@@ -74,6 +80,7 @@ pub fn ingest(
     lake: &Lake,
     chunk_lines: usize,
     threads: usize,
+    bounds: &Bounds,
     metrics: &Arc<Metrics>,
 ) -> Result<FileReport, FileError> {
     ingest_blocks(
@@ -83,6 +90,7 @@ pub fn ingest(
         lake,
         chunk_lines,
         threads,
+        bounds,
         metrics,
         READ_BLOCK,
     )
@@ -96,6 +104,7 @@ fn ingest_blocks(
     lake: &Lake,
     chunk_lines: usize,
     threads: usize,
+    bounds: &Bounds,
     metrics: &Arc<Metrics>,
     read_block: usize,
 ) -> Result<FileReport, FileError> {
@@ -114,59 +123,72 @@ fn ingest_blocks(
     // Decoded chunks come back to be filled again: their memory is allocated once.
     let (spare_tx, spare_rx) = mpsc::channel::<Chunk>();
     let chunk_rx = Arc::new(Mutex::new(chunk_rx));
-    let (records, quarantined) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (records, quarantined, future) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let writers = Arc::new(writers);
     let decoders: Vec<_> = (0..threads.max(1))
         .map(|_| {
-            let (chunk_rx, writers, metrics, records, quarantined) = (
+            let (chunk_rx, writers, metrics, records, quarantined, future) = (
                 Arc::clone(&chunk_rx),
                 Arc::clone(&writers),
                 Arc::clone(metrics),
                 Arc::clone(&records),
                 Arc::clone(&quarantined),
+                Arc::clone(&future),
             );
+            let bounds = *bounds;
             let (source, topic, spare_tx) = (source.clone(), topic.clone(), spare_tx.clone());
-            std::thread::spawn(move || {
-                let received_ms = crate::consume::wall_ms();
-                loop {
-                    let chunk = match chunk_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-                        Ok(chunk) => chunk,
-                        Err(_) => return,
-                    };
-                    let mut buffer = SourceBuffer::default();
-                    let mut bad = 0;
-                    for &(start, end, number) in &chunk.lines {
-                        let outcome = buffer.add(
-                            table,
-                            &chunk.data[start..end],
-                            &topic,
-                            -1,
-                            number,
-                            received_ms,
-                        );
-                        bad += u64::from(outcome == Outcome::Quarantined);
-                    }
-                    let n = chunk.lines.len() as u64;
-                    metrics.records_in_n(&topic, n, bad);
-                    records.fetch_add(n, Ordering::Relaxed);
-                    quarantined.fetch_add(bad, Ordering::Relaxed);
-                    let mut chunk = chunk;
-                    chunk.data.clear();
-                    chunk.lines.clear();
-                    chunk.scanned = 0;
-                    let _ = spare_tx.send(chunk);
-                    let sealed = buffer
-                        .seal()
-                        .expect("batches of validated rows build")
-                        .expect("a chunk has lines");
-                    writers.submit(Job {
-                        source: source.clone(),
-                        topic: topic.clone(),
-                        partition: -1,
-                        sealed,
-                        journal: false,
-                    });
+            std::thread::spawn(move || loop {
+                let chunk = match chunk_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                    Ok(chunk) => chunk,
+                    Err(_) => return,
+                };
+                let arrival = Arrival {
+                    ms: crate::consume::wall_ms(),
+                    bounds: &bounds,
+                };
+                let mut buffer = SourceBuffer::default();
+                let (mut bad, mut ahead) = (0, 0);
+                for &(start, end, number) in &chunk.lines {
+                    let outcome = buffer.add(
+                        table,
+                        &chunk.data[start..end],
+                        &topic,
+                        -1,
+                        number,
+                        &arrival,
+                        None,
+                    );
+                    bad += u64::from(outcome.quarantined());
+                    ahead += u64::from(outcome == Outcome::OutOfBounds(Direction::Ahead));
                 }
+                let n = chunk.lines.len() as u64;
+                metrics.records_in_n(&topic, n, bad);
+                if ahead > 0 {
+                    metrics.out_of_bounds(&topic, Direction::Ahead, ahead);
+                }
+                records.fetch_add(n, Ordering::Relaxed);
+                quarantined.fetch_add(bad, Ordering::Relaxed);
+                future.fetch_add(ahead, Ordering::Relaxed);
+                let mut chunk = chunk;
+                chunk.data.clear();
+                chunk.lines.clear();
+                chunk.scanned = 0;
+                let _ = spare_tx.send(chunk);
+                let sealed = buffer
+                    .seal()
+                    .expect("batches of validated rows build")
+                    .expect("a chunk has lines");
+                writers.submit(Job {
+                    source: source.clone(),
+                    topic: topic.clone(),
+                    partition: -1,
+                    sealed,
+                    journal: false,
+                });
             })
         })
         .collect();
@@ -244,6 +266,7 @@ fn ingest_blocks(
         records,
         written: records - quarantined,
         quarantined,
+        future: future.load(Ordering::Relaxed),
     })
 }
 
@@ -307,6 +330,7 @@ mod tests {
                 &lake,
                 chunk,
                 2,
+                &Bounds::none(),
                 &metrics,
                 block,
             )

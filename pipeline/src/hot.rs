@@ -27,7 +27,7 @@
 //!   meanwhile. One that takes over rebuilds the window from Kafka; an idle run older than the
 //!   window starts again from the window's first sample.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ use datafusion::prelude::SessionContext;
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::config::{Config, PricingConfig};
 use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
-use gpuwarden_schema::{topics, DecodeError, LeaseEvent, Record as _, Signal};
+use gpuwarden_schema::{topics, Clock, DecodeError, LeaseEvent, Record as _, Signal, SignalBody};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -48,6 +48,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use crate::bounds::{arrival_ms, Bounds, FleetWatermark, OutOfBounds};
 use crate::lake::{Lake, LakeError};
 use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
@@ -89,11 +90,19 @@ pub struct SignalsOptions {
     pub spend_refresh: Duration,
     /// How often an instance that does not hold the lock tries again.
     pub lock_retry: Duration,
+    /// The bounds a sample's time must keep against its arrival (`pipeline.clock`).
+    pub bounds: Bounds,
+    /// A host this far behind the median host, or silent this long, stops holding the
+    /// watermark back, ms.
+    pub idle_ms: i64,
+    /// The clock arrival is read on (the one the fleet's records are dated with).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl SignalsOptions {
-    /// The options of a config file: `pipeline.signals`, `pipeline.rollup_every`, `pricing`.
-    pub fn from_config(config: &Config) -> Self {
+    /// The options of a config file (`pipeline.signals`, `pipeline.rollup_every`,
+    /// `pipeline.clock`, `pricing`), with arrival read on `clock`.
+    pub fn from_config(config: &Config, clock: Arc<dyn Clock>) -> Self {
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Self {
             every_ms: ms(config.pipeline.signals.every),
@@ -101,6 +110,9 @@ impl SignalsOptions {
             pricing: config.pricing.clone(),
             spend_refresh: config.pipeline.rollup_every,
             lock_retry: Duration::from_secs(5),
+            bounds: Bounds::streaming(&config.pipeline.clock),
+            idle_ms: ms(config.pipeline.clock.idle_timeout),
+            clock,
         }
     }
 }
@@ -125,71 +137,138 @@ pub enum SignalsError {
 pub struct HotWindow {
     every_ms: i64,
     window_ms: i64,
+    bounds: Bounds,
     /// Rows not sealed yet, and their largest `ts_ms`.
     open: SampleBuilder,
     open_max: i64,
     /// Sealed batches with their largest `ts_ms`.
     sealed: Vec<(i64, RecordBatch)>,
     sealed_rows: usize,
+    /// Each host's latest sample; the watermark is taken over them.
+    fleet: FleetWatermark,
+    /// Whether a sample arrived since the watermark was last taken.
+    fleet_changed: bool,
+    /// The latest arrival seen.
+    newest_arrival: Option<i64>,
     watermark: Option<i64>,
     computed: Option<i64>,
     events: Vec<LeaseEvent>,
     leases: Leases,
     leases_stale: bool,
+    /// Hosts whose samples were out of bounds, to be reported as `clock_skew` signals.
+    skewed: HashMap<String, Skewed>,
 }
 
+/// A host whose samples were out of bounds.
+#[derive(Debug, Clone, Copy)]
+struct Skewed {
+    /// The last refused sample's skew, and when it arrived.
+    skew_ms: i64,
+    arrival_ms: i64,
+    /// When a `clock_skew` signal last reported the host (arrival time).
+    reported: Option<i64>,
+}
+
+/// What became of a sample offered to the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// Kept.
+    Kept,
+    /// Too old to count in any window still to be computed: dropped.
+    TooOld,
+    /// Its time is out of bounds: dropped, and its host reported.
+    OutOfBounds(OutOfBounds),
+}
+
+/// Hosts (and the lease events' producer) silent this long in arrival time leave the watermark.
+const FORGET_ARRIVED_MS: i64 = 3_600_000;
+
 impl HotWindow {
-    /// An empty window computing every `every_ms` over `window_ms` (both at least 1 ms).
-    pub fn new(every_ms: i64, window_ms: i64) -> Self {
+    /// An empty window computing every `every_ms` over `window_ms` (both at least 1 ms), whose
+    /// samples keep `bounds` and whose hosts go idle after `idle_ms`.
+    pub fn new(every_ms: i64, window_ms: i64, idle_ms: i64, bounds: Bounds) -> Self {
         Self {
             every_ms: every_ms.max(1),
             window_ms: window_ms.max(1),
+            bounds,
             open: SampleBuilder::default(),
             open_max: i64::MIN,
             sealed: Vec::new(),
             sealed_rows: 0,
+            fleet: FleetWatermark::new(idle_ms),
+            fleet_changed: false,
+            newest_arrival: None,
             watermark: None,
             computed: None,
             events: Vec::new(),
             leases: Leases::default(),
             leases_stale: false,
+            skewed: HashMap::new(),
         }
     }
 
-    /// Decodes one sample and keeps it. `Ok(false)`: it is too old to count in any window still
-    /// to be computed, and was dropped.
-    pub fn add_sample(&mut self, payload: &[u8]) -> Result<bool, DecodeError> {
+    /// Decodes one sample that arrived at `arrival_ms` and keeps it, unless its time is out of
+    /// bounds or too old to count in any window still to be computed.
+    pub fn add_sample(&mut self, payload: &[u8], arrival_ms: i64) -> Result<Added, DecodeError> {
         let row = SampleRow::from_json(payload)?;
+        self.newest_arrival = self.newest_arrival.max(Some(arrival_ms));
+        if let Err(refused) = self.bounds.check(row.ts_ms, arrival_ms, true) {
+            let skewed = self.skewed.entry(row.host.to_string()).or_insert(Skewed {
+                skew_ms: 0,
+                arrival_ms,
+                reported: None,
+            });
+            if arrival_ms >= skewed.arrival_ms {
+                skewed.skew_ms = refused.skew_ms();
+                skewed.arrival_ms = arrival_ms;
+            }
+            return Ok(Added::OutOfBounds(refused));
+        }
+        self.fleet.observe(&row.host, row.ts_ms, Some(arrival_ms));
+        self.fleet_changed = true;
         if self.cutoff().is_some_and(|cutoff| row.ts_ms <= cutoff) {
-            return Ok(false);
+            return Ok(Added::TooOld);
         }
         self.open.append(&row);
         self.open_max = self.open_max.max(row.ts_ms);
-        self.watermark = Some(self.watermark.map_or(row.ts_ms, |w| w.max(row.ts_ms)));
         if self.open.len() >= SEAL_ROWS {
             // Cannot fail: the builder's columns are the samples schema's.
             if let Err(e) = self.seal() {
                 tracing::error!(error = %e, "cannot seal hot window samples; this is a bug");
             }
         }
+        Ok(Added::Kept)
+    }
+
+    /// Decodes one lease event that arrived at `arrival_ms` and keeps it; `Ok(false)`: it is
+    /// dated too far ahead of its arrival, and was dropped.
+    pub fn add_lease_event(
+        &mut self,
+        payload: &[u8],
+        arrival_ms: i64,
+    ) -> Result<bool, DecodeError> {
+        let event = LeaseEvent::from_json(payload)?;
+        if self.bounds.check(event.ts_ms, arrival_ms, false).is_err() {
+            return Ok(false);
+        }
+        self.events.push(event);
+        self.leases_stale = true;
         Ok(true)
     }
 
-    /// Decodes one lease event and keeps it.
-    pub fn add_lease_event(&mut self, payload: &[u8]) -> Result<(), DecodeError> {
-        self.events.push(LeaseEvent::from_json(payload)?);
-        self.leases_stale = true;
-        Ok(())
-    }
-
-    /// The largest sample time seen.
-    pub fn watermark(&self) -> Option<i64> {
+    /// The event time the fleet has reached ([`FleetWatermark`]); it never moves back.
+    pub fn watermark(&mut self) -> Option<i64> {
+        if self.fleet_changed {
+            self.fleet_changed = false;
+            self.watermark = self.watermark.max(self.fleet.watermark());
+        }
         self.watermark
     }
 
     /// The time signals are due for: the latest multiple of `every` the watermark has reached,
     /// if signals were not computed for it (or a later time) yet.
-    pub fn due(&self) -> Option<i64> {
+    pub fn due(&mut self) -> Option<i64> {
+        self.watermark();
         let boundary = self.boundary()?;
         self.computed
             .is_none_or(|c| boundary > c)
@@ -205,6 +284,29 @@ impl HotWindow {
     /// computation is for the watermark's boundary or a later one.
     fn cutoff(&self) -> Option<i64> {
         self.boundary().map(|b| b - self.window_ms)
+    }
+
+    /// The hosts to report in `clock_skew` signals now: those with a sample out of bounds since
+    /// their last report, reported at most once per `every` (in arrival time). Each comes with
+    /// its skew and the arrival of its last refused sample, the signal's time.
+    pub fn take_skewed(&mut self) -> Vec<(String, i64, i64)> {
+        let every = self.every_ms;
+        let mut out = Vec::new();
+        for (host, skewed) in &mut self.skewed {
+            let due = skewed
+                .reported
+                .is_none_or(|at| skewed.arrival_ms > at && skewed.arrival_ms - at >= every);
+            if due {
+                skewed.reported = Some(skewed.arrival_ms);
+                out.push((host.clone(), skewed.skew_ms, skewed.arrival_ms));
+            }
+        }
+        if let Some(newest) = self.newest_arrival {
+            self.skewed
+                .retain(|_, s| s.arrival_ms >= newest.saturating_sub(FORGET_ARRIVED_MS));
+        }
+        out.sort();
+        out
     }
 
     fn seal(&mut self) -> Result<(), ArrowError> {
@@ -234,12 +336,17 @@ impl HotWindow {
     }
 
     /// Records that signals for `ts_ms` are done, and drops the batches that can count in no
-    /// later window.
+    /// later window and the hosts not heard from for an hour.
     pub fn computed(&mut self, ts_ms: i64) {
         self.computed = Some(self.computed.map_or(ts_ms, |c| c.max(ts_ms)));
+        self.watermark();
         if let Some(cutoff) = self.cutoff() {
             self.sealed.retain(|(max, _)| *max > cutoff);
             self.sealed_rows = self.sealed.iter().map(|(_, b)| b.num_rows()).sum();
+        }
+        if let Some(newest) = self.newest_arrival {
+            self.fleet
+                .forget_arrived_before(newest.saturating_sub(FORGET_ARRIVED_MS));
         }
     }
 
@@ -251,6 +358,11 @@ impl HotWindow {
     /// Whether no sample is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Hosts the watermark is taken over.
+    pub fn hosts(&self) -> usize {
+        self.fleet.len()
     }
 }
 
@@ -433,7 +545,7 @@ impl CatchUp {
     }
 
     /// Whether the loop has caught up (logged once, when it happens).
-    fn done(&mut self, window: &HotWindow) -> bool {
+    fn done(&mut self, window: &mut HotWindow) -> bool {
         if self.done {
             return true;
         }
@@ -497,7 +609,12 @@ impl<'a> Publisher<'a> {
                 done: false,
             },
             producer,
-            window: HotWindow::new(options.every_ms, options.window_ms),
+            window: HotWindow::new(
+                options.every_ms,
+                options.window_ms,
+                options.idle_ms,
+                options.bounds,
+            ),
             engine: SignalEngine::new(),
             spend: Spend::default(),
             lake,
@@ -583,10 +700,21 @@ impl<'a> Publisher<'a> {
         while !stop.load(Ordering::SeqCst) {
             let full = self.poll() == POLL_BATCH;
             self.producer.poll(Duration::ZERO);
+            for (host, skew_ms, ts_ms) in self.window.take_skewed() {
+                tracing::warn!(host, skew_ms, "a host's clock is wrong: its samples' time is out of bounds (pipeline.clock); they are skipped here and quarantined by ingest");
+                self.publish(&Signal {
+                    v: gpuwarden_schema::V1,
+                    ts_ms,
+                    window_ms: self.options.every_ms,
+                    body: SignalBody::ClockSkew { host, skew_ms },
+                });
+            }
             // While catching up (a full turn), compute at most once a second: the signals of
             // boundaries passed on the way are out of date before they are published.
-            if let Some(ts) = self.window.due() {
-                let caught_up = self.catch_up.done(&self.window);
+            let due = self.window.due();
+            self.metrics.set_signals_watermark(self.window.watermark());
+            if let Some(ts) = due {
+                let caught_up = self.catch_up.done(&mut self.window);
                 if caught_up && (!full || last_check.elapsed() >= Duration::from_secs(1)) {
                     self.compute(runtime, ts);
                     last_check = Instant::now();
@@ -627,16 +755,25 @@ impl<'a> Publisher<'a> {
                 }
             };
             let payload = message.payload().unwrap_or_default();
+            let arrival = arrival_ms(&*self.options.clock, message.timestamp().to_millis());
             let result = match message.topic() {
                 topics::SAMPLES => {
                     self.catch_up
                         .read(topics::SAMPLES, message.partition(), message.offset());
-                    self.window.add_sample(payload).map(|_| ())
+                    self.window.add_sample(payload, arrival).map(|added| {
+                        if let Added::OutOfBounds(_) = added {
+                            self.metrics.signals_out_of_bounds();
+                        }
+                    })
                 }
                 topics::LEASES => {
                     self.catch_up
                         .read(topics::LEASES, message.partition(), message.offset());
-                    self.window.add_lease_event(payload)
+                    self.window.add_lease_event(payload, arrival).map(|kept| {
+                        if !kept {
+                            tracing::warn!(partition = message.partition(), offset = message.offset(), "a lease event dated too far ahead of its arrival is skipped (ingest quarantines it)");
+                        }
+                    })
                 }
                 _ => Ok(()),
             };
@@ -839,32 +976,123 @@ mod tests {
         .into_bytes()
     }
 
+    fn window(every: i64, length: i64) -> HotWindow {
+        HotWindow::new(every, length, 5 * 60 * S, Bounds::none())
+    }
+
+    /// Added, arriving when it was taken.
+    fn add(w: &mut HotWindow, gpu: &str, ts: i64) -> Added {
+        w.add_sample(&sample(gpu, ts), ts).unwrap()
+    }
+
     #[test]
     fn signals_are_due_at_the_latest_boundary_the_watermark_passed() {
-        let mut w = HotWindow::new(30 * S, 120 * S);
+        let mut w = window(30 * S, 120 * S);
         assert_eq!(w.due(), None, "no samples, no event time");
-        assert!(w.add_sample(&sample("g", 29 * S)).unwrap());
+        assert_eq!(add(&mut w, "g", 29 * S), Added::Kept);
         assert_eq!(w.due(), Some(0));
         w.computed(0);
         assert_eq!(w.due(), None);
-        w.add_sample(&sample("g", 59 * S)).unwrap();
+        add(&mut w, "g", 59 * S);
         assert_eq!(w.due(), Some(30 * S));
         // Two boundaries passed at once: only the latest is due.
-        w.add_sample(&sample("g", 95 * S)).unwrap();
+        add(&mut w, "g", 95 * S);
         assert_eq!(w.due(), Some(90 * S));
         // A late sample does not move the watermark back.
-        w.add_sample(&sample("g", 40 * S)).unwrap();
+        add(&mut w, "g", 40 * S);
         assert_eq!((w.watermark(), w.due()), (Some(95 * S), Some(90 * S)));
         w.computed(90 * S);
         assert_eq!(w.due(), None);
-        assert!(w.add_sample(b"{\"v\":1}").is_err());
+        assert!(w.add_sample(b"{\"v\":1}", 0).is_err());
+    }
+
+    fn host_sample(host: &str, ts_ms: i64) -> Vec<u8> {
+        serde_json::json!({"v": 1, "ts_ms": ts_ms, "interval_ms": 10_000, "host": host,
+            "gpu_uuid": format!("GPU-{host}"), "gpu_model": "M", "util_gpu_pct": 50.0,
+            "mem_used_bytes": 1, "mem_total_bytes": 2})
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_sample_from_a_wrong_clock_is_refused_reported_and_moves_nothing() {
+        const DAY: i64 = 86_400 * S;
+        let t = 1_796_400_000_000;
+        let mut w = HotWindow::new(
+            30 * S,
+            120 * S,
+            5 * 60 * S,
+            Bounds::streaming(&gpuwarden_schema::config::ClockBounds::default()),
+        );
+        for host in ["a", "b", "c"] {
+            assert_eq!(w.add_sample(&host_sample(host, t), t).unwrap(), Added::Kept);
+        }
+        assert_eq!(w.due(), Some(t));
+        let added = w
+            .add_sample(&host_sample("wrong", t + 400 * DAY), t + S)
+            .unwrap();
+        assert!(matches!(added, Added::OutOfBounds(e) if e.skew_ms() == 400 * DAY - S));
+        // Two minutes ahead is within the bounds: kept, yet the fleet's time stays the fleet's.
+        assert_eq!(
+            w.add_sample(&host_sample("fast", t + 120 * S), t + S)
+                .unwrap(),
+            Added::Kept
+        );
+        assert_eq!((w.watermark(), w.due()), (Some(t), Some(t)));
+        assert_eq!(w.len(), 4);
+        assert_eq!(
+            w.take_skewed(),
+            vec![("wrong".to_string(), 400 * DAY - S, t + S)]
+        );
+        // Reported once per `every` of arrival time while it lasts.
+        w.add_sample(&host_sample("wrong", t + 400 * DAY), t + 2 * S)
+            .unwrap();
+        assert_eq!(w.take_skewed(), vec![]);
+        w.add_sample(&host_sample("wrong", t + 400 * DAY), t + 40 * S)
+            .unwrap();
+        assert_eq!(
+            w.take_skewed(),
+            vec![("wrong".to_string(), 400 * DAY - 40 * S, t + 40 * S)]
+        );
+        // A lease event from the future is not kept either.
+        let event = serde_json::json!({"v": 1, "ts_ms": t + 400 * DAY, "event": "granted",
+            "lease_id": "L", "team": "t", "user": "u", "project": "p", "workload": "batch",
+            "substrate": "s", "gpu_model": "M", "gpu_count": 1, "gpu_uuids": ["g"]});
+        assert!(!w.add_lease_event(event.to_string().as_bytes(), t).unwrap());
+        assert_eq!(w.leases().len(), 0);
+    }
+
+    #[test]
+    fn a_host_that_falls_silent_holds_signals_back_for_its_idle_timeout_at_most() {
+        let t = 1_796_400_000_000;
+        let mut w = window(30 * S, 120 * S);
+        for host in ["a", "b", "quiet"] {
+            w.add_sample(&host_sample(host, t), t).unwrap();
+        }
+        let mut held = 0;
+        for step in 1..=20 {
+            let now = t + step * 30 * S;
+            for host in ["a", "b"] {
+                w.add_sample(&host_sample(host, now), now).unwrap();
+            }
+            if w.watermark() == Some(t) {
+                held = step * 30 * S;
+            } else {
+                assert_eq!(w.watermark(), Some(now));
+            }
+        }
+        assert_eq!(
+            held,
+            5 * 60 * S,
+            "held by the silent host for exactly idle_timeout"
+        );
     }
 
     #[test]
     fn batches_that_no_later_window_can_use_are_dropped() {
-        let mut w = HotWindow::new(30 * S, 60 * S);
+        let mut w = window(30 * S, 60 * S);
         for t in (10..=100).step_by(10) {
-            w.add_sample(&sample("g", t * S)).unwrap();
+            add(&mut w, "g", t * S);
             if let Some(ts) = w.due() {
                 w.samples().unwrap();
                 w.computed(ts);
@@ -891,14 +1119,14 @@ mod tests {
         );
         assert_eq!(w.len(), 7);
         // Samples that old are not kept at all.
-        assert!(!w.add_sample(&sample("g", 30 * S)).unwrap());
-        assert!(w.add_sample(&sample("g", 31 * S)).unwrap());
+        assert_eq!(add(&mut w, "g", 30 * S), Added::TooOld);
+        assert_eq!(add(&mut w, "g", 31 * S), Added::Kept);
         assert_eq!(w.len(), 8);
     }
 
     #[test]
     fn leases_are_rebuilt_from_every_event() {
-        let mut w = HotWindow::new(30 * S, 60 * S);
+        let mut w = window(30 * S, 60 * S);
         let event = |kind: &str, ts: i64| {
             let mut e = serde_json::json!({"v": 1, "ts_ms": ts, "event": kind, "lease_id": "L",
                 "team": "t", "user": "u", "project": "p", "workload": "batch",
@@ -908,14 +1136,14 @@ mod tests {
             }
             e.to_string().into_bytes()
         };
-        w.add_lease_event(&event("granted", 0)).unwrap();
+        w.add_lease_event(&event("granted", 0), 0).unwrap();
         assert_eq!(w.leases().len(), 1);
         assert!(w.leases().get("L").unwrap().released.is_none());
-        w.add_lease_event(&event("released", 10)).unwrap();
+        w.add_lease_event(&event("released", 10), 10).unwrap();
         assert_eq!(
             w.leases().get("L").unwrap().released.as_ref().map(|r| r.0),
             Some(10)
         );
-        assert!(w.add_lease_event(b"{}").is_err());
+        assert!(w.add_lease_event(b"{}", 0).is_err());
     }
 }

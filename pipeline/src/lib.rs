@@ -16,8 +16,11 @@
 //!
 //! - [`versions`]: keeps the lake files a query listed readable while they are replaced.
 //! - [`lake`] (uses `versions`): the files on disk, their partitions, marks and locks.
-//! - [`buffer`] (uses `lake`): the raw tables and the rows waiting to be flushed to them.
-//! - [`metrics`]: the pipeline's own Prometheus metrics.
+//! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
+//!   watermark, each host's clock skew.
+//! - [`buffer`] (uses `bounds`, `lake`): the raw tables and the rows waiting to be flushed to
+//!   them.
+//! - [`metrics`] (uses `bounds`): the pipeline's own Prometheus metrics.
 //! - [`listing`]: a directory of the lake as a DataFusion table.
 //! - `writer` (`buffer`, `lake`, `metrics`), then [`consume`] (the same and `writer`), then
 //!   [`files`] (the same and `consume`): ingest.
@@ -31,6 +34,7 @@
 //!   every table.
 //! - [`endpoint`] (`governor`): serves the session it is handed to Postgres clients.
 
+pub mod bounds;
 pub mod buffer;
 pub mod consume;
 pub mod endpoint;

@@ -8,10 +8,17 @@ use std::sync::Mutex;
 
 use gpuwarden_schema::prom::{escape, family, Histogram};
 
+use crate::bounds::Direction;
+
 const FLUSH_BUCKETS: [f64; 9] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
 
 /// The `kind` label values of the signal metrics: every [`gpuwarden_schema::SignalBody`] kind.
-const SIGNAL_KINDS: [&str; 3] = ["lease_utilization", "gpu_unattributed", "team_spend"];
+const SIGNAL_KINDS: [&str; 4] = [
+    "lease_utilization",
+    "gpu_unattributed",
+    "team_spend",
+    "clock_skew",
+];
 
 /// The index of a signal kind in [`SIGNAL_KINDS`] (an unknown kind counts as the last one; the
 /// list covers every variant, so this does not happen).
@@ -38,7 +45,13 @@ pub struct Metrics {
     pauses: AtomicU64,
     lag: AtomicI64,
     commits: AtomicU64,
-    signals_published: [AtomicU64; 3],
+    out_of_bounds: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Each host's latest clock skew, ms, as ingest last published it.
+    host_skews: Mutex<Vec<(String, i64)>>,
+    /// The signals loop's fleet watermark, ms (`i64::MIN`: none yet).
+    signals_watermark: AtomicI64,
+    signals_out_of_bounds: AtomicU64,
+    signals_published: [AtomicU64; 4],
     signal_failures: AtomicU64,
     signal_computations: AtomicU64,
     signal_compute_failures: AtomicU64,
@@ -66,6 +79,10 @@ impl Default for Metrics {
             pauses: AtomicU64::default(),
             lag: AtomicI64::new(-1),
             commits: AtomicU64::default(),
+            out_of_bounds: Mutex::default(),
+            host_skews: Mutex::default(),
+            signals_watermark: AtomicI64::new(i64::MIN),
+            signals_out_of_bounds: AtomicU64::default(),
             signals_published: Default::default(),
             signal_failures: AtomicU64::default(),
             signal_computations: AtomicU64::default(),
@@ -112,6 +129,39 @@ impl Metrics {
         if bad > 0 {
             bump_str(&self.quarantined, topic, bad);
         }
+    }
+
+    /// Counts `n` records of `topic` quarantined because their time was out of bounds.
+    pub(crate) fn out_of_bounds(&self, topic: &str, direction: Direction, n: u64) {
+        let mut map = self.out_of_bounds.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry((topic.to_string(), direction.name()))
+            .or_default() += n;
+    }
+
+    /// Replaces the hosts' clock skews shown on `/metrics`.
+    pub(crate) fn set_host_skews(&self, skews: Vec<(String, i64)>) {
+        *self.host_skews.lock().unwrap_or_else(|e| e.into_inner()) = skews;
+    }
+
+    /// The signals loop's watermark moved.
+    pub(crate) fn set_signals_watermark(&self, ts_ms: Option<i64>) {
+        self.signals_watermark
+            .store(ts_ms.unwrap_or(i64::MIN), Ordering::Relaxed);
+    }
+
+    /// The signals loop skipped a sample whose time was out of bounds.
+    pub(crate) fn signals_out_of_bounds(&self) {
+        self.signals_out_of_bounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records of `topic` quarantined for a time out of bounds, in `direction`.
+    pub fn out_of_bounds_total(&self, topic: &str, direction: Direction) -> u64 {
+        self.out_of_bounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic.to_string(), direction.name()))
+            .copied()
+            .unwrap_or_default()
     }
 
     pub(crate) fn written(&self, table: &'static str, rows: usize, bytes: u64) {
@@ -288,6 +338,39 @@ impl Metrics {
             "Records that failed to decode or validate, written to the quarantine table, by topic.",
             quarantined.iter().map(|(l, v)| (l.as_str(), *v)),
         );
+        let out_of_bounds: Vec<(String, f64)> = self
+            .out_of_bounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((topic, bound), n)| {
+                (
+                    format!("topic=\"{}\",bound=\"{bound}\"", escape(topic)),
+                    *n as f64,
+                )
+            })
+            .collect();
+        family(
+            &mut out,
+            "gpuwarden_pipeline_records_out_of_bounds_total",
+            "counter",
+            "Records quarantined because their time was more than pipeline.clock.max_skew ahead of their arrival (bound=\"ahead\") or, for samples on Kafka, more than pipeline.clock.max_age behind it (bound=\"behind\"); also counted in records_quarantined_total.",
+            out_of_bounds.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        let skews: Vec<(String, f64)> = self
+            .host_skews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(host, ms)| (format!("host=\"{}\"", escape(host)), *ms as f64 / 1000.0))
+            .collect();
+        family(
+            &mut out,
+            "gpuwarden_pipeline_host_clock_skew_seconds",
+            "gauge",
+            "Each host's clock against the pipeline's: its latest sample's time minus the sample's arrival (negative: behind, by the host's delay in sending). Hosts silent for an hour are dropped.",
+            skews.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
         let written: Vec<(String, f64)> = self
             .written
             .lock()
@@ -424,6 +507,21 @@ impl Metrics {
             "gauge",
             "Samples held in memory in the signals' hot window.",
             [("", self.window_samples.load(Ordering::Relaxed) as f64)],
+        );
+        let watermark = self.signals_watermark.load(Ordering::Relaxed);
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_watermark_seconds",
+            "gauge",
+            "The event time the fleet has reached, as the signals loop reckons it (Unix seconds; absent before the first sample).",
+            (watermark != i64::MIN).then(|| ("", watermark as f64 / 1000.0)),
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_samples_out_of_bounds_total",
+            "counter",
+            "Samples the signals loop skipped because their time was out of bounds (ingest quarantines them).",
+            [("", self.signals_out_of_bounds.load(Ordering::Relaxed) as f64)],
         );
         family(
             &mut out,

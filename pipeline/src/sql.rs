@@ -1,5 +1,6 @@
 //! SQL over the lake with DataFusion: every table registered under its name in
-//! docs/ARCHITECTURE.md#sql-tables (raw tables, rollups, and the `lease_usage` view), each stored
+//! docs/ARCHITECTURE.md#sql-tables (raw tables, rollups, and the `lease_usage` and `clock_skew`
+//! views), each stored
 //! one as a listing table with its schema fixed in code. A listing table lists its files at every
 //! scan, so files written after the session started (new flushes, new rollups) are visible to the
 //! next query without a new session, and an empty table is a table with no rows rather than an
@@ -38,6 +39,18 @@ FROM leases l LEFT JOIN lease_hourly h ON h.lease_id = l.lease_id
 GROUP BY l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
          l.gpu_count, l.granted_at, l.released_at, l.release_reason"#;
 
+/// `clock_skew`: one row per host whose clock was found wrong (its samples' time out of
+/// `pipeline.clock`'s bounds), from the `clock_skew` signals: when it was first and last
+/// reported, its latest skew (positive: ahead), and how many reports there were.
+const CLOCK_SKEW: &str = r#"CREATE VIEW clock_skew AS
+SELECT host,
+       arrow_cast(min(ts_ms), 'Timestamp(ms, "UTC")') AS first_seen,
+       arrow_cast(max(ts_ms), 'Timestamp(ms, "UTC")') AS last_seen,
+       CAST(last_value(skew_ms ORDER BY ts_ms) AS DOUBLE) / 1000.0 AS skew_s,
+       count(*) AS reports
+FROM signals WHERE kind = 'clock_skew'
+GROUP BY host"#;
+
 /// A session with every table of the lake registered: the raw tables, the rollups
 /// (`rollups/<table>/`) and the views over them. Its queries run where they are polled, without
 /// limits: it is for the pipeline's own queries; what people submit goes through
@@ -75,6 +88,7 @@ async fn register_lake(
         )?;
     }
     ctx.sql(LEASE_USAGE).await?;
+    ctx.sql(CLOCK_SKEW).await?;
     Ok(ctx)
 }
 

@@ -146,6 +146,7 @@ fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow() {
         writers: 1,
         // About 100 KB of Parquet per second: far slower than the broker delivers.
         write_throttle: Some(100_000),
+        ..support::options()
     };
     let running = Running::start(broker.bootstrap_servers(), "bp-test", &lake, options);
     running.wait_for_records(n as u64, Duration::from_secs(120));

@@ -131,6 +131,7 @@ fn options() -> RollupOptions {
             ..PricingConfig::default()
         },
         lateness_ms: 10 * MIN,
+        idle_ms: 5 * MIN,
     }
 }
 
@@ -628,4 +629,80 @@ fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up() {
     let t = team_hourly(&rt, &lake);
     check(&t, (1, "ml", H100), [1.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0]);
     check(&t, (2, "ml", H100), [0.5, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0]);
+}
+
+/// A backfill can hold history whose one host's clock ran ahead (a year ahead, yet in the past:
+/// `gpuwarden ingest` cannot tell it from the rest). The watermark is the fleet's all the same; a
+/// host that falls silent holds it back for `idle_timeout` (5 min here) and no longer; the
+/// hosts' times carry over from one run to the next in `_hosts.json`.
+#[test]
+fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let rt = rt();
+    let minutes = |host: &str, gpu: &str, from: i64, to: i64| -> Vec<Sample> {
+        (from..=to)
+            .map(|k| sample(gpu, H100, host, k, 50.0, None, None))
+            .collect()
+    };
+    let mut samples = minutes("a", "ga", 0, 30);
+    samples.extend(minutes("b", "gb", 0, 30));
+    samples.extend(minutes("c", "gc", 0, 30));
+    let year = 365 * 24 * 60;
+    samples.push(sample("gw", H100, "wrong", year, 100.0, None, Some("L")));
+    put(&lake, "samples", "backfill", &samples, |s| s.ts_ms);
+    put(
+        &lake,
+        "lease_events",
+        "backfill",
+        &[event(0, "granted", "L", "ml", 1, &["ga"])],
+        |e| e.ts_ms,
+    );
+    let rollup = Rollup::new(lake.clone(), options());
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(report.watermark, Some(H + 30 * MIN));
+    assert_eq!(report.hosts, 4);
+    let allocated = |rt: &tokio::runtime::Runtime| {
+        rows(
+            rt,
+            &lake,
+            "SELECT allocated_gpu_hours FROM lease_usage WHERE lease_id = 'L'",
+        )[0]["allocated_gpu_hours"]
+            .as_f64()
+            .unwrap()
+    };
+    // The running lease is charged to the fleet's minute 30, not to a year later.
+    close(&json!(allocated(&rt)), 0.5, "L allocated to the watermark");
+
+    // c falls silent; a and b go on. Within the idle timeout c still holds the watermark…
+    let mut more = minutes("a", "ga", 31, 34);
+    more.extend(minutes("b", "gb", 31, 34));
+    put(&lake, "samples", "live-1", &more, |s| s.ts_ms);
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(
+        report.watermark,
+        Some(H + 30 * MIN),
+        "held by c, 4 min behind"
+    );
+    // …past it, c no longer does.
+    let mut more = minutes("a", "ga", 35, 40);
+    more.extend(minutes("b", "gb", 35, 40));
+    put(&lake, "samples", "live-2", &more, |s| s.ts_ms);
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(
+        report.watermark,
+        Some(H + 40 * MIN),
+        "c is 10 min behind: idle"
+    );
+    close(
+        &json!(allocated(&rt)),
+        40.0 / 60.0,
+        "L allocated to the new watermark",
+    );
+    let hosts: BTreeMap<String, i64> =
+        serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_hosts.json")).unwrap())
+            .unwrap();
+    assert_eq!(hosts["a"], H + 40 * MIN);
+    assert_eq!(hosts["c"], H + 30 * MIN);
+    assert_eq!(hosts["wrong"], H + year * MIN);
 }

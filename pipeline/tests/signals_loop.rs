@@ -11,9 +11,12 @@
 //!   L-idle util 0, idle since T0+10 s → 50,000 ms; L-busy util 80, idle 0; g-rogue 90 and
 //!   g-gone 70 unattributed; ml spent 100 $ this month (not the 1,000 $ of October, nor the
 //!   `(unallocated)` 7 $), burns 4 $/h (1 H100); ds 20.5 $, burns 1.5 $/h (the default price).
-//! - Phase 2, k = 65, 75, 85 s, all at 0 % but g-rogue; then one g-rogue sample at 95 s moves the
-//!   watermark past T0+90 s. L-busy: util 6×80/9 = 53.333, idle since T0+65 s → 25,000 ms;
-//!   L-idle 80,000 ms; g-gone's samples are still in the window.
+//! - Phase 2, k = 65, 75, 85 s, all at 0 % but g-rogue, and a sample of host-wrong dated 400 days
+//!   ahead (refused, reported in a clock_skew signal); then samples at 95 s of the three hosts
+//!   still reporting move the fleet's watermark past T0+90 s. g-gone's host went silent at 60 s:
+//!   it stops holding the watermark once 20 s (these tests' idle timeout) behind the median
+//!   host. L-busy: util 6×80/9 = 53.333, idle since T0+65 s → 25,000 ms; L-idle 80,000 ms;
+//!   g-gone's samples are still in the window.
 
 mod support;
 
@@ -22,16 +25,17 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, RecordBatch, StringArray, TimestampMillisecondArray,
 };
+use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::hot::{self, SignalsOptions};
 use gpuwarden_pipeline::{Lake, Metrics};
 use gpuwarden_schema::config::{GpuPrice, PricingConfig};
 use gpuwarden_schema::kafka::EmbeddedBroker;
-use gpuwarden_schema::{topics, Record, Signal, SignalBody};
+use gpuwarden_schema::{topics, Record, Signal, SignalBody, SystemClock};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -39,7 +43,10 @@ use support::{client, produce};
 
 const T0: i64 = 1_795_996_800_000;
 const S: i64 = 1_000;
+const DAY: i64 = 86_400 * S;
 const WINDOW: i64 = 15 * 60 * S;
+/// `pipeline.clock.idle_timeout`.
+const IDLE: i64 = 20 * S;
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const A100: &str = "NVIDIA A100-SXM4-80GB";
 
@@ -120,6 +127,14 @@ fn options() -> SignalsOptions {
         },
         spend_refresh: Duration::from_secs(60),
         lock_retry: Duration::from_millis(200),
+        // The tests' samples are dated around T0, days ago: history is let through; the future
+        // is not.
+        bounds: Bounds {
+            max_ahead_ms: 5 * 60 * S,
+            max_age_ms: None,
+        },
+        idle_ms: IDLE,
+        clock: Arc::new(SystemClock),
     }
 }
 
@@ -235,6 +250,29 @@ impl Signals {
         }
     }
 
+    /// Reads until `n` signals of `kind` have arrived; returns them.
+    fn wait_for_kind(&mut self, kind: &str, n: usize, timeout: Duration) -> Vec<Signal> {
+        let until = Instant::now() + timeout;
+        loop {
+            let of_kind: Vec<Signal> = self
+                .seen
+                .iter()
+                .filter(|(_, s)| s.body.kind() == kind)
+                .map(|(_, s)| s.clone())
+                .collect();
+            if of_kind.len() >= n {
+                return of_kind;
+            }
+            assert!(
+                Instant::now() < until,
+                "{} of {n} {kind} signals within {timeout:?}; all so far: {:#?}",
+                of_kind.len(),
+                self.seen
+            );
+            self.read(Duration::from_millis(100));
+        }
+    }
+
     fn count(&self, kind: &str) -> u64 {
         self.seen
             .iter()
@@ -344,13 +382,22 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
     assert!(!standby.metrics.signals_leader());
     assert_eq!(standby.metrics.signal_computations_total(), 0);
 
-    // Live: more samples, then one that moves the watermark past T0+90 s.
+    // Live: more samples, one from a host whose clock is 400 days ahead, then those that move
+    // the fleet's watermark past T0+90 s.
     let mut phase2 = Vec::new();
     for at in [65 * S, 75 * S, 85 * S] {
         phase2.push(sample("g-idle", at, 0.0, None));
         phase2.push(sample("g-busy", at, 0.0, None));
         phase2.push(sample("g-rogue", at, 90.0, None));
     }
+    let wall_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let wrong = serde_json::json!({"v": 1, "ts_ms": wall_ms + 400 * DAY, "interval_ms": 10_000,
+        "host": "host-wrong", "gpu_uuid": "g-idle", "gpu_model": H100, "util_gpu_pct": 100.0,
+        "mem_used_bytes": 1, "mem_total_bytes": 1_000_000, "lease_id": "L-idle"});
+    phase2.push(("g-idle".into(), wrong.to_string().into_bytes()));
     produce(&bootstrap, topics::SAMPLES, &phase2);
     let until = Instant::now() + Duration::from_secs(10);
     while publisher.metrics.window_samples() < 24 + 9 {
@@ -361,11 +408,33 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    produce(
-        &bootstrap,
-        topics::SAMPLES,
-        &[sample("g-rogue", 95 * S, 90.0, None)],
+    let skew = signals.wait_for_kind("clock_skew", 1, Duration::from_secs(10));
+    let SignalBody::ClockSkew { host, skew_ms } = &skew[0].body else {
+        unreachable!()
+    };
+    assert_eq!(host, "host-wrong");
+    assert!(
+        (skew_ms - 400 * DAY).abs() < 60 * S,
+        "skew {skew_ms} ms, 400 days is {} ms",
+        400 * DAY
     );
+    // host-g-gone, silent since 60 s, is 25 s behind the median host: no longer held for.
+    // The fleet is at 85 s, not yet past 90 s.
+    signals.read(Duration::from_millis(500));
+    assert!(
+        !signals.seen.iter().any(|(_, s)| s.ts_ms == T0 + 90 * S),
+        "signals for T0+90 s before the fleet reached it"
+    );
+    let mut fleet_at_95 = Vec::new();
+    for gpu in ["g-idle", "g-busy", "g-rogue"] {
+        fleet_at_95.push(sample(
+            gpu,
+            95 * S,
+            if gpu == "g-rogue" { 90.0 } else { 0.0 },
+            None,
+        ));
+    }
+    produce(&bootstrap, topics::SAMPLES, &fleet_at_95);
     let at90 = signals.wait_for(T0 + 90 * S, 6, Duration::from_secs(10));
     assert_eq!(
         lease_utilization(&at90["L-busy"]),
@@ -393,8 +462,18 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         assert_eq!(signals.count(kind), n, "{kind}");
         assert_eq!(metrics.signals_published(kind), n, "{kind}");
     }
+    // The standby, taking over meanwhile, may report host-wrong again: it reads it anew.
+    assert!(signals.count("clock_skew") >= 1);
+    assert_eq!(metrics.signals_published("clock_skew"), 1);
     assert_eq!(metrics.signal_failures_total(), 0);
     assert_eq!(metrics.signal_computations_total(), 2);
+    assert!(
+        text_has(
+            &metrics.render(),
+            "gpuwarden_pipeline_signals_samples_out_of_bounds_total 1"
+        ),
+        "the wrong clock's sample is counted"
+    );
     assert!(!metrics.signals_leader());
     let text = metrics.render();
     assert!(
@@ -413,7 +492,7 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(standby.metrics.signals_leader());
-    while standby.metrics.window_samples() != 24 + 9 + 1 {
+    while standby.metrics.window_samples() != 24 + 9 + 3 {
         assert!(
             Instant::now() < until,
             "the standby holds {} samples",
@@ -440,4 +519,8 @@ async fn month_to_date_spend_is_empty_without_rollups() {
         hot::month_to_date(&lake, T0).await.unwrap(),
         BTreeMap::from([("ml".to_string(), 5.0)])
     );
+}
+
+fn text_has(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
 }

@@ -19,6 +19,14 @@ pub trait Clock: Debug + Send + Sync {
         1.0
     }
 
+    /// The event time this clock read (or will read) at `wall_ms` of the wall clock: for dating
+    /// what carries a wall time, such as a Kafka message's timestamp. A clock that cannot say
+    /// (a manual one) answers its current time.
+    fn at_wall(&self, wall_ms: i64) -> i64 {
+        let _ = wall_ms;
+        self.now_ms()
+    }
+
     /// The wall-clock time to wait for `event` of event time to pass. A manual clock never
     /// advances by itself, so waiting on it takes no wall time.
     fn wall_for(&self, event: Duration) -> Duration {
@@ -57,6 +65,27 @@ pub fn end_after(start_ms: i64, duration: Duration) -> i64 {
     start_ms.saturating_add(duration_ms).min(LATEST_MS)
 }
 
+/// A duration as its two largest units: `400d 2h`, `3h 5m`, `2m 10s`, `45s`, `120ms`.
+pub fn span(ms: i64) -> String {
+    let ms = ms.max(0);
+    let (d, h, m, s) = (
+        ms / 86_400_000,
+        ms / 3_600_000 % 24,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+    );
+    match (d, h, m, s) {
+        (0, 0, 0, 0) => format!("{ms}ms"),
+        (0, 0, 0, s) => format!("{s}s"),
+        (0, 0, m, 0) => format!("{m}m"),
+        (0, 0, m, s) => format!("{m}m {s}s"),
+        (0, h, 0, _) => format!("{h}h"),
+        (0, h, m, _) => format!("{h}h {m}m"),
+        (d, 0, _, _) => format!("{d}d"),
+        (d, h, _, _) => format!("{d}d {h}h"),
+    }
+}
+
 /// The machine's clock: event time is wall time.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
@@ -65,6 +94,10 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         wall_now_ms()
     }
+
+    fn at_wall(&self, wall_ms: i64) -> i64 {
+        wall_ms
+    }
 }
 
 /// Event time that runs `speed` times faster than wall time from a chosen start.
@@ -72,6 +105,8 @@ impl Clock for SystemClock {
 pub struct AcceleratedClock {
     start_ms: i64,
     started: Instant,
+    /// The wall time at `started`.
+    started_wall_ms: i64,
     speed: f64,
 }
 
@@ -86,6 +121,7 @@ impl AcceleratedClock {
         Self {
             start_ms,
             started: Instant::now(),
+            started_wall_ms: wall_now_ms(),
             speed,
         }
     }
@@ -99,6 +135,11 @@ impl AcceleratedClock {
 impl Clock for AcceleratedClock {
     fn now_ms(&self) -> i64 {
         let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0 * self.speed;
+        self.start_ms.saturating_add(elapsed_ms as i64)
+    }
+
+    fn at_wall(&self, wall_ms: i64) -> i64 {
+        let elapsed_ms = wall_ms.saturating_sub(self.started_wall_ms) as f64 * self.speed;
         self.start_ms.saturating_add(elapsed_ms as i64)
     }
 
@@ -160,6 +201,21 @@ mod tests {
     }
 
     #[test]
+    fn spans_read_as_their_two_largest_units() {
+        for (ms, text) in [
+            (120, "120ms"),
+            (45_000, "45s"),
+            (2 * 60_000, "2m"),
+            (2 * 60_000 + 10_000, "2m 10s"),
+            (3 * 3_600_000 + 5 * 60_000 + 7, "3h 5m"),
+            (400 * 86_400_000, "400d"),
+            (400 * 86_400_000 + 2 * 3_600_000 + 60_000, "400d 2h"),
+        ] {
+            assert_eq!(span(ms), text);
+        }
+    }
+
+    #[test]
     fn manual_clock_moves_only_when_told() {
         let clock = ManualClock::new(1_000);
         assert_eq!(clock.now_ms(), 1_000);
@@ -179,6 +235,13 @@ mod tests {
         assert_eq!(
             clock.wall_for(Duration::from_secs(60)),
             Duration::from_millis(60)
+        );
+        // A wall time maps onto the same event time: a second ago is 1000 s of event time ago.
+        let (wall, event) = (wall_now_ms(), clock.now_ms());
+        let mapped = clock.at_wall(wall - 1_000);
+        assert!(
+            (event - 1_000_000 - mapped).abs() < 100_000,
+            "{mapped} for a second before {event}"
         );
     }
 

@@ -73,6 +73,15 @@ pub enum SignalBody {
         /// Current rate of spend, per hour.
         burn_usd_per_hour: f64,
     },
+    /// A host whose clock is wrong: its samples' time strays further from their arrival than
+    /// `pipeline.clock` allows, so they are quarantined (`ts_ms` is when the last one arrived).
+    ClockSkew {
+        /// The host.
+        host: String,
+        /// Its last refused sample's `ts_ms` minus that sample's arrival: positive when the
+        /// host's clock runs ahead.
+        skew_ms: i64,
+    },
 }
 
 impl SignalBody {
@@ -82,6 +91,7 @@ impl SignalBody {
             Self::LeaseUtilization { .. } => "lease_utilization",
             Self::GpuUnattributed { .. } => "gpu_unattributed",
             Self::TeamSpend { .. } => "team_spend",
+            Self::ClockSkew { .. } => "clock_skew",
         }
     }
 }
@@ -92,6 +102,7 @@ enum SignalKind {
     LeaseUtilization,
     GpuUnattributed,
     TeamSpend,
+    ClockSkew,
 }
 
 /// The flat wire form; every kind-specific field optional, checked per kind on conversion so
@@ -113,6 +124,7 @@ struct SignalWire {
     host: Option<String>,
     month_to_date_usd: Option<f64>,
     burn_usd_per_hour: Option<f64>,
+    skew_ms: Option<i64>,
 }
 
 fn need<T>(value: Option<T>, field: &str, kind: &str) -> Result<T, ValidationError> {
@@ -159,6 +171,13 @@ impl TryFrom<SignalWire> for Signal {
                     burn_usd_per_hour: need(w.burn_usd_per_hour, "burn_usd_per_hour", k)?,
                 }
             }
+            SignalKind::ClockSkew => {
+                let k = "clock_skew";
+                SignalBody::ClockSkew {
+                    host: need(w.host, "host", k)?,
+                    skew_ms: need(w.skew_ms, "skew_ms", k)?,
+                }
+            }
         };
         Ok(Signal {
             v: w.v,
@@ -183,6 +202,7 @@ struct Flat<'a> {
     host: Option<&'a str>,
     month_to_date_usd: Option<f64>,
     burn_usd_per_hour: Option<f64>,
+    skew_ms: Option<i64>,
 }
 
 impl<'a> From<&'a SignalBody> for Flat<'a> {
@@ -224,6 +244,11 @@ impl<'a> From<&'a SignalBody> for Flat<'a> {
                 team: Some(team),
                 month_to_date_usd: Some(*month_to_date_usd),
                 burn_usd_per_hour: Some(*burn_usd_per_hour),
+                ..Flat::default()
+            },
+            SignalBody::ClockSkew { host, skew_ms } => Flat {
+                host: Some(host),
+                skew_ms: Some(*skew_ms),
                 ..Flat::default()
             },
         }
@@ -282,6 +307,11 @@ impl Record for Signal {
                     }
                 }
             }
+            SignalBody::ClockSkew { host, .. } => {
+                if host.is_empty() {
+                    return Err(ValidationError::new("host", "must not be empty"));
+                }
+            }
         }
         Ok(())
     }
@@ -291,6 +321,7 @@ impl Record for Signal {
             SignalBody::LeaseUtilization { lease_id, .. } => lease_id,
             SignalBody::GpuUnattributed { gpu_uuid, .. } => gpu_uuid,
             SignalBody::TeamSpend { team, .. } => team,
+            SignalBody::ClockSkew { host, .. } => host,
         }
     }
 
@@ -311,6 +342,7 @@ impl Record for Signal {
             field("host", DataType::Utf8, true),
             field("month_to_date_usd", DataType::Float64, true),
             field("burn_usd_per_hour", DataType::Float64, true),
+            field("skew_ms", DataType::Int64, true),
         ]))
     }
 
@@ -338,6 +370,7 @@ impl Record for Signal {
                 ax::strings(flat.iter().map(|f| f.host)),
                 ax::f64s(flat.iter().map(|f| f.month_to_date_usd)),
                 ax::f64s(flat.iter().map(|f| f.burn_usd_per_hour)),
+                ax::i64s(flat.iter().map(|f| f.skew_ms)),
             ],
         )
     }
@@ -358,6 +391,7 @@ impl Record for Signal {
         );
         let (gpu_uuid, host) = (c.str("gpu_uuid")?, c.str("host")?);
         let (mtd, burn) = (c.f64("month_to_date_usd")?, c.f64("burn_usd_per_hour")?);
+        let skew = c.i64("skew_ms")?;
         (0..batch.num_rows())
             .map(|i| {
                 let wire = SignalWire {
@@ -376,6 +410,7 @@ impl Record for Signal {
                     host: host.opt(i),
                     month_to_date_usd: mtd.opt(i),
                     burn_usd_per_hour: burn.opt(i),
+                    skew_ms: skew.opt(i),
                 };
                 Signal::try_from(wire)
                     .map_err(|e| ArrowConvertError::new(e.field, format!("row {i}: {}", e.reason)))

@@ -334,3 +334,33 @@ max_queries = 0
         let _ = find(&errs, path);
     }
 }
+
+#[test]
+fn clock_bounds_default_to_minutes_and_refuse_what_would_quarantine_honest_records() {
+    let defaults = config::parse("d.toml", "").unwrap().pipeline.clock;
+    assert_eq!(defaults.max_skew, std::time::Duration::from_secs(300));
+    assert_eq!(defaults.max_age, std::time::Duration::from_secs(86_400));
+    assert_eq!(defaults.idle_timeout, std::time::Duration::from_secs(300));
+    let errs = errors(
+        "\
+[pipeline]
+lateness = \"2h\"
+
+[pipeline.clock]
+max_skew = \"0s\"
+max_age = \"1h\"
+idle_timeout = \"0s\"
+",
+    );
+    let age = find(&errs, "pipeline.clock.max_age");
+    assert!(
+        age.message
+            .contains("must be longer than pipeline.lateness (2h)"),
+        "{}",
+        age.message
+    );
+    assert_eq!(age.line, Some(6));
+    for path in ["pipeline.clock.max_skew", "pipeline.clock.idle_timeout"] {
+        assert!(find(&errs, path).message.contains("longer than 0s"));
+    }
+}

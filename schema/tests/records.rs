@@ -235,6 +235,20 @@ fn signal_kinds_require_their_own_fields() {
         "{err}"
     );
 
+    let skew = json!({"v": 1, "ts_ms": 10, "kind": "clock_skew", "window_ms": 30000,
+        "host": "node-7", "skew_ms": 34_560_000_000i64});
+    assert_eq!(
+        Signal::from_json(skew.to_string().as_bytes()).unwrap().body,
+        SignalBody::ClockSkew {
+            host: "node-7".into(),
+            skew_ms: 34_560_000_000
+        }
+    );
+    let mut no_skew = skew.clone();
+    no_skew.as_object_mut().unwrap().remove("skew_ms");
+    let err = Signal::from_json(no_skew.to_string().as_bytes()).unwrap_err();
+    assert_eq!(field_of(&err), "skew_ms", "{err}");
+
     let util = json!({"v": 1, "ts_ms": 10, "kind": "lease_utilization", "window_ms": 900000,
         "lease_id": "l-1", "team": "t", "util_pct": 101, "idle_ms": 0, "gpus_active": 1,
         "gpus_total": 2, "mem_used_max_bytes": 5});
@@ -417,6 +431,7 @@ fn arb_signal() -> impl Strategy<Value = Signal> {
                 burn_usd_per_hour
             }
         ),
+        (name(), any::<i64>()).prop_map(|(host, skew_ms)| SignalBody::ClockSkew { host, skew_ms }),
     ];
     (any::<i64>(), 0i64..i64::MAX, body).prop_map(|(ts_ms, window_ms, body)| Signal {
         v: V1,

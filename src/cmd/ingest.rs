@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{files, Lake, Metrics, Table};
 use gpuwarden_schema::config;
 
@@ -18,6 +19,8 @@ use gpuwarden_schema::config;
 /// gpuwarden.leases, gpuwarden.actions and gpuwarden.signals ("-" reads standard input, for one
 /// of them). Valid records are written as Parquet to the lake's samples, lease_events, actions
 /// and signals tables; invalid ones to the quarantine table with the reason naming the field.
+/// History of any age is accepted; a record dated more than pipeline.clock.max_skew (default 5m)
+/// ahead of the time it is read comes from a wrong clock and is quarantined too.
 /// Ingesting the same file again rewrites the same files, so nothing is counted twice. Prints how
 /// many records were written and quarantined; run `gpuwarden rollup` afterwards to roll new
 /// samples and lease events up.
@@ -66,6 +69,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
     let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
     let metrics = Arc::new(Metrics::default());
+    let bounds = Bounds::backfill(&config.pipeline.clock);
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
@@ -89,10 +93,28 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             input.clone()
         };
-        let report = files::ingest(&mut reader, &name, table, &lake, chunk, threads, &metrics)?;
+        let report = files::ingest(
+            &mut reader,
+            &name,
+            table,
+            &lake,
+            chunk,
+            threads,
+            &bounds,
+            &metrics,
+        )?;
         quarantined_any |= report.quarantined > 0;
+        let future = if report.future > 0 {
+            format!(
+                ", {} of them dated more than pipeline.clock.max_skew ({}) ahead of now",
+                report.future,
+                humantime::format_duration(config.pipeline.clock.max_skew)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{name}: {} {} records read, {} written, {} quarantined ({:.1}s)",
+            "{name}: {} {} records read, {} written, {} quarantined{future} ({:.1}s)",
             report.records,
             table.name(),
             report.written,

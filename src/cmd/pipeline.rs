@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{
     consume, hot, IngestOptions, Lake, Metrics, Rollup, RollupOptions, SignalsOptions,
 };
-use gpuwarden_schema::config;
+use gpuwarden_schema::{config, Clock, SystemClock};
 
 use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 
@@ -21,14 +22,18 @@ use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 /// pipeline.group_id, writes them to <storage.data_dir>/lake/<table>/date=…/hour=…/ as Parquet
 /// (zstd), and commits offsets only after the files are durable, so a crash loses nothing and a
 /// replay rewrites the same files. Records that do not decode or validate go to the quarantine
-/// table with the reason. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
+/// table with the reason, and so do those whose time a host's wrong clock set: more than
+/// pipeline.clock.max_skew (5m) ahead of their arrival, or, for samples, more than
+/// pipeline.clock.max_age (1d) behind it. Each host's measured clock skew is on /metrics; a host
+/// out of bounds is reported in a clock_skew signal, which the enforcer alerts on. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
 /// rollup` does), so the open hour's spend shows in team_hourly within minutes. Run more
 /// instances with the same group to share partitions; one at a time rolls up (a lock file).
 ///
 /// Computes signals for the enforcer and publishes them on gpuwarden.signals: it keeps the last
 /// pipeline.signals.window of samples (read from gpuwarden.samples outside the consumer group)
-/// and every lease event in memory, and each time event time passes a multiple of
-/// pipeline.signals.every it publishes lease_utilization per open lease, gpu_unattributed per
+/// and every lease event in memory, and each time event time (the time the fleet as a whole has
+/// reached, not the latest any one host sent) passes a multiple of pipeline.signals.every it
+/// publishes lease_utilization per open lease, gpu_unattributed per
 /// busy GPU no lease holds, and team_spend per team (month-to-date cost from team_hourly, and
 /// the burn rate of its open leases). One instance per lake publishes (<lake>/signals.lock);
 /// the others stand by and take over when it stops.
@@ -62,7 +67,7 @@ pub(crate) struct Args {
     sql_listen: Option<std::net::SocketAddr>,
 }
 
-pub(crate) fn options(config: &config::Config) -> IngestOptions {
+pub(crate) fn options(config: &config::Config, clock: Arc<dyn Clock>) -> IngestOptions {
     IngestOptions {
         flush_rows: config.pipeline.flush_rows,
         flush_age: config.pipeline.flush_age,
@@ -70,6 +75,8 @@ pub(crate) fn options(config: &config::Config) -> IngestOptions {
             .unwrap_or(usize::MAX),
         writers: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
         write_throttle: None,
+        bounds: Bounds::streaming(&config.pipeline.clock),
+        clock,
     }
 }
 
@@ -84,7 +91,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let listen = args
             .metrics_listen
             .unwrap_or(config.pipeline.metrics_listen);
-        let mut pipeline = start(&config, &kafka, listen, args.sql_listen).await?;
+        let mut pipeline = start(
+            &config,
+            &kafka,
+            Arc::new(SystemClock),
+            listen,
+            args.sql_listen,
+        )
+        .await?;
         tokio::select! {
             _ = shutdown_signal() => {}
             failed = pipeline.failed() => return Err(failed),
@@ -121,9 +135,11 @@ pub(crate) struct Pipeline {
 
 /// Opens the lake and starts ingest from `kafka`, the rollups, the signals loop, the SQL
 /// endpoint (on `sql_listen`, else pipeline.sql_listen) and `/metrics` on `metrics_listen`.
+/// Records arrive on `clock`: the fleet's, so that its event time can be bounded.
 pub(crate) async fn start(
     config: &config::Config,
     kafka: &KafkaConnection,
+    clock: Arc<dyn Clock>,
     metrics_listen: SocketAddr,
     sql_listen: Option<SocketAddr>,
 ) -> anyhow::Result<Pipeline> {
@@ -152,7 +168,7 @@ pub(crate) async fn start(
         let (client, lake, options, metrics, stop) = (
             kafka.client("signals"),
             lake.clone(),
-            SignalsOptions::from_config(config),
+            SignalsOptions::from_config(config, Arc::clone(&clock)),
             Arc::clone(&metrics),
             Arc::clone(&stop),
         );
@@ -162,7 +178,7 @@ pub(crate) async fn start(
         let (client, group, options, metrics, stop) = (
             kafka.client("pipeline"),
             config.pipeline.group_id.clone(),
-            options(config),
+            options(config, clock),
             Arc::clone(&metrics),
             Arc::clone(&stop),
         );

@@ -133,10 +133,15 @@ impl Stack {
         listens: Listens,
     ) -> anyhow::Result<Stack> {
         let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
-        let pipeline =
-            super::pipeline::start(&config, &kafka, listens.pipeline_metrics, listens.sql)
-                .await
-                .context("starting the pipeline")?;
+        let pipeline = super::pipeline::start(
+            &config,
+            &kafka,
+            clock.clone(),
+            listens.pipeline_metrics,
+            listens.sql,
+        )
+        .await
+        .context("starting the pipeline")?;
         let enforcer =
             super::enforce::start(config.clone(), kafka.clone(), clock.clone(), listens.api)
                 .await

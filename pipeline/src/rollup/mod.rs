@@ -4,8 +4,10 @@
 //! under `rollups/<table>/date=…/hour=…/`.
 //!
 //! One run ([`Rollup::run`]):
-//! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark, the largest
-//!    event time in the lake;
+//! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark: the fleet's
+//!    ([`crate::bounds::FleetWatermark`] over each host's latest sample, kept in
+//!    `rollups/_hosts.json` and updated from the hours new samples landed in), or the latest
+//!    lease event if that is later;
 //! 2. picks the hours to compute: every hour with samples or an allocation that is not yet
 //!    final, every hour the lake marked because new or late samples landed in it, and every
 //!    hour from the earliest marked lease event on (a lease event changes attribution and
@@ -48,6 +50,7 @@ use gpuwarden_schema::config::{Config, PricingConfig};
 use gpuwarden_schema::{ArrowConvertError, LeaseEvent, Record as _};
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::FleetWatermark;
 use crate::buffer::Table;
 use crate::lake::{hour_partition, Lake, LakeError};
 use crate::listing::register_dir;
@@ -70,6 +73,8 @@ pub struct RollupOptions {
     pub pricing: PricingConfig,
     /// How long after an hour ends (in event time) it may still receive data.
     pub lateness_ms: i64,
+    /// A host this far behind the median host stops holding the watermark back.
+    pub idle_ms: i64,
 }
 
 impl RollupOptions {
@@ -78,6 +83,8 @@ impl RollupOptions {
         Self {
             pricing: config.pricing.clone(),
             lateness_ms: i64::try_from(config.pipeline.lateness.as_millis()).unwrap_or(i64::MAX),
+            idle_ms: i64::try_from(config.pipeline.clock.idle_timeout.as_millis())
+                .unwrap_or(i64::MAX),
         }
     }
 }
@@ -133,8 +140,10 @@ impl From<ArrowConvertError> for RollupError {
 /// What one run did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Report {
-    /// The largest event time in the lake, if it has any data.
+    /// The event time the lake's data has reached (see [`Rollup::run`]), if it has any data.
     pub watermark: Option<i64>,
+    /// Hosts whose latest sample time the watermark was taken over.
+    pub hosts: usize,
     /// Hours computed in this run.
     pub hours: usize,
     /// Of those, hours now final.
@@ -145,6 +154,42 @@ pub struct Report {
     pub team_rows: usize,
     /// Wall time of the run.
     pub elapsed: Duration,
+}
+
+/// Hosts whose latest sample is this far behind the second latest host's are forgotten.
+const FORGET_HOSTS_MS: i64 = 24 * HOUR_MS;
+
+/// `_hosts.json`: each host's latest sample time, `None` when there is none yet.
+fn load_hosts(path: &Path) -> Result<Option<BTreeMap<String, i64>>, RollupError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| RollupError::State {
+                path: path.to_owned(),
+                message: format!("unreadable ({e}); delete it to read every host from the samples"),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(RollupError::State {
+            path: path.to_owned(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+fn save_hosts(path: &Path, fleet: &FleetWatermark) -> Result<(), RollupError> {
+    let hosts: BTreeMap<&str, i64> = fleet.hosts().collect();
+    let err = |e: std::io::Error| RollupError::State {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    let tmp = path.with_extension("json.tmp");
+    let file = std::fs::File::create(&tmp).map_err(err)?;
+    let mut writer = std::io::BufWriter::new(&file);
+    serde_json::to_writer(&mut writer, &hosts).expect("host times serialize");
+    std::io::Write::flush(&mut writer).map_err(err)?;
+    drop(writer);
+    file.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -216,11 +261,16 @@ impl Rollup {
         let ctx = SessionContext::new();
         let leases = Leases::from_events(self.lease_events(&ctx).await?);
         let sample_hours = self.lake.hours(Table::Samples.name());
-        let sample_max = match sample_hours.last() {
-            Some(&hour) => self.max_sample_ts(&ctx, hour).await?,
-            None => None,
-        };
-        let watermark = sample_max.max(leases.max_ts());
+        let marked_samples = self.lake.marked_hours(Table::Samples.name());
+        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
+        let hosts_path = self.dir().join("_hosts.json");
+        let mut fleet = self.fleet(&ctx, &hosts_path, &marked_samples).await?;
+        // Hosts a day behind the fleet are gone (decommissioned, or most of the fleet shut down):
+        // they stop counting in the median. The second latest host is one no one clock moves.
+        if let Some(top) = fleet.second_latest() {
+            fleet.forget_before(top.saturating_sub(FORGET_HOSTS_MS));
+        }
+        let watermark = fleet.watermark().max(leases.max_ts());
         self.write_leases(&leases)?;
         let Some(watermark) = watermark else {
             return Ok(Report {
@@ -231,8 +281,6 @@ impl Rollup {
 
         let state_path = self.dir().join("_state.json");
         let mut state = State::load(&state_path)?;
-        let marked_samples = self.lake.marked_hours(Table::Samples.name());
-        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
         let mut candidates: BTreeSet<i64> = sample_hours.iter().copied().collect();
         candidates.extend(leases.allocated_hours(watermark));
         let mut todo = state.pending.clone();
@@ -248,6 +296,8 @@ impl Rollup {
         }
         state.pending.clone_from(&todo);
         state.save(&state_path)?;
+        // The hosts' times are saved before the marks they were read from are cleared.
+        save_hosts(&hosts_path, &fleet)?;
         for &hour in &marked_samples {
             self.lake.clear_mark(Table::Samples.name(), hour)?;
         }
@@ -259,6 +309,7 @@ impl Rollup {
         ctx.register_table("known_leases", Arc::new(known))?;
         let mut report = Report {
             watermark: Some(watermark),
+            hosts: fleet.len(),
             leases: leases.len(),
             ..Report::default()
         };
@@ -307,28 +358,58 @@ impl Rollup {
         Ok(events)
     }
 
-    async fn max_sample_ts(
+    /// Each host's latest sample time: the last run's (`_hosts.json`), updated from the hours
+    /// marked since; read from every sample when there is no file yet.
+    async fn fleet(
         &self,
         ctx: &SessionContext,
-        hour: i64,
-    ) -> Result<Option<i64>, RollupError> {
-        register_dir(
-            ctx,
-            "latest_samples",
-            &self.lake.hour_dir(Table::Samples.name(), hour),
-            Table::Samples.schema(),
-        )?;
-        let batches = ctx
-            .sql("SELECT max(ts_ms) FROM latest_samples")
-            .await?
-            .collect()
-            .await?;
-        ctx.deregister_table("latest_samples")?;
-        Ok(batches.first().and_then(|b| {
-            let column = b.column(0);
-            let values = column.as_any().downcast_ref::<arrow_array::Int64Array>()?;
-            arrow_array::Array::is_valid(values, 0).then(|| values.value(0))
-        }))
+        path: &Path,
+        marked: &[i64],
+    ) -> Result<FleetWatermark, RollupError> {
+        let mut fleet = FleetWatermark::new(self.options.idle_ms);
+        let known = load_hosts(path)?;
+        let dirs: Vec<PathBuf> = match &known {
+            Some(hosts) => {
+                for (host, ts) in hosts {
+                    fleet.observe(host, *ts, None);
+                }
+                marked
+                    .iter()
+                    .map(|&hour| self.lake.hour_dir(Table::Samples.name(), hour))
+                    .filter(|dir| dir.is_dir())
+                    .collect()
+            }
+            None => vec![self.lake.root().join(Table::Samples.name())],
+        };
+        for dir in dirs {
+            register_dir(ctx, "host_samples", &dir, Table::Samples.schema())?;
+            let batches = ctx
+                .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
+                .await?
+                .collect()
+                .await?;
+            ctx.deregister_table("host_samples")?;
+            for batch in &batches {
+                let hosts = cast(batch.column(0), &arrow_schema::DataType::Utf8)?;
+                let hosts = hosts
+                    .as_any()
+                    .downcast_ref::<arrow_array::StringArray>()
+                    .ok_or_else(|| DataFusionError::Internal("host is not text".into()))?;
+                let latest = batch
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>()
+                    .ok_or_else(|| DataFusionError::Internal("max(ts_ms) is not Int64".into()))?;
+                for i in 0..batch.num_rows() {
+                    if arrow_array::Array::is_valid(hosts, i)
+                        && arrow_array::Array::is_valid(latest, i)
+                    {
+                        fleet.observe(hosts.value(i), latest.value(i), None);
+                    }
+                }
+            }
+        }
+        Ok(fleet)
     }
 
     fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {

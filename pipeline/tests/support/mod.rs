@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
+use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{consume, IngestOptions, Lake, Metrics};
+use gpuwarden_schema::SystemClock;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -112,6 +114,9 @@ pub fn options() -> IngestOptions {
         max_buffered_bytes: 64 << 20,
         writers: 2,
         write_throttle: None,
+        // The tests' records are dated in 2026-01: these tests are not about the bounds.
+        bounds: Bounds::none(),
+        clock: Arc::new(SystemClock),
     }
 }
 

@@ -241,6 +241,9 @@ pub struct PipelineConfig {
     pub shutdown_deadline: Duration,
     /// `[pipeline.signals]`: the hot window and how often signals are computed.
     pub signals: SignalsConfig,
+    /// `[pipeline.clock]`: how far a record's time may stray from its arrival, and how the
+    /// watermark treats a host that falls silent.
+    pub clock: ClockBounds,
 }
 
 impl Default for PipelineConfig {
@@ -259,6 +262,7 @@ impl Default for PipelineConfig {
             sql_limits: SqlLimits::default(),
             shutdown_deadline: Duration::from_secs(30),
             signals: SignalsConfig::default(),
+            clock: ClockBounds::default(),
         }
     }
 }
@@ -342,6 +346,35 @@ impl Default for SignalsConfig {
         Self {
             every: Duration::from_secs(30),
             window: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// `[pipeline.clock]`: the bounds on event time that keep one host's wrong clock out of the
+/// rollups and signals (docs/ARCHITECTURE.md#event-time).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClockBounds {
+    /// How far a record's time may run ahead of its arrival (the Kafka message's timestamp, or
+    /// the time `gpuwarden ingest` read it). A record further ahead is quarantined.
+    #[serde(deserialize_with = "duration::required")]
+    pub max_skew: Duration,
+    /// How far a sample's time may lag its arrival on Kafka before it is quarantined instead of
+    /// reopening hours long final. `gpuwarden ingest`, for backfills, accepts any age.
+    #[serde(deserialize_with = "duration::required")]
+    pub max_age: Duration,
+    /// A host whose latest sample is this far behind the fleet's median host stops holding the
+    /// watermark back.
+    #[serde(deserialize_with = "duration::required")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ClockBounds {
+    fn default() -> Self {
+        Self {
+            max_skew: Duration::from_secs(5 * 60),
+            max_age: Duration::from_secs(24 * 3600),
+            idle_timeout: Duration::from_secs(5 * 60),
         }
     }
 }

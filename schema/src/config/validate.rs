@@ -185,6 +185,27 @@ fn pipeline(config: &Config, report: Report<'_>) {
             format!("must be at least {}MiB", MIN_QUERY_MEMORY >> 20),
         );
     }
+    let clock = &p.clock;
+    for (field, value) in [
+        ("max_skew", clock.max_skew),
+        ("idle_timeout", clock.idle_timeout),
+    ] {
+        if value.is_zero() {
+            report(
+                at(&["pipeline", "clock", field]),
+                "must be longer than 0s".into(),
+            );
+        }
+    }
+    if clock.max_age <= p.lateness {
+        report(
+            at(&["pipeline", "clock", "max_age"]),
+            format!(
+                "must be longer than pipeline.lateness ({}): samples still in time for their hour would be quarantined",
+                humantime::format_duration(p.lateness)
+            ),
+        );
+    }
     if p.shutdown_deadline.is_zero() {
         report(
             at(&["pipeline", "shutdown_deadline"]),
