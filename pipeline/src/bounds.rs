@@ -21,7 +21,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use gpuwarden_schema::clock::span;
 use gpuwarden_schema::config::ClockBounds;
-use gpuwarden_schema::Clock;
+use gpuwarden_schema::{Clock, LATEST_MS};
 
 fn ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -72,6 +72,14 @@ impl Bounds {
     /// bound applies to samples only (`age_applies`): lease events and actions are the
     /// enforcer's record of what happened and are kept however late they come.
     pub fn check(&self, ts_ms: i64, arrival_ms: i64, age_applies: bool) -> Result<(), OutOfBounds> {
+        if ts_ms < 0 {
+            return Err(OutOfBounds {
+                ts_ms,
+                arrival_ms,
+                limit_ms: 0,
+                direction: Direction::BeforeEpoch,
+            });
+        }
         let skew = ts_ms.saturating_sub(arrival_ms);
         if skew > self.max_ahead_ms {
             return Err(OutOfBounds {
@@ -100,6 +108,8 @@ pub enum Direction {
     Ahead,
     /// Its time is too far behind its arrival (`max_age`).
     Behind,
+    /// Its time is before 1970, however old history may be.
+    BeforeEpoch,
 }
 
 impl Direction {
@@ -107,7 +117,7 @@ impl Direction {
     pub fn name(self) -> &'static str {
         match self {
             Self::Ahead => "ahead",
-            Self::Behind => "behind",
+            Self::Behind | Self::BeforeEpoch => "behind",
         }
     }
 }
@@ -153,14 +163,24 @@ impl fmt::Display for OutOfBounds {
                  pipeline.clock.max_age ({limit}) allows on Kafka: load history with \
                  `gpuwarden ingest` instead"
             ),
+            Direction::BeforeEpoch => write!(
+                f,
+                "{ts} is before 1970, earlier than any GPU was measured: the clock that dated \
+                 it is wrong"
+            ),
         }
     }
 }
 
-/// A time as RFC 3339 to the second; times before 1970 as 1970.
+/// A time as RFC 3339 to the second; one RFC 3339 cannot write (before 1970, after 9999) as its
+/// milliseconds.
 pub fn instant(ts_ms: i64) -> String {
-    let ts = UNIX_EPOCH + Duration::from_millis(u64::try_from(ts_ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(ts).to_string()
+    match u64::try_from(ts_ms) {
+        Ok(ms) if ts_ms <= LATEST_MS => {
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+        }
+        _ => format!("{ts_ms} ms since 1970"),
+    }
 }
 
 /// The event time the fleet as a whole has reached (see the module documentation).
@@ -331,6 +351,29 @@ mod tests {
         );
         // Ahead is refused for every table; a lease event is not a sample, but no less wrong.
         assert!(bounds().check(arrival + 6 * MIN, arrival, false).is_err());
+    }
+
+    #[test]
+    fn any_time_reads_in_a_reason() {
+        assert_eq!(instant(0), "1970-01-01T00:00:00Z");
+        assert_eq!(instant(LATEST_MS), "9999-12-31T23:59:59Z");
+        assert_eq!(instant(i64::MAX), "9223372036854775807 ms since 1970");
+        assert_eq!(instant(-1), "-1 ms since 1970");
+        let err = bounds().check(i64::MAX, 0, true).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("9223372036854775807 ms since 1970 is 106751991167d 7h ahead"),
+            "{err}"
+        );
+        let err = Bounds::backfill(&ClockBounds::default())
+            .check(i64::MIN, 0, true)
+            .unwrap_err();
+        assert_eq!(err.direction, Direction::BeforeEpoch);
+        assert_eq!(
+            err.to_string(),
+            "-9223372036854775808 ms since 1970 is before 1970, earlier than any GPU was \
+             measured: the clock that dated it is wrong"
+        );
     }
 
     #[test]

@@ -44,6 +44,14 @@ pub enum FileError {
     /// Writing the lake failed.
     #[error(transparent)]
     Lake(#[from] LakeError),
+    /// A decoding thread failed (a bug): what it decoded may be missing from the lake.
+    #[error("decoding {input} failed: {message}; this is a bug, and records of the input may be missing from the lake")]
+    Decoder {
+        /// The input's name.
+        input: String,
+        /// What the thread said.
+        message: String,
+    },
 }
 
 /// Bytes read at a time.
@@ -248,14 +256,25 @@ fn ingest_blocks(
     };
     drop(chunk);
     drop(chunk_tx);
+    let mut decoder_failed = None;
     for d in decoders {
-        let _ = d.join();
+        if let Err(panic) = d.join() {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "no message".into());
+            decoder_failed = Some(FileError::Decoder {
+                input: name.to_string(),
+                message,
+            });
+        }
     }
     let writers =
         Arc::try_unwrap(writers).unwrap_or_else(|_| unreachable!("every decoder has finished"));
     writers.join();
     drop(done);
-    if let Some(e) = read_error {
+    if let Some(e) = read_error.or(decoder_failed) {
         return Err(e);
     }
     let (records, quarantined) = (
