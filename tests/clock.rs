@@ -585,19 +585,22 @@ role = "admin"
         .unwrap_or_else(|| panic!("no skew for h-0:\n{text}"))
         .parse()
         .unwrap();
-    assert!(h0.abs() < 60.0, "the simulated host's skew is {h0} s");
+    // Its delay in sending, in event time: 5 minutes are 5 s of wall time at 60×.
+    assert!(h0.abs() < 300.0, "the simulated host's skew is {h0} s");
 
     // One alert at the webhook, one row in clock_skew, however many times it was reported.
     let alert = eventually("the clock_skew alert", Duration::from_secs(60), || {
         let alerts = webhook.alerts("clock_skew");
         alerts.first().cloned().ok_or(alerts.len())
     });
+    // About 400 days: the event clock, from 01:00 today, may be ahead of the wall by hours.
     let text = alert["text"].as_str().unwrap();
     assert!(
-        text.contains("the clock of host node-wrong-clock runs 4")
-            && text.contains("ahead of gpuwarden's"),
+        text.contains("the clock of host node-wrong-clock runs 399d ")
+            || text.contains("the clock of host node-wrong-clock runs 400d "),
         "{text}"
     );
+    assert!(text.contains("ahead of gpuwarden's"), "{text}");
     let rows = eventually("clock_skew reported", Duration::from_secs(30), || {
         let rows = psql.rows("SELECT host, reports, skew_s > 34000000 FROM clock_skew");
         if rows.len() == 1 {

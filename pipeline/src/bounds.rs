@@ -11,8 +11,9 @@
 //!   moves a watermark.
 //! - [`FleetWatermark`]: the event time the fleet has reached is the earliest latest-sample time
 //!   among the hosts that are not idle, a host being idle once it is more than
-//!   `pipeline.clock.idle_timeout` behind the median host. One host far ahead moves neither the
-//!   median nor the minimum; a silent host holds the watermark back for `idle_timeout` at most.
+//!   `pipeline.clock.idle_timeout` behind the median host, or once nothing of it arrived for
+//!   that long (where arrivals are known). One host far ahead moves neither the median nor the
+//!   minimum; a silent host holds the watermark back for `idle_timeout` at most.
 //! - [`HostSkews`]: each host's latest skew (event time minus arrival), for `/metrics`.
 
 use std::collections::HashMap;
@@ -32,6 +33,16 @@ fn ms(duration: Duration) -> i64 {
 pub fn arrival_ms(clock: &dyn Clock, message_wall_ms: Option<i64>) -> i64 {
     let now = clock.now_ms();
     message_wall_ms.map_or(now, |wall| clock.at_wall(wall).min(now))
+}
+
+/// When a Kafka message arrived: [`arrival_ms`] of its producer's timestamp (`CreateTime`), or,
+/// on a topic whose broker stamps messages itself (`LogAppendTime`), the broker's time as it is,
+/// so that neither a producer's clock nor the pipeline's decides.
+pub fn arrival_of_message(clock: &dyn Clock, timestamp: rdkafka::Timestamp) -> i64 {
+    match timestamp {
+        rdkafka::Timestamp::LogAppendTime(broker_ms) => clock.at_wall(broker_ms),
+        other => arrival_ms(clock, other.to_millis()),
+    }
 }
 
 /// How far a record's time may stray from its arrival.
@@ -102,7 +113,7 @@ impl Bounds {
 }
 
 /// Which bound a record broke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Direction {
     /// Its time is too far ahead of its arrival (`max_skew`).
     Ahead,
@@ -407,6 +418,11 @@ mod tests {
         // A message that waited in Kafka arrived when it was produced.
         assert_eq!(arrival_ms(&SystemClock, Some(now - DAY)), now - DAY);
         assert!(arrival_ms(&SystemClock, None) >= now);
+        // A broker's own stamp is taken as it is, even ahead of this machine's clock.
+        let stamped = rdkafka::Timestamp::LogAppendTime(now + 10 * MIN);
+        assert_eq!(arrival_of_message(&SystemClock, stamped), now + 10 * MIN);
+        let created = rdkafka::Timestamp::CreateTime(now + 10 * MIN);
+        assert!(arrival_of_message(&SystemClock, created) < now + MIN);
     }
 
     fn fleet(hosts: &[(&str, i64)]) -> FleetWatermark {

@@ -20,7 +20,7 @@ use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::bounds::{arrival_ms, Bounds, HostSkews};
+use crate::bounds::{arrival_of_message, Bounds, Direction, HostSkews};
 use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
 use crate::lake::Lake;
 use crate::metrics::Metrics;
@@ -390,7 +390,7 @@ impl State {
             let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
             let arrival = Arrival {
-                ms: arrival_ms(&*self.options.clock, message.timestamp().to_millis()),
+                ms: arrival_of_message(&*self.options.clock, message.timestamp()),
                 bounds: &self.options.bounds,
             };
             let payload = message.payload().unwrap_or_default();
@@ -418,8 +418,12 @@ impl State {
                 self.metrics.records_in_n(topic, n, bad);
             }
         }
+        let mut tally: BTreeMap<(&str, Direction), u64> = BTreeMap::new();
         for &(topic, direction, _, _) in &out_of_bounds {
-            self.metrics.out_of_bounds(topic, direction, 1);
+            *tally.entry((topic, direction)).or_default() += 1;
+        }
+        for ((topic, direction), n) in tally {
+            self.metrics.out_of_bounds(topic, direction, n);
         }
         if let Some(&(topic, direction, partition, offset)) = out_of_bounds.last() {
             self.out_of_bounds_unlogged += out_of_bounds.len() as u64;

@@ -15,7 +15,9 @@
 //!   Nothing is computed until what the topics held at the start has been read (or for at most
 //!   [`CATCH_UP_LIMIT`]): signals from half the samples and none of the leases would report
 //!   every busy GPU as unattributed.
-//! - Event time: the watermark is the largest sample `ts_ms` seen. When it passes the next
+//! - Event time: the watermark is the fleet's ([`FleetWatermark`] over each host's latest sample
+//!   within `pipeline.clock`'s bounds; a sample out of them is skipped and its host reported in
+//!   a `clock_skew` signal, at most once per `every`). When it passes the next
 //!   multiple B of `every`, signals are computed for B (the latest multiple, if it passed
 //!   several) and the samples that can count in no later window are dropped, so memory follows
 //!   the window, not the topic.
@@ -48,7 +50,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::bounds::{arrival_ms, Bounds, FleetWatermark, OutOfBounds};
+use crate::bounds::{arrival_of_message, Bounds, FleetWatermark, OutOfBounds};
 use crate::lake::{Lake, LakeError};
 use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
@@ -213,14 +215,22 @@ impl HotWindow {
         let row = SampleRow::from_json(payload)?;
         self.newest_arrival = self.newest_arrival.max(Some(arrival_ms));
         if let Err(refused) = self.bounds.check(row.ts_ms, arrival_ms, true) {
-            let skewed = self.skewed.entry(row.host.to_string()).or_insert(Skewed {
-                skew_ms: 0,
-                arrival_ms,
-                reported: None,
-            });
-            if arrival_ms >= skewed.arrival_ms {
-                skewed.skew_ms = refused.skew_ms();
-                skewed.arrival_ms = arrival_ms;
+            match self.skewed.get_mut(&*row.host) {
+                Some(skewed) if arrival_ms >= skewed.arrival_ms => {
+                    skewed.skew_ms = refused.skew_ms();
+                    skewed.arrival_ms = arrival_ms;
+                }
+                Some(_) => {}
+                None => {
+                    self.skewed.insert(
+                        row.host.to_string(),
+                        Skewed {
+                            skew_ms: refused.skew_ms(),
+                            arrival_ms,
+                            reported: None,
+                        },
+                    );
+                }
             }
             return Ok(Added::OutOfBounds(refused));
         }
@@ -755,7 +765,7 @@ impl<'a> Publisher<'a> {
                 }
             };
             let payload = message.payload().unwrap_or_default();
-            let arrival = arrival_ms(&*self.options.clock, message.timestamp().to_millis());
+            let arrival = arrival_of_message(&*self.options.clock, message.timestamp());
             let result = match message.topic() {
                 topics::SAMPLES => {
                     self.catch_up
@@ -771,7 +781,9 @@ impl<'a> Publisher<'a> {
                         .read(topics::LEASES, message.partition(), message.offset());
                     self.window.add_lease_event(payload, arrival).map(|kept| {
                         if !kept {
-                            tracing::warn!(partition = message.partition(), offset = message.offset(), "a lease event dated too far ahead of its arrival is skipped (ingest quarantines it)");
+                            if let Some(more) = self.skipped.ready() {
+                                tracing::warn!(partition = message.partition(), offset = message.offset(), more, "a lease event dated too far ahead of its arrival is skipped (ingest quarantines it)");
+                            }
                         }
                     })
                 }

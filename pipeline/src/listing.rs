@@ -14,6 +14,26 @@ use datafusion::datasource::listing::{
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 
+/// Registers the Parquet files under every one of `dirs` (which must exist) as one table.
+pub fn register_dirs(
+    ctx: &SessionContext,
+    name: &str,
+    dirs: &[std::path::PathBuf],
+    schema: SchemaRef,
+) -> Result<(), DataFusionError> {
+    let urls = dirs
+        .iter()
+        .map(|dir| ListingTableUrl::parse(format!("{}/", dir.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .with_schema(schema);
+    ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
+    Ok(())
+}
+
 /// Registers the Parquet files under `dir` (recursively) as `name`, read with `schema`.
 /// The directory is created if missing so that the table exists, empty, from the start.
 pub fn register_dir(

@@ -132,6 +132,8 @@ fn options() -> RollupOptions {
         },
         lateness_ms: 10 * MIN,
         idle_ms: 5 * MIN,
+        max_skew_ms: 5 * MIN,
+        clock: std::sync::Arc::new(gpuwarden_schema::SystemClock),
     }
 }
 
@@ -661,7 +663,7 @@ fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_g
     let rollup = Rollup::new(lake.clone(), options());
     let report = rt.block_on(rollup.run()).unwrap();
     assert_eq!(report.watermark, Some(H + 30 * MIN));
-    assert_eq!(report.hosts, 4);
+    assert_eq!(report.hosts, 3, "the host dated past now is not remembered");
     let allocated = |rt: &tokio::runtime::Runtime| {
         rows(
             rt,
@@ -699,10 +701,84 @@ fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_g
         40.0 / 60.0,
         "L allocated to the new watermark",
     );
-    let hosts: BTreeMap<String, i64> =
+    let hosts: BTreeMap<String, (i64, i64)> =
         serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_hosts.json")).unwrap())
             .unwrap();
-    assert_eq!(hosts["a"], H + 40 * MIN);
-    assert_eq!(hosts["c"], H + 30 * MIN);
-    assert_eq!(hosts["wrong"], H + year * MIN);
+    assert_eq!(hosts["a"].0, H + 40 * MIN);
+    assert_eq!(hosts["c"].0, H + 30 * MIN);
+    assert!(!hosts.contains_key("wrong"), "{hosts:?}");
+}
+
+/// Two hosts of three stop for good; in event time alone they are the median. What lets them
+/// go is that nothing new of them is seen for `idle_timeout` on the rollup's clock. And a lake
+/// whose state a wrong watermark once finalized into the future is put right.
+#[test]
+fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let rt = rt();
+    let clock = std::sync::Arc::new(gpuwarden_schema::ManualClock::new(H + 10 * MIN));
+    let options = RollupOptions {
+        clock: clock.clone(),
+        ..options()
+    };
+    let rollup = Rollup::new(lake.clone(), options);
+    let minutes = |host: &str, from: i64, to: i64| -> Vec<Sample> {
+        (from..=to)
+            .map(|k| sample(&format!("g{host}"), H100, host, k, 50.0, None, None))
+            .collect()
+    };
+    let mut samples = minutes("a", 0, 10);
+    samples.extend(minutes("b", 0, 10));
+    samples.extend(minutes("c", 0, 10));
+    put(&lake, "samples", "s0", &samples, |s| s.ts_ms);
+    // A state left by a rollup before the bounds: three hours ahead recorded final.
+    let year = 365 * 24 * 60 * MIN;
+    let damaged = json!({"hours": {
+        (H + year).to_string(): true, (H + year + 60 * MIN).to_string(): true,
+        (H + 2 * 60 * MIN).to_string(): true}, "pending": []});
+    std::fs::create_dir_all(dir.path().join("rollups")).unwrap();
+    std::fs::write(dir.path().join("rollups/_state.json"), damaged.to_string()).unwrap();
+    let report = rt.block_on(rollup.run()).unwrap();
+    assert_eq!(report.watermark, Some(H + 10 * MIN));
+    assert_eq!(
+        report.hours, 4,
+        "H, and the three hours wrongly final: computed again"
+    );
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_state.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        state["hours"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        [&H.to_string()],
+        "hours with nothing in them are forgotten"
+    );
+
+    // b and c stop at minute 10; a goes on, a minute per minute of the clock.
+    let mut watermarks = Vec::new();
+    for k in 11..=20 {
+        put(
+            &lake,
+            "samples",
+            &format!("a{k}"),
+            &minutes("a", k, k),
+            |s| s.ts_ms,
+        );
+        clock.set(H + k * MIN);
+        watermarks.push(rt.block_on(rollup.run()).unwrap().watermark.unwrap());
+    }
+    let held = watermarks.iter().filter(|w| **w == H + 10 * MIN).count();
+    assert_eq!(
+        held, 5,
+        "held while b and c were last seen 5 min ago or less: {watermarks:?}"
+    );
+    assert_eq!(watermarks.last(), Some(&(H + 20 * MIN)));
+    assert!(
+        watermarks.windows(2).all(|w| w[0] <= w[1]),
+        "never back: {watermarks:?}"
+    );
 }

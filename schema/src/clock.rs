@@ -105,8 +105,6 @@ impl Clock for SystemClock {
 pub struct AcceleratedClock {
     start_ms: i64,
     started: Instant,
-    /// The wall time at `started`.
-    started_wall_ms: i64,
     speed: f64,
 }
 
@@ -121,7 +119,6 @@ impl AcceleratedClock {
         Self {
             start_ms,
             started: Instant::now(),
-            started_wall_ms: wall_now_ms(),
             speed,
         }
     }
@@ -139,8 +136,10 @@ impl Clock for AcceleratedClock {
     }
 
     fn at_wall(&self, wall_ms: i64) -> i64 {
-        let elapsed_ms = wall_ms.saturating_sub(self.started_wall_ms) as f64 * self.speed;
-        self.start_ms.saturating_add(elapsed_ms as i64)
+        // Relative to now, not to the wall time at the start, so that a step of the machine's
+        // clock since the start moves no mapped time.
+        let ago_ms = wall_now_ms().saturating_sub(wall_ms) as f64 * self.speed;
+        self.now_ms().saturating_sub(ago_ms as i64)
     }
 
     fn speed(&self) -> f64 {

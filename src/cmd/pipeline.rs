@@ -159,7 +159,10 @@ pub(crate) async fn start(
     tracing::info!(metrics = %format!("http://{metrics_address}/metrics"), sql = %sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
 
     let rollups = tokio::spawn(rollup_loop(
-        Rollup::new(lake.clone(), RollupOptions::from_config(config)),
+        Rollup::new(
+            lake.clone(),
+            RollupOptions::from_config(config).with_clock(Arc::clone(&clock)),
+        ),
         config.pipeline.rollup_every,
         Arc::clone(&metrics),
     ));

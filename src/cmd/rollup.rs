@@ -40,9 +40,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             report.hours,
             report.final_hours,
             report.leases,
-            humantime::format_rfc3339_millis(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(watermark.max(0).unsigned_abs())
-            ),
+            if (0..=gpuwarden_schema::LATEST_MS).contains(&watermark) {
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(watermark.unsigned_abs()),
+                )
+                .to_string()
+            } else {
+                format!("{watermark} ms since 1970")
+            },
             report.team_rows,
             report.elapsed.as_secs_f64(),
         ),

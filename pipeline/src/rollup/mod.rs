@@ -5,9 +5,10 @@
 //!
 //! One run ([`Rollup::run`]):
 //! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark: the fleet's
-//!    ([`crate::bounds::FleetWatermark`] over each host's latest sample, kept in
-//!    `rollups/_hosts.json` and updated from the hours new samples landed in), or the latest
-//!    lease event if that is later;
+//!    ([`crate::bounds::FleetWatermark`] over each host's latest sample and when a run first
+//!    saw it, kept in `rollups/_hosts.json` and updated from the hours new samples landed in;
+//!    hosts dated past the clock's now + `max_skew` and hosts a day behind the rest left out),
+//!    or the latest lease event if that is later, and never earlier than the last run's;
 //! 2. picks the hours to compute: every hour with samples or an allocation that is not yet
 //!    final, every hour the lake marked because new or late samples landed in it, and every
 //!    hour from the earliest marked lease event on (a lease event changes attribution and
@@ -47,13 +48,13 @@ use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use gpuwarden_schema::config::{Config, PricingConfig};
-use gpuwarden_schema::{ArrowConvertError, LeaseEvent, Record as _};
+use gpuwarden_schema::{ArrowConvertError, Clock, LeaseEvent, Record as _, SystemClock};
 use serde::{Deserialize, Serialize};
 
 use crate::bounds::FleetWatermark;
 use crate::buffer::Table;
 use crate::lake::{hour_partition, Lake, LakeError};
-use crate::listing::register_dir;
+use crate::listing::{register_dir, register_dirs};
 use gpuwarden_schema::calendar::month_of;
 use leases::Leases;
 pub use tables::RollupTable;
@@ -73,8 +74,14 @@ pub struct RollupOptions {
     pub pricing: PricingConfig,
     /// How long after an hour ends (in event time) it may still receive data.
     pub lateness_ms: i64,
-    /// A host this far behind the median host stops holding the watermark back.
+    /// A host this far behind the median host, or with no new sample for this long (in the
+    /// clock's time), stops holding the watermark back.
     pub idle_ms: i64,
+    /// A host whose latest sample is more than this ahead of the clock's now is not the fleet's
+    /// time (`pipeline.clock.max_skew`).
+    pub max_skew_ms: i64,
+    /// The clock the fleet's records are dated with.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl RollupOptions {
@@ -85,7 +92,16 @@ impl RollupOptions {
             lateness_ms: i64::try_from(config.pipeline.lateness.as_millis()).unwrap_or(i64::MAX),
             idle_ms: i64::try_from(config.pipeline.clock.idle_timeout.as_millis())
                 .unwrap_or(i64::MAX),
+            max_skew_ms: i64::try_from(config.pipeline.clock.max_skew.as_millis())
+                .unwrap_or(i64::MAX),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// These options on `clock` (the fleet's, when it is accelerated).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 }
 
@@ -156,11 +172,53 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
-/// Hosts whose latest sample is this far behind the second latest host's are forgotten.
+/// The fleet's watermark over the hosts' latest samples, and the hosts worth keeping.
+struct Fleet {
+    watermark: Option<i64>,
+    /// Every host is dated past the ceiling: the lake's data comes from an accelerated clock
+    /// ahead of this one (a demo's), not from wrong clocks, and is taken as it is.
+    ahead: bool,
+    /// The hosts to remember: neither ahead of the ceiling nor a day behind the latest.
+    kept: BTreeMap<String, (i64, i64)>,
+}
+
+/// Applies [`FleetWatermark`] to `hosts` (latest sample, first seen), leaving out hosts dated
+/// past `ceiling` (a wrong clock, in a lake rolled up before the bounds or from a backfill)
+/// unless all are, and hosts a day behind the latest of the rest (gone: decommissioned, or most
+/// of the fleet shut down), so that they stop counting in the median.
+fn fleet_watermark(hosts: &BTreeMap<String, (i64, i64)>, ceiling: i64, idle_ms: i64) -> Fleet {
+    let ahead = !hosts.is_empty() && hosts.values().all(|(ts, _)| *ts > ceiling);
+    let honest = |ts: i64| ahead || ts <= ceiling;
+    let latest = hosts
+        .values()
+        .map(|(ts, _)| *ts)
+        .filter(|ts| honest(*ts))
+        .max();
+    let kept: BTreeMap<String, (i64, i64)> = hosts
+        .iter()
+        .filter(|(_, (ts, _))| {
+            honest(*ts) && latest.is_some_and(|l| *ts >= l.saturating_sub(FORGET_HOSTS_MS))
+        })
+        .map(|(host, times)| (host.clone(), *times))
+        .collect();
+    let mut fleet = FleetWatermark::new(idle_ms);
+    for (host, (ts, seen)) in &kept {
+        fleet.observe(host, *ts, Some(*seen));
+    }
+    Fleet {
+        watermark: fleet.watermark(),
+        ahead,
+        kept,
+    }
+}
+
+/// Hosts whose latest sample is this far behind the latest host's are forgotten.
 const FORGET_HOSTS_MS: i64 = 24 * HOUR_MS;
 
-/// `_hosts.json`: each host's latest sample time, `None` when there is none yet.
-fn load_hosts(path: &Path) -> Result<Option<BTreeMap<String, i64>>, RollupError> {
+/// `_hosts.json`: each host's latest sample time and when a rollup first saw it, `None` when
+/// there is no file yet.
+#[allow(clippy::type_complexity)]
+fn load_hosts(path: &Path) -> Result<Option<BTreeMap<String, (i64, i64)>>, RollupError> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -176,8 +234,7 @@ fn load_hosts(path: &Path) -> Result<Option<BTreeMap<String, i64>>, RollupError>
     }
 }
 
-fn save_hosts(path: &Path, fleet: &FleetWatermark) -> Result<(), RollupError> {
-    let hosts: BTreeMap<&str, i64> = fleet.hosts().collect();
+fn save_hosts(path: &Path, hosts: &BTreeMap<String, (i64, i64)>) -> Result<(), RollupError> {
     let err = |e: std::io::Error| RollupError::State {
         path: path.to_owned(),
         message: e.to_string(),
@@ -185,7 +242,7 @@ fn save_hosts(path: &Path, fleet: &FleetWatermark) -> Result<(), RollupError> {
     let tmp = path.with_extension("json.tmp");
     let file = std::fs::File::create(&tmp).map_err(err)?;
     let mut writer = std::io::BufWriter::new(&file);
-    serde_json::to_writer(&mut writer, &hosts).expect("host times serialize");
+    serde_json::to_writer(&mut writer, hosts).expect("host times serialize");
     std::io::Write::flush(&mut writer).map_err(err)?;
     drop(writer);
     file.sync_all().map_err(err)?;
@@ -196,6 +253,9 @@ fn save_hosts(path: &Path, fleet: &FleetWatermark) -> Result<(), RollupError> {
 struct State {
     /// Hours computed, and whether they were final then.
     hours: BTreeMap<i64, bool>,
+    /// The watermark of the last run: the next is never earlier.
+    #[serde(default)]
+    watermark: Option<i64>,
     /// Hours chosen by a run that has not finished them (their marks may be gone).
     pending: BTreeSet<i64>,
 }
@@ -264,13 +324,17 @@ impl Rollup {
         let marked_samples = self.lake.marked_hours(Table::Samples.name());
         let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
         let hosts_path = self.dir().join("_hosts.json");
-        let mut fleet = self.fleet(&ctx, &hosts_path, &marked_samples).await?;
-        // Hosts a day behind the fleet are gone (decommissioned, or most of the fleet shut down):
-        // they stop counting in the median. The second latest host is one no one clock moves.
-        if let Some(top) = fleet.second_latest() {
-            fleet.forget_before(top.saturating_sub(FORGET_HOSTS_MS));
-        }
-        let watermark = fleet.watermark().max(leases.max_ts());
+        let now = self.options.clock.now_ms();
+        let ceiling = now.saturating_add(self.options.max_skew_ms);
+        let hosts = self.hosts(&ctx, &hosts_path, &marked_samples, now).await?;
+        let fleet = fleet_watermark(&hosts, ceiling, self.options.idle_ms);
+        let state_path = self.dir().join("_state.json");
+        let mut state = State::load(&state_path)?;
+        // Never back: a host that joins behind the rest does not undo hours already charged.
+        // A lease event from a wrong clock is no more the fleet's time than a sample.
+        let lease_max = leases.max_ts().filter(|ts| *ts <= ceiling || fleet.ahead);
+        let previous = state.watermark.filter(|ts| *ts <= ceiling || fleet.ahead);
+        let watermark = fleet.watermark.max(lease_max).max(previous);
         self.write_leases(&leases)?;
         let Some(watermark) = watermark else {
             return Ok(Report {
@@ -278,9 +342,8 @@ impl Rollup {
                 ..Report::default()
             });
         };
+        state.watermark = Some(watermark);
 
-        let state_path = self.dir().join("_state.json");
-        let mut state = State::load(&state_path)?;
         let mut candidates: BTreeSet<i64> = sample_hours.iter().copied().collect();
         candidates.extend(leases.allocated_hours(watermark));
         let mut todo = state.pending.clone();
@@ -294,10 +357,16 @@ impl Rollup {
             todo.extend(candidates.range(from..));
             todo.extend(state.hours.range(from..).map(|(h, _)| *h));
         }
+        // An hour recorded final that the watermark has not passed was finalized by a wrong
+        // one (a lake rolled up before the clock's bounds): computed again, it is corrected,
+        // or removed when nothing is left in it.
+        todo.extend(state.hours.iter().filter_map(|(&hour, &is_final)| {
+            (is_final && watermark < hour + HOUR_MS + self.options.lateness_ms).then_some(hour)
+        }));
         state.pending.clone_from(&todo);
         state.save(&state_path)?;
         // The hosts' times are saved before the marks they were read from are cleared.
-        save_hosts(&hosts_path, &fleet)?;
+        save_hosts(&hosts_path, &fleet.kept)?;
         for &hour in &marked_samples {
             self.lake.clear_mark(Table::Samples.name(), hour)?;
         }
@@ -309,7 +378,7 @@ impl Rollup {
         ctx.register_table("known_leases", Arc::new(known))?;
         let mut report = Report {
             watermark: Some(watermark),
-            hosts: fleet.len(),
+            hosts: fleet.kept.len(),
             leases: leases.len(),
             ..Report::default()
         };
@@ -319,7 +388,12 @@ impl Rollup {
             report.team_rows += self.hour(&ctx, &leases, hour, watermark, is_final).await?;
             report.hours += 1;
             report.final_hours += usize::from(is_final);
-            state.hours.insert(hour, is_final);
+            if candidates.contains(&hour) {
+                state.hours.insert(hour, is_final);
+            } else {
+                // No samples, no allocation: the hour holds nothing and needs no record.
+                state.hours.remove(&hour);
+            }
             state.pending.remove(&hour);
             if last_save.elapsed() > Duration::from_secs(5) {
                 state.save(&state_path)?;
@@ -358,58 +432,72 @@ impl Rollup {
         Ok(events)
     }
 
-    /// Each host's latest sample time: the last run's (`_hosts.json`), updated from the hours
-    /// marked since; read from every sample when there is no file yet.
-    async fn fleet(
+    /// Each host's latest sample time and when this rollup first saw it (on its clock): the
+    /// last run's (`_hosts.json`), updated from the hours marked since; read from every sample
+    /// when there is no file yet.
+    async fn hosts(
         &self,
         ctx: &SessionContext,
         path: &Path,
         marked: &[i64],
-    ) -> Result<FleetWatermark, RollupError> {
-        let mut fleet = FleetWatermark::new(self.options.idle_ms);
+        now: i64,
+    ) -> Result<BTreeMap<String, (i64, i64)>, RollupError> {
         let known = load_hosts(path)?;
         let dirs: Vec<PathBuf> = match &known {
-            Some(hosts) => {
-                for (host, ts) in hosts {
-                    fleet.observe(host, *ts, None);
-                }
-                marked
-                    .iter()
-                    .map(|&hour| self.lake.hour_dir(Table::Samples.name(), hour))
-                    .filter(|dir| dir.is_dir())
-                    .collect()
+            Some(_) => marked
+                .iter()
+                .map(|&hour| self.lake.hour_dir(Table::Samples.name(), hour))
+                .filter(|dir| dir.is_dir())
+                .collect(),
+            None => {
+                let all = self.lake.root().join(Table::Samples.name());
+                std::fs::create_dir_all(&all).map_err(|source| LakeError::Io {
+                    action: "creating",
+                    path: all.clone(),
+                    source,
+                })?;
+                vec![all]
             }
-            None => vec![self.lake.root().join(Table::Samples.name())],
         };
-        for dir in dirs {
-            register_dir(ctx, "host_samples", &dir, Table::Samples.schema())?;
-            let batches = ctx
-                .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
-                .await?
-                .collect()
-                .await?;
-            ctx.deregister_table("host_samples")?;
-            for batch in &batches {
-                let hosts = cast(batch.column(0), &arrow_schema::DataType::Utf8)?;
-                let hosts = hosts
-                    .as_any()
-                    .downcast_ref::<arrow_array::StringArray>()
-                    .ok_or_else(|| DataFusionError::Internal("host is not text".into()))?;
-                let latest = batch
-                    .column(1)
-                    .as_any()
-                    .downcast_ref::<arrow_array::Int64Array>()
-                    .ok_or_else(|| DataFusionError::Internal("max(ts_ms) is not Int64".into()))?;
-                for i in 0..batch.num_rows() {
-                    if arrow_array::Array::is_valid(hosts, i)
-                        && arrow_array::Array::is_valid(latest, i)
-                    {
-                        fleet.observe(hosts.value(i), latest.value(i), None);
+        let mut hosts = known.unwrap_or_default();
+        if dirs.is_empty() {
+            return Ok(hosts);
+        }
+        register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
+        let batches = ctx
+            .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
+            .await?
+            .collect()
+            .await?;
+        ctx.deregister_table("host_samples")?;
+        for batch in &batches {
+            let names = cast(batch.column(0), &arrow_schema::DataType::Utf8)?;
+            let names = names
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .ok_or_else(|| DataFusionError::Internal("host is not text".into()))?;
+            let latest = batch
+                .column(1)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+                .ok_or_else(|| DataFusionError::Internal("max(ts_ms) is not Int64".into()))?;
+            for i in 0..batch.num_rows() {
+                if !(arrow_array::Array::is_valid(names, i)
+                    && arrow_array::Array::is_valid(latest, i))
+                {
+                    continue;
+                }
+                let ts = latest.value(i);
+                match hosts.get_mut(names.value(i)) {
+                    Some((known, seen)) if ts > *known => (*known, *seen) = (ts, now),
+                    Some(_) => {}
+                    None => {
+                        hosts.insert(names.value(i).to_string(), (ts, now));
                     }
                 }
             }
         }
-        Ok(fleet)
+        Ok(hosts)
     }
 
     fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
