@@ -43,12 +43,5 @@ pub fn register_dir(
     schema: SchemaRef,
 ) -> Result<(), DataFusionError> {
     std::fs::create_dir_all(dir)?;
-    let url = ListingTableUrl::parse(format!("{}/", dir.display()))?;
-    let options =
-        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-    let config = ListingTableConfig::new(url)
-        .with_listing_options(options)
-        .with_schema(schema);
-    ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
-    Ok(())
+    register_dirs(ctx, name, &[dir.to_path_buf()], schema)
 }
