@@ -200,6 +200,8 @@ pub struct FleetWatermark {
     /// Each host's latest sample time, and when its latest record arrived (when known).
     hosts: HashMap<Box<str>, (i64, Option<i64>)>,
     idle_ms: i64,
+    /// How long a host may go without an arrival before it is idle (`idle_ms` unless told).
+    silence_ms: i64,
 }
 
 impl FleetWatermark {
@@ -209,7 +211,15 @@ impl FleetWatermark {
         Self {
             hosts: HashMap::new(),
             idle_ms: idle_ms.max(0),
+            silence_ms: idle_ms.max(0),
         }
+    }
+
+    /// The same, with hosts idle only after `silence_ms` without an arrival: for arrivals known
+    /// only as coarsely as a rollup's runs.
+    pub fn with_silence(mut self, silence_ms: i64) -> Self {
+        self.silence_ms = silence_ms.max(0);
+        self
     }
 
     /// `host` reported a sample dated `ts_ms`, which arrived at `arrival_ms` when known.
@@ -232,7 +242,7 @@ impl FleetWatermark {
     pub fn watermark(&self) -> Option<i64> {
         let newest_arrival = self.hosts.values().filter_map(|(_, a)| *a).max();
         let heard = |arrived: &Option<i64>| match (arrived, newest_arrival) {
-            (Some(arrived), Some(newest)) => *arrived >= newest.saturating_sub(self.idle_ms),
+            (Some(arrived), Some(newest)) => *arrived >= newest.saturating_sub(self.silence_ms),
             _ => true,
         };
         let mut times: Vec<i64> = self

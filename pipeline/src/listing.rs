@@ -14,13 +14,19 @@ use datafusion::datasource::listing::{
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 
-/// Registers the Parquet files under every one of `dirs` (which must exist) as one table.
+/// Registers the Parquet files under every one of `dirs` (which must exist) as one table; no
+/// directories at all make an empty table.
 pub fn register_dirs(
     ctx: &SessionContext,
     name: &str,
     dirs: &[std::path::PathBuf],
     schema: SchemaRef,
 ) -> Result<(), DataFusionError> {
+    if dirs.is_empty() {
+        let empty = datafusion::datasource::MemTable::try_new(schema, vec![vec![]])?;
+        ctx.register_table(name, Arc::new(empty))?;
+        return Ok(());
+    }
     let urls = dirs
         .iter()
         .map(|dir| ListingTableUrl::parse(format!("{}/", dir.display())))

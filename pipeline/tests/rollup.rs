@@ -782,3 +782,63 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
         "never back: {watermarks:?}"
     );
 }
+
+/// Rollups an hour apart (from cron, after each host's export is ingested): a host is seen only
+/// when a run reads its new samples, so hosts seen by the last run are not silent however long
+/// ago that was, and one host's later export does not move the watermark past the others.
+#[test]
+fn hosts_seen_by_the_last_run_are_not_silent_however_far_apart_the_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let rt = rt();
+    let clock = std::sync::Arc::new(gpuwarden_schema::ManualClock::new(H + 65 * MIN));
+    let rollup = Rollup::new(
+        lake.clone(),
+        RollupOptions {
+            clock: clock.clone(),
+            ..options()
+        },
+    );
+    let export = |host: &str, from: i64, to: i64| -> Vec<Sample> {
+        (from..=to)
+            .step_by(5)
+            .map(|k| sample(&format!("g{host}"), H100, host, k, 50.0, None, None))
+            .collect()
+    };
+    for host in ["a", "b", "c"] {
+        put(
+            &lake,
+            "samples",
+            &format!("{host}-1"),
+            &export(host, 0, 60),
+            |s| s.ts_ms,
+        );
+    }
+    assert_eq!(
+        rt.block_on(rollup.run()).unwrap().watermark,
+        Some(H + 60 * MIN)
+    );
+    // An hour later only a's next export has come in.
+    clock.set(H + 125 * MIN);
+    put(&lake, "samples", "a-2", &export("a", 65, 120), |s| s.ts_ms);
+    assert_eq!(
+        rt.block_on(rollup.run()).unwrap().watermark,
+        Some(H + 60 * MIN),
+        "b and c were seen by the last run"
+    );
+    // b's and c's follow: the fleet is at 120 min.
+    clock.set(H + 185 * MIN);
+    for host in ["b", "c"] {
+        put(
+            &lake,
+            "samples",
+            &format!("{host}-2"),
+            &export(host, 65, 120),
+            |s| s.ts_ms,
+        );
+    }
+    assert_eq!(
+        rt.block_on(rollup.run()).unwrap().watermark,
+        Some(H + 120 * MIN)
+    );
+}

@@ -11,9 +11,10 @@ use gpuwarden_schema::config;
 ///
 /// Reads the lake's samples and lease events and writes, for every hour with samples or leases
 /// that is not final yet or has received data since it was last computed, its rows in
-/// <storage.data_dir>/lake/rollups/<table>/date=…/hour=…/. The watermark is the largest event
-/// time in the lake; an hour is final once the watermark passes its end plus
-/// pipeline.lateness. Running it again computes only what changed, so it is safe to run from
+/// <storage.data_dir>/lake/rollups/<table>/date=…/hour=…/. The watermark is the time the fleet
+/// as a whole has reached: the earliest latest sample among hosts no more than
+/// pipeline.clock.idle_timeout behind the median host (one host's wrong clock does not move it);
+/// an hour is final once the watermark passes its end plus pipeline.lateness. Running it again computes only what changed, so it is safe to run from
 /// cron after `gpuwarden ingest`; `gpuwarden pipeline` does the same every
 /// pipeline.rollup_every by itself. Progress goes to stderr; a summary to stdout.
 /// Example:

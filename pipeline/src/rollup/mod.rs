@@ -186,7 +186,13 @@ struct Fleet {
 /// past `ceiling` (a wrong clock, in a lake rolled up before the bounds or from a backfill)
 /// unless all are, and hosts a day behind the latest of the rest (gone: decommissioned, or most
 /// of the fleet shut down), so that they stop counting in the median.
-fn fleet_watermark(hosts: &BTreeMap<String, (i64, i64)>, ceiling: i64, idle_ms: i64) -> Fleet {
+/// A host counts as silent after `silence_ms` of the rollup's clock without a new sample.
+fn fleet_watermark(
+    hosts: &BTreeMap<String, (i64, i64)>,
+    ceiling: i64,
+    idle_ms: i64,
+    silence_ms: i64,
+) -> Fleet {
     let ahead = !hosts.is_empty() && hosts.values().all(|(ts, _)| *ts > ceiling);
     let honest = |ts: i64| ahead || ts <= ceiling;
     let latest = hosts
@@ -201,7 +207,7 @@ fn fleet_watermark(hosts: &BTreeMap<String, (i64, i64)>, ceiling: i64, idle_ms: 
         })
         .map(|(host, times)| (host.clone(), *times))
         .collect();
-    let mut fleet = FleetWatermark::new(idle_ms);
+    let mut fleet = FleetWatermark::new(idle_ms).with_silence(silence_ms);
     for (host, (ts, seen)) in &kept {
         fleet.observe(host, *ts, Some(*seen));
     }
@@ -215,22 +221,32 @@ fn fleet_watermark(hosts: &BTreeMap<String, (i64, i64)>, ceiling: i64, idle_ms: 
 /// Hosts whose latest sample is this far behind the latest host's are forgotten.
 const FORGET_HOSTS_MS: i64 = 24 * HOUR_MS;
 
-/// `_hosts.json`: each host's latest sample time and when a rollup first saw it, `None` when
-/// there is no file yet.
-#[allow(clippy::type_complexity)]
-fn load_hosts(path: &Path) -> Result<Option<BTreeMap<String, (i64, i64)>>, RollupError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| RollupError::State {
-                path: path.to_owned(),
-                message: format!("unreadable ({e}); delete it to read every host from the samples"),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(RollupError::State {
-            path: path.to_owned(),
-            message: e.to_string(),
-        }),
+/// A seen time later than `now` was stamped by another clock (a demo's, ahead of this one):
+/// it is taken as now, so that it does not make every other host look silent.
+fn clamp_seen(hosts: &mut BTreeMap<String, (i64, i64)>, now: i64) {
+    for (_, seen) in hosts.values_mut() {
+        *seen = (*seen).min(now);
+    }
+}
+
+/// `_hosts.json`: each host's latest sample time and when a rollup first saw it; `None` when
+/// there is no file yet, or one that does not read (then every sample is read again).
+fn load_hosts(path: &Path) -> Option<BTreeMap<String, (i64, i64)>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the hosts' latest times; reading every sample again");
+            }
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(hosts) => Some(hosts),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the hosts' latest times do not read; reading every sample again");
+            None
+        }
     }
 }
 
@@ -256,6 +272,9 @@ struct State {
     /// The watermark of the last run: the next is never earlier.
     #[serde(default)]
     watermark: Option<i64>,
+    /// When the last run read the hosts' samples, on the rollup's clock.
+    #[serde(default)]
+    last_run: Option<i64>,
     /// Hours chosen by a run that has not finished them (their marks may be gone).
     pending: BTreeSet<i64>,
 }
@@ -324,12 +343,17 @@ impl Rollup {
         let marked_samples = self.lake.marked_hours(Table::Samples.name());
         let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
         let hosts_path = self.dir().join("_hosts.json");
-        let now = self.options.clock.now_ms();
+        let (hosts, now) = self.hosts(&ctx, &hosts_path, &marked_samples).await?;
         let ceiling = now.saturating_add(self.options.max_skew_ms);
-        let hosts = self.hosts(&ctx, &hosts_path, &marked_samples, now).await?;
-        let fleet = fleet_watermark(&hosts, ceiling, self.options.idle_ms);
         let state_path = self.dir().join("_state.json");
         let mut state = State::load(&state_path)?;
+        // A host is seen only when a run reads its new samples: one run apart is not silence.
+        let since_last_run = state
+            .last_run
+            .map_or(0, |last| now.saturating_sub(last).max(0));
+        let silence = self.options.idle_ms.max(since_last_run.saturating_mul(2));
+        let fleet = fleet_watermark(&hosts, ceiling, self.options.idle_ms, silence);
+        state.last_run = Some(now);
         // Never back: a host that joins behind the rest does not undo hours already charged.
         // A lease event from a wrong clock is no more the fleet's time than a sample.
         let lease_max = leases.max_ts().filter(|ts| *ts <= ceiling || fleet.ahead);
@@ -440,9 +464,8 @@ impl Rollup {
         ctx: &SessionContext,
         path: &Path,
         marked: &[i64],
-        now: i64,
-    ) -> Result<BTreeMap<String, (i64, i64)>, RollupError> {
-        let known = load_hosts(path)?;
+    ) -> Result<(BTreeMap<String, (i64, i64)>, i64), RollupError> {
+        let known = load_hosts(path);
         let dirs: Vec<PathBuf> = match &known {
             Some(_) => marked
                 .iter()
@@ -461,7 +484,9 @@ impl Rollup {
         };
         let mut hosts = known.unwrap_or_default();
         if dirs.is_empty() {
-            return Ok(hosts);
+            let now = self.options.clock.now_ms();
+            clamp_seen(&mut hosts, now);
+            return Ok((hosts, now));
         }
         register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
         let batches = ctx
@@ -470,6 +495,9 @@ impl Rollup {
             .collect()
             .await?;
         ctx.deregister_table("host_samples")?;
+        // Read after the scan: files that landed during it are not from the future.
+        let now = self.options.clock.now_ms();
+        clamp_seen(&mut hosts, now);
         for batch in &batches {
             let names = cast(batch.column(0), &arrow_schema::DataType::Utf8)?;
             let names = names
@@ -497,7 +525,7 @@ impl Rollup {
                 }
             }
         }
-        Ok(hosts)
+        Ok((hosts, now))
     }
 
     fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
