@@ -460,6 +460,14 @@ fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
             .starts_with("malformed JSON"),
         "{row}"
     );
+    // Lists and structs, which CSV cannot hold, come out as the table shows them.
+    assert_eq!(
+        sql(
+            "csv",
+            "SELECT ['GPU-1', 'GPU-2'] AS gpu_uuids, named_struct('a', 1) AS s, CAST(NULL AS INT[]) AS none"
+        ),
+        "gpu_uuids,s,none\n\"[GPU-1, GPU-2]\",{a: 1},\n"
+    );
     // A query on the command line may open with a comment, like the files of queries/.
     assert_eq!(
         sql("csv", "-- how many?\nSELECT count(*) AS n FROM samples"),

@@ -56,7 +56,7 @@ pub(crate) struct Args {
 enum Format {
     /// An aligned table for people.
     Table,
-    /// CSV with a header line.
+    /// CSV with a header line; lists and structs as the table writes them (`[GPU-1, GPU-2]`).
     Csv,
     /// One JSON object per row.
     Json,
@@ -111,7 +111,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .with_header(true)
                 .build(out);
             for batch in &batches {
-                writer.write(batch)?;
+                writer.write(&nested_as_text(batch)?)?;
             }
         }
         Format::Json => {
@@ -123,4 +123,34 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `batch` with its nested columns (lists such as `leases.gpu_uuids`, structs, maps), which
+/// CSV cannot hold, written as the text the table format shows (`[GPU-1, GPU-2]`).
+fn nested_as_text(
+    batch: &datafusion::arrow::record_batch::RecordBatch,
+) -> Result<datafusion::arrow::record_batch::RecordBatch, datafusion::arrow::error::ArrowError> {
+    use datafusion::arrow::array::{Array, ArrayRef, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    use std::sync::Arc;
+    if !batch.columns().iter().any(|c| c.data_type().is_nested()) {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if column.data_type().is_nested() {
+            let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())?;
+            let text: StringArray = (0..column.len())
+                .map(|i| column.is_valid(i).then(|| formatter.value(i).to_string()))
+                .collect();
+            fields.push(Field::new(field.name(), DataType::Utf8, true));
+            columns.push(Arc::new(text));
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(Arc::clone(column));
+        }
+    }
+    datafusion::arrow::record_batch::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
