@@ -20,13 +20,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuwarden_schema::clock::span;
+use gpuwarden_schema::clock::{duration_ms as ms, span};
 use gpuwarden_schema::config::ClockBounds;
 use gpuwarden_schema::{Clock, LATEST_MS};
-
-fn ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// When a record arrived, in the event time of `clock`: the message's wall-clock timestamp
 /// (`None` for a record read from a file) mapped onto the clock, and no later than its now.
@@ -260,39 +256,10 @@ impl FleetWatermark {
         times.into_iter().filter(|t| *t >= floor).min()
     }
 
-    /// The second latest host's latest time (the latest when there is one host): a time no one
-    /// host can move.
-    pub fn second_latest(&self) -> Option<i64> {
-        let mut top = [i64::MIN; 2];
-        for (latest, _) in self.hosts.values() {
-            if *latest > top[0] {
-                top = [*latest, top[0]];
-            } else if *latest > top[1] {
-                top[1] = *latest;
-            }
-        }
-        match self.hosts.len() {
-            0 => None,
-            1 => Some(top[0]),
-            _ => Some(top[1]),
-        }
-    }
-
-    /// Forgets hosts whose latest sample is before `before_ms` (decommissioned long ago), so
-    /// that they stop counting in the median and the map does not only grow.
-    pub fn forget_before(&mut self, before_ms: i64) {
-        self.hosts.retain(|_, (latest, _)| *latest >= before_ms);
-    }
-
     /// Forgets hosts no record of which arrived since `before_ms`.
     pub fn forget_arrived_before(&mut self, before_ms: i64) {
         self.hosts
             .retain(|_, (_, arrived)| arrived.is_none_or(|a| a >= before_ms));
-    }
-
-    /// Each host's latest sample time.
-    pub fn hosts(&self) -> impl Iterator<Item = (&str, i64)> {
-        self.hosts.iter().map(|(host, (ts, _))| (&**host, *ts))
     }
 
     /// Hosts known.
@@ -451,7 +418,6 @@ mod tests {
         let mut with_wrong_clock = fleet(&hosts);
         with_wrong_clock.observe("e", t + 400 * DAY, None);
         assert_eq!(with_wrong_clock.watermark(), Some(t - 2_000));
-        assert_eq!(with_wrong_clock.second_latest(), Some(t + 1_000));
         // Within the skew too: a host two minutes ahead is one more host, not the fleet's time.
         let mut two_minutes = fleet(&hosts);
         two_minutes.observe("e", t + 2 * MIN, None);
@@ -478,8 +444,6 @@ mod tests {
         two.observe("a", t + 6 * MIN, None);
         assert_eq!(two.watermark(), Some(t + 6 * MIN));
         assert_eq!(FleetWatermark::new(MIN).watermark(), None);
-        w.forget_before(t + MIN);
-        assert_eq!(w.len(), 2);
     }
 
     #[test]

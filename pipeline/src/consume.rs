@@ -161,8 +161,7 @@ pub fn run(
         paused: false,
         skews: HostSkews::default(),
         skews_published: None,
-        out_of_bounds_unlogged: 0,
-        out_of_bounds_logged: None,
+        out_of_bounds_log: Throttle::default(),
     };
     tracing::info!(group = group_id, topics = ?topics::ALL, "ingest running");
     while !stop.load(Ordering::SeqCst) {
@@ -206,9 +205,8 @@ struct State {
     /// Each host's clock skew, published to the metrics every [`SKEW_PUBLISH`].
     skews: HostSkews,
     skews_published: Option<std::time::Instant>,
-    /// Out-of-bounds records not logged yet, and when they last were (at most every 10 s).
-    out_of_bounds_unlogged: u64,
-    out_of_bounds_logged: Option<std::time::Instant>,
+    /// Out-of-bounds records are logged at most every 10 s.
+    out_of_bounds_log: Throttle,
 }
 
 /// How often the hosts' clock skews are copied to `/metrics`.
@@ -356,7 +354,8 @@ impl State {
     /// is already there.
     fn poll(&mut self) {
         let mut counts: [(u64, u64); 4] = [(0, 0); 4];
-        let mut out_of_bounds = Vec::new();
+        let mut out_of_bounds: BTreeMap<(&'static str, Direction), u64> = BTreeMap::new();
+        let mut last_out_of_bounds = None;
         // Stop taking messages the moment memory passes the bound, so the pause that follows
         // holds it to within one message.
         let mut bytes = self.buffered_bytes();
@@ -410,7 +409,8 @@ impl State {
             counts[i].0 += 1;
             counts[i].1 += u64::from(outcome.quarantined());
             if let Outcome::OutOfBounds(direction) = outcome {
-                out_of_bounds.push((topic, direction, partition, offset));
+                *out_of_bounds.entry((topic, direction)).or_default() += 1;
+                last_out_of_bounds = Some((topic, direction, partition, offset));
             }
         }
         for (topic, (n, bad)) in topics::ALL.iter().zip(counts) {
@@ -418,29 +418,20 @@ impl State {
                 self.metrics.records_in_n(topic, n, bad);
             }
         }
-        let mut tally: BTreeMap<(&str, Direction), u64> = BTreeMap::new();
-        for &(topic, direction, _, _) in &out_of_bounds {
-            *tally.entry((topic, direction)).or_default() += 1;
-        }
-        for ((topic, direction), n) in tally {
+        let refused: u64 = out_of_bounds.values().sum();
+        for ((topic, direction), n) in out_of_bounds {
             self.metrics.out_of_bounds(topic, direction, n);
         }
-        if let Some(&(topic, direction, partition, offset)) = out_of_bounds.last() {
-            self.out_of_bounds_unlogged += out_of_bounds.len() as u64;
-            if self
-                .out_of_bounds_logged
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
-            {
+        if let Some((topic, direction, partition, offset)) = last_out_of_bounds {
+            if let Some(held) = self.out_of_bounds_log.ready_n(refused) {
                 tracing::warn!(
-                    records = self.out_of_bounds_unlogged,
+                    records = held + refused,
                     topic,
                     partition,
                     offset,
                     bound = direction.name(),
                     "records whose time is out of bounds were quarantined (the quarantine table says why; the last is named here)"
                 );
-                self.out_of_bounds_unlogged = 0;
-                self.out_of_bounds_logged = Some(std::time::Instant::now());
             }
         }
         if self
@@ -506,6 +497,33 @@ impl State {
             sealed,
             journal: true,
         });
+    }
+}
+
+/// Logs a warning at most every ten seconds, saying how many like it were held back.
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    /// Whether to log one more now; if so, also how many were held back since the last one.
+    pub(crate) fn ready(&mut self) -> Option<u64> {
+        self.ready_n(1)
+    }
+
+    /// [`Throttle::ready`] for `n` alike at once; the answer leaves them out.
+    pub(crate) fn ready_n(&mut self, n: u64) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
+            self.held += n;
+            return None;
+        }
+        self.last = Some(std::time::Instant::now());
+        Some(std::mem::take(&mut self.held))
     }
 }
 

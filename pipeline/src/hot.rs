@@ -40,6 +40,7 @@ use arrow_schema::{ArrowError, DataType};
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use gpuwarden_schema::calendar::month_of;
+use gpuwarden_schema::clock::duration_ms;
 use gpuwarden_schema::config::{Config, PricingConfig};
 use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
 use gpuwarden_schema::{topics, Clock, DecodeError, LeaseEvent, Record as _, Signal, SignalBody};
@@ -51,6 +52,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bounds::{arrival_of_message, Bounds, FleetWatermark, OutOfBounds};
+use crate::consume::Throttle;
 use crate::lake::{Lake, LakeError};
 use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
@@ -105,7 +107,7 @@ impl SignalsOptions {
     /// The options of a config file (`pipeline.signals`, `pipeline.rollup_every`,
     /// `pipeline.clock`, `pricing`), with arrival read on `clock`.
     pub fn from_config(config: &Config, clock: Arc<dyn Clock>) -> Self {
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let ms = duration_ms;
         Self {
             every_ms: ms(config.pipeline.signals.every),
             window_ms: ms(config.pipeline.signals.window),
@@ -369,11 +371,6 @@ impl HotWindow {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Hosts the watermark is taken over.
-    pub fn hosts(&self) -> usize {
-        self.fleet.len()
-    }
 }
 
 /// Each team's month-to-date `cost_usd` from the `team_hourly` rollup, over the UTC month that
@@ -471,28 +468,6 @@ fn sleep_unless_stopped(duration: Duration, stop: &AtomicBool) {
             break;
         }
         std::thread::sleep(left.min(Duration::from_millis(100)));
-    }
-}
-
-/// Logs a warning at most every ten seconds, saying how many like it were held back.
-#[derive(Debug, Default)]
-struct Throttle {
-    last: Option<Instant>,
-    held: u64,
-}
-
-impl Throttle {
-    /// Whether to log now; if so, also how many were held back since the last one.
-    fn ready(&mut self) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
-        {
-            self.held += 1;
-            return None;
-        }
-        self.last = Some(Instant::now());
-        Some(std::mem::take(&mut self.held))
     }
 }
 

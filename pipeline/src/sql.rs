@@ -93,7 +93,7 @@ async fn register_lake(
 }
 
 fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
-    duration.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    duration.map(gpuwarden_schema::clock::duration_ms)
 }
 
 /// Registers what the lake does not hold but FinOps questions need, from the configuration:

@@ -54,6 +54,12 @@ pub fn wall_now_s() -> u64 {
     u64::try_from(wall_now_ms() / 1000).unwrap_or(0)
 }
 
+/// `duration` in whole milliseconds, as event times count them; `i64::MAX` for longer than
+/// that can hold.
+pub fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// The latest time gpuwarden records, in Unix epoch milliseconds: the last millisecond of the
 /// year 9999, the last one RFC 3339 (and so every log line, CLI table and SQL client) can write.
 pub const LATEST_MS: i64 = 253_402_300_799_999;
@@ -61,8 +67,9 @@ pub const LATEST_MS: i64 = 253_402_300_799_999;
 /// `start_ms + duration`, in milliseconds, no later than [`LATEST_MS`]: the end of a lease or an
 /// exemption however long it was asked to last.
 pub fn end_after(start_ms: i64, duration: Duration) -> i64 {
-    let duration_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
-    start_ms.saturating_add(duration_ms).min(LATEST_MS)
+    start_ms
+        .saturating_add(duration_ms(duration))
+        .min(LATEST_MS)
 }
 
 /// A duration as its two largest units: `400d 2h`, `3h 5m`, `2m 10s`, `45s`, `120ms`.
@@ -168,7 +175,7 @@ impl ManualClock {
 
     /// Moves the time forward by `by`, returning the new time.
     pub fn advance(&self, by: Duration) -> i64 {
-        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        let by = duration_ms(by);
         self.now_ms.fetch_add(by, Ordering::SeqCst) + by
     }
 }

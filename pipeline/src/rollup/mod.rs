@@ -56,6 +56,7 @@ use crate::buffer::Table;
 use crate::lake::{hour_partition, Lake, LakeError};
 use crate::listing::{register_dir, register_dirs};
 use gpuwarden_schema::calendar::month_of;
+use gpuwarden_schema::clock::duration_ms;
 use leases::Leases;
 pub use tables::RollupTable;
 
@@ -89,11 +90,9 @@ impl RollupOptions {
     pub fn from_config(config: &Config) -> Self {
         Self {
             pricing: config.pricing.clone(),
-            lateness_ms: i64::try_from(config.pipeline.lateness.as_millis()).unwrap_or(i64::MAX),
-            idle_ms: i64::try_from(config.pipeline.clock.idle_timeout.as_millis())
-                .unwrap_or(i64::MAX),
-            max_skew_ms: i64::try_from(config.pipeline.clock.max_skew.as_millis())
-                .unwrap_or(i64::MAX),
+            lateness_ms: duration_ms(config.pipeline.lateness),
+            idle_ms: duration_ms(config.pipeline.clock.idle_timeout),
+            max_skew_ms: duration_ms(config.pipeline.clock.max_skew),
             clock: Arc::new(SystemClock),
         }
     }
@@ -483,11 +482,6 @@ impl Rollup {
             }
         };
         let mut hosts = known.unwrap_or_default();
-        if dirs.is_empty() {
-            let now = self.options.clock.now_ms();
-            clamp_seen(&mut hosts, now);
-            return Ok((hosts, now));
-        }
         register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
         let batches = ctx
             .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
