@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{eventually, log_line, sha256_hex, Broker, Running};
+use support::{eventually, http, log_line, sha256_hex, Broker, Running};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -63,6 +63,7 @@ driver = "local"
 gpu_model = "NVIDIA L4"
 gpu_uuids = ["GPU-box-0", "GPU-box-1"]
 grace_period = "1s"
+accounts = {{ ada = "{account}" }}
 
 [[tokens]]
 name = "ada"
@@ -72,6 +73,7 @@ teams = ["ml"]
 "#,
         data = data.display(),
         hash = sha256_hex(TOKEN),
+        account = support::accounts::lease_account(),
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -269,6 +271,99 @@ fn a_lease_is_requested_listed_and_released_with_its_events_in_kafka() {
         "{}",
         log.join("\n")
     );
+}
+
+/// The issue's attack, through the API with a member's token: the lease's command prints its
+/// identity and tries /etc/shadow. It runs as the account ada maps to (made by the test), never
+/// as the enforcer's root; a user with no account, and one mapped to root, are denied with their
+/// reason codes before anything runs. Needs root (to make the account); CI runs as root.
+#[test]
+fn a_member_s_lease_command_runs_as_their_account_and_unmapped_or_root_users_are_denied() {
+    if !support::accounts::running_as_root() {
+        eprintln!("skipped: making a test account needs root");
+        return;
+    }
+    let account = support::accounts::TestAccount::create("api");
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text
+        .replace(
+            &format!(
+                "accounts = {{ ada = \"{}\" }}",
+                support::accounts::lease_account()
+            ),
+            &format!(
+                "accounts = {{ ada = \"{}\", rooted = \"root\" }}",
+                account.name
+            ),
+        )
+        .replace(
+            r#"members = ["ada"]"#,
+            r#"members = ["ada", "bob", "rooted"]"#,
+        );
+    const ADMIN: &str = "admin-secret-token";
+    let text = format!(
+        "{text}\n[[tokens]]\nname = \"root-admin\"\nsha256 = \"{}\"\nrole = \"admin\"\n",
+        sha256_hex(ADMIN)
+    );
+    std::fs::write(&config, text).unwrap();
+    let (enforcer, api) = start_enforcer(&config);
+    let address = api.trim_start_matches("http://");
+    let admit = |token: &str, user: &str| {
+        let body = format!(
+            r#"{{"team":"ml","user":"{user}","project":"p","workload":"batch","gpus":1,
+                "command":["sh","-c","id; head -2 /etc/shadow"]}}"#
+        );
+        let (status, body) = http(address, "POST", "/v1/admission", Some(token), Some(&body));
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+
+    let answer = admit(TOKEN, "ada");
+    assert_eq!(answer["decision"], "admitted", "{answer}");
+    let id = answer["lease"]["id"]
+        .as_str()
+        .expect("a lease id")
+        .to_owned();
+    let log_path = dir
+        .path()
+        .join("data/drivers/box")
+        .join(format!("{id}.log"));
+    let log = eventually("the lease's output", Duration::from_secs(10), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("uid=") && log.contains("shadow") {
+            Ok(log)
+        } else {
+            Err(log)
+        }
+    });
+    let uid = account.uid();
+    assert!(
+        log.starts_with(&format!("uid={uid}({})", account.name)),
+        "{log}"
+    );
+    assert!(!log.contains("uid=0"), "{log}");
+    assert!(!log.contains("root:"), "the shadow file was read: {log}");
+    assert!(log.contains("Permission denied"), "{log}");
+
+    for (user, code) in [
+        ("bob", "account_unmapped"),
+        ("rooted", "account_privileged"),
+    ] {
+        let answer = admit(ADMIN, user);
+        assert_eq!(answer["decision"], "denied", "{answer}");
+        let codes: Vec<&str> = answer["reasons"]
+            .as_array()
+            .expect("reasons")
+            .iter()
+            .map(|r| r["code"].as_str().unwrap())
+            .collect();
+        assert_eq!(codes, [code], "{answer}");
+    }
+    let (status, log) = enforcer.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{}", log.join("\n"));
 }
 
 /// The pid the local driver recorded for a lease's process.

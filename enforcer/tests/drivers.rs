@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, StatusCode};
 use gpuwarden_enforcer::api::{router, AppState};
 use gpuwarden_enforcer::drivers::{
     self, build, Driver, DriverContext, DriverError, Gpu, Inventory, LeaseSpec, LeaseStatus,
+    RefusalCode,
 };
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
@@ -272,8 +273,15 @@ gpu_model = "NVIDIA RTX A6000"
 gpu_uuids = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111",
              "GPU-22222222-2222-2222-2222-222222222222", "GPU-33333333-3333-3333-3333-333333333333"]
 grace_period = "{grace}"
-"#
+accounts = {{ ada = "{account}" }}
+"#,
+        account = support::accounts::lease_account()
     ))
+}
+
+/// Where the local driver starts lease `id`'s command.
+fn work_dir(ctx: &DriverContext, id: &str) -> std::path::PathBuf {
+    ctx.state_dir.join("work").join(id)
 }
 
 fn webhook_config(url: &str, extra: &str) -> SubstrateConfig {
@@ -458,7 +466,7 @@ async fn local_child_sees_its_gpus_and_lease_id_and_logs_to_the_state_dir() -> a
     let config = local_config("1s");
     let ctx = context(dir.path());
     let driver = build(&config, &ctx)?;
-    let env_file = dir.path().join("env.txt");
+    let env_file = work_dir(&ctx, "lease-env").join("env.txt");
     let gpus = vec![config.gpu_uuids[2].clone(), config.gpu_uuids[0].clone()];
     let spec = lease(
         "lease-env",
@@ -467,8 +475,7 @@ async fn local_child_sees_its_gpus_and_lease_id_and_logs_to_the_state_dir() -> a
         argv(&[
             "sh",
             "-c",
-            r#"echo "to the log"; printf '%s\n%s\n' "$CUDA_VISIBLE_DEVICES" "$GPUWARDEN_LEASE_ID" > "$0"; exec sleep 30"#,
-            env_file.to_str().context("utf-8 path")?,
+            r#"echo "to the log"; printf '%s\n%s\n' "$CUDA_VISIBLE_DEVICES" "$GPUWARDEN_LEASE_ID" > env.txt; exec sleep 30"#,
         ]),
     );
     driver.provision(&spec).await?;
@@ -528,7 +535,7 @@ async fn local_sigkill_follows_sigterm_after_the_grace_period() -> anyhow::Resul
     let ctx = context(dir.path());
     let config = local_config("600ms");
     let driver = build(&config, &ctx)?;
-    let ready = dir.path().join("ready");
+    let ready = work_dir(&ctx, "lease-stubborn").join("ready");
     let spec = lease(
         "lease-stubborn",
         "NVIDIA RTX A6000",
@@ -536,8 +543,7 @@ async fn local_sigkill_follows_sigterm_after_the_grace_period() -> anyhow::Resul
         argv(&[
             "sh",
             "-c",
-            r#"trap 'echo got TERM' TERM; echo $$ > "$0"; while :; do sleep 0.05; done"#,
-            ready.to_str().context("utf-8 path")?,
+            r#"trap 'echo got TERM' TERM; echo $$ > ready; while :; do sleep 0.05; done"#,
         ]),
     );
     driver.provision(&spec).await?;
@@ -687,6 +693,150 @@ async fn local_never_takes_a_recycled_pid_for_its_process() -> anyhow::Result<()
     // Were it signalled, this test would not finish.
     driver.reclaim("lease-old", ReleaseReason::Admin).await?;
     assert!(!ctx.state_dir.join("lease-old.json").exists());
+    Ok(())
+}
+
+/// The issue's attack: a member's lease command that reads /etc/shadow and prints its identity.
+/// It runs as the account the user maps to, with that account's groups, a scrubbed environment,
+/// in a directory of its own, and cannot read the file. Needs root (to make the account); CI runs
+/// as root.
+#[tokio::test]
+async fn local_runs_the_command_as_the_user_s_account_not_as_the_enforcer() -> anyhow::Result<()> {
+    if !support::accounts::running_as_root() {
+        eprintln!("skipped: making a test account needs root");
+        return Ok(());
+    }
+    let account = support::accounts::TestAccount::create("drv");
+    let dir = tempfile::tempdir()?;
+    let ctx = context(dir.path());
+    let mut config = local_config("1s");
+    config.accounts = BTreeMap::from([("ada".to_owned(), account.name.clone())]);
+    let driver = build(&config, &ctx)?;
+    let spec = lease(
+        "lease-who",
+        "NVIDIA RTX A6000",
+        vec![config.gpu_uuids[1].clone()],
+        argv(&[
+            "sh",
+            "-c",
+            "id -u > uid; id -G > groups; env | sort > env; pwd > pwd; \
+             grep NoNewPrivs /proc/self/status > nnp; \
+             head -2 /etc/shadow > shadow 2> shadow.err; echo $? > shadow.rc; echo ok > done",
+        ]),
+    );
+    driver.provision(&spec).await?;
+    let work = work_dir(&ctx, "lease-who");
+    wait_for_file(&work.join("done")).await;
+    let read = |f: &str| std::fs::read_to_string(work.join(f)).expect(f);
+    assert_eq!(read("uid").trim(), account.uid().to_string());
+    let groups: Vec<u32> = read("groups")
+        .split_whitespace()
+        .map(|g| g.parse().expect("gid"))
+        .collect();
+    assert!(
+        groups.contains(&account.group_gid()),
+        "the account's supplementary group is kept: {groups:?}"
+    );
+    assert!(!groups.contains(&0), "no root group: {groups:?}");
+    assert_eq!(read("nnp").split_whitespace().last(), Some("1"));
+    assert_ne!(
+        read("shadow.rc").trim(),
+        "0",
+        "read /etc/shadow: {}",
+        read("shadow")
+    );
+    assert!(read("shadow").is_empty());
+    // Only the account's basics and the lease's variables; nothing of the enforcer's environment.
+    let names: Vec<String> = read("env")
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_owned()))
+        .collect();
+    let expected = [
+        "CUDA_VISIBLE_DEVICES",
+        "GPUWARDEN_LEASE_ID",
+        "GPUWARDEN_PROJECT",
+        "GPUWARDEN_TEAM",
+        "GPUWARDEN_USER",
+        "GPUWARDEN_WORKLOAD",
+        "HOME",
+        "LOGNAME",
+        "PATH",
+        "PWD",
+        "SHELL",
+        "USER",
+    ];
+    // sh may add its own (SHLVL, OLDPWD); every other name must be one of the expected.
+    let extra: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            !expected.contains(&n.as_str()) && !["SHLVL", "OLDPWD", "_"].contains(&n.as_str())
+        })
+        .collect();
+    assert!(extra.is_empty(), "unexpected variables: {extra:?}");
+    let env = read("env");
+    assert!(env.contains(&format!("USER={}\n", account.name)), "{env}");
+    assert!(env.contains("GPUWARDEN_USER=ada\n"), "{env}");
+    assert!(env.contains("CUDA_VISIBLE_DEVICES=1\n"), "{env}");
+    assert_eq!(read("pwd").trim(), work.to_str().context("utf-8")?);
+    let meta = std::fs::metadata(&work)?;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    assert_eq!(meta.uid(), account.uid());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    driver.reclaim("lease-who", ReleaseReason::User).await?;
+    Ok(())
+}
+
+/// Admission asks the driver first: a user with no account, or one mapped to root or to a system
+/// account under `min_uid`, is refused with its code, and provisioning such a lease is refused too.
+#[tokio::test]
+async fn local_refuses_users_without_an_account_or_with_a_privileged_one() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = context(dir.path());
+    let mut config = local_config("1s");
+    config.accounts.insert("rooted".into(), "root".into());
+    config.accounts.insert("daemonic".into(), "daemon".into());
+    config
+        .accounts
+        .insert("ghost".into(), "no-such-account-gw".into());
+    let driver = build(&config, &ctx)?;
+    assert_eq!(driver.refusal("ada").await, None);
+    for (user, code, says) in [
+        ("bob", RefusalCode::AccountUnmapped, "has no system account"),
+        ("ghost", RefusalCode::AccountUnmapped, "does not exist"),
+        ("rooted", RefusalCode::AccountPrivileged, "which is root"),
+        ("daemonic", RefusalCode::AccountPrivileged, "below"),
+    ] {
+        let refusal = driver.refusal(user).await.context(user)?;
+        assert_eq!(refusal.code, code, "{user}: {}", refusal.message);
+        assert!(
+            refusal.message.contains(says),
+            "{user}: {}",
+            refusal.message
+        );
+        let mut spec = lease(
+            &format!("lease-{user}"),
+            "NVIDIA RTX A6000",
+            vec![config.gpu_uuids[0].clone()],
+            argv(&["true"]),
+        );
+        spec.user = user.to_owned();
+        assert!(
+            matches!(
+                driver.provision(&spec).await,
+                Err(DriverError::Rejected { .. })
+            ),
+            "{user}"
+        );
+    }
+    // With same_name_accounts, an unlisted user runs as the account of its own name.
+    config.same_name_accounts = Some(true);
+    let driver = build(&config, &context(&dir.path().join("2")))?;
+    let refusal = driver.refusal("root").await.context("root by name")?;
+    assert_eq!(refusal.code, RefusalCode::AccountPrivileged);
+    let me = support::accounts::lease_account();
+    if !support::accounts::running_as_root() {
+        assert_eq!(driver.refusal(&me).await, None);
+    }
     Ok(())
 }
 

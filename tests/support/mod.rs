@@ -7,6 +7,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod accounts;
 pub mod grafana;
 pub mod prometheus;
 

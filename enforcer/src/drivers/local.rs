@@ -35,7 +35,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,9 +45,10 @@ use rustix::io::Errno;
 use rustix::process::{Pid, Signal};
 use serde::{Deserialize, Serialize};
 
+use super::account::{Account, Accounts};
 use super::{
     check_lease_id, config_error, state_dir, write_atomically, Driver, DriverContext, DriverError,
-    Gpu, Inventory, LeaseSpec, LeaseStatus,
+    Gpu, Inventory, LeaseSpec, LeaseStatus, Refusal,
 };
 
 /// Time between SIGTERM and SIGKILL when `grace_period` is not set.
@@ -68,6 +69,9 @@ pub struct LocalDriver {
     uuids: Vec<String>,
     grace: Duration,
     dir: PathBuf,
+    accounts: Accounts,
+    /// Where each lease's working directory is made.
+    work_root: PathBuf,
     leases: Mutex<HashMap<String, Entry>>,
 }
 
@@ -138,6 +142,11 @@ impl LocalDriver {
                 .into_owned(),
         };
         let dir = state_dir(config, context)?;
+        let accounts = Accounts::new(config).map_err(|message| DriverError::Unavailable {
+            substrate: config.name.clone(),
+            message,
+        })?;
+        let work_root = config.work_dir.clone().unwrap_or_else(|| dir.join("work"));
         let leases = read_records(&config.name, &dir)?
             .into_iter()
             .map(|record| {
@@ -157,6 +166,8 @@ impl LocalDriver {
             uuids: config.gpu_uuids.clone(),
             grace: config.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD),
             dir,
+            accounts,
+            work_root,
             leases: Mutex::new(leases),
         })
     }
@@ -239,15 +250,31 @@ impl LocalDriver {
             .map_err(|e| self.unavailable(format!("cannot write {}: {e}", path.display())))
     }
 
+    /// The account `user`'s commands run as, looked up off the async threads.
+    async fn account(&self, user: &str) -> Result<Account, Refusal> {
+        let (accounts, user) = (self.accounts.clone(), user.to_owned());
+        match tokio::task::spawn_blocking(move || accounts.resolve(&user)).await {
+            Ok(resolved) => resolved,
+            Err(e) => Err(Refusal {
+                code: super::RefusalCode::AccountUnmapped,
+                message: format!("the account lookup failed: {e}"),
+            }),
+        }
+    }
+
     fn spawn(
         &self,
         lease: &LeaseSpec,
+        account: &Account,
         argv: &[String],
         indexes: &[usize],
     ) -> Result<(Child, Process), DriverError> {
         let Some((program, args)) = argv.split_first() else {
             return Err(self.rejected(format!("lease {}: the command is empty", lease.lease_id)));
         };
+        let work_dir = account
+            .work_dir(&self.work_root, &lease.lease_id)
+            .map_err(|e| self.unavailable(format!("lease {}: {e}", lease.lease_id)))?;
         let log_path = self.dir.join(format!("{}.log", lease.lease_id));
         let log = OpenOptions::new()
             .create(true)
@@ -262,10 +289,16 @@ impl LocalDriver {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let child = Command::new(program)
-            .args(args)
-            .env("CUDA_VISIBLE_DEVICES", visible)
-            .env("GPUWARDEN_LEASE_ID", &lease.lease_id)
+        let vars = [
+            ("CUDA_VISIBLE_DEVICES", visible),
+            ("GPUWARDEN_LEASE_ID", lease.lease_id.clone()),
+            ("GPUWARDEN_TEAM", lease.team.clone()),
+            ("GPUWARDEN_USER", lease.user.clone()),
+            ("GPUWARDEN_PROJECT", lease.project.clone()),
+            ("GPUWARDEN_WORKLOAD", lease.workload.as_str().to_owned()),
+        ];
+        let child = account
+            .command(program, args, &vars, &work_dir)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -370,6 +403,13 @@ impl Driver for LocalDriver {
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
         check_lease_id(&self.name, &lease.lease_id)?;
+        let account =
+            match &lease.command {
+                Some(_) => Some(self.account(&lease.user).await.map_err(|r| {
+                    self.rejected(format!("lease {}: {}", lease.lease_id, r.message))
+                })?),
+                None => None,
+            };
         let mut leases = self.lock();
         if let Some(entry) = leases.get_mut(&lease.lease_id) {
             if current_status(entry) == LeaseStatus::Running {
@@ -377,12 +417,12 @@ impl Driver for LocalDriver {
             }
         }
         let indexes = self.check_gpus(&mut leases, lease)?;
-        let (child, process) = match &lease.command {
-            Some(argv) => {
-                let (child, process) = self.spawn(lease, argv, &indexes)?;
+        let (child, process) = match (&lease.command, &account) {
+            (Some(argv), Some(account)) => {
+                let (child, process) = self.spawn(lease, account, argv, &indexes)?;
                 (Some(child), Some(process))
             }
-            None => (None, None),
+            _ => (None, None),
         };
         let record = Record {
             lease_id: lease.lease_id.clone(),
@@ -403,6 +443,8 @@ impl Driver for LocalDriver {
             substrate = %self.name,
             lease_id = %lease.lease_id,
             pid = ?process.map(|p| p.pid),
+            account = ?account.as_ref().map(|a| &a.name),
+            uid = ?account.as_ref().map(|a| a.uid),
             "lease provisioned"
         );
         leases.insert(lease.lease_id.clone(), Entry::Live { record, child });
@@ -490,6 +532,10 @@ impl Driver for LocalDriver {
             Some(entry) => current_status(entry),
             None => LeaseStatus::Gone,
         })
+    }
+
+    async fn refusal(&self, user: &str) -> Option<Refusal> {
+        self.account(user).await.err()
     }
 }
 

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use gpuwarden_schema::config::{DriverKind, SubstrateConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
 
+pub mod account;
 pub mod local;
 pub mod simulated;
 pub mod webhook;
@@ -93,6 +94,25 @@ pub enum LeaseStatus {
     Gone,
 }
 
+/// Why a substrate will not take a lease for a user at all, whatever GPUs are free: admission
+/// denies it with this code before placing anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// What kind of refusal.
+    pub code: RefusalCode,
+    /// For a person: the user, the account and the setting behind it.
+    pub message: String,
+}
+
+/// The kinds of [`Refusal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalCode {
+    /// The user has no system account this substrate can run commands as.
+    AccountUnmapped,
+    /// The user's account is root, in root's group, or under the substrate's `min_uid`.
+    AccountPrivileged,
+}
+
 /// A driver call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
@@ -141,6 +161,12 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     /// What the substrate says of a lease; after an enforcer restart this is how running
     /// leases are re-adopted or found gone.
     async fn status(&self, lease_id: &str) -> Result<LeaseStatus, DriverError>;
+    /// Why this substrate would refuse any lease for `user` (local: the user has no account it
+    /// may run commands as); asked before placement. Most substrates refuse nobody.
+    async fn refusal(&self, user: &str) -> Option<Refusal> {
+        let _ = user;
+        None
+    }
 }
 
 /// Where drivers may keep state that must outlive the process (local: its children's pids).

@@ -27,11 +27,18 @@ pub enum ReasonCode {
     NoCapacity,
     /// The team's admissions are blocked (over budget, or by an administrator).
     TeamBlocked,
+    /// The user has no system account the substrate can run the lease as (local: none in its
+    /// `accounts` table, none of the same name, or one the enforcer cannot switch to).
+    AccountUnmapped,
+    /// The user's system account is root, in root's group, or under the substrate's `min_uid`.
+    AccountPrivileged,
+    /// The command's program is not one of the workload's `programs`.
+    ProgramNotAllowed,
 }
 
 impl ReasonCode {
     /// Every code, in a stable order.
-    pub const ALL: [ReasonCode; 8] = [
+    pub const ALL: [ReasonCode; 11] = [
         Self::NotMember,
         Self::WorkloadLimit,
         Self::ModelNotAllowed,
@@ -40,6 +47,9 @@ impl ReasonCode {
         Self::BudgetExceeded,
         Self::NoCapacity,
         Self::TeamBlocked,
+        Self::AccountUnmapped,
+        Self::AccountPrivileged,
+        Self::ProgramNotAllowed,
     ];
 
     /// The snake_case code used in JSON, actions and metrics.
@@ -53,6 +63,9 @@ impl ReasonCode {
             Self::BudgetExceeded => "budget_exceeded",
             Self::NoCapacity => "no_capacity",
             Self::TeamBlocked => "team_blocked",
+            Self::AccountUnmapped => "account_unmapped",
+            Self::AccountPrivileged => "account_privileged",
+            Self::ProgramNotAllowed => "program_not_allowed",
         }
     }
 }

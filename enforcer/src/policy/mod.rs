@@ -30,7 +30,7 @@ use self::placement::FreeGpus;
 pub use self::placement::{FleetIndex, HeldGpus, Placements};
 pub use self::request::{AdmissionRequest, Holding, Principal, Request};
 pub(crate) use self::request::{ReleaseReasonName, WorkloadName};
-use crate::drivers::Inventory;
+use crate::drivers::{Inventory, Refusal, RefusalCode};
 
 /// One substrate as placement sees it: what it has and what open leases hold of it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,6 +46,9 @@ pub struct SubstrateState {
     /// `inventory` arranged for placement, kept by the caller from one request to the next
     /// while the driver reports the same inventory; built on the spot when absent or stale.
     pub index: Option<Arc<FleetIndex>>,
+    /// Why the substrate refuses this request's user whatever is free (asked of its driver by
+    /// the caller); placement passes such a substrate by.
+    pub refusal: Option<Refusal>,
 }
 
 impl SubstrateState {
@@ -197,6 +200,40 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placeme
         );
     }
 
+    if let (Some(program), false) = (
+        req.command.as_ref().and_then(|argv| argv.first()),
+        policy.programs.is_empty(),
+    ) {
+        if !policy.programs.contains(program) {
+            decision.deny(
+                ReasonCode::ProgramNotAllowed,
+                format!(
+                    "{} leases may run {}, not {program}",
+                    req.workload,
+                    policy.programs.join(", ")
+                ),
+            );
+        }
+    }
+
+    // Substrates that refuse the user are passed by; when every candidate does, the refusals
+    // are the answer rather than a lack of capacity.
+    let candidates = candidate_substrates(req, snapshot, &policy.substrates);
+    let all_refused = !candidates.is_empty() && candidates.iter().all(|s| s.refusal.is_some());
+    if all_refused {
+        let mut seen = Vec::new();
+        for refusal in candidates.iter().filter_map(|s| s.refusal.as_ref()) {
+            let code = match refusal.code {
+                RefusalCode::AccountUnmapped => ReasonCode::AccountUnmapped,
+                RefusalCode::AccountPrivileged => ReasonCode::AccountPrivileged,
+            };
+            if !seen.contains(&code) {
+                seen.push(code);
+                decision.deny(code, refusal.message.clone());
+            }
+        }
+    }
+
     let placement = place(
         req,
         snapshot,
@@ -235,6 +272,7 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placeme
 
     match placement {
         Some(p) => decision.placement = Some(p),
+        None if all_refused => {}
         None => {
             let model = req.gpu_model.as_deref().unwrap_or("any allowed model");
             let free = free_gpus(
@@ -404,6 +442,17 @@ fn candidate_substrates<'a>(
     }
 }
 
+/// The candidates that do not refuse the request's user, in order.
+fn open_substrates<'a>(
+    req: &AdmissionRequest,
+    snapshot: &'a Snapshot,
+    preference: &[String],
+) -> impl Iterator<Item = &'a SubstrateState> {
+    candidate_substrates(req, snapshot, preference)
+        .into_iter()
+        .filter(|s| s.refusal.is_none())
+}
+
 /// A model a request may be placed on, on one substrate.
 struct Fitting<'a> {
     /// Full model name.
@@ -477,8 +526,7 @@ fn free_gpus(
     preference: &[String],
     model_allowed: &dyn Fn(&str) -> bool,
 ) -> usize {
-    candidate_substrates(req, snapshot, preference)
-        .into_iter()
+    open_substrates(req, snapshot, preference)
         .flat_map(|s| {
             let index = s.fleet();
             let free = FreeGpus::new(&index, &s.busy, placements.free_of(&s.name, &index));
@@ -502,7 +550,7 @@ fn place(
     if n == 0 {
         return None;
     }
-    for sub in candidate_substrates(req, snapshot, preference) {
+    for sub in open_substrates(req, snapshot, preference) {
         let index = sub.fleet();
         let free = FreeGpus::new(&index, &sub.busy, placements.free_of(&sub.name, &index));
         for model in fitting_models(sub, &free, req, model_allowed) {
@@ -792,6 +840,66 @@ mod tests {
     }
 
     #[test]
+    fn a_substrate_refusing_the_user_is_passed_by_and_refusals_answer_when_all_refuse() {
+        let refuse = |code, message: &str| {
+            Some(Refusal {
+                code,
+                message: message.into(),
+            })
+        };
+        let mut snap = snapshot();
+        snap.substrates[0].refusal = refuse(RefusalCode::AccountUnmapped, "ada has no account");
+        // The pool takes what sim refuses.
+        let d = decide(&request(Workload::Training, 2), &snap);
+        assert!(d.admitted(), "{:?}", d.reasons);
+        assert_eq!(d.placement.expect("placed").substrate, "pool");
+        // Named, the refusing substrate answers with its refusal, not with a lack of capacity.
+        let mut r = request(Workload::Training, 2);
+        r.admission.substrate = Some("sim".into());
+        let d = decide(&r, &snap);
+        assert_eq!(codes(&d), vec![ReasonCode::AccountUnmapped]);
+        assert_eq!(d.reasons[0].message, "ada has no account");
+        snap.substrates[1].refusal = refuse(RefusalCode::AccountPrivileged, "ada is root");
+        let d = decide(&request(Workload::Training, 2), &snap);
+        assert_eq!(
+            codes(&d),
+            vec![ReasonCode::AccountUnmapped, ReasonCode::AccountPrivileged]
+        );
+    }
+
+    #[test]
+    fn program_not_allowed_compares_the_first_word_with_the_workload_s_programs() {
+        let mut snap = snapshot();
+        let mut config = config();
+        config
+            .workloads
+            .entry(Workload::Batch)
+            .or_default()
+            .programs = vec!["/usr/bin/python3".into()];
+        snap.config = Arc::new(config);
+        let with = |argv: &[&str]| {
+            let mut r = request(Workload::Batch, 1);
+            r.admission.command = Some(argv.iter().map(|a| a.to_string()).collect());
+            decide(&r, &snap)
+        };
+        assert!(with(&["/usr/bin/python3", "train.py"]).admitted());
+        let d = with(&["python3", "train.py"]);
+        assert_eq!(codes(&d), vec![ReasonCode::ProgramNotAllowed]);
+        assert!(
+            d.reasons[0].message.contains("/usr/bin/python3"),
+            "{}",
+            d.reasons[0].message
+        );
+        assert_eq!(
+            codes(&with(&["/bin/sh", "-c", "id"])),
+            vec![ReasonCode::ProgramNotAllowed]
+        );
+        // Without a command nothing runs, so there is nothing to allow.
+        let d = decide(&request(Workload::Batch, 1), &snap);
+        assert!(d.admitted(), "{:?}", d.reasons);
+    }
+
+    #[test]
     fn team_blocked() {
         let mut s = snapshot();
         s.blocked.insert("ml".into());
@@ -811,10 +919,24 @@ mod tests {
         r.admission.user = "eve".into();
         r.admission.gpu_model = Some("A100".into());
         r.admission.duration = Some(Duration::from_secs(100 * 3600));
+        r.admission.command = Some(vec!["/bin/sh".into()]);
+        let mut config = config();
+        config
+            .workloads
+            .entry(Workload::Training)
+            .or_default()
+            .programs = vec!["/usr/bin/python3".into()];
+        s.config = Arc::new(config);
         let d = decide(&r, &s);
         let mut got = codes(&d);
         got.sort();
-        assert_eq!(got, ReasonCode::ALL.to_vec());
+        // The account codes stand in for no_capacity when every substrate refuses the user, so
+        // they are never reported with it.
+        let expected: Vec<ReasonCode> = ReasonCode::ALL
+            .into_iter()
+            .filter(|c| ![ReasonCode::AccountUnmapped, ReasonCode::AccountPrivileged].contains(c))
+            .collect();
+        assert_eq!(got, expected);
         assert!(!d.admitted());
     }
 

@@ -252,7 +252,12 @@ impl Service {
         if let Some(why) = principal.write_refusal(&request.team, &request.user) {
             return Err(ServiceError::Forbidden(why));
         }
-        let subs = self.inventories().await;
+        let mut subs = self.inventories().await;
+        for sub in &mut subs {
+            if let Some(driver) = self.inner.drivers.get(&sub.name) {
+                sub.refusal = driver.refusal(&request.user).await;
+            }
+        }
         let now = self.now();
         let command = request.command.clone();
         let policy_request = policy::Request {

@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../tests/support/accounts.rs"]
+pub mod accounts;
+
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::path::Path;

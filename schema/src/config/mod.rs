@@ -516,6 +516,9 @@ pub struct WorkloadPolicy {
     pub target_util_pct: Option<f64>,
     /// Substrates to place this kind of work on, in order of preference.
     pub substrates: Vec<String>,
+    /// Programs a lease's `command` may start (absolute paths, compared with its first word);
+    /// any program when empty.
+    pub programs: Vec<String>,
 }
 
 /// Whether the enforcer acts or only records what it would do.
@@ -612,6 +615,18 @@ pub struct SubstrateConfig {
     pub timeout: Option<Duration>,
     /// webhook: attempts after the first failure.
     pub retries: Option<u32>,
+    /// local: the system account each gpuwarden user's commands run as (`user = "account"`).
+    #[serde(default)]
+    pub accounts: BTreeMap<String, String>,
+    /// local: a user missing from `accounts` runs as the system account of the same name, if
+    /// there is one.
+    pub same_name_accounts: Option<bool>,
+    /// local: the lowest uid a lease may run as; accounts below it (root, system services) are
+    /// refused. Default 1000.
+    pub min_uid: Option<u32>,
+    /// local: where each lease gets a working directory of its own, `<work_dir>/<lease_id>`,
+    /// owned by its account; `<state dir>/work` when unset.
+    pub work_dir: Option<PathBuf>,
 }
 
 /// A group of identical simulated hosts: `count` hosts named `<prefix>-<n>`, each with `gpus`

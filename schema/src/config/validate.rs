@@ -321,7 +321,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             );
         }
         let driver = s.driver.as_str();
-        let set: [(&str, bool); 10] = [
+        let set: [(&str, bool); 14] = [
             ("hosts", !s.hosts.is_empty()),
             ("host", s.host.is_some()),
             ("gpu_model", s.gpu_model.is_some()),
@@ -332,12 +332,25 @@ fn substrates(config: &Config, report: Report<'_>) {
             ("secret", s.secret.is_some()),
             ("timeout", s.timeout.is_some()),
             ("retries", s.retries.is_some()),
+            ("accounts", !s.accounts.is_empty()),
+            ("same_name_accounts", s.same_name_accounts.is_some()),
+            ("min_uid", s.min_uid.is_some()),
+            ("work_dir", s.work_dir.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match s.driver {
             DriverKind::Simulated => (&["hosts"], &["hosts"]),
             DriverKind::Local => (
                 &["gpu_model", "gpu_uuids"],
-                &["host", "gpu_model", "gpu_uuids", "grace_period"],
+                &[
+                    "host",
+                    "gpu_model",
+                    "gpu_uuids",
+                    "grace_period",
+                    "accounts",
+                    "same_name_accounts",
+                    "min_uid",
+                    "work_dir",
+                ],
             ),
             DriverKind::Webhook => (
                 &["url", "gpu_model", "capacity"],
@@ -386,6 +399,26 @@ fn substrates(config: &Config, report: Report<'_>) {
             }
             if group.prefix.trim().is_empty() {
                 report(path("prefix"), "must not be empty".into());
+            }
+        }
+        for (user, account) in &s.accounts {
+            if account.trim().is_empty() || account.contains(['/', ':', '\0']) {
+                let path = vec![key("substrates"), Seg::Index(i), key("accounts"), key(user)];
+                report(path, format!("\"{account}\" is not a system account name"));
+            }
+        }
+        if s.min_uid == Some(0) {
+            report(
+                item("substrates", i, "min_uid"),
+                "must be at least 1: a lease's command never runs as root".into(),
+            );
+        }
+        if let Some(dir) = &s.work_dir {
+            if !dir.is_absolute() {
+                report(
+                    item("substrates", i, "work_dir"),
+                    format!("{} is not an absolute path", dir.display()),
+                );
             }
         }
         if let Some(url) = &s.url {
