@@ -1,8 +1,11 @@
 //! The enforcer's own counters, rendered as Prometheus text for the binary's `/metrics`. Labels
-//! come from bounded sets (decision, reason code); lease ids never become label values.
+//! come from bounded sets (decision, reason code, login limit scope); lease ids and client
+//! addresses never become label values.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpuwarden_schema::login_limit::{Failure, Scope};
 
 use crate::policy::ReasonCode;
 use crate::store::CommitStats;
@@ -14,6 +17,11 @@ pub struct Metrics {
     denied: AtomicU64,
     reasons: [AtomicU64; ReasonCode::ALL.len()],
     driver_errors: AtomicU64,
+    login_failures: AtomicU64,
+    /// By [`Scope`]: lockouts begun, and requests refused while locked out.
+    lockouts: [AtomicU64; 2],
+    logins_refused: [AtomicU64; 2],
+    login_keys_evicted: AtomicU64,
 }
 
 impl Metrics {
@@ -34,6 +42,22 @@ impl Metrics {
     /// Counts one failed driver call.
     pub fn count_driver_error(&self) {
         self.driver_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one bearer token that matched no `[[tokens]]` entry, the lockouts it began and the
+    /// keys the login limiter forgot to count it.
+    pub fn count_login_failure(&self, failure: &Failure) {
+        self.login_failures.fetch_add(1, Ordering::Relaxed);
+        for lockout in failure.lockouts() {
+            self.lockouts[scope_index(lockout.scope)].fetch_add(1, Ordering::Relaxed);
+        }
+        self.login_keys_evicted
+            .fetch_add(failure.evicted, Ordering::Relaxed);
+    }
+
+    /// Counts one request answered 429 because its source or token was locked out.
+    pub fn count_login_refused(&self, scope: Scope) {
+        self.logins_refused[scope_index(scope)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters, and the lease store's `commits`, in the Prometheus text format.
@@ -94,6 +118,50 @@ impl Metrics {
             "gpuwarden_enforcer_driver_errors_total {}",
             get(&self.driver_errors)
         );
+        out.push_str(
+            "# HELP gpuwarden_enforcer_login_failures_total Bearer tokens that matched no [[tokens]] entry.\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_login_failures_total counter\n");
+        let _ = writeln!(
+            out,
+            "gpuwarden_enforcer_login_failures_total {}",
+            get(&self.login_failures)
+        );
+        for (name, help, counters) in [
+            (
+                "gpuwarden_enforcer_login_lockouts_total",
+                "Lockouts begun after too many failed logins, by what was locked out (source address or token).",
+                &self.lockouts,
+            ),
+            (
+                "gpuwarden_enforcer_logins_refused_total",
+                "Requests answered 429 without checking their token because their source address or token was locked out.",
+                &self.logins_refused,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for scope in Scope::ALL {
+                let _ = writeln!(
+                    out,
+                    "{name}{{scope=\"{}\"}} {}",
+                    scope.as_str(),
+                    get(&counters[scope_index(scope)])
+                );
+            }
+        }
+        out.push_str(
+            "# HELP gpuwarden_enforcer_login_keys_evicted_total Failed-login counts forgotten early because enforcer.login_limits.tracked_keys was reached.\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_login_keys_evicted_total counter\n");
+        let _ = writeln!(
+            out,
+            "gpuwarden_enforcer_login_keys_evicted_total {}",
+            get(&self.login_keys_evicted)
+        );
         out
     }
+}
+
+fn scope_index(scope: Scope) -> usize {
+    Scope::ALL.iter().position(|s| *s == scope).unwrap_or(0)
 }

@@ -776,3 +776,148 @@ async fn health_and_the_committed_openapi_document() {
         assert!(doc["paths"].get(path).is_some(), "{path} missing");
     }
 }
+
+/// Calls `GET /v1/leases` with `token` as if from `peer` (the connect info `gpuwarden enforce`
+/// serves with; `None` for none, as `oneshot` gives): status, `Retry-After`, JSON body.
+async fn leases_from(
+    app: &Router,
+    peer: Option<&str>,
+    token: Option<&str>,
+) -> (StatusCode, Option<String>, Value) {
+    let mut request = Request::get("/v1/leases");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let mut request = request.body(Body::empty()).unwrap();
+    if let Some(peer) = peer {
+        let peer: std::net::SocketAddr = peer.parse().unwrap();
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+    }
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, retry_after, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// The series `name` of the enforcer's `/metrics` text.
+fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+}
+
+#[tokio::test]
+async fn failed_logins_lock_out_their_address_and_their_token_with_429_and_retry_after() {
+    let mut config = config();
+    config.enforcer.login_limits.max_failures_per_source = 3;
+    config.enforcer.login_limits.max_failures = 4;
+    let h = Enforcer::new(config, 32, NOW);
+    let app = &h.app;
+    let attacker = Some("192.0.2.1:40000");
+
+    // Three wrong tokens from one address: 401 each, then the address is locked out.
+    for guess in ["guess-1", "guess-2", "guess-3"] {
+        let (status, retry, body) = leases_from(app, attacker, Some(guess)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{guess}: {body}");
+        assert_eq!(retry, None);
+    }
+    // Locked out: 429 whatever the token, a good one included, and without one; another port of
+    // the same address is the same source.
+    for (peer, token) in [
+        (attacker, Some("tok-ada")),
+        (attacker, Some("guess-4")),
+        (Some("192.0.2.1:40001"), None),
+    ] {
+        let (status, retry, body) = leases_from(app, peer, token).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{token:?}: {body}");
+        let retry: u64 = retry.expect("a Retry-After header").parse().unwrap();
+        assert!((299..=300).contains(&retry), "Retry-After: {retry}");
+        assert_eq!(body["error"]["code"], "too_many_failed_logins");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("from this address"), "{message}");
+        assert!(
+            message.contains(&format!("try again in {retry} s")),
+            "{message}"
+        );
+    }
+    // A good token from another address, or from no known address, still works.
+    let (status, _, body) = leases_from(app, Some("192.0.2.2:40000"), Some("tok-ada")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, body) = leases_from(app, None, Some("tok-ada")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // One wrong token presented from many addresses is locked out by itself: its fourth failure
+    // locks it, wherever it comes from next.
+    for i in 0..4 {
+        let peer = format!("198.51.100.{i}:5000");
+        let (status, _, _) = leases_from(app, Some(&peer), Some("stale-token")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "from {peer}");
+    }
+    let (status, retry, body) =
+        leases_from(app, Some("198.51.100.99:5000"), Some("stale-token")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(retry.is_some());
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("with this token"),
+        "{body}"
+    );
+    // That address may still log in with a good token.
+    let (status, _, _) = leases_from(app, Some("198.51.100.99:5000"), Some("tok-ada")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let metrics = h.service.metrics().render();
+    assert_eq!(
+        metric(&metrics, "gpuwarden_enforcer_login_failures_total"),
+        7.0
+    );
+    for (series, value) in [
+        (
+            "gpuwarden_enforcer_login_lockouts_total{scope=\"source\"}",
+            1.0,
+        ),
+        (
+            "gpuwarden_enforcer_login_lockouts_total{scope=\"principal\"}",
+            1.0,
+        ),
+        (
+            "gpuwarden_enforcer_logins_refused_total{scope=\"source\"}",
+            3.0,
+        ),
+        (
+            "gpuwarden_enforcer_logins_refused_total{scope=\"principal\"}",
+            1.0,
+        ),
+        ("gpuwarden_enforcer_login_keys_evicted_total", 0.0),
+    ] {
+        assert_eq!(metric(&metrics, series), value, "{series}");
+    }
+
+    // The document says so for every operation that takes a token, and only for those.
+    let doc: Value = serde_json::from_str(&openapi_json()).unwrap();
+    let mut secured = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let locked_out = &operation["responses"]["429"];
+            if operation.get("security").is_some() {
+                secured += 1;
+                assert_eq!(
+                    locked_out["headers"]["Retry-After"]["schema"]["type"], "integer",
+                    "{method} {path}"
+                );
+            } else {
+                assert!(locked_out.is_null(), "{method} {path} takes no token");
+            }
+        }
+    }
+    assert!(secured >= 8, "{secured} operations take a token");
+}

@@ -7,6 +7,12 @@
 //! shares), and the few Postgres functions client queries need that neither DataFusion nor
 //! datafusion-postgres provides. It talks to nothing but its listener and the session it is given.
 //!
+//! Failed logins are limited ([`gpuwarden_schema::login_limit`], `[pipeline.login_limits]`): a
+//! wrong password counts against the client's source address and against the user name it
+//! tried; while either is locked out, a connection is refused at its startup message with
+//! SQLSTATE 28000 and a message that says when to try again, before any SCRAM exchange. A login
+//! that succeeds clears its user's count.
+//!
 //! Connections are handled on threads of their own ([`Server`]), and their queries run on the
 //! [`Governor`]'s: each connection runs inside its [`Session`], so that the governor applies its
 //! user's limits, a Postgres cancel request (psql's Ctrl-C) stops its query, and a client that
@@ -18,8 +24,9 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringBuilder};
@@ -61,11 +68,13 @@ use datafusion_postgres::pgwire::messages::cancel::CancelRequest;
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use datafusion_postgres::{DfSessionService, QueryHook};
 use futures::Sink;
-use gpuwarden_schema::config::PipelineConfig;
+use gpuwarden_schema::config::{LoginLimits, PipelineConfig};
+use gpuwarden_schema::login_limit::{LockedOut, LoginLimiter, Scope};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::governor::{self, Governor, Reason, Session};
+use crate::Metrics;
 
 /// Why the endpoint could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +99,10 @@ pub struct Auth {
     /// What an unknown user's password is checked against: random, so that it never matches,
     /// and served with a salt like any user's, so that a client cannot tell which users exist.
     nobody: Vec<u8>,
+    /// Failed logins per source address and per user name.
+    logins: Mutex<LoginLimiter>,
+    /// Where failed and refused logins are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Debug for Auth {
@@ -125,10 +138,12 @@ impl Auth {
             allow_anonymous,
             salts,
             nobody,
+            logins: Mutex::new(LoginLimiter::new(&LoginLimits::default())),
+            metrics: Arc::default(),
         }
     }
 
-    /// `[[pipeline.sql_users]]` and `pipeline.sql_allow_anonymous`.
+    /// `[[pipeline.sql_users]]`, `pipeline.sql_allow_anonymous` and `[pipeline.login_limits]`.
     pub fn from_config(config: &PipelineConfig) -> Self {
         Self::new(
             config
@@ -137,6 +152,51 @@ impl Auth {
                 .map(|u| (u.name.as_str(), u.password.as_str())),
             config.sql_allow_anonymous,
         )
+        .with_login_limits(&config.login_limits)
+    }
+
+    /// Limits failed logins by `limits` (the defaults of [`LoginLimits`] otherwise).
+    pub fn with_login_limits(mut self, limits: &LoginLimits) -> Self {
+        self.logins = Mutex::new(LoginLimiter::new(limits));
+        self
+    }
+
+    /// Counts failed and refused logins in `metrics` (the pipeline's `/metrics`).
+    pub fn counting_in(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn limiter(&self) -> std::sync::MutexGuard<'_, LoginLimiter> {
+        // The limiter's state is a set of counts, valid after any panic.
+        self.logins.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a client from `source` may try to log in as `user`; counts it when it may not.
+    fn may_try(&self, source: IpAddr, user: Option<&str>) -> Result<(), LockedOut> {
+        let checked = self
+            .limiter()
+            .check(Some(source), user.map(str::as_bytes), Instant::now());
+        if let Err(locked) = checked {
+            self.metrics.sql_login_refused(locked.scope);
+        }
+        checked
+    }
+
+    /// Counts a wrong password from `source` for `user`.
+    fn failed(&self, source: IpAddr, user: &str) {
+        let failure = self
+            .limiter()
+            .failed(Some(source), Some(user.as_bytes()), Instant::now());
+        self.metrics.sql_login_failed(&failure);
+        for locked in failure.lockouts() {
+            tracing::warn!(user = %user, peer = %source, scope = locked.scope.as_str(), retry_after_s = locked.retry_after_secs(), "too many failed SQL logins: locked out (pipeline.login_limits)");
+        }
+    }
+
+    /// Clears `user`'s failed logins once it has logged in.
+    fn succeeded(&self, user: &str) {
+        self.limiter().succeeded(user.as_bytes());
     }
 
     /// Whether anyone at all can connect.
@@ -569,6 +629,14 @@ impl StartupHandler for Startup {
             }
             let auth = &shared.auth;
             let user = startup.parameters.get(METADATA_USER);
+            let peer = client.socket_addr();
+            // Refused before any SCRAM exchange: a locked-out client learns nothing of its
+            // password, and costs no key derivation.
+            if let Err(locked) = auth.may_try(peer.ip(), user.map(String::as_str)) {
+                let user = user.map(String::as_str).unwrap_or_default();
+                tracing::info!(user = %user, peer = %peer, scope = locked.scope.as_str(), "SQL connection refused: locked out after too many failed logins");
+                return Err(locked_out(user, locked));
+            }
             if auth.allow_anonymous && user.is_some_and(|u| !auth.users.contains_key(u)) {
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
@@ -594,6 +662,7 @@ impl StartupHandler for Startup {
                 .get(METADATA_USER)
                 .cloned()
                 .unwrap_or_default();
+            shared.auth.succeeded(&user);
             self.connection
                 .logged_in(&user, pid, secret_key.to_bytes().as_ref());
         }
@@ -607,6 +676,7 @@ impl StartupHandler for Startup {
                     .cloned()
                     .unwrap_or_default();
                 tracing::warn!(user = %user, peer = %client.socket_addr(), "SQL password authentication failed");
+                shared.auth.failed(client.socket_addr().ip(), &user);
                 Err(fatal(
                     "28P01",
                     format!("password authentication failed for user \"{user}\""),
@@ -615,6 +685,22 @@ impl StartupHandler for Startup {
             other => other,
         }
     }
+}
+
+/// The error a locked-out client gets: SQLSTATE 28000 (invalid authorization specification,
+/// as Postgres refuses a login that no password could make succeed), and when to try again.
+fn locked_out(user: &str, locked: LockedOut) -> PgWireError {
+    let who = match locked.scope {
+        Scope::Source => "from this address".to_string(),
+        Scope::Principal => format!("for user \"{user}\""),
+    };
+    fatal(
+        "28000",
+        format!(
+            "too many failed logins {who}; try again in {} s",
+            locked.retry_after_secs()
+        ),
+    )
 }
 
 fn fatal(code: &str, message: String) -> PgWireError {

@@ -1,11 +1,14 @@
 //! The pipeline's own metrics (`gpuwarden_pipeline_*`), served on `pipeline.metrics_listen`:
 //! ingest (records, files, buffers, lag, commits), rollups (runs, failures) and signals
-//! (published, failures, the last computation's time, the hot window's size).
+//! (published, failures, the last computation's time, the hot window's size) and the SQL
+//! endpoint's logins (failures, lockouts, connections refused while locked out). Client
+//! addresses and user names never become label values.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use gpuwarden_schema::login_limit::{Failure, Scope};
 use gpuwarden_schema::prom::{escape, family, Histogram};
 
 use crate::bounds::Direction;
@@ -61,6 +64,11 @@ pub struct Metrics {
     signals_leader: AtomicU64,
     rollups: AtomicU64,
     rollup_failures: AtomicU64,
+    sql_login_failures: AtomicU64,
+    /// By [`Scope`] (in [`Scope::ALL`]'s order): lockouts begun, connections refused.
+    sql_lockouts: [AtomicU64; 2],
+    sql_logins_refused: [AtomicU64; 2],
+    sql_login_keys_evicted: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -92,6 +100,10 @@ impl Default for Metrics {
             signals_leader: AtomicU64::default(),
             rollups: AtomicU64::default(),
             rollup_failures: AtomicU64::default(),
+            sql_login_failures: AtomicU64::default(),
+            sql_lockouts: Default::default(),
+            sql_logins_refused: Default::default(),
+            sql_login_keys_evicted: AtomicU64::default(),
         }
     }
 }
@@ -114,7 +126,27 @@ fn bump_str(map: &Mutex<BTreeMap<String, u64>>, key: &str, n: u64) {
     }
 }
 
+fn scope_index(scope: Scope) -> usize {
+    Scope::ALL.iter().position(|s| *s == scope).unwrap_or(0)
+}
+
 impl Metrics {
+    /// Counts one failed SQL login (a wrong password), the lockouts it began and the keys the
+    /// login limiter forgot to count it.
+    pub(crate) fn sql_login_failed(&self, failure: &Failure) {
+        self.sql_login_failures.fetch_add(1, Ordering::Relaxed);
+        for lockout in failure.lockouts() {
+            self.sql_lockouts[scope_index(lockout.scope)].fetch_add(1, Ordering::Relaxed);
+        }
+        self.sql_login_keys_evicted
+            .fetch_add(failure.evicted, Ordering::Relaxed);
+    }
+
+    /// Counts one SQL connection refused because its source address or user was locked out.
+    pub(crate) fn sql_login_refused(&self, scope: Scope) {
+        self.sql_logins_refused[scope_index(scope)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a run of the rollups, failed or not.
     pub fn rolled_up(&self, failed: bool) {
         self.rollups.fetch_add(1, Ordering::Relaxed);
@@ -529,6 +561,45 @@ impl Metrics {
             "gauge",
             "1 while this process holds the lake's signals lock and publishes signals.",
             [("", self.signals_leader.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_sql_login_failures_total",
+            "counter",
+            "SQL endpoint logins refused for a wrong password (or a user that does not exist).",
+            [("", self.sql_login_failures.load(Ordering::Relaxed) as f64)],
+        );
+        let by_scope = |counters: &[AtomicU64; 2]| {
+            let labels = Scope::ALL.map(|s| format!("scope=\"{}\"", s.as_str()));
+            Scope::ALL
+                .map(|s| counters[scope_index(s)].load(Ordering::Relaxed) as f64)
+                .into_iter()
+                .zip(labels)
+                .map(|(value, label)| (label, value))
+                .collect::<Vec<_>>()
+        };
+        let lockouts = by_scope(&self.sql_lockouts);
+        family(
+            &mut out,
+            "gpuwarden_pipeline_sql_login_lockouts_total",
+            "counter",
+            "SQL endpoint lockouts begun after too many failed logins, by what was locked out (source address or user).",
+            lockouts.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        let refused = by_scope(&self.sql_logins_refused);
+        family(
+            &mut out,
+            "gpuwarden_pipeline_sql_logins_refused_total",
+            "counter",
+            "SQL connections refused without checking their password because their source address or user was locked out.",
+            refused.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_sql_login_keys_evicted_total",
+            "counter",
+            "Failed-login counts forgotten early because pipeline.login_limits.tracked_keys was reached.",
+            [("", self.sql_login_keys_evicted.load(Ordering::Relaxed) as f64)],
         );
         self.flush_seconds
             .lock()

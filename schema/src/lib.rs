@@ -4,8 +4,9 @@
 //! crate is what they agree on there. It owns the four v1 records ([`Sample`], [`LeaseEvent`],
 //! [`Signal`], [`Action`]), their JSON form (what travels on the topics), their Arrow form (what the
 //! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
-//! wall clock is read), the retry pause every component waits between tries ([`retry`]), and the
-//! one configuration file every process reads ([`config`]). It does no I/O beyond reading that file.
+//! wall clock is read), the retry pause every component waits between tries ([`retry`]), how many
+//! failed logins a client may make ([`login_limit`]), and the one configuration file every
+//! process reads ([`config`]). It does no I/O beyond reading that file.
 
 pub mod action;
 pub mod arrow;
@@ -18,6 +19,7 @@ pub mod json_schema;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lease;
+pub mod login_limit;
 pub mod prom;
 pub mod record;
 pub mod retry;

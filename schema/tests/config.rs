@@ -364,3 +364,62 @@ idle_timeout = \"0s\"
         assert!(find(&errs, path).message.contains("longer than 0s"));
     }
 }
+
+#[test]
+fn login_limits_are_on_by_default_take_an_inline_table_and_name_the_field_at_fault() {
+    let defaults = config::parse("d.toml", "").unwrap();
+    for limits in [
+        &defaults.enforcer.login_limits,
+        &defaults.pipeline.login_limits,
+    ] {
+        assert_eq!(limits.max_failures, 10);
+        assert_eq!(limits.max_failures_per_source, 30);
+        assert_eq!(limits.window, std::time::Duration::from_secs(300));
+    }
+    let set = config::parse(
+        "s.toml",
+        "[enforcer]\nlogin_limits = { max_failures = 3, window = \"90s\" }\n",
+    )
+    .unwrap();
+    let limits = &set.enforcer.login_limits;
+    assert_eq!(limits.max_failures, 3);
+    assert_eq!(limits.window, std::time::Duration::from_secs(90));
+    assert_eq!(
+        limits.max_failures_per_source, 30,
+        "unset fields keep their default"
+    );
+    assert_eq!(set.pipeline.login_limits, defaults.pipeline.login_limits);
+
+    let errs = errors(
+        "\
+[enforcer]
+login_limits = { max_failures = 0, window = \"0s\", tracked_keys = 10 }
+
+[pipeline.login_limits]
+max_failures_per_source = 0
+window = \"2d\"
+",
+    );
+    for (path, message, line) in [
+        ("enforcer.login_limits.max_failures", "at least 1", 2),
+        ("enforcer.login_limits.window", "outside 1s..=24h", 2),
+        ("enforcer.login_limits.tracked_keys", "at least 64", 2),
+        (
+            "pipeline.login_limits.max_failures_per_source",
+            "at least 1",
+            5,
+        ),
+        ("pipeline.login_limits.window", "outside 1s..=24h", 6),
+    ] {
+        let error = find(&errs, path);
+        assert!(error.message.contains(message), "{path}: {}", error.message);
+        assert_eq!(error.line, Some(line), "{path}");
+    }
+    let errs = errors("[pipeline.login_limits]\nlockout = \"1h\"\n");
+    let unknown = find(&errs, "pipeline.login_limits.lockout");
+    assert!(
+        unknown.message.contains("`max_failures_per_source`"),
+        "{}",
+        unknown.message
+    );
+}

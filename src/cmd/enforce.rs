@@ -169,7 +169,13 @@ pub(crate) async fn start(
         "enforcer running"
     );
     let mut server_stop = stop_rx.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    // Connect info gives the API each request's peer address, which failed logins are
+    // limited by (enforcer.login_limits).
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
         stopped(&mut server_stop).await;
     });
     let server = tokio::spawn(async move { server.await });

@@ -154,7 +154,7 @@ pub(crate) async fn start(
         super::metrics_http::router(move || metrics.render())
     };
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
-    let sql = super::sql_endpoint::start(config, sql_listen, &lake).await?;
+    let sql = super::sql_endpoint::start(config, sql_listen, &lake, &metrics).await?;
     let sql_address = sql.as_ref().map(|s| s.address);
     tracing::info!(metrics = %format!("http://{metrics_address}/metrics"), sql = %sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use gpuwarden_pipeline::endpoint::{Auth, Server};
 use gpuwarden_pipeline::governor::{Governor, GovernorOptions};
-use gpuwarden_pipeline::Lake;
+use gpuwarden_pipeline::{Lake, Metrics};
 use gpuwarden_schema::config::Config;
 
 /// A running endpoint: its address and its server.
@@ -19,14 +19,16 @@ pub(crate) struct SqlEndpoint {
 
 /// Binds and starts the endpoint, or returns `None` when nobody could log in to it (no
 /// `[[pipeline.sql_users]]` and anonymous access off) and it was not asked for with `listen`.
-/// Besides the lake it serves the config's `teams` and `workloads`.
+/// Besides the lake it serves the config's `teams` and `workloads`. Failed and refused logins
+/// are counted in `metrics`.
 pub(crate) async fn start(
     full: &Config,
     listen: Option<SocketAddr>,
     lake: &Lake,
+    metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Option<SqlEndpoint>> {
     let config = &full.pipeline;
-    let auth = Auth::from_config(config);
+    let auth = Auth::from_config(config).counting_in(Arc::clone(metrics));
     if !auth.admits_anyone() {
         anyhow::ensure!(
             listen.is_none(),

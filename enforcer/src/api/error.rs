@@ -1,6 +1,6 @@
 //! The API's one error shape, `{error: {code, message, field?}}`, and how each failure maps to
 //! a status: the service's [`ServiceError`]s by whose fault they are, and the HTTP layer's own
-//! (a body that is not JSON or too large, a missing token). An internal failure's detail goes to
+//! (a body that is not JSON or too large, a missing token, too many failed logins). An internal failure's detail goes to
 //! the log, with the request it failed, through [`log_failures`]; the caller is told only that
 //! the enforcer failed.
 
@@ -9,6 +9,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use gpuwarden_schema::login_limit::{LockedOut, Scope};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -31,6 +32,15 @@ pub enum ApiError {
     /// No valid bearer token was given (401).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// Too many bearer tokens that matched nothing came from this source address, or this
+    /// token was presented too often (429, with `Retry-After`).
+    #[error("too many failed logins {}; try again in {retry_after_secs} s", by_scope(*.scope))]
+    TooManyFailedLogins {
+        /// What is locked out.
+        scope: Scope,
+        /// Seconds until the lockout ends.
+        retry_after_secs: u64,
+    },
     /// The principal may not do this (403).
     #[error("{0}")]
     Forbidden(String),
@@ -61,6 +71,7 @@ impl ApiError {
             Self::MalformedJson(_) => StatusCode::BAD_REQUEST,
             Self::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::TooManyFailedLogins { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -76,12 +87,20 @@ impl ApiError {
             Self::MalformedJson(_) => "malformed_json",
             Self::InvalidField { .. } => "invalid_field",
             Self::Unauthorized => "unauthorized",
+            Self::TooManyFailedLogins { .. } => "too_many_failed_logins",
             Self::Forbidden(_) => "forbidden",
             Self::NotFound(_) => "not_found",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::Conflict(_) => "conflict",
             Self::Substrate(_) => "substrate_unavailable",
             Self::Internal(_) => "internal",
+        }
+    }
+
+    pub(super) fn locked_out(locked: LockedOut) -> Self {
+        Self::TooManyFailedLogins {
+            scope: locked.scope,
+            retry_after_secs: locked.retry_after_secs(),
         }
     }
 
@@ -106,6 +125,13 @@ impl From<ServiceError> for ApiError {
     }
 }
 
+fn by_scope(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Source => "from this address",
+        Scope::Principal => "with this token",
+    }
+}
+
 /// The body of every error response.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
@@ -116,8 +142,9 @@ pub struct ErrorBody {
 /// What went wrong.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable code: `malformed_json`, `invalid_field`, `unauthorized`, `forbidden`,
-    /// `not_found`, `payload_too_large`, `conflict`, `substrate_unavailable`, `internal`.
+    /// Stable code: `malformed_json`, `invalid_field`, `unauthorized`,
+    /// `too_many_failed_logins`, `forbidden`, `not_found`, `payload_too_large`, `conflict`,
+    /// `substrate_unavailable`, `internal`.
     pub code: String,
     /// For a person.
     pub message: String,
@@ -149,10 +176,20 @@ impl IntoResponse for ApiError {
             response.extensions_mut().insert(Failure(detail));
             return response;
         }
-        if matches!(self, Self::Unauthorized) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        match self {
+            Self::Unauthorized => {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::TooManyFailedLogins {
+                retry_after_secs, ..
+            } => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            }
+            _ => {}
         }
         response
     }

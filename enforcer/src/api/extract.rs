@@ -1,10 +1,22 @@
 //! What the handlers take from a request: the caller, as the [`Principal`] its bearer token
 //! belongs to, and a JSON body whose rejections share [`ApiError`]'s shape.
+//!
+//! Failed logins are limited here ([`Logins`]): a bearer token that matches no `[[tokens]]`
+//! entry counts against the connection's source address and against the token itself (a
+//! bearer token names no principal until it matches one, so the token presented stands for
+//! the principal: the same wrong token from many addresses is locked out too). While either is
+//! locked out the request is answered 429 with `Retry-After`, before the token is compared with
+//! anything. A request without a token is answered 401 and not counted: it guessed nothing.
 
-use axum::extract::{FromRequest, FromRequestParts, Request as HttpRequest};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request as HttpRequest};
 use axum::http::header;
 use axum::http::request::Parts;
-use gpuwarden_schema::config::TokenConfig;
+use gpuwarden_schema::config::{LoginLimits, TokenConfig};
+use gpuwarden_schema::login_limit::{LockedOut, LoginLimiter};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -40,14 +52,34 @@ impl Tokens {
     /// The principal a bearer token belongs to. Every configured hash is compared, in constant
     /// time, so the answer's timing says nothing of which token came close.
     pub(super) fn authenticate(&self, token: &str) -> Option<Principal> {
-        let digest = sha256(token);
+        self.authenticate_digest(&sha256(token))
+    }
+
+    /// The principal whose token has the SHA-256 `digest`, compared as [`Self::authenticate`]
+    /// does.
+    fn authenticate_digest(&self, digest: &[u8; 32]) -> Option<Principal> {
         let mut found = None;
         for (hash, principal) in &self.0 {
-            if bool::from(hash.ct_eq(&digest)) && found.is_none() {
+            if bool::from(hash.ct_eq(digest)) && found.is_none() {
                 found = Some(principal.clone());
             }
         }
         found
+    }
+}
+
+/// The failed logins of `[enforcer.login_limits]`, shared by every request.
+#[derive(Debug)]
+pub(super) struct Logins(Mutex<LoginLimiter>);
+
+impl Logins {
+    pub(super) fn new(limits: &LoginLimits) -> Self {
+        Self(Mutex::new(LoginLimiter::new(limits)))
+    }
+
+    fn limiter(&self) -> std::sync::MutexGuard<'_, LoginLimiter> {
+        // The limiter's state is a set of counts, valid after any panic.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -77,6 +109,23 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Served without connect info (in-process, through `oneshot`), a request has no source:
+        // only its token is limited.
+        let source = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip());
+        let metrics = state.service.metrics();
+        let refuse = |locked: LockedOut| {
+            metrics.count_login_refused(locked.scope);
+            ApiError::locked_out(locked)
+        };
+        let now = Instant::now();
+        state
+            .logins
+            .limiter()
+            .check(source, None, now)
+            .map_err(refuse)?;
         let token = parts
             .headers
             .get(header::AUTHORIZATION)
@@ -85,8 +134,31 @@ impl FromRequestParts<AppState> for Principal {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::Unauthorized)?;
-        state.authenticate(token).ok_or(ApiError::Unauthorized)
+        let digest = sha256(token);
+        state
+            .logins
+            .limiter()
+            .check(None, Some(&digest), now)
+            .map_err(refuse)?;
+        if let Some(principal) = state.tokens.authenticate_digest(&digest) {
+            return Ok(principal);
+        }
+        let failure = state.logins.limiter().failed(source, Some(&digest), now);
+        metrics.count_login_failure(&failure);
+        for locked in failure.lockouts() {
+            log_lockout(source, locked);
+        }
+        Err(ApiError::Unauthorized)
     }
+}
+
+fn log_lockout(source: Option<IpAddr>, locked: LockedOut) {
+    tracing::warn!(
+        source = %source.map_or_else(|| "unknown".to_string(), |s| s.to_string()),
+        scope = locked.scope.as_str(),
+        retry_after_s = locked.retry_after_secs(),
+        "too many failed API logins: locked out (enforcer.login_limits)"
+    );
 }
 
 /// A JSON body extractor whose rejections are [`ApiError`]s: over `enforcer.max_request_bytes`

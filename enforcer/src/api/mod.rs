@@ -5,9 +5,12 @@
 //! share [`ApiError`]'s one JSON shape), calls the service ([`handlers`]), and maps its answer to
 //! the API's bodies ([`types`]) and its [`crate::service::ServiceError`] to a status
 //! ([`error`]). A denial is a decision, answered with 200; 4xx is for malformed requests (naming
-//! the field), authentication (401), authorization (403), names that do not exist (404) and
-//! changes the lease's state does not allow (409); 503 is a substrate that did not confirm, 500
-//! the enforcer's own failure (logged with the request by [`error::log_failures`]).
+//! the field), authentication (401), authorization (403), names that do not exist (404),
+//! changes the lease's state does not allow (409) and a source address or token locked out
+//! after too many failed logins (429, with `Retry-After`); 503 is a substrate that did not
+//! confirm, 500 the enforcer's own failure (logged with the request by [`error::log_failures`]).
+//! The binary serves the router with connect info, so that failed logins are counted per source
+//! address.
 //!
 //! - [`error`]: the error shape and the status of each failure;
 //! - [`extract`]: the caller (bearer tokens) and JSON bodies;
@@ -36,18 +39,28 @@ pub use self::types::{
 use crate::policy::Principal;
 use crate::service::Service;
 
-/// Everything the handlers share: the service and the bearer tokens. Cheap to clone.
+/// Everything the handlers share: the service, the bearer tokens and the failed logins.
+/// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
     service: Service,
     tokens: Arc<extract::Tokens>,
+    logins: Arc<extract::Logins>,
 }
 
 impl AppState {
-    /// State for the router: `service`, and the bearer tokens of its config's `[[tokens]]`.
+    /// State for the router: `service`, the bearer tokens of its config's `[[tokens]]`, and a
+    /// failed-login limiter under its `[enforcer.login_limits]`.
     pub fn new(service: Service) -> Self {
         let tokens = Arc::new(extract::Tokens::new(&service.config().tokens));
-        Self { service, tokens }
+        let logins = Arc::new(extract::Logins::new(
+            &service.config().enforcer.login_limits,
+        ));
+        Self {
+            service,
+            tokens,
+            logins,
+        }
     }
 
     /// The service the API calls.
@@ -61,7 +74,9 @@ impl AppState {
     }
 }
 
-/// The router: every route of the API on `state`. The binary adds `/metrics`.
+/// The router: every route of the API on `state`. The binary adds `/metrics`, and serves it
+/// with `into_make_service_with_connect_info::<SocketAddr>()` so that failed logins are limited
+/// per source address too.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admission", post(handlers::admission))

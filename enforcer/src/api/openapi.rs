@@ -37,7 +37,8 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The answers every operation of a kind can give, added once rather than listed on each: 401
-/// where a token is required, 400 and 413 where a body is read, 500 on every `/v1` operation.
+/// and 429 where a token is required, 400 and 413 where a body is read, 500 on every `/v1`
+/// operation.
 struct CommonResponses;
 
 fn error_response(description: &str) -> utoipa::openapi::Response {
@@ -75,6 +76,23 @@ impl utoipa::Modify for CommonResponses {
                             .build(),
                     );
                     add("401", unauthorized);
+                    let mut locked_out = error_response(
+                        "Too many bearer tokens that matched nothing came from this address, or \
+                         this token was presented too often (`enforcer.login_limits`); the token \
+                         was not checked",
+                    );
+                    locked_out.headers.insert(
+                        "Retry-After".into(),
+                        HeaderBuilder::new()
+                            .schema(
+                                ObjectBuilder::new()
+                                    .schema_type(Type::Integer)
+                                    .minimum(Some(1)),
+                            )
+                            .description(Some("Seconds until the lockout ends"))
+                            .build(),
+                    );
+                    add("429", locked_out);
                 }
                 if operation.request_body.is_some() {
                     add(

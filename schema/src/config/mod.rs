@@ -244,6 +244,9 @@ pub struct PipelineConfig {
     /// `[pipeline.clock]`: how far a record's time may stray from its arrival, and how the
     /// watermark treats a host that falls silent.
     pub clock: ClockBounds,
+    /// `[pipeline.login_limits]`: failed SQL logins allowed before a source address or a user
+    /// name is locked out.
+    pub login_limits: LoginLimits,
 }
 
 impl Default for PipelineConfig {
@@ -263,6 +266,7 @@ impl Default for PipelineConfig {
             shutdown_deadline: Duration::from_secs(30),
             signals: SignalsConfig::default(),
             clock: ClockBounds::default(),
+            login_limits: LoginLimits::default(),
         }
     }
 }
@@ -325,6 +329,39 @@ impl Default for SqlLimits {
             queue_timeout: Duration::from_secs(30),
             max_connections: 100,
             threads: 0,
+        }
+    }
+}
+
+/// `[enforcer.login_limits]` and `[pipeline.login_limits]`: how many failed logins (a bearer
+/// token that matches no `[[tokens]]` entry; a wrong SQL password) a source address and a
+/// principal may make within `window` before they are locked out for one `window`
+/// ([`crate::login_limit`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoginLimits {
+    /// Failures of one principal (a SQL user name; for the API, one token presented) that lock
+    /// it out, from every address.
+    pub max_failures: u32,
+    /// Failures from one source address (an IPv6 address's /64), whatever principals they
+    /// tried, that lock the address out. Higher than `max_failures`: one address (a NAT, a
+    /// Grafana server) carries many users.
+    pub max_failures_per_source: u32,
+    /// How long failures are counted, and how long a lockout lasts.
+    #[serde(deserialize_with = "duration::required")]
+    pub window: Duration,
+    /// Keys (addresses, principals) tracked per scope; past it, the counts that matter least
+    /// are forgotten early, so that memory stays bounded under a spray of keys.
+    pub tracked_keys: usize,
+}
+
+impl Default for LoginLimits {
+    fn default() -> Self {
+        Self {
+            max_failures: 10,
+            max_failures_per_source: 30,
+            window: Duration::from_secs(5 * 60),
+            tracked_keys: 65_536,
         }
     }
 }
@@ -546,6 +583,9 @@ pub struct EnforcerConfig {
     pub alert_webhooks: Vec<String>,
     /// Largest request body accepted, bytes.
     pub max_request_bytes: usize,
+    /// `[enforcer.login_limits]`: bearer tokens that match nothing allowed before a source
+    /// address (or a token) is answered 429.
+    pub login_limits: LoginLimits,
 }
 
 impl Default for EnforcerConfig {
@@ -556,6 +596,7 @@ impl Default for EnforcerConfig {
             database: None,
             alert_webhooks: Vec::new(),
             max_request_bytes: 64 << 10,
+            login_limits: LoginLimits::default(),
         }
     }
 }

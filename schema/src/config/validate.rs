@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
-use super::{CollectorSource, Config, DriverKind, OnIdle, Role, SubstrateConfig};
+use super::{CollectorSource, Config, DriverKind, LoginLimits, OnIdle, Role, SubstrateConfig};
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
 
@@ -26,6 +26,8 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
     substrates(config, report);
     workloads(config, report);
     tokens(config, report);
+    login_limits(&config.enforcer.login_limits, "enforcer", report);
+    login_limits(&config.pipeline.login_limits, "pipeline", report);
     if config.enforcer.max_request_bytes < 1024 {
         report(
             at(&["enforcer", "max_request_bytes"]),
@@ -39,6 +41,35 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
                 format!("\"{url}\" is not an http:// or https:// URL"),
             );
         }
+    }
+}
+
+fn login_limits(limits: &LoginLimits, section: &str, report: Report<'_>) {
+    for (field, value) in [
+        ("max_failures", limits.max_failures),
+        ("max_failures_per_source", limits.max_failures_per_source),
+    ] {
+        if value == 0 {
+            report(
+                at(&[section, "login_limits", field]),
+                "must be at least 1".into(),
+            );
+        }
+    }
+    if limits.window < Duration::from_secs(1) || limits.window > Duration::from_secs(24 * 3600) {
+        report(
+            at(&[section, "login_limits", "window"]),
+            format!(
+                "{} is outside 1s..=24h",
+                humantime::format_duration(limits.window)
+            ),
+        );
+    }
+    if limits.tracked_keys < 64 {
+        report(
+            at(&[section, "login_limits", "tracked_keys"]),
+            "must be at least 64".into(),
+        );
     }
 }
 
