@@ -4,7 +4,7 @@
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 #[path = "../../../tests/support/accounts.rs"]
 pub mod accounts;
