@@ -5,7 +5,9 @@
 //! [`Signal`], [`Action`]), their JSON form (what travels on the topics), their Arrow form (what the
 //! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
 //! wall clock is read), the retry pause every component waits between tries ([`retry`]), and the
-//! one configuration file every process reads ([`config`]). It does no I/O beyond reading that file.
+//! one configuration file every process reads ([`config`]). It does no I/O beyond reading that file,
+//! except behind its features: `kafka` (Kafka client settings, topic creation, the embedded
+//! broker) and `tls` (the listeners' certificates, read again when they change).
 
 pub mod action;
 pub mod arrow;
@@ -24,6 +26,8 @@ pub mod retry;
 pub mod sample;
 pub mod sample_row;
 pub mod signal;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod topics;
 pub mod version;
 
