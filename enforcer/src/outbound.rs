@@ -2,8 +2,10 @@
 //! `webhook` driver) and the command line's calls to the enforcer's API.
 //!
 //! HTTP/1 over hyper-util's pooled client, with TLS through rustls and Mozilla's roots built in
-//! (no system trust store needed), so `https://` and `http://` URLs both work. Each caller sets
-//! its own timeout per attempt and retries with [`gpuwarden_schema::retry::Backoff`].
+//! (no system trust store needed), so `https://` and `http://` URLs both work; a caller that
+//! trusts its own CA (the command line with `--ca-cert`, for an enforcer with a private
+//! certificate) hands in its rustls settings instead. Each caller sets its own timeout per
+//! attempt and retries with [`gpuwarden_schema::retry::Backoff`].
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -20,6 +22,17 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 pub fn http_client() -> HttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(https)
+}
+
+/// A new client whose `https://` calls use `tls` (its trusted CAs, its client certificate)
+/// instead of Mozilla's roots.
+pub fn http_client_with_tls(tls: rustls::ClientConfig) -> HttpClient {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .build();

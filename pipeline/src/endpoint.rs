@@ -19,6 +19,11 @@
 //! disconnects has its query stopped at once. Errors of the governor reach the client with the
 //! SQLSTATE Postgres would give: 57014 canceled or timed out, 53200 out of memory, 53300 too many
 //! connections or queries.
+//!
+//! With a TLS acceptor (`[pipeline.sql_tls]`), pgwire answers a client's SSLRequest (and direct
+//! TLS, ALPN `postgresql`) with it, and a client that logs in without TLS is refused with 28000
+//! ([`RequireTls`]): passwords and results never cross the network in the clear. Cancel
+//! requests, which carry no password and which libpq sends unencrypted, are still honoured.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -72,6 +77,7 @@ use gpuwarden_schema::config::{LoginLimits, PipelineConfig};
 use gpuwarden_schema::login_limit::{LockedOut, LoginLimiter, Scope};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
 
 use crate::governor::{self, Governor, Reason, Session};
 use crate::Metrics;
@@ -236,13 +242,14 @@ pub struct Server {
 
 impl Server {
     /// Serves `ctx` on `listener` (a non-blocking listener) from two threads that do nothing
-    /// else; `governor` is the one that runs `ctx`'s queries.
+    /// else; `governor` is the one that runs `ctx`'s queries. With `tls`, clients must use it.
     pub fn start(
         listener: std::net::TcpListener,
         ctx: Arc<SessionContext>,
         auth: Auth,
         governor: Arc<Governor>,
         max_connections: usize,
+        tls: Option<TlsAcceptor>,
     ) -> Result<Self, EndpointError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -252,7 +259,7 @@ impl Server {
             .map_err(EndpointError::Threads)?;
         let task = runtime.spawn(async move {
             let listener = TcpListener::from_std(listener).map_err(EndpointError::Threads)?;
-            serve(listener, ctx, auth, max_connections).await
+            serve(listener, ctx, auth, max_connections, tls).await
         });
         Ok(Self {
             runtime: Some(runtime),
@@ -291,7 +298,7 @@ impl Drop for Server {
 /// Serves `ctx` to Postgres clients connecting to `listener` until the returned future is
 /// dropped (which also closes every open connection), refusing connections past
 /// `max_connections`. Each connection runs in its own [`Session`], for the governor that runs
-/// `ctx`'s queries.
+/// `ctx`'s queries. With `tls`, a client that does not use it cannot log in.
 ///
 /// The session is first given what Postgres clients query besides the lake: `information_schema`,
 /// `pg_catalog`, and functions such as `current_setting`. Tables registered in `ctx` are served
@@ -301,6 +308,7 @@ pub async fn serve(
     ctx: Arc<SessionContext>,
     auth: Auth,
     max_connections: usize,
+    tls: Option<TlsAcceptor>,
 ) -> Result<(), EndpointError> {
     prepare(&ctx)?;
     let connections = Arc::new(ConnectionManager::new());
@@ -314,6 +322,7 @@ pub async fn serve(
         connections: Arc::clone(&connections),
         sessions: std::sync::Mutex::new(HashMap::new()),
         max_connections,
+        tls_required: tls.is_some(),
     });
     let handlers = Arc::new(Handlers {
         session: Arc::new(DfSessionService::new_with_hooks(ctx, hooks())),
@@ -340,10 +349,11 @@ pub async fn serve(
                         handlers: Arc::clone(&handlers),
                         state: Arc::clone(&connection),
                     });
+                    let tls = tls.clone();
                     open.spawn(Arc::clone(&connection.session).scope(async move {
                         let served = datafusion_postgres::pgwire::tokio::process_socket(
                             socket,
-                            None,
+                            tls,
                             handlers,
                         );
                         tokio::select! {
@@ -447,6 +457,8 @@ struct Shared {
     /// Logged-in sessions by process id: whom a cancel request stops.
     sessions: std::sync::Mutex<HashMap<i32, LoggedIn>>,
     max_connections: usize,
+    /// `[pipeline.sql_tls]` is set: logins without TLS are refused.
+    tls_required: bool,
 }
 
 /// A logged-in session and the secret key a cancel request for it must give.
@@ -508,12 +520,15 @@ impl PgWireServerHandlers for Connection {
         let shared = &self.handlers.shared;
         let source: Arc<dyn AuthSource> = Arc::new(Passwords(Arc::clone(&shared.auth)));
         let pids: Arc<dyn PidSecretKeyGenerator> = shared.pids.clone();
-        Arc::new(Startup {
-            sasl: SASLAuthStartupHandler::new(Arc::clone(&shared.parameters))
-                .with_scram(ScramAuth::new(source))
-                .with_pid_secret_key_generator(pids)
-                .with_connection_manager(Arc::clone(&shared.connections)),
-            connection: Arc::clone(&self.state),
+        Arc::new(RequireTls {
+            required: shared.tls_required,
+            startup: Startup {
+                sasl: SASLAuthStartupHandler::new(Arc::clone(&shared.parameters))
+                    .with_scram(ScramAuth::new(source))
+                    .with_pid_secret_key_generator(pids)
+                    .with_connection_manager(Arc::clone(&shared.connections)),
+                connection: Arc::clone(&self.state),
+            },
         })
     }
 
@@ -592,6 +607,41 @@ impl AuthSource for Passwords {
             Some(user) => Ok(self.0.password_of(user)),
             None => Err(fatal("28000", "no user name given".to_string())),
         }
+    }
+}
+
+/// Refuses a login without TLS when the endpoint serves TLS, before [`Startup`] sees it: a
+/// password (or an anonymous user's queries) must not cross the network in the clear. The
+/// refusal is Postgres's for a connection no `hostssl` rule admits: 28000.
+struct RequireTls<S> {
+    required: bool,
+    startup: S,
+}
+
+#[async_trait]
+impl<S: StartupHandler> StartupHandler for RequireTls<S> {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if self.required
+            && !client.is_secure()
+            && matches!(message, PgWireFrontendMessage::Startup(_))
+        {
+            tracing::info!(peer = %client.socket_addr(), "SQL login without TLS refused");
+            return Err(fatal(
+                "28000",
+                "the SQL endpoint requires TLS (pipeline.sql_tls): connect with sslmode=verify-full"
+                    .to_string(),
+            ));
+        }
+        self.startup.on_startup(client, message).await
     }
 }
 

@@ -6,7 +6,9 @@
 //! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
 //! wall clock is read), the retry pause every component waits between tries ([`retry`]), how many
 //! failed logins a client may make ([`login_limit`]), and the one configuration file every
-//! process reads ([`config`]). It does no I/O beyond reading that file.
+//! process reads ([`config`]). It does no I/O beyond reading that file, except behind its
+//! features: `kafka` (Kafka client settings, topic creation, the embedded broker) and `tls` (the
+//! listeners' certificates, read again when they change).
 
 pub mod action;
 pub mod arrow;
@@ -26,6 +28,8 @@ pub mod retry;
 pub mod sample;
 pub mod sample_row;
 pub mod signal;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod topics;
 pub mod version;
 

@@ -423,3 +423,83 @@ window = \"2d\"
         unknown.message
     );
 }
+
+#[test]
+fn a_listener_off_loopback_needs_tls_or_the_explicit_plaintext_opt_in() {
+    let errs = errors(
+        "\
+[pipeline]
+sql_listen = \"0.0.0.0:5433\"
+
+[enforcer]
+listen = \"10.1.2.3:8080\"
+",
+    );
+    let api = find(&errs, "enforcer.listen");
+    assert_eq!(api.line, Some(5), "{api:?}");
+    assert!(
+        api.message
+            .contains("10.1.2.3:8080 is not a loopback address")
+            && api.message.contains("[enforcer.tls]")
+            && api.message.contains("enforcer.insecure_plaintext = true"),
+        "{api:?}"
+    );
+    let sql = find(&errs, "pipeline.sql_listen");
+    assert_eq!(sql.line, Some(2), "{sql:?}");
+    assert!(
+        sql.message.contains("[pipeline.sql_tls]")
+            && sql
+                .message
+                .contains("pipeline.sql_insecure_plaintext = true"),
+        "{sql:?}"
+    );
+
+    // Loopback, the opt-in, or TLS: each is accepted.
+    for text in [
+        "[enforcer]\nlisten = \"127.0.0.1:8080\"\n[pipeline]\nsql_listen = \"[::1]:5433\"\n",
+        "[enforcer]\nlisten = \"0.0.0.0:8080\"\ninsecure_plaintext = true\n\
+         [pipeline]\nsql_listen = \"0.0.0.0:5433\"\nsql_insecure_plaintext = true\n",
+        "[enforcer]\nlisten = \"0.0.0.0:8080\"\n[enforcer.tls]\ncert = \"a.pem\"\nkey = \"a.key\"\n\
+         [pipeline]\nsql_listen = \"0.0.0.0:5433\"\n[pipeline.sql_tls]\ncert = \"a.pem\"\nkey = \"a.key\"\n",
+    ] {
+        config::parse("ok.toml", text).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn tls_sections_are_checked_field_by_field() {
+    let parsed = config::parse(
+        "t.toml",
+        "[enforcer.tls]\ncert = \"/etc/gw/api.pem\"\nkey = \"/etc/gw/api.key\"\n\
+         client_ca = \"/etc/gw/clients.pem\"\nclient_auth = \"optional\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tls = parsed.enforcer.tls.expect("[enforcer.tls]");
+    assert_eq!(tls.cert, PathBuf::from("/etc/gw/api.pem"));
+    assert_eq!(tls.client_auth, Some(config::ClientAuth::Optional));
+    assert_eq!(parsed.pipeline.sql_tls, None);
+
+    let errs = errors(
+        "\
+[enforcer.tls]
+cert = \"api.pem\"
+colour = \"blue\"
+",
+    );
+    let missing = find(&errs, "enforcer.tls");
+    assert_eq!(missing.message, "missing required key `key`");
+    let colour = find(&errs, "enforcer.tls.colour");
+    assert_eq!(colour.line, Some(3), "{colour:?}");
+
+    let errs = errors(
+        "\
+[pipeline.sql_tls]
+cert = \"sql.pem\"
+key = \"sql.key\"
+client_auth = \"required\"
+",
+    );
+    let auth = find(&errs, "pipeline.sql_tls.client_auth");
+    assert_eq!(auth.line, Some(4), "{auth:?}");
+    assert!(auth.message.contains("client_ca"), "{auth:?}");
+}

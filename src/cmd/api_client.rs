@@ -1,10 +1,14 @@
 //! The self-service commands' side of the enforcer's HTTP API: where it is, the bearer token,
-//! and one JSON call over the enforcer's outbound client ([`gpuwarden_enforcer::outbound`]).
-//! Errors the API answers (4xx/5xx) become errors carrying its message.
+//! whom to trust when it is `https://` (the system of Mozilla's roots, or the CA of `--ca-cert`,
+//! with a client certificate when the enforcer asks for one), and one JSON call over the
+//! enforcer's outbound client ([`gpuwarden_enforcer::outbound`]). Errors the API answers
+//! (4xx/5xx) become errors carrying its message.
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use gpuwarden_enforcer::outbound::{http_client, HttpClient};
+use std::path::PathBuf;
+
+use gpuwarden_enforcer::outbound::{http_client, http_client_with_tls, HttpClient};
 use http_body_util::{BodyExt as _, Full};
 use hyper::header;
 use hyper::{Method, Request, StatusCode};
@@ -24,6 +28,27 @@ pub(crate) struct ApiArgs {
     /// Bearer token for the API.
     #[arg(long, env = "GPUWARDEN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM file of the CA that signed the API's certificate, for an https:// API whose
+    /// certificate is not signed by a public CA. Only this CA is trusted then.
+    #[arg(long, value_name = "FILE", env = "GPUWARDEN_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// PEM file of this client's certificate, for an API that asks for one
+    /// (enforcer.tls.client_ca). Needs --client-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "GPUWARDEN_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+    /// PEM file of the private key of --client-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "GPUWARDEN_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
 }
 
 pub(crate) struct ApiClient {
@@ -33,7 +58,8 @@ pub(crate) struct ApiClient {
 }
 
 impl ApiClient {
-    /// A client of the API at `base` (an http:// URL) with `token`.
+    /// A client of the API at `base` (an http:// URL, or https:// with a certificate from a
+    /// public CA) with `token`.
     pub(crate) fn to(base: &str, token: Option<&str>) -> Self {
         Self {
             base: base.trim_end_matches('/').to_string(),
@@ -43,12 +69,32 @@ impl ApiClient {
     }
 
     pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Self> {
-        let client = Self::to(&args.api, args.token.as_deref());
+        let mut client = Self::to(&args.api, args.token.as_deref());
+        let https = client.base.starts_with("https://");
         anyhow::ensure!(
-            client.base.starts_with("http://"),
-            "--api must be an http:// URL, got {}",
+            https || client.base.starts_with("http://"),
+            "--api must be an http:// or https:// URL, got {}",
             client.base
         );
+        if let Some(ca) = &args.ca_cert {
+            anyhow::ensure!(
+                https,
+                "--ca-cert is for an https:// API, but --api is {}",
+                client.base
+            );
+            let identity = args.client_cert.as_deref().zip(args.client_key.as_deref());
+            let tls = gpuwarden_schema::tls::client_config(
+                ca,
+                identity,
+                ("--ca-cert", "--client-cert", "--client-key"),
+            )?;
+            client.client = http_client_with_tls(tls);
+        } else {
+            anyhow::ensure!(
+                args.client_cert.is_none(),
+                "--client-cert needs --ca-cert too: the CA that signed the API's certificate"
+            );
+        }
         Ok(client)
     }
 

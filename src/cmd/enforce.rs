@@ -3,7 +3,9 @@
 //! API with `/metrics`, releases leases past their end, and publishes the store's outbox to
 //! Kafka. This module only wires: the outbox publisher and the signals consumer are
 //! [`gpuwarden_enforcer::kafka`]'s, handed client settings from the command's
-//! [`KafkaConnection`].
+//! [`KafkaConnection`]. The API is served over plain HTTP by axum, or, with `[enforcer.tls]`,
+//! over TLS by tokio-rustls and hyper (the certificate from [`gpuwarden_schema::tls`]); either
+//! way each request carries the peer's address as `ConnectInfo<SocketAddr>`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -14,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::extract::ConnectInfo;
+use axum::Router;
 use gpuwarden_enforcer::alerts::Alerts;
 use gpuwarden_enforcer::api::{self, AppState};
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
@@ -22,8 +26,11 @@ use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config;
+use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{Clock, SystemClock};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 use super::kafka::{shutdown_signal, KafkaConnection};
 
@@ -35,6 +42,9 @@ const TICK_MAX: Duration = Duration::from_secs(2);
 
 /// How long a shutdown waits for the outbox to reach Kafka.
 const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// How long a client has to finish its TLS handshake, so that idle sockets cannot pile up.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serve the admission API and enforce leases.
 ///
@@ -77,6 +87,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 pub(crate) struct Enforcer {
     /// Where the API listens.
     pub(crate) address: SocketAddr,
+    /// The API's base URL: `https://` with `[enforcer.tls]`, else `http://`.
+    pub(crate) url: String,
     stop_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     ticking: tokio::task::JoinHandle<()>,
@@ -96,6 +108,24 @@ pub(crate) async fn start(
     clock: Arc<dyn Clock>,
     listen: SocketAddr,
 ) -> anyhow::Result<Enforcer> {
+    let tls = match &config.enforcer.tls {
+        Some(settings) => Some(ServerTls::load(
+            settings,
+            "enforcer.tls",
+            "api",
+            &[b"http/1.1"],
+        )?),
+        None => {
+            // The config's own address was checked when it was loaded; this is for --listen.
+            anyhow::ensure!(
+                config::plaintext_allowed(listen, config.enforcer.insecure_plaintext),
+                "the API would listen on {listen}, not a loopback address, over plain HTTP: \
+                 configure [enforcer.tls] (cert, key), or set enforcer.insecure_plaintext = true \
+                 to send tokens in the clear"
+            );
+            None
+        }
+    };
     let database = config.enforcer_database();
     if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -154,33 +184,42 @@ pub(crate) async fn start(
     ));
 
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
+    let reloads = tls.clone();
     let app =
         api::router(AppState::new(service)).merge(super::metrics_http::metrics_only(move || {
-            metrics.render_with(store.commit_stats())
+            let mut page = metrics.render_with(store.commit_stats());
+            if let Some(tls) = &reloads {
+                tls.render_metrics(&mut page);
+            }
+            page
         }));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;
     let address = listener.local_addr()?;
+    let url = format!(
+        "{}://{address}",
+        if tls.is_some() { "https" } else { "http" }
+    );
     tracing::info!(
-        api = %format!("http://{address}"),
+        api = %url,
         database = %database.display(),
         kafka = %kafka.bootstrap,
         "enforcer running"
     );
-    let mut server_stop = stop_rx.clone();
-    // Connect info gives the API each request's peer address, which failed logins are
-    // limited by (enforcer.login_limits).
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        stopped(&mut server_stop).await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let server_stop = stop_rx.clone();
+    let server = match tls {
+        Some(tls) => tokio::spawn(serve_tls(
+            listener,
+            app,
+            TlsAcceptor::from(tls.config()),
+            server_stop,
+        )),
+        None => tokio::spawn(serve_plain(listener, app, server_stop)),
+    };
     Ok(Enforcer {
         address,
+        url,
         stop_tx,
         server,
         ticking,
@@ -213,6 +252,77 @@ impl Enforcer {
     }
 }
 
+/// Serves `app` over plain HTTP until `stop`, then lets requests in flight finish.
+async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stopped(&mut stop).await })
+    .await
+}
+
+/// Serves `app` over TLS until `stop`, then lets requests in flight finish (the caller bounds
+/// how long). A client that fails its handshake (plain HTTP, an unknown CA, no client
+/// certificate when one is required) is dropped and logged at debug level.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    acceptor: TlsAcceptor,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (socket, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, usually: wait instead of spinning.
+                    tracing::warn!(error = %e, "accepting an API connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let (acceptor, app, watcher) = (acceptor.clone(), app.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer, error = %e, "API TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %peer, "API TLS handshake timed out");
+                        return;
+                    }
+                };
+            // What axum's `into_make_service_with_connect_info` gives each request.
+            let service = hyper::service::service_fn(
+                move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    tower::ServiceExt::oneshot(app.clone(), request)
+                },
+            );
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(peer = %peer, error = %e, "API connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// Every `tick`: releases leases past their end and re-checks budgets (a new month lifts a
 /// budget block without waiting for a signal).
 async fn rules_loop(
@@ -232,5 +342,94 @@ async fn rules_loop(
         if let Err(e) = rules.check_budgets().await {
             tracing::warn!(error = %e, "checking budgets failed");
         }
+    }
+}
+
+/// The TLS tests' CAs and certificates, made with the openssl command line.
+#[cfg(test)]
+#[path = "../../tests/support/pki.rs"]
+mod pki;
+
+#[cfg(test)]
+mod tests {
+    //! Both ways of serving give every request the peer's address (what the API's per-source
+    //! limits read), and both stop when told to.
+
+    use std::net::SocketAddr;
+
+    use axum::extract::ConnectInfo;
+    use axum::routing::get;
+    use axum::Router;
+    use bytes::Bytes;
+    use gpuwarden_enforcer::outbound::{http_client, http_client_with_tls, HttpClient};
+    use gpuwarden_schema::config::TlsConfig;
+    use gpuwarden_schema::tls::{client_config, ServerTls};
+    use http_body_util::{BodyExt as _, Full};
+    use tokio::sync::watch;
+    use tokio_rustls::TlsAcceptor;
+
+    fn app() -> Router {
+        Router::new().route(
+            "/peer",
+            get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }),
+        )
+    }
+
+    async fn peer_seen(client: &HttpClient, url: &str) -> String {
+        let request = hyper::Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    /// The server answers `/peer` with an address of 127.0.0.1 and a port of the client's, then
+    /// ends once stopped.
+    async fn check(
+        served: impl std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+        stop: watch::Sender<bool>,
+        client: HttpClient,
+        url: String,
+    ) {
+        let server = tokio::spawn(served);
+        let peer: SocketAddr = peer_seen(&client, &url).await.parse().unwrap();
+        assert_eq!(peer.ip().to_string(), "127.0.0.1");
+        assert_ne!(peer.port(), 0);
+        drop(client);
+        stop.send(true).unwrap();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), server).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    }
+
+    #[tokio::test]
+    async fn plain_requests_carry_the_peer_address() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/peer", listener.local_addr().unwrap());
+        let (stop, stopped) = watch::channel(false);
+        let served = super::serve_plain(listener, app(), stopped);
+        check(served, stop, http_client(), url).await;
+    }
+
+    #[tokio::test]
+    async fn tls_requests_carry_the_peer_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = super::pki::Ca::new(dir.path(), "ca");
+        let leaf = ca.server("api");
+        let settings = TlsConfig {
+            cert: leaf.cert.clone(),
+            key: leaf.key.clone(),
+            client_ca: None,
+            client_auth: None,
+        };
+        let tls = ServerTls::load(&settings, "enforcer.tls", "api", &[b"http/1.1"]).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}/peer", listener.local_addr().unwrap());
+        let (stop, stopped) = watch::channel(false);
+        let served = super::serve_tls(listener, app(), TlsAcceptor::from(tls.config()), stopped);
+        let client =
+            http_client_with_tls(client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap());
+        check(served, stop, client, url).await;
     }
 }

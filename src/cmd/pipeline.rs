@@ -12,6 +12,7 @@ use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{
     consume, hot, IngestOptions, Lake, Metrics, Rollup, RollupOptions, SignalsOptions,
 };
+use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{config, Clock, SystemClock};
 
 use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
@@ -149,12 +150,23 @@ pub(crate) async fn start(
         .await
         .with_context(|| format!("binding /metrics to {metrics_listen}"))?;
     let metrics_address = listener.local_addr()?;
+    // The SQL endpoint's certificate reloads, once it runs with one.
+    let sql_tls = Arc::new(std::sync::OnceLock::<ServerTls>::new());
     let router = {
-        let metrics = Arc::clone(&metrics);
-        super::metrics_http::router(move || metrics.render())
+        let (metrics, sql_tls) = (Arc::clone(&metrics), Arc::clone(&sql_tls));
+        super::metrics_http::router(move || {
+            let mut page = metrics.render();
+            if let Some(tls) = sql_tls.get() {
+                tls.render_metrics(&mut page);
+            }
+            page
+        })
     };
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
     let sql = super::sql_endpoint::start(config, sql_listen, &lake, &metrics).await?;
+    if let Some(tls) = sql.as_ref().and_then(|s| s.tls.clone()) {
+        let _ = sql_tls.set(tls);
+    }
     let sql_address = sql.as_ref().map(|s| s.address);
     tracing::info!(metrics = %format!("http://{metrics_address}/metrics"), sql = %sql_address.map_or_else(|| "off".to_string(), |a| a.to_string()), lake = %lake.root().display(), kafka = %kafka.bootstrap, "pipeline running");
 

@@ -1,5 +1,6 @@
-//! The pipeline's SQL endpoint: decides whether it runs, binds it, and serves the lake's session
-//! on it with [`gpuwarden_pipeline::endpoint`], its queries run by a
+//! The pipeline's SQL endpoint: decides whether it runs, binds it, loads its certificate
+//! (`[pipeline.sql_tls]`, through [`gpuwarden_schema::tls`]), and serves the lake's session on
+//! it with [`gpuwarden_pipeline::endpoint`], its queries run by a
 //! [`gpuwarden_pipeline::governor::Governor`] under `[pipeline.sql_limits]`.
 
 use std::net::SocketAddr;
@@ -9,12 +10,14 @@ use anyhow::Context as _;
 use gpuwarden_pipeline::endpoint::{Auth, Server};
 use gpuwarden_pipeline::governor::{Governor, GovernorOptions};
 use gpuwarden_pipeline::{Lake, Metrics};
-use gpuwarden_schema::config::Config;
+use gpuwarden_schema::config::{self, Config};
+use gpuwarden_schema::tls::ServerTls;
 
-/// A running endpoint: its address and its server.
+/// A running endpoint: its address, its server, and its TLS when it serves TLS.
 pub(crate) struct SqlEndpoint {
     pub(crate) address: SocketAddr,
     pub(crate) server: Server,
+    pub(crate) tls: Option<ServerTls>,
 }
 
 /// Binds and starts the endpoint, or returns `None` when nobody could log in to it (no
@@ -41,6 +44,24 @@ pub(crate) async fn start(
         return Ok(None);
     }
     let listen = listen.unwrap_or(config.sql_listen);
+    let tls = match &config.sql_tls {
+        Some(settings) => Some(ServerTls::load(
+            settings,
+            "pipeline.sql_tls",
+            "sql",
+            &[b"postgresql"],
+        )?),
+        None => {
+            // The config's own address was checked when it was loaded; this is for --sql-listen.
+            anyhow::ensure!(
+                config::plaintext_allowed(listen, config.sql_insecure_plaintext),
+                "the SQL endpoint would listen on {listen}, not a loopback address, over plain \
+                 TCP: configure [pipeline.sql_tls] (cert, key), or set \
+                 pipeline.sql_insecure_plaintext = true to send passwords and results in the clear"
+            );
+            None
+        }
+    };
     let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("binding the SQL endpoint to {listen}"))?;
     listener.set_nonblocking(true)?;
@@ -67,6 +88,12 @@ pub(crate) async fn start(
         auth,
         governor,
         limits.max_connections,
+        tls.as_ref()
+            .map(|tls| tokio_rustls::TlsAcceptor::from(tls.config())),
     )?;
-    Ok(Some(SqlEndpoint { address, server }))
+    Ok(Some(SqlEndpoint {
+        address,
+        server,
+        tls,
+    }))
 }

@@ -90,7 +90,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let stack = Stack::start(config, clock, listens).await?;
         tracing::info!(
-            api = %format!("http://{}", stack.api()),
+            api = %stack.api_url(),
             sql = %stack.sql().map_or_else(|| "off".to_string(), |a| a.to_string()),
             pipeline_metrics = %format!("http://{}/metrics", stack.pipeline_metrics()),
             collector_metrics = %format!("http://{}/metrics", stack.collector_metrics()),
@@ -169,6 +169,11 @@ impl Stack {
     /// The admission API's address.
     pub(crate) fn api(&self) -> SocketAddr {
         self.enforcer.address
+    }
+
+    /// The admission API's base URL (`https://` when it serves TLS).
+    pub(crate) fn api_url(&self) -> &str {
+        &self.enforcer.url
     }
 
     /// The SQL endpoint's address, if it runs.

@@ -1,7 +1,8 @@
 //! What the end-to-end tests share, to drive the `gpuwarden` binary as an operator would: start a
 //! process, read its JSON logs as they come, stop it with a signal; ask its SQL endpoint with
 //! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
-//! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does.
+//! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does; `pki`
+//! makes the CAs and certificates of the TLS tests.
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
@@ -9,6 +10,7 @@
 
 pub mod accounts;
 pub mod grafana;
+pub mod pki;
 pub mod prometheus;
 
 use std::fmt::Display;

@@ -234,6 +234,11 @@ pub struct PipelineConfig {
     pub sql_users: Vec<SqlUser>,
     /// `[pipeline.sql_limits]`: what one SQL query may take, and how many may run at once.
     pub sql_limits: SqlLimits,
+    /// `[pipeline.sql_tls]`: TLS for the SQL endpoint. When set, clients must use it.
+    pub sql_tls: Option<TlsConfig>,
+    /// Serve the SQL endpoint over plain TCP on an address other than loopback. Passwords and
+    /// query results then cross the network in the clear: off unless set.
+    pub sql_insecure_plaintext: bool,
     /// How long Ctrl-C or SIGTERM leaves the process to stop (SQL queries are canceled at once;
     /// buffered rows are written and committed) before it exits anyway, with status 1. Whatever
     /// was not committed is read again from Kafka at the next start.
@@ -263,6 +268,8 @@ impl Default for PipelineConfig {
             sql_allow_anonymous: false,
             sql_users: Vec::new(),
             sql_limits: SqlLimits::default(),
+            sql_tls: None,
+            sql_insecure_plaintext: false,
             shutdown_deadline: Duration::from_secs(30),
             signals: SignalsConfig::default(),
             clock: ClockBounds::default(),
@@ -586,6 +593,11 @@ pub struct EnforcerConfig {
     /// `[enforcer.login_limits]`: bearer tokens that match nothing allowed before a source
     /// address (or a token) is answered 429.
     pub login_limits: LoginLimits,
+    /// `[enforcer.tls]`: TLS for the admission API (and its `/metrics`).
+    pub tls: Option<TlsConfig>,
+    /// Serve the API over plain HTTP on an address other than loopback. Tokens then cross the
+    /// network in the clear: off unless set.
+    pub insecure_plaintext: bool,
 }
 
 impl Default for EnforcerConfig {
@@ -597,8 +609,45 @@ impl Default for EnforcerConfig {
             alert_webhooks: Vec::new(),
             max_request_bytes: 64 << 10,
             login_limits: LoginLimits::default(),
+            tls: None,
+            insecure_plaintext: false,
         }
     }
+}
+
+/// `[enforcer.tls]` and `[pipeline.sql_tls]`: a listener's certificate, and whom it asks for one.
+/// The certificate and key files are read again when they change (a renewal needs no restart).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the server's certificate, then any intermediates.
+    pub cert: PathBuf,
+    /// PEM file of the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// PEM file of the CAs whose client certificates are accepted. No client certificate is
+    /// asked for when unset.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: `required` (the default) refuses a client without a valid certificate;
+    /// `optional` lets one without a certificate through (one it shows must still be valid).
+    #[serde(default)]
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// Whether a client certificate is required (`[enforcer.tls].client_auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// Every client shows a certificate signed by `client_ca`.
+    Required,
+    /// A client may show none; one it shows is checked against `client_ca`.
+    Optional,
+}
+
+/// Whether a listener on `listen` may speak plain TCP: on a loopback address always (only this
+/// machine can reach it), elsewhere only with the explicit opt-in.
+pub fn plaintext_allowed(listen: SocketAddr, opt_in: bool) -> bool {
+    opt_in || listen.ip().is_loopback()
 }
 
 /// The substrate drivers this build knows.

@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
-use super::{CollectorSource, Config, DriverKind, LoginLimits, OnIdle, Role, SubstrateConfig};
+use super::{
+    plaintext_allowed, CollectorSource, Config, DriverKind, LoginLimits, OnIdle, Role,
+    SubstrateConfig, TlsConfig,
+};
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
 
@@ -28,6 +31,7 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
     tokens(config, report);
     login_limits(&config.enforcer.login_limits, "enforcer", report);
     login_limits(&config.pipeline.login_limits, "pipeline", report);
+    tls(config, report);
     if config.enforcer.max_request_bytes < 1024 {
         report(
             at(&["enforcer", "max_request_bytes"]),
@@ -69,6 +73,63 @@ fn login_limits(limits: &LoginLimits, section: &str, report: Report<'_>) {
         report(
             at(&[section, "login_limits", "tracked_keys"]),
             "must be at least 64".into(),
+        );
+    }
+}
+
+/// A listener off loopback speaks TLS unless plain TCP was asked for by name: tokens and SQL
+/// passwords must not cross a network in the clear by default.
+fn tls(config: &Config, report: Report<'_>) {
+    let (e, p) = (&config.enforcer, &config.pipeline);
+    if e.tls.is_none() && !plaintext_allowed(e.listen, e.insecure_plaintext) {
+        report(
+            at(&["enforcer", "listen"]),
+            format!(
+                "{} is not a loopback address, and the API would serve it over plain HTTP: \
+                 configure [enforcer.tls] (cert, key), or set enforcer.insecure_plaintext = true \
+                 to send tokens in the clear",
+                e.listen
+            ),
+        );
+    }
+    if p.sql_tls.is_none() && !plaintext_allowed(p.sql_listen, p.sql_insecure_plaintext) {
+        report(
+            at(&["pipeline", "sql_listen"]),
+            format!(
+                "{} is not a loopback address, and the SQL endpoint would serve it over plain \
+                 TCP: configure [pipeline.sql_tls] (cert, key), or set \
+                 pipeline.sql_insecure_plaintext = true to send passwords and results in the clear",
+                p.sql_listen
+            ),
+        );
+    }
+    for (section, tls) in [("enforcer", &e.tls), ("pipeline", &p.sql_tls)] {
+        let Some(tls) = tls else { continue };
+        let table = if section == "enforcer" {
+            "tls"
+        } else {
+            "sql_tls"
+        };
+        tls_section(tls, &[section, table], report);
+    }
+}
+
+fn tls_section(tls: &TlsConfig, path: &[&str], report: Report<'_>) {
+    let field = |name: &str| {
+        let mut p = at(path);
+        p.push(key(name));
+        p
+    };
+    for (name, file) in [("cert", &tls.cert), ("key", &tls.key)] {
+        if file.as_os_str().is_empty() {
+            report(field(name), "must name a PEM file".into());
+        }
+    }
+    if tls.client_ca.is_none() && tls.client_auth.is_some() {
+        report(
+            field("client_auth"),
+            "applies to client certificates, which need `client_ca`: the CAs to check them against"
+                .into(),
         );
     }
 }
