@@ -24,6 +24,10 @@ fn check_config_accepts_the_example_and_summarises_it() {
         .arg("check-config")
         .arg(&example)
         .env("GPUWARDEN_SQL_PASSWORD", "secret")
+        .env(
+            "GPUWARDEN_SIGNING_KEY",
+            "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        )
         .output()
         .unwrap();
     let stdout = text(&out.stdout);

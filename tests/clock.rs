@@ -11,15 +11,13 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use support::{eventually, http, http_get, sha256_hex, Psql, Running};
+use support::{eventually, http, http_get, sha256_hex, Psql, Running, Webhook};
 
 const S: i64 = 1_000;
 const MIN: i64 = 60 * S;
@@ -318,66 +316,6 @@ fn a_sample_400_days_ahead_is_quarantined_and_changes_no_rollup() {
         "the line number: {}",
         rows[0]
     );
-}
-
-/// An alert webhook: records the body of every POST and answers 200.
-struct Webhook {
-    url: String,
-    bodies: Arc<Mutex<Vec<Value>>>,
-}
-
-impl Webhook {
-    fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let bodies = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&bodies);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let seen = Arc::clone(&seen);
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream);
-                    loop {
-                        let mut length = 0;
-                        let mut line = String::new();
-                        loop {
-                            line.clear();
-                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            let lower = line.to_ascii_lowercase();
-                            if let Some(n) = lower.strip_prefix("content-length:") {
-                                length = n.trim().parse().unwrap();
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                        }
-                        let mut body = vec![0; length];
-                        reader.read_exact(&mut body).unwrap();
-                        seen.lock()
-                            .unwrap()
-                            .push(serde_json::from_slice(&body).unwrap());
-                        let _ = reader
-                            .get_mut()
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
-                    }
-                });
-            }
-        });
-        Self { url, bodies }
-    }
-
-    fn alerts(&self, reason: &str) -> Vec<Value> {
-        self.bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|b| b["gpuwarden"]["reason"] == reason)
-            .cloned()
-            .collect()
-    }
 }
 
 const TOKEN: &str = "tok-clock-admin";

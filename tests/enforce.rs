@@ -12,13 +12,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use gpuwarden_schema::signing::{self, SigningKeys};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{eventually, http, log_line, sha256_hex, Broker, Running};
+use support::{eventually, http, log_line, sha256_hex, Broker, Running, Webhook};
 
 const TOKEN: &str = "ada-secret-token";
+
+/// `[signing]`: the key signals are signed with, and the one a rotation is moving away from.
+const SIGNING_KEY: &str = "enforce-test-signing-key-0123456789abcdef";
+const PREVIOUS_SIGNING_KEY: &str = "enforce-test-previous-key-0123456789abcdef";
 
 /// Team `ml` (quota 4, member ada), a simulated substrate `sim` of 8 H100s for training, and a
 /// local substrate `box` of two L4s for batch work.
@@ -70,6 +75,10 @@ name = "ada"
 sha256 = "{hash}"
 role = "member"
 teams = ["ml"]
+
+[signing]
+key = "{SIGNING_KEY}"
+previous_key = "{PREVIOUS_SIGNING_KEY}"
 "#,
         data = data.display(),
         hash = sha256_hex(TOKEN),
@@ -536,12 +545,51 @@ fn a_restarted_enforcer_marks_a_lease_whose_process_died_failed() {
     restart_scenario(true);
 }
 
+/// Writes one message to gpuwarden.signals with kcat (a real Kafka client, as an intruder would),
+/// keyed `key`, with `header` when given.
+fn kcat_signal(bootstrap: &str, key: &str, payload: &str, header: Option<&str>) {
+    let mut args = vec!["-P", "-b", bootstrap, "-t", "gpuwarden.signals", "-k", key];
+    let header = header.map(|h| format!("{}={h}", signing::HEADER));
+    if let Some(h) = &header {
+        args.extend(["-H", h.as_str()]);
+    }
+    let mut kcat = Command::new("kcat")
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kcat runs (apt install kcat)");
+    std::io::Write::write_all(
+        kcat.stdin.as_mut().unwrap(),
+        format!("{payload}\n").as_bytes(),
+    )
+    .unwrap();
+    drop(kcat.stdin.take());
+    assert!(kcat.wait().unwrap().success());
+}
+
+/// The signature the pipeline would put on `payload` with `key`.
+fn signature(key: &str, payload: &str) -> String {
+    SigningKeys::new(Some(key.as_bytes()), None)
+        .sign("gpuwarden.signals", b"ml", payload.as_bytes())
+        .unwrap()
+}
+
+/// A forged `team_spend` written with kcat, unsigned or signed with a wrong key, blocks nobody:
+/// it is refused, counted, and alerted on. One signed with the previous key while keys rotate
+/// is acted on: ml's spend counts at admission and its request is denied `budget_exceeded`.
 #[test]
-fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
+fn forged_signals_block_nobody_and_raise_an_alert_and_the_previous_key_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
+    let webhook = Webhook::start();
     let config = write_config(dir.path(), &broker.bootstrap);
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[enforcer]\n",
+        &format!("[enforcer]\nalert_webhooks = [\"{}\"]\n", webhook.url),
+    );
+    std::fs::write(&config, text).unwrap();
     let (enforcer, api) = start_enforcer(&config);
+    let address = api.trim_start_matches("http://").to_owned();
     let request = || {
         cli(
             &api,
@@ -562,37 +610,78 @@ fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
     let before = request();
     assert_eq!(before.status.code(), Some(0), "{}", show(&before));
 
-    // The pipeline says ml has spent all but $1 of its $100,000; an hour of one GPU costs $2.
+    // ml has spent all but $1 of its $100,000; an hour of one GPU costs $2.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let signal = serde_json::json!({"v": 1, "ts_ms": now_ms, "window_ms": 900_000,
+    let spend = serde_json::json!({"v": 1, "ts_ms": now_ms, "window_ms": 900_000,
         "kind": "team_spend", "team": "ml", "month_to_date_usd": 99_999.0,
         "burn_usd_per_hour": 10.0})
     .to_string();
-    let producer: rdkafka::producer::BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
-        .create()
-        .unwrap();
-    // Garbage first, on the same partition: it is skipped, not fatal.
-    for payload in [
-        "{\"v\":1,\"kind\":\"team_spend\"",
-        "not json",
-        signal.as_str(),
-    ] {
-        producer
-            .send(
-                rdkafka::producer::BaseRecord::to("gpuwarden.signals")
-                    .key("ml")
-                    .payload(payload),
-            )
-            .unwrap();
-    }
-    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
+    let signals = |signature: &str| {
+        support::metric(
+            &address,
+            &format!("gpuwarden_enforcer_signals_total{{signature=\"{signature}\"}}"),
+        )
+        .unwrap_or(-1.0)
+    };
 
+    // The forgeries: unsigned, and signed with a key that is not the enforcer's.
+    kcat_signal(&broker.bootstrap, "ml", &spend, None);
+    let wrong = signature("a-key-the-intruder-made-up-0123456789abcdef", &spend);
+    kcat_signal(&broker.bootstrap, "ml", &spend, Some(&wrong));
+    eventually(
+        "both forgeries are refused",
+        Duration::from_secs(60),
+        || {
+            let (unsigned, invalid) = (signals("unsigned"), signals("invalid"));
+            if unsigned == 1.0 && invalid == 1.0 {
+                Ok(())
+            } else {
+                Err(format!("unsigned {unsigned}, invalid {invalid}"))
+            }
+        },
+    );
+    let alert = eventually(
+        "an alert on the refused signal",
+        Duration::from_secs(30),
+        || {
+            let alerts = webhook.alerts("signal_refused");
+            alerts.first().cloned().ok_or(alerts.len())
+        },
+    );
+    let text = alert["text"].as_str().unwrap();
+    assert!(
+        text.contains("unsigned") || text.contains("badly signed"),
+        "{text}"
+    );
+    let still = request();
+    assert_eq!(
+        still.status.code(),
+        Some(0),
+        "a forged team_spend changed admission: {}",
+        show(&still)
+    );
+    assert_eq!(signals("current") + signals("previous"), 0.0);
+
+    // A signed signal whose payload is not a signal is skipped, not fatal; then the spend,
+    // signed with the previous key during a rotation, is acted on.
+    let garbage = "not json";
+    kcat_signal(
+        &broker.bootstrap,
+        "ml",
+        garbage,
+        Some(&signature(SIGNING_KEY, garbage)),
+    );
+    kcat_signal(
+        &broker.bootstrap,
+        "ml",
+        &spend,
+        Some(&signature(PREVIOUS_SIGNING_KEY, &spend)),
+    );
     let after = eventually(
-        "the spend signal reaches admission",
+        "the spend signed with the previous key reaches admission",
         Duration::from_secs(60),
         || {
             let after = request();
@@ -608,8 +697,16 @@ fn team_spend_from_the_pipeline_counts_against_the_budget_at_admission() {
         "{}",
         show(&after)
     );
+    assert_eq!(signals("previous"), 1.0);
+    assert_eq!(signals("current"), 1.0, "the signed garbage was read");
     let (status, log) = enforcer.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", log.join("\n"));
+    assert!(
+        log.iter()
+            .any(|l| l.contains("refusing a signal") && l.contains("unsigned")),
+        "{}",
+        log.join("\n")
+    );
 }
 
 /// `gpuwarden enforce` alone, with `brokers = "embedded"`: the broker it starts lives as long as

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuwarden_schema::login_limit::{Failure, Scope};
+use gpuwarden_schema::signing::Verdict;
 
 use crate::policy::ReasonCode;
 use crate::store::CommitStats;
@@ -22,7 +23,17 @@ pub struct Metrics {
     lockouts: [AtomicU64; 2],
     logins_refused: [AtomicU64; 2],
     login_keys_evicted: AtomicU64,
+    /// Signals read, by [`SIGNATURES`].
+    signals: [AtomicU64; 4],
 }
+
+/// What a signal's signature was found to be, in the order of `Metrics::signals`.
+const SIGNATURES: [Verdict; 4] = [
+    Verdict::Current,
+    Verdict::Previous,
+    Verdict::Unsigned,
+    Verdict::Invalid,
+];
 
 impl Metrics {
     /// Counts one decided admission (dry runs included) and each reason it was denied for.
@@ -53,6 +64,12 @@ impl Metrics {
         }
         self.login_keys_evicted
             .fetch_add(failure.evicted, Ordering::Relaxed);
+    }
+
+    /// Counts one signal read from Kafka by what its signature was found to be.
+    pub fn count_signal(&self, verdict: Verdict) {
+        let i = SIGNATURES.iter().position(|v| *v == verdict).unwrap_or(0);
+        self.signals[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one request answered 429 because its source or token was locked out.
@@ -158,6 +175,18 @@ impl Metrics {
             "gpuwarden_enforcer_login_keys_evicted_total {}",
             get(&self.login_keys_evicted)
         );
+        out.push_str(
+            "# HELP gpuwarden_enforcer_signals_total Signals read from Kafka, by signature: current and previous key are acted on; unsigned and invalid are refused.\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_signals_total counter\n");
+        for (verdict, c) in SIGNATURES.iter().zip(&self.signals) {
+            let _ = writeln!(
+                out,
+                "gpuwarden_enforcer_signals_total{{signature=\"{}\"}} {}",
+                verdict.as_str(),
+                get(c)
+            );
+        }
         out
     }
 }

@@ -10,6 +10,8 @@
 //!   its current size.
 //! - `gpu_unattributed`: an alert, once per GPU per hour.
 //! - `clock_skew`: an alert, once per host per UTC day while its clock stays wrong.
+//! - A signal refused for its signature (see [`crate::kafka::signals`]) is never acted on: an
+//!   alert `signal_refused`, once per kind (unsigned, badly signed) every 10 minutes.
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
 //!   unblocked once it fits again (a new month, or a raised budget).
@@ -32,6 +34,7 @@ use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::span;
 use gpuwarden_schema::config::{OnIdle, Role, WorkloadPolicy};
 use gpuwarden_schema::retry::Backoff;
+use gpuwarden_schema::signing::Verdict;
 use gpuwarden_schema::{Action, ActionKind, Outcome, ReleaseReason, Signal, SignalBody, Workload};
 
 use crate::alerts::Alerts;
@@ -45,6 +48,10 @@ pub const RECLAIM_ATTEMPTS: u32 = 4;
 /// Wait before the first retry of a reclaim; each later one waits twice as long.
 const RECLAIM_BACKOFF: Duration = Duration::from_millis(500);
 const HOUR_MS: i64 = 3_600_000;
+
+/// Refused signals raise at most one alert per kind of refusal in this much of the enforcer's
+/// time.
+pub const REFUSED_SIGNAL_ALERT_MS: i64 = 10 * 60 * 1000;
 /// Utilization within this fraction of the target leaves an inference lease as it is (as
 /// Kubernetes' horizontal autoscaler does), so noise does not resize it back and forth.
 pub const AUTOSCALE_TOLERANCE: f64 = 0.1;
@@ -216,6 +223,43 @@ impl Rules {
             seen: Arc::default(),
             scaled: Arc::default(),
         }
+    }
+
+    /// The enforcer's counters.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        self.service.metrics()
+    }
+
+    /// Alerts on a signal refused for its signature (`verdict` is `Unsigned` or `Invalid`; `detail`
+    /// says where it was read) and alerts, at most once per kind of refusal every
+    /// [`REFUSED_SIGNAL_ALERT_MS`] of the enforcer's time: someone writes `gpuwarden.signals`
+    /// without the key, or a pipeline runs without `[signing] key`.
+    pub async fn on_refused_signal(
+        &self,
+        verdict: Verdict,
+        detail: &str,
+    ) -> Result<(), ServiceError> {
+        let now = self.service.now();
+        let why = match verdict {
+            Verdict::Unsigned => "unsigned",
+            _ => "badly signed",
+        };
+        let action = Audit::fleet(ActionKind::Alert, "signal_refused").at(
+            now,
+            self.outcome(),
+            format!(
+                "refused a {why} signal on {} ({detail}); nothing was done on it. Someone may be \
+                 writing the topic without the signing key, or a pipeline runs without \
+                 [signing] key; see gpuwarden_enforcer_signals_total",
+                gpuwarden_schema::topics::SIGNALS
+            ),
+        );
+        let bucket = now.div_euclid(REFUSED_SIGNAL_ALERT_MS);
+        self.alert_once(
+            &format!("signal_refused:{}:{bucket}", verdict.as_str()),
+            &action,
+        )
+        .await
     }
 
     /// Acts on one signal.

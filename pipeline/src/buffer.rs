@@ -295,6 +295,16 @@ impl SourceBuffer {
         outcome
     }
 
+    /// Buffers a quarantine row for the record at `row.offset`, refused before decoding (its
+    /// signature did not check out), keeping the offsets as [`Self::add`] does.
+    pub fn refuse(&mut self, row: QuarantineRow) {
+        self.first.get_or_insert(row.offset);
+        self.last = self.last.max(row.offset);
+        self.started.get_or_insert_with(Instant::now);
+        self.rows += 1;
+        self.quarantine(row);
+    }
+
     /// Buffers a quarantine row for a record refused before decoding (e.g. an unknown topic).
     pub fn quarantine(&mut self, row: QuarantineRow) {
         self.bytes += row.raw.len() + row.reason.len() + 64;

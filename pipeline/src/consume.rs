@@ -12,16 +12,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuwarden_schema::signing::{self, SigningKeys, Verdict};
 use gpuwarden_schema::{topics, Clock};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bounds::{arrival_of_message, Bounds, Direction, HostSkews};
-use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
+use crate::buffer::{Arrival, Outcome, QuarantineRow, SourceBuffer, Table};
 use crate::lake::Lake;
 use crate::metrics::Metrics;
 use crate::writer::{Done, Job, Writers};
@@ -43,6 +44,9 @@ pub struct IngestOptions {
     pub bounds: Bounds,
     /// The clock arrival is read on (the one the fleet's records are dated with).
     pub clock: Arc<dyn Clock>,
+    /// When set (`[signing] key`), lease events, signals and actions must carry a signature made
+    /// with it; any other is quarantined. Samples are not signed.
+    pub signing: Option<SigningKeys>,
 }
 
 /// Ingest could not run.
@@ -54,6 +58,39 @@ pub enum IngestError {
     /// The lake could not be opened.
     #[error(transparent)]
     Lake(#[from] crate::lake::LakeError),
+}
+
+/// A record whose signature did not check out.
+struct RefusedSignature(Verdict);
+
+impl RefusedSignature {
+    /// The quarantine row's reason.
+    fn reason(&self) -> String {
+        match self.0 {
+            Verdict::Unsigned => format!(
+                "{}: missing; lease events, signals and actions must be signed with [signing] key",
+                signing::HEADER
+            ),
+            _ => format!(
+                "{}: matches neither signing.key nor signing.previous_key",
+                signing::HEADER
+            ),
+        }
+    }
+}
+
+/// Why `message` of `topic` is refused for its signature, if it is: samples are not signed;
+/// every other record must be, with `keys`.
+fn refused_signature(
+    keys: &SigningKeys,
+    topic: &str,
+    message: &BorrowedMessage<'_>,
+) -> Option<RefusedSignature> {
+    if topic == topics::SAMPLES {
+        return None;
+    }
+    let verdict = keys.verify_message(message);
+    (!verdict.trusted()).then_some(RefusedSignature(verdict))
 }
 
 /// The topic's index in [`topics::ALL`].
@@ -162,6 +199,7 @@ pub fn run(
         skews: HostSkews::default(),
         skews_published: None,
         out_of_bounds_log: Throttle::default(),
+        signature_log: Throttle::default(),
     };
     tracing::info!(group = group_id, topics = ?topics::ALL, "ingest running");
     while !stop.load(Ordering::SeqCst) {
@@ -207,6 +245,8 @@ struct State {
     skews_published: Option<std::time::Instant>,
     /// Out-of-bounds records are logged at most every 10 s.
     out_of_bounds_log: Throttle,
+    /// So are records refused for their signature.
+    signature_log: Throttle,
 }
 
 /// How often the hosts' clock skews are copied to `/metrics`.
@@ -395,6 +435,29 @@ impl State {
             let payload = message.payload().unwrap_or_default();
             let table = Table::of_topic(topic).expect("each of the four topics has a table");
             let buffer = self.buffers.entry((topic, partition)).or_default();
+            if let Some(refused) = self
+                .options
+                .signing
+                .as_ref()
+                .and_then(|keys| refused_signature(keys, topic, &message))
+            {
+                buffer.refuse(QuarantineRow {
+                    ts_ms: arrival.ms,
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    field: Some(signing::HEADER.to_string()),
+                    reason: refused.reason(),
+                    raw: payload.to_vec(),
+                });
+                counts[i].0 += 1;
+                counts[i].1 += 1;
+                self.metrics.refused_signature(topic, refused.0);
+                if let Some(more) = self.signature_log.ready() {
+                    tracing::warn!(topic, partition, offset, signature = refused.0.as_str(), more, "a record not signed with the signing key was quarantined: whoever wrote it lacks [signing] key");
+                }
+                continue;
+            }
             let before = buffer.bytes();
             let outcome = buffer.add(
                 table,

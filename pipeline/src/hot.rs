@@ -43,11 +43,12 @@ use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
 use gpuwarden_schema::config::{Config, PricingConfig};
 use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
+use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::{topics, Clock, DecodeError, LeaseEvent, Record as _, Signal, SignalBody};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -101,6 +102,8 @@ pub struct SignalsOptions {
     pub idle_ms: i64,
     /// The clock arrival is read on (the one the fleet's records are dated with).
     pub clock: Arc<dyn Clock>,
+    /// Signs each signal (`[signing]`); the enforcer acts only on signed ones.
+    pub signing: SigningKeys,
 }
 
 impl SignalsOptions {
@@ -117,6 +120,7 @@ impl SignalsOptions {
             bounds: Bounds::streaming(&config.pipeline.clock),
             idle_ms: ms(config.pipeline.clock.idle_timeout),
             clock,
+            signing: SigningKeys::from_config(&config.signing),
         }
     }
 }
@@ -751,6 +755,14 @@ impl<'a> Publisher<'a> {
                         }
                     })
                 }
+                topics::LEASES if !self.signed_lease_event(&message) => {
+                    self.catch_up
+                        .read(topics::LEASES, message.partition(), message.offset());
+                    if let Some(more) = self.skipped.ready() {
+                        tracing::warn!(partition = message.partition(), offset = message.offset(), more, "a lease event not signed with the signing key is skipped (ingest quarantines it)");
+                    }
+                    Ok(())
+                }
                 topics::LEASES => {
                     self.catch_up
                         .read(topics::LEASES, message.partition(), message.offset());
@@ -847,12 +859,30 @@ impl<'a> Publisher<'a> {
         self.spend.read_at = Some(Instant::now());
     }
 
+    /// Whether a lease event may count: always without a signing key, else only when it is
+    /// signed with it (a forged lease event would otherwise charge a team in `team_spend`).
+    fn signed_lease_event(&self, message: &BorrowedMessage<'_>) -> bool {
+        let keys = &self.options.signing;
+        if !keys.can_sign() {
+            return true;
+        }
+        keys.verify_message(message).trusted()
+    }
+
     fn publish(&mut self, signal: &Signal) {
         let payload = signal.to_json();
         let kind = signal_kind_index(signal.body.kind());
+        let key = signal.key();
         let mut record = BaseRecord::with_opaque_to(topics::SIGNALS, kind)
-            .key(signal.key())
+            .key(key)
             .payload(&payload);
+        if let Some(headers) =
+            self.options
+                .signing
+                .headers(topics::SIGNALS, key.as_bytes(), &payload)
+        {
+            record = record.headers(headers);
+        }
         // A full queue drains as the producer is polled; give it up to a second.
         for _ in 0..100 {
             match self.producer.send(record) {

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use gpuwarden_schema::login_limit::{Failure, Scope};
 use gpuwarden_schema::prom::{escape, family, Histogram};
+use gpuwarden_schema::signing::Verdict;
 
 use crate::bounds::Direction;
 
@@ -49,6 +50,7 @@ pub struct Metrics {
     lag: AtomicI64,
     commits: AtomicU64,
     out_of_bounds: Mutex<BTreeMap<(String, &'static str), u64>>,
+    refused_signature: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Each host's latest clock skew, ms, as ingest last published it.
     host_skews: Mutex<Vec<(String, i64)>>,
     /// The signals loop's fleet watermark, ms (`i64::MIN`: none yet).
@@ -88,6 +90,7 @@ impl Default for Metrics {
             lag: AtomicI64::new(-1),
             commits: AtomicU64::default(),
             out_of_bounds: Mutex::default(),
+            refused_signature: Mutex::default(),
             host_skews: Mutex::default(),
             signals_watermark: AtomicI64::new(i64::MIN),
             signals_out_of_bounds: AtomicU64::default(),
@@ -168,6 +171,27 @@ impl Metrics {
         let mut map = self.out_of_bounds.lock().unwrap_or_else(|e| e.into_inner());
         *map.entry((topic.to_string(), direction.name()))
             .or_default() += n;
+    }
+
+    /// Counts a record of `topic` quarantined for its signature (`verdict`: unsigned or invalid).
+    pub(crate) fn refused_signature(&self, topic: &str, verdict: Verdict) {
+        let mut map = self
+            .refused_signature
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *map.entry((topic.to_string(), verdict.as_str()))
+            .or_default() += 1;
+    }
+
+    /// Records of `topic` quarantined for their signature, by `signature` (`unsigned`, `invalid`).
+    pub fn refused_signature_total(&self, topic: &str, signature: &str) -> u64 {
+        self.refused_signature
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((t, s), _)| t == topic && *s == signature)
+            .map(|(_, n)| *n)
+            .sum()
     }
 
     /// Replaces the hosts' clock skews shown on `/metrics`.
@@ -388,6 +412,25 @@ impl Metrics {
             "counter",
             "Records quarantined because their time was more than pipeline.clock.max_skew ahead of their arrival (bound=\"ahead\") or, for samples on Kafka, more than pipeline.clock.max_age behind it (bound=\"behind\"); also counted in records_quarantined_total.",
             out_of_bounds.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+        let refused: Vec<(String, f64)> = self
+            .refused_signature
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((topic, signature), n)| {
+                (
+                    format!("topic=\"{}\",signature=\"{signature}\"", escape(topic)),
+                    *n as f64,
+                )
+            })
+            .collect();
+        family(
+            &mut out,
+            "gpuwarden_pipeline_records_refused_signature_total",
+            "counter",
+            "Lease events, signals and actions quarantined because they were not signed with [signing] key (signature=\"unsigned\") or their signature matched neither key (\"invalid\"); also counted in records_quarantined_total.",
+            refused.iter().map(|(l, v)| (l.as_str(), *v)),
         );
         let skews: Vec<(String, f64)> = self
             .host_skews

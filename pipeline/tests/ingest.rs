@@ -214,3 +214,97 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
     assert_eq!(files, 2, "the late sample is in a file of its own");
     assert_eq!(sql_i64(lake.root(), "SELECT count(*) FROM samples"), 12);
 }
+
+/// With a signing key, lease events (and signals and actions) count only when signed with it,
+/// over their topic, key and payload: an unsigned one, one signed with another key, and one
+/// whose signature was made for another key are quarantined with the reason, and counted.
+/// Samples carry no signature and are taken as they are.
+#[test]
+fn with_a_signing_key_only_signed_lease_events_reach_the_lake() {
+    use gpuwarden_schema::signing::{SigningKeys, HEADER};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+
+    let broker = EmbeddedBroker::start(1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().join("lake")).unwrap();
+    let keys = SigningKeys::new(Some(b"ingest-test-signing-key-0123456789abcdef"), None);
+    let intruder = SigningKeys::new(Some(b"not-the-key-the-pipeline-has-0123456789"), None);
+    let event = |lease: &str| {
+        serde_json::json!({"v": 1, "ts_ms": T0, "event": "granted", "lease_id": lease,
+            "team": "ml", "user": "ada", "project": "p", "workload": "training",
+            "substrate": "sim", "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+            "gpu_uuids": ["GPU-1"]})
+        .to_string()
+    };
+    let producer: BaseProducer = support::client(broker.bootstrap_servers())
+        .create()
+        .unwrap();
+    let send = |key: &str, payload: &str, headers: Option<rdkafka::message::OwnedHeaders>| {
+        let mut record = BaseRecord::to(topics::LEASES).key(key).payload(payload);
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
+        producer.send(record).unwrap();
+    };
+    let signed = event("L-signed");
+    send(
+        "L-signed",
+        &signed,
+        keys.headers(topics::LEASES, b"L-signed", signed.as_bytes()),
+    );
+    send("L-unsigned", &event("L-unsigned"), None);
+    let forged = event("L-forged");
+    send(
+        "L-forged",
+        &forged,
+        intruder.headers(topics::LEASES, b"L-forged", forged.as_bytes()),
+    );
+    // A signature moved onto another record: made for L-signed's key, not this one's.
+    let moved = event("L-moved");
+    send(
+        "L-moved",
+        &moved,
+        keys.headers(topics::LEASES, b"L-signed", moved.as_bytes()),
+    );
+    producer.flush(Duration::from_secs(10)).unwrap();
+    produce(
+        broker.bootstrap_servers(),
+        topics::SAMPLES,
+        &[("GPU-1".into(), sample_json("GPU-1", T0, 10.0))],
+    );
+
+    let options = IngestOptions {
+        signing: Some(keys),
+        ..options()
+    };
+    let running = Running::start(broker.bootstrap_servers(), "sig-test", &lake, options);
+    running.wait_for_records(5, Duration::from_secs(30));
+    let metrics = running.stop();
+    let root = lake.root();
+    assert_eq!(sql_i64(root, "SELECT count(*) FROM samples"), 1);
+    let kept = sql_pairs(root, "SELECT lease_id, event FROM lease_events");
+    assert_eq!(kept, [("L-signed".to_string(), "granted".to_string())]);
+    let refused = sql_pairs(
+        root,
+        "SELECT field, reason FROM quarantine WHERE topic = 'gpuwarden.leases' ORDER BY \"offset\"",
+    );
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(
+        refused.iter().all(|(field, _)| field == HEADER),
+        "{refused:?}"
+    );
+    assert!(refused[0].1.contains("missing"), "{refused:?}");
+    assert!(refused[1].1.contains("matches neither"), "{refused:?}");
+    assert!(refused[2].1.contains("matches neither"), "{refused:?}");
+    assert_eq!(
+        metrics.refused_signature_total(topics::LEASES, "unsigned"),
+        1
+    );
+    assert_eq!(
+        metrics.refused_signature_total(topics::LEASES, "invalid"),
+        2
+    );
+    assert!(metrics.render().contains(
+        "gpuwarden_pipeline_records_refused_signature_total{topic=\"gpuwarden.leases\",signature=\"invalid\"} 2"
+    ));
+}

@@ -35,11 +35,12 @@ use gpuwarden_pipeline::hot::{self, SignalsOptions};
 use gpuwarden_pipeline::{Lake, Metrics};
 use gpuwarden_schema::config::{GpuPrice, PricingConfig};
 use gpuwarden_schema::kafka::EmbeddedBroker;
+use gpuwarden_schema::signing::{self, SigningKeys, Verdict};
 use gpuwarden_schema::{topics, Record, Signal, SignalBody, SystemClock};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use support::{client, produce};
+use support::{client, produce, produce_signed};
 
 const T0: i64 = 1_795_996_800_000;
 const S: i64 = 1_000;
@@ -135,8 +136,12 @@ fn options() -> SignalsOptions {
         },
         idle_ms: IDLE,
         clock: Arc::new(SystemClock),
+        signing: SigningKeys::new(Some(SIGNING_KEY), None),
     }
 }
+
+/// The key the loop signs with.
+const SIGNING_KEY: &[u8] = b"signals-loop-test-key-of-32-bytes-or-more";
 
 /// The signals loop on a thread of its own.
 struct Loop {
@@ -245,6 +250,18 @@ impl Signals {
         while let Some(message) = self.consumer.poll(wait) {
             let message = message.unwrap();
             let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+            // Every signal is signed over its topic, key and payload.
+            let header = message
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == signing::HEADER))
+                .and_then(|h| h.value);
+            let verdict = SigningKeys::new(Some(SIGNING_KEY), None).verify(
+                topics::SIGNALS,
+                key.as_bytes(),
+                message.payload().unwrap(),
+                header,
+            );
+            assert_eq!(verdict, Verdict::Current, "signal {key}");
             let signal = Signal::from_json(message.payload().unwrap()).unwrap();
             self.seen.push((key, signal));
         }
@@ -319,7 +336,7 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         ],
     );
 
-    produce(
+    produce_signed(
         &bootstrap,
         topics::LEASES,
         &[
@@ -328,6 +345,21 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
             lease_event(-600 * S, "granted", "L-gone", "ops", A100, "g-gone"),
             lease_event(-300 * S, "released", "L-gone", "ops", A100, "g-gone"),
         ],
+        Some(&SigningKeys::new(Some(SIGNING_KEY), None)),
+    );
+    // A forged grant, unsigned: were it counted, g-rogue would be L-forged's and ds would be
+    // charged for it.
+    produce(
+        &bootstrap,
+        topics::LEASES,
+        &[lease_event(
+            -600 * S,
+            "granted",
+            "L-forged",
+            "ds",
+            H100,
+            "g-rogue",
+        )],
     );
     let mut phase1 = Vec::new();
     for k in 1..=6 {

@@ -28,6 +28,7 @@ pub mod retry;
 pub mod sample;
 pub mod sample_row;
 pub mod signal;
+pub mod signing;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topics;

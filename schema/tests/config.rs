@@ -25,6 +25,10 @@ fn find<'a>(errors: &'a [ConfigError], path: &str) -> &'a ConfigError {
 fn the_shipped_example_is_valid() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/gpuwarden.toml");
     std::env::set_var("GPUWARDEN_SQL_PASSWORD", "from-the-environment");
+    std::env::set_var(
+        "GPUWARDEN_SIGNING_KEY",
+        "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
+    );
     let config = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.collector.source, CollectorSource::Simulated);
     assert_eq!(config.collector.interval, Duration::from_secs(5));
@@ -502,4 +506,67 @@ client_auth = \"required\"
     let auth = find(&errs, "pipeline.sql_tls.client_auth");
     assert_eq!(auth.line, Some(4), "{auth:?}");
     assert!(auth.message.contains("client_ca"), "{auth:?}");
+}
+
+#[test]
+fn signing_keys_and_the_local_driver_s_accounts_are_checked_field_by_field() {
+    let long = "k".repeat(32);
+    let ok = config::parse(
+        "s.toml",
+        &format!("[signing]\nkey = \"{long}\"\nprevious_key = \"{long}-old\"\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ok.signing.key.as_deref(), Some(long.as_str()));
+    assert!(
+        !format!("{:?}", ok.signing).contains(&long),
+        "keys never print"
+    );
+
+    let errs = errors("[signing]\nkey = \"short\"\n");
+    assert!(find(&errs, "signing.key").message.contains("at least 32"));
+    let errs = errors(&format!("[signing]\nprevious_key = \"{long}\"\n"));
+    assert!(find(&errs, "signing.previous_key")
+        .message
+        .contains("beside `key`"));
+    let errs = errors(&format!(
+        "[signing]\nkey = \"{long}\"\nprevious_key = \"{long}\"\n"
+    ));
+    assert!(find(&errs, "signing.previous_key")
+        .message
+        .contains("same as `key`"));
+
+    let errs = errors(
+        "\
+[workloads.batch]
+programs = [\"python3\"]
+
+[[substrates]]
+name = \"box\"
+driver = \"local\"
+gpu_model = \"NVIDIA L4\"
+gpu_uuids = [\"GPU-1\"]
+accounts = { ada = \"../root\" }
+min_uid = 0
+work_dir = \"scratch\"
+
+[[substrates]]
+name = \"sim\"
+driver = \"simulated\"
+hosts = [{ prefix = \"h\", count = 1, gpus = 1, gpu_model = \"H100\" }]
+accounts = { ada = \"ada\" }
+",
+    );
+    for (path, says) in [
+        ("workloads.batch.programs[0]", "not an absolute path"),
+        ("substrates[0].accounts.ada", "not a system account name"),
+        ("substrates[0].min_uid", "never runs as root"),
+        ("substrates[0].work_dir", "not an absolute path"),
+        (
+            "substrates[1].accounts",
+            "not a setting of the simulated driver",
+        ),
+    ] {
+        let error = find(&errs, path);
+        assert!(error.message.contains(says), "{path}: {}", error.message);
+    }
 }

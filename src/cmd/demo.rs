@@ -69,12 +69,17 @@ pub(crate) struct Args {
 }
 
 /// The demo's config file: what `gpuwarden up --config` needs to run the same system.
-fn demo_config(data_dir: &Path, args: &Args) -> String {
+fn demo_config(data_dir: &Path, args: &Args, signing_key: &str) -> String {
     format!(
         r#"# Written by `gpuwarden demo`. Run the same system again with:
 #   gpuwarden up --config {config} --speed {speed}
 [kafka]
 brokers = "embedded"
+
+# Signs the signals the pipeline sends the enforcer, and the lease events and actions it sends
+# back; a record without a valid signature is refused.
+[signing]
+key = "{signing_key}"
 
 [storage]
 data_dir = "{data}"
@@ -216,8 +221,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating the demo's directory {}", data_dir.display()))?;
     let config_path = data_dir.join("gpuwarden.toml");
-    std::fs::write(&config_path, demo_config(&data_dir, &args))
-        .with_context(|| format!("writing {}", config_path.display()))?;
+    std::fs::write(
+        &config_path,
+        demo_config(&data_dir, &args, &super::fresh_signing_key()?),
+    )
+    .with_context(|| format!("writing {}", config_path.display()))?;
     let config = Arc::new(config::load(&config_path)?);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

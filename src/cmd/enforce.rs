@@ -26,6 +26,7 @@ use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
 use gpuwarden_schema::config;
+use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{Clock, SystemClock};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -157,8 +158,14 @@ pub(crate) async fn start(
         "re-adopted open leases"
     );
 
-    let publisher = Publisher::new(&kafka.client("enforcer"), store.clone(), clock.clone())
-        .context("creating the Kafka producer")?;
+    let signing = SigningKeys::from_config(&config.signing);
+    let publisher = Publisher::new(
+        &kafka.client("enforcer"),
+        store.clone(),
+        clock.clone(),
+        signing.clone(),
+    )
+    .context("creating the Kafka producer")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let publishing =
         tokio::spawn(publisher.run(kafka.topic_setup(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
@@ -179,6 +186,7 @@ pub(crate) async fn start(
     let signals_stop = Arc::new(AtomicBool::new(false));
     let signals = tokio::spawn(gpuwarden_enforcer::kafka::signals::run(
         kafka.client("enforcer"),
+        signing,
         rules,
         signals_stop.clone(),
     ));

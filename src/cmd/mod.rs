@@ -27,6 +27,7 @@ mod up;
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Subcommand;
 
 // Each command's help (its first line in `gpuwarden --help`, the rest in `gpuwarden CMD --help`)
@@ -46,6 +47,17 @@ pub(crate) enum Command {
     Leases(leases::Args),
     Release(release::Args),
     Up(up::Args),
+}
+
+/// A fresh `[signing]` key (32 random bytes from the kernel, in hex) for a system that runs in one
+/// process (`up`, `demo`), where nothing outside needs to share it.
+pub(crate) fn fresh_signing_key() -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for a signing key")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {

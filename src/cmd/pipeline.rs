@@ -12,6 +12,7 @@ use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{
     consume, hot, IngestOptions, Lake, Metrics, Rollup, RollupOptions, SignalsOptions,
 };
+use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{config, Clock, SystemClock};
 
@@ -78,6 +79,11 @@ pub(crate) fn options(config: &config::Config, clock: Arc<dyn Clock>) -> IngestO
         write_throttle: None,
         bounds: Bounds::streaming(&config.pipeline.clock),
         clock,
+        signing: config
+            .signing
+            .key
+            .is_some()
+            .then(|| SigningKeys::from_config(&config.signing)),
     }
 }
 

@@ -57,7 +57,14 @@ pub(crate) fn parse_time(text: &str) -> Result<i64, String> {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = Arc::new(config::load(&args.config)?);
+    let mut config = config::load(&args.config)?;
+    if config.signing.key.is_none() {
+        // Everything runs here, so a key made for this run signs and checks every record; a
+        // pipeline or enforcer started apart from it needs the config's own.
+        tracing::info!("no [signing] key in the config: signing this run's signals and actions with a key made for it");
+        config.signing.key = Some(super::fresh_signing_key()?);
+    }
+    let config = Arc::new(config);
     let simulated = config.collector.source == CollectorSource::Simulated;
     let speed = args.speed.unwrap_or(if simulated {
         config.collector.simulated.speed

@@ -15,11 +15,13 @@ pub mod prometheus;
 
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Tries `check` until it gives `Ok`, and returns what it gave. After `timeout` it panics with
@@ -701,4 +703,67 @@ pub fn venv_python(purpose: &str, check: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     python
+}
+
+/// An alert webhook: records the body of every POST and answers 200.
+pub struct Webhook {
+    /// Where to POST.
+    pub url: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Webhook {
+    /// Listens on 127.0.0.1, port 0.
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&bodies);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let seen = Arc::clone(&seen);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    loop {
+                        let mut length = 0;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(n) = lower.strip_prefix("content-length:") {
+                                length = n.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        reader.read_exact(&mut body).unwrap();
+                        seen.lock()
+                            .unwrap()
+                            .push(serde_json::from_slice(&body).unwrap());
+                        let _ = reader
+                            .get_mut()
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                    }
+                });
+            }
+        });
+        Self { url, bodies }
+    }
+
+    /// The alerts received with `gpuwarden.reason` = `reason`.
+    pub fn alerts(&self, reason: &str) -> Vec<Value> {
+        self.bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| b["gpuwarden"]["reason"] == reason)
+            .cloned()
+            .collect()
+    }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuwarden_schema::retry::Backoff;
+use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::{topics, Clock};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -67,6 +68,7 @@ pub struct Publisher {
     store: Store,
     producer: FutureProducer,
     clock: Arc<dyn Clock>,
+    signing: SigningKeys,
     last_warning: Option<Instant>,
 }
 
@@ -78,11 +80,13 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     /// Creates the idempotent producer from `client` (bootstrap servers and
-    /// `[kafka.properties]`); published rows are marked with `clock`'s time.
+    /// `[kafka.properties]`); published rows are marked with `clock`'s time, and signed with
+    /// `signing`'s key when it has one (the pipeline checks lease events and actions with it).
     pub fn new(
         client: &ClientConfig,
         store: Store,
         clock: Arc<dyn Clock>,
+        signing: SigningKeys,
     ) -> Result<Self, KafkaError> {
         let mut client = client.clone();
         client
@@ -93,6 +97,7 @@ impl Publisher {
             store,
             producer: client.create()?,
             clock,
+            signing,
             last_warning: None,
         })
     }
@@ -169,9 +174,15 @@ impl Publisher {
             return Ok(0);
         }
         let sends = rows.iter().map(|row| {
-            let record = FutureRecord::to(&row.topic)
+            let mut record = FutureRecord::to(&row.topic)
                 .key(row.key.as_bytes())
                 .payload(row.payload.as_bytes());
+            if let Some(headers) =
+                self.signing
+                    .headers(&row.topic, row.key.as_bytes(), row.payload.as_bytes())
+            {
+                record = record.headers(headers);
+            }
             self.producer.send(record, Timeout::Never)
         });
         let results = futures::future::join_all(sends).await;

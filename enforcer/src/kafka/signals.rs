@@ -6,38 +6,101 @@
 //! not committed. A replay repeats nothing: the store keeps only the newest spend per team, and
 //! the rules ignore a lease's older signals and record each step once.
 //!
+//! Only signed signals are acted on: each must carry a `gpuwarden-signature` header made with
+//! `[signing] key` (or `previous_key`, while keys rotate; see `gpuwarden_schema::signing`). One
+//! unsigned or badly signed is refused before it is even decoded, counted in
+//! `gpuwarden_enforcer_signals_total{signature}`, logged, and alerted on
+//! ([`Rules::on_refused_signal`]). Without a key the enforcer refuses every signal.
+//!
 //! `gpuwarden enforce` (and `up` and `demo`, which contain it) runs it beside the admission API.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuwarden_schema::signing::{SigningKeys, Verdict};
 use gpuwarden_schema::{topics, Record as _, Signal};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::message::Message as _;
+use rdkafka::message::{BorrowedMessage, Message as _};
 use tokio::sync::mpsc;
 
+use crate::metrics::Metrics;
 use crate::rules::Rules;
 
 /// Signals waiting for the rules; the consumer waits when the rules fall this far behind.
 const QUEUE: usize = 1024;
 
-/// Consumes signals until `stop` is set, handing each to `rules` in order. `client` carries the
-/// bootstrap servers and `[kafka.properties]`. Runs the consumer on a blocking thread and the
-/// rules on the runtime it is called from.
-pub async fn run(client: ClientConfig, rules: Rules, stop: Arc<AtomicBool>) {
-    let (tx, mut rx) = mpsc::channel::<Signal>(QUEUE);
-    let consumer = tokio::task::spawn_blocking(move || consume(client, &tx, &stop));
-    while let Some(signal) = rx.recv().await {
-        if let Err(e) = rules.on_signal(&signal).await {
-            tracing::warn!(error = %e, kind = signal.body.kind(), "acting on a signal failed");
+/// What the consumer hands to the rules.
+enum Incoming {
+    /// A signal whose signature checked out.
+    Signed(Signal),
+    /// A message refused for its signature (`Unsigned` or `Invalid`), and where it was read.
+    Refused(Verdict, String),
+}
+
+/// Consumes signals until `stop` is set, handing each signed one to `rules` in order and
+/// reporting the others. `client` carries the bootstrap servers and `[kafka.properties]`; `keys`
+/// are `[signing]`'s. Runs the consumer on a blocking thread and the rules on the runtime it is
+/// called from.
+pub async fn run(client: ClientConfig, keys: SigningKeys, rules: Rules, stop: Arc<AtomicBool>) {
+    if !keys.can_sign() {
+        tracing::error!(
+            "no [signing] key: every signal will be refused, so budgets, idle reclaim and \
+             autoscaling will not act; set signing.key (the pipeline's too)"
+        );
+    }
+    let (tx, mut rx) = mpsc::channel::<Incoming>(QUEUE);
+    let metrics = Arc::clone(rules.metrics());
+    let consumer =
+        tokio::task::spawn_blocking(move || consume(client, &keys, &metrics, &tx, &stop));
+    while let Some(incoming) = rx.recv().await {
+        match incoming {
+            Incoming::Signed(signal) => {
+                if let Err(e) = rules.on_signal(&signal).await {
+                    tracing::warn!(error = %e, kind = signal.body.kind(), "acting on a signal failed");
+                }
+            }
+            Incoming::Refused(verdict, detail) => {
+                if let Err(e) = rules.on_refused_signal(verdict, &detail).await {
+                    tracing::warn!(error = %e, "recording a refused signal failed");
+                }
+            }
         }
     }
     let _ = consumer.await;
 }
 
-fn consume(mut client: ClientConfig, tx: &mpsc::Sender<Signal>, stop: &AtomicBool) {
+/// The signature check of one message (counted in `metrics`): a signed signal, or why it is
+/// refused.
+fn check(
+    keys: &SigningKeys,
+    metrics: &Metrics,
+    message: &BorrowedMessage<'_>,
+) -> Result<Incoming, String> {
+    let payload = message.payload().unwrap_or_default();
+    let verdict = keys.verify_message(message);
+    metrics.count_signal(verdict);
+    let place = format!(
+        "partition {}, offset {}",
+        message.partition(),
+        message.offset()
+    );
+    if !verdict.trusted() {
+        return Ok(Incoming::Refused(verdict, place));
+    }
+    Signal::from_json(payload)
+        .map(Incoming::Signed)
+        .map_err(|e| format!("{place}: {e}"))
+}
+
+fn consume(
+    mut client: ClientConfig,
+    keys: &SigningKeys,
+    metrics: &Metrics,
+    tx: &mpsc::Sender<Incoming>,
+    stop: &AtomicBool,
+) {
     gpuwarden_schema::kafka::low_latency(&mut client)
         .set("group.id", "gpuwarden-enforcer")
         .set("auto.offset.reset", "earliest")
@@ -57,15 +120,16 @@ fn consume(mut client: ClientConfig, tx: &mpsc::Sender<Signal>, stop: &AtomicBoo
     while !stop.load(Ordering::SeqCst) {
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
-            Some(Ok(message)) => match Signal::from_json(message.payload().unwrap_or_default()) {
-                Ok(signal) => {
-                    if tx.blocking_send(signal).is_err() {
+            Some(Ok(message)) => match check(keys, metrics, &message) {
+                Ok(incoming) => {
+                    if let Incoming::Refused(verdict, place) = &incoming {
+                        tracing::warn!(signature = verdict.as_str(), at = %place, "refusing a signal that is not signed with the signing key");
+                    }
+                    if tx.blocking_send(incoming).is_err() {
                         return;
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, offset = message.offset(), "ignoring an invalid signal")
-                }
+                Err(e) => tracing::warn!(error = %e, "ignoring an invalid signal"),
             },
             // Warn at most every 10 s while Kafka is unreachable.
             Some(Err(e)) if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) => {

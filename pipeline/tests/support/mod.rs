@@ -24,10 +24,25 @@ pub fn client(bootstrap: &str) -> ClientConfig {
 
 /// Produces `(key, payload)` records to `topic` and waits until all are acknowledged.
 pub fn produce(bootstrap: &str, topic: &str, records: &[(String, Vec<u8>)]) {
+    produce_signed(bootstrap, topic, records, None);
+}
+
+/// [`produce`], each record signed with `keys` when given, as the enforcer signs its own.
+pub fn produce_signed(
+    bootstrap: &str,
+    topic: &str,
+    records: &[(String, Vec<u8>)],
+    keys: Option<&gpuwarden_schema::signing::SigningKeys>,
+) {
     let producer: BaseProducer = client(bootstrap).set("linger.ms", "5").create().unwrap();
     for (key, payload) in records {
+        let headers = keys.and_then(|k| k.headers(topic, key.as_bytes(), payload));
         loop {
-            match producer.send(BaseRecord::to(topic).key(key).payload(payload)) {
+            let mut record = BaseRecord::to(topic).key(key).payload(payload);
+            if let Some(h) = &headers {
+                record = record.headers(h.clone());
+            }
+            match producer.send(record) {
                 Ok(()) => break,
                 Err(_) => {
                     producer.poll(Duration::from_millis(10));
@@ -117,6 +132,7 @@ pub fn options() -> IngestOptions {
         // The tests' records are dated in 2026-01: these tests are not about the bounds.
         bounds: Bounds::none(),
         clock: Arc::new(SystemClock),
+        signing: None,
     }
 }
 

@@ -233,7 +233,7 @@ impl<'t> Context<'t> {
             self.report_at(path, Site::Value, msg)
         });
 
-        const SECTIONS: [&str; 10] = [
+        const SECTIONS: [&str; 11] = [
             "kafka",
             "storage",
             "collector",
@@ -244,6 +244,7 @@ impl<'t> Context<'t> {
             "enforcer",
             "substrates",
             "tokens",
+            "signing",
         ];
         for name in root.keys() {
             if !SECTIONS.contains(&name.as_str()) {
@@ -261,6 +262,7 @@ impl<'t> Context<'t> {
         let pipeline = self.section(take("pipeline"), &[key("pipeline")]);
         let pricing = self.section(take("pricing"), &[key("pricing")]);
         let enforcer = self.section(take("enforcer"), &[key("enforcer")]);
+        let signing = self.section(take("signing"), &[key("signing")]);
         let teams = self.list(take("teams"), "teams");
         let substrates = self.list(take("substrates"), "substrates");
         let tokens = self.list(take("tokens"), "tokens");
@@ -276,6 +278,7 @@ impl<'t> Context<'t> {
             enforcer: enforcer?,
             substrates: substrates?,
             tokens: tokens?,
+            signing: signing?,
         })
     }
 

@@ -49,6 +49,30 @@ pub struct Config {
     pub substrates: Vec<SubstrateConfig>,
     /// `[[tokens]]`: API principals.
     pub tokens: Vec<TokenConfig>,
+    /// `[signing]`: the key that signs what the pipeline and the enforcer send each other.
+    pub signing: SigningConfig,
+}
+
+/// `[signing]`: the shared HMAC key of the records between the pipeline and the enforcer
+/// (signals one way, lease events and actions the other; see `gpuwarden_schema::signing`).
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SigningConfig {
+    /// Signs and verifies; at least 32 bytes, e.g. `${GPUWARDEN_SIGNING_KEY}` holding
+    /// `openssl rand -hex 32`. Without it nothing is signed and the enforcer acts on no signal.
+    pub key: Option<String>,
+    /// Also accepted while keys rotate.
+    pub previous_key: Option<String>,
+}
+
+impl std::fmt::Debug for SigningConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |k: &Option<String>| k.as_ref().map(|_| "<set>");
+        f.debug_struct("SigningConfig")
+            .field("key", &set(&self.key))
+            .field("previous_key", &set(&self.previous_key))
+            .finish()
+    }
 }
 
 impl Config {

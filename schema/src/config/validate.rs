@@ -32,6 +32,7 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
     login_limits(&config.enforcer.login_limits, "enforcer", report);
     login_limits(&config.pipeline.login_limits, "pipeline", report);
     tls(config, report);
+    signing(config, report);
     if config.enforcer.max_request_bytes < 1024 {
         report(
             at(&["enforcer", "max_request_bytes"]),
@@ -573,6 +574,48 @@ fn workloads(config: &Config, report: Report<'_>) {
                 report(p, format!("no substrate is named `{name}`"));
             }
         }
+        for (i, program) in policy.programs.iter().enumerate() {
+            if !program.starts_with('/') {
+                let mut p = path("programs");
+                p.push(Seg::Index(i));
+                report(
+                    p,
+                    format!("\"{program}\" is not an absolute path; a command's first word is compared with it as written"),
+                );
+            }
+        }
+    }
+}
+
+/// The shortest signing key accepted, in bytes: HMAC-SHA256's own output size.
+pub(crate) const MIN_SIGNING_KEY_BYTES: usize = 32;
+
+fn signing(config: &Config, report: Report<'_>) {
+    let s = &config.signing;
+    for (field, value) in [("key", &s.key), ("previous_key", &s.previous_key)] {
+        if let Some(k) = value {
+            if k.len() < MIN_SIGNING_KEY_BYTES {
+                report(
+                    at(&["signing", field]),
+                    format!(
+                        "is {} bytes; a signing key needs at least {MIN_SIGNING_KEY_BYTES} (e.g. `openssl rand -hex 32`)",
+                        k.len()
+                    ),
+                );
+            }
+        }
+    }
+    if s.previous_key.is_some() && s.key.is_none() {
+        report(
+            at(&["signing", "previous_key"]),
+            "is only accepted beside `key`, which signs".into(),
+        );
+    }
+    if s.key.is_some() && s.key == s.previous_key {
+        report(
+            at(&["signing", "previous_key"]),
+            "is the same as `key`; during a rotation it holds the old key".into(),
+        );
     }
 }
 
