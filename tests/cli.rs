@@ -135,3 +135,43 @@ fn json_log_format_writes_one_json_object_per_line() {
         "{logs:?}"
     );
 }
+
+/// `up` on a machine without NVML: the pipeline and the enforcer it started first stop again,
+/// and it exits 1 with the collector's error, instead of hanging with the enforcer's threads.
+#[test]
+fn up_without_an_nvml_library_stops_what_it_started_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbrokers = \"embedded\"\n[storage]\ndata_dir = \"{}\"\n\
+             [collector]\nsource = \"nvml\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n\
+             metrics_listen = \"127.0.0.1:0\"\n[pipeline]\nmetrics_listen = \"127.0.0.1:0\"\n\
+             [enforcer]\nlisten = \"127.0.0.1:0\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["up", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("`up` still runs 60 s after its collector failed to start");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: starting the collector") && stderr.contains("libnvidia-ml.so.1"),
+        "{stderr}"
+    );
+}

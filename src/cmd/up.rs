@@ -150,10 +150,16 @@ impl Stack {
         .await
         .context("starting the pipeline")?;
         let enforcer =
-            super::enforce::start(config.clone(), kafka.clone(), clock.clone(), listens.api)
+            match super::enforce::start(config.clone(), kafka.clone(), clock.clone(), listens.api)
                 .await
-                .context("starting the enforcer")?;
-        let collecting = super::collect::start(
+            {
+                Ok(enforcer) => enforcer,
+                Err(e) => {
+                    let _ = pipeline.stop().await;
+                    return Err(e.context("starting the enforcer"));
+                }
+            };
+        let collecting = match super::collect::start(
             &config,
             &kafka,
             clock,
@@ -162,7 +168,16 @@ impl Stack {
             listens.collector_metrics,
         )
         .await
-        .context("starting the collector")?;
+        {
+            Ok(collecting) => collecting,
+            Err(e) => {
+                // What started must stop: their threads would otherwise keep the process alive
+                // (a machine without NVML left `up` hanging, its error never printed).
+                enforcer.stop().await;
+                let _ = pipeline.stop().await;
+                return Err(e.context("starting the collector"));
+            }
+        };
         Ok(Stack {
             shutdown_deadline: config.pipeline.shutdown_deadline,
             lake: config.lake_dir(),
