@@ -26,6 +26,7 @@ pub mod alerts;
 pub mod api;
 pub mod drivers;
 pub mod fields;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod metrics;
 pub mod outbound;

@@ -570,3 +570,49 @@ accounts = { ada = \"ada\" }
         assert!(error.message.contains(says), "{path}: {}", error.message);
     }
 }
+
+/// Found by the `config` fuzz target (fuzz/corpus/config/simulated-fleet-too-large): a host
+/// group of 4294967295 hosts of 4294967295 GPUs was accepted, and every component that builds
+/// the simulated fleet at start (collector, enforcer) then ran out of memory instead of
+/// starting. The fleet's size is bounded, and the error names the field.
+#[test]
+fn a_simulated_fleet_too_large_to_build_is_refused() {
+    let errs = errors(
+        "\
+[[substrates]]
+name = \"sim\"
+driver = \"simulated\"
+hosts = [
+  { prefix = \"a\", count = 4294967295, gpus = 4294967295, gpu_model = \"NVIDIA H100 80GB HBM3\" },
+]
+",
+    );
+    let per_host = find(&errs, "substrates[0].hosts[0].gpus");
+    assert!(
+        per_host.message.contains("at most 64"),
+        "{}",
+        per_host.message
+    );
+    let total = find(&errs, "substrates[0].hosts");
+    assert_eq!(total.line, Some(4), "{total:?}");
+    assert!(
+        total.message.contains("at most 100000"),
+        "{}",
+        total.message
+    );
+
+    // The bounds themselves are accepted: 1,562 hosts of 64 GPUs and one of 32 make 100,000.
+    config::parse(
+        "test.toml",
+        "\
+[[substrates]]
+name = \"sim\"
+driver = \"simulated\"
+hosts = [
+  { prefix = \"a\", count = 1562, gpus = 64, gpu_model = \"NVIDIA H100 80GB HBM3\" },
+  { prefix = \"b\", count = 1, gpus = 32, gpu_model = \"NVIDIA H100 80GB HBM3\" },
+]
+",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}

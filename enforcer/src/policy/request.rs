@@ -1,6 +1,6 @@
 //! What the policy is asked: who asks ([`Principal`]), for what ([`AdmissionRequest`], the body
 //! of `POST /v1/admission` as the API decodes it), and, for a resize, the lease as it is
-//! ([`Holding`]). Plain data: nothing here decides.
+//! ([`Holding`]). Plain data and the checks of its fields: nothing here decides.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,6 +9,8 @@ use gpuwarden_schema::config::Role;
 use gpuwarden_schema::Workload;
 use serde::Deserialize;
 use utoipa::ToSchema;
+
+use crate::fields;
 
 /// Who is asking: the principal a bearer token maps to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +89,29 @@ pub struct AdmissionRequest {
     pub command: Option<Vec<String>>,
 }
 
+impl AdmissionRequest {
+    /// Checks the fields whose rules the types alone do not carry ([`crate::fields`]): names,
+    /// the GPU count's minimum and the command. The field at fault and why, otherwise. Pure, so
+    /// that what the API admits for its shape is one function of the body (the fuzz target
+    /// `admission` runs it on every body it decodes).
+    pub fn check_fields(&self) -> Result<(), (&'static str, String)> {
+        for (field, value) in [
+            ("team", &self.team),
+            ("user", &self.user),
+            ("project", &self.project),
+        ] {
+            fields::check_name(value).map_err(|why| (field, why))?;
+        }
+        if self.gpus == 0 {
+            return Err(("gpus", "must be at least 1".into()));
+        }
+        if let Some(argv) = &self.command {
+            fields::check_command(argv).map_err(|why| ("command", why))?;
+        }
+        Ok(())
+    }
+}
+
 /// The kind of work; each has its own policy in `[workloads.<kind>]`.
 // `schema::Workload` carries no OpenAPI derive (schema stays free of HTTP concerns); this enum
 // stands for it in the document.
@@ -148,4 +173,49 @@ pub struct Holding {
     pub gpu_count: u32,
     /// How long it has left, if it ends.
     pub remaining: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> AdmissionRequest {
+        AdmissionRequest {
+            team: "ml".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: Workload::Training,
+            gpus: 1,
+            gpu_model: None,
+            substrate: None,
+            duration: None,
+            labels: None,
+            dry_run: false,
+            command: None,
+        }
+    }
+
+    #[test]
+    fn check_fields_names_the_field_at_fault() {
+        assert_eq!(request().check_fields(), Ok(()));
+        let with = |spoil: fn(&mut AdmissionRequest)| {
+            let mut r = request();
+            spoil(&mut r);
+            r
+        };
+        for (r, field) in [
+            (with(|r| r.team = String::new()), "team"),
+            (with(|r| r.user = "ada ".into()), "user"),
+            (with(|r| r.project = "a\nb".into()), "project"),
+            (with(|r| r.gpus = 0), "gpus"),
+            (
+                with(|r| r.command = Some(vec!["sh".into(), "a\0b".into()])),
+                "command",
+            ),
+        ] {
+            let (at, why) = r.check_fields().unwrap_err();
+            assert_eq!(at, field, "{why}");
+            assert!(!why.is_empty());
+        }
+    }
 }

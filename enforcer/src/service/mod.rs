@@ -221,19 +221,9 @@ impl Service {
         request: AdmissionRequest,
     ) -> Result<Admission, ServiceError> {
         let config = self.inner.config.clone();
-        for (field, value) in [
-            ("team", &request.team),
-            ("user", &request.user),
-            ("project", &request.project),
-        ] {
-            fields::check_name(value).map_err(|why| ServiceError::invalid(field, why))?;
-        }
-        if request.gpus == 0 {
-            return Err(ServiceError::invalid("gpus", "must be at least 1"));
-        }
-        if let Some(argv) = &request.command {
-            fields::check_command(argv).map_err(|why| ServiceError::invalid("command", why))?;
-        }
+        request
+            .check_fields()
+            .map_err(|(field, why)| ServiceError::invalid(field, why))?;
         if config.team(&request.team).is_none() {
             return Err(ServiceError::NotFound(format!(
                 "there is no team named {}",

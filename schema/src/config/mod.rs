@@ -13,6 +13,8 @@ mod load;
 mod size;
 mod validate;
 
+pub use validate::{MAX_SIMULATED_GPUS, MAX_SIMULATED_GPUS_PER_HOST};
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

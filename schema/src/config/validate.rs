@@ -20,6 +20,16 @@ fn item(list: &str, index: usize, field: &str) -> FieldPath {
     vec![key(list), Seg::Index(index), key(field)]
 }
 
+/// The most GPUs a `simulated` substrate may have. Every process that builds the fleet (the
+/// collector's simulated source, the enforcer's simulated driver) holds all of it in memory and
+/// samples every GPU each interval; an unbounded count in a config (a typo, an extra digit) would
+/// stop them at start, out of memory, rather than be reported here. Ten times the largest fleet
+/// the benchmarks simulate.
+pub const MAX_SIMULATED_GPUS: u64 = 100_000;
+
+/// The most GPUs one simulated host may have: more than any real machine holds.
+pub const MAX_SIMULATED_GPUS_PER_HOST: u32 = 64;
+
 pub(crate) fn check(config: &Config, report: Report<'_>) {
     kafka(config, report);
     collector(config, report);
@@ -490,6 +500,15 @@ fn substrates(config: &Config, report: Report<'_>) {
             if group.gpus == 0 {
                 report(path("gpus"), "must be at least 1".into());
             }
+            if group.gpus > MAX_SIMULATED_GPUS_PER_HOST {
+                report(
+                    path("gpus"),
+                    format!(
+                        "{} GPUs on one host; a simulated host has at most {MAX_SIMULATED_GPUS_PER_HOST}",
+                        group.gpus
+                    ),
+                );
+            }
             if group.prefix.trim().is_empty() {
                 report(path("prefix"), "must not be empty".into());
             }
@@ -513,6 +532,20 @@ fn substrates(config: &Config, report: Report<'_>) {
                     format!("{} is not an absolute path", dir.display()),
                 );
             }
+        }
+        let total: u64 = s
+            .hosts
+            .iter()
+            .map(|g| u64::from(g.count) * u64::from(g.gpus))
+            .sum();
+        if total > MAX_SIMULATED_GPUS {
+            report(
+                item("substrates", i, "hosts"),
+                format!(
+                    "the host groups add up to {total} GPUs; a simulated substrate has at most \
+                     {MAX_SIMULATED_GPUS}"
+                ),
+            );
         }
         if let Some(url) = &s.url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
