@@ -175,3 +175,20 @@ fn up_without_an_nvml_library_stops_what_it_started_and_says_why() {
         "{stderr}"
     );
 }
+
+/// Quotas are summed wide enough: two teams of the largest quota add up, not overflow.
+#[test]
+fn check_config_sums_the_largest_quotas_without_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.toml");
+    let team = |name: &str| {
+        format!(
+            "[[teams]]\nname = \"{name}\"\ngpu_quota = 4294967295\nmonthly_budget_usd = 1.0\n"
+        )
+    };
+    std::fs::write(&file, format!("{}{}", team("a"), team("b"))).unwrap();
+    let out = gpuwarden(&["check-config", file.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("8589934590 GPUs of quota"), "{stdout}");
+}

@@ -36,7 +36,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn summary(config: &Config) -> String {
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    let gpus: u32 = config.teams.iter().map(|t| t.gpu_quota).sum();
+    let gpus: u64 = config.teams.iter().map(|t| u64::from(t.gpu_quota)).sum();
     [
         format!("kafka {}", config.kafka.brokers),
         plural(config.teams.len(), "team"),
