@@ -182,9 +182,7 @@ fn check_config_sums_the_largest_quotas_without_overflow() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.toml");
     let team = |name: &str| {
-        format!(
-            "[[teams]]\nname = \"{name}\"\ngpu_quota = 4294967295\nmonthly_budget_usd = 1.0\n"
-        )
+        format!("[[teams]]\nname = \"{name}\"\ngpu_quota = 4294967295\nmonthly_budget_usd = 1.0\n")
     };
     std::fs::write(&file, format!("{}{}", team("a"), team("b"))).unwrap();
     let out = gpuwarden(&["check-config", file.to_str().unwrap()]);

@@ -69,6 +69,7 @@ gpu_model = "NVIDIA L4"
 gpu_uuids = ["GPU-box-0", "GPU-box-1"]
 grace_period = "1s"
 accounts = {{ ada = "{account}" }}
+run_as_enforcer = {as_self}
 
 [[tokens]]
 name = "ada"
@@ -83,6 +84,7 @@ previous_key = "{PREVIOUS_SIGNING_KEY}"
         data = data.display(),
         hash = sha256_hex(TOKEN),
         account = support::accounts::lease_account(),
+        as_self = !support::accounts::running_as_root(),
     );
     std::fs::write(&path, text).unwrap();
     path

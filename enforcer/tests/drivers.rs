@@ -274,8 +274,11 @@ gpu_uuids = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111
              "GPU-22222222-2222-2222-2222-222222222222", "GPU-33333333-3333-3333-3333-333333333333"]
 grace_period = "{grace}"
 accounts = {{ ada = "{account}" }}
+run_as_enforcer = {as_self}
 "#,
-        account = support::accounts::lease_account()
+        account = support::accounts::lease_account(),
+        // Not root, the enforcer can run leases only as itself, and only when told it may.
+        as_self = !support::accounts::running_as_root(),
     ))
 }
 
@@ -720,7 +723,7 @@ async fn local_runs_the_command_as_the_user_s_account_not_as_the_enforcer() -> a
             "sh",
             "-c",
             "id -u > uid; id -G > groups; env | sort > env; pwd > pwd; \
-             grep NoNewPrivs /proc/self/status > nnp; \
+             grep NoNewPrivs /proc/self/status > nnp; echo $$ > pid; cut -d' ' -f6 /proc/$$/stat > sid; \
              head -2 /etc/shadow > shadow 2> shadow.err; echo $? > shadow.rc; echo ok > done",
         ]),
     );
@@ -739,6 +742,19 @@ async fn local_runs_the_command_as_the_user_s_account_not_as_the_enforcer() -> a
     );
     assert!(!groups.contains(&0), "no root group: {groups:?}");
     assert_eq!(read("nnp").split_whitespace().last(), Some("1"));
+    // A session of its own: the enforcer's terminal (if any) is out of its reach.
+    assert_eq!(
+        read("sid"),
+        read("pid"),
+        "the command leads its own session"
+    );
+    let log_mode = std::fs::metadata(ctx.state_dir.join("lease-who.log"))?.permissions();
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        log_mode.mode() & 0o777,
+        0o600,
+        "only the enforcer reads the log"
+    );
     assert_ne!(
         read("shadow.rc").trim(),
         "0",
@@ -779,10 +795,21 @@ async fn local_runs_the_command_as_the_user_s_account_not_as_the_enforcer() -> a
     assert!(env.contains("CUDA_VISIBLE_DEVICES=1\n"), "{env}");
     assert_eq!(read("pwd").trim(), work.to_str().context("utf-8")?);
     let meta = std::fs::metadata(&work)?;
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use std::os::unix::fs::MetadataExt as _;
     assert_eq!(meta.uid(), account.uid());
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
     driver.reclaim("lease-who", ReleaseReason::User).await?;
+
+    // An account in a group as good as root is refused, whatever its uid.
+    config.denied_groups = Some(vec![account.group.clone()]);
+    let driver = build(&config, &context(&dir.path().join("2")))?;
+    let refusal = driver.refusal("ada").await.context("refused")?;
+    assert_eq!(refusal.code, RefusalCode::AccountPrivileged);
+    assert!(
+        refusal.message.contains(&account.group),
+        "{}",
+        refusal.message
+    );
     Ok(())
 }
 
@@ -828,6 +855,25 @@ async fn local_refuses_users_without_an_account_or_with_a_privileged_one() -> an
             "{user}"
         );
     }
+    // A work_dir others may write is refused: one of them could swap a lease's directory.
+    let open_root = dir.path().join("open");
+    std::fs::create_dir(&open_root)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&open_root, std::fs::Permissions::from_mode(0o777))?;
+    let mut open = config.clone();
+    open.work_dir = Some(open_root);
+    let driver = build(&open, &context(&dir.path().join("open-state")))?;
+    let err = driver
+        .provision(&lease(
+            "lease-open",
+            "NVIDIA RTX A6000",
+            vec![open.gpu_uuids[0].clone()],
+            argv(&["true"]),
+        ))
+        .await
+        .expect_err("a world-writable work_dir is refused");
+    assert!(err.to_string().contains("writable by no one else"), "{err}");
+
     // With same_name_accounts, an unlisted user runs as the account of its own name.
     config.same_name_accounts = Some(true);
     let driver = build(&config, &context(&dir.path().join("2")))?;

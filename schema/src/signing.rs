@@ -6,9 +6,9 @@
 //! payload, each length-prefixed (a signal cannot be replayed as an action, nor its key swapped).
 //! The payload is the record's JSON as sent; the record contracts are unchanged.
 //!
-//! Rotation: `[signing] previous_key` is accepted too while keys change. Give every reader
-//! (enforcer, pipeline) `key = new, previous_key = old` first, then the writers the same, then
-//! drop `previous_key` everywhere.
+//! Rotation: `[signing] previous_key` is accepted too while keys change. Every part both signs
+//! and checks, so it takes three steps, each everywhere before the next: `key = old,
+//! previous_key = new`; then `key = new, previous_key = old`; then `previous_key` dropped.
 //!
 //! Who signs and who checks (docs/ARCHITECTURE.md, "Trust between the parts"): the pipeline signs
 //! `gpuwarden.signals`, which the enforcer refuses unsigned or badly signed; the enforcer signs

@@ -33,7 +33,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
-use std::os::unix::process::CommandExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -276,9 +276,11 @@ impl LocalDriver {
             .work_dir(&self.work_root, &lease.lease_id)
             .map_err(|e| self.unavailable(format!("lease {}: {e}", lease.lease_id)))?;
         let log_path = self.dir.join(format!("{}.log", lease.lease_id));
+        // Only the enforcer reads a lease's output (0600): it may hold the user's secrets.
         let log = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&log_path)
             .map_err(|e| self.unavailable(format!("cannot open {}: {e}", log_path.display())))?;
         let log_err = log
@@ -302,7 +304,6 @@ impl LocalDriver {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
-            .process_group(0)
             .spawn()
             .map_err(|e| {
                 self.rejected(format!(

@@ -743,6 +743,10 @@ pub struct SubstrateConfig {
     /// local: where each lease gets a working directory of its own, `<work_dir>/<lease_id>`,
     /// owned by its account; `<state dir>/work` when unset.
     pub work_dir: Option<PathBuf>,
+    /// local: groups whose members are refused (as good as root); a default list when unset.
+    pub denied_groups: Option<Vec<String>>,
+    /// local, enforcer not root: leases may run as the enforcer's own account.
+    pub run_as_enforcer: Option<bool>,
 }
 
 /// A group of identical simulated hosts: `count` hosts named `<prefix>-<n>`, each with `gpus`

@@ -424,7 +424,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             );
         }
         let driver = s.driver.as_str();
-        let set: [(&str, bool); 14] = [
+        let set: [(&str, bool); 16] = [
             ("hosts", !s.hosts.is_empty()),
             ("host", s.host.is_some()),
             ("gpu_model", s.gpu_model.is_some()),
@@ -439,6 +439,8 @@ fn substrates(config: &Config, report: Report<'_>) {
             ("same_name_accounts", s.same_name_accounts.is_some()),
             ("min_uid", s.min_uid.is_some()),
             ("work_dir", s.work_dir.is_some()),
+            ("denied_groups", s.denied_groups.is_some()),
+            ("run_as_enforcer", s.run_as_enforcer.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match s.driver {
             DriverKind::Simulated => (&["hosts"], &["hosts"]),
@@ -453,6 +455,8 @@ fn substrates(config: &Config, report: Report<'_>) {
                     "same_name_accounts",
                     "min_uid",
                     "work_dir",
+                    "denied_groups",
+                    "run_as_enforcer",
                 ],
             ),
             DriverKind::Webhook => (
