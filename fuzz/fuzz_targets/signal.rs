@@ -19,8 +19,13 @@ fuzz_target!(|bytes: &[u8]| {
     let keys = SigningKeys::new(Some(KEY), Some(PREVIOUS));
     let (header, payload) = bytes.split_at(bytes.len().min(67));
     let verdict = keys.verify(topics::SIGNALS, b"k", payload, Some(header));
-    assert!(!verdict.trusted(), "a made-up signature checked out: {header:?}");
-    let signed = keys.sign(topics::SIGNALS, b"k", payload).expect("a key signs");
+    assert!(
+        !verdict.trusted(),
+        "a made-up signature checked out: {header:?}"
+    );
+    let signed = keys
+        .sign(topics::SIGNALS, b"k", payload)
+        .expect("a key signs");
     assert_eq!(
         keys.verify(topics::SIGNALS, b"k", payload, Some(signed.as_bytes())),
         Verdict::Current
