@@ -23,8 +23,12 @@ use libfuzzer_sys::fuzz_target;
 /// The example config, its simulated substrates' GPUs, nothing held, nothing spent.
 static SNAPSHOT: LazyLock<Snapshot> = LazyLock::new(|| {
     let text = include_str!("../../examples/gpuwarden.toml");
-    // The example takes the SQL password from the environment, as an operator's config would.
+    // The example takes its secrets from the environment, as an operator's config would.
     std::env::set_var("GPUWARDEN_SQL_PASSWORD", "fuzz");
+    std::env::set_var(
+        "GPUWARDEN_SIGNING_KEY",
+        "fuzz-signing-key-of-at-least-32-bytes!!",
+    );
     let config = config::parse("examples/gpuwarden.toml", text).expect("the example config");
     let substrates = config
         .substrates
