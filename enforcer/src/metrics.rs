@@ -23,17 +23,9 @@ pub struct Metrics {
     lockouts: [AtomicU64; 2],
     logins_refused: [AtomicU64; 2],
     login_keys_evicted: AtomicU64,
-    /// Signals read, by [`SIGNATURES`].
-    signals: [AtomicU64; 4],
+    /// Signals read, by [`Verdict::ALL`].
+    signals: [AtomicU64; Verdict::ALL.len()],
 }
-
-/// What a signal's signature was found to be, in the order of `Metrics::signals`.
-const SIGNATURES: [Verdict; 4] = [
-    Verdict::Current,
-    Verdict::Previous,
-    Verdict::Unsigned,
-    Verdict::Invalid,
-];
 
 impl Metrics {
     /// Counts one decided admission (dry runs included) and each reason it was denied for.
@@ -68,7 +60,7 @@ impl Metrics {
 
     /// Counts one signal read from Kafka by what its signature was found to be.
     pub fn count_signal(&self, verdict: Verdict) {
-        let i = SIGNATURES.iter().position(|v| *v == verdict).unwrap_or(0);
+        let i = Verdict::ALL.iter().position(|v| *v == verdict).unwrap_or(0);
         self.signals[i].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -179,7 +171,7 @@ impl Metrics {
             "# HELP gpuwarden_enforcer_signals_total Signals read from Kafka, by signature: current and previous key are acted on; unsigned and invalid are refused.\n",
         );
         out.push_str("# TYPE gpuwarden_enforcer_signals_total counter\n");
-        for (verdict, c) in SIGNATURES.iter().zip(&self.signals) {
+        for (verdict, c) in Verdict::ALL.iter().zip(&self.signals) {
             let _ = writeln!(
                 out,
                 "gpuwarden_enforcer_signals_total{{signature=\"{}\"}} {}",

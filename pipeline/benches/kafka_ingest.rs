@@ -95,7 +95,7 @@ fn ours(bootstrap: &str, group: &str, dir: &std::path::Path) -> (Duration, f64) 
         // The bench's samples are dated in the past: bounds are not what it measures.
         bounds: gpuwarden_pipeline::bounds::Bounds::none(),
         clock: Arc::new(gpuwarden_schema::SystemClock),
-        signing: None,
+        signing: gpuwarden_schema::signing::SigningKeys::default(),
     };
     let started = Instant::now();
     let thread = {

@@ -44,9 +44,9 @@ pub struct IngestOptions {
     pub bounds: Bounds,
     /// The clock arrival is read on (the one the fleet's records are dated with).
     pub clock: Arc<dyn Clock>,
-    /// When set (`[signing] key`), lease events, signals and actions must carry a signature made
-    /// with it; any other is quarantined. Samples are not signed.
-    pub signing: Option<SigningKeys>,
+    /// With a key (`[signing] key`), lease events, signals and actions must carry a signature
+    /// made with it; any other is quarantined. Samples are not signed.
+    pub signing: SigningKeys,
 }
 
 /// Ingest could not run.
@@ -80,7 +80,7 @@ impl RefusedSignature {
 }
 
 /// Why `message` of `topic` is refused for its signature, if it is: samples are not signed;
-/// every other record must be, with `keys`.
+/// with a key, every other record must be.
 fn refused_signature(
     keys: &SigningKeys,
     topic: &str,
@@ -89,8 +89,7 @@ fn refused_signature(
     if topic == topics::SAMPLES {
         return None;
     }
-    let verdict = keys.verify_message(message);
-    (!verdict.trusted()).then_some(RefusedSignature(verdict))
+    keys.refusal(message).map(RefusedSignature)
 }
 
 /// The topic's index in [`topics::ALL`].
@@ -435,12 +434,7 @@ impl State {
             let payload = message.payload().unwrap_or_default();
             let table = Table::of_topic(topic).expect("each of the four topics has a table");
             let buffer = self.buffers.entry((topic, partition)).or_default();
-            if let Some(refused) = self
-                .options
-                .signing
-                .as_ref()
-                .and_then(|keys| refused_signature(keys, topic, &message))
-            {
+            if let Some(refused) = refused_signature(&self.options.signing, topic, &message) {
                 buffer.refuse(QuarantineRow {
                     ts_ms: arrival.ms,
                     topic: topic.to_string(),

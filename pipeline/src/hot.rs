@@ -48,7 +48,7 @@ use gpuwarden_schema::{topics, Clock, DecodeError, LeaseEvent, Record as _, Sign
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -755,17 +755,16 @@ impl<'a> Publisher<'a> {
                         }
                     })
                 }
-                topics::LEASES if !self.signed_lease_event(&message) => {
-                    self.catch_up
-                        .read(topics::LEASES, message.partition(), message.offset());
-                    if let Some(more) = self.skipped.ready() {
-                        tracing::warn!(partition = message.partition(), offset = message.offset(), more, "a lease event not signed with the signing key is skipped (ingest quarantines it)");
-                    }
-                    Ok(())
-                }
                 topics::LEASES => {
                     self.catch_up
                         .read(topics::LEASES, message.partition(), message.offset());
+                    // A forged lease event would otherwise charge a team in `team_spend`.
+                    if self.options.signing.refusal(&message).is_some() {
+                        if let Some(more) = self.skipped.ready() {
+                            tracing::warn!(partition = message.partition(), offset = message.offset(), more, "a lease event not signed with the signing key is skipped (ingest quarantines it)");
+                        }
+                        continue;
+                    }
                     self.window.add_lease_event(payload, arrival).map(|kept| {
                         if !kept {
                             if let Some(more) = self.skipped.ready() {
@@ -857,16 +856,6 @@ impl<'a> Publisher<'a> {
         }
         self.spend.month = Some(month);
         self.spend.read_at = Some(Instant::now());
-    }
-
-    /// Whether a lease event may count: always without a signing key, else only when it is
-    /// signed with it (a forged lease event would otherwise charge a team in `team_spend`).
-    fn signed_lease_event(&self, message: &BorrowedMessage<'_>) -> bool {
-        let keys = &self.options.signing;
-        if !keys.can_sign() {
-            return true;
-        }
-        keys.verify_message(message).trusted()
     }
 
     fn publish(&mut self, signal: &Signal) {

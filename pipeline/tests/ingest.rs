@@ -274,7 +274,7 @@ fn with_a_signing_key_only_signed_lease_events_reach_the_lake() {
     );
 
     let options = IngestOptions {
-        signing: Some(keys),
+        signing: keys,
         ..options()
     };
     let running = Running::start(broker.bootstrap_servers(), "sig-test", &lake, options);

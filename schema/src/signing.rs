@@ -40,6 +40,9 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in a stable order (for counters by verdict).
+    pub const ALL: [Verdict; 4] = [Self::Current, Self::Previous, Self::Unsigned, Self::Invalid];
+
     /// Whether the message may be trusted.
     pub fn trusted(self) -> bool {
         matches!(self, Self::Current | Self::Previous)
@@ -151,6 +154,18 @@ impl SigningKeys {
                 value: Some(&signature),
             }),
         )
+    }
+
+    /// What a reader that checks only when it has a key to check with (the pipeline) makes of a
+    /// message: none when it may be used (signed with either key, or there is no key), else why
+    /// not. The enforcer, which acts on signals, uses [`Self::verify_message`] and refuses them
+    /// even without a key.
+    pub fn refusal<M: rdkafka::message::Message>(&self, message: &M) -> Option<Verdict> {
+        if !self.can_sign() {
+            return None;
+        }
+        let verdict = self.verify_message(message);
+        (!verdict.trusted()).then_some(verdict)
     }
 
     /// Checks a message read from Kafka.

@@ -118,12 +118,9 @@ pub(crate) async fn start(
         )?),
         None => {
             // The config's own address was checked when it was loaded; this is for --listen.
-            anyhow::ensure!(
-                config::plaintext_allowed(listen, config.enforcer.insecure_plaintext),
-                "the API would listen on {listen}, not a loopback address, over plain HTTP: \
-                 configure [enforcer.tls] (cert, key), or set enforcer.insecure_plaintext = true \
-                 to send tokens in the clear"
-            );
+            if let Some(why) = config.plaintext_refusal(config::Listener::Api, listen) {
+                anyhow::bail!("--listen: {why}");
+            }
             None
         }
     };

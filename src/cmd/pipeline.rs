@@ -79,11 +79,7 @@ pub(crate) fn options(config: &config::Config, clock: Arc<dyn Clock>) -> IngestO
         write_throttle: None,
         bounds: Bounds::streaming(&config.pipeline.clock),
         clock,
-        signing: config
-            .signing
-            .key
-            .is_some()
-            .then(|| SigningKeys::from_config(&config.signing)),
+        signing: SigningKeys::from_config(&config.signing),
     }
 }
 

@@ -53,12 +53,9 @@ pub(crate) async fn start(
         )?),
         None => {
             // The config's own address was checked when it was loaded; this is for --sql-listen.
-            anyhow::ensure!(
-                config::plaintext_allowed(listen, config.sql_insecure_plaintext),
-                "the SQL endpoint would listen on {listen}, not a loopback address, over plain \
-                 TCP: configure [pipeline.sql_tls] (cert, key), or set \
-                 pipeline.sql_insecure_plaintext = true to send passwords and results in the clear"
-            );
+            if let Some(why) = full.plaintext_refusal(config::Listener::Sql, listen) {
+                anyhow::bail!("--sql-listen: {why}");
+            }
             None
         }
     };

@@ -81,17 +81,20 @@ fn check(
     let payload = message.payload().unwrap_or_default();
     let verdict = keys.verify_message(message);
     metrics.count_signal(verdict);
-    let place = format!(
-        "partition {}, offset {}",
-        message.partition(),
-        message.offset()
-    );
+    // Named only for a refusal or a bad payload: most signals are neither.
+    let place = || {
+        format!(
+            "partition {}, offset {}",
+            message.partition(),
+            message.offset()
+        )
+    };
     if !verdict.trusted() {
-        return Ok(Incoming::Refused(verdict, place));
+        return Ok(Incoming::Refused(verdict, place()));
     }
     Signal::from_json(payload)
         .map(Incoming::Signed)
-        .map_err(|e| format!("{place}: {e}"))
+        .map_err(|e| format!("{}: {e}", place()))
 }
 
 fn consume(

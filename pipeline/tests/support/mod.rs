@@ -132,7 +132,7 @@ pub fn options() -> IngestOptions {
         // The tests' records are dated in 2026-01: these tests are not about the bounds.
         bounds: Bounds::none(),
         clock: Arc::new(SystemClock),
-        signing: None,
+        signing: gpuwarden_schema::signing::SigningKeys::default(),
     }
 }
 

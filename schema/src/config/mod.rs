@@ -670,10 +670,42 @@ pub enum ClientAuth {
     Optional,
 }
 
-/// Whether a listener on `listen` may speak plain TCP: on a loopback address always (only this
-/// machine can reach it), elsewhere only with the explicit opt-in.
-pub fn plaintext_allowed(listen: SocketAddr, opt_in: bool) -> bool {
-    opt_in || listen.ip().is_loopback()
+/// The listeners that serve TLS when configured to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The admission API (`enforcer.listen`).
+    Api,
+    /// The SQL endpoint (`pipeline.sql_listen`).
+    Sql,
+}
+
+impl Config {
+    /// Why `listener` may not serve plain TCP on `listen` (its configured address, or one given on
+    /// the command line), or none: it has TLS, `listen` is loopback (only this machine can reach
+    /// it), or plain TCP was asked for by name. The config's own check and the binaries' checks of
+    /// `--listen` share it.
+    pub fn plaintext_refusal(&self, listener: Listener, listen: SocketAddr) -> Option<String> {
+        let (e, p) = (&self.enforcer, &self.pipeline);
+        let (tls, opt_in) = match listener {
+            Listener::Api => (e.tls.is_some(), e.insecure_plaintext),
+            Listener::Sql => (p.sql_tls.is_some(), p.sql_insecure_plaintext),
+        };
+        if tls || opt_in || listen.ip().is_loopback() {
+            return None;
+        }
+        Some(match listener {
+            Listener::Api => format!(
+                "{listen} is not a loopback address, and the API would serve it over plain HTTP: \
+                 configure [enforcer.tls] (cert, key), or set enforcer.insecure_plaintext = true \
+                 to send tokens in the clear"
+            ),
+            Listener::Sql => format!(
+                "{listen} is not a loopback address, and the SQL endpoint would serve it over \
+                 plain TCP: configure [pipeline.sql_tls] (cert, key), or set \
+                 pipeline.sql_insecure_plaintext = true to send passwords and results in the clear"
+            ),
+        })
+    }
 }
 
 /// The substrate drivers this build knows.

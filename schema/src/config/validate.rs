@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
 use super::{
-    plaintext_allowed, CollectorSource, Config, DriverKind, LoginLimits, OnIdle, Role,
-    SubstrateConfig, TlsConfig,
+    CollectorSource, Config, DriverKind, Listener, LoginLimits, OnIdle, Role, SubstrateConfig,
+    TlsConfig,
 };
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
@@ -92,27 +92,11 @@ fn login_limits(limits: &LoginLimits, section: &str, report: Report<'_>) {
 /// passwords must not cross a network in the clear by default.
 fn tls(config: &Config, report: Report<'_>) {
     let (e, p) = (&config.enforcer, &config.pipeline);
-    if e.tls.is_none() && !plaintext_allowed(e.listen, e.insecure_plaintext) {
-        report(
-            at(&["enforcer", "listen"]),
-            format!(
-                "{} is not a loopback address, and the API would serve it over plain HTTP: \
-                 configure [enforcer.tls] (cert, key), or set enforcer.insecure_plaintext = true \
-                 to send tokens in the clear",
-                e.listen
-            ),
-        );
+    if let Some(why) = config.plaintext_refusal(Listener::Api, e.listen) {
+        report(at(&["enforcer", "listen"]), why);
     }
-    if p.sql_tls.is_none() && !plaintext_allowed(p.sql_listen, p.sql_insecure_plaintext) {
-        report(
-            at(&["pipeline", "sql_listen"]),
-            format!(
-                "{} is not a loopback address, and the SQL endpoint would serve it over plain \
-                 TCP: configure [pipeline.sql_tls] (cert, key), or set \
-                 pipeline.sql_insecure_plaintext = true to send passwords and results in the clear",
-                p.sql_listen
-            ),
-        );
+    if let Some(why) = config.plaintext_refusal(Listener::Sql, p.sql_listen) {
+        report(at(&["pipeline", "sql_listen"]), why);
     }
     for (section, tls) in [("enforcer", &e.tls), ("pipeline", &p.sql_tls)] {
         let Some(tls) = tls else { continue };
