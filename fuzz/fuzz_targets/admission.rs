@@ -37,15 +37,7 @@ static SNAPSHOT: LazyLock<Snapshot> = LazyLock::new(|| {
             name: s.name.clone(),
             inventory: Arc::new(Inventory {
                 // As the simulated driver reports it.
-                gpus: simulated_inventory(s)
-                    .into_iter()
-                    .map(|g| Gpu {
-                        uuid: g.uuid,
-                        host: g.host,
-                        index: g.index,
-                        model: g.model,
-                    })
-                    .collect(),
+                gpus: simulated_inventory(s).into_iter().map(Gpu::from).collect(),
                 pooled: Vec::new(),
             }),
             ..SubstrateState::default()

@@ -49,6 +49,18 @@ pub struct Gpu {
     pub model: String,
 }
 
+impl From<gpuwarden_schema::fleet::InventoryGpu> for Gpu {
+    /// A GPU of a simulated fleet, as the simulated driver reports it.
+    fn from(g: gpuwarden_schema::fleet::InventoryGpu) -> Self {
+        Self {
+            uuid: g.uuid,
+            host: g.host,
+            index: g.index,
+            model: g.model,
+        }
+    }
+}
+
 /// What a substrate has: GPUs it names, or a count of GPUs of a model it hands out itself.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Inventory {

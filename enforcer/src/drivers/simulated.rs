@@ -106,12 +106,7 @@ impl SimulatedDriver {
     pub fn new(config: &SubstrateConfig, context: &DriverContext) -> Result<Self, DriverError> {
         let gpus: Vec<Gpu> = simulated_inventory(config)
             .into_iter()
-            .map(|g| Gpu {
-                uuid: g.uuid,
-                host: g.host,
-                index: g.index,
-                model: g.model,
-            })
+            .map(Gpu::from)
             .collect();
         if gpus.is_empty() {
             return Err(config_error(
