@@ -33,6 +33,7 @@ pub mod outbound;
 pub mod policy;
 pub mod rules;
 pub mod service;
+pub mod slurm;
 pub mod store;
 
 /// Randomized tests' numbers: a seeded xorshift, the same sequence on every run.

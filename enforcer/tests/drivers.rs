@@ -50,6 +50,7 @@ fn lease(id: &str, model: &str, gpu_uuids: Vec<String>, command: Option<Vec<Stri
         gpu_uuids,
         command,
         labels: BTreeMap::from([("run".to_owned(), "42".to_owned())]),
+        time_limit: None,
     }
 }
 
@@ -1272,6 +1273,7 @@ impl Driver for Outside {
         Ok(Arc::new(Inventory {
             gpus: self.gpus.clone(),
             pooled: Vec::new(),
+            queues: false,
         }))
     }
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {

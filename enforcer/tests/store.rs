@@ -48,6 +48,7 @@ fn inventory(gpus: u32) -> SubstrateState {
                 })
                 .collect(),
             pooled: Vec::new(),
+            queues: false,
         }),
         ..SubstrateState::default()
     }

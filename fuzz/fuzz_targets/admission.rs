@@ -39,6 +39,7 @@ static SNAPSHOT: LazyLock<Snapshot> = LazyLock::new(|| {
                 // As the simulated driver reports it.
                 gpus: simulated_inventory(s).into_iter().map(Gpu::from).collect(),
                 pooled: Vec::new(),
+                queues: false,
             }),
             ..SubstrateState::default()
         })

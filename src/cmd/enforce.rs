@@ -93,6 +93,8 @@ pub(crate) struct Enforcer {
     stop_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     ticking: tokio::task::JoinHandle<()>,
+    /// The watchers of the Slurm substrates' queues.
+    slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
     signals: tokio::task::JoinHandle<()>,
     signals_stop: Arc<AtomicBool>,
     /// Held until the enforcer has stopped: with `brokers = "embedded"` the broker lives as long
@@ -180,6 +182,19 @@ pub(crate) async fn start(
         tick,
         stop_rx.clone(),
     ));
+    // Each Slurm substrate's queue, followed into its leases.
+    let slurm_watchers: Vec<_> = config
+        .substrates
+        .iter()
+        .filter(|s| s.driver == gpuwarden_schema::config::DriverKind::Slurm)
+        .map(|s| {
+            tokio::spawn(gpuwarden_enforcer::slurm::watch::run(
+                service.clone(),
+                s.name.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
     let signals_stop = Arc::new(AtomicBool::new(false));
     let signals = tokio::spawn(gpuwarden_enforcer::kafka::signals::run(
         kafka.client("enforcer"),
@@ -228,6 +243,7 @@ pub(crate) async fn start(
         stop_tx,
         server,
         ticking,
+        slurm_watchers,
         signals,
         signals_stop,
         publishing,
@@ -243,6 +259,9 @@ impl Enforcer {
         // A slow client cannot hold the shutdown for long.
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
         self.ticking.abort();
+        for watcher in self.slurm_watchers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
+        }
         self.signals_stop.store(true, Ordering::SeqCst);
         let _ = tokio::time::timeout(Duration::from_secs(10), self.signals).await;
         match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), self.publishing).await {

@@ -176,6 +176,55 @@ pub(super) async fn get_team(
     Ok(Json(state.service.team(&principal, &team).await?.into()))
 }
 
+/// The Slurm submit hook's question about a job being submitted. The answer is `text/plain`
+/// for a Lua plugin: `admit` or `deny`, then `admin_comment=`, `time_limit=` (minutes) and
+/// `message=` lines (see `deploy/slurm/job_submit.lua`).
+#[utoipa::path(post, path = "/v1/slurm/{substrate}/submit", request_body = crate::slurm::SubmitRequest,
+    params(("substrate" = String, Path, description = "The Slurm substrate's name")),
+    responses(
+        (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
+        (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn slurm_submit(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(substrate): Path<String>,
+    ApiJson(request): ApiJson<crate::slurm::SubmitRequest>,
+) -> Result<Response, ApiError> {
+    let answer = crate::slurm::submit(&state.service, &principal, &substrate, request).await?;
+    Ok(hook_answer(&answer))
+}
+
+/// The Slurm submit hook's question about a pending job whose GPUs change (`scontrol update`).
+/// Answered like [`slurm_submit`].
+#[utoipa::path(post, path = "/v1/slurm/{substrate}/modify", request_body = crate::slurm::ModifyRequest,
+    params(("substrate" = String, Path, description = "The Slurm substrate's name")),
+    responses(
+        (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
+        (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn slurm_modify(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(substrate): Path<String>,
+    ApiJson(request): ApiJson<crate::slurm::ModifyRequest>,
+) -> Result<Response, ApiError> {
+    let answer = crate::slurm::modify(&state.service, &principal, &substrate, request).await?;
+    Ok(hook_answer(&answer))
+}
+
+fn hook_answer(answer: &crate::slurm::Answer) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        answer.to_text(),
+    )
+        .into_response()
+}
+
 /// Liveness: answers while the process serves.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving", body = String)))]
 pub(super) async fn healthz() -> &'static str {

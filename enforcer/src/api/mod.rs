@@ -87,6 +87,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/leases/{id}/resize", post(handlers::resize_lease))
         .route("/v1/leases/{id}/exempt", post(handlers::exempt_lease))
         .route("/v1/teams/{team}", get(handlers::get_team))
+        .route("/v1/slurm/{substrate}/submit", post(handlers::slurm_submit))
+        .route("/v1/slurm/{substrate}/modify", post(handlers::slurm_modify))
         .route("/healthz", get(handlers::healthz))
         .route("/openapi.json", get(handlers::openapi_document))
         .fallback(handlers::no_route)

@@ -191,11 +191,12 @@ impl utoipa::Modify for FieldRules {
         title = "gpuwarden enforcer",
         description = "Admission and leases for GPU fleets: a denial is a 200 decision with every reason."
     ),
-    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, exempt_lease, get_team, healthz),
+    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, exempt_lease, get_team, slurm_submit, slurm_modify, healthz),
     components(schemas(
         AdmissionRequest, AdmissionResponse, DecisionKind, Reason, policy::ReasonCode, Estimate,
         Lease, LeaseState, ExtendRequest, ExemptRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,
-        policy::WorkloadName, policy::ReleaseReasonName
+        policy::WorkloadName, policy::ReleaseReasonName, crate::slurm::SubmitRequest,
+        crate::slurm::ModifyRequest
     )),
     modifiers(&BearerAuth, &CommonResponses, &FieldRules)
 )]

@@ -241,6 +241,11 @@ impl Accounts {
 }
 
 impl Account {
+    /// Its home directory.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
     /// The process for `program args…` as this account, with only `vars` (the lease's variables)
     /// added to the account's own basic environment, starting in `work_dir`.
     pub fn command(

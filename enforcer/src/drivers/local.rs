@@ -399,6 +399,7 @@ impl Driver for LocalDriver {
         Ok(std::sync::Arc::new(Inventory {
             gpus,
             pooled: Vec::new(),
+            queues: false,
         }))
     }
 

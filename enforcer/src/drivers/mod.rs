@@ -15,6 +15,8 @@
 //! - [`local`]: one bare-metal host; runs each lease's command as a child process and keeps its
 //!   pid in `<state_dir>/<lease_id>.json`.
 //! - [`webhook`]: an external provisioner called with signed JSON over HTTP.
+//! - [`slurm`]: a Slurm cluster, through its commands; keeps the job id of each lease it
+//!   submitted in `<state_dir>/<lease_id>.json`.
 //!
 //! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
 //! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
@@ -30,10 +32,12 @@ use gpuwarden_schema::{ReleaseReason, Workload};
 pub mod account;
 pub mod local;
 pub mod simulated;
+pub mod slurm;
 pub mod webhook;
 
 pub use local::LocalDriver;
 pub use simulated::SimulatedDriver;
+pub use slurm::SlurmDriver;
 pub use webhook::WebhookDriver;
 
 /// One GPU a substrate can hand out.
@@ -68,6 +72,9 @@ pub struct Inventory {
     pub gpus: Vec<Gpu>,
     /// Anonymous capacity `(model, count)` for substrates that pick devices themselves (webhook).
     pub pooled: Vec<(String, u32)>,
+    /// The substrate queues what it cannot start now (Slurm): a request fits when its pooled
+    /// capacity of the model is large enough in all, however much open leases hold of it.
+    pub queues: bool,
 }
 
 /// A lease as a driver sees it: who, what, and where (placement already chose the GPUs).
@@ -89,8 +96,11 @@ pub struct LeaseSpec {
     pub gpu_count: u32,
     /// The GPUs placement chose; empty on a pooled substrate.
     pub gpu_uuids: Vec<String>,
-    /// local: the command to run (argv), if any.
+    /// local, slurm: the command to run (argv), if any.
     pub command: Option<Vec<String>>,
+    /// How long the lease may last from its grant, if it has an end (slurm: the job's time
+    /// limit).
+    pub time_limit: Option<std::time::Duration>,
     /// Labels from the request.
     pub labels: BTreeMap<String, String>,
 }
@@ -179,6 +189,10 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
         let _ = user;
         None
     }
+    /// The Slurm driver behind this one, for the submit hook and the watcher of its queue.
+    fn slurm(&self) -> Option<&SlurmDriver> {
+        None
+    }
 }
 
 /// Where drivers may keep state that must outlive the process (local: its children's pids).
@@ -197,6 +211,7 @@ pub fn build(
         DriverKind::Simulated => Box::new(SimulatedDriver::new(config, context)?),
         DriverKind::Local => Box::new(LocalDriver::new(config, context)?),
         DriverKind::Webhook => Box::new(WebhookDriver::new(config)?),
+        DriverKind::Slurm => Box::new(SlurmDriver::new(config, context)?),
     })
 }
 

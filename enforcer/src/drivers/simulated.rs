@@ -137,6 +137,7 @@ impl SimulatedDriver {
             inventory: Arc::new(Inventory {
                 gpus,
                 pooled: Vec::new(),
+                queues: false,
             }),
             state: Mutex::new((leases, journal)),
         })

@@ -347,6 +347,7 @@ impl Driver for WebhookDriver {
         Ok(std::sync::Arc::new(Inventory {
             gpus: Vec::new(),
             pooled: vec![(self.model.clone(), self.capacity)],
+            queues: false,
         }))
     }
 

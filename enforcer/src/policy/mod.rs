@@ -390,7 +390,10 @@ pub fn evaluate_resize(
                     .pooled
                     .iter()
                     .find(|(m, _)| m == &lease.gpu_model)
-                    .map(|(m, c)| c.saturating_sub(s.pooled_in_use.get(m).copied().unwrap_or(0)))
+                    .map(|(m, c)| match s.inventory.queues {
+                        true => c.saturating_sub(lease.gpu_count),
+                        false => c.saturating_sub(s.pooled_in_use.get(m).copied().unwrap_or(0)),
+                    })
             })
             .filter(|&free| free >= growth)
             .map(|_| Vec::new()),
@@ -504,7 +507,11 @@ fn fitting_models<'a>(
         if !fit {
             continue;
         }
-        let used = sub.pooled_in_use.get(model).copied().unwrap_or(0);
+        // A queueing substrate starts what fits later: only its size bounds a request.
+        let used = match sub.inventory.queues {
+            true => 0,
+            false => sub.pooled_in_use.get(model).copied().unwrap_or(0),
+        };
         let pooled = count.saturating_sub(used);
         match out.iter_mut().find(|f| f.name == model) {
             Some(f) => f.pooled += pooled,
@@ -663,6 +670,7 @@ mod tests {
                     inventory: Arc::new(Inventory {
                         gpus,
                         pooled: Vec::new(),
+                        queues: false,
                     }),
                     ..SubstrateState::default()
                 },
@@ -671,6 +679,7 @@ mod tests {
                     inventory: Arc::new(Inventory {
                         gpus: Vec::new(),
                         pooled: vec![(H100.into(), 8)],
+                        queues: false,
                     }),
                     ..SubstrateState::default()
                 },
@@ -959,6 +968,7 @@ mod tests {
         let index = FleetIndex::new(Arc::new(Inventory {
             gpus: gpus.to_vec(),
             pooled: Vec::new(),
+            queues: false,
         }));
         let picked = FreeGpus::new(&index, busy, &mut None).choose(0, n, w);
         picked
@@ -1053,6 +1063,7 @@ mod tests {
             let index = FleetIndex::new(Arc::new(Inventory {
                 gpus: gpus.clone(),
                 pooled: Vec::new(),
+                queues: false,
             }));
             let mut held = HeldGpus::from(["GPU-gone-0"]);
             let mut kept = None;

@@ -32,7 +32,7 @@ use crate::policy::{
     self, AdmissionRequest, Decision, FleetIndex, Principal, Snapshot, SubstrateState,
 };
 use crate::store::audit::Audit;
-use crate::store::{Lease, LeaseFilter, LeaseState, Ledger, Store};
+use crate::store::{Admitted, Lease, LeaseFilter, LeaseState, Ledger, Store};
 
 /// What an admission or a resize decided, and the lease as it now is.
 #[derive(Debug, Clone)]
@@ -220,6 +220,36 @@ impl Service {
         principal: &Principal,
         request: AdmissionRequest,
     ) -> Result<Admission, ServiceError> {
+        let command = request.command.clone();
+        let (decision, lease) = self.decide(principal, request, Admitted::Lease).await?;
+        let lease = match lease {
+            Some(lease) => Some(self.provision(lease, command).await?),
+            None => None,
+        };
+        Ok(Admission { decision, lease })
+    }
+
+    /// Decides an admission request for work its substrate is already starting by itself (a
+    /// Slurm job being submitted) and, when admitted (and not a dry run), records a hold (see
+    /// [`crate::store::HOLD_PREFIX`]): it counts for quota and budget from now, and becomes a
+    /// lease when the substrate names it ([`Service::bind`]). Nothing is provisioned, and the
+    /// substrate's refusals of users without a system account do not apply (its users run as
+    /// themselves).
+    pub async fn hold(
+        &self,
+        principal: &Principal,
+        request: AdmissionRequest,
+    ) -> Result<Admission, ServiceError> {
+        let (decision, lease) = self.decide(principal, request, Admitted::Hold).await?;
+        Ok(Admission { decision, lease })
+    }
+
+    async fn decide(
+        &self,
+        principal: &Principal,
+        request: AdmissionRequest,
+        admitted: Admitted,
+    ) -> Result<(Decision, Option<Lease>), ServiceError> {
         let config = self.inner.config.clone();
         request
             .check_fields()
@@ -242,14 +272,18 @@ impl Service {
         if let Some(why) = principal.write_refusal(&request.team, &request.user) {
             return Err(ServiceError::Forbidden(why));
         }
-        let mut subs = self.inventories().await;
-        for sub in &mut subs {
-            if let Some(driver) = self.inner.drivers.get(&sub.name) {
-                sub.refusal = driver.refusal(&request.user).await;
+        let mut subs = match (&request.substrate, admitted) {
+            (Some(name), Admitted::Hold) => self.inventory_of(name).await.into_iter().collect(),
+            _ => self.inventories().await,
+        };
+        if admitted == Admitted::Lease {
+            for sub in &mut subs {
+                if let Some(driver) = self.inner.drivers.get(&sub.name) {
+                    sub.refusal = driver.refusal(&request.user).await;
+                }
             }
         }
         let now = self.now();
-        let command = request.command.clone();
         let policy_request = policy::Request {
             principal: principal.clone(),
             admission: request.clone(),
@@ -257,7 +291,7 @@ impl Service {
         let (decision, lease) = self
             .inner
             .store
-            .admit(now, &config.pricing, &request, |ledger| {
+            .admit_as(now, &config.pricing, &request, admitted, |ledger| {
                 let snapshot = Self::snapshot(&config, ledger, subs);
                 policy::evaluate(&policy_request, &snapshot, &mut self.placements())
             })
@@ -265,11 +299,111 @@ impl Service {
         self.inner
             .metrics
             .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));
-        let lease = match lease {
-            Some(lease) => Some(self.provision(lease, command).await?),
-            None => None,
+        Ok((decision, lease))
+    }
+
+    /// Gives hold `hold_id` its substrate's lease id (see [`Store::bind`]).
+    pub async fn bind(
+        &self,
+        hold_id: &str,
+        lease_id: &str,
+        state: LeaseState,
+        detail: &str,
+    ) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .store
+            .bind(hold_id, lease_id, state, now, detail)
+            .await?)
+    }
+
+    /// Forgets hold `hold_id`, whose work never reached its substrate (see [`Store::drop_hold`]).
+    pub async fn drop_hold(&self, hold_id: &str) -> Result<(), ServiceError> {
+        Ok(self.inner.store.drop_hold(hold_id).await?)
+    }
+
+    /// Records work its substrate runs without having asked admission (see [`Store::adopt`]).
+    pub async fn adopt(&self, lease: Lease, detail: &str) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        Ok(self.inner.store.adopt(lease, now, detail).await?)
+    }
+
+    /// Marks an open lease `active`: its substrate started it.
+    pub async fn activate(&self, id: &str) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .store
+            .transition(id, LeaseState::Active, now, ReleaseReason::User, "")
+            .await?)
+    }
+
+    /// Records that an open lease ended on its substrate by itself (a Slurm job completed,
+    /// failed or was cancelled outside gpuwarden): `released` with `reason` (`failed` makes it
+    /// `failed`), without asking the driver to end it.
+    pub async fn ended(
+        &self,
+        id: &str,
+        reason: ReleaseReason,
+        detail: &str,
+    ) -> Result<Lease, ServiceError> {
+        let now = self.now();
+        let to = match reason {
+            ReleaseReason::Failed => LeaseState::Failed,
+            _ => LeaseState::Released,
         };
-        Ok(Admission { decision, lease })
+        Ok(self
+            .inner
+            .store
+            .transition(id, to, now, reason, detail)
+            .await?)
+    }
+
+    /// Changes the GPUs of a lease whose substrate is changing them itself (a pending Slurm
+    /// job's `scontrol update`): checked by the policy like [`Service::resize`], and recorded
+    /// without calling the driver.
+    pub async fn resize_pending(
+        &self,
+        principal: &Principal,
+        id: &str,
+        gpus: u32,
+    ) -> Result<Admission, ServiceError> {
+        if gpus == 0 {
+            return Err(ServiceError::invalid("gpus", "must be at least 1"));
+        }
+        let lease = self.lease_for_write(principal, id).await?;
+        let subs: Vec<SubstrateState> = self
+            .inventory_of(&lease.substrate)
+            .await
+            .into_iter()
+            .collect();
+        let config = self.inner.config.clone();
+        let now = self.now();
+        let (decision, lease) = self
+            .inner
+            .store
+            .resize(
+                id,
+                now,
+                &config.pricing,
+                "requested",
+                "changed in the substrate's queue",
+                |ledger, lease| {
+                    let snapshot = Self::snapshot(&config, ledger, subs);
+                    policy::evaluate_resize(
+                        &lease.holding(now),
+                        gpus,
+                        &snapshot,
+                        &mut self.placements(),
+                    )
+                },
+            )
+            .await?;
+        Ok(Admission {
+            decision,
+            lease: Some(lease),
+        })
     }
 
     fn spec(lease: &Lease) -> LeaseSpec {
@@ -284,7 +418,15 @@ impl Service {
             gpu_uuids: lease.gpu_uuids.clone(),
             command: None,
             labels: lease.labels.clone(),
+            time_limit: lease
+                .expires_at
+                .map(|end| Duration::from_millis((end - lease.granted_at).max(0) as u64)),
         }
+    }
+
+    /// The driver of substrate `name`.
+    pub fn driver_named(&self, name: &str) -> Option<Arc<dyn Driver>> {
+        self.inner.drivers.get(name).cloned()
     }
 
     fn driver(&self, lease: &Lease) -> Result<Arc<dyn Driver>, ServiceError> {
@@ -309,6 +451,9 @@ impl Service {
             ..Self::spec(&lease)
         };
         match driver.provision(&spec).await {
+            // A Slurm job waits in the queue: the watcher of the queue marks it active when it
+            // starts.
+            Ok(()) if driver.slurm().is_some() => Ok(lease),
             Ok(()) => {
                 let now = self.now();
                 // `granted` is on disk; if `active` is lost in a crash, re-adoption redoes it.

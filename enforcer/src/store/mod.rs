@@ -66,6 +66,21 @@ use migrations::migrate;
 use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS};
 use writer::{lock, outbox, write_loop, Op, Queue};
 
+/// The id prefix of a hold: a granted lease whose substrate has not named it yet (a Slurm job
+/// admitted at submission, before Slurm gave it its job id). A hold counts like any open lease
+/// for quota, budget and capacity, but has no LeaseEvent or Action until [`Store::bind`] gives
+/// it its substrate's id; [`Store::drop_hold`] forgets one whose job never came.
+pub const HOLD_PREFIX: &str = "hold-";
+
+/// How [`Store::admit_as`] records an admitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// A lease, published at once.
+    Lease,
+    /// A hold (see [`HOLD_PREFIX`]).
+    Hold,
+}
+
 /// The lease store. Cheap to clone; clones share one store.
 #[derive(Clone)]
 pub struct Store {
@@ -271,6 +286,19 @@ impl Store {
         request: &AdmissionRequest,
         decide: impl FnOnce(Ledger) -> Decision,
     ) -> Pending<(Decision, Option<Lease>)> {
+        self.admit_as(now_ms, pricing, request, Admitted::Lease, decide)
+    }
+
+    /// [`Store::admit`], recording an admitted request as `admitted` says: a lease, or a hold
+    /// (see [`HOLD_PREFIX`]) whose records wait for [`Store::bind`].
+    pub fn admit_as(
+        &self,
+        now_ms: i64,
+        pricing: &PricingConfig,
+        request: &AdmissionRequest,
+        admitted: Admitted,
+        decide: impl FnOnce(Ledger) -> Decision,
+    ) -> Pending<(Decision, Option<Lease>)> {
         self.mutate(|memory| {
             let decision = decide(memory.ledger_of(&request.team, now_ms, pricing));
             if request.dry_run {
@@ -278,10 +306,14 @@ impl Store {
             }
             match (&decision.placement, decision.admitted()) {
                 (Some(p), true) => {
+                    // Time-ordered (v7): new leases land at the end of the id index, so a
+                    // commit rewrites one index page, not a random one per lease.
+                    let id = uuid::Uuid::now_v7().to_string();
                     let lease = Lease {
-                        // Time-ordered (v7): new leases land at the end of the id index, so a
-                        // commit rewrites one index page, not a random one per lease.
-                        id: uuid::Uuid::now_v7().to_string(),
+                        id: match admitted {
+                            Admitted::Lease => id,
+                            Admitted::Hold => format!("{HOLD_PREFIX}{id}"),
+                        },
                         team: request.team.clone(),
                         user: request.user.clone(),
                         project: request.project.clone(),
@@ -293,7 +325,12 @@ impl Store {
                         labels: request.labels.clone().unwrap_or_default(),
                         state: LeaseState::Granted,
                         granted_at: now_ms,
-                        expires_at: decision.duration.map(|d| end_after(now_ms, d)),
+                        // A hold's substrate ends it at its time limit (the decision's
+                        // duration, which the substrate is told).
+                        expires_at: match admitted {
+                            Admitted::Lease => decision.duration.map(|d| end_after(now_ms, d)),
+                            Admitted::Hold => None,
+                        },
                         updated_at: now_ms,
                         released_at: None,
                         release_reason: None,
@@ -310,11 +347,14 @@ impl Store {
                         Outcome::Ok,
                         detail,
                     );
-                    let ops = vec![
-                        Op::InsertLease(Box::new(lease.clone())),
-                        outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
-                        outbox(&admit, now_ms),
-                    ];
+                    let ops = match admitted {
+                        Admitted::Lease => vec![
+                            Op::InsertLease(Box::new(lease.clone())),
+                            outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
+                            outbox(&admit, now_ms),
+                        ],
+                        Admitted::Hold => vec![Op::InsertLease(Box::new(lease.clone()))],
+                    };
                     memory.put(lease.clone());
                     Change::Write((decision, Some(lease)), ops)
                 }
@@ -486,6 +526,93 @@ impl Store {
                 ]
             },
         )
+    }
+
+    /// Gives hold `hold_id` its substrate's lease id `lease_id`, in state `state` (`granted` or
+    /// `active`): the hold's row becomes the lease's, and the lease's `granted` LeaseEvent (and
+    /// `active`'s, as a second record when it already runs) and its `admit` Action (`detail`)
+    /// go to the outbox, dated `now_ms`. Binding a hold already bound to `lease_id` (its hold is
+    /// gone, the lease is open) changes nothing.
+    pub fn bind(
+        &self,
+        hold_id: &str,
+        lease_id: &str,
+        state: LeaseState,
+        now_ms: i64,
+        detail: &str,
+    ) -> Pending<Lease> {
+        self.mutate(|memory| {
+            if let (None, Some(lease)) = (memory.open(hold_id), memory.open(lease_id)) {
+                return Change::Unchanged(lease.clone());
+            }
+            let Some(hold) = memory.open(hold_id) else {
+                return Change::NotOpen {
+                    id: hold_id.to_owned(),
+                    to: Some(state),
+                };
+            };
+            if !hold_id.starts_with(HOLD_PREFIX) || memory.open(lease_id).is_some() {
+                return Change::Refused(StoreError::InvalidTransition {
+                    id: hold_id.to_owned(),
+                    from: hold.state,
+                    to: state,
+                });
+            }
+            let mut lease = hold.clone();
+            lease.id = lease_id.to_owned();
+            lease.state = state;
+            lease.updated_at = now_ms;
+            memory.take(hold_id);
+            memory.put(lease.clone());
+            let ops = vec![
+                Op::DeleteLease(hold_id.to_owned()),
+                Op::InsertLease(Box::new(lease.clone())),
+                outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
+                outbox(
+                    &Audit::lease(ActionKind::Admit, &lease, "admitted").at(
+                        now_ms,
+                        Outcome::Ok,
+                        detail,
+                    ),
+                    now_ms,
+                ),
+            ];
+            Change::Write(lease, ops)
+        })
+    }
+
+    /// Records `lease` (a job its substrate runs without having asked admission) as it is,
+    /// with its `granted` LeaseEvent and an `admit` Action (reason `adopted`, `detail`); no
+    /// policy decides. Adopting a lease id already open changes nothing.
+    pub fn adopt(&self, lease: Lease, now_ms: i64, detail: &str) -> Pending<Lease> {
+        self.mutate(|memory| {
+            if let Some(open) = memory.open(&lease.id) {
+                return Change::Unchanged(open.clone());
+            }
+            let adopt =
+                Audit::lease(ActionKind::Admit, &lease, "adopted").at(now_ms, Outcome::Ok, detail);
+            let ops = vec![
+                Op::InsertLease(Box::new(lease.clone())),
+                outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
+                outbox(&adopt, now_ms),
+            ];
+            memory.put(lease.clone());
+            Change::Write(lease, ops)
+        })
+    }
+
+    /// Forgets hold `hold_id` (its job never reached the queue): its GPUs are free again, and
+    /// nothing is published, since it never became a lease. Forgetting a hold that is gone
+    /// changes nothing.
+    pub fn drop_hold(&self, hold_id: &str) -> Pending<()> {
+        self.mutate(|memory| {
+            if !hold_id.starts_with(HOLD_PREFIX) || memory.open(hold_id).is_none() {
+                return Change::Unchanged(());
+            }
+            memory.take(hold_id);
+            memory.exempt.remove(hold_id);
+            Change::Write((), vec![Op::DeleteLease(hold_id.to_owned())])
+        })
     }
 
     /// Sets an open lease's end to `expires_at`.

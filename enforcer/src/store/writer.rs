@@ -28,6 +28,8 @@ pub(super) enum Op {
     InsertLease(Box<Lease>),
     /// Stores the lease's state, GPUs, end, and release.
     UpdateLease(Box<Lease>),
+    /// Deletes a hold's row (bound to its lease, or forgotten).
+    DeleteLease(String),
     /// Queues a record for Kafka (see [`outbox`]).
     Outbox {
         topic: &'static str,
@@ -528,6 +530,10 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
         Op::Mark { key, at } => {
             tx.prepare_cached("INSERT OR IGNORE INTO rule_marks (key, at) VALUES (?1, ?2)")?
                 .execute(params![key, at])?;
+        }
+        Op::DeleteLease(id) => {
+            tx.prepare_cached("DELETE FROM leases WHERE id = ?1")?
+                .execute(params![id])?;
         }
         Op::Nothing => {}
         Op::MarkPublished { ids, at } => {

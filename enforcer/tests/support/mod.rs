@@ -151,6 +151,7 @@ impl Driver for TestDriver {
                 })
                 .collect(),
             pooled: Vec::new(),
+            queues: false,
         }))
     }
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {

@@ -718,6 +718,9 @@ pub enum DriverKind {
     Local,
     /// An external provisioner called over HTTP (`url`, `secret`, `timeout`, `retries`, `capacity`).
     Webhook,
+    /// A Slurm cluster (`[substrates.slurm]`, and the local driver's `accounts` settings for
+    /// the jobs gpuwarden submits itself).
+    Slurm,
 }
 
 impl DriverKind {
@@ -727,6 +730,7 @@ impl DriverKind {
             Self::Simulated => "simulated",
             Self::Local => "local",
             Self::Webhook => "webhook",
+            Self::Slurm => "slurm",
         }
     }
 }
@@ -779,6 +783,78 @@ pub struct SubstrateConfig {
     pub denied_groups: Option<Vec<String>>,
     /// local, enforcer not root: leases may run as the enforcer's own account.
     pub run_as_enforcer: Option<bool>,
+    /// slurm: the cluster and how its jobs map to teams, users, workloads and models.
+    pub slurm: Option<SlurmSettings>,
+}
+
+/// `[substrates.slurm]`: a Slurm cluster, and how its jobs' names map to gpuwarden's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmSettings {
+    /// Slurm's `ClusterName`: lease ids of its jobs are `slurm-<cluster>-<job id>`.
+    pub cluster: String,
+    /// The `slurm.conf` the Slurm commands read (`SLURM_CONF`); Slurm's default when unset.
+    pub slurm_conf: Option<PathBuf>,
+    /// Directory of `sbatch`, `squeue`, `sinfo`, `scancel` and `scontrol`; `/usr/bin` when unset.
+    pub bin_dir: Option<PathBuf>,
+    /// Which of a job's names says its team: `account` (default) or `partition`.
+    #[serde(default)]
+    pub team_from: SlurmTeamFrom,
+    /// Slurm account (or partition) → team. A name missing here that is itself a team's name
+    /// maps to that team; `"*"` maps every other name.
+    #[serde(default)]
+    pub teams: BTreeMap<String, String>,
+    /// Which of a job's fields says its workload and project, as `<workload>[:<project>]`:
+    /// `wckey` (default), `comment` or `job_name`.
+    #[serde(default)]
+    pub workload_from: SlurmWorkloadFrom,
+    /// The workload of a job whose field names none. Default `batch`.
+    #[serde(default = "SlurmSettings::default_workload")]
+    pub default_workload: Workload,
+    /// GRES type → full NVML model name (`h100 = "NVIDIA H100 80GB HBM3"`); a type missing here
+    /// is matched as a case-insensitive part of the model name.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
+    /// How often the cluster's jobs and nodes are read. Default 2 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub poll: Option<Duration>,
+    /// Jobs that bypassed the submit hook (submitted before gpuwarden, or by root) become leases
+    /// when their team maps (default true); otherwise they are only reported as unattributed.
+    pub adopt: Option<bool>,
+    /// How long an admission waits for its job to appear in the queue before its GPUs are
+    /// given back (Slurm refused the job after the hook admitted it). Default 5 min.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub hold_timeout: Option<Duration>,
+}
+
+impl SlurmSettings {
+    fn default_workload() -> Workload {
+        Workload::Batch
+    }
+}
+
+/// Which Slurm name says a job's team.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlurmTeamFrom {
+    /// `--account`.
+    #[default]
+    Account,
+    /// `--partition` (the default partition when the job names none).
+    Partition,
+}
+
+/// Which Slurm field says a job's workload and project.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlurmWorkloadFrom {
+    /// `--wckey`.
+    #[default]
+    Wckey,
+    /// `--comment`.
+    Comment,
+    /// `--job-name`.
+    JobName,
 }
 
 /// A group of identical simulated hosts: `count` hosts named `<prefix>-<n>`, each with `gpus`

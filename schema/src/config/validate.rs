@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
 use super::{
-    CollectorSource, Config, DriverKind, Listener, LoginLimits, OnIdle, Role, SubstrateConfig,
-    TlsConfig,
+    CollectorSource, Config, DriverKind, Listener, LoginLimits, OnIdle, Role, SlurmSettings,
+    SubstrateConfig, TlsConfig,
 };
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
@@ -408,7 +408,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             );
         }
         let driver = s.driver.as_str();
-        let set: [(&str, bool); 16] = [
+        let set: [(&str, bool); 17] = [
             ("hosts", !s.hosts.is_empty()),
             ("host", s.host.is_some()),
             ("gpu_model", s.gpu_model.is_some()),
@@ -425,6 +425,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             ("work_dir", s.work_dir.is_some()),
             ("denied_groups", s.denied_groups.is_some()),
             ("run_as_enforcer", s.run_as_enforcer.is_some()),
+            ("slurm", s.slurm.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match s.driver {
             DriverKind::Simulated => (&["hosts"], &["hosts"]),
@@ -452,6 +453,16 @@ fn substrates(config: &Config, report: Report<'_>) {
                     "retries",
                     "gpu_model",
                     "capacity",
+                ],
+            ),
+            DriverKind::Slurm => (
+                &["slurm"],
+                &[
+                    "slurm",
+                    "accounts",
+                    "same_name_accounts",
+                    "min_uid",
+                    "denied_groups",
                 ],
             ),
         };
@@ -535,6 +546,9 @@ fn substrates(config: &Config, report: Report<'_>) {
                 ),
             );
         }
+        if let Some(slurm) = &s.slurm {
+            slurm_settings(config, i, slurm, report);
+        }
         if let Some(url) = &s.url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 report(
@@ -542,6 +556,63 @@ fn substrates(config: &Config, report: Report<'_>) {
                     format!("\"{url}\" is not an http:// or https:// URL"),
                 );
             }
+        }
+    }
+}
+
+/// `[substrates.slurm]`: names that become lease ids and teams that exist.
+fn slurm_settings(config: &Config, i: usize, slurm: &SlurmSettings, report: Report<'_>) {
+    let path = |f: &str| vec![key("substrates"), Seg::Index(i), key("slurm"), key(f)];
+    let cluster = &slurm.cluster;
+    if cluster.is_empty()
+        || cluster.len() > 64
+        || !cluster
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+    {
+        report(
+            path("cluster"),
+            format!(
+                "\"{cluster}\" is not a Slurm cluster name gpuwarden can put in a lease id \
+                 (1 to 64 ASCII letters, digits, '-' or '_')"
+            ),
+        );
+    }
+    for (name, team) in &slurm.teams {
+        if config.team(team).is_none() {
+            let mut p = path("teams");
+            p.push(key(name));
+            report(p, format!("no team is named `{team}`"));
+        }
+    }
+    for (gres, model) in &slurm.models {
+        if model.trim().is_empty() {
+            let mut p = path("models");
+            p.push(key(gres));
+            report(p, "must name a GPU model".into());
+        }
+    }
+    if slurm
+        .poll
+        .is_some_and(|p| p < Duration::from_millis(200) || p > Duration::from_secs(300))
+    {
+        report(path("poll"), "must be between 200ms and 5m".into());
+    }
+    if slurm
+        .hold_timeout
+        .is_some_and(|t| t < Duration::from_secs(10))
+    {
+        report(
+            path("hold_timeout"),
+            "must be at least 10s: a job needs time to reach the queue".into(),
+        );
+    }
+    for (field, dir) in [
+        ("slurm_conf", &slurm.slurm_conf),
+        ("bin_dir", &slurm.bin_dir),
+    ] {
+        if dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            report(path(field), "must be an absolute path".into());
         }
     }
 }

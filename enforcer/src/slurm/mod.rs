@@ -1,0 +1,520 @@
+//! Slurm's side of admission and of the lease lifecycle, over the [`Service`]: the submit hook's
+//! questions ([`submit`], [`modify`]) and the watcher that turns the queue into lease changes
+//! ([`watch`]).
+//!
+//! The hook (`deploy/slurm/job_submit.lua`) runs inside slurmctld, one submission at a time,
+//! and sends Slurm's raw fields; everything that decides lives here, configured in
+//! `[substrates.slurm]`: the GPUs a job asks for ([`jobs::GpuRequest`]), its team (from its
+//! account or partition), its user (the Slurm user), its workload and project (from its wckey,
+//! comment or job name, as `<workload>[:<project>]`), its model (from the GRES type). An
+//! admitted job is recorded as a hold (its job id does not exist yet) and answered with the
+//! `admin_comment` that lets the watcher bind it to lease `slurm-<cluster>-<job id>` once the
+//! job is queued; the answer also sets its time limit to the workload's `max_duration` when it
+//! asks for more or for none.
+//!
+//! A job submitted by the driver itself (an API admission on the Slurm substrate) carries
+//! `GPUWARDEN_LEASE_ID`: the hook's question names that lease, which is admitted already, so the
+//! answer only checks that the lease is this user's, on this substrate, and not yet claimed by
+//! another job.
+
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::drivers::slurm::jobs::{array_tasks, GpuRequest, TresFields};
+use crate::drivers::SlurmDriver;
+use crate::fields;
+use crate::policy::{AdmissionRequest, Decision, Principal};
+use crate::service::{Service, ServiceError};
+use crate::store::LeaseState;
+use gpuwarden_schema::config::{SlurmTeamFrom, SlurmWorkloadFrom};
+use gpuwarden_schema::Workload;
+
+/// The `admin_comment` prefix of a job admitted at submission: `gpuwarden:hold=<hold id>`.
+pub const HOLD_COMMENT: &str = "gpuwarden:hold=";
+/// The `admin_comment` prefix of a job the driver submitted: `gpuwarden:lease=<lease id>`.
+pub const LEASE_COMMENT: &str = "gpuwarden:lease=";
+
+/// What the submit hook sends for a job being submitted (`POST /v1/slurm/{substrate}/submit`):
+/// Slurm's fields as the job asked for them; absent ones are null.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// The submitting Slurm user.
+    pub user: String,
+    /// Its uid.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// `--account`.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// `--partition`; the cluster's default partition when null.
+    #[serde(default)]
+    pub partition: Option<String>,
+    /// `--qos`.
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// `--comment`.
+    #[serde(default)]
+    pub comment: Option<String>,
+    /// `--wckey`.
+    #[serde(default)]
+    pub wckey: Option<String>,
+    /// `--job-name`.
+    #[serde(default)]
+    pub job_name: Option<String>,
+    /// Slurm's TRES strings: `--gres`/`--gpus-per-node`.
+    #[serde(default)]
+    pub tres_per_node: Option<String>,
+    /// `--gpus`.
+    #[serde(default)]
+    pub tres_per_job: Option<String>,
+    /// `--gpus-per-task`.
+    #[serde(default)]
+    pub tres_per_task: Option<String>,
+    /// `--gpus-per-socket`.
+    #[serde(default)]
+    pub tres_per_socket: Option<String>,
+    /// `--nodes` (minimum).
+    #[serde(default)]
+    pub min_nodes: Option<u64>,
+    /// `--ntasks`.
+    #[serde(default)]
+    pub num_tasks: Option<u64>,
+    /// `--array`'s index (`0-9%2`).
+    #[serde(default)]
+    pub array_inx: Option<String>,
+    /// `--time`, minutes.
+    #[serde(default)]
+    pub time_limit: Option<u64>,
+    /// `GPUWARDEN_LEASE_ID` in the job's environment.
+    #[serde(default)]
+    pub lease_id: Option<String>,
+}
+
+/// What the hook sends when a job's GPUs change (`POST /v1/slurm/{substrate}/modify`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModifyRequest {
+    /// The job.
+    pub job_id: u64,
+    /// The job's user, if the hook knows it.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The uid changing it.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// The job's `admin_comment` (set at submission).
+    #[serde(default)]
+    pub admin_comment: Option<String>,
+    /// The GPU requests as they will be.
+    #[serde(default)]
+    pub tres_per_node: Option<String>,
+    /// `--gpus`.
+    #[serde(default)]
+    pub tres_per_job: Option<String>,
+    /// `--gpus-per-task`.
+    #[serde(default)]
+    pub tres_per_task: Option<String>,
+    /// `--gpus-per-socket`.
+    #[serde(default)]
+    pub tres_per_socket: Option<String>,
+    /// `--nodes`.
+    #[serde(default)]
+    pub min_nodes: Option<u64>,
+    /// `--ntasks`.
+    #[serde(default)]
+    pub num_tasks: Option<u64>,
+}
+
+/// The answer to the hook: lines of `key=value` after `admit` or `deny`, for a Lua plugin that
+/// has no JSON parser.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Whether the job may be submitted (or changed).
+    pub admit: bool,
+    /// What the hook sets the job's `admin_comment` to.
+    pub admin_comment: Option<String>,
+    /// What the hook sets the job's time limit to, minutes.
+    pub time_limit: Option<u64>,
+    /// For the user, one line.
+    pub message: String,
+}
+
+impl Answer {
+    fn deny(message: impl Into<String>) -> Self {
+        Self {
+            admit: false,
+            admin_comment: None,
+            time_limit: None,
+            message: message.into(),
+        }
+    }
+
+    fn admit(message: impl Into<String>) -> Self {
+        Self {
+            admit: true,
+            ..Self::deny(message)
+        }
+    }
+
+    /// The answer as the hook reads it.
+    pub fn to_text(&self) -> String {
+        let one_line = |s: &str| s.replace(['\n', '\r'], " ");
+        let mut out = String::from(if self.admit { "admit\n" } else { "deny\n" });
+        if let Some(comment) = &self.admin_comment {
+            out.push_str(&format!("admin_comment={}\n", one_line(comment)));
+        }
+        if let Some(minutes) = self.time_limit {
+            out.push_str(&format!("time_limit={minutes}\n"));
+        }
+        out.push_str(&format!("message={}\n", one_line(&self.message)));
+        out
+    }
+}
+
+/// The Slurm driver of substrate `substrate`, or not found.
+fn slurm_of<'a>(
+    drivers: &'a std::sync::Arc<dyn crate::drivers::Driver>,
+) -> Option<&'a SlurmDriver> {
+    drivers.slurm()
+}
+
+/// Decides a job being submitted to Slurm substrate `substrate`.
+pub async fn submit(
+    service: &Service,
+    principal: &Principal,
+    substrate: &str,
+    request: SubmitRequest,
+) -> Result<Answer, ServiceError> {
+    let driver = service.driver_named(substrate).ok_or_else(|| {
+        ServiceError::NotFound(format!("there is no substrate named {substrate}"))
+    })?;
+    let slurm = slurm_of(&driver).ok_or_else(|| {
+        ServiceError::NotFound(format!("substrate {substrate} is not a Slurm cluster"))
+    })?;
+    let tres = TresFields {
+        tres_per_node: request.tres_per_node.clone(),
+        tres_per_job: request.tres_per_job.clone(),
+        tres_per_task: request.tres_per_task.clone(),
+        tres_per_socket: request.tres_per_socket.clone(),
+        min_nodes: request.min_nodes,
+        num_tasks: request.num_tasks,
+    };
+    let wanted = GpuRequest::of(&tres);
+    if wanted.gpus == 0 {
+        return Ok(Answer::admit(""));
+    }
+    if let Some(lease_id) = &request.lease_id {
+        return Ok(claim(
+            service,
+            slurm,
+            substrate,
+            &request.user,
+            lease_id,
+            wanted.gpus,
+        )
+        .await);
+    }
+    let settings = slurm.settings();
+    // Its team, from its account or partition.
+    let partition = match &request.partition {
+        Some(p) => Some(p.clone()),
+        None => slurm
+            .snapshot(slurm.poll() * 3)
+            .await
+            .ok()
+            .and_then(|s| s.default_partition),
+    };
+    let (from, name) = match settings.team_from {
+        SlurmTeamFrom::Account => ("account", request.account.clone().unwrap_or_default()),
+        SlurmTeamFrom::Partition => ("partition", partition.clone().unwrap_or_default()),
+    };
+    let config = service.config();
+    let team = match settings.teams.get(&name) {
+        Some(team) => team.clone(),
+        None if config.team(&name).is_some() => name.clone(),
+        None => match settings.teams.get("*") {
+            Some(team) => team.clone(),
+            None => {
+                return Ok(Answer::deny(format!(
+                    "gpuwarden: denied: the job's {from} {name:?} maps to no team (ask an \
+                     administrator to add it to substrate {substrate}'s slurm.teams)"
+                )))
+            }
+        },
+    };
+    if let Err(why) = fields::check_name(&request.user) {
+        return Ok(Answer::deny(format!(
+            "gpuwarden: denied: Slurm user {:?} is not a name gpuwarden accepts: {why}",
+            request.user
+        )));
+    }
+    // Its workload and project, from `<workload>[:<project>]` in the configured field.
+    let field = match settings.workload_from {
+        SlurmWorkloadFrom::Wckey => request.wckey.as_deref(),
+        SlurmWorkloadFrom::Comment => request.comment.as_deref(),
+        SlurmWorkloadFrom::JobName => request.job_name.as_deref(),
+    }
+    .unwrap_or("");
+    let (workload_text, project_text) = field.split_once(':').unwrap_or((field, ""));
+    let workload = Workload::ALL
+        .into_iter()
+        .find(|w| w.as_str() == workload_text.trim())
+        .unwrap_or(settings.default_workload);
+    let project = [
+        project_text.trim(),
+        name.as_str(),
+        partition.as_deref().unwrap_or(""),
+    ]
+    .into_iter()
+    .find(|p| !p.is_empty() && fields::check_name(p).is_ok())
+    .unwrap_or("default")
+    .to_owned();
+    // An array is decided once: its tasks that may run at once, each with the job's GPUs.
+    let mut gpus = wanted.gpus;
+    let mut array_note = String::new();
+    if let Some(index) = request.array_inx.as_deref().filter(|i| !i.is_empty()) {
+        let Some((count, at_once)) = array_tasks(index) else {
+            return Ok(Answer::deny(format!(
+                "gpuwarden: denied: cannot read the array index {index:?}"
+            )));
+        };
+        gpus = gpus.saturating_mul(at_once);
+        array_note = format!(" (an array of {count} tasks, {at_once} at once)");
+    }
+    let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
+    // The time limit: the workload's longest when the job asks for more or for none.
+    let max = config.workload(workload).max_duration;
+    let asked = request
+        .time_limit
+        .map(|m| Duration::from_secs(m.saturating_mul(60)));
+    let duration = match (asked, max) {
+        (Some(a), Some(m)) => Some(a.min(m)),
+        (a, m) => a.or(m),
+    };
+    let mut labels = BTreeMap::from([("slurm_cluster".to_owned(), settings.cluster.clone())]);
+    for (key, value) in [
+        ("slurm_account", request.account.as_deref()),
+        ("slurm_partition", partition.as_deref()),
+        ("slurm_job_name", request.job_name.as_deref()),
+    ] {
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            labels.insert(key.to_owned(), v.to_owned());
+        }
+    }
+    let admission = AdmissionRequest {
+        team,
+        user: request.user.clone(),
+        project,
+        workload,
+        gpus,
+        gpu_model: wanted.gpu_type.as_deref().map(|t| slurm.model_of(t)),
+        substrate: Some(substrate.to_owned()),
+        duration,
+        labels: Some(labels),
+        dry_run: false,
+        command: None,
+    };
+    let (team, model) = (admission.team.clone(), admission.gpu_model.clone());
+    let admission = match service.hold(principal, admission).await {
+        Ok(admission) => admission,
+        // What the user can fix (a name, a team it is not in) is a denial, not an outage.
+        Err(
+            e @ (ServiceError::Forbidden(_)
+            | ServiceError::NotFound(_)
+            | ServiceError::Invalid { .. }),
+        ) => return Ok(Answer::deny(format!("gpuwarden: denied: {e}"))),
+        Err(e) => return Err(e),
+    };
+    let decision = &admission.decision;
+    match admission.lease {
+        Some(hold) => {
+            let minutes = decision.duration.map(|d| d.as_secs().div_ceil(60).max(1));
+            let clamped = match (asked, decision.duration) {
+                (None, Some(_)) => " (the workload's longest)",
+                (Some(a), Some(d)) if d < a => " (cut to the workload's longest)",
+                _ => "",
+            };
+            Ok(Answer {
+                admit: true,
+                admin_comment: Some(format!("{HOLD_COMMENT}{}", hold.id)),
+                time_limit: minutes,
+                message: format!(
+                    "gpuwarden: admitted for team {team} as {}: {} x {}{array_note}, about ${:.2}/h{}{}",
+                    workload,
+                    hold.gpu_count,
+                    hold.gpu_model,
+                    decision.estimate.usd_per_hour,
+                    minutes.map_or(String::new(), |m| format!(", time limit {m} min")),
+                    clamped,
+                ),
+            })
+        }
+        None => Ok(Answer::deny(denial(
+            &team,
+            model.as_deref(),
+            gpus,
+            decision,
+        ))),
+    }
+}
+
+/// The user's line for a denied decision: every reason, with its code, and the estimate.
+fn denial(team: &str, model: Option<&str>, gpus: u32, decision: &Decision) -> String {
+    let reasons: Vec<String> = decision
+        .reasons
+        .iter()
+        .map(|r| format!("{}: {}", r.code.as_str(), r.message))
+        .collect();
+    let reasons = if reasons.is_empty() {
+        "no_capacity: no GPUs fit".to_owned()
+    } else {
+        reasons.join("; ")
+    };
+    format!(
+        "gpuwarden: denied {gpus} x {} for team {team}: {reasons} (estimate ${:.2}/h)",
+        model.unwrap_or("GPU"),
+        decision.estimate.usd_per_hour
+    )
+}
+
+/// Admits a job the driver submitted for lease `lease_id`, once: the lease must be open,
+/// `granted`, on this substrate, the user's, and hold the job's GPUs.
+async fn claim(
+    service: &Service,
+    slurm: &SlurmDriver,
+    substrate: &str,
+    user: &str,
+    lease_id: &str,
+    gpus: u64,
+) -> Answer {
+    let refused = |why: &str| {
+        Answer::deny(format!(
+            "gpuwarden: denied: GPUWARDEN_LEASE_ID={lease_id} {why}; ask for GPUs through \
+             gpuwarden, or submit without it"
+        ))
+    };
+    let lease = match service.store().lease(lease_id).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => return refused("names no lease"),
+        Err(_) => return refused("cannot be checked now"),
+    };
+    if lease.substrate != substrate || lease.user != user {
+        return refused("is not a lease of this user on this cluster");
+    }
+    if lease.state != LeaseState::Granted || u64::from(lease.gpu_count) < gpus {
+        return refused("is not waiting for a job of this size");
+    }
+    if !slurm.claim(lease_id) {
+        return refused("has its job already");
+    }
+    Answer {
+        admit: true,
+        admin_comment: Some(format!("{LEASE_COMMENT}{lease_id}")),
+        time_limit: None,
+        message: format!("gpuwarden: lease {lease_id}"),
+    }
+}
+
+/// Decides a change of a pending job's GPUs (`scontrol update JobId=… Gres=…`).
+pub async fn modify(
+    service: &Service,
+    principal: &Principal,
+    substrate: &str,
+    request: ModifyRequest,
+) -> Result<Answer, ServiceError> {
+    let driver = service.driver_named(substrate).ok_or_else(|| {
+        ServiceError::NotFound(format!("there is no substrate named {substrate}"))
+    })?;
+    let slurm = slurm_of(&driver).ok_or_else(|| {
+        ServiceError::NotFound(format!("substrate {substrate} is not a Slurm cluster"))
+    })?;
+    let comment = request.admin_comment.as_deref().unwrap_or("");
+    let id = if let Some(hold) = comment.strip_prefix(HOLD_COMMENT) {
+        // Bound already, or still a hold.
+        match service
+            .store()
+            .lease(&slurm.lease_id(request.job_id))
+            .await?
+        {
+            Some(lease) if lease.state.is_open() => lease.id,
+            _ => hold.to_owned(),
+        }
+    } else if let Some(lease) = comment.strip_prefix(LEASE_COMMENT) {
+        lease.to_owned()
+    } else {
+        slurm.lease_id(request.job_id)
+    };
+    let Some(lease) = service
+        .store()
+        .lease(&id)
+        .await?
+        .filter(|l| l.state.is_open())
+    else {
+        // Not a job gpuwarden admitted: the watcher reports it.
+        return Ok(Answer::admit(""));
+    };
+    let wanted = GpuRequest::of(&TresFields {
+        tres_per_node: request.tres_per_node,
+        tres_per_job: request.tres_per_job,
+        tres_per_task: request.tres_per_task,
+        tres_per_socket: request.tres_per_socket,
+        min_nodes: request.min_nodes,
+        num_tasks: request.num_tasks,
+    });
+    let gpus = u32::try_from(wanted.gpus).unwrap_or(u32::MAX);
+    if gpus == 0 || gpus == lease.gpu_count {
+        return Ok(Answer::admit(""));
+    }
+    if lease.state != LeaseState::Granted {
+        return Ok(Answer::deny(format!(
+            "gpuwarden: denied: lease {} runs already; Slurm cannot change a running job's GPUs",
+            lease.id
+        )));
+    }
+    let admission = match service.resize_pending(principal, &lease.id, gpus).await {
+        Ok(admission) => admission,
+        Err(e @ (ServiceError::Forbidden(_) | ServiceError::Invalid { .. })) => {
+            return Ok(Answer::deny(format!("gpuwarden: denied: {e}")))
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(if admission.decision.admitted() {
+        Answer::admit(format!(
+            "gpuwarden: lease {} now holds {gpus} GPUs",
+            lease.id
+        ))
+    } else {
+        Answer::deny(denial(
+            &lease.team,
+            Some(&lease.gpu_model),
+            gpus,
+            &admission.decision,
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_lines_the_hook_reads() {
+        let answer = Answer {
+            admit: true,
+            admin_comment: Some("gpuwarden:hold=hold-1".into()),
+            time_limit: Some(120),
+            message: "two\nlines".into(),
+        };
+        assert_eq!(
+            answer.to_text(),
+            "admit\nadmin_comment=gpuwarden:hold=hold-1\ntime_limit=120\nmessage=two lines\n"
+        );
+        assert_eq!(Answer::deny("no").to_text(), "deny\nmessage=no\n");
+    }
+}
