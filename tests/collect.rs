@@ -1,11 +1,12 @@
 //! `gpuwarden collect` and `gpuwarden broker` as separate processes meeting over TCP, as in
 //! production: the collector samples GPUs through the fake libnvidia-ml.so, kcat (a real Kafka
 //! client) reads them back from the broker process, and /metrics serves dcgm-exporter's names.
+//! A GPU's processes name its lease, directly or through their Slurm job.
 
 mod support;
 
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use support::{eventually, http_get, log_line, metric, start_fake_nvml_collector, Broker, Running};
 
@@ -22,9 +23,21 @@ fn write_config(dir: &std::path::Path, bootstrap: &str) -> std::path::PathBuf {
 }
 
 fn write_script(dir: &std::path::Path) -> std::path::PathBuf {
+    write_script_with_processes(dir, [None, None])
+}
+
+/// Two L40S; each GPU runs the process `pid`, if given, in every round.
+fn write_script_with_processes(
+    dir: &std::path::Path,
+    pids: [Option<u32>; 2],
+) -> std::path::PathBuf {
     let devices: Vec<serde_json::Value> = [0, 1]
         .iter()
-        .map(|i| {
+        .map(|&i| {
+            let processes: Vec<serde_json::Value> = pids[i]
+                .iter()
+                .map(|pid| serde_json::json!({"pid": pid, "used_memory_bytes": 1073741824u64}))
+                .collect();
             serde_json::json!({
                 "uuid": format!("GPU-0000000{i}-1111-2222-3333-444444444444"),
                 "name": "NVIDIA L40S",
@@ -39,7 +52,7 @@ fn write_script(dir: &std::path::Path) -> std::path::PathBuf {
                 "energy_mj": [123456789],
                 "temp_c": [55],
                 "sm_clock_mhz": [2520],
-                "processes": [[]]
+                "processes": [processes]
             })
         })
         .collect();
@@ -115,11 +128,24 @@ fn collector_and_broker_processes_meet_over_tcp() {
     );
 
     // kcat, a real Kafka client, reads back exactly what the collector said it published.
+    let records = published_samples(&broker.bootstrap);
+    assert_eq!(records.len() as u64, published, "{records:#?}");
+    for (key, sample) in &records {
+        assert_eq!(sample["gpu_uuid"], *key);
+        assert_eq!(sample["v"], 1);
+        assert_eq!(sample["host"], "e2e-host");
+        assert_eq!(sample["power_w"], 200.0);
+        assert_eq!(sample["mem_total_bytes"], 48305799168u64);
+    }
+}
+
+/// Every sample on gpuwarden.samples, with its key, as kcat (a real Kafka client) reads them.
+fn published_samples(bootstrap: &str) -> Vec<(String, serde_json::Value)> {
     let out = Command::new("kcat")
         .args([
             "-C",
             "-b",
-            &broker.bootstrap,
+            bootstrap,
             "-t",
             "gpuwarden.samples",
             "-o",
@@ -137,20 +163,99 @@ fn collector_and_broker_processes_meet_over_tcp() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let records: Vec<(&str, serde_json::Value)> = text
-        .lines()
+    text.lines()
         .map(|l| {
             let (key, value) = l.split_once('\t').unwrap();
-            (key, serde_json::from_str(value).unwrap())
+            (key.to_string(), serde_json::from_str(value).unwrap())
         })
-        .collect();
-    assert_eq!(records.len() as u64, published, "{text}");
-    for (key, sample) in &records {
-        assert_eq!(sample["gpu_uuid"], *key);
-        assert_eq!(sample["v"], 1);
-        assert_eq!(sample["host"], "e2e-host");
-        assert_eq!(sample["power_w"], 200.0);
-        assert_eq!(sample["mem_total_bytes"], 48305799168u64);
+        .collect()
+}
+
+/// A process as a Slurm job's would be: only `vars` in its environment (and PATH).
+struct JobProcess(Child);
+
+impl JobProcess {
+    fn start(vars: &[(&str, &str)]) -> Self {
+        let child = Command::new("sleep")
+            .arg("60")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(vars.iter().copied())
+            .spawn()
+            .unwrap();
+        // Right after exec the kernel shows an empty environment for a moment: wait it out, so
+        // the first sample already finds the job.
+        let environ = format!("/proc/{}/environ", child.id());
+        let until = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read(&environ).is_ok_and(|e| e.windows(12).any(|w| w == b"SLURM_JOB_ID")) {
+            assert!(
+                Instant::now() < until,
+                "the child's environment never showed its job"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Self(child)
+    }
+}
+
+impl Drop for JobProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn samples_name_the_slurm_job_of_the_gpus_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    // This node's cluster, for a job whose environment does not name its own.
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("slurm_cluster = \"e2e\"\n");
+    std::fs::write(&config, text).unwrap();
+    // GPU 0: task 1 of array 4242 (run as job 4243) on cluster "study", as Slurm sets it up.
+    // GPU 1: job 99, with no SLURM_CLUSTER_NAME.
+    let array_task = JobProcess::start(&[
+        ("SLURM_ARRAY_JOB_ID", "4242"),
+        ("SLURM_ARRAY_TASK_ID", "1"),
+        ("SLURM_JOB_ID", "4243"),
+        ("SLURM_CLUSTER_NAME", "study"),
+    ]);
+    let plain_job = JobProcess::start(&[("SLURM_JOB_ID", "99")]);
+    let script = write_script_with_processes(
+        dir.path(),
+        [Some(array_task.0.id()), Some(plain_job.0.id())],
+    );
+
+    let (collector, running) = start_fake_nvml_collector(&config, &script);
+    let address = running["metrics"]
+        .as_str()
+        .expect("the log names the metrics URL")
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    eventually(
+        "4 samples published",
+        Duration::from_secs(30),
+        || match metric(&address, "gpuwarden_collector_samples_published_total") {
+            Some(n) if n >= 4.0 => Ok(()),
+            n => Err(format!("{n:?}")),
+        },
+    );
+    let (status, log) = collector.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", log.join("\n"));
+
+    let records = published_samples(&broker.bootstrap);
+    assert!(records.len() >= 4, "{records:#?}");
+    for (_, sample) in &records {
+        let want = match sample["gpu_index"].as_u64() {
+            Some(0) => "slurm-study-4242",
+            Some(1) => "slurm-e2e-99",
+            other => panic!("no GPU {other:?} in the script: {sample}"),
+        };
+        assert_eq!(sample["lease_id"], want, "{sample}");
+        assert_eq!(sample["process_count"], 1, "{sample}");
     }
 }
 

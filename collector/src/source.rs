@@ -28,6 +28,9 @@ pub enum SourceSpec {
         library: Option<PathBuf>,
         /// Host name written into samples.
         host: String,
+        /// Slurm's `ClusterName` when this is a Slurm node: names the lease of a process found
+        /// through its Slurm cgroup (`collector.slurm_cluster`).
+        slurm_cluster: Option<String>,
     },
     /// A simulated fleet, which follows the leases it reads from `gpuwarden.leases` when a
     /// consumer config is given.
@@ -42,10 +45,15 @@ pub enum SourceSpec {
 impl std::fmt::Debug for SourceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Nvml { library, host } => f
+            Self::Nvml {
+                library,
+                host,
+                slurm_cluster,
+            } => f
                 .debug_struct("Nvml")
                 .field("library", library)
                 .field("host", host)
+                .field("slurm_cluster", slurm_cluster)
                 .finish(),
             Self::Simulated { fleet, .. } => f
                 .debug_struct("Simulated")
@@ -80,8 +88,13 @@ enum Source {
 impl Source {
     fn open(spec: SourceSpec, metrics: &Arc<Metrics>) -> Result<Self, StartError> {
         Ok(match spec {
-            SourceSpec::Nvml { library, host } => {
-                let nvml = NvmlSource::open(library.as_deref(), host, Arc::clone(metrics))?;
+            SourceSpec::Nvml {
+                library,
+                host,
+                slurm_cluster,
+            } => {
+                let nvml =
+                    NvmlSource::open(library.as_deref(), host, slurm_cluster, Arc::clone(metrics))?;
                 Source::Nvml(Box::new(nvml))
             }
             SourceSpec::Simulated { fleet, leases } => {

@@ -124,6 +124,7 @@ fn samples_carry_nvmls_values_in_the_contracts_units() {
     let mut source = NvmlSource::open(
         Some(&fake_library()),
         "gpu-node-1".into(),
+        None,
         Arc::clone(&metrics),
     )
     .unwrap();
@@ -209,6 +210,7 @@ fn a_missing_driver_library_says_what_to_install() {
     let err = NvmlSource::open(
         Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")),
         "h".into(),
+        None,
         Arc::new(Metrics::default()),
     )
     .unwrap_err()
@@ -241,6 +243,7 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
     let spec = SourceSpec::Nvml {
         library: Some(fake_library()),
         host: "gpu-node-2".into(),
+        slurm_cluster: None,
     };
     let collector = Collector::start(
         spec,

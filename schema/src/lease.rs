@@ -1,6 +1,7 @@
 //! [`LeaseEvent`]: the enforcer's record of who holds which GPUs, published on
 //! `gpuwarden.leases`. The pipeline attributes samples to teams through these events, and the
-//! simulated fleet runs each granted lease's workload from them.
+//! simulated fleet runs each granted lease's workload from them. It also owns how a Slurm job's
+//! lease is named ([`slurm_lease_id`]), which the enforcer grants and the collector finds again.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +16,28 @@ use crate::arrow::{self as ax, field, Columns};
 use crate::error::{ArrowConvertError, ValidationError};
 use crate::record::Record;
 use crate::version::V1;
+
+/// The longest `ClusterName` Slurm accepts (its accounting tables are named after it).
+pub const SLURM_CLUSTER_NAME_MAX: usize = 40;
+
+/// Whether `name` can be Slurm's `ClusterName` inside a lease id: 1 to
+/// [`SLURM_CLUSTER_NAME_MAX`] ASCII letters, digits, `_`, `.` or `-`. Slurm itself accepts other
+/// characters, but a lease id becomes file names and SQL literals, so those are refused.
+pub fn is_slurm_cluster_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= SLURM_CLUSTER_NAME_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The lease of Slurm job `job_id` on cluster `cluster`: `slurm-<cluster>-<job_id>`. For a job
+/// array, `job_id` is the array's job id (`SLURM_ARRAY_JOB_ID`): the whole array is one lease.
+/// The cluster is written in lower case, as Slurm silently maps `ClusterName` to lower case
+/// (so `SLURM_CLUSTER_NAME` in a job's environment is always lower case).
+pub fn slurm_lease_id(cluster: &str, job_id: u32) -> String {
+    format!("slurm-{}-{job_id}", cluster.to_ascii_lowercase())
+}
 
 /// What happened to the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -281,5 +304,39 @@ impl Record for LeaseEvent {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_lease_ids_name_the_cluster_in_lower_case_and_the_job() {
+        assert_eq!(slurm_lease_id("study", 42), "slurm-study-42");
+        assert_eq!(slurm_lease_id("Study", 42), "slurm-study-42");
+        assert_eq!(
+            slurm_lease_id("a.b_c-d", 4294967294),
+            "slurm-a.b_c-d-4294967294"
+        );
+    }
+
+    #[test]
+    fn slurm_cluster_names_are_short_and_lease_id_safe() {
+        for ok in ["study", "Study", "c1", "a.b_c-d", &"x".repeat(40)] {
+            assert!(is_slurm_cluster_name(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            &"x".repeat(41),
+            "a b",
+            "a/b",
+            "a:b",
+            "été",
+            "a\0b",
+            "a'b",
+        ] {
+            assert!(!is_slurm_cluster_name(bad), "{bad:?}");
+        }
     }
 }

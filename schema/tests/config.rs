@@ -204,6 +204,39 @@ idle_util_pct = 150
 }
 
 #[test]
+fn the_slurm_cluster_is_optional_and_must_be_lease_id_safe() {
+    let config =
+        config::parse("ok.toml", "[collector]\nslurm_cluster = \"Study.2_b-c\"\n").unwrap();
+    assert_eq!(
+        config.collector.slurm_cluster.as_deref(),
+        Some("Study.2_b-c")
+    );
+    assert_eq!(
+        config::parse("empty.toml", "")
+            .unwrap()
+            .collector
+            .slurm_cluster,
+        None
+    );
+
+    let long = "c".repeat(41);
+    for bad in ["", "a/b", "gpu cluster", "a'b", long.as_str()] {
+        let text =
+            format!("[kafka]\nbrokers = \"k:9092\"\n\n[collector]\nslurm_cluster = \"{bad}\"\n");
+        let errs = errors(&text);
+        assert_eq!(errs.len(), 1, "{bad:?}: {errs:#?}");
+        let err = find(&errs, "collector.slurm_cluster");
+        assert_eq!(err.line, Some(5), "{bad:?}");
+        assert!(
+            err.message
+                .contains("not a Slurm ClusterName usable in a lease id"),
+            "{bad:?}: {}",
+            err.message
+        );
+    }
+}
+
+#[test]
 fn env_references_are_substituted_and_unset_ones_reported() {
     std::env::set_var("GPUWARDEN_TEST_BROKERS", "kafka-1:9092,kafka-2:9092");
     let config = config::parse(

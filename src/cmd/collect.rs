@@ -124,7 +124,12 @@ pub(crate) async fn start(
         CollectorSource::Nvml => {
             let host = config.collector.host.clone().unwrap_or_else(hostname);
             let library = nvml_library.or(config.collector.nvml_library.clone());
-            SourceSpec::Nvml { library, host }
+            let slurm_cluster = config.collector.slurm_cluster.clone();
+            SourceSpec::Nvml {
+                library,
+                host,
+                slurm_cluster,
+            }
         }
         CollectorSource::Simulated => {
             let substrate = match &config.collector.simulated.substrate {

@@ -184,6 +184,14 @@ pub struct CollectorConfig {
     pub host: Option<String>,
     /// Path of `libnvidia-ml.so`; the system's when unset.
     pub nvml_library: Option<PathBuf>,
+    /// Slurm's `ClusterName` on a Slurm node: 1 to 40 ASCII letters, digits, `_`, `.` or `-`
+    /// (written in lower case in lease ids, as Slurm does). A GPU process whose environment
+    /// names no lease is then attributed to lease `slurm-<cluster>-<job id>` with the job id of
+    /// its Slurm cgroup in `/proc/<pid>/cgroup`, which does not carry the cluster. That job id
+    /// is an array task's own, not its array's: a process whose environment can be read is
+    /// attributed through `SLURM_ARRAY_JOB_ID` / `SLURM_JOB_ID` instead, whatever this says.
+    /// Unset: no cgroup lookup.
+    pub slurm_cluster: Option<String>,
     /// Samples buffered while Kafka is unreachable, bytes, before the oldest are dropped.
     pub buffer_max_bytes: u64,
     /// Oldest buffered sample kept while Kafka is unreachable.
@@ -201,6 +209,7 @@ impl Default for CollectorConfig {
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
             host: None,
             nvml_library: None,
+            slurm_cluster: None,
             buffer_max_bytes: 64 << 20,
             buffer_max_age: Duration::from_secs(15 * 60),
             simulated: SimulatedSourceConfig::default(),

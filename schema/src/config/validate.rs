@@ -159,6 +159,18 @@ fn collector(config: &Config, report: Report<'_>) {
             ),
         );
     }
+    if let Some(cluster) = &c.slurm_cluster {
+        if !crate::lease::is_slurm_cluster_name(cluster) {
+            report(
+                at(&["collector", "slurm_cluster"]),
+                format!(
+                    "{cluster:?} is not a Slurm ClusterName usable in a lease id: 1 to {} ASCII \
+                     letters, digits, '_', '.' or '-'",
+                    crate::lease::SLURM_CLUSTER_NAME_MAX
+                ),
+            );
+        }
+    }
     if !(c.simulated.speed.is_finite() && c.simulated.speed > 0.0) {
         report(
             at(&["collector", "simulated", "speed"]),
