@@ -649,3 +649,67 @@ hosts = [
     )
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn the_example_slurm_substrate_is_valid_once_uncommented() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/gpuwarden.toml");
+    let example = std::fs::read_to_string(path).unwrap();
+    let start = example
+        .find("# name = \"hpc\"")
+        .expect("the example has a slurm entry");
+    let block: String = example[..start]
+        .lines()
+        .last()
+        .into_iter()
+        .chain(example[start..].lines().take_while(|l| l.starts_with("# ")))
+        .map(|l| l.trim_start_matches("# ").to_owned() + "\n")
+        .collect();
+    let text = format!(
+        "[[teams]]\nname = \"research\"\ngpu_quota = 1\nmonthly_budget_usd = 1.0\n\
+         [[teams]]\nname = \"serving\"\ngpu_quota = 1\nmonthly_budget_usd = 1.0\n{block}"
+    );
+    let config = config::parse("slurm.toml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let slurm = config.substrates[0]
+        .slurm
+        .as_ref()
+        .expect("[substrates.slurm]");
+    assert_eq!(slurm.cluster, "hpc1");
+    assert_eq!(slurm.teams["physics"], "research");
+    assert_eq!(slurm.models["h100"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(slurm.poll, Some(Duration::from_secs(2)));
+}
+
+#[test]
+fn slurm_settings_are_checked_field_by_field() {
+    let text = "\
+[[teams]]
+name = \"ml\"
+gpu_quota = 4
+monthly_budget_usd = 10.0
+
+[[substrates]]
+name = \"hpc\"
+driver = \"slurm\"
+grace_period = \"5s\"
+
+[substrates.slurm]
+cluster = \"has space\"
+teams = { physics = \"nope\" }
+poll = \"10ms\"
+hold_timeout = \"1s\"
+slurm_conf = \"relative/slurm.conf\"
+
+[[substrates]]
+name = \"plain\"
+driver = \"slurm\"
+";
+    let errs = errors(text);
+    let message = |path: &str| find(&errs, path).message.clone();
+    assert!(message("substrates[0].slurm.cluster").contains("\"has space\""));
+    assert!(message("substrates[0].slurm.teams.physics").contains("no team is named `nope`"));
+    assert!(message("substrates[0].slurm.poll").contains("between 200ms and 5m"));
+    assert!(message("substrates[0].slurm.hold_timeout").contains("at least 10s"));
+    assert!(message("substrates[0].slurm.slurm_conf").contains("absolute path"));
+    assert!(message("substrates[0].grace_period").contains("not a setting of the slurm driver"));
+    assert!(message("substrates[1].driver").contains("the slurm driver needs `slurm`"));
+}

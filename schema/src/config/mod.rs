@@ -776,7 +776,8 @@ pub struct SubstrateConfig {
     pub timeout: Option<Duration>,
     /// webhook: attempts after the first failure.
     pub retries: Option<u32>,
-    /// local: the system account each gpuwarden user's commands run as (`user = "account"`).
+    /// local, slurm: the system account each gpuwarden user's commands (slurm: the jobs gpuwarden
+    /// submits for it) run as (`user = "account"`).
     #[serde(default)]
     pub accounts: BTreeMap<String, String>,
     /// local: a user missing from `accounts` runs as the system account of the same name, if
@@ -786,7 +787,9 @@ pub struct SubstrateConfig {
     /// refused. Default 1000.
     pub min_uid: Option<u32>,
     /// local: where each lease gets a working directory of its own, `<work_dir>/<lease_id>`,
-    /// owned by its account; `<state dir>/work` when unset.
+    /// owned by its account; `<state dir>/work` when unset. slurm: where the jobs gpuwarden
+    /// submits start and write their output (a directory every node sees); the account's home
+    /// when unset.
     pub work_dir: Option<PathBuf>,
     /// local: groups whose members are refused (as good as root); a default list when unset.
     pub denied_groups: Option<Vec<String>>,

@@ -475,6 +475,7 @@ fn substrates(config: &Config, report: Report<'_>) {
                     "same_name_accounts",
                     "min_uid",
                     "denied_groups",
+                    "work_dir",
                 ],
             ),
         };
@@ -576,17 +577,13 @@ fn substrates(config: &Config, report: Report<'_>) {
 fn slurm_settings(config: &Config, i: usize, slurm: &SlurmSettings, report: Report<'_>) {
     let path = |f: &str| vec![key("substrates"), Seg::Index(i), key("slurm"), key(f)];
     let cluster = &slurm.cluster;
-    if cluster.is_empty()
-        || cluster.len() > 64
-        || !cluster
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
-    {
+    if !crate::lease::is_slurm_cluster_name(cluster) {
         report(
             path("cluster"),
             format!(
                 "\"{cluster}\" is not a Slurm cluster name gpuwarden can put in a lease id \
-                 (1 to 64 ASCII letters, digits, '-' or '_')"
+                 (1 to {} ASCII letters, digits, '_', '.' or '-')",
+                crate::lease::SLURM_CLUSTER_NAME_MAX
             ),
         );
     }

@@ -18,8 +18,9 @@
 //! - Provision (a lease admitted through the API): `sbatch` as the user's system account (the
 //!   local driver's `accounts` mapping and refusals), with the lease's command (or `sleep
 //!   infinity`, to hold the GPUs until the lease is released), `--gres=gpu:<type>:<n>`, the
-//!   lease's time limit, and `GPUWARDEN_LEASE_ID` in its environment; the job id is kept in
-//!   `<state_dir>/<lease_id>.json`. The submit hook recognizes the job by that variable and
+//!   lease's time limit, and `GPUWARDEN_LEASE_ID` in its environment, starting in `work_dir`
+//!   (else the account's home) and writing `gpuwarden-<lease id>.out` there; the job id is kept
+//!   in `<state_dir>/<lease_id>.json`. The submit hook recognizes the job by that variable and
 //!   admits it as already admitted.
 //! - Reclaim: the reason goes into the job's comment (`scontrol update … Comment=`), then
 //!   `scancel`; Slurm signals the job and kills it after its `KillWait`. A job already ended
@@ -36,7 +37,7 @@
 pub mod jobs;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,7 @@ pub struct SlurmDriver {
     settings: SlurmSettings,
     bin_dir: PathBuf,
     accounts: Accounts,
+    work_dir: Option<PathBuf>,
     state_dir: PathBuf,
     snapshot: Mutex<Option<Snapshot>>,
     /// Leases whose job the submit hook admitted already (see [`SlurmDriver::claim`]).
@@ -123,6 +125,7 @@ impl SlurmDriver {
             settings,
             bin_dir,
             accounts,
+            work_dir: config.work_dir.clone(),
             state_dir: state_dir(config, context)?,
             snapshot: Mutex::default(),
             claimed: Mutex::default(),
@@ -147,14 +150,16 @@ impl SlurmDriver {
     /// The lease id of the job whose lease is named after `job_id` (an array's id for its
     /// tasks): `slurm-<cluster>-<job_id>`.
     pub fn lease_id(&self, job_id: u64) -> String {
-        format!("slurm-{}-{job_id}", self.settings.cluster)
+        // Slurm's job ids are 32-bit.
+        let job_id = u32::try_from(job_id).unwrap_or(u32::MAX);
+        gpuwarden_schema::lease::slurm_lease_id(&self.settings.cluster, job_id)
     }
 
     /// The job a lease id of [`SlurmDriver::lease_id`]'s form names.
     fn job_of_lease_id(&self, lease_id: &str) -> Option<u64> {
         lease_id
             .strip_prefix("slurm-")?
-            .strip_prefix(self.settings.cluster.as_str())?
+            .strip_prefix(self.settings.cluster.to_ascii_lowercase().as_str())?
             .strip_prefix('-')?
             .parse()
             .ok()
@@ -333,7 +338,12 @@ impl SlurmDriver {
             Some(t) => format!("gpu:{t}:{}", lease.gpu_count),
             None => format!("gpu:{}", lease.gpu_count),
         };
-        let home = account.home().to_path_buf();
+        // Where the job starts and writes its output: `work_dir` (a directory every node sees),
+        // else the account's home.
+        let home = self
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| account.home().to_path_buf());
         let mut args = vec![
             "--parsable".to_owned(),
             format!("--job-name=gpuwarden-{}", lease.lease_id),
@@ -359,7 +369,7 @@ impl SlurmDriver {
             vars.push(("SLURM_CONF", conf.display().to_string()));
         }
         let sbatch = self.bin_dir.join("sbatch");
-        let mut command = account.command(&sbatch.to_string_lossy(), &args, &vars, &home);
+        let mut command = account.command(&sbatch.to_string_lossy(), &args, &vars, Path::new("/"));
         command.env("PATH", format!("{}:/usr/bin:/bin", self.bin_dir.display()));
         let script = Self::script(lease.command.as_ref());
         let mut command = tokio::process::Command::from(command);
@@ -601,7 +611,7 @@ mod tests {
         );
         assert_eq!(
             SlurmDriver::script(None),
-            "#!/bin/sh\nexec 'sleep' 'infinity'\n"
+            "#!/bin/sh\nexec sleep infinity\n"
         );
     }
 }

@@ -1,0 +1,610 @@
+//! Slurm as a substrate, end to end, on a real single-node cluster from Debian's packages
+//! (slurmctld, slurmd, munged; `tests/support/slurm.rs`) with fake GPUs, gpuwarden's submit hook
+//! (`deploy/slurm/job_submit.lua`) installed, and real gpuwarden processes: the enforcer, and
+//! where the test needs the lake, a broker, the pipeline and a collector on the fake NVML.
+//! Users submit with `sbatch` as accounts the tests make (uid >= 1000), as on a real cluster.
+//!
+//! Needs root (slurmd, mknod, accounts); CI runs as root. Without it the tests say so and pass.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::accounts::TestAccount;
+use support::slurm::{can_run_slurm, SlurmCluster, SlurmOptions};
+use support::{eventually, http, sha256_hex, start_fake_nvml_collector, Broker, Psql, Running};
+
+const TOKEN: &str = "slurm-e2e-admin-token";
+const HOOK_TOKEN: &str = "slurm-e2e-hook-token";
+const SIGNING_KEY: &str = "slurm-e2e-signing-key-0123456789abcdef";
+const H100: &str = "NVIDIA H100 80GB HBM3";
+/// The workload policy of batch jobs: idle for 12 s is reclaimed, warned 4 s before.
+const IDLE_TIMEOUT_MS: i64 = 12_000;
+const SIGNALS_EVERY_MS: i64 = 2_000;
+const SAMPLE_EVERY_MS: i64 = 1_000;
+
+fn skip() -> bool {
+    if can_run_slurm() {
+        return false;
+    }
+    eprintln!("skipped: a Slurm cluster needs root (CI runs as root)");
+    true
+}
+
+/// The gpuwarden config: teams `gpu` (quota 4), `lean` (a $1 budget), `a100s` (A100 only) and
+/// `tiny` (a budget of half a cent), every one with `user` as a member; jobs without an account
+/// belong to `gpu`.
+fn write_config(dir: &Path, cluster: &SlurmCluster, user: &str, kafka: &str) -> PathBuf {
+    let path = dir.join("gpuwarden.toml");
+    let text = format!(
+        r#"[kafka]
+brokers = "{kafka}"
+partitions = 3
+
+[storage]
+data_dir = "{data}"
+
+[collector]
+source = "nvml"
+interval = "1s"
+metrics_listen = "127.0.0.1:0"
+slurm_cluster = "{cluster_name}"
+
+[pipeline]
+flush_age = "300ms"
+rollup_every = "1s"
+metrics_listen = "127.0.0.1:0"
+sql_listen = "127.0.0.1:0"
+sql_allow_anonymous = true
+
+[pipeline.signals]
+every = "{every}ms"
+window = "10s"
+
+[pricing]
+default_usd_per_gpu_hour = 1.0
+[[pricing.gpu]]
+match = "h100"
+usd_per_gpu_hour = 4.0
+
+[[teams]]
+name = "gpu"
+members = ["{user}"]
+gpu_quota = 4
+monthly_budget_usd = 10000.0
+
+[[teams]]
+name = "lean"
+members = ["{user}"]
+gpu_quota = 8
+monthly_budget_usd = 1.0
+
+[[teams]]
+name = "a100s"
+members = ["{user}"]
+gpu_quota = 8
+monthly_budget_usd = 10000.0
+allowed_models = ["A100"]
+
+[[teams]]
+name = "tiny"
+members = ["{user}"]
+gpu_quota = 8
+monthly_budget_usd = 0.005
+
+[workloads.batch]
+max_gpus = 8
+max_duration = "2h"
+idle_timeout = "{idle}ms"
+warn_before = "4s"
+on_idle = "reclaim"
+
+[signing]
+key = "{key}"
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[[substrates]]
+name = "hpc"
+driver = "slurm"
+same_name_accounts = true
+work_dir = "{jobs}"
+
+[substrates.slurm]
+cluster = "{cluster_name}"
+slurm_conf = "{conf}"
+poll = "500ms"
+hold_timeout = "15s"
+teams = {{ "" = "gpu" }}
+models = {{ h100 = "{H100}" }}
+
+[[tokens]]
+name = "admin"
+sha256 = "{admin}"
+role = "admin"
+
+[[tokens]]
+name = "slurm-hook"
+sha256 = "{hook}"
+role = "service"
+teams = ["gpu", "lean", "a100s", "tiny"]
+"#,
+        data = dir.join("data").display(),
+        cluster_name = cluster.name,
+        every = SIGNALS_EVERY_MS,
+        idle = IDLE_TIMEOUT_MS,
+        key = SIGNING_KEY,
+        jobs = cluster.jobs_dir.display(),
+        conf = cluster.conf_path().display(),
+        admin = sha256_hex(TOKEN),
+        hook = sha256_hex(HOOK_TOKEN),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The hook's gpuwarden.conf, pointing at `url`.
+fn write_hook_conf(dir: &Path, url: &str) {
+    let token = dir.join("hook.token");
+    std::fs::write(&token, HOOK_TOKEN).unwrap();
+    std::fs::write(
+        dir.join("gpuwarden.conf"),
+        format!(
+            "url = {url}\nsubstrate = hpc\ntoken_file = {}\ntimeout = 0.5\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+}
+
+fn hook_lua() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/slurm/job_submit.lua")
+}
+
+/// A cluster named `name` with gpuwarden's hook, whose conf (under `dir`) is written later.
+fn cluster(dir: &Path, name: &str) -> SlurmCluster {
+    let conf = dir.join("gpuwarden.conf");
+    write_hook_conf(dir, "http://127.0.0.1:9");
+    let lua = hook_lua();
+    SlurmCluster::start(
+        &dir.join("slurm"),
+        &SlurmOptions {
+            cluster_name: name,
+            hook: Some((&lua, &conf)),
+            ..SlurmOptions::default()
+        },
+    )
+}
+
+/// The enforcer on `config`, and its API address (`host:port`).
+fn start_enforcer(config: &Path) -> (Running, String) {
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let running = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = running["api"]
+        .as_str()
+        .expect("the api field")
+        .trim_start_matches("http://")
+        .to_string();
+    (enforcer, api)
+}
+
+fn get(api: &str, path: &str) -> Value {
+    let (status, body) = http(api, "GET", path, Some(TOKEN), None);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn lease(api: &str, id: &str) -> Option<Value> {
+    let (status, body) = http(api, "GET", &format!("/v1/leases/{id}"), Some(TOKEN), None);
+    (status == 200).then(|| serde_json::from_str(&body).unwrap())
+}
+
+/// Waits until lease `id` satisfies `ok`; returns it.
+fn lease_when(api: &str, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    eventually(what, Duration::from_secs(60), || match lease(api, id) {
+        Some(l) if ok(&l) => Ok(l),
+        other => Err(format!("{other:?}")),
+    })
+}
+
+/// `gpuwarden leases` as an admin.
+fn cli_leases(api: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["leases", "--format", "json"])
+        .env("GPUWARDEN_API", api)
+        .env("GPUWARDEN_TOKEN", TOKEN)
+        .output()
+        .expect("runs gpuwarden")
+}
+
+fn denied(result: Result<u32, String>, code: &str) -> String {
+    match result {
+        Ok(job) => panic!("job {job} was submitted; {code} was expected"),
+        Err(stderr) => {
+            assert!(
+                stderr.contains("gpuwarden: denied") && stderr.contains(code),
+                "sbatch's message names {code}: {stderr}"
+            );
+            stderr
+        }
+    }
+}
+
+/// How many decisions the hook has logged.
+fn hook_calls(cluster: &SlurmCluster) -> usize {
+    cluster
+        .hook_log()
+        .iter()
+        .filter(|l| l.contains("decision="))
+        .count()
+}
+
+#[test]
+fn a_gpu_job_is_admitted_at_sbatch_runs_as_a_lease_and_is_priced_in_team_hourly() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let user = TestAccount::create("sl1");
+    let cluster = cluster(dir.path(), "gwe2e");
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &cluster, &user.name, &broker.bootstrap);
+    let (pipeline, sql_port) = support::start_pipeline_with_sql(&config);
+    let psql = Psql::new(sql_port, "anyone", None);
+    let (enforcer, api) = start_enforcer(&config);
+    write_hook_conf(dir.path(), &format!("http://{api}"));
+    cluster.reload_hook();
+
+    // A team within quota asks for two H100s with sbatch.
+    let job = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:2", "-t", "5", "--wrap", "sleep 8"],
+        )
+        .expect("admitted at sbatch");
+    let id = format!("slurm-{}-{job}", cluster.name);
+    let active = lease_when(&api, &id, "the job's lease is active", |l| {
+        l["state"] == "active"
+    });
+    assert_eq!(active["team"], "gpu", "{active}");
+    assert_eq!(active["user"], user.name.as_str(), "{active}");
+    assert_eq!(active["gpu_count"], 2, "{active}");
+    assert_eq!(active["gpu_model"], H100, "{active}");
+    assert_eq!(active["substrate"], "hpc", "{active}");
+    let listed = cli_leases(&api);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&id),
+        "gpuwarden leases shows {id}: {}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+    // The hook set the job's admin comment (its hold) and kept the asked-for time limit.
+    let queued = cluster.job_json(job).expect("the job is queued");
+    assert!(
+        queued["admin_comment"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("gpuwarden:hold=hold-"),
+        "{queued}"
+    );
+    assert_eq!(queued["time_limit"], 5, "{queued}");
+
+    // It ends by itself: the lease is released, and the lake has its grant and release.
+    cluster.wait_state(job, &["COMPLETED"], Duration::from_secs(60));
+    let released = lease_when(&api, &id, "the lease is released", |l| {
+        l["state"] == "released"
+    });
+    assert_eq!(released["release_reason"], "user", "{released}");
+    let events = format!(
+        "SELECT string_agg(event, ',' ORDER BY ts_ms), min(ts_ms), max(ts_ms) FROM lease_events \
+         WHERE lease_id = '{id}'"
+    );
+    let (granted, ended) = eventually(
+        "the lease's events in the lake",
+        Duration::from_secs(60),
+        || {
+            let row = psql.one(&events);
+            let f: Vec<&str> = row.split('|').collect();
+            if f[0] == "granted,released" {
+                Ok((f[1].parse::<f64>().unwrap(), f[2].parse::<f64>().unwrap()))
+            } else {
+                Err(row)
+            }
+        },
+    );
+    // 2 GPUs for its lifetime at $4 an hour, all of team gpu's.
+    let want_hours = 2.0 * (ended - granted) / 3_600_000.0;
+    assert!(want_hours > 0.0);
+    let team = "SELECT sum(allocated_gpu_hours), sum(cost_usd) FROM team_hourly WHERE team = 'gpu'";
+    eventually(
+        "the job's cost in team_hourly",
+        Duration::from_secs(60),
+        || {
+            let row = psql.one(team);
+            let f: Vec<f64> = row.split('|').filter_map(|v| v.parse().ok()).collect();
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1e-9);
+            if f.len() == 2 && close(f[0], want_hours) && close(f[1], want_hours * 4.0) {
+                Ok(())
+            } else {
+                Err(format!("{row}, want {want_hours} GPU-hours"))
+            }
+        },
+    );
+
+    // An array is decided once for all its tasks: 4 tasks of 1 GPU, 2 at once, hold 2 GPUs as
+    // one lease named after the array's job id, released when its last task ends.
+    let before = hook_calls(&cluster);
+    let array = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gpus=1", "-a", "0-3%2", "-t", "2", "--wrap", "sleep 2"],
+        )
+        .expect("the array is admitted");
+    assert_eq!(
+        hook_calls(&cluster),
+        before + 1,
+        "{:#?}",
+        cluster.hook_log()
+    );
+    let array_id = format!("slurm-{}-{array}", cluster.name);
+    let held = lease_when(&api, &array_id, "the array's lease", |l| {
+        l["state"] == "active" || l["state"] == "released"
+    });
+    assert_eq!(held["gpu_count"], 2, "{held}");
+    lease_when(&api, &array_id, "the array's lease is released", |l| {
+        l["state"] == "released"
+    });
+    for (name, process) in [("enforcer", enforcer), ("pipeline", pipeline)] {
+        let (status, log) = process.terminate(Duration::from_secs(60));
+        assert!(status.success(), "{name}: {status:?}\n{}", log.join("\n"));
+    }
+}
+
+#[test]
+fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_with_reasons() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let user = TestAccount::create("sl2");
+    let cluster = cluster(dir.path(), "gwdeny");
+    let config = write_config(dir.path(), &cluster, &user.name, "embedded");
+    let (enforcer, api) = start_enforcer(&config);
+    write_hook_conf(dir.path(), &format!("http://{api}"));
+    cluster.reload_hook();
+    let sbatch = |args: &[&str]| cluster.sbatch_as(&user.name, args);
+
+    denied(
+        sbatch(&["--gres=gpu:h100:5", "--wrap", "true"]),
+        "quota_exceeded",
+    );
+    // $4/h for 60 min against a $1 budget.
+    denied(
+        sbatch(&[
+            "--account=lean",
+            "--gres=gpu:h100:1",
+            "-t",
+            "60",
+            "--wrap",
+            "true",
+        ]),
+        "budget_exceeded",
+    );
+    let stderr = denied(
+        sbatch(&["--account=a100s", "--gres=gpu:h100:1", "--wrap", "true"]),
+        "model_not_allowed",
+    );
+    assert!(stderr.contains("estimate $4.00/h"), "{stderr}");
+    // An array is decided once, for the tasks that may run at once: 10 x 1 GPU is over quota.
+    let before = hook_calls(&cluster);
+    denied(
+        sbatch(&["--gpus=1", "-a", "0-9", "--wrap", "true"]),
+        "quota_exceeded",
+    );
+    assert_eq!(hook_calls(&cluster), before + 1);
+
+    // Root's job bypasses the hook: the watcher adopts it for the team its account maps to, and
+    // its cost takes team tiny past its half-cent budget, which blocks the team's new jobs.
+    let root_job = cluster
+        .sbatch_as(
+            "root",
+            &["--account=tiny", "--gres=gpu:h100:2", "--wrap", "sleep 120"],
+        )
+        .expect("root's job is not asked about");
+    let adopted = format!("slurm-{}-{root_job}", cluster.name);
+    let lease = lease_when(&api, &adopted, "root's job is adopted", |l| {
+        l["state"] == "active"
+    });
+    assert_eq!(lease["team"], "tiny", "{lease}");
+    assert_eq!(lease["labels"]["slurm_adopted"], "true", "{lease}");
+    eventually("team tiny is blocked", Duration::from_secs(60), || {
+        let team = get(&api, "/v1/teams/tiny");
+        if team["blocked"] == true {
+            Ok(())
+        } else {
+            Err(team)
+        }
+    });
+    denied(
+        sbatch(&[
+            "--account=tiny",
+            "--gres=gpu:h100:1",
+            "-t",
+            "1",
+            "--wrap",
+            "true",
+        ]),
+        "team_blocked",
+    );
+    // A root job whose account maps to no team is reported, not adopted.
+    let stray = cluster
+        .sbatch_as(
+            "root",
+            &[
+                "--account=nobodys",
+                "--gres=gpu:h100:1",
+                "--wrap",
+                "sleep 120",
+            ],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(lease(&api, &format!("slurm-{}-{stray}", cluster.name)).is_none());
+    cluster
+        .command("scancel")
+        .args([root_job.to_string(), stray.to_string()])
+        .status()
+        .unwrap();
+    lease_when(
+        &api,
+        &adopted,
+        "the adopted job's lease ends with it",
+        |l| l["state"] == "released",
+    );
+
+    // With the enforcer down, the hook fails closed: GPU jobs are rejected, CPU jobs pass.
+    let (status, log) = enforcer.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}\n{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("reported as unattributed")),
+        "{}",
+        log.join("\n")
+    );
+    let stderr = sbatch(&["--gres=gpu:h100:1", "--wrap", "true"]).unwrap_err();
+    assert!(stderr.contains("gpuwarden is unavailable"), "{stderr}");
+    sbatch(&["--wrap", "true"]).expect("a CPU job needs no admission");
+}
+
+#[test]
+fn an_idle_slurm_job_is_warned_then_cancelled_with_scancel() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let user = TestAccount::create("sl3");
+    let cluster = cluster(dir.path(), "gwidle");
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &cluster, &user.name, &broker.bootstrap);
+    let (pipeline, sql_port) = support::start_pipeline_with_sql(&config);
+    let psql = Psql::new(sql_port, "anyone", None);
+    let (enforcer, api) = start_enforcer(&config);
+    write_hook_conf(dir.path(), &format!("http://{api}"));
+    cluster.reload_hook();
+
+    // The job's process writes its pid and sleeps: its GPU does nothing.
+    let pid_file = cluster.jobs_dir.join("idle.pid");
+    let job = cluster
+        .sbatch_as(
+            &user.name,
+            &[
+                "--gres=gpu:h100:1",
+                "--wrap",
+                &format!("echo $$ > {}; exec sleep 300", pid_file.display()),
+            ],
+        )
+        .expect("admitted");
+    let id = format!("slurm-{}-{job}", cluster.name);
+    let pid: u32 = eventually("the job's pid", Duration::from_secs(60), || {
+        std::fs::read_to_string(&pid_file)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                t.trim()
+                    .parse()
+                    .map_err(|e: std::num::ParseIntError| e.to_string())
+            })
+    });
+    // The node's collector sees that process on a GPU at 0 %: its lease is found from the
+    // process's Slurm job, with no GPUWARDEN_LEASE_ID anywhere.
+    let script = dir.path().join("nvml.json");
+    std::fs::write(
+        &script,
+        serde_json::json!({"devices": [{
+            "uuid": "GPU-51a7e2e0-1111-2222-3333-444444444444",
+            "name": H100,
+            "index": 0,
+            "memory_total_bytes": 85899345920u64,
+            "memory_used_bytes": [1073741824u64],
+            "util_gpu_pct": [0],
+            "util_mem_pct": [0],
+            "power_mw": [70000],
+            "power_limit_mw": 700000,
+            "energy_mj": [1000],
+            "temp_c": [35],
+            "sm_clock_mhz": [345],
+            "processes": [[{"pid": pid, "used_memory_bytes": 1073741824u64}]]
+        }]})
+        .to_string(),
+    )
+    .unwrap();
+    let (collector, _) = start_fake_nvml_collector(&config, &script);
+
+    let released = eventually(
+        "the idle job's lease is reclaimed",
+        Duration::from_secs(90),
+        || match lease(&api, &id) {
+            Some(l) if l["state"] == "released" => Ok(l),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    assert_eq!(released["release_reason"], "idle", "{released}");
+    // Slurm cancelled it, and says why in its comment.
+    let state = cluster.wait_state(job, &["CANCELLED"], Duration::from_secs(30));
+    assert_eq!(state, "CANCELLED");
+    let running = cluster
+        .command("squeue")
+        .args(["-h", "-t", "RUNNING,PENDING", "-j", &job.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&running.stdout).trim().is_empty(),
+        "squeue still shows it: {}",
+        String::from_utf8_lossy(&running.stdout)
+    );
+    let shown = cluster.job_json(job).expect("still known for MinJobAge");
+    assert_eq!(shown["comment"], "gpuwarden: reclaimed (idle)", "{shown}");
+    // The lake's actions: warned, then reclaimed by a signal within the idle timeout plus one
+    // signal period (and two sample intervals: the first idle sample, and the one past the
+    // boundary that closes it).
+    let actions = format!(
+        "SELECT action, reason FROM actions WHERE lease_id = '{id}' ORDER BY ts_ms, action"
+    );
+    eventually(
+        "the warning and the reclaim in actions",
+        Duration::from_secs(60),
+        || {
+            let rows = psql.rows(&actions);
+            let want = ["admit|admitted", "alert|idle_warning", "reclaim|idle"];
+            if want.iter().all(|w| rows.iter().any(|r| r == w)) {
+                Ok(())
+            } else {
+                Err(rows)
+            }
+        },
+    );
+    let detail = psql.one(&format!(
+        "SELECT detail FROM actions WHERE lease_id = '{id}' AND action = 'reclaim'"
+    ));
+    let idle_for = detail
+        .rsplit_once("idle for ")
+        .expect("the reclaim says how long")
+        .1;
+    let idle_for = humantime::parse_duration(idle_for).unwrap().as_millis() as i64;
+    eprintln!("idle reclaim of a Slurm job: triggered by a signal of {idle_for} ms idle (timeout {IDLE_TIMEOUT_MS} ms)");
+    assert!(
+        (IDLE_TIMEOUT_MS..=IDLE_TIMEOUT_MS + SIGNALS_EVERY_MS + 2 * SAMPLE_EVERY_MS)
+            .contains(&idle_for),
+        "reclaimed by a signal of {idle_for} ms idle: {detail}"
+    );
+    for (name, process) in [
+        ("collector", collector),
+        ("enforcer", enforcer),
+        ("pipeline", pipeline),
+    ] {
+        let (status, log) = process.terminate(Duration::from_secs(60));
+        assert!(status.success(), "{name}: {status:?}\n{}", log.join("\n"));
+    }
+}
