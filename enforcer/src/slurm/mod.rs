@@ -31,7 +31,7 @@ use crate::fields;
 use crate::policy::{AdmissionRequest, Decision, Principal};
 use crate::service::{Service, ServiceError};
 use crate::store::LeaseState;
-use gpuwarden_schema::config::{SlurmTeamFrom, SlurmWorkloadFrom};
+use gpuwarden_schema::config::{Role, SlurmTeamFrom, SlurmWorkloadFrom};
 use gpuwarden_schema::Workload;
 
 /// The `admin_comment` prefix of a job admitted at submission: `gpuwarden:hold=<hold id>`.
@@ -184,6 +184,17 @@ fn slurm_of<'a>(
     drivers.slurm()
 }
 
+/// Only the cluster's hook speaks for its users: a service or an admin token.
+fn check_hook(principal: &Principal) -> Result<(), ServiceError> {
+    match principal.role {
+        Role::Admin | Role::Service => Ok(()),
+        _ => Err(ServiceError::Forbidden(format!(
+            "{} may not speak for a Slurm cluster: the submit hook needs a service or admin token",
+            principal.name
+        ))),
+    }
+}
+
 /// Decides a job being submitted to Slurm substrate `substrate`.
 pub async fn submit(
     service: &Service,
@@ -191,6 +202,7 @@ pub async fn submit(
     substrate: &str,
     request: SubmitRequest,
 ) -> Result<Answer, ServiceError> {
+    check_hook(principal)?;
     let driver = service.driver_named(substrate).ok_or_else(|| {
         ServiceError::NotFound(format!("there is no substrate named {substrate}"))
     })?;
@@ -212,6 +224,7 @@ pub async fn submit(
     if let Some(lease_id) = &request.lease_id {
         return Ok(claim(
             service,
+            principal,
             slurm,
             substrate,
             &request.user,
@@ -384,9 +397,13 @@ fn denial(team: &str, model: Option<&str>, gpus: u32, decision: &Decision) -> St
 }
 
 /// Admits a job the driver submitted for lease `lease_id`, once: the lease must be open,
-/// `granted`, on this substrate, the user's, and hold the job's GPUs.
+/// `granted`, on this substrate, the user's, one the caller may act for, hold the job's GPUs,
+/// and have no job yet (none claimed it since the enforcer started, and the driver keeps no job
+/// for it).
+#[allow(clippy::too_many_arguments)]
 async fn claim(
     service: &Service,
+    principal: &Principal,
     slurm: &SlurmDriver,
     substrate: &str,
     user: &str,
@@ -406,6 +423,9 @@ async fn claim(
     };
     if lease.substrate != substrate || lease.user != user {
         return refused("is not a lease of this user on this cluster");
+    }
+    if principal.write_refusal(&lease.team, &lease.user).is_some() {
+        return refused("is not a lease this hook may act for");
     }
     if lease.state != LeaseState::Granted || u64::from(lease.gpu_count) < gpus {
         return refused("is not waiting for a job of this size");
@@ -428,6 +448,7 @@ pub async fn modify(
     substrate: &str,
     request: ModifyRequest,
 ) -> Result<Answer, ServiceError> {
+    check_hook(principal)?;
     let driver = service.driver_named(substrate).ok_or_else(|| {
         ServiceError::NotFound(format!("there is no substrate named {substrate}"))
     })?;

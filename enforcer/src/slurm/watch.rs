@@ -160,7 +160,7 @@ impl Watcher {
             id
         } else if open.contains_key(&job_lease) {
             job_lease
-        } else if let Some(hold) = comment(HOLD_COMMENT).filter(|h| open.contains_key(h)) {
+        } else if let Some(hold) = self.open_hold(service, open, comment(HOLD_COMMENT)).await? {
             let state = if running {
                 LeaseState::Active
             } else {
@@ -198,6 +198,25 @@ impl Watcher {
         };
         self.settle(service, &id, lease.state, running, pending, &phases)
             .await
+    }
+
+    /// Hold `hold`, if it is open: in `open`, or admitted since `open` was read.
+    async fn open_hold(
+        &self,
+        service: &Service,
+        open: &BTreeMap<String, Lease>,
+        hold: Option<String>,
+    ) -> Result<Option<String>, ServiceError> {
+        let Some(hold) = hold else { return Ok(None) };
+        if open.contains_key(&hold) {
+            return Ok(Some(hold));
+        }
+        let now_open = service
+            .store()
+            .lease(&hold)
+            .await?
+            .is_some_and(|l| l.state.is_open());
+        Ok(now_open.then_some(hold))
     }
 
     /// Moves lease `id` (now `state`) to where its jobs are.

@@ -136,6 +136,10 @@ impl SlurmDriver {
     /// Claims lease `lease_id` for the job being submitted with its id: true the first time, so
     /// that a second job naming the same lease is refused. Forgotten when the lease is reclaimed.
     pub fn claim(&self, lease_id: &str) -> bool {
+        // A job the driver submitted before a restart is on record.
+        if self.submitted(lease_id).is_some() {
+            return false;
+        }
         self.claimed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
