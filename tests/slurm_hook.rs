@@ -194,7 +194,10 @@ fn a_gpu_job_sees_the_gpus_slurm_gave_it() {
         format!("SLURM_JOB_ID={job}"),
         format!("uid={}", user.uid()),
     ] {
-        assert!(vars.contains(&expected.as_str()), "no {expected} in:\n{out}");
+        assert!(
+            vars.contains(&expected.as_str()),
+            "no {expected} in:\n{out}"
+        );
     }
 }
 
@@ -207,7 +210,10 @@ fn with_the_enforcer_unreachable_gpu_jobs_are_rejected_and_cpu_jobs_pass() {
     let cluster = cluster_with_hook(dir.path(), &conf);
 
     let error = cluster
-        .sbatch_as(&user.name, &["--gres=gpu:h100:1", "--hold", "--wrap", "true"])
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
         .expect_err("a GPU job without an answer is rejected");
     assert!(
         error.contains("sbatch: error: gpuwarden is unavailable"),
@@ -236,7 +242,10 @@ fn on_unavailable_admit_lets_gpu_jobs_in_while_the_enforcer_is_unreachable() {
     let conf = hook_conf(dir.path(), &closed_port_url(), "on_unavailable = admit");
     let cluster = cluster_with_hook(dir.path(), &conf);
     let job = cluster
-        .sbatch_as(&user.name, &["--gres=gpu:h100:1", "--hold", "--wrap", "true"])
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
         .expect("admitted without an answer");
     assert_eq!(cluster.job_state(job).unwrap(), "PENDING");
     let log = cluster.hook_log();
@@ -257,7 +266,10 @@ fn an_enforcer_that_never_answers_fails_the_call_at_the_timeout() {
     let cluster = cluster_with_hook(dir.path(), &conf);
     let started = Instant::now();
     let error = cluster
-        .sbatch_as(&user.name, &["--gres=gpu:h100:1", "--hold", "--wrap", "true"])
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
         .expect_err("no answer is a failure, and failure rejects");
     let took = started.elapsed();
     eprintln!("sbatch against a silent enforcer (timeout = 1 s) took {took:?}");
@@ -297,7 +309,9 @@ fn the_hook_sends_the_protocol_s_fields_and_the_user_sees_a_denial() {
         }
         body
     };
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, Value)> = vec![
+    // sbatch's options, its environment, the body the hook must send.
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Value);
+    let cases: Vec<Case> = vec![
         (
             vec!["--gres=gpu:h100:2"],
             vec![],
@@ -419,7 +433,10 @@ fn changing_a_pending_job_s_gpus_asks_the_enforcer_again() {
     let conf = hook_conf(dir.path(), &enforcer.url, "");
     let cluster = cluster_with_hook(dir.path(), &conf);
     let job = cluster
-        .sbatch_as(&user.name, &["--gres=gpu:h100:1", "--hold", "--wrap", "true"])
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
         .unwrap();
     let update = |spec: &str| {
         cluster
@@ -475,5 +492,38 @@ fn changing_a_pending_job_s_gpus_asks_the_enforcer_again() {
     assert_eq!(
         cluster.job_json(job).unwrap()["tres_per_node"],
         "gres:gpu:h100:2"
+    );
+}
+
+#[test]
+fn an_answer_the_hook_cannot_read_is_a_failure() {
+    needs_root!();
+    let user = TestAccount::create("bad");
+    let dir = tempfile::tempdir().unwrap();
+    let enforcer = FakeEnforcer::start(Some("maybe\nmessage=this is not the protocol\n"));
+    let conf = hook_conf(dir.path(), &enforcer.url, "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("an unreadable answer rejects");
+    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(!error.contains("not the protocol"), "{error}");
+    enforcer.answer("admit\ntime_limit=soon\n");
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("a time_limit that is not a number rejects");
+    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert_eq!(enforcer.seen().len(), 2);
+    let log = cluster.hook_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("reason=unavailable") && l.contains("neither admit nor deny")),
+        "{log:#?}"
     );
 }

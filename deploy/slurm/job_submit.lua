@@ -228,11 +228,7 @@ local function guarded(what, who, job_desc, url_field, body_fn)
       return call(CONF[url_field], body_fn())
    end)
    if not ok then answer, failure = nil, "Lua error: " .. tostring(answer) end
-   local dok, result = pcall(decide, what, who, job_desc, answer, failure, started)
-   if dok then return result end
-   slurm.log_error("gpuwarden: %s Lua error while deciding: %s", what, one_line(result))
-   if CONF ~= nil and CONF.on_unavailable == "admit" then return slurm.SUCCESS end
-   return slurm.ERROR
+   return decide(what, who, job_desc, answer, failure, started)
 end
 
 local function asks_gpu(tres)
@@ -242,13 +238,13 @@ end
 ---------------------------------------------------------------------------------------------------
 -- Slurm's entry points.
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
+local function submit(job_desc, submit_uid)
    local gpu = false
    for _, field in ipairs(TRES_FIELDS) do
       if asks_gpu(job_desc[field]) then gpu = true end
    end
    if not gpu or submit_uid == 0 then return slurm.SUCCESS end
-   local who = string.format("user=%s uid=%d", tostring(job_desc.user_name), submit_uid)
+   local who = string.format("user=%s uid=%s", tostring(job_desc.user_name), tostring(submit_uid))
    return guarded("submit", who, job_desc, "submit_url", function()
       local env = job_desc.environment
       local lease_id = nil
@@ -275,7 +271,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    end)
 end
 
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+local function modify(job_desc, job_rec, modify_uid)
    local changed = false
    for _, field in ipairs(TRES_FIELDS) do
       local new = job_desc[field]
@@ -283,8 +279,8 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    end
    -- A job of root was admitted without a call; its changes are not gpuwarden's to judge.
    if not changed or job_rec.user_id == 0 then return slurm.SUCCESS end
-   local who = string.format("job=%s uid=%s by_uid=%d", tostring(job_rec.job_id),
-      tostring(job_rec.user_id), modify_uid)
+   local who = string.format("job=%s uid=%s by_uid=%s", tostring(job_rec.job_id),
+      tostring(job_rec.user_id), tostring(modify_uid))
    return guarded("modify", who, job_desc, "modify_url", function()
       local function new_or_old(field)
          local v = job_desc[field]
@@ -304,6 +300,28 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
          { "num_tasks", new_or_old("num_tasks") },
       })
    end)
+end
+
+-- A Lua error escaping to Slurm would let the job through: everything runs under pcall, and an
+-- error outside the call follows on_unavailable too.
+local function failed(what, err)
+   slurm.log_error("gpuwarden: %s Lua error: %s", what, one_line(err))
+   if CONF ~= nil and CONF.on_unavailable == "admit" then return slurm.SUCCESS end
+   slurm.log_user("%s", "gpuwarden's Slurm hook failed, so GPU jobs cannot be admitted now; "
+      .. "ask your administrator")
+   return slurm.ERROR
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local ok, result = pcall(submit, job_desc, submit_uid)
+   if ok then return result end
+   return failed("submit", result)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   local ok, result = pcall(modify, job_desc, job_rec, modify_uid)
+   if ok then return result end
+   return failed("modify", result)
 end
 
 if CONF ~= nil then

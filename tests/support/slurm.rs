@@ -89,7 +89,10 @@ impl SlurmCluster {
             let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
                 .iter()
                 .any(|d| Path::new(d).join(program).exists());
-            assert!(found, "{program} is not installed: apt-get install {SLURM_PACKAGES}");
+            assert!(
+                found,
+                "{program} is not installed: apt-get install {SLURM_PACKAGES}"
+            );
         }
         ensure_munged();
 
@@ -392,7 +395,10 @@ PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscri
 
     /// Cancels every job and waits (up to 20 s) until none is running or completing.
     pub fn cancel_all(&self) {
-        let _ = self.command("scancel").args(["--partition", "gpu"]).output();
+        let _ = self
+            .command("scancel")
+            .args(["--partition", "gpu"])
+            .output();
         let until = Instant::now() + Duration::from_secs(20);
         while Instant::now() < until {
             let out = self
