@@ -2,7 +2,7 @@
 //! process, read its JSON logs as they come, stop it with a signal; ask its SQL endpoint with
 //! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
 //! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does; `pki`
-//! makes the CAs and certificates of the TLS tests.
+//! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster.
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
@@ -12,6 +12,7 @@ pub mod accounts;
 pub mod grafana;
 pub mod pki;
 pub mod prometheus;
+pub mod slurm;
 
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,331 @@
+-- gpuwarden's job_submit/lua hook for Slurm (22.05 and later; Lua 5.1 with lua-socket).
+--
+-- Every GPU job submitted to this cluster is first put to gpuwarden's enforcer, which answers
+-- admit or deny and may set the job's admin_comment and time_limit; the enforcer's watcher then
+-- follows the job as lease slurm-<ClusterName>-<job id>. The hook stays thin: it sends Slurm's
+-- raw fields and leaves GPU counting, GRES types, arrays and the mapping to teams and workloads
+-- to gpuwarden (docs: the Slurm protocol). Jobs without a GPU request and jobs of root pass
+-- without a call. A pending job whose GPU request changes (scontrol update ... Gres=) is put to
+-- the enforcer again through slurm_job_modify.
+--
+-- Install: copy this file beside slurm.conf (Slurm loads job_submit.lua from there), set
+-- JobSubmitPlugins=lua in slurm.conf, and write /etc/slurm/gpuwarden.conf (or the file named by
+-- GPUWARDEN_HOOK_CONF in slurmctld's environment; see gpuwarden.conf.example). The file and the
+-- token are read once when slurmctld loads this script; `scontrol reconfigure` reloads both.
+--
+-- Failure is explicit: a call that fails (connection refused, timeout, a status other than 200,
+-- an answer it cannot read) and any Lua error in this file follow `on_unavailable` (reject by
+-- default), never Slurm's own rule for a failing script, which lets the job through.
+--
+-- Each decision is one line in slurmctld's log, with the call's latency in milliseconds:
+--   gpuwarden: submit decision=admit reason=answer user=alice uid=1001 latency_ms=1.07
+-- (bench/slurm.sh reads latency_ms from these lines).
+
+local socket = require("socket")
+local http = require("socket.http")
+local ltn12 = require("ltn12")
+
+local CONF_PATH = os.getenv("GPUWARDEN_HOOK_CONF") or "/etc/slurm/gpuwarden.conf"
+
+-- Values Slurm uses for "not set" and "unlimited"; such numbers are sent as null.
+local UNSET_NUMBERS = {
+   [4294967294] = true, [4294967295] = true, -- NO_VAL, INFINITE
+   [65534] = true, [65535] = true,           -- NO_VAL16, INFINITE16
+}
+for _, name in ipairs({ "NO_VAL", "NO_VAL16", "NO_VAL64", "INFINITE", "INFINITE16", "INFINITE64" }) do
+   if slurm[name] ~= nil then UNSET_NUMBERS[slurm[name]] = true end
+end
+
+-- What a denial returns: sbatch prints the message given with log_user, then "Batch job
+-- submission failed: Access/permission denied". scontrol update (22.05) prints only the latter,
+-- the message stays in slurmctld's log.
+local DENIED = slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+
+local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
+
+---------------------------------------------------------------------------------------------------
+-- Configuration, read once at load.
+
+local function trim(s)
+   return (string.gsub(s, "^%s*(.-)%s*$", "%1"))
+end
+
+-- Returns the configuration table, or nil and a sentence saying what is wrong.
+local function read_conf(path)
+   local file, err = io.open(path, "r")
+   if file == nil then return nil, "cannot read " .. path .. ": " .. tostring(err) end
+   local conf = { timeout = 0.5, on_unavailable = "reject" }
+   local n = 0
+   for line in file:lines() do
+      n = n + 1
+      line = trim(string.gsub(line, "#.*$", ""))
+      if line ~= "" then
+         local key, value = string.match(line, "^([%w_]+)%s*=%s*(.-)$")
+         if key == nil then
+            file:close()
+            return nil, string.format("%s line %d: expected `key = value`", path, n)
+         end
+         conf[key] = value
+      end
+   end
+   file:close()
+   for _, key in ipairs({ "url", "substrate", "token_file" }) do
+      if conf[key] == nil or conf[key] == "" then
+         return nil, string.format("%s: `%s` is required", path, key)
+      end
+   end
+   conf.url = string.gsub(conf.url, "/+$", "")
+   conf.timeout = tonumber(conf.timeout)
+   if conf.timeout == nil or conf.timeout <= 0 then
+      return nil, path .. ": `timeout` must be a positive number of seconds"
+   end
+   if conf.on_unavailable ~= "reject" and conf.on_unavailable ~= "admit" then
+      return nil, path .. ": `on_unavailable` must be reject or admit"
+   end
+   local token_file, terr = io.open(conf.token_file, "r")
+   if token_file == nil then
+      return nil, "cannot read token_file " .. conf.token_file .. ": " .. tostring(terr)
+   end
+   conf.token = trim(token_file:read("*a") or "")
+   token_file:close()
+   if conf.token == "" then return nil, "token_file " .. conf.token_file .. " is empty" end
+   conf.submit_url = conf.url .. "/v1/slurm/" .. conf.substrate .. "/submit"
+   conf.modify_url = conf.url .. "/v1/slurm/" .. conf.substrate .. "/modify"
+   return conf
+end
+
+-- Without a readable configuration every GPU job is rejected: nothing says admitting is wanted.
+local CONF, CONF_ERROR = read_conf(CONF_PATH)
+if CONF == nil then
+   slurm.log_error("gpuwarden: %s; GPU jobs are rejected until it is fixed (scontrol reconfigure)",
+      CONF_ERROR)
+end
+
+---------------------------------------------------------------------------------------------------
+-- JSON encoding of the request.
+
+local ESCAPES = { ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+   ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
+
+local function json_string(s)
+   return '"' .. string.gsub(s, '[%c"\\]', function(c)
+      return ESCAPES[c] or string.format("\\u%04x", string.byte(c))
+   end) .. '"'
+end
+
+local function json_value(v)
+   local t = type(v)
+   if t == "string" then return json_string(v) end
+   if t == "number" then
+      if v ~= v or v == math.huge or v == -math.huge or UNSET_NUMBERS[v] then return "null" end
+      if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
+      return string.format("%.17g", v)
+   end
+   if t == "boolean" then return tostring(v) end
+   return "null"
+end
+
+-- `fields` is a list of {name, value} pairs, so that the body keeps the protocol's order.
+local function json_object(fields)
+   local parts = {}
+   for i, kv in ipairs(fields) do
+      parts[i] = json_string(kv[1]) .. ":" .. json_value(kv[2])
+   end
+   return "{" .. table.concat(parts, ",") .. "}"
+end
+
+---------------------------------------------------------------------------------------------------
+-- The call and its answer.
+
+-- Reads the answer's lines; returns {decision=, admin_comment=, time_limit=, message=} or nil and
+-- what is wrong with it.
+local function parse_answer(body)
+   local answer = nil
+   for line in string.gmatch(body, "[^\n]+") do
+      line = string.gsub(line, "\r$", "")
+      if answer == nil then
+         line = trim(line)
+         if line ~= "admit" and line ~= "deny" then
+            return nil, "the answer's first line is neither admit nor deny"
+         end
+         answer = { decision = line }
+      else
+         local key, value = string.match(line, "^([%w_]+)=(.*)$")
+         if key == "admin_comment" or key == "message" then
+            answer[key] = value
+         elseif key == "time_limit" then
+            answer.time_limit = tonumber(value)
+            if answer.time_limit == nil then return nil, "time_limit is not a number" end
+         end -- other keys are for later versions of the protocol
+      end
+   end
+   if answer == nil then return nil, "the answer is empty" end
+   return answer
+end
+
+-- POSTs `body` to `url`; returns the parsed answer or nil and why the call failed.
+local function call(url, body)
+   local chunks = {}
+   http.TIMEOUT = CONF.timeout
+   local ok, status = http.request({
+      url = url,
+      method = "POST",
+      headers = {
+         ["authorization"] = "Bearer " .. CONF.token,
+         ["content-type"] = "application/json",
+         ["content-length"] = tostring(#body),
+         ["connection"] = "close",
+      },
+      source = ltn12.source.string(body),
+      sink = ltn12.sink.table(chunks),
+   })
+   if ok == nil then return nil, tostring(status) end
+   if status ~= 200 then return nil, "HTTP status " .. tostring(status) end
+   return parse_answer(table.concat(chunks))
+end
+
+local function elapsed_ms(started)
+   return string.format("%.2f", (socket.gettime() - started) * 1000)
+end
+
+local function one_line(s)
+   return (string.gsub(tostring(s), "[%c]", " "))
+end
+
+-- Applies the answer to the job (or the failure to it); returns slurm.SUCCESS or slurm.ERROR.
+-- `what` is "submit" or "modify", `who` a few words naming the job for the log line.
+local function decide(what, who, job_desc, answer, failure, started)
+   local latency = elapsed_ms(started)
+   if answer == nil then
+      local admit = CONF ~= nil and CONF.on_unavailable == "admit"
+      local decision = admit and "admit" or "reject"
+      slurm.log_error("gpuwarden: %s decision=%s reason=unavailable %s latency_ms=%s error=%s",
+         what, decision, who, latency, one_line(failure))
+      if admit then return slurm.SUCCESS end
+      slurm.log_user("%s", "gpuwarden is unavailable, so GPU jobs cannot be admitted now; "
+         .. "try again later or ask your administrator")
+      return slurm.ERROR
+   end
+   if answer.decision == "deny" then
+      slurm.log_info("gpuwarden: %s decision=deny reason=answer %s latency_ms=%s message=%s",
+         what, who, latency, one_line(answer.message or ""))
+      slurm.log_user("%s", answer.message or "gpuwarden denied this GPU request")
+      return DENIED
+   end
+   if answer.admin_comment ~= nil then job_desc.admin_comment = answer.admin_comment end
+   if answer.time_limit ~= nil then job_desc.time_limit = answer.time_limit end
+   slurm.log_info("gpuwarden: %s decision=admit reason=answer %s latency_ms=%s", what, who, latency)
+   if answer.message ~= nil and answer.message ~= "" then slurm.log_user("%s", answer.message) end
+   return slurm.SUCCESS
+end
+
+-- Runs `body_fn` (which builds the request) and the call under pcall, so that an error anywhere
+-- is a failed call and follows on_unavailable.
+local function guarded(what, who, job_desc, url_field, body_fn)
+   local started = socket.gettime()
+   local ok, answer, failure = pcall(function()
+      if CONF == nil then return nil, CONF_ERROR end
+      return call(CONF[url_field], body_fn())
+   end)
+   if not ok then answer, failure = nil, "Lua error: " .. tostring(answer) end
+   return decide(what, who, job_desc, answer, failure, started)
+end
+
+local function asks_gpu(tres)
+   return tres ~= nil and string.find(tres, "gpu", 1, true) ~= nil
+end
+
+---------------------------------------------------------------------------------------------------
+-- Slurm's entry points.
+
+local function submit(job_desc, submit_uid)
+   local gpu = false
+   for _, field in ipairs(TRES_FIELDS) do
+      if asks_gpu(job_desc[field]) then gpu = true end
+   end
+   if not gpu or submit_uid == 0 then return slurm.SUCCESS end
+   local who = string.format("user=%s uid=%s", tostring(job_desc.user_name), tostring(submit_uid))
+   return guarded("submit", who, job_desc, "submit_url", function()
+      local env = job_desc.environment
+      local lease_id = nil
+      if env ~= nil then lease_id = env.GPUWARDEN_LEASE_ID end
+      return json_object({
+         { "user", job_desc.user_name },
+         { "uid", submit_uid },
+         { "account", job_desc.account },
+         { "partition", job_desc.partition },
+         { "qos", job_desc.qos },
+         { "comment", job_desc.comment },
+         { "wckey", job_desc.wckey },
+         { "job_name", job_desc.name },
+         { "tres_per_node", job_desc.tres_per_node },
+         { "tres_per_job", job_desc.tres_per_job },
+         { "tres_per_task", job_desc.tres_per_task },
+         { "tres_per_socket", job_desc.tres_per_socket },
+         { "min_nodes", job_desc.min_nodes },
+         { "num_tasks", job_desc.num_tasks },
+         { "array_inx", job_desc.array_inx },
+         { "time_limit", job_desc.time_limit },
+         { "lease_id", lease_id },
+      })
+   end)
+end
+
+local function modify(job_desc, job_rec, modify_uid)
+   local changed = false
+   for _, field in ipairs(TRES_FIELDS) do
+      local new = job_desc[field]
+      if new ~= nil and new ~= job_rec[field] then changed = true end
+   end
+   -- A job of root was admitted without a call; its changes are not gpuwarden's to judge.
+   if not changed or job_rec.user_id == 0 then return slurm.SUCCESS end
+   local who = string.format("job=%s uid=%s by_uid=%s", tostring(job_rec.job_id),
+      tostring(job_rec.user_id), tostring(modify_uid))
+   return guarded("modify", who, job_desc, "modify_url", function()
+      local function new_or_old(field)
+         local v = job_desc[field]
+         if v == nil or UNSET_NUMBERS[v] then v = job_rec[field] end
+         return v
+      end
+      return json_object({
+         { "job_id", job_rec.job_id },
+         { "user", job_rec.user_name },
+         { "uid", job_rec.user_id },
+         { "admin_comment", job_rec.admin_comment },
+         { "tres_per_node", new_or_old("tres_per_node") },
+         { "tres_per_job", new_or_old("tres_per_job") },
+         { "tres_per_task", new_or_old("tres_per_task") },
+         { "tres_per_socket", new_or_old("tres_per_socket") },
+         { "min_nodes", new_or_old("min_nodes") },
+         { "num_tasks", new_or_old("num_tasks") },
+      })
+   end)
+end
+
+-- A Lua error escaping to Slurm would let the job through: everything runs under pcall, and an
+-- error outside the call follows on_unavailable too.
+local function failed(what, err)
+   slurm.log_error("gpuwarden: %s Lua error: %s", what, one_line(err))
+   if CONF ~= nil and CONF.on_unavailable == "admit" then return slurm.SUCCESS end
+   slurm.log_user("%s", "gpuwarden's Slurm hook failed, so GPU jobs cannot be admitted now; "
+      .. "ask your administrator")
+   return slurm.ERROR
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local ok, result = pcall(submit, job_desc, submit_uid)
+   if ok then return result end
+   return failed("submit", result)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   local ok, result = pcall(modify, job_desc, job_rec, modify_uid)
+   if ok then return result end
+   return failed("modify", result)
+end
+
+if CONF ~= nil then
+   slurm.log_info("gpuwarden: hook loaded from %s: substrate=%s url=%s timeout=%ss on_unavailable=%s",
+      CONF_PATH, CONF.substrate, CONF.url, tostring(CONF.timeout), CONF.on_unavailable)
+end
+return slurm.SUCCESS

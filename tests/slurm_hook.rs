@@ -1,0 +1,529 @@
+//! gpuwarden's Slurm hook (deploy/slurm/job_submit.lua) in a real, private Slurm cluster, against
+//! a small HTTP listener standing in for the enforcer: which jobs it asks about, what it sends
+//! (the protocol's fields, from real sbatch options), what each answer does to the job, and
+//! what a missing, silent or failing enforcer means. The enforcer's own side of the protocol is
+//! tested with the enforcer.
+//!
+//! Needs root (the cluster's daemons, fake GPU devices, test accounts) and the Debian packages
+//! of `support::slurm::SLURM_PACKAGES`; CI runs as root with them installed.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::accounts::TestAccount;
+use support::slurm::{can_run_slurm, SlurmCluster, SlurmOptions};
+
+const HOOK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/slurm/job_submit.lua");
+const TOKEN: &str = "slurm-hook-test-token";
+const SUBSTRATE: &str = "hpc";
+
+/// One request the hook made.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    authorization: Option<String>,
+    content_type: Option<String>,
+    body: Value,
+}
+
+/// An HTTP listener on 127.0.0.1 in place of the enforcer: records every request and answers
+/// with the current answer (status 200, text/plain), or holds the connection without answering
+/// while the answer is `None`.
+struct FakeEnforcer {
+    url: String,
+    answer: Arc<Mutex<Option<String>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl FakeEnforcer {
+    fn start(answer: Option<&str>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let answer = Arc::new(Mutex::new(answer.map(str::to_string)));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (answers, records) = (Arc::clone(&answer), Arc::clone(&seen));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let Some(answer) = answers.lock().unwrap().clone() else {
+                    // Accept, never answer: the hook's timeout must end the call.
+                    held.push(stream);
+                    continue;
+                };
+                if let Some(request) = serve(stream, &answer) {
+                    records.lock().unwrap().push(request);
+                }
+            }
+        });
+        Self { url, answer, seen }
+    }
+
+    fn answer(&self, text: &str) {
+        *self.answer.lock().unwrap() = Some(text.to_string());
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Reads one request from `stream` and answers it with `answer`.
+fn serve(stream: TcpStream, answer: &str) -> Option<Seen> {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let path = line.split_whitespace().nth(1)?.to_string();
+    let (mut length, mut authorization, mut content_type) = (0, None, None);
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        let value = value.trim().to_string();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.parse().ok()?,
+            "authorization" => authorization = Some(value),
+            "content-type" => content_type = Some(value),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    let body = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("the hook sent invalid JSON ({e}): {body:?}"));
+    let _ = write!(
+        reader.get_mut(),
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+    Some(Seen {
+        path,
+        authorization,
+        content_type,
+        body,
+    })
+}
+
+/// Writes the hook's gpuwarden.conf (and its token file) under `dir`; `extra` is appended.
+fn hook_conf(dir: &Path, url: &str, extra: &str) -> PathBuf {
+    let token = dir.join("gpuwarden.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let conf = dir.join("gpuwarden.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "# written by tests/slurm_hook.rs\nurl = {url}\nsubstrate = {SUBSTRATE}\n\
+             token_file = {}\n{extra}\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// A cluster with the hook installed, reading `conf`.
+fn cluster_with_hook(dir: &Path, conf: &Path) -> SlurmCluster {
+    SlurmCluster::start(
+        &dir.join("slurm"),
+        &SlurmOptions {
+            cluster_name: "hooked",
+            hook: Some((Path::new(HOOK), conf)),
+            ..SlurmOptions::default()
+        },
+    )
+}
+
+/// A port on 127.0.0.1 nothing listens on (it was free a moment ago).
+fn closed_port_url() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+macro_rules! needs_root {
+    () => {
+        if !can_run_slurm() {
+            eprintln!("skipped: a Slurm cluster and test accounts need root");
+            return;
+        }
+    };
+}
+
+#[test]
+fn a_gpu_job_sees_the_gpus_slurm_gave_it() {
+    needs_root!();
+    let user = TestAccount::create("env");
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(
+        &dir.path().join("slurm"),
+        &SlurmOptions {
+            cluster_name: "plain",
+            ..SlurmOptions::default()
+        },
+    );
+    let job = cluster
+        .sbatch_as(
+            &user.name,
+            &[
+                "--gres=gpu:h100:2",
+                "-o",
+                "env-%j.out",
+                "--wrap",
+                "env; echo uid=$(id -u)",
+            ],
+        )
+        .unwrap();
+    assert!(job >= cluster.first_job_id, "job {job}");
+    cluster.wait_state(job, &["COMPLETED"], Duration::from_secs(60));
+    let out = std::fs::read_to_string(cluster.jobs_dir.join(format!("env-{job}.out"))).unwrap();
+    let vars: Vec<&str> = out.lines().collect();
+    for expected in [
+        "CUDA_VISIBLE_DEVICES=0,1".to_string(),
+        "SLURM_JOB_GPUS=0,1".to_string(),
+        "SLURM_CLUSTER_NAME=plain".to_string(),
+        format!("SLURM_JOB_ID={job}"),
+        format!("uid={}", user.uid()),
+    ] {
+        assert!(
+            vars.contains(&expected.as_str()),
+            "no {expected} in:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn with_the_enforcer_unreachable_gpu_jobs_are_rejected_and_cpu_jobs_pass() {
+    needs_root!();
+    let user = TestAccount::create("unr");
+    let dir = tempfile::tempdir().unwrap();
+    let conf = hook_conf(dir.path(), &closed_port_url(), "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("a GPU job without an answer is rejected");
+    assert!(
+        error.contains("sbatch: error: gpuwarden is unavailable"),
+        "{error}"
+    );
+    cluster
+        .sbatch_as(&user.name, &["-n", "1", "--hold", "--wrap", "true"])
+        .expect("a CPU-only job needs no answer");
+    let log = cluster.hook_log();
+    assert_eq!(log.len(), 2, "the load and one decision: {log:#?}");
+    assert!(
+        log[1].contains("submit decision=reject reason=unavailable")
+            && log[1].contains(&format!("user={} uid={}", user.name, user.uid()))
+            && log[1].contains("latency_ms=")
+            && log[1].contains("error=connection refused"),
+        "{}",
+        log[1]
+    );
+}
+
+#[test]
+fn on_unavailable_admit_lets_gpu_jobs_in_while_the_enforcer_is_unreachable() {
+    needs_root!();
+    let user = TestAccount::create("adm");
+    let dir = tempfile::tempdir().unwrap();
+    let conf = hook_conf(dir.path(), &closed_port_url(), "on_unavailable = admit");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let job = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect("admitted without an answer");
+    assert_eq!(cluster.job_state(job).unwrap(), "PENDING");
+    let log = cluster.hook_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("submit decision=admit reason=unavailable")),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn an_enforcer_that_never_answers_fails_the_call_at_the_timeout() {
+    needs_root!();
+    let user = TestAccount::create("sil");
+    let dir = tempfile::tempdir().unwrap();
+    let enforcer = FakeEnforcer::start(None);
+    let conf = hook_conf(dir.path(), &enforcer.url, "timeout = 1");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let started = Instant::now();
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("no answer is a failure, and failure rejects");
+    let took = started.elapsed();
+    eprintln!("sbatch against a silent enforcer (timeout = 1 s) took {took:?}");
+    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(took < Duration::from_secs(10), "sbatch took {took:?}");
+    let log = cluster.hook_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("reason=unavailable") && l.contains("error=timeout")),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn the_hook_sends_the_protocol_s_fields_and_the_user_sees_a_denial() {
+    needs_root!();
+    let user = TestAccount::create("req");
+    let dir = tempfile::tempdir().unwrap();
+    let denial = "team physics holds 8 of its 8 GPUs; wait or ask for more (\"quota\")";
+    let enforcer = FakeEnforcer::start(Some(&format!("deny\nmessage={denial}\n")));
+    let conf = hook_conf(dir.path(), &enforcer.url, "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let uid = user.uid();
+
+    let base = json!({
+        "user": user.name, "uid": uid, "account": null, "partition": null, "qos": null,
+        "comment": null, "wckey": null, "job_name": "wrap", "tres_per_node": null,
+        "tres_per_job": null, "tres_per_task": null, "tres_per_socket": null,
+        "min_nodes": null, "num_tasks": null, "array_inx": null, "time_limit": null,
+        "lease_id": null,
+    });
+    let with = |fields: Value| {
+        let mut body = base.clone();
+        for (k, v) in fields.as_object().unwrap() {
+            assert!(body.get(k).is_some(), "{k} is not a protocol field");
+            body[k] = v.clone();
+        }
+        body
+    };
+    // sbatch's options, its environment, the body the hook must send.
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Value);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--gres=gpu:h100:2"],
+            vec![],
+            with(json!({"tres_per_node": "gres:gpu:h100:2"})),
+        ),
+        (
+            vec!["--gpus=3", "-a", "0-9%2"],
+            vec![],
+            with(json!({"tres_per_job": "gres:gpu:3", "array_inx": "0-9%2"})),
+        ),
+        (
+            vec!["--gpus-per-task=1", "-n", "2"],
+            vec![],
+            with(json!({"tres_per_task": "gres:gpu:1", "num_tasks": 2})),
+        ),
+        (
+            vec![
+                "--gres=gpu:1",
+                "-N",
+                "1",
+                "-A",
+                "physics",
+                "-p",
+                "gpu",
+                "-t",
+                "90",
+                "--wckey=training:p1",
+                "-J",
+                "we\"ird\\name",
+                "--comment=tab\there, ünïcode",
+            ],
+            vec![("GPUWARDEN_LEASE_ID", "local-7f3a")],
+            with(json!({
+                "tres_per_node": "gres:gpu:1", "min_nodes": 1, "account": "physics",
+                "partition": "gpu", "time_limit": 90, "wckey": "training:p1",
+                "job_name": "we\"ird\\name", "comment": "tab\there, ünïcode",
+                "lease_id": "local-7f3a",
+            })),
+        ),
+    ];
+    for (i, (options, env, expected)) in cases.iter().enumerate() {
+        let out = cluster
+            .command_as(&user.name, "sbatch")
+            .args(options)
+            .args(["--hold", "--wrap", "true"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{options:?} was admitted");
+        assert!(
+            stderr.contains(&format!("sbatch: error: {denial}")),
+            "{options:?}: {stderr}"
+        );
+        let seen = enforcer.seen();
+        assert_eq!(seen.len(), i + 1, "one call per GPU job: {seen:#?}");
+        let request = &seen[i];
+        assert_eq!(request.path, format!("/v1/slurm/{SUBSTRATE}/submit"));
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
+        assert_eq!(request.content_type.as_deref(), Some("application/json"));
+        assert_eq!(&request.body, expected, "{options:?}");
+    }
+
+    // No GPU, no call.
+    cluster
+        .sbatch_as(&user.name, &["-n", "2", "--hold", "--wrap", "true"])
+        .expect("a CPU-only job passes");
+    assert_eq!(enforcer.seen().len(), cases.len());
+    assert!(
+        cluster
+            .hook_log()
+            .iter()
+            .any(|l| l.contains("submit decision=deny reason=answer") && l.contains(denial)),
+        "{:#?}",
+        cluster.hook_log()
+    );
+}
+
+#[test]
+fn an_admitted_job_carries_the_answer_s_admin_comment_and_time_limit() {
+    needs_root!();
+    let user = TestAccount::create("ok");
+    let dir = tempfile::tempdir().unwrap();
+    let enforcer = FakeEnforcer::start(Some(
+        "admit\nadmin_comment=gpuwarden:team=physics\ntime_limit=45\nfuture_key=ignored\n\
+         message=admitted for team physics, 45 minutes at most\n",
+    ));
+    let conf = hook_conf(dir.path(), &enforcer.url, "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let out = cluster
+        .command_as(&user.name, "sbatch")
+        .args(["--parsable", "--gres=gpu:h100:2", "-t", "600", "--hold"])
+        .args(["--wrap", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("admitted for team physics, 45 minutes at most"),
+        "{stderr}"
+    );
+    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let entry = cluster.job_json(job).expect("the job in squeue --json");
+    assert_eq!(entry["admin_comment"], "gpuwarden:team=physics");
+    assert_eq!(entry["time_limit"], 45);
+    assert_eq!(entry["tres_per_node"], "gres:gpu:h100:2");
+    assert_eq!(enforcer.seen()[0].body["time_limit"], 600);
+}
+
+#[test]
+fn changing_a_pending_job_s_gpus_asks_the_enforcer_again() {
+    needs_root!();
+    let user = TestAccount::create("mod");
+    let dir = tempfile::tempdir().unwrap();
+    let enforcer = FakeEnforcer::start(Some("admit\nadmin_comment=gpuwarden:lease=L1\n"));
+    let conf = hook_conf(dir.path(), &enforcer.url, "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let job = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .unwrap();
+    let update = |spec: &str| {
+        cluster
+            .command_as(&user.name, "scontrol")
+            .args(["update", &format!("JobId={job}"), spec])
+            .output()
+            .unwrap()
+    };
+
+    // A time limit is not the enforcer's business here: no call.
+    assert!(update("TimeLimit=30").status.success());
+    assert_eq!(enforcer.seen().len(), 1);
+
+    let denial = "3 GPUs exceed the lease's 1";
+    enforcer.answer(&format!("deny\nmessage={denial}\n"));
+    let out = update("Gres=gpu:h100:3");
+    assert!(!out.status.success(), "the change was made");
+    // scontrol update (22.05) shows only the error code; the message is in slurmctld's log.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Access/permission denied"), "{stderr}");
+    let seen = enforcer.seen();
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    assert_eq!(seen[1].path, format!("/v1/slurm/{SUBSTRATE}/modify"));
+    let body = &seen[1].body;
+    assert_eq!(body["job_id"], job);
+    assert_eq!(body["uid"], user.uid());
+    assert_eq!(body["admin_comment"], "gpuwarden:lease=L1");
+    assert_eq!(body["tres_per_node"], "gres:gpu:h100:3");
+    for field in ["tres_per_job", "tres_per_task", "tres_per_socket"] {
+        assert_eq!(body[field], Value::Null, "{field}");
+    }
+    assert_eq!(
+        cluster.job_json(job).unwrap()["tres_per_node"],
+        "gres:gpu:h100:1"
+    );
+    assert!(
+        cluster
+            .hook_log()
+            .iter()
+            .any(|l| l.contains("modify decision=deny") && l.contains(denial)),
+        "{:#?}",
+        cluster.hook_log()
+    );
+
+    enforcer.answer("admit\n");
+    let out = update("Gres=gpu:h100:2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(enforcer.seen().len(), 3);
+    assert_eq!(
+        cluster.job_json(job).unwrap()["tres_per_node"],
+        "gres:gpu:h100:2"
+    );
+}
+
+#[test]
+fn an_answer_the_hook_cannot_read_is_a_failure() {
+    needs_root!();
+    let user = TestAccount::create("bad");
+    let dir = tempfile::tempdir().unwrap();
+    let enforcer = FakeEnforcer::start(Some("maybe\nmessage=this is not the protocol\n"));
+    let conf = hook_conf(dir.path(), &enforcer.url, "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("an unreadable answer rejects");
+    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(!error.contains("not the protocol"), "{error}");
+    enforcer.answer("admit\ntime_limit=soon\n");
+    let error = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
+        )
+        .expect_err("a time_limit that is not a number rejects");
+    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert_eq!(enforcer.seen().len(), 2);
+    let log = cluster.hook_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("reason=unavailable") && l.contains("neither admit nor deny")),
+        "{log:#?}"
+    );
+}
