@@ -416,11 +416,11 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
         )
         .expect("root's job is not asked about");
     let adopted = format!("slurm-{}-{root_job}", cluster.name);
-    let lease = lease_when(&api, &adopted, "root's job is adopted", |l| {
+    let root_lease = lease_when(&api, &adopted, "root's job is adopted", |l| {
         l["state"] == "active"
     });
-    assert_eq!(lease["team"], "tiny", "{lease}");
-    assert_eq!(lease["labels"]["slurm_adopted"], "true", "{lease}");
+    assert_eq!(root_lease["team"], "tiny", "{root_lease}");
+    assert_eq!(root_lease["labels"]["slurm_adopted"], "true", "{root_lease}");
     eventually("team tiny is blocked", Duration::from_secs(60), || {
         let team = get(&api, "/v1/teams/tiny");
         if team["blocked"] == true {

@@ -56,6 +56,8 @@ impl Default for SlurmOptions<'_> {
 
 /// A running slurmctld and slurmd, configured under one directory.
 pub struct SlurmCluster {
+    /// Its `ClusterName`, as Slurm keeps it (lower case).
+    pub name: String,
     dir: PathBuf,
     conf: PathBuf,
     /// The only node's name.
@@ -209,6 +211,7 @@ PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscri
         }
         let controller = controller.spawn().expect("starts slurmctld");
         let mut cluster = Self {
+            name: options.cluster_name.to_ascii_lowercase(),
             dir: dir.to_path_buf(),
             conf: conf_path,
             node,
