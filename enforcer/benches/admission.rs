@@ -477,15 +477,26 @@ fn main() {
             if !runs(side) || o.seconds == 0 {
                 continue;
             }
+            let commits = store.commit_stats();
             let latencies = fixed_rate(address, o.rate, o.seconds, o.connections).await;
+            let after = store.commit_stats();
             let p99 = percentile(&latencies, 0.99);
             println!(
-                "at {} rps  {name}: p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({} requests){}",
+                "at {} rps  {name}: p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms  ({} requests{}){}",
                 o.rate,
                 ms(percentile(&latencies, 0.50)),
                 ms(p99),
+                ms(percentile(&latencies, 0.999)),
                 ms(latencies.last().copied().unwrap_or_default()),
                 latencies.len(),
+                match side {
+                    "enforcer" => format!(
+                        ", {} commits, {:.1} changes per commit",
+                        after.commits - commits.commits,
+                        per_commit(commits, after)
+                    ),
+                    _ => String::new(),
+                },
                 if name.starts_with("enforcer") {
                     format!("  (target p99 < 5 ms: {})", if p99 < Duration::from_millis(5) { "met" } else { "missed" })
                 } else {

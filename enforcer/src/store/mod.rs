@@ -18,7 +18,9 @@
 //! is committed within 20 ms. [`Store::commit_stats`] counts commits and the changes
 //! they carried. Queries that need the
 //! file (closed leases, the outbox) run on the writer's connection after the writes queued before
-//! them, so a caller always reads its own changes.
+//! them, so a caller always reads its own changes. A second thread, with a connection of its own,
+//! checkpoints (copies the committed WAL into the database file and syncs it) while the writer
+//! goes on committing, so no caller waits for a checkpoint's writes and sync.
 //!
 //! If a commit fails (disk full, I/O error), memory is ahead of the file: the store refuses every
 //! later call with [`StoreError::Broken`] and the enforcer must restart, which reloads memory from
@@ -64,7 +66,7 @@ use audit::Audit;
 use memory::{load, Memory};
 use migrations::migrate;
 use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS};
-use writer::{lock, outbox, write_loop, Op, Queue};
+use writer::{checkpoint_loop, lock, outbox, write_loop, Op, Queue};
 
 /// The id prefix of a hold: a granted lease whose substrate has not named it yet (a Slurm job
 /// admitted at submission, before Slurm gave it its job id). A hold counts like any open lease
@@ -104,6 +106,8 @@ struct Inner {
     /// Jobs for the writer thread.
     queue: Arc<Queue>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The checkpointer thread, which stops when its sender is dropped.
+    checkpointer: Mutex<Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
     /// Set (once) when a commit failed: memory is then ahead of the file, so the store refuses
     /// every later call until the enforcer restarts and reloads from the file.
     broken: Arc<OnceLock<String>>,
@@ -113,6 +117,10 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Some((stop, checkpointer)) = lock(&self.checkpointer).take() {
+            drop(stop);
+            let _ = checkpointer.join();
+        }
         // The writer ends once it has committed what was queued.
         self.queue.close();
         if let Some(writer) = lock(&self.writer).take() {
@@ -163,15 +171,23 @@ impl Store {
         }
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
-        // The owner lock above already keeps other stores out; holding SQLite's lock for good
-        // spares every commit its lock calls (and keeps the WAL index in heap memory).
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        // SQLite's locking stays NORMAL (the owner lock above keeps other stores out): the
+        // checkpointer's connection below shares the WAL index with the writer's.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // Every commit is on disk before its caller hears of it; group commit keeps that cheap.
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // The checkpointer thread copies the WAL into the database file, off the commit path.
+        // The writer checkpoints only past this many WAL frames, when the checkpointer has not
+        // found a quiet moment to let the WAL restart; what is left to copy then is what was
+        // committed since the checkpointer's last pass, so the WAL stays bounded and the stall
+        // short.
+        conn.pragma_update(None, "wal_autocheckpoint", writer::WAL_LIMIT)?;
         migrate(&mut conn)?;
         let memory = load(&conn)?;
+        let checkpoints = Connection::open(path)?;
+        // A checkpoint syncs the WAL before copying it and the database file after.
+        checkpoints.pragma_update(None, "synchronous", "FULL")?;
         let queue = Arc::new(Queue::new());
         let broken = Arc::new(OnceLock::new());
         let writer = {
@@ -181,12 +197,23 @@ impl Store {
                 .spawn(move || write_loop(conn, &queue, &broken))
                 .map_err(|e| StoreError::Io(format!("cannot start the store's writer: {e}")))?
         };
+        let (stop_checkpoints, stopped) = std::sync::mpsc::channel();
+        let checkpointer = {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name("lease-store-checkpoint".into())
+                .spawn(move || checkpoint_loop(&checkpoints, &queue, &stopped))
+                .map_err(|e| {
+                    StoreError::Io(format!("cannot start the store's checkpointer: {e}"))
+                })?
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
                 memory: Mutex::new(memory),
                 queue,
                 writer: Mutex::new(Some(writer)),
+                checkpointer: Mutex::new(Some((stop_checkpoints, checkpointer))),
                 broken,
                 _owner: owner,
             }),

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use gpuwarden_schema::{Record, ReleaseReason};
@@ -21,6 +21,13 @@ const MAX_BATCH: usize = 512;
 /// Longest a change nobody waits for (see [`Pending::applied`]) stays uncommitted when no
 /// waited-for change comes along to carry it.
 const LAZY_COMMIT: Duration = Duration::from_millis(20);
+
+/// WAL frames (pages) past which the writer checkpoints itself, after a commit (SQLite's
+/// `wal_autocheckpoint`). The checkpointer thread normally keeps the WAL far below it; see
+/// [`checkpoint_loop`].
+pub(super) const WAL_LIMIT: u32 = 10_000;
+/// How often the checkpointer looks for new commits to copy into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
 
 /// One write the writer thread carries out.
 pub(super) enum Op {
@@ -358,6 +365,32 @@ pub(super) fn write_loop(mut conn: Connection, queue: &Queue, broken: &OnceLock<
         }
         for done in waiting {
             let _ = done.send(result.clone());
+        }
+    }
+}
+
+/// The checkpointer thread: every [`CHECKPOINT_EVERY`] that saw a commit, copies the committed
+/// WAL frames into the database file and syncs it (a passive checkpoint, which never blocks the
+/// writer, nor waits for it), until `stop`'s sender is dropped. Before, SQLite ran each
+/// checkpoint inside the commit that crossed its threshold, and that commit's callers (and all
+/// queued behind them) waited for it: a few milliseconds every thousand pages.
+///
+/// The WAL restarts from its beginning only once a checkpoint has copied all of it, i.e. when
+/// no commit landed during one; under load that may not happen, and then the writer's own
+/// checkpoint at [`WAL_LIMIT`] frames copies what is left (little, this thread having copied
+/// the rest) and lets the WAL restart.
+pub(super) fn checkpoint_loop(conn: &Connection, queue: &Queue, stop: &mpsc::Receiver<()>) {
+    let mut seen = queue.stats().commits;
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(CHECKPOINT_EVERY) {
+        let commits = queue.stats().commits;
+        if commits == seen {
+            continue;
+        }
+        seen = commits;
+        // A failure leaves frames in the WAL for the next pass (or the writer's own checkpoint);
+        // what was committed is on disk either way.
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "the lease store's checkpoint failed; retried later");
         }
     }
 }
