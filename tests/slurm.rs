@@ -215,7 +215,7 @@ fn lease_when(api: &str, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> V
 fn cli_leases(api: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["leases", "--format", "json"])
-        .env("GPUWARDEN_API", api)
+        .env("GPUWARDEN_API", format!("http://{api}"))
         .env("GPUWARDEN_TOKEN", TOKEN)
         .output()
         .expect("runs gpuwarden")
@@ -265,7 +265,7 @@ fn a_gpu_job_is_admitted_at_sbatch_runs_as_a_lease_and_is_priced_in_team_hourly(
             &user.name,
             &["--gres=gpu:h100:2", "-t", "5", "--wrap", "sleep 8"],
         )
-        .expect("admitted at sbatch");
+        .unwrap_or_else(|e| panic!("admitted at sbatch: {e}\n{}", cluster.log()));
     let id = format!("slurm-{}-{job}", cluster.name);
     let active = lease_when(&api, &id, "the job's lease is active", |l| {
         l["state"] == "active"
@@ -581,7 +581,7 @@ fn an_idle_slurm_job_is_warned_then_cancelled_with_scancel() {
             if want.iter().all(|w| rows.iter().any(|r| r == w)) {
                 Ok(())
             } else {
-                Err(rows)
+                Err(rows.join(", "))
             }
         },
     );

@@ -182,7 +182,9 @@ pub(crate) async fn start(
         tick,
         stop_rx.clone(),
     ));
-    // Each Slurm substrate's queue, followed into its leases.
+    // Each Slurm substrate's queue, followed into its leases, read once before the API answers
+    // its submit hook.
+    gpuwarden_enforcer::slurm::watch::prime(&service, Duration::from_secs(10)).await;
     let slurm_watchers: Vec<_> = config
         .substrates
         .iter()

@@ -237,11 +237,8 @@ pub async fn submit(
     // Its team, from its account or partition.
     let partition = match &request.partition {
         Some(p) => Some(p.clone()),
-        None => slurm
-            .snapshot(slurm.poll() * 3)
-            .await
-            .ok()
-            .and_then(|s| s.default_partition),
+        // Never a Slurm command here: slurmctld waits for this answer under its locks.
+        None => slurm.kept().and_then(|s| s.default_partition),
     };
     let (from, name) = match settings.team_from {
         SlurmTeamFrom::Account => ("account", request.account.clone().unwrap_or_default()),

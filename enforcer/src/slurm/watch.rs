@@ -36,6 +36,29 @@ use crate::store::{Lease, LeaseState, HOLD_PREFIX};
 /// this (a job being submitted may not be in the queue read a moment earlier).
 const GRACE: Duration = Duration::from_secs(60);
 
+/// Reads every Slurm substrate's cluster once (at most `timeout` each), so that the submit hook's
+/// first questions are answered from a snapshot rather than by asking Slurm, which waits for the
+/// hook. Called before the API serves; a cluster that cannot be read is logged and left to the
+/// watcher.
+pub async fn prime(service: &Service, timeout: Duration) {
+    for substrate in &service.config().substrates {
+        let Some(driver) = service.driver_named(&substrate.name) else {
+            continue;
+        };
+        let Some(slurm) = driver.slurm() else { continue };
+        match tokio::time::timeout(timeout, slurm.snapshot(Duration::ZERO)).await {
+            Ok(Ok(snapshot)) => tracing::info!(
+                substrate = %substrate.name,
+                jobs = snapshot.jobs.len(),
+                gpus = snapshot.inventory.pooled.iter().map(|(_, n)| u64::from(*n)).sum::<u64>(),
+                "read the Slurm cluster"
+            ),
+            Ok(Err(e)) => tracing::warn!(substrate = %substrate.name, error = %e, "cannot read the Slurm cluster yet; the watcher keeps trying"),
+            Err(_) => tracing::warn!(substrate = %substrate.name, ?timeout, "the Slurm cluster did not answer in time; the watcher keeps trying"),
+        }
+    }
+}
+
 /// Watches substrate `substrate`'s queue until `stop` turns true.
 pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<bool>) {
     let Some(driver) = service.driver_named(&substrate) else {

@@ -286,7 +286,9 @@ impl SlurmDriver {
         Ok(snapshot)
     }
 
-    fn kept(&self) -> Option<Snapshot> {
+    /// The latest snapshot, however old, without reading the cluster (what the submit hook's
+    /// answers use: see [`Driver::inventory`]).
+    pub fn kept(&self) -> Option<Snapshot> {
         self.lock().clone()
     }
 
@@ -438,9 +440,13 @@ impl Driver for SlurmDriver {
     }
 
     async fn inventory(&self) -> Result<Arc<Inventory>, DriverError> {
-        // Admission reads the snapshot the watcher keeps fresh; only a cold start reads Slurm.
-        let max_age = self.poll() * 3;
-        Ok(self.snapshot(max_age).await?.inventory)
+        // Admission reads the snapshot the watcher keeps fresh, never Slurm: the submit hook asks
+        // while slurmctld holds its locks, so a Slurm command here would wait for the hook that
+        // waits for it. Only a driver that never read the cluster reads it now.
+        match self.kept() {
+            Some(snapshot) => Ok(snapshot.inventory),
+            None => Ok(self.snapshot(Duration::ZERO).await?.inventory),
+        }
     }
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
