@@ -407,6 +407,41 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
     );
     assert_eq!(hook_calls(&cluster), before + 1);
 
+    // A pending job's GPUs changed with scontrol update are decided again: within quota the
+    // lease follows, past it the change is refused and the lease keeps its GPUs.
+    let held = sbatch(&["--hold", "--gres=gpu:h100:1", "--wrap", "true"]).expect("admitted");
+    let held_id = format!("slurm-{}-{held}", cluster.name);
+    lease_when(&api, &held_id, "the held job's lease", |l| {
+        l["state"] == "granted"
+    });
+    let update = |gres: &str| {
+        cluster
+            .command("scontrol")
+            .args(["update", &format!("JobId={held}"), &format!("Gres={gres}")])
+            .output()
+            .unwrap()
+    };
+    let grown = update("gpu:h100:3");
+    assert!(grown.status.success(), "{grown:?}");
+    lease_when(&api, &held_id, "the lease holds 3 GPUs", |l| {
+        l["gpu_count"] == 3
+    });
+    let refused = update("gpu:h100:6");
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        cluster.log().contains("quota_exceeded"),
+        "the denial is in slurmctld's log"
+    );
+    assert_eq!(lease(&api, &held_id).unwrap()["gpu_count"], 3);
+    cluster
+        .command("scancel")
+        .arg(held.to_string())
+        .status()
+        .unwrap();
+    lease_when(&api, &held_id, "the cancelled job's lease ends", |l| {
+        l["state"] == "released"
+    });
+
     // Root's job bypasses the hook: the watcher adopts it for the team its account maps to, and
     // its cost takes team tiny past its half-cent budget, which blocks the team's new jobs.
     let root_job = cluster
@@ -420,7 +455,10 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
         l["state"] == "active"
     });
     assert_eq!(root_lease["team"], "tiny", "{root_lease}");
-    assert_eq!(root_lease["labels"]["slurm_adopted"], "true", "{root_lease}");
+    assert_eq!(
+        root_lease["labels"]["slurm_adopted"], "true",
+        "{root_lease}"
+    );
     eventually("team tiny is blocked", Duration::from_secs(60), || {
         let team = get(&api, "/v1/teams/tiny");
         if team["blocked"] == true {

@@ -359,6 +359,63 @@ async fn contract_webhook() -> anyhow::Result<()> {
 
 // ---- simulated ------------------------------------------------------------------------------
 
+/// The contract against a real Slurm cluster (`tests/support/slurm.rs`, Debian's slurmctld and
+/// slurmd with fake GPUs): each lease is a batch job submitted as the user's system account, and
+/// a resize to other GPUs is refused (Slurm cannot change a running job's GPUs). Needs root.
+#[tokio::test]
+async fn contract_slurm() -> anyhow::Result<()> {
+    if !support::slurm::can_run_slurm() {
+        eprintln!("skipped: a Slurm cluster needs root (CI runs as root)");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cluster = support::slurm::SlurmCluster::start(
+        &dir.path().join("slurm"),
+        &support::slurm::SlurmOptions {
+            cluster_name: "contract",
+            ..Default::default()
+        },
+    );
+    let account = support::accounts::TestAccount::create("slc");
+    let config = substrate(&format!(
+        r#"
+name = "hpc"
+driver = "slurm"
+accounts = {{ ada = "{account}" }}
+work_dir = "{jobs}"
+[slurm]
+cluster = "contract"
+slurm_conf = "{conf}"
+poll = "500ms"
+models = {{ h100 = "NVIDIA H100 80GB HBM3" }}
+"#,
+        account = account.name,
+        jobs = cluster.jobs_dir.display(),
+        conf = cluster.conf_path().display(),
+    ));
+    contract(Subject::registered(
+        config,
+        context(dir.path()),
+        argv(&["sleep", "300"]),
+        ResizeMoves::Rejected,
+    ))
+    .await?;
+    // The job it ran was the lease's, as the account, and it was cancelled.
+    let jobs = cluster.squeue_json();
+    let job = jobs["jobs"]
+        .as_array()
+        .and_then(|jobs| {
+            jobs.iter()
+                .find(|j| j["name"] == "gpuwarden-lease-contract-1")
+        })
+        .context("the lease's job is still known to squeue")?;
+    ensure!(job["user_name"] == account.name.as_str(), "{job}");
+    ensure!(job["job_state"] == "CANCELLED", "{job}");
+    ensure!(job["comment"] == "gpuwarden: reclaimed (user)", "{job}");
+    ensure!(job["tres_per_node"] == "gres:gpu:h100:1", "{job}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn simulated_inventory_is_the_collector_fleet() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

@@ -45,7 +45,9 @@ pub async fn prime(service: &Service, timeout: Duration) {
         let Some(driver) = service.driver_named(&substrate.name) else {
             continue;
         };
-        let Some(slurm) = driver.slurm() else { continue };
+        let Some(slurm) = driver.slurm() else {
+            continue;
+        };
         match tokio::time::timeout(timeout, slurm.snapshot(Duration::ZERO)).await {
             Ok(Ok(snapshot)) => tracing::info!(
                 substrate = %substrate.name,
@@ -53,8 +55,12 @@ pub async fn prime(service: &Service, timeout: Duration) {
                 gpus = snapshot.inventory.pooled.iter().map(|(_, n)| u64::from(*n)).sum::<u64>(),
                 "read the Slurm cluster"
             ),
-            Ok(Err(e)) => tracing::warn!(substrate = %substrate.name, error = %e, "cannot read the Slurm cluster yet; the watcher keeps trying"),
-            Err(_) => tracing::warn!(substrate = %substrate.name, ?timeout, "the Slurm cluster did not answer in time; the watcher keeps trying"),
+            Ok(Err(e)) => {
+                tracing::warn!(substrate = %substrate.name, error = %e, "cannot read the Slurm cluster yet; the watcher keeps trying")
+            }
+            Err(_) => {
+                tracing::warn!(substrate = %substrate.name, ?timeout, "the Slurm cluster did not answer in time; the watcher keeps trying")
+            }
         }
     }
 }

@@ -8,6 +8,8 @@
 
 #[path = "../../../tests/support/accounts.rs"]
 pub mod accounts;
+#[path = "../../../tests/support/slurm.rs"]
+pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
