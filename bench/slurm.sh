@@ -101,20 +101,22 @@ EOF
   workload_substrate=sim
   on_unavailable=admit
 else
-  # ======== THE SLURM SUBSTRATE: adjust to the slurm driver's documented keys ========
-  # The hook's conf names it `substrate = slurm`; ClusterName is "$cluster". The team and
-  # workload below must admit $jobs held one-GPU jobs of account $user at once.
+  # The Slurm substrate (README: "Slurm"). The hook's conf names it `substrate = slurm`; its
+  # ClusterName is "$cluster". Jobs name no account, which maps to team bench; their workload is
+  # the default, batch.
   substrate_block=$(cat <<EOF
 [[substrates]]
 name = "slurm"
 driver = "slurm"
+accounts = { $user = "$user" }
+
+[substrates.slurm]
 cluster = "$cluster"
 slurm_conf = "$work/slurm/slurm.conf"
-gpu_model = "NVIDIA H100 80GB HBM3"
-accounts = { $user = "$user" }
+teams = { "" = "bench" }
+models = { h100 = "NVIDIA H100 80GB HBM3" }
 EOF
 )
-  # ===================================================================================
   workload_substrate=slurm
   on_unavailable=reject
 fi
@@ -137,6 +139,10 @@ monthly_budget_usd = 1000000000.0
 [workloads.training]
 max_gpus = 8
 max_duration = "24h"
+substrates = ["$workload_substrate"]
+
+[workloads.batch]
+max_gpus = 8
 substrates = ["$workload_substrate"]
 
 [enforcer]

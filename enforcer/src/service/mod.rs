@@ -288,14 +288,21 @@ impl Service {
             principal: principal.clone(),
             admission: request.clone(),
         };
-        let (decision, lease) = self
+        let pending = self
             .inner
             .store
             .admit_as(now, &config.pricing, &request, admitted, |ledger| {
                 let snapshot = Self::snapshot(&config, ledger, subs);
                 policy::evaluate(&policy_request, &snapshot, &mut self.placements())
-            })
-            .await?;
+            });
+        // A hold is answered once memory has it, without waiting for its commit: the submit hook
+        // asks under slurmctld's locks, where every fsync would stall the cluster's submissions.
+        // Losing it in a crash is repaired: the job carries the hold's id, and the watcher adopts
+        // a job whose hold is gone. A lease is reported only once it is on disk.
+        let (decision, lease) = match admitted {
+            Admitted::Lease => pending.await?,
+            Admitted::Hold => pending.applied().await?,
+        };
         self.inner
             .metrics
             .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));

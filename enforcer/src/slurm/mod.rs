@@ -177,11 +177,17 @@ impl Answer {
     }
 }
 
-/// The Slurm driver of substrate `substrate`, or not found.
-fn slurm_of<'a>(
-    drivers: &'a std::sync::Arc<dyn crate::drivers::Driver>,
-) -> Option<&'a SlurmDriver> {
-    drivers.slurm()
+/// The hook's answers come from the watcher's snapshot of the cluster, never from a Slurm
+/// command (slurmctld waits for the answer under its locks, so the command would wait for the
+/// hook). Before the first read of the cluster there is nothing to answer from: a failure, which
+/// the hook treats by its `on_unavailable`.
+fn require_snapshot(slurm: &SlurmDriver, substrate: &str) -> Result<(), ServiceError> {
+    match slurm.kept() {
+        Some(_) => Ok(()),
+        None => Err(ServiceError::Substrate(format!(
+            "gpuwarden has not read Slurm cluster {substrate} yet; its watcher keeps trying"
+        ))),
+    }
 }
 
 /// Only the cluster's hook speaks for its users: a service or an admin token.
@@ -206,7 +212,7 @@ pub async fn submit(
     let driver = service.driver_named(substrate).ok_or_else(|| {
         ServiceError::NotFound(format!("there is no substrate named {substrate}"))
     })?;
-    let slurm = slurm_of(&driver).ok_or_else(|| {
+    let slurm = driver.slurm().ok_or_else(|| {
         ServiceError::NotFound(format!("substrate {substrate} is not a Slurm cluster"))
     })?;
     let tres = TresFields {
@@ -221,6 +227,7 @@ pub async fn submit(
     if wanted.gpus == 0 {
         return Ok(Answer::admit(""));
     }
+    require_snapshot(slurm, substrate)?;
     if let Some(lease_id) = &request.lease_id {
         return Ok(claim(
             service,
@@ -449,9 +456,10 @@ pub async fn modify(
     let driver = service.driver_named(substrate).ok_or_else(|| {
         ServiceError::NotFound(format!("there is no substrate named {substrate}"))
     })?;
-    let slurm = slurm_of(&driver).ok_or_else(|| {
+    let slurm = driver.slurm().ok_or_else(|| {
         ServiceError::NotFound(format!("substrate {substrate} is not a Slurm cluster"))
     })?;
+    require_snapshot(slurm, substrate)?;
     let comment = request.admin_comment.as_deref().unwrap_or("");
     let id = if let Some(hold) = comment.strip_prefix(HOLD_COMMENT) {
         // Bound already, or still a hold.

@@ -325,7 +325,7 @@ impl SlurmDriver {
     }
 
     /// The job (or an array's jobs) of `job_id` in `jobs`.
-    fn jobs_of<'a>(jobs: &'a [Job], job_id: u64) -> impl Iterator<Item = &'a Job> {
+    fn jobs_of(jobs: &[Job], job_id: u64) -> impl Iterator<Item = &Job> {
         jobs.iter()
             .filter(move |j| j.job_id == job_id || j.array_job_id == job_id)
     }
@@ -581,14 +581,6 @@ impl Driver for SlurmDriver {
     fn slurm(&self) -> Option<&SlurmDriver> {
         Some(self)
     }
-}
-
-/// Slurm's answer for the jobs of `jobs` whose lease is `lease_job_id`: the phases of the job
-/// or of an array's records.
-pub fn phases_of(jobs: &[Job], lease_job_id: u64) -> Vec<Phase> {
-    SlurmDriver::jobs_of(jobs, lease_job_id)
-        .map(Job::phase)
-        .collect()
 }
 
 /// The jobs of `jobs` grouped by the job id their lease is named after.
