@@ -5,6 +5,8 @@
 #
 #   bench/slurm.sh                   # 500 jobs each, one at a time and in 4 parallel loops
 #   bench/slurm.sh --jobs 2000 --parallel 8
+#   bench/slurm.sh --poll 5m         # the enforcer reads the queue every 5 min instead of 2 s:
+#                                    # what its watcher's squeue --json costs the submissions
 #   bench/slurm.sh --plumbing        # (b) against an enforcer without the Slurm endpoint:
 #                                    # every call fails and on_unavailable = admit lets jobs in
 #
@@ -20,12 +22,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-jobs=500 parallel=4 plumbing=0
+jobs=500 parallel=4 plumbing=0 poll=2s
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --jobs) jobs=$2; shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --plumbing) plumbing=1; shift ;;
+    --poll) poll=$2; shift 2 ;;
     *) echo "unknown option $1 (see the head of $0)" >&2; exit 2 ;;
   esac
 done
@@ -115,6 +118,8 @@ cluster = "$cluster"
 slurm_conf = "$work/slurm/slurm.conf"
 teams = { "" = "bench" }
 models = { h100 = "NVIDIA H100 80GB HBM3" }
+poll = "$poll"
+
 EOF
 )
   workload_substrate=slurm

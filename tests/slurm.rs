@@ -282,6 +282,18 @@ fn a_gpu_job_is_admitted_at_sbatch_runs_as_a_lease_and_is_priced_in_team_hourly(
         "gpuwarden leases shows {id}: {}",
         String::from_utf8_lossy(&listed.stdout)
     );
+    // Slurm cannot change a running job's GPUs, and a resize says so in its decision.
+    let (status, body) = http(
+        &api,
+        "POST",
+        &format!("/v1/leases/{id}/resize"),
+        Some(TOKEN),
+        Some(r#"{"gpus": 1}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let resize: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(resize["decision"], "denied", "{body}");
+    assert_eq!(resize["reasons"][0]["code"], "resize_unsupported", "{body}");
     // The hook set the job's admin comment (its hold) and kept the asked-for time limit.
     let queued = cluster.job_json(job).expect("the job is queued");
     assert!(
@@ -334,6 +346,21 @@ fn a_gpu_job_is_admitted_at_sbatch_runs_as_a_lease_and_is_priced_in_team_hourly(
             }
         },
     );
+
+    // A job that fails fails its lease.
+    let failing = cluster
+        .sbatch_as(
+            &user.name,
+            &["--gres=gpu:h100:1", "-t", "1", "--wrap", "exit 3"],
+        )
+        .expect("admitted");
+    let failed = lease_when(
+        &api,
+        &format!("slurm-{}-{failing}", cluster.name),
+        "the failed job's lease fails",
+        |l| l["state"] == "failed",
+    );
+    assert_eq!(failed["release_reason"], "failed", "{failed}");
 
     // An array is decided once for all its tasks: 4 tasks of 1 GPU, 2 at once, hold 2 GPUs as
     // one lease named after the array's job id, released when its last task ends.

@@ -189,6 +189,11 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
         let _ = user;
         None
     }
+    /// Whether the substrate can move a running lease to other GPUs; a resize of a lease on one
+    /// that cannot is denied `resize_unsupported` without asking the policy or the driver.
+    fn resizes(&self) -> bool {
+        true
+    }
     /// The Slurm driver behind this one, for the submit hook and the watcher of its queue.
     fn slurm(&self) -> Option<&SlurmDriver> {
         None

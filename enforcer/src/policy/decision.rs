@@ -34,11 +34,13 @@ pub enum ReasonCode {
     AccountPrivileged,
     /// The command's program is not one of the workload's `programs`.
     ProgramNotAllowed,
+    /// The lease's substrate cannot change a running lease's GPUs (Slurm).
+    ResizeUnsupported,
 }
 
 impl ReasonCode {
     /// Every code, in a stable order.
-    pub const ALL: [ReasonCode; 11] = [
+    pub const ALL: [ReasonCode; 12] = [
         Self::NotMember,
         Self::WorkloadLimit,
         Self::ModelNotAllowed,
@@ -50,6 +52,7 @@ impl ReasonCode {
         Self::AccountUnmapped,
         Self::AccountPrivileged,
         Self::ProgramNotAllowed,
+        Self::ResizeUnsupported,
     ];
 
     /// The snake_case code used in JSON, actions and metrics.
@@ -66,6 +69,7 @@ impl ReasonCode {
             Self::AccountUnmapped => "account_unmapped",
             Self::AccountPrivileged => "account_privileged",
             Self::ProgramNotAllowed => "program_not_allowed",
+            Self::ResizeUnsupported => "resize_unsupported",
         }
     }
 }

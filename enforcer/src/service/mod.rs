@@ -288,13 +288,13 @@ impl Service {
             principal: principal.clone(),
             admission: request.clone(),
         };
-        let pending = self
-            .inner
-            .store
-            .admit_as(now, &config.pricing, &request, admitted, |ledger| {
-                let snapshot = Self::snapshot(&config, ledger, subs);
-                policy::evaluate(&policy_request, &snapshot, &mut self.placements())
-            });
+        let pending =
+            self.inner
+                .store
+                .admit_as(now, &config.pricing, &request, admitted, |ledger| {
+                    let snapshot = Self::snapshot(&config, ledger, subs);
+                    policy::evaluate(&policy_request, &snapshot, &mut self.placements())
+                });
         // A hold is answered once memory has it, without waiting for its commit: the submit hook
         // asks under slurmctld's locks, where every fsync would stall the cluster's submissions.
         // Losing it in a crash is repaired: the job carries the hold's id, and the watcher adopts
@@ -791,6 +791,28 @@ impl Service {
         }
         let before = self.lease_for_write(principal, id).await?;
         let lease = &before;
+        if gpus != lease.gpu_count && !self.driver(lease)?.resizes() {
+            let decision = Decision {
+                reasons: vec![policy::Reason {
+                    code: policy::ReasonCode::ResizeUnsupported,
+                    message: format!(
+                        "lease {id} runs on substrate {}, which cannot change a running lease's \
+                         GPUs; release it and ask again",
+                        lease.substrate
+                    ),
+                }],
+                estimate: policy::Estimate {
+                    usd_per_hour: 0.0,
+                    max_usd: None,
+                },
+                placement: None,
+                duration: None,
+            };
+            return Ok(Admission {
+                decision,
+                lease: Some(before),
+            });
+        }
         // A lease is resized where it runs: only its substrate is asked.
         let subs: Vec<SubstrateState> = self
             .inventory_of(&lease.substrate)

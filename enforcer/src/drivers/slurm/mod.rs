@@ -578,6 +578,10 @@ impl Driver for SlurmDriver {
             .flatten()
     }
 
+    fn resizes(&self) -> bool {
+        false
+    }
+
     fn slurm(&self) -> Option<&SlurmDriver> {
         Some(self)
     }
