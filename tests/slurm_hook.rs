@@ -298,7 +298,8 @@ fn the_hook_sends_the_protocol_s_fields_and_the_user_sees_a_denial() {
         "user": user.name, "uid": uid, "account": null, "partition": null, "qos": null,
         "comment": null, "wckey": null, "job_name": "wrap", "tres_per_node": null,
         "tres_per_job": null, "tres_per_task": null, "tres_per_socket": null,
-        "min_nodes": null, "num_tasks": null, "array_inx": null, "time_limit": null,
+        "min_nodes": null, "max_nodes": null, "num_tasks": null, "ntasks_per_node": null,
+        "sockets_per_node": null, "array_inx": null, "time_limit": null,
         "lease_id": null,
     });
     let with = |fields: Value| {
@@ -345,7 +346,7 @@ fn the_hook_sends_the_protocol_s_fields_and_the_user_sees_a_denial() {
             ],
             vec![("GPUWARDEN_LEASE_ID", "local-7f3a")],
             with(json!({
-                "tres_per_node": "gres:gpu:1", "min_nodes": 1, "account": "physics",
+                "tres_per_node": "gres:gpu:1", "min_nodes": 1, "max_nodes": 1, "account": "physics",
                 "partition": "gpu", "time_limit": 90, "wckey": "training:p1",
                 "job_name": "we\"ird\\name", "comment": "tab\there, ünïcode",
                 "lease_id": "local-7f3a",

@@ -1,4 +1,4 @@
--- gpuwarden's job_submit/lua hook for Slurm (22.05 and later; Lua 5.1 with lua-socket).
+-- gpuwarden's job_submit/lua hook for Slurm (tested with 22.05; Lua 5.1 with lua-socket).
 --
 -- Every GPU job submitted to this cluster is first put to gpuwarden's enforcer, which answers
 -- admit or deny and may set the job's admin_comment and time_limit; the enforcer's watcher then
@@ -42,6 +42,8 @@ end
 local DENIED = slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
 
 local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
+local SHAPE_FIELDS = { "min_nodes", "max_nodes", "num_tasks", "ntasks_per_node",
+   "sockets_per_node", "array_inx" }
 
 ---------------------------------------------------------------------------------------------------
 -- Configuration, read once at load.
@@ -180,6 +182,12 @@ local function call(url, body)
       sink = ltn12.sink.table(chunks),
    })
    if ok == nil then return nil, tostring(status) end
+   -- 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number out of
+   -- range). That is the job's fault, not an outage: it is denied, whatever on_unavailable says.
+   if status == 422 then
+      return { decision = "deny", message = "gpuwarden cannot read this job's request: "
+         .. string.sub(table.concat(chunks), 1, 300) }
+   end
    if status ~= 200 then return nil, "HTTP status " .. tostring(status) end
    return parse_answer(table.concat(chunks))
 end
@@ -246,9 +254,12 @@ local function submit(job_desc, submit_uid)
    if not gpu or submit_uid == 0 then return slurm.SUCCESS end
    local who = string.format("user=%s uid=%s", tostring(job_desc.user_name), tostring(submit_uid))
    return guarded("submit", who, job_desc, "submit_url", function()
-      local env = job_desc.environment
+      -- Only a batch job (one with a script) has an environment Slurm lets the hook read.
       local lease_id = nil
-      if env ~= nil then lease_id = env.GPUWARDEN_LEASE_ID end
+      if job_desc.script ~= nil then
+         local env = job_desc.environment
+         if env ~= nil then lease_id = env.GPUWARDEN_LEASE_ID end
+      end
       return json_object({
          { "user", job_desc.user_name },
          { "uid", submit_uid },
@@ -263,7 +274,10 @@ local function submit(job_desc, submit_uid)
          { "tres_per_task", job_desc.tres_per_task },
          { "tres_per_socket", job_desc.tres_per_socket },
          { "min_nodes", job_desc.min_nodes },
+         { "max_nodes", job_desc.max_nodes },
          { "num_tasks", job_desc.num_tasks },
+         { "ntasks_per_node", job_desc.ntasks_per_node },
+         { "sockets_per_node", job_desc.sockets_per_node },
          { "array_inx", job_desc.array_inx },
          { "time_limit", job_desc.time_limit },
          { "lease_id", lease_id },
@@ -272,10 +286,16 @@ local function submit(job_desc, submit_uid)
 end
 
 local function modify(job_desc, job_rec, modify_uid)
+   -- Whatever changes how many GPUs the job holds: its GPU requests, its nodes and tasks, and
+   -- an array's index or throttle.
    local changed = false
    for _, field in ipairs(TRES_FIELDS) do
       local new = job_desc[field]
       if new ~= nil and new ~= job_rec[field] then changed = true end
+   end
+   for _, field in ipairs(SHAPE_FIELDS) do
+      local new = job_desc[field]
+      if new ~= nil and not UNSET_NUMBERS[new] and new ~= job_rec[field] then changed = true end
    end
    -- A job of root was admitted without a call; its changes are not gpuwarden's to judge.
    if not changed or job_rec.user_id == 0 then return slurm.SUCCESS end
@@ -297,7 +317,11 @@ local function modify(job_desc, job_rec, modify_uid)
          { "tres_per_task", new_or_old("tres_per_task") },
          { "tres_per_socket", new_or_old("tres_per_socket") },
          { "min_nodes", new_or_old("min_nodes") },
+         { "max_nodes", new_or_old("max_nodes") },
          { "num_tasks", new_or_old("num_tasks") },
+         { "ntasks_per_node", new_or_old("ntasks_per_node") },
+         { "sockets_per_node", new_or_old("sockets_per_node") },
+         { "array_inx", job_desc.array_inx },
       })
    end)
 end

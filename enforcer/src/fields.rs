@@ -142,9 +142,59 @@ pub fn gpu_count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     })
 }
 
+/// A whole number as JSON Schema's `integer` allows it (`3`, `3.0`, `3e0`) that fits `u64`.
+fn whole<E: serde::de::Error>(number: &serde_json::Number) -> Result<u64, E> {
+    match (number.as_u64(), number.as_f64()) {
+        (Some(n), _) => Ok(n),
+        // 2^64 is the first float past u64::MAX.
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) => {
+            Ok(f as u64)
+        }
+        _ => Err(E::custom(format!(
+            "must be a whole number of 0 or more, not {number}"
+        ))),
+    }
+}
+
+/// A required whole number (see [`whole`]).
+pub fn whole_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    whole(&serde_json::Number::deserialize(d)?)
+}
+
+/// An optional whole number (see [`whole`]); null is none.
+pub fn optional_whole<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<serde_json::Number>::deserialize(d)?
+        .map(|n| whole(&n))
+        .transpose()
+}
+
+/// An optional whole number that fits `u32` (a uid).
+pub fn optional_whole_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    optional_whole(d)?
+        .map(|n| {
+            u32::try_from(n)
+                .map_err(|_| serde::de::Error::custom(format!("{n} is more than 4294967295")))
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_may_be_written_as_floats() {
+        let parse = |json: &str| {
+            let mut de = serde_json::Deserializer::from_str(json);
+            optional_whole(&mut de).map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("3"), Ok(Some(3)));
+        assert_eq!(parse("13081.0"), Ok(Some(13081)));
+        assert_eq!(parse("null"), Ok(None));
+        assert!(parse("1.5").is_err());
+        assert!(parse("-1").is_err());
+        assert!(parse("1e30").is_err());
+    }
 
     #[test]
     fn durations_the_pattern_admits_parse_and_others_do_not() {

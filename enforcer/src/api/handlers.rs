@@ -183,8 +183,10 @@ pub(super) async fn get_team(
     params(("substrate" = String, Path, description = "The Slurm substrate's name")),
     responses(
         (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
+        (status = 403, description = "The token is not a service's or an admin's", body = ErrorBody),
         (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
         (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
+        (status = 503, description = "The enforcer has not read the cluster yet (the hook applies its on_unavailable)", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub(super) async fn slurm_submit(
@@ -203,8 +205,10 @@ pub(super) async fn slurm_submit(
     params(("substrate" = String, Path, description = "The Slurm substrate's name")),
     responses(
         (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
+        (status = 403, description = "The token is not a service's or an admin's", body = ErrorBody),
         (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
         (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
+        (status = 503, description = "The enforcer has not read the cluster yet (the hook applies its on_unavailable)", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub(super) async fn slurm_modify(

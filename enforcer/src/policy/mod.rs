@@ -940,10 +940,17 @@ mod tests {
         let mut got = codes(&d);
         got.sort();
         // The account codes stand in for no_capacity when every substrate refuses the user, so
-        // they are never reported with it.
+        // they are never reported with it; resize_unsupported is the service's, for resizes.
         let expected: Vec<ReasonCode> = ReasonCode::ALL
             .into_iter()
-            .filter(|c| ![ReasonCode::AccountUnmapped, ReasonCode::AccountPrivileged].contains(c))
+            .filter(|c| {
+                ![
+                    ReasonCode::AccountUnmapped,
+                    ReasonCode::AccountPrivileged,
+                    ReasonCode::ResizeUnsupported,
+                ]
+                .contains(c)
+            })
             .collect();
         assert_eq!(got, expected);
         assert!(!d.admitted());

@@ -406,6 +406,7 @@ impl Service {
                     )
                 },
             )
+            .applied()
             .await?;
         Ok(Admission {
             decision,
@@ -611,6 +612,10 @@ impl Service {
                 continue;
             }
             let driver = self.driver(&lease)?;
+            // A Slurm substrate's leases and holds follow its queue, which its watcher reads.
+            if driver.slurm().is_some() {
+                continue;
+            }
             let status = match driver.status(&lease.id).await {
                 Ok(status) => status,
                 Err(e) => {

@@ -38,6 +38,8 @@ use gpuwarden_schema::Workload;
 pub const HOLD_COMMENT: &str = "gpuwarden:hold=";
 /// The `admin_comment` prefix of a job the driver submitted: `gpuwarden:lease=<lease id>`.
 pub const LEASE_COMMENT: &str = "gpuwarden:lease=";
+/// The label of an array's lease: how many of its tasks may run at once.
+pub const ARRAY_AT_ONCE: &str = "slurm_array_at_once";
 
 /// What the submit hook sends for a job being submitted (`POST /v1/slurm/{substrate}/submit`):
 /// Slurm's fields as the job asked for them; absent ones are null.
@@ -47,7 +49,7 @@ pub struct SubmitRequest {
     /// The submitting Slurm user.
     pub user: String,
     /// Its uid.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole_u32")]
     pub uid: Option<u32>,
     /// `--account`.
     #[serde(default)]
@@ -80,16 +82,25 @@ pub struct SubmitRequest {
     #[serde(default)]
     pub tres_per_socket: Option<String>,
     /// `--nodes` (minimum).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
     pub min_nodes: Option<u64>,
+    /// `--nodes`' maximum.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub max_nodes: Option<u64>,
     /// `--ntasks`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
     pub num_tasks: Option<u64>,
+    /// `--ntasks-per-node`.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub ntasks_per_node: Option<u64>,
+    /// `--sockets-per-node`.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub sockets_per_node: Option<u64>,
     /// `--array`'s index (`0-9%2`).
     #[serde(default)]
     pub array_inx: Option<String>,
     /// `--time`, minutes.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
     pub time_limit: Option<u64>,
     /// `GPUWARDEN_LEASE_ID` in the job's environment.
     #[serde(default)]
@@ -101,12 +112,13 @@ pub struct SubmitRequest {
 #[serde(deny_unknown_fields)]
 pub struct ModifyRequest {
     /// The job.
+    #[serde(deserialize_with = "crate::fields::whole_u64")]
     pub job_id: u64,
     /// The job's user, if the hook knows it.
     #[serde(default)]
     pub user: Option<String>,
     /// The uid changing it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole_u32")]
     pub uid: Option<u32>,
     /// The job's `admin_comment` (set at submission).
     #[serde(default)]
@@ -124,11 +136,23 @@ pub struct ModifyRequest {
     #[serde(default)]
     pub tres_per_socket: Option<String>,
     /// `--nodes`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
     pub min_nodes: Option<u64>,
+    /// `--nodes`' maximum.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub max_nodes: Option<u64>,
     /// `--ntasks`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
     pub num_tasks: Option<u64>,
+    /// `--ntasks-per-node`.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub ntasks_per_node: Option<u64>,
+    /// `--sockets-per-node`.
+    #[serde(default, deserialize_with = "crate::fields::optional_whole")]
+    pub sockets_per_node: Option<u64>,
+    /// An array's new index or throttle (`%4`), when it changes.
+    #[serde(default)]
+    pub array_inx: Option<String>,
 }
 
 /// The answer to the hook: lines of `key=value` after `admit` or `deny`, for a Lua plugin that
@@ -221,13 +245,19 @@ pub async fn submit(
         tres_per_task: request.tres_per_task.clone(),
         tres_per_socket: request.tres_per_socket.clone(),
         min_nodes: request.min_nodes,
+        max_nodes: request.max_nodes,
         num_tasks: request.num_tasks,
+        ntasks_per_node: request.ntasks_per_node,
+        sockets_per_node: request.sockets_per_node,
     };
     let wanted = GpuRequest::of(&tres);
     if wanted.gpus == 0 {
         return Ok(Answer::admit(""));
     }
     require_snapshot(slurm, substrate)?;
+    if let Some(why) = &wanted.uncountable {
+        return Ok(Answer::deny(format!("gpuwarden: denied: {why}")));
+    }
     if let Some(lease_id) = &request.lease_id {
         return Ok(claim(
             service,
@@ -295,6 +325,7 @@ pub async fn submit(
     // An array is decided once: its tasks that may run at once, each with the job's GPUs.
     let mut gpus = wanted.gpus;
     let mut array_note = String::new();
+    let mut at_once_label = None;
     if let Some(index) = request.array_inx.as_deref().filter(|i| !i.is_empty()) {
         let Some((count, at_once)) = array_tasks(index) else {
             return Ok(Answer::deny(format!(
@@ -303,7 +334,29 @@ pub async fn submit(
         };
         gpus = gpus.saturating_mul(at_once);
         array_note = format!(" (an array of {count} tasks, {at_once} at once)");
+        at_once_label = Some(at_once);
     }
+    // The model: the GRES type's; a job naming no type may land on any GPU of the cluster, so it
+    // is priced and checked as one only when the cluster has one model.
+    let model = match &wanted.gpu_type {
+        Some(t) => slurm.model_of(t),
+        None => {
+            let models: Vec<String> = slurm
+                .kept()
+                .map(|s| s.inventory.pooled.iter().map(|(m, _)| m.clone()).collect())
+                .unwrap_or_default();
+            match models.as_slice() {
+                [one] => one.clone(),
+                _ => {
+                    return Ok(Answer::deny(format!(
+                        "gpuwarden: denied: name a GPU type (--gres=gpu:<type>:N or \
+                         --gpus=<type>:N): this cluster has {}",
+                        models.join(", ")
+                    )))
+                }
+            }
+        }
+    };
     let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
     // The time limit: the workload's longest when the job asks for more or for none.
     let max = config.workload(workload).max_duration;
@@ -324,20 +377,23 @@ pub async fn submit(
             labels.insert(key.to_owned(), v.to_owned());
         }
     }
+    if let Some(n) = at_once_label {
+        labels.insert(ARRAY_AT_ONCE.to_owned(), n.to_string());
+    }
     let admission = AdmissionRequest {
         team,
         user: request.user.clone(),
         project,
         workload,
         gpus,
-        gpu_model: wanted.gpu_type.as_deref().map(|t| slurm.model_of(t)),
+        gpu_model: Some(model.clone()),
         substrate: Some(substrate.to_owned()),
         duration,
         labels: Some(labels),
         dry_run: false,
         command: None,
     };
-    let (team, model) = (admission.team.clone(), admission.gpu_model.clone());
+    let team = admission.team.clone();
     let admission = match service.hold(principal, admission).await {
         Ok(admission) => admission,
         // What the user can fix (a name, a team it is not in) is a denial, not an outage.
@@ -350,6 +406,13 @@ pub async fn submit(
     };
     let decision = &admission.decision;
     match admission.lease {
+        // The model is matched as a part of a name; only the very model counts.
+        Some(hold) if hold.gpu_model != model => {
+            service.drop_hold(&hold.id).await?;
+            Ok(Answer::deny(format!(
+                "gpuwarden: denied: this cluster has no GPUs of model {model}"
+            )))
+        }
         Some(hold) => {
             let minutes = decision.duration.map(|d| d.as_secs().div_ceil(60).max(1));
             let clamped = match (asked, decision.duration) {
@@ -372,12 +435,7 @@ pub async fn submit(
                 ),
             })
         }
-        None => Ok(Answer::deny(denial(
-            &team,
-            model.as_deref(),
-            gpus,
-            decision,
-        ))),
+        None => Ok(Answer::deny(denial(&team, Some(&model), gpus, decision))),
     }
 }
 
@@ -420,9 +478,10 @@ async fn claim(
              gpuwarden, or submit without it"
         ))
     };
-    let lease = match service.store().lease(lease_id).await {
+    // From memory: a made-up id must not make the hook wait for the store's writer.
+    let lease = match service.store().open_lease(lease_id) {
         Ok(Some(lease)) => lease,
-        Ok(None) => return refused("names no lease"),
+        Ok(None) => return refused("names no open lease"),
         Err(_) => return refused("cannot be checked now"),
     };
     if lease.substrate != substrate || lease.user != user {
@@ -460,30 +519,20 @@ pub async fn modify(
         ServiceError::NotFound(format!("substrate {substrate} is not a Slurm cluster"))
     })?;
     require_snapshot(slurm, substrate)?;
+    // Everything from memory: the hook must not wait for the store's writer.
+    let store = service.store();
+    let open = |id: &str| store.open_lease(id);
     let comment = request.admin_comment.as_deref().unwrap_or("");
-    let id = if let Some(hold) = comment.strip_prefix(HOLD_COMMENT) {
+    let lease = if let Some(hold) = comment.strip_prefix(HOLD_COMMENT) {
         // Bound already, or still a hold.
-        match service
-            .store()
-            .lease(&slurm.lease_id(request.job_id))
-            .await?
-        {
-            Some(lease) if lease.state.is_open() => lease.id,
-            _ => hold.to_owned(),
+        match open(&slurm.lease_id(request.job_id))? {
+            Some(lease) => Some(lease),
+            None => open(hold)?,
         }
-    } else if let Some(lease) = comment.strip_prefix(LEASE_COMMENT) {
-        lease.to_owned()
+    } else if let Some(id) = comment.strip_prefix(LEASE_COMMENT) {
+        open(id)?
     } else {
-        slurm.lease_id(request.job_id)
-    };
-    let Some(lease) = service
-        .store()
-        .lease(&id)
-        .await?
-        .filter(|l| l.state.is_open())
-    else {
-        // Not a job gpuwarden admitted: the watcher reports it.
-        return Ok(Answer::admit(""));
+        open(&slurm.lease_id(request.job_id))?
     };
     let wanted = GpuRequest::of(&TresFields {
         tres_per_node: request.tres_per_node,
@@ -491,10 +540,62 @@ pub async fn modify(
         tres_per_task: request.tres_per_task,
         tres_per_socket: request.tres_per_socket,
         min_nodes: request.min_nodes,
+        max_nodes: request.max_nodes,
         num_tasks: request.num_tasks,
+        ntasks_per_node: request.ntasks_per_node,
+        sockets_per_node: request.sockets_per_node,
     });
-    let gpus = u32::try_from(wanted.gpus).unwrap_or(u32::MAX);
-    if gpus == 0 || gpus == lease.gpu_count {
+    let Some(lease) = lease else {
+        // Not a job gpuwarden admitted: without GPUs it is none of gpuwarden's business; one
+        // gaining GPUs would skip admission.
+        if wanted.gpus == 0 {
+            return Ok(Answer::admit(""));
+        }
+        return Ok(Answer::deny(
+            "gpuwarden: denied: a job admitted without GPUs cannot gain them; submit it again \
+             with its GPUs",
+        ));
+    };
+    if let Some(why) = &wanted.uncountable {
+        return Ok(Answer::deny(format!("gpuwarden: denied: {why}")));
+    }
+    if let Some(t) = &wanted.gpu_type {
+        if slurm.model_of(t) != lease.gpu_model {
+            return Ok(Answer::deny(format!(
+                "gpuwarden: denied: lease {} holds {}; a job's GPU type cannot change after \
+                 admission: submit it again",
+                lease.id, lease.gpu_model
+            )));
+        }
+    }
+    // An array's lease holds its tasks that may run at once, each with the job's GPUs.
+    let at_once = match request.array_inx.as_deref().filter(|i| !i.is_empty()) {
+        Some(index) => match array_tasks(index) {
+            Some((_, at_once)) => Some(at_once),
+            None => {
+                return Ok(Answer::deny(format!(
+                    "gpuwarden: denied: cannot read the array index {index:?}"
+                )))
+            }
+        },
+        None => lease
+            .labels
+            .get(ARRAY_AT_ONCE)
+            .and_then(|n| n.parse::<u64>().ok()),
+    };
+    if at_once.is_some() && !lease.labels.contains_key(ARRAY_AT_ONCE) {
+        return Ok(Answer::deny(
+            "gpuwarden: denied: a job admitted alone cannot become an array; submit it again",
+        ));
+    }
+    let gpus = wanted.gpus.saturating_mul(at_once.unwrap_or(1));
+    let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
+    if gpus == 0 {
+        return Ok(Answer::deny(
+            "gpuwarden: denied: a job admitted with GPUs keeps at least one; cancel it instead",
+        ));
+    }
+    if gpus == lease.gpu_count {
         return Ok(Answer::admit(""));
     }
     if lease.state != LeaseState::Granted {

@@ -137,7 +137,7 @@ impl Watcher {
         let hold_timeout = slurm
             .settings()
             .hold_timeout
-            .unwrap_or(Duration::from_secs(300));
+            .unwrap_or(Duration::from_secs(60));
         for (id, lease) in &open {
             if in_queue.contains(id) {
                 continue;
@@ -180,11 +180,27 @@ impl Watcher {
         let phases: Vec<Phase> = jobs.iter().map(|j| j.phase()).collect();
         let running = phases.contains(&Phase::Running);
         let pending = phases.contains(&Phase::Pending);
+        // Being killed or cleaning up: it still holds its GPUs, but starts nothing new.
+        let completing = phases.contains(&Phase::Completing);
         let comment = |prefix: &str| {
             jobs.iter()
                 .find_map(|j| j.admin_comment.strip_prefix(prefix).map(str::to_owned))
         };
-        let job_lease = slurm.lease_id(lease_job);
+        // The lease named after the job; when that id belongs to a lease that ended before this
+        // job was queued (the controller's job ids started again, or the job was requeued after
+        // its lease ended), the first free id of `<id>-<when that lease ended>`.
+        let mut job_lease = slurm.lease_id(lease_job);
+        if (running || pending) && !open.contains_key(&job_lease) {
+            for _ in 0..8 {
+                match service.store().lease(&job_lease).await? {
+                    Some(ended) if !ended.state.is_open() => {
+                        let at = ended.released_at.unwrap_or(ended.updated_at);
+                        job_lease = format!("{}-{at}", slurm.lease_id(lease_job));
+                    }
+                    _ => break,
+                }
+            }
+        }
         let id = if let Some(id) = comment(LEASE_COMMENT) {
             id
         } else if open.contains_key(&job_lease) {
@@ -202,7 +218,14 @@ impl Watcher {
             service.bind(&hold, &job_lease, state, &detail).await?;
             tracing::info!(lease_id = %job_lease, hold = %hold, "Slurm job admitted at submission is queued; lease bound");
             return self
-                .settle(service, &job_lease, state, running, pending, &phases)
+                .settle(
+                    service,
+                    &job_lease,
+                    state,
+                    running,
+                    pending || completing,
+                    &phases,
+                )
                 .await;
         } else if service.store().lease(&job_lease).await?.is_some() {
             // Its lease ended already (reclaimed, or ended while its job still shows).
@@ -225,8 +248,15 @@ impl Watcher {
         let Some(lease) = open.get(&id) else {
             return Ok(None);
         };
-        self.settle(service, &id, lease.state, running, pending, &phases)
-            .await
+        self.settle(
+            service,
+            &id,
+            lease.state,
+            running,
+            pending || completing,
+            &phases,
+        )
+        .await
     }
 
     /// Hold `hold`, if it is open: in `open`, or admitted since `open` was read.

@@ -407,6 +407,12 @@ impl Store {
         })
     }
 
+    /// Lease `id` if it is open, from memory: never waits for the writer.
+    pub fn open_lease(&self, id: &str) -> Result<Option<Lease>, StoreError> {
+        self.check()?;
+        Ok(lock(&self.inner.memory).open(id).cloned())
+    }
+
     /// One lease.
     pub fn lease(&self, id: &str) -> Pending<Option<Lease>> {
         if let Err(e) = self.check() {

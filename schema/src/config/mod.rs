@@ -834,7 +834,7 @@ pub struct SlurmSettings {
     /// when their team maps (default true); otherwise they are only reported as unattributed.
     pub adopt: Option<bool>,
     /// How long an admission waits for its job to appear in the queue before its GPUs are
-    /// given back (Slurm refused the job after the hook admitted it). Default 5 min.
+    /// given back (Slurm refused the job after the hook admitted it). Default 1 min.
     #[serde(default, deserialize_with = "duration::optional")]
     pub hold_timeout: Option<Duration>,
 }

@@ -410,6 +410,26 @@ fn teams(config: &Config, report: Report<'_>) {
 
 fn substrates(config: &Config, report: Report<'_>) {
     let mut names = BTreeSet::new();
+    // Lease ids are named after the cluster: two substrates of one cluster would share them.
+    let mut clusters = BTreeSet::new();
+    for (i, s) in config.substrates.iter().enumerate() {
+        if let Some(slurm) = &s.slurm {
+            if !clusters.insert(slurm.cluster.to_ascii_lowercase()) {
+                report(
+                    vec![
+                        key("substrates"),
+                        Seg::Index(i),
+                        key("slurm"),
+                        key("cluster"),
+                    ],
+                    format!(
+                        "cluster `{}` is another substrate's too: its lease ids would collide",
+                        slurm.cluster
+                    ),
+                );
+            }
+        }
+    }
     for (i, s) in config.substrates.iter().enumerate() {
         if s.name.trim().is_empty() {
             report(item("substrates", i, "name"), "must not be empty".into());

@@ -93,8 +93,12 @@ pub struct Node {
 pub enum Phase {
     /// Queued, held, or waiting on a dependency: it holds no GPU yet.
     Pending,
-    /// It holds its GPUs (running, suspended, completing, being configured).
+    /// It holds its GPUs (running, suspended, being configured).
     Running,
+    /// Being killed or cleaning up after its end (`COMPLETING`, which Slurm shows for a
+    /// cancelled or finished job until its processes are gone): its lease is not ended yet, but
+    /// nothing new starts from it.
+    Completing,
     /// It ended; how.
     Ended(End),
 }
@@ -119,6 +123,7 @@ impl Job {
         match self.job_state.as_str() {
             "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "SPECIAL_EXIT"
             | "RESV_DEL_HOLD" => Phase::Pending,
+            "COMPLETING" | "STAGE_OUT" => Phase::Completing,
             "COMPLETED" => Phase::Ended(End::Completed),
             "CANCELLED" => Phase::Ended(End::Cancelled),
             "TIMEOUT" => Phase::Ended(End::Timeout),
@@ -146,7 +151,10 @@ impl Job {
             tres_per_task: text(&self.tres_per_task),
             tres_per_socket: text(&self.tres_per_socket),
             min_nodes: self.node_count,
+            max_nodes: None,
             num_tasks: self.tasks,
+            ntasks_per_node: None,
+            sockets_per_node: None,
         })
     }
 }
@@ -164,17 +172,26 @@ pub struct TresFields {
     pub tres_per_socket: Option<String>,
     /// `--nodes` (its minimum).
     pub min_nodes: Option<u64>,
+    /// `--nodes=<min>-<max>`: the most nodes the job may get.
+    pub max_nodes: Option<u64>,
     /// `--ntasks`.
     pub num_tasks: Option<u64>,
+    /// `--ntasks-per-node`.
+    pub ntasks_per_node: Option<u64>,
+    /// `--sockets-per-node`.
+    pub sockets_per_node: Option<u64>,
 }
 
 /// What a job asks for, in GPUs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuRequest {
-    /// GPUs in all (one array task's).
+    /// GPUs in all (one array task's): the most it may hold.
     pub gpus: u64,
     /// The GRES type named (`h100`), if any.
     pub gpu_type: Option<String>,
+    /// Why the GPUs cannot be counted or typed before placement, if so (`--gpus-per-socket`
+    /// without `--sockets-per-node`; two GPU types in one job).
+    pub uncountable: Option<String>,
 }
 
 /// The most a count in a TRES string may be; larger ones are read as this much (no cluster has
@@ -187,29 +204,49 @@ impl GpuRequest {
     /// as `gres:gpu:2`, `gres:gpu:h100:2`, `gres/gpu=2` or `gres/gpu:h100=2`, several
     /// separated by commas (other GRES, licenses) of which only `gpu` counts.
     pub fn of(tres: &TresFields) -> Self {
-        let nodes = tres
-            .min_nodes
-            .filter(|&n| n > 0)
+        let set = |n: Option<u64>| n.filter(|&n| n > 0).map(|n| n.min(MAX_COUNT));
+        // The most nodes it may get: `--nodes=2-8` may run on 8.
+        let nodes = set(tres.min_nodes)
             .unwrap_or(1)
-            .min(MAX_COUNT);
-        let tasks = tres
-            .num_tasks
-            .filter(|&n| n > 0)
+            .max(set(tres.max_nodes).unwrap_or(0));
+        let tasks = set(tres.num_tasks)
             .unwrap_or(1)
-            .min(MAX_COUNT);
+            .max(set(tres.ntasks_per_node).unwrap_or(0).saturating_mul(nodes));
+        let sockets = set(tres.sockets_per_node).map(|s| s.saturating_mul(nodes));
         let mut out = GpuRequest::default();
         for (text, times) in [
-            (&tres.tres_per_job, 1),
-            (&tres.tres_per_node, nodes),
-            (&tres.tres_per_task, tasks),
-            (&tres.tres_per_socket, 1),
+            (&tres.tres_per_job, Some(1)),
+            (&tres.tres_per_node, Some(nodes)),
+            (&tres.tres_per_task, Some(tasks)),
+            (&tres.tres_per_socket, sockets),
         ] {
             let Some(text) = text else { continue };
             let (count, gpu_type) = gpus_in(text);
-            out.gpus = out.gpus.max(count.saturating_mul(times));
-            if out.gpu_type.is_none() {
-                out.gpu_type = gpu_type;
+            if count == 0 {
+                continue;
             }
+            let Some(times) = times else {
+                out.uncountable = Some(
+                    "--gpus-per-socket needs --sockets-per-node, or the GPUs cannot be counted \
+                     before placement"
+                        .into(),
+                );
+                continue;
+            };
+            out.gpus = out.gpus.max(count.saturating_mul(times));
+            match (&out.gpu_type, gpu_type) {
+                (None, t) => out.gpu_type = t,
+                (Some(a), Some(b)) if *a != b => {
+                    out.uncountable = Some(format!("one GPU type per job ({a} and {b} asked)"))
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = out.gpu_type.as_deref().filter(|t| t.contains('+')) {
+            out.uncountable = Some(format!(
+                "one GPU type per job ({} asked)",
+                t.replace('+', " and ")
+            ));
         }
         out
     }
@@ -241,8 +278,13 @@ fn gpus_in(text: &str) -> (u64, Option<String>) {
             // `gpus…`, `gpufoo`: not the gpu GRES.
             continue;
         }
-        if gpu_type.is_none() && !kind.is_empty() {
-            gpu_type = Some(kind.to_owned());
+        if !kind.is_empty() {
+            match &gpu_type {
+                None => gpu_type = Some(kind.to_owned()),
+                // Two types in one string: the caller says one type per job.
+                Some(t) if t != kind => gpu_type = Some(format!("{t}+{kind}")),
+                Some(_) => {}
+            }
         }
         total = total.saturating_add(count);
     }
@@ -334,10 +376,12 @@ mod tests {
         let typed = |n, t: &str| GpuRequest {
             gpus: n,
             gpu_type: Some(t.into()),
+            uncountable: None,
         };
         let untyped = |n| GpuRequest {
             gpus: n,
             gpu_type: None,
+            uncountable: None,
         };
         // As the 22.05 hook and squeue show them (measured).
         assert_eq!(
@@ -385,6 +429,29 @@ mod tests {
         let mut t = tres(Some("gres:gpu:h100:4"), Some("gres:gpu:2"), None);
         t.min_nodes = Some(2);
         assert_eq!(GpuRequest::of(&t), typed(8, "h100"));
+        // The most nodes a range may get; tasks per node times nodes; sockets.
+        let mut t = tres(Some("gres:gpu:8"), None, None);
+        t.min_nodes = Some(1);
+        t.max_nodes = Some(8);
+        assert_eq!(GpuRequest::of(&t).gpus, 64);
+        let mut t = tres(None, None, Some("gres:gpu:1"));
+        t.ntasks_per_node = Some(4);
+        t.min_nodes = Some(2);
+        assert_eq!(GpuRequest::of(&t).gpus, 8);
+        let mut t = TresFields {
+            tres_per_socket: Some("gres:gpu:2".into()),
+            ..TresFields::default()
+        };
+        assert!(GpuRequest::of(&t).uncountable.is_some());
+        t.sockets_per_node = Some(2);
+        assert_eq!(GpuRequest::of(&t).gpus, 4);
+        // Two types in one job cannot be priced or checked as one model.
+        for (node, job) in [
+            (Some("gres:gpu:a10:1,gres:gpu:h100:4"), None),
+            (Some("gres:gpu:a10:1"), Some("gres:gpu:h100:4")),
+        ] {
+            assert!(GpuRequest::of(&tres(node, job, None)).uncountable.is_some());
+        }
         // Absurd counts are capped, never overflow.
         assert_eq!(
             GpuRequest::of(&tres(Some("gres:gpu:99999999999999999999999"), None, None)).gpus,
@@ -417,7 +484,7 @@ mod tests {
         assert_eq!(job("PENDING", 1, 0).phase(), Phase::Pending);
         assert_eq!(job("RUNNING", 1, 0).phase(), Phase::Running);
         assert_eq!(job("SUSPENDED", 1, 0).phase(), Phase::Running);
-        assert_eq!(job("COMPLETING", 1, 0).phase(), Phase::Running);
+        assert_eq!(job("COMPLETING", 1, 0).phase(), Phase::Completing);
         assert_eq!(job("TIMEOUT", 1, 0).phase(), Phase::Ended(End::Timeout));
         assert_eq!(job("NODE_FAIL", 1, 0).phase(), Phase::Ended(End::Failed));
         assert_eq!(job("CANCELLED", 1, 0).phase(), Phase::Ended(End::Cancelled));

@@ -81,6 +81,10 @@ pub struct SlurmDriver {
     work_dir: Option<PathBuf>,
     state_dir: PathBuf,
     snapshot: Mutex<Option<Snapshot>>,
+    /// Set when a change of the driver's own (a submission, a cancel) makes the snapshot stale:
+    /// the next reader that may wait reads the cluster again. The snapshot itself is kept for
+    /// those that may not (the submit hook's answers).
+    stale: std::sync::atomic::AtomicBool,
     /// Leases whose job the submit hook admitted already (see [`SlurmDriver::claim`]).
     claimed: Mutex<std::collections::HashSet<String>>,
     /// Serializes reads of the cluster, so that callers arriving together share one.
@@ -128,6 +132,7 @@ impl SlurmDriver {
             work_dir: config.work_dir.clone(),
             state_dir: state_dir(config, context)?,
             snapshot: Mutex::default(),
+            stale: std::sync::atomic::AtomicBool::new(false),
             claimed: Mutex::default(),
             reading: tokio::sync::Mutex::new(()),
         })
@@ -233,17 +238,20 @@ impl SlurmDriver {
 
     /// The latest snapshot of the cluster, read again when older than `max_age`.
     pub async fn snapshot(&self, max_age: Duration) -> Result<Snapshot, DriverError> {
-        if let Some(s) = self.kept().filter(|s| s.at.elapsed() <= max_age) {
+        if let Some(s) = self.fresh(max_age) {
             return Ok(s);
         }
         let _reading = self.reading.lock().await;
         // Someone else may have read it while this caller waited.
-        if let Some(s) = self.kept().filter(|s| s.at.elapsed() <= max_age) {
+        if let Some(s) = self.fresh(max_age) {
             return Ok(s);
         }
         let at = Instant::now();
+        self.stale.store(false, std::sync::atomic::Ordering::SeqCst);
+        // --all: hidden partitions too; the enforcer's account must see every user's jobs
+        // (SlurmUser, root or an operator, under PrivateData=jobs).
         let mut squeue = self.command("squeue");
-        squeue.arg("--json");
+        squeue.args(["--all", "--json"]);
         let queue: Queue = serde_json::from_slice(&self.run(squeue).await?).map_err(|e| {
             self.unavailable(format!("squeue --json answered what it cannot read: {e}"))
         })?;
@@ -319,9 +327,17 @@ impl SlurmDriver {
         }
     }
 
-    /// Forgets the snapshot: the next reader sees what a change just did.
+    /// Marks the snapshot stale: the next reader that may wait sees what a change just did.
     fn invalidate(&self) {
-        *self.lock() = None;
+        self.stale.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The kept snapshot if it is not stale and at most `max_age` old.
+    fn fresh(&self, max_age: Duration) -> Option<Snapshot> {
+        if self.stale.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        self.kept().filter(|s| s.at.elapsed() <= max_age)
     }
 
     /// The job (or an array's jobs) of `job_id` in `jobs`.
@@ -465,7 +481,17 @@ impl Driver for SlurmDriver {
                     message: refusal.message,
                 })?
         };
-        let job_id = self.submit(lease, &account).await?;
+        let job_id = match self.submit(lease, &account).await {
+            Ok(job_id) => job_id,
+            Err(e) => {
+                // The hook may have claimed the lease for the job Slurm then refused.
+                self.claimed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&lease.lease_id);
+                return Err(e);
+            }
+        };
         self.invalidate();
         let record = serde_json::to_vec(&Submitted {
             job_id,
