@@ -180,6 +180,48 @@ fn cluster(dir: &Path, name: &str) -> SlurmCluster {
     )
 }
 
+/// What a test runs: an account to submit as, a cluster with gpuwarden's hook, the enforcer the
+/// hook asks, and with the lake a broker and the pipeline (with its SQL endpoint).
+struct Site {
+    user: TestAccount,
+    cluster: SlurmCluster,
+    config: PathBuf,
+    /// The pipeline and psql on its SQL endpoint, when the test needs the lake.
+    lake: Option<(Running, Psql)>,
+    enforcer: Running,
+    /// The API, `host:port`.
+    api: String,
+    _broker: Option<Broker>,
+}
+
+impl Site {
+    /// Account `gwt<pid><tag>`, cluster `name`, and the processes, all under `dir`; Kafka is the
+    /// enforcer's embedded broker without the lake.
+    fn start(dir: &Path, tag: &str, name: &str, with_lake: bool) -> Self {
+        let user = TestAccount::create(tag);
+        let cluster = cluster(dir, name);
+        let broker = with_lake.then(|| Broker::start(dir));
+        let kafka = broker.as_ref().map_or("embedded", |b| b.bootstrap.as_str());
+        let config = write_config(dir, &cluster, &user.name, kafka);
+        let lake = with_lake.then(|| {
+            let (pipeline, sql_port) = support::start_pipeline_with_sql(&config);
+            (pipeline, Psql::new(sql_port, "anyone", None))
+        });
+        let (enforcer, api) = start_enforcer(&config);
+        write_hook_conf(dir, &format!("http://{api}"));
+        cluster.reload_hook();
+        Self {
+            user,
+            cluster,
+            config,
+            lake,
+            enforcer,
+            api,
+            _broker: broker,
+        }
+    }
+}
+
 /// The enforcer on `config`, and its API address (`host:port`).
 fn start_enforcer(config: &Path) -> (Running, String) {
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
@@ -249,15 +291,17 @@ fn a_gpu_job_is_admitted_at_sbatch_runs_as_a_lease_and_is_priced_in_team_hourly(
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let user = TestAccount::create("sl1");
-    let cluster = cluster(dir.path(), "gwe2e");
-    let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &cluster, &user.name, &broker.bootstrap);
-    let (pipeline, sql_port) = support::start_pipeline_with_sql(&config);
-    let psql = Psql::new(sql_port, "anyone", None);
-    let (enforcer, api) = start_enforcer(&config);
-    write_hook_conf(dir.path(), &format!("http://{api}"));
-    cluster.reload_hook();
+    // Every part bound: an unbound one would be dropped, and stopped, here.
+    let Site {
+        user,
+        cluster,
+        config: _,
+        lake,
+        enforcer,
+        api,
+        _broker,
+    } = Site::start(dir.path(), "sl1", "gwe2e", true);
+    let (pipeline, psql) = lake.unwrap();
 
     // A team within quota asks for two H100s with sbatch.
     let job = cluster
@@ -397,12 +441,13 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let user = TestAccount::create("sl2");
-    let cluster = cluster(dir.path(), "gwdeny");
-    let config = write_config(dir.path(), &cluster, &user.name, "embedded");
-    let (enforcer, api) = start_enforcer(&config);
-    write_hook_conf(dir.path(), &format!("http://{api}"));
-    cluster.reload_hook();
+    let Site {
+        user,
+        cluster,
+        enforcer,
+        api,
+        ..
+    } = Site::start(dir.path(), "sl2", "gwdeny", false);
     let sbatch = |args: &[&str]| cluster.sbatch_as(&user.name, args);
 
     denied(
@@ -550,15 +595,16 @@ fn an_idle_slurm_job_is_warned_then_cancelled_with_scancel() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let user = TestAccount::create("sl3");
-    let cluster = cluster(dir.path(), "gwidle");
-    let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &cluster, &user.name, &broker.bootstrap);
-    let (pipeline, sql_port) = support::start_pipeline_with_sql(&config);
-    let psql = Psql::new(sql_port, "anyone", None);
-    let (enforcer, api) = start_enforcer(&config);
-    write_hook_conf(dir.path(), &format!("http://{api}"));
-    cluster.reload_hook();
+    let Site {
+        user,
+        cluster,
+        config,
+        lake,
+        enforcer,
+        api,
+        _broker,
+    } = Site::start(dir.path(), "sl3", "gwidle", true);
+    let (pipeline, psql) = lake.unwrap();
 
     // The job's process writes its pid and sleeps: its GPU does nothing.
     let pid_file = cluster.jobs_dir.join("idle.pid");

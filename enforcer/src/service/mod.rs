@@ -380,32 +380,14 @@ impl Service {
             return Err(ServiceError::invalid("gpus", "must be at least 1"));
         }
         let lease = self.lease_for_write(principal, id).await?;
-        let subs: Vec<SubstrateState> = self
-            .inventory_of(&lease.substrate)
-            .await
-            .into_iter()
-            .collect();
-        let config = self.inner.config.clone();
-        let now = self.now();
         let (decision, lease) = self
-            .inner
-            .store
-            .resize(
-                id,
-                now,
-                &config.pricing,
+            .store_resize(
+                &lease,
+                gpus,
                 "requested",
                 "changed in the substrate's queue",
-                |ledger, lease| {
-                    let snapshot = Self::snapshot(&config, ledger, subs);
-                    policy::evaluate_resize(
-                        &lease.holding(now),
-                        gpus,
-                        &snapshot,
-                        &mut self.placements(),
-                    )
-                },
             )
+            .await
             .applied()
             .await?;
         Ok(Admission {
@@ -818,27 +800,7 @@ impl Service {
                 lease: Some(before),
             });
         }
-        // A lease is resized where it runs: only its substrate is asked.
-        let subs: Vec<SubstrateState> = self
-            .inventory_of(&lease.substrate)
-            .await
-            .into_iter()
-            .collect();
-        let config = self.inner.config.clone();
-        let now = self.now();
-        let (decision, lease) = self
-            .inner
-            .store
-            .resize(id, now, &config.pricing, reason, why, |ledger, lease| {
-                let snapshot = Self::snapshot(&config, ledger, subs);
-                policy::evaluate_resize(
-                    &lease.holding(now),
-                    gpus,
-                    &snapshot,
-                    &mut self.placements(),
-                )
-            })
-            .await?;
+        let (decision, lease) = self.store_resize(lease, gpus, reason, why).await.await?;
         if decision.admitted() {
             let driver = self.driver(&lease)?;
             if let Err(e) = driver.resize(&Self::spec(&lease)).await {
@@ -859,6 +821,41 @@ impl Service {
             decision,
             lease: Some(lease),
         })
+    }
+
+    /// Lease `lease` holding `gpus`, decided by the policy against its substrate's inventory (a
+    /// lease is resized where it runs: only its substrate is asked) and recorded by
+    /// `Store::resize` with `reason` and `why` for its Action.
+    async fn store_resize(
+        &self,
+        lease: &Lease,
+        gpus: u32,
+        reason: &str,
+        why: &str,
+    ) -> crate::store::Pending<(Decision, Lease)> {
+        let subs: Vec<SubstrateState> = self
+            .inventory_of(&lease.substrate)
+            .await
+            .into_iter()
+            .collect();
+        let config = self.inner.config.clone();
+        let now = self.now();
+        self.inner.store.resize(
+            &lease.id,
+            now,
+            &config.pricing,
+            reason,
+            why,
+            |ledger, lease| {
+                let snapshot = Self::snapshot(&config, ledger, subs);
+                policy::evaluate_resize(
+                    &lease.holding(now),
+                    gpus,
+                    &snapshot,
+                    &mut self.placements(),
+                )
+            },
+        )
     }
 
     /// Blocks `team`'s new admissions for `reason` (`budget_exceeded`), with a `block` Action.
