@@ -182,9 +182,10 @@ local function call(url, body)
       sink = ltn12.sink.table(chunks),
    })
    if ok == nil then return nil, tostring(status) end
-   -- 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number out of
-   -- range). That is the job's fault, not an outage: it is denied, whatever on_unavailable says.
-   if status == 422 then
+   -- 400 or 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number
+   -- out of range). That is the job's fault, not an outage: it is denied, whatever
+   -- on_unavailable says.
+   if status == 400 or status == 422 then
       return { decision = "deny", message = "gpuwarden cannot read this job's request: "
          .. string.sub(table.concat(chunks), 1, 300) }
    end

@@ -823,6 +823,36 @@ impl Service {
         })
     }
 
+    /// Records that lease `id` holds `gpus` on its substrate, which changed it without asking (a
+    /// Slurm array's throttle raised): a `resized` event and a `resize` Action with reason
+    /// `observed` and `why`; no policy decides, since the GPUs are held already.
+    pub async fn follow_size(&self, id: &str, gpus: u32, why: &str) -> Result<Lease, ServiceError> {
+        let config = self.inner.config.clone();
+        let now = self.now();
+        let (_, lease) = self
+            .inner
+            .store
+            .resize(id, now, &config.pricing, "observed", why, |_, lease| {
+                Decision {
+                    reasons: Vec::new(),
+                    estimate: policy::Estimate {
+                        usd_per_hour: config.pricing.usd_per_gpu_hour(&lease.gpu_model)
+                            * f64::from(gpus),
+                        max_usd: None,
+                    },
+                    placement: Some(policy::Placement {
+                        substrate: lease.substrate.clone(),
+                        gpu_model: lease.gpu_model.clone(),
+                        gpu_count: gpus,
+                        gpu_uuids: Vec::new(),
+                    }),
+                    duration: None,
+                }
+            })
+            .await?;
+        Ok(lease)
+    }
+
     /// Lease `lease` holding `gpus`, decided by the policy against its substrate's inventory (a
     /// lease is resized where it runs: only its substrate is asked) and recorded by
     /// `Store::resize` with `reason` and `why` for its Action.

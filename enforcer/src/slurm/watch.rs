@@ -248,6 +248,27 @@ impl Watcher {
         let Some(lease) = open.get(&id) else {
             return Ok(None);
         };
+        // What the job holds now may pass what was admitted where Slurm changed it without
+        // asking (an array's throttle raised with scontrol): the lease follows what runs.
+        let held: u64 = jobs
+            .iter()
+            .filter(|j| j.phase() == Phase::Running)
+            .map(|j| j.gpus().gpus)
+            .sum();
+        let held = u32::try_from(held).unwrap_or(u32::MAX);
+        if held > lease.gpu_count && lease.state != LeaseState::Releasing {
+            service
+                .follow_size(
+                    &id,
+                    held,
+                    &format!(
+                        "its Slurm job holds {held} GPUs, {} more than admitted",
+                        held - lease.gpu_count
+                    ),
+                )
+                .await?;
+            tracing::warn!(lease_id = %id, held, admitted = lease.gpu_count, "a Slurm job holds more GPUs than admitted; its lease follows");
+        }
         self.settle(
             service,
             &id,
