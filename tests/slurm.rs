@@ -513,6 +513,32 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
     lease_when(&api, &held_id, "the cancelled job's lease ends", |l| {
         l["state"] == "released"
     });
+    // An array's throttle raised with scontrol is not put to the hook by Slurm 22.05: the lease
+    // follows what the array's running tasks hold.
+    let array = sbatch(&["--gpus=1", "-a", "0-3%1", "--wrap", "sleep 60"]).expect("admitted");
+    let array_id = format!("slurm-{}-{array}", cluster.name);
+    lease_when(&api, &array_id, "the array runs one task", |l| {
+        l["state"] == "active" && l["gpu_count"] == 1
+    });
+    cluster
+        .command("scontrol")
+        .args(["update", &format!("JobId={array}"), "ArrayTaskThrottle=2"])
+        .status()
+        .unwrap();
+    lease_when(
+        &api,
+        &array_id,
+        "the lease holds the two running tasks' GPUs",
+        |l| l["gpu_count"] == 2,
+    );
+    cluster
+        .command("scancel")
+        .arg(array.to_string())
+        .status()
+        .unwrap();
+    lease_when(&api, &array_id, "the array's lease ends", |l| {
+        l["state"] == "released"
+    });
 
     // Root's job bypasses the hook: the watcher adopts it for the team its account maps to, and
     // its cost takes team tiny past its half-cent budget, which blocks the team's new jobs.
