@@ -7,6 +7,8 @@
 #   bench/slurm.sh --jobs 2000 --parallel 8
 #   bench/slurm.sh --poll 5m         # the enforcer reads the queue every 5 min instead of 2 s:
 #                                    # what its watcher's squeue --json costs the submissions
+#   bench/slurm.sh --enforcer-nice -10   # the enforcer at a higher priority than the sbatch
+#                                    # processes it shares the CPUs with
 #   bench/slurm.sh --plumbing        # (b) against an enforcer without the Slurm endpoint:
 #                                    # every call fails and on_unavailable = admit lets jobs in
 #
@@ -22,13 +24,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-jobs=500 parallel=4 plumbing=0 poll=2s
+jobs=500 parallel=4 plumbing=0 poll=2s nice=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --jobs) jobs=$2; shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --plumbing) plumbing=1; shift ;;
     --poll) poll=$2; shift 2 ;;
+    --enforcer-nice) nice=$2; shift 2 ;;
     *) echo "unknown option $1 (see the head of $0)" >&2; exit 2 ;;
   esac
 done
@@ -166,7 +169,7 @@ key = "slurm-bench-signing-key-0123456789abcdef"
 EOF
 "$bin" check-config "$work/gpuwarden.toml" >&2 || {
   echo "the enforcer's config is not valid (see the marked substrate block in $0)" >&2; exit 1; }
-"$bin" enforce --config "$work/gpuwarden.toml" > "$work/enforcer.log" 2>&1 &
+nice -n "$nice" "$bin" enforce --config "$work/gpuwarden.toml" > "$work/enforcer.log" 2>&1 &
 enforcer_pid=$!
 pids+=($enforcer_pid)
 wait_for 60 "the enforcer" curl -sf "http://127.0.0.1:$api_port/healthz"
