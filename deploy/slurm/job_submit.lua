@@ -22,8 +22,6 @@
 -- (bench/slurm.sh reads latency_ms from these lines).
 
 local socket = require("socket")
-local http = require("socket.http")
-local ltn12 = require("ltn12")
 
 local CONF_PATH = os.getenv("GPUWARDEN_HOOK_CONF") or "/etc/slurm/gpuwarden.conf"
 
@@ -165,32 +163,92 @@ local function parse_answer(body)
    return answer
 end
 
+-- One connection to the enforcer, kept from call to call (HTTP/1.1 keep-alive): a call then
+-- costs no TCP handshake, and the enforcer no accept and no wake-up for it.
+local CONN = nil
+
+local function drop_connection()
+   if CONN ~= nil then CONN:close() end
+   CONN = nil
+end
+
+-- Sends `request` on `sock` and reads the answer: status, body and whether the enforcer closes
+-- the connection after it; or nil, why, and whether nothing at all came back (the connection was
+-- closed before any answer, so the enforcer never saw the request).
+local function exchange(sock, request)
+   local sent, err = sock:send(request)
+   if sent == nil then return nil, err, err == "closed" end
+   local status_line
+   status_line, err = sock:receive("*l")
+   if status_line == nil then return nil, err, err == "closed" end
+   local status = tonumber(string.match(status_line, "^HTTP/1%.%d (%d%d%d)"))
+   if status == nil then return nil, "not an HTTP answer: " .. status_line end
+   local length, close = nil, false
+   while true do
+      local line
+      line, err = sock:receive("*l")
+      if line == nil then return nil, err end
+      if line == "" then break end
+      local name, value = string.match(line, "^([^:]+):%s*(.-)%s*$")
+      if name ~= nil then
+         name = string.lower(name)
+         if name == "content-length" then length = tonumber(value) end
+         if name == "connection" and string.lower(value) == "close" then close = true end
+      end
+   end
+   if length == nil then return nil, "the answer has no content-length" end
+   local body = ""
+   if length > 0 then
+      body, err = sock:receive(length)
+      if body == nil then return nil, err end
+   end
+   return status, body, close
+end
+
 -- POSTs `body` to `url`; returns the parsed answer or nil and why the call failed.
 local function call(url, body)
-   local chunks = {}
-   http.TIMEOUT = CONF.timeout
-   local ok, status = http.request({
-      url = url,
-      method = "POST",
-      headers = {
-         ["authorization"] = "Bearer " .. CONF.token,
-         ["content-type"] = "application/json",
-         ["content-length"] = tostring(#body),
-         ["connection"] = "close",
-      },
-      source = ltn12.source.string(body),
-      sink = ltn12.sink.table(chunks),
-   })
-   if ok == nil then return nil, tostring(status) end
+   local host, port, path = string.match(url, "^http://([^/:]+):?(%d*)(/.*)$")
+   if host == nil then return nil, "url must be http://host[:port]/…, not " .. url end
+   port = tonumber(port) or 80
+   local request = "POST " .. path .. " HTTP/1.1\r\n"
+      .. "Host: " .. host .. ":" .. port .. "\r\n"
+      .. "Authorization: Bearer " .. CONF.token .. "\r\n"
+      .. "Content-Type: application/json\r\n"
+      .. "Content-Length: " .. #body .. "\r\n\r\n" .. body
+   local status, answer, close
+   for _ = 1, 2 do
+      local kept = CONN ~= nil
+      if not kept then
+         local sock = socket.tcp()
+         sock:settimeout(CONF.timeout)
+         local ok, err = sock:connect(host, port)
+         if ok == nil then
+            sock:close()
+            return nil, tostring(err)
+         end
+         sock:setoption("tcp-nodelay", true)
+         CONN = sock
+      end
+      local unseen
+      status, answer, unseen = exchange(CONN, request)
+      if status ~= nil then break end
+      drop_connection()
+      -- A kept connection the enforcer had closed meanwhile: the request never reached it, so
+      -- it is sent again once on a new one. Anything else (a timeout) is a failed call: the
+      -- enforcer may have acted on it, and asking twice could admit twice.
+      if not (kept and unseen) then return nil, tostring(answer) end
+   end
+   if status == nil then return nil, tostring(answer) end
+   if close then drop_connection() end
    -- 400 or 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number
    -- out of range). That is the job's fault, not an outage: it is denied, whatever
    -- on_unavailable says.
    if status == 400 or status == 422 then
       return { decision = "deny", message = "gpuwarden cannot read this job's request: "
-         .. string.sub(table.concat(chunks), 1, 300) }
+         .. string.sub(answer, 1, 300) }
    end
    if status ~= 200 then return nil, "HTTP status " .. tostring(status) end
-   return parse_answer(table.concat(chunks))
+   return parse_answer(answer)
 end
 
 local function elapsed_ms(started)
