@@ -31,7 +31,7 @@ use crate::fields;
 use crate::policy::{AdmissionRequest, Decision, Principal};
 use crate::service::{Service, ServiceError};
 use crate::store::LeaseState;
-use gpuwarden_schema::config::{Role, SlurmTeamFrom, SlurmWorkloadFrom};
+use gpuwarden_schema::config::{Config, Role, SlurmSettings, SlurmTeamFrom, SlurmWorkloadFrom};
 use gpuwarden_schema::Workload;
 
 /// The `admin_comment` prefix of a job admitted at submission: `gpuwarden:hold=<hold id>`.
@@ -201,6 +201,57 @@ impl Answer {
     }
 }
 
+/// The name that says a job's team (`team_from`): its account or its partition, with which of
+/// the two it is.
+pub(crate) fn team_name<'a>(
+    settings: &SlurmSettings,
+    account: &'a str,
+    partition: &'a str,
+) -> (&'static str, &'a str) {
+    match settings.team_from {
+        SlurmTeamFrom::Account => ("account", account),
+        SlurmTeamFrom::Partition => ("partition", partition),
+    }
+}
+
+/// The team Slurm name `name` maps to: its `teams` entry, else the team of that very name, else
+/// the `"*"` entry.
+pub(crate) fn team_of(settings: &SlurmSettings, config: &Config, name: &str) -> Option<String> {
+    settings
+        .teams
+        .get(name)
+        .cloned()
+        .or_else(|| config.team(name).map(|t| t.name.clone()))
+        .or_else(|| settings.teams.get("*").cloned())
+}
+
+/// A job's workload and project from `<workload>[:<project>]` in the field `workload_from`
+/// names (`default_workload` when it names none); the project falls back to the team's Slurm
+/// name, then the partition, then `default`.
+pub(crate) fn workload_and_project(
+    settings: &SlurmSettings,
+    [wckey, comment, job_name]: [&str; 3],
+    team_name: &str,
+    partition: &str,
+) -> (Workload, String) {
+    let field = match settings.workload_from {
+        SlurmWorkloadFrom::Wckey => wckey,
+        SlurmWorkloadFrom::Comment => comment,
+        SlurmWorkloadFrom::JobName => job_name,
+    };
+    let (workload, project) = field.split_once(':').unwrap_or((field, ""));
+    let workload = Workload::ALL
+        .into_iter()
+        .find(|w| w.as_str() == workload.trim())
+        .unwrap_or(settings.default_workload);
+    let project = [project.trim(), team_name, partition]
+        .into_iter()
+        .find(|p| !p.is_empty() && fields::check_name(p).is_ok())
+        .unwrap_or("default")
+        .to_owned();
+    (workload, project)
+}
+
 /// The hook's answers come from the watcher's snapshot of the cluster, never from a Slurm
 /// command (slurmctld waits for the answer under its locks, so the command would wait for the
 /// hook). Before the first read of the cluster there is nothing to answer from: a failure, which
@@ -277,23 +328,17 @@ pub async fn submit(
         // Never a Slurm command here: slurmctld waits for this answer under its locks.
         None => slurm.kept().and_then(|s| s.default_partition),
     };
-    let (from, name) = match settings.team_from {
-        SlurmTeamFrom::Account => ("account", request.account.clone().unwrap_or_default()),
-        SlurmTeamFrom::Partition => ("partition", partition.clone().unwrap_or_default()),
-    };
+    let (from, name) = team_name(
+        settings,
+        request.account.as_deref().unwrap_or(""),
+        partition.as_deref().unwrap_or(""),
+    );
     let config = service.config();
-    let team = match settings.teams.get(&name) {
-        Some(team) => team.clone(),
-        None if config.team(&name).is_some() => name.clone(),
-        None => match settings.teams.get("*") {
-            Some(team) => team.clone(),
-            None => {
-                return Ok(Answer::deny(format!(
-                    "gpuwarden: denied: the job's {from} {name:?} maps to no team (ask an \
-                     administrator to add it to substrate {substrate}'s slurm.teams)"
-                )))
-            }
-        },
+    let Some(team) = team_of(settings, config, name) else {
+        return Ok(Answer::deny(format!(
+            "gpuwarden: denied: the job's {from} {name:?} maps to no team (ask an \
+             administrator to add it to substrate {substrate}'s slurm.teams)"
+        )));
     };
     if let Err(why) = fields::check_name(&request.user) {
         return Ok(Answer::deny(format!(
@@ -301,27 +346,12 @@ pub async fn submit(
             request.user
         )));
     }
-    // Its workload and project, from `<workload>[:<project>]` in the configured field.
-    let field = match settings.workload_from {
-        SlurmWorkloadFrom::Wckey => request.wckey.as_deref(),
-        SlurmWorkloadFrom::Comment => request.comment.as_deref(),
-        SlurmWorkloadFrom::JobName => request.job_name.as_deref(),
-    }
-    .unwrap_or("");
-    let (workload_text, project_text) = field.split_once(':').unwrap_or((field, ""));
-    let workload = Workload::ALL
-        .into_iter()
-        .find(|w| w.as_str() == workload_text.trim())
-        .unwrap_or(settings.default_workload);
-    let project = [
-        project_text.trim(),
-        name.as_str(),
+    let (workload, project) = workload_and_project(
+        settings,
+        [&request.wckey, &request.comment, &request.job_name].map(|f| f.as_deref().unwrap_or("")),
+        name,
         partition.as_deref().unwrap_or(""),
-    ]
-    .into_iter()
-    .find(|p| !p.is_empty() && fields::check_name(p).is_ok())
-    .unwrap_or("default")
-    .to_owned();
+    );
     // An array is decided once: its tasks that may run at once, each with the job's GPUs.
     let mut gpus = wanted.gpus;
     let mut array_note = String::new();

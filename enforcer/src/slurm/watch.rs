@@ -21,10 +21,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use gpuwarden_schema::{ActionKind, Outcome, ReleaseReason, Workload};
+use gpuwarden_schema::{ActionKind, Outcome, ReleaseReason};
 use tokio::sync::watch;
 
-use super::{HOLD_COMMENT, LEASE_COMMENT};
+use super::{team_name, team_of, workload_and_project, HOLD_COMMENT, LEASE_COMMENT};
 use crate::drivers::slurm::jobs::{End, Job, Phase};
 use crate::drivers::slurm::{by_lease, Snapshot};
 use crate::drivers::{Driver as _, SlurmDriver};
@@ -189,8 +189,10 @@ impl Watcher {
         // The lease named after the job; when that id belongs to a lease that ended before this
         // job was queued (the controller's job ids started again, or the job was requeued after
         // its lease ended), the first free id of `<id>-<when that lease ended>`.
+        // (A job the driver submitted names its lease, and needs none of this.)
+        let named = comment(LEASE_COMMENT);
         let mut job_lease = slurm.lease_id(lease_job);
-        if (running || pending) && !open.contains_key(&job_lease) {
+        if named.is_none() && (running || pending) && !open.contains_key(&job_lease) {
             for _ in 0..8 {
                 match service.store().lease(&job_lease).await? {
                     Some(ended) if !ended.state.is_open() => {
@@ -201,7 +203,7 @@ impl Watcher {
                 }
             }
         }
-        let id = if let Some(id) = comment(LEASE_COMMENT) {
+        let id = if let Some(id) = named {
             id
         } else if open.contains_key(&job_lease) {
             job_lease
@@ -361,16 +363,8 @@ impl Watcher {
         let job = jobs[0];
         let settings = slurm.settings();
         let config = service.config();
-        let name = match settings.team_from {
-            gpuwarden_schema::config::SlurmTeamFrom::Account => job.account.clone(),
-            gpuwarden_schema::config::SlurmTeamFrom::Partition => job.partition.clone(),
-        };
-        let team = settings
-            .teams
-            .get(&name)
-            .cloned()
-            .or_else(|| config.team(&name).map(|t| t.name.clone()))
-            .or_else(|| settings.teams.get("*").cloned());
+        let (_, name) = team_name(settings, &job.account, &job.partition);
+        let team = team_of(settings, config, name);
         let adopt = settings.adopt.unwrap_or(true) || admitted;
         let request = job.gpus();
         let (Some(team), true, Ok(())) = (team, adopt, crate::fields::check_name(&job.user_name))
@@ -393,21 +387,12 @@ impl Watcher {
             }
             return Ok(None);
         };
-        let field = match settings.workload_from {
-            gpuwarden_schema::config::SlurmWorkloadFrom::Wckey => job.wckey.as_str(),
-            gpuwarden_schema::config::SlurmWorkloadFrom::Comment => job.comment.as_str(),
-            gpuwarden_schema::config::SlurmWorkloadFrom::JobName => job.name.as_str(),
-        };
-        let (w, p) = field.split_once(':').unwrap_or((field, ""));
-        let workload = Workload::ALL
-            .into_iter()
-            .find(|x| x.as_str() == w.trim())
-            .unwrap_or(settings.default_workload);
-        let project = [p.trim(), name.as_str(), job.partition.as_str()]
-            .into_iter()
-            .find(|p| !p.is_empty() && crate::fields::check_name(p).is_ok())
-            .unwrap_or("default")
-            .to_owned();
+        let (workload, project) = workload_and_project(
+            settings,
+            [&job.wckey, &job.comment, &job.name].map(String::as_str),
+            name,
+            &job.partition,
+        );
         let model = match &request.gpu_type {
             Some(t) => slurm.model_of(t),
             None => snapshot
