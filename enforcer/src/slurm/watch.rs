@@ -189,10 +189,12 @@ impl Watcher {
         // The lease named after the job; when that id belongs to a lease that ended before this
         // job was queued (the controller's job ids started again, or the job was requeued after
         // its lease ended), the first free id of `<id>-<when that lease ended>`.
-        // (A job the driver submitted names its lease, and needs none of this.)
+        // (A job the driver submitted names its lease, and needs none of this. A job that ended
+        // needs it only to bind its hold, should it end before this watcher first saw it.)
         let named = comment(LEASE_COMMENT);
+        let may_bind = comment(HOLD_COMMENT).is_some();
         let mut job_lease = slurm.lease_id(lease_job);
-        if named.is_none() && (running || pending) && !open.contains_key(&job_lease) {
+        if named.is_none() && (running || pending || may_bind) && !open.contains_key(&job_lease) {
             for _ in 0..8 {
                 match service.store().lease(&job_lease).await? {
                     Some(ended) if !ended.state.is_open() => {
