@@ -173,22 +173,7 @@ impl Lake {
             path.file_name().unwrap().to_string_lossy()
         ));
         let file = File::create(&tmp).map_err(io("creating", &tmp))?;
-        let mut props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(
-                ZstdLevel::try_new(3).expect("level 3 is valid"),
-            ))
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_statistics_enabled(EnabledStatistics::Page)
-            // Dictionaries pay off for names (hosts, GPUs, models, leases), which repeat, and
-            // cost time for measurements, which rarely do.
-            .set_dictionary_enabled(false);
-        for field in batch.schema().fields() {
-            if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
-                props = props
-                    .set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
-            }
-        }
-        let props = props.build();
+        let props = writer_properties(&batch.schema(), ROW_GROUP_ROWS).build();
         let mut writer =
             ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|source| {
                 LakeError::Parquet {
@@ -354,6 +339,35 @@ impl Lake {
         }
     }
 
+    /// The files of every flush not committed yet (each source's flush journal), relative to
+    /// the lake root: a restart may delete them, so compaction leaves them alone.
+    pub fn pending_files(&self) -> Result<std::collections::HashSet<PathBuf>, LakeError> {
+        let dir = self.root.join("_ingest");
+        let mut files = std::collections::HashSet::new();
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(files),
+            Err(e) => return Err(io("listing", &dir)(e)),
+        };
+        for entry in entries {
+            let path = entry.map_err(io("listing", &dir))?.path();
+            if !path.to_string_lossy().ends_with(".intent.json") {
+                continue;
+            }
+            match fs::read(&path) {
+                Ok(bytes) => match serde_json::from_slice::<Intent>(&bytes) {
+                    Ok(intent) => files.extend(intent.files),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "unreadable flush journal");
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("reading", &path)(e)),
+            }
+        }
+        Ok(files)
+    }
+
     /// After a restart: if the last flush of `source` was not committed (`committed` is the next
     /// offset to read), deletes its files, which the replay will write again. Returns how many
     /// files were removed.
@@ -393,6 +407,29 @@ impl Lake {
         self.clear_intent(source)?;
         Ok(removed)
     }
+}
+
+/// How every Parquet file of the lake is encoded: zstd, page statistics, dictionaries for text.
+pub(crate) fn writer_properties(
+    schema: &arrow_schema::Schema,
+    row_group_rows: usize,
+) -> parquet::file::properties::WriterPropertiesBuilder {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("level 3 is valid"),
+        ))
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        // Dictionaries pay off for names (hosts, GPUs, models, leases), which repeat, and
+        // cost time for measurements, which rarely do.
+        .set_dictionary_enabled(false);
+    for field in schema.fields() {
+        if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+            props =
+                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
+        }
+    }
+    props
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LakeError> {

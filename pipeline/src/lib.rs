@@ -36,6 +36,7 @@
 
 pub mod bounds;
 pub mod buffer;
+pub mod compact;
 pub mod consume;
 pub mod endpoint;
 pub mod files;
@@ -44,6 +45,7 @@ pub mod hot;
 pub mod lake;
 pub mod listing;
 pub mod metrics;
+pub mod retention;
 pub mod rollup;
 pub mod signals;
 pub mod sql;
@@ -51,6 +53,7 @@ pub mod versions;
 mod writer;
 
 pub use buffer::Table;
+pub use compact::{CompactOptions, Compactor};
 pub use consume::{IngestError, IngestOptions};
 pub use hot::{SignalsError, SignalsOptions};
 pub use lake::Lake;

@@ -66,6 +66,10 @@ pub struct Metrics {
     signals_leader: AtomicU64,
     rollups: AtomicU64,
     rollup_failures: AtomicU64,
+    /// Compaction: hours compacted, files replaced, files written, failed runs.
+    compaction: [AtomicU64; 4],
+    /// Retention, by table: hours, files and bytes deleted.
+    expired: Mutex<BTreeMap<&'static str, [u64; 3]>>,
     sql_login_failures: AtomicU64,
     /// By [`Scope`] (in [`Scope::ALL`]'s order): lockouts begun, connections refused.
     sql_lockouts: [AtomicU64; 2],
@@ -103,6 +107,8 @@ impl Default for Metrics {
             signals_leader: AtomicU64::default(),
             rollups: AtomicU64::default(),
             rollup_failures: AtomicU64::default(),
+            compaction: Default::default(),
+            expired: Mutex::default(),
             sql_login_failures: AtomicU64::default(),
             sql_lockouts: Default::default(),
             sql_logins_refused: Default::default(),
@@ -156,6 +162,31 @@ impl Metrics {
         if failed {
             self.rollup_failures.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts a run of compaction and retention: what it did, or that it failed.
+    pub fn maintained(&self, result: Option<&crate::compact::Maintenance>) {
+        let Some(done) = result else {
+            self.compaction[3].fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let c = &done.compacted;
+        for (i, n) in [c.hours, c.files_in, c.files_out].into_iter().enumerate() {
+            self.compaction[i].fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let mut expired = self.expired.lock().unwrap_or_else(|e| e.into_inner());
+        for e in &done.expired {
+            let counts = expired.entry(e.table).or_default();
+            counts[0] += e.hours as u64;
+            counts[1] += e.files;
+            counts[2] += e.bytes;
+        }
+    }
+
+    /// Files deleted by retention from `table` so far.
+    pub fn expired_files(&self, table: &str) -> u64 {
+        let expired = self.expired.lock().unwrap_or_else(|e| e.into_inner());
+        expired.get(table).map_or(0, |counts| counts[1])
     }
 
     /// Counts `n` records of `topic`, `bad` of them quarantined.
@@ -576,6 +607,67 @@ impl Metrics {
             "Runs of the rollups that failed (retried at the next one).",
             [("", self.rollup_failures.load(Ordering::Relaxed) as f64)],
         );
+        for (i, (name, help)) in [
+            (
+                "gpuwarden_pipeline_compacted_hours_total",
+                "Hours of raw tables compacted (again, when late data reopened one).",
+            ),
+            (
+                "gpuwarden_pipeline_compacted_files_in_total",
+                "Files replaced by compaction.",
+            ),
+            (
+                "gpuwarden_pipeline_compacted_files_out_total",
+                "Files written by compaction.",
+            ),
+            (
+                "gpuwarden_pipeline_compaction_failures_total",
+                "Runs of compaction and retention that failed (retried at the next one).",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            family(
+                &mut out,
+                name,
+                "counter",
+                help,
+                [("", self.compaction[i].load(Ordering::Relaxed) as f64)],
+            );
+        }
+        {
+            let expired = self.expired.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, (name, help)) in [
+                (
+                    "gpuwarden_pipeline_retention_deleted_hours_total",
+                    "Hours of a raw table deleted past pipeline.retention.",
+                ),
+                (
+                    "gpuwarden_pipeline_retention_deleted_files_total",
+                    "Files of a raw table deleted past pipeline.retention.",
+                ),
+                (
+                    "gpuwarden_pipeline_retention_deleted_bytes_total",
+                    "Bytes of a raw table deleted past pipeline.retention.",
+                ),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let labels: Vec<(String, f64)> = expired
+                    .iter()
+                    .map(|(table, counts)| (format!("table=\"{table}\""), counts[i] as f64))
+                    .collect();
+                family(
+                    &mut out,
+                    name,
+                    "counter",
+                    help,
+                    labels.iter().map(|(l, v)| (l.as_str(), *v)),
+                );
+            }
+        }
         family(
             &mut out,
             "gpuwarden_pipeline_signals_window_samples",

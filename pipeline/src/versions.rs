@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use datafusion::object_store::local::LocalFileSystem;
 use datafusion::object_store::path::Path;
@@ -34,8 +36,10 @@ use datafusion::object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 use datafusion::prelude::SessionContext;
-use futures::stream::{BoxStream, StreamExt as _};
+use futures::stream::{BoxStream, StreamExt as _, TryStreamExt as _};
 use gpuwarden_schema::clock::wall_now_s;
+
+use crate::compact::Manifest;
 
 /// How long a replaced or removed lake file stays readable by queries that listed it.
 pub const RETAIN: Duration = Duration::from_secs(10 * 60);
@@ -111,7 +115,7 @@ impl Versions {
 /// The local filesystem, read as the version each query listed (see the module docs).
 #[derive(Debug)]
 pub struct VersionedFs {
-    inner: LocalFileSystem,
+    inner: Arc<LocalFileSystem>,
     versions: PathBuf,
 }
 
@@ -128,7 +132,7 @@ impl VersionedFs {
     /// Local files, with replaced ones kept under `<lake_root>/_versions`.
     pub fn new(lake_root: &FsPath) -> Self {
         Self {
-            inner: LocalFileSystem::new(),
+            inner: Arc::new(LocalFileSystem::new()),
             versions: lake_root.join(VERSIONS_DIR),
         }
     }
@@ -207,6 +211,70 @@ fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Err
     }
 }
 
+/// How many times a listing is taken again when compactions keep committing under it.
+const RELISTS: usize = 5;
+
+/// The files of `listed` that are part of their tables: in an hour with a compaction manifest,
+/// the ones it shows ([`Manifest::shows`]). `None` when a manifest names an output the listing
+/// did not find: a compaction committed while the hour was listed, so it must be listed again.
+fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<ObjectMeta>>> {
+    let dir_of = |meta: &ObjectMeta| -> (String, String) {
+        let location = meta.location.as_ref();
+        match location.rsplit_once('/') {
+            Some((dir, name)) => (dir.to_owned(), name.to_owned()),
+            None => (String::new(), location.to_owned()),
+        }
+    };
+    let mut compacted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for meta in &listed {
+        let (dir, name) = dir_of(meta);
+        if Manifest::concerns(&name) {
+            compacted.entry(dir).or_default();
+        }
+    }
+    if compacted.is_empty() {
+        return Ok(Some(listed));
+    }
+    for meta in &listed {
+        let (dir, name) = dir_of(meta);
+        if let Some(names) = compacted.get_mut(&dir) {
+            names.push(name);
+        }
+    }
+    let mut manifests = BTreeMap::new();
+    for (dir, names) in compacted {
+        let path = inner.path_to_filesystem(&Path::from(dir.as_str()))?;
+        let manifest = Manifest::read(&path).map_err(|e| error(&path, e))?;
+        if !manifest.complete_in(names.iter().map(String::as_str)) {
+            return Ok(None);
+        }
+        manifests.insert(dir, manifest);
+    }
+    Ok(Some(
+        listed
+            .into_iter()
+            .filter(|meta| {
+                let (dir, name) = dir_of(meta);
+                manifests
+                    .get(&dir)
+                    .is_none_or(|manifest| manifest.shows(&name))
+            })
+            .collect(),
+    ))
+}
+
+fn relisted(prefix: Option<&Path>) -> datafusion::object_store::Error {
+    datafusion::object_store::Error::Generic {
+        store: "VersionedFs",
+        source: format!(
+            "{}: compactions kept replacing files while it was listed {RELISTS} times; run the \
+             query again",
+            prefix.map_or("the lake", |p| p.as_ref())
+        )
+        .into(),
+    }
+}
+
 #[async_trait]
 impl ObjectStore for VersionedFs {
     async fn put_opts(
@@ -275,16 +343,32 @@ impl ObjectStore for VersionedFs {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner
-            .list(prefix)
-            .map(|meta| meta.map(Self::name_version))
-            .boxed()
+        let inner = Arc::clone(&self.inner);
+        let prefix = prefix.cloned();
+        futures::stream::once(async move {
+            for _ in 0..RELISTS {
+                let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
+                if let Some(shown) = shown(&inner, listed)? {
+                    return Ok(shown);
+                }
+            }
+            Err(relisted(prefix.as_ref()))
+        })
+        .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
+        .try_flatten()
+        .map(|meta| meta.map(Self::name_version))
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let mut listed = self.inner.list_with_delimiter(prefix).await?;
-        listed.objects = listed.objects.into_iter().map(Self::name_version).collect();
-        Ok(listed)
+        for _ in 0..RELISTS {
+            let mut listed = self.inner.list_with_delimiter(prefix).await?;
+            if let Some(shown) = shown(&self.inner, std::mem::take(&mut listed.objects))? {
+                listed.objects = shown.into_iter().map(Self::name_version).collect();
+                return Ok(listed);
+            }
+        }
+        Err(relisted(prefix))
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
@@ -296,7 +380,6 @@ impl ObjectStore for VersionedFs {
 mod tests {
     use super::*;
     use datafusion::object_store::ObjectStoreExt as _;
-    use futures::TryStreamExt as _;
 
     #[tokio::test]
     async fn a_listed_file_reads_as_listed_after_it_is_replaced_or_removed() {

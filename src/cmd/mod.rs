@@ -11,6 +11,7 @@ mod api_client;
 mod broker;
 mod check_config;
 mod collect;
+mod compact;
 mod demo;
 mod enforce;
 mod ingest;
@@ -40,6 +41,7 @@ pub(crate) enum Command {
     Pipeline(pipeline::Args),
     Ingest(ingest::Args),
     Rollup(rollup::Args),
+    Compact(compact::Args),
     Sql(sql::Args),
     Broker(broker::Args),
     Enforce(enforce::Args),
@@ -68,6 +70,7 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Pipeline(args) => pipeline::run(args),
         Command::Ingest(args) => ingest::run(args),
         Command::Rollup(args) => rollup::run(args),
+        Command::Compact(args) => compact::run(args),
         Command::Sql(args) => sql::run(args),
         Command::Broker(args) => broker::run(args),
         Command::Enforce(args) => enforce::run(args),

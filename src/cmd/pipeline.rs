@@ -10,7 +10,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{
-    consume, hot, IngestOptions, Lake, Metrics, Rollup, RollupOptions, SignalsOptions,
+    consume, hot, CompactOptions, Compactor, IngestOptions, Lake, Metrics, Rollup, RollupOptions,
+    SignalsOptions,
 };
 use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::tls::ServerTls;
@@ -177,6 +178,8 @@ pub(crate) async fn start(
             lake.clone(),
             RollupOptions::from_config(config).with_clock(Arc::clone(&clock)),
         ),
+        Compactor::new(lake.clone(), CompactOptions::from_config(config)),
+        Arc::clone(&clock),
         config.pipeline.rollup_every,
         Arc::clone(&metrics),
     ));
@@ -299,9 +302,16 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Rolls up every `every` until aborted. A failed run is logged and retried at the next tick:
-/// the marks and the state file keep what it had still to do.
-async fn rollup_loop(rollup: Rollup, every: std::time::Duration, metrics: Arc<Metrics>) {
+/// Rolls up every `every` until aborted, then compacts the hours the rollups found final and
+/// deletes those past their retention. A failed run is logged and retried at the next tick:
+/// the marks, the state file and the compaction manifests keep what it had still to do.
+async fn rollup_loop(
+    rollup: Rollup,
+    compactor: Compactor,
+    clock: Arc<dyn Clock>,
+    every: std::time::Duration,
+    metrics: Arc<Metrics>,
+) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -326,6 +336,17 @@ async fn rollup_loop(rollup: Rollup, every: std::time::Duration, metrics: Arc<Me
                 tracing::debug!(lock = %path.display(), "another process is rolling up this lake");
             }
             Err(e) => tracing::error!(error = %e, "rollup failed; retrying at the next tick"),
+        }
+        let watermark = gpuwarden_pipeline::compact::rollup_watermark(compactor.lake());
+        match compactor.run(watermark, clock.now_ms()).await {
+            Ok(done) => metrics.maintained(Some(&done)),
+            Err(gpuwarden_pipeline::compact::CompactError::Busy(path)) => {
+                tracing::debug!(lock = %path.display(), "another process is compacting this lake");
+            }
+            Err(e) => {
+                metrics.maintained(None);
+                tracing::error!(error = %e, "compaction failed; retrying at the next tick");
+            }
         }
     }
 }

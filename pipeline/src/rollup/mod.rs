@@ -337,6 +337,9 @@ impl Rollup {
         };
 
         let ctx = SessionContext::new();
+        // Reads each hour as its compaction manifest says, and a file replaced meanwhile as
+        // the version it listed.
+        crate::versions::VersionedFs::register(&ctx, self.lake.root());
         let leases = Leases::from_events(self.lease_events(&ctx).await?);
         let sample_hours = self.lake.hours(Table::Samples.name());
         let marked_samples = self.lake.marked_hours(Table::Samples.name());

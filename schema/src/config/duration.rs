@@ -23,6 +23,19 @@ pub(crate) fn optional<'de, D: Deserializer<'de>>(
     parse(&text).map(Some).map_err(serde::de::Error::custom)
 }
 
+/// A duration, or `"forever"` (`None`): how long something is kept.
+pub(crate) fn or_forever<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.trim() == "forever" {
+        return Ok(None);
+    }
+    parse(&text)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("{e}, or \"forever\"")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

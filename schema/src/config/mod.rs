@@ -287,6 +287,10 @@ pub struct PipelineConfig {
     /// `[pipeline.login_limits]`: failed SQL logins allowed before a source address or a user
     /// name is locked out.
     pub login_limits: LoginLimits,
+    /// `[pipeline.compaction]`: how the files of a final hour are merged.
+    pub compaction: CompactionConfig,
+    /// `[pipeline.retention]`: how long raw tables are kept.
+    pub retention: RetentionConfig,
 }
 
 impl Default for PipelineConfig {
@@ -309,6 +313,8 @@ impl Default for PipelineConfig {
             signals: SignalsConfig::default(),
             clock: ClockBounds::default(),
             login_limits: LoginLimits::default(),
+            compaction: CompactionConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -404,6 +410,64 @@ impl Default for LoginLimits {
             max_failures_per_source: 30,
             window: Duration::from_secs(5 * 60),
             tracked_keys: 65_536,
+        }
+    }
+}
+
+/// `[pipeline.compaction]`: once an hour is final (docs/ARCHITECTURE.md#compaction), the files
+/// of each raw table's hour are rewritten into as few files as `target_file_size` allows,
+/// sorted for pruning.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// Compact final hours. On unless set to false.
+    pub enabled: bool,
+    /// A compacted file is closed once it holds about this much: bytes, or `"256MiB"`.
+    #[serde(deserialize_with = "size::required")]
+    pub target_file_size: u64,
+    /// Rows per Parquet row group of a compacted file.
+    pub row_group_rows: usize,
+    /// Memory the sort of one hour may hold before it spills to `<lake>/_compaction/tmp`.
+    #[serde(deserialize_with = "size::required")]
+    pub sort_memory: u64,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            target_file_size: 256 << 20,
+            row_group_rows: 128 * 1024,
+            sort_memory: 256 << 20,
+        }
+    }
+}
+
+/// `[pipeline.retention]`: how long each raw table's hours are kept after they end, by the
+/// wall clock; `"forever"` keeps them. The rollups (`gpu_hourly`, `lease_hourly`,
+/// `team_hourly`, `focus_costs`, `leases`) are always kept, and so are the lease events and
+/// actions, which are the record of what was granted and done.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Raw samples; kept at least an hour longer than `pipeline.clock.max_age` whatever this
+    /// says, so that a late sample never reopens an hour already deleted.
+    #[serde(deserialize_with = "duration::or_forever")]
+    pub samples: Option<Duration>,
+    /// Signals as published.
+    #[serde(deserialize_with = "duration::or_forever")]
+    pub signals: Option<Duration>,
+    /// Records that failed to decode or validate.
+    #[serde(deserialize_with = "duration::or_forever")]
+    pub quarantine: Option<Duration>,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            samples: Some(Duration::from_secs(90 * 86_400)),
+            signals: Some(Duration::from_secs(30 * 86_400)),
+            quarantine: Some(Duration::from_secs(30 * 86_400)),
         }
     }
 }

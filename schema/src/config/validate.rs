@@ -226,6 +226,59 @@ fn pipeline(config: &Config, report: Report<'_>) {
             "must be at least as long as `signals.every`".into(),
         );
     }
+    let c = &p.compaction;
+    if c.row_group_rows == 0 {
+        report(
+            at(&["pipeline", "compaction", "row_group_rows"]),
+            "must be at least 1".into(),
+        );
+    }
+    if c.target_file_size < 1 << 20 {
+        report(
+            at(&["pipeline", "compaction", "target_file_size"]),
+            "must be at least 1MiB".into(),
+        );
+    }
+    if c.sort_memory < 16 << 20 {
+        report(
+            at(&["pipeline", "compaction", "sort_memory"]),
+            "must be at least 16MiB".into(),
+        );
+    }
+    // An hour is deleted only once it is final. Samples are kept at least an hour past
+    // `clock.max_age` whatever this says (gpuwarden_pipeline::retention::limits).
+    let hour = std::time::Duration::from_secs(3600);
+    for (field, kept, floor, why) in [
+        (
+            "samples",
+            p.retention.samples,
+            p.lateness + hour,
+            "an hour plus `pipeline.lateness`",
+        ),
+        (
+            "signals",
+            p.retention.signals,
+            p.lateness + hour,
+            "an hour plus `pipeline.lateness`",
+        ),
+        (
+            "quarantine",
+            p.retention.quarantine,
+            p.lateness + hour,
+            "an hour plus `pipeline.lateness`",
+        ),
+    ] {
+        if kept.is_some_and(|kept| kept < floor) {
+            report(
+                at(&["pipeline", "retention", field]),
+                format!(
+                    "must be at least {} ({why}), or \"forever\": an hour is deleted only once \
+                     no late record can reopen it",
+                    humantime::format_duration(floor)
+                ),
+            );
+        }
+    }
     // Port 0 asks for any free port, so two of them never clash.
     if p.sql_listen == p.metrics_listen && p.sql_listen.port() != 0 {
         report(

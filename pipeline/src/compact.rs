@@ -1,0 +1,897 @@
+//! Compaction: once an hour is final, the files of each raw table's hour are rewritten into as
+//! few files as [`CompactOptions::target_file_bytes`] allows, sorted for pruning
+//! (docs/ARCHITECTURE.md#compaction).
+//!
+//! Ingest writes one file per partition, table and hour at every flush (hundreds per hour);
+//! queries over a month of them spend their time opening files. Compaction replaces an hour's
+//! files by `compact-g<generation>-<n>.parquet` files and records the swap in the hour's
+//! manifest, `_compaction.json`:
+//!
+//! - `outputs`: the files of the current generation;
+//! - `superseded`: the names of the ingest files whose rows the outputs hold.
+//!
+//! A reader ([`Manifest::shows`], applied by [`crate::versions::VersionedFs`] to every listing)
+//! reads an hour as its manifest says: the current outputs, and every other file that is not a
+//! `compact-g` file and not superseded. A compaction writes its outputs (hidden: not in the
+//! manifest yet), then renames the new manifest into place (the one atomic step: before it the
+//! hour reads as the old files, after it as the new ones), then deletes what it replaced. So a
+//! crash at any point leaves every row exactly once, and the next compaction removes what the
+//! crashed one left. A reader lists the hour before it reads the manifest; if the manifest names
+//! an output the listing missed (a compaction committed while it listed), it lists again.
+//!
+//! A superseded name stays in the manifest: a file written again under that name (a replay of
+//! the same Kafka offsets, or `gpuwarden ingest` of the same input) holds rows the outputs
+//! already have, and stays hidden until the next compaction deletes it. Late data arrives in
+//! new files, which are visible at once, and the next compaction of the hour merges them with
+//! its outputs. Files of a flush whose offsets are not committed yet (named in a flush journal,
+//! [`Lake::pending_files`]) are left for a later compaction: a restart may delete them.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{ErrorKind, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt as _;
+use gpuwarden_schema::config::Config;
+use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::SortingColumn;
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::Table;
+use crate::lake::{Lake, LakeError};
+
+/// The manifest of a compacted hour, in its directory.
+pub const MANIFEST: &str = "_compaction.json";
+
+/// Compacted files are named `compact-g<generation>-<n>.parquet`.
+const OUTPUT_PREFIX: &str = "compact-g";
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Where the sort spills and where the lock lives, under the lake root.
+const WORK_DIR: &str = "_compaction";
+
+/// What an hour's reader needs to know of its compactions ([module docs](self)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The current generation; 0 before the first compaction.
+    pub generation: u64,
+    /// The current generation's files.
+    pub outputs: Vec<String>,
+    /// Ingest files whose rows the outputs hold.
+    pub superseded: BTreeSet<String>,
+}
+
+impl Manifest {
+    /// The manifest of the hour directory `dir`; the empty one when it has none.
+    pub fn read(dir: &Path) -> std::io::Result<Self> {
+        match fs::read(dir.join(MANIFEST)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                std::io::Error::new(
+                    ErrorKind::InvalidData,
+                    format!("{}: unreadable ({e})", dir.join(MANIFEST).display()),
+                )
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the Parquet file `name` of the hour is part of its table.
+    pub fn shows(&self, name: &str) -> bool {
+        if name.starts_with(OUTPUT_PREFIX) {
+            self.outputs.iter().any(|output| output == name)
+        } else {
+            !self.superseded.contains(name)
+        }
+    }
+
+    /// Whether `listed` (the names a listing of the hour found) holds every current output: if
+    /// not, a compaction committed while the hour was listed, and it must be listed again.
+    pub fn complete_in<'a>(&self, listed: impl IntoIterator<Item = &'a str> + Clone) -> bool {
+        self.outputs
+            .iter()
+            .all(|output| listed.clone().into_iter().any(|name| name == output))
+    }
+
+    /// Whether a directory entry named `name` concerns compaction (a manifest or an output):
+    /// a listing with none of them reads every file as it is.
+    pub fn concerns(name: &str) -> bool {
+        name == MANIFEST || name.starts_with(OUTPUT_PREFIX)
+    }
+
+    /// Writes the manifest into `dir` atomically: the commit point of a compaction.
+    fn write(&self, dir: &Path) -> Result<(), LakeError> {
+        let path = dir.join(MANIFEST);
+        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
+        let mut file = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+        file.write_all(&serde_json::to_vec(self).expect("a manifest serializes"))
+            .map_err(io("writing", &tmp))?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
+        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        sync_dir(dir)
+    }
+}
+
+/// How compaction writes, and how long retention keeps each table.
+#[derive(Debug, Clone)]
+pub struct CompactOptions {
+    /// Compact final hours (retention runs either way).
+    pub enabled: bool,
+    /// The tables with a retention limit, and the limit ([`crate::retention::limits`]).
+    pub retention: Vec<(Table, std::time::Duration)>,
+    /// A file is closed once it holds about this many bytes.
+    pub target_file_bytes: u64,
+    /// Rows per row group.
+    pub row_group_rows: usize,
+    /// Memory the sort may hold before it spills.
+    pub sort_memory: u64,
+    /// How long after an hour ends data may still arrive before it is final.
+    pub lateness_ms: i64,
+}
+
+impl CompactOptions {
+    /// From `[pipeline.compaction]` and `pipeline.lateness`.
+    pub fn from_config(config: &Config) -> Self {
+        let c = &config.pipeline.compaction;
+        Self {
+            enabled: c.enabled,
+            retention: crate::retention::limits(&config.pipeline),
+            target_file_bytes: c.target_file_size,
+            row_group_rows: c.row_group_rows,
+            sort_memory: c.sort_memory,
+            lateness_ms: gpuwarden_schema::clock::duration_ms(config.pipeline.lateness),
+        }
+    }
+}
+
+impl Default for CompactOptions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            retention: Vec::new(),
+            target_file_bytes: 256 << 20,
+            row_group_rows: crate::lake::ROW_GROUP_ROWS,
+            sort_memory: 256 << 20,
+            lateness_ms: 10 * 60 * 1000,
+        }
+    }
+}
+
+/// A compaction that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CompactError {
+    /// Another compaction holds the lake's compaction lock.
+    #[error("another compaction is running on this lake (it holds {0})")]
+    Busy(PathBuf),
+    /// A file operation failed.
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// Reading or sorting the hour failed.
+    #[error("compacting {dir}: {source}")]
+    Query {
+        /// The hour directory.
+        dir: PathBuf,
+        /// DataFusion's error.
+        source: DataFusionError,
+    },
+    /// Writing a compacted file failed.
+    #[error("writing {path}: {source}")]
+    Parquet {
+        /// The file being written.
+        path: PathBuf,
+        /// The encoder's error.
+        source: parquet::errors::ParquetError,
+    },
+}
+
+/// What one compaction run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Hours compacted.
+    pub hours: usize,
+    /// Files replaced.
+    pub files_in: usize,
+    /// Files written.
+    pub files_out: usize,
+    /// Bytes of the files replaced.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// Rows rewritten.
+    pub rows: u64,
+    /// Files left by earlier compactions (replaced, or written by one that crashed) removed.
+    pub leftovers_removed: usize,
+}
+
+impl CompactReport {
+    fn add(&mut self, other: &CompactReport) {
+        self.hours += other.hours;
+        self.files_in += other.files_in;
+        self.files_out += other.files_out;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+        self.rows += other.rows;
+        self.leftovers_removed += other.leftovers_removed;
+    }
+}
+
+/// What one [`Compactor::run`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Maintenance {
+    /// Compaction.
+    pub compacted: CompactReport,
+    /// Retention, per table with a limit.
+    pub expired: Vec<crate::retention::Expired>,
+}
+
+/// Compacts the final hours of a lake, and deletes the hours past their retention.
+#[derive(Debug, Clone)]
+pub struct Compactor {
+    lake: Lake,
+    options: CompactOptions,
+}
+
+/// The columns each table's compacted files are sorted by: what its queries filter on first.
+fn sort_columns(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Samples => &["gpu_uuid", "ts_ms"],
+        Table::LeaseEvents => &["lease_id", "ts_ms"],
+        Table::Signals => &["kind", "ts_ms"],
+        Table::Actions => &["ts_ms"],
+        Table::Quarantine => &["topic", "partition", "offset"],
+    }
+}
+
+/// A crash injected at a named step, for the tests that prove a crash anywhere loses nothing:
+/// `GPUWARDEN_COMPACT_CRASH_AT=<step>` kills the process with SIGKILL when it gets there.
+fn crash_point(step: &str) {
+    if std::env::var("GPUWARDEN_COMPACT_CRASH_AT").is_ok_and(|at| at == step) {
+        tracing::warn!(step, "GPUWARDEN_COMPACT_CRASH_AT: killing the process");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}
+
+impl Compactor {
+    /// A compactor of `lake`.
+    pub fn new(lake: Lake, options: CompactOptions) -> Self {
+        Self { lake, options }
+    }
+
+    /// The lake it works on.
+    pub fn lake(&self) -> &Lake {
+        &self.lake
+    }
+
+    /// Deletes the hours past their retention at `now_ms` (wall clock), then compacts every
+    /// hour of every raw table that is final at `watermark` (it ended at least `lateness`
+    /// before it) and has files its manifest's outputs do not account for: new ingest files,
+    /// late data, or the leftovers of a compaction that crashed. Without a watermark (no
+    /// rollup has run) nothing is final.
+    pub async fn run(
+        &self,
+        watermark: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Maintenance, CompactError> {
+        let lock_path = Path::new(WORK_DIR).join(".lock");
+        let Some(_lock) = self.lake.try_lock(&lock_path)? else {
+            return Err(CompactError::Busy(self.lake.root().join(lock_path)));
+        };
+        let mut maintenance = Maintenance::default();
+        for (table, kept) in &self.options.retention {
+            maintenance
+                .expired
+                .push(crate::retention::expire(&self.lake, *table, *kept, now_ms)?);
+        }
+        if let (true, Some(watermark)) = (self.options.enabled, watermark) {
+            maintenance.compacted = self.compact(watermark).await?;
+        }
+        Ok(maintenance)
+    }
+
+    async fn compact(&self, watermark: i64) -> Result<CompactReport, CompactError> {
+        let mut report = CompactReport::default();
+        for table in Table::ALL {
+            for hour in self.lake.hours(table.name()) {
+                if hour + HOUR_MS + self.options.lateness_ms > watermark {
+                    break;
+                }
+                let hour_report = self.hour(table, hour).await?;
+                report.add(&hour_report);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Compacts one hour of `table` if it needs it. The caller holds the compaction lock.
+    async fn hour(&self, table: Table, hour: i64) -> Result<CompactReport, CompactError> {
+        let dir = self.lake.hour_dir(table.name(), hour);
+        let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
+        let manifest = Manifest::read(&dir).map_err(io("reading the manifest of", &dir))?;
+        let mut report = CompactReport::default();
+
+        // List first, then read the flush journals: a flush's journal is written before its
+        // files, so a file listed here that is not in a journal read after is committed.
+        let names = parquet_names(&dir)?;
+        let pending = self.lake.pending_files()?;
+        let mut inputs = Vec::new();
+        for name in &names {
+            if Manifest::concerns(name) && !manifest.outputs.contains(name) {
+                // An output of a compaction that crashed before its commit, or of a generation
+                // since replaced.
+                report.leftovers_removed +=
+                    usize::from(self.lake.remove(&relative_dir.join(name))?);
+            } else if !manifest.shows(name) {
+                // Superseded: its rows are in the outputs.
+                report.leftovers_removed +=
+                    usize::from(self.lake.remove(&relative_dir.join(name))?);
+            } else if !pending.contains(&relative_dir.join(name)) {
+                inputs.push(name.clone());
+            }
+        }
+        remove_temporaries(&dir)?;
+        let new_inputs = inputs
+            .iter()
+            .filter(|name| !manifest.outputs.contains(name))
+            .count();
+        if new_inputs == 0 {
+            return Ok(report);
+        }
+
+        let started = Instant::now();
+        let generation = manifest.generation + 1;
+        let written = self.rewrite(table, &dir, &inputs, generation).await?;
+        crash_point("outputs-written");
+
+        let mut next = Manifest {
+            generation,
+            outputs: written.iter().map(|(name, _, _)| name.clone()).collect(),
+            superseded: manifest.superseded.clone(),
+        };
+        next.superseded.extend(
+            inputs
+                .iter()
+                .filter(|name| !name.starts_with(OUTPUT_PREFIX))
+                .cloned(),
+        );
+        let bytes_in: u64 = inputs
+            .iter()
+            .filter_map(|name| fs::metadata(dir.join(name)).ok())
+            .map(|m| m.len())
+            .sum();
+        next.write(&dir)?;
+        crash_point("manifest-written");
+
+        for (i, name) in inputs.iter().enumerate() {
+            self.lake.remove(&relative_dir.join(name))?;
+            if i == 0 {
+                crash_point("inputs-removing");
+            }
+        }
+        report.hours = 1;
+        report.files_in = inputs.len();
+        report.files_out = written.len();
+        report.bytes_in = bytes_in;
+        report.bytes_out = written.iter().map(|(_, bytes, _)| bytes).sum();
+        report.rows = written.iter().map(|(_, _, rows)| rows).sum();
+        tracing::info!(
+            table = table.name(),
+            hour = %crate::lake::hour_partition(hour),
+            generation,
+            files_in = report.files_in,
+            files_out = report.files_out,
+            rows = report.rows,
+            bytes_in,
+            bytes_out = report.bytes_out,
+            took_ms = started.elapsed().as_millis() as u64,
+            "compacted an hour"
+        );
+        Ok(report)
+    }
+
+    /// Reads `inputs` of `dir`, sorted by the table's sort columns, into hidden output files of
+    /// `generation`; returns each file's name, bytes and rows.
+    async fn rewrite(
+        &self,
+        table: Table,
+        dir: &Path,
+        inputs: &[String],
+        generation: u64,
+    ) -> Result<Vec<(String, u64, u64)>, CompactError> {
+        let query = |source| CompactError::Query {
+            dir: dir.to_owned(),
+            source,
+        };
+        let spill = self.lake.root().join(WORK_DIR).join("tmp");
+        fs::create_dir_all(&spill).map_err(io("creating", &spill))?;
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(FairSpillPool::new(
+                usize::try_from(self.options.sort_memory).unwrap_or(usize::MAX),
+            )))
+            .with_temp_file_path(&spill)
+            .build_arc()
+            .map_err(query)?;
+        let ctx = SessionContext::new_with_config_rt(
+            SessionConfig::new().with_target_partitions(2),
+            runtime,
+        );
+        let urls = inputs
+            .iter()
+            .map(|name| ListingTableUrl::parse(dir.join(name).display().to_string()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(query)?;
+        let schema = table.schema();
+        let config = ListingTableConfig::new_with_multi_paths(urls)
+            .with_listing_options(
+                ListingOptions::new(Arc::new(ParquetFormat::default()))
+                    .with_file_extension(".parquet"),
+            )
+            .with_schema(schema.clone());
+        ctx.register_table(
+            "hour",
+            Arc::new(ListingTable::try_new(config).map_err(query)?),
+        )
+        .map_err(query)?;
+        let order = sort_columns(table)
+            .iter()
+            .map(|c| format!("\"{c}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stream = ctx
+            .sql(&format!("SELECT * FROM hour ORDER BY {order}"))
+            .await
+            .map_err(query)?
+            .execute_stream()
+            .await
+            .map_err(query)?;
+
+        let sorting: Vec<SortingColumn> = sort_columns(table)
+            .iter()
+            .filter_map(|c| schema.index_of(c).ok())
+            .map(|i| SortingColumn {
+                column_idx: i32::try_from(i).expect("a schema has few columns"),
+                descending: false,
+                nulls_first: false,
+            })
+            .collect();
+        let props = crate::lake::writer_properties(&schema, self.options.row_group_rows)
+            .set_sorting_columns(Some(sorting))
+            .build();
+        let mut written = Vec::new();
+        let mut current: Option<(String, PathBuf, ArrowWriter<fs::File>, u64)> = None;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(query)?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            if current.is_none() {
+                let name = format!("{OUTPUT_PREFIX}{generation}-{:04}.parquet", written.len());
+                let tmp = dir.join(format!(".{name}.tmp"));
+                let file = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
+                    .map_err(|source| CompactError::Parquet {
+                        path: tmp.clone(),
+                        source,
+                    })?;
+                current = Some((name, tmp, writer, 0));
+            }
+            let (_, tmp, writer, rows) = current.as_mut().expect("opened above");
+            writer
+                .write(&batch)
+                .map_err(|source| CompactError::Parquet {
+                    path: tmp.clone(),
+                    source,
+                })?;
+            *rows += batch.num_rows() as u64;
+            if (writer.bytes_written() + writer.in_progress_size()) as u64
+                >= self.options.target_file_bytes
+            {
+                let (name, tmp, writer, rows) = current.take().expect("opened above");
+                written.push(finish(dir, name, tmp, writer, rows)?);
+            }
+        }
+        if let Some((name, tmp, writer, rows)) = current.take() {
+            written.push(finish(dir, name, tmp, writer, rows)?);
+        }
+        sync_dir(dir)?;
+        Ok(written)
+    }
+}
+
+/// Closes a compacted file and renames it into the hour (hidden until the manifest names it).
+fn finish(
+    dir: &Path,
+    name: String,
+    tmp: PathBuf,
+    writer: ArrowWriter<fs::File>,
+    rows: u64,
+) -> Result<(String, u64, u64), CompactError> {
+    let file = writer
+        .into_inner()
+        .map_err(|source| CompactError::Parquet {
+            path: tmp.clone(),
+            source,
+        })?;
+    file.sync_all().map_err(io("syncing", &tmp))?;
+    let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
+    drop(file);
+    let path = dir.join(&name);
+    fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+    Ok((name, bytes, rows))
+}
+
+/// The Parquet files of an hour directory, by name.
+fn parquet_names(dir: &Path) -> Result<Vec<String>, LakeError> {
+    let mut names = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(io("listing", dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io("listing", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".parquet") && !name.starts_with('.') {
+            names.push(name);
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+/// Removes the temporary files a crashed compaction left in `dir` (never an ingest flush's).
+fn remove_temporaries(dir: &Path) -> Result<(), LakeError> {
+    for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
+        let entry = entry.map_err(io("listing", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if (name.starts_with(&format!(".{OUTPUT_PREFIX}")) || name == format!(".{MANIFEST}.tmp"))
+            && name.ends_with(".tmp")
+        {
+            match fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    return Err(io("removing", &entry.path())(e));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The watermark of the rollups' last run (`<lake>/rollups/_state.json`): the event time
+/// compaction and the pipeline agree an hour is final at.
+pub fn rollup_watermark(lake: &Lake) -> Option<i64> {
+    #[derive(Deserialize)]
+    struct State {
+        watermark: Option<i64>,
+    }
+    let path = lake
+        .root()
+        .join(crate::rollup::tables::DIR)
+        .join("_state.json");
+    let bytes = fs::read(path).ok()?;
+    serde_json::from_slice::<State>(&bytes).ok()?.watermark
+}
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
+    move |source| LakeError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LakeError> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("syncing", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwarden_schema::{Record as _, Sample};
+
+    const T0: i64 = 1_767_225_600_000;
+
+    fn samples(gpus: std::ops::Range<usize>, from: i64, count: i64) -> Vec<Sample> {
+        let mut out = Vec::new();
+        for i in 0..count {
+            for gpu in gpus.clone() {
+                out.push(
+                    serde_json::from_value(serde_json::json!({
+                        "v": 1, "ts_ms": from + i * 5_000, "interval_ms": 5000,
+                        "host": format!("node-{}", gpu / 8), "gpu_uuid": format!("GPU-{gpu:04}"),
+                        "gpu_model": "NVIDIA A100-SXM4-80GB", "util_gpu_pct": (gpu * 7 % 100) as f64,
+                        "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 85899345920u64
+                    }))
+                    .unwrap(),
+                );
+            }
+        }
+        // Arrival order, not sorted.
+        out.reverse();
+        out
+    }
+
+    fn write(lake: &Lake, name: &str, rows: &[Sample]) -> PathBuf {
+        let relative = Lake::file_name("samples", T0, name, 0, rows.len() as i64);
+        lake.write(
+            &relative,
+            &Sample::to_record_batch(rows).unwrap(),
+            "samples",
+            T0,
+        )
+        .unwrap();
+        relative
+    }
+
+    fn query(lake: &Lake, sql: &str) -> i64 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (_, batches) = runtime.block_on(crate::sql::query(lake, sql)).unwrap();
+        let column =
+            datafusion::arrow::compute::cast(batches[0].column(0), &arrow_schema::DataType::Int64)
+                .unwrap();
+        column
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap()
+            .value(0)
+    }
+
+    const FIGURES: &str = "SELECT count(*) * 1000000 + count(DISTINCT gpu_uuid || ':' || \
+                           CAST(ts_ms AS VARCHAR)) FROM samples";
+
+    fn compact(lake: &Lake, options: CompactOptions) -> Maintenance {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(Compactor::new(lake.clone(), options).run(Some(T0 + 10 * HOUR_MS), T0))
+            .unwrap()
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        parquet_names(dir).unwrap()
+    }
+
+    #[test]
+    fn an_hour_is_rewritten_sorted_into_few_files_and_reads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        for part in 0..6 {
+            write(
+                &lake,
+                &format!("t-p{part}"),
+                &samples(part * 10..part * 10 + 10, T0, 120),
+            );
+        }
+        let before = query(&lake, FIGURES);
+        assert_eq!(before, 7_200 * 1_000_000 + 7_200);
+
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.hours, 1);
+        assert_eq!(done.compacted.files_in, 6);
+        assert_eq!(done.compacted.files_out, 1);
+        assert_eq!(done.compacted.rows, 7_200);
+        let hour = lake.hour_dir("samples", T0);
+        assert_eq!(names(&hour), ["compact-g1-0000.parquet"]);
+        assert_eq!(query(&lake, FIGURES), before);
+
+        // Sorted by GPU, then time, and saying so in its metadata.
+        let file = fs::File::open(hour.join("compact-g1-0000.parquet")).unwrap();
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let sorting = reader.metadata().row_group(0).sorting_columns().cloned();
+        assert_eq!(sorting.map(|s| s.len()), Some(2));
+        let mut previous: Option<(String, i64)> = None;
+        for batch in reader.build().unwrap() {
+            for sample in Sample::from_record_batch(&batch.unwrap()).unwrap() {
+                let key = (sample.gpu_uuid.clone(), sample.ts_ms);
+                assert!(
+                    previous.as_ref().is_none_or(|p| *p < key),
+                    "{key:?} after {previous:?}"
+                );
+                previous = Some(key);
+            }
+        }
+
+        // Nothing new: nothing to do.
+        let again = compact(&lake, CompactOptions::default());
+        assert_eq!(again.compacted, CompactReport::default());
+    }
+
+    #[test]
+    fn a_small_target_size_makes_several_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        for part in 0..4 {
+            write(
+                &lake,
+                &format!("t-p{part}"),
+                &samples(part * 50..part * 50 + 50, T0, 700),
+            );
+        }
+        let before = query(&lake, FIGURES);
+        let done = compact(
+            &lake,
+            CompactOptions {
+                target_file_bytes: 32 << 10,
+                row_group_rows: 4_096,
+                ..CompactOptions::default()
+            },
+        );
+        assert!(done.compacted.files_out > 1, "{done:?}");
+        assert_eq!(query(&lake, FIGURES), before);
+        let hour = lake.hour_dir("samples", T0);
+        assert_eq!(names(&hour).len(), done.compacted.files_out);
+        assert_eq!(
+            Manifest::read(&hour).unwrap().outputs.len(),
+            done.compacted.files_out
+        );
+    }
+
+    #[test]
+    fn late_data_reopens_a_compacted_hour_and_a_rewritten_input_stays_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let first = samples(0..10, T0, 60);
+        let replayed = write(&lake, "t-p0", &first);
+        write(&lake, "t-p1", &samples(10..20, T0, 60));
+        compact(&lake, CompactOptions::default());
+        let hour = lake.hour_dir("samples", T0);
+
+        // Late rows are visible at once, before any compaction.
+        write(&lake, "t-p2", &samples(20..30, T0, 60));
+        assert_eq!(query(&lake, FIGURES), 1_800 * 1_000_001);
+        // The same offsets written again (a replay) hold rows the outputs have: hidden.
+        lake.write(
+            &replayed,
+            &Sample::to_record_batch(&first).unwrap(),
+            "samples",
+            T0,
+        )
+        .unwrap();
+        assert_eq!(query(&lake, FIGURES), 1_800 * 1_000_001);
+
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.files_in, 2, "the outputs and the late file");
+        assert_eq!(done.compacted.leftovers_removed, 1, "the replayed file");
+        assert_eq!(names(&hour), ["compact-g2-0000.parquet"]);
+        assert_eq!(query(&lake, FIGURES), 1_800 * 1_000_001);
+        let manifest = Manifest::read(&hour).unwrap();
+        assert_eq!(manifest.generation, 2);
+        assert_eq!(manifest.superseded.len(), 3);
+    }
+
+    #[test]
+    fn the_files_of_an_uncommitted_flush_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        write(&lake, "t-p0", &samples(0..10, T0, 60));
+        write(&lake, "t-p1", &samples(10..20, T0, 60));
+        let pending = write(&lake, "t-p2", &samples(20..30, T0, 60));
+        lake.write_intent(&crate::lake::Intent {
+            source: "t-p2".into(),
+            first: 0,
+            last: 600,
+            files: vec![pending.clone()],
+        })
+        .unwrap();
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.files_in, 2);
+        let hour = lake.hour_dir("samples", T0);
+        assert!(hour.join(pending.file_name().unwrap()).exists());
+        assert_eq!(query(&lake, FIGURES), 1_800 * 1_000_001);
+
+        // Committed: the next compaction takes it.
+        lake.clear_intent("t-p2").unwrap();
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.files_in, 2);
+        assert_eq!(names(&hour), ["compact-g2-0000.parquet"]);
+        assert_eq!(query(&lake, FIGURES), 1_800 * 1_000_001);
+    }
+
+    #[test]
+    fn readers_see_an_hour_as_its_manifest_says_whatever_a_crash_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let a = write(&lake, "t-p0", &samples(0..10, T0, 60));
+        let b = write(&lake, "t-p1", &samples(10..20, T0, 60));
+        let hour = lake.hour_dir("samples", T0);
+        let expected = 1_200 * 1_000_001;
+
+        // Outputs written, no manifest yet (a crash before the commit): hidden.
+        fs::copy(lake.root().join(&a), hour.join("compact-g1-0000.parquet")).unwrap();
+        assert_eq!(query(&lake, FIGURES), expected);
+
+        // The commit names the outputs; inputs not deleted yet (a crash after it): hidden.
+        fs::copy(lake.root().join(&b), hour.join("compact-g1-0001.parquet")).unwrap();
+        Manifest {
+            generation: 1,
+            outputs: vec![
+                "compact-g1-0000.parquet".into(),
+                "compact-g1-0001.parquet".into(),
+            ],
+            superseded: [a.file_name(), b.file_name()]
+                .map(|n| n.unwrap().to_string_lossy().into_owned())
+                .into(),
+        }
+        .write(&hour)
+        .unwrap();
+        assert_eq!(query(&lake, FIGURES), expected);
+
+        // A manifest whose output a listing did not see is read again, not half-read.
+        assert!(!Manifest::read(&hour)
+            .unwrap()
+            .complete_in(["compact-g1-0000.parquet"]));
+
+        // The next compaction finishes the job: the inputs go, the rows stay.
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.leftovers_removed, 2);
+        assert_eq!(query(&lake, FIGURES), expected);
+        assert_eq!(
+            names(&hour),
+            ["compact-g1-0000.parquet", "compact-g1-0001.parquet"]
+        );
+    }
+
+    #[test]
+    fn retention_deletes_only_hours_past_it_and_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        for hour in 0..3 {
+            let rows = samples(0..4, T0 + hour * HOUR_MS, 10);
+            let relative = Lake::file_name(
+                "samples",
+                T0 + hour * HOUR_MS,
+                "t-p0",
+                hour * 100,
+                hour * 100 + 9,
+            );
+            lake.write(
+                &relative,
+                &Sample::to_record_batch(&rows).unwrap(),
+                "samples",
+                T0 + hour * HOUR_MS,
+            )
+            .unwrap();
+        }
+        let options = CompactOptions {
+            enabled: false,
+            retention: vec![(Table::Samples, std::time::Duration::from_secs(24 * 3600))],
+            ..CompactOptions::default()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // A day after the second hour ended: the first two go.
+        let now = T0 + 2 * HOUR_MS + 24 * HOUR_MS;
+        let done = runtime
+            .block_on(Compactor::new(lake.clone(), options).run(None, now))
+            .unwrap();
+        assert_eq!(done.expired.len(), 1);
+        assert_eq!(done.expired[0].hours, 2);
+        assert_eq!(done.expired[0].files, 2);
+        assert!(done.expired[0].bytes > 0);
+        assert_eq!(lake.hours("samples"), [T0 + 2 * HOUR_MS]);
+        assert_eq!(lake.marked_hours("samples"), [T0 + 2 * HOUR_MS]);
+        assert_eq!(query(&lake, "SELECT count(*) FROM samples"), 40);
+    }
+}

@@ -1,0 +1,365 @@
+//! Compaction and retention as an operator runs them: `gpuwarden compact` after a backfill,
+//! killed at every step and at random times, and `gpuwarden pipeline` compacting the hours it
+//! finds final by itself.
+
+mod support;
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+use rdkafka::ClientConfig;
+use support::{eventually, ingest_samples, lake_i64, Broker, Running};
+
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+const HOUR_MS: i64 = 3_600_000;
+/// Every hour of the tests' data is final by then.
+const WATERMARK: &str = "2030-01-01T00:00:00Z";
+
+/// Rows, distinct (GPU, time) pairs, and a checksum of the utilization, in one figure: equal
+/// before and after means every row is there exactly once.
+const FIGURES: &str = "SELECT count(*) * 1000000000 + count(DISTINCT (gpu_uuid, ts_ms)) * 1000 \
+                       + CAST(sum(util_gpu_pct) AS BIGINT) % 1000 FROM samples";
+
+fn sample(gpu: usize, ts_ms: i64) -> String {
+    serde_json::json!({
+        "v": 1, "ts_ms": ts_ms, "interval_ms": 5000, "host": format!("node-{}", gpu / 8),
+        "gpu_uuid": format!("GPU-{gpu:04}"), "gpu_model": "NVIDIA A100-SXM4-80GB",
+        "util_gpu_pct": ((gpu * 7 + (ts_ms / 5000) as usize * 13) % 100) as f64,
+        "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 85899345920u64
+    })
+    .to_string()
+}
+
+/// Samples of `gpus`, every 5 s over `hours` hours from T0, in reverse time order.
+fn lines(gpus: std::ops::Range<usize>, hours: i64) -> String {
+    let mut out = Vec::new();
+    for step in (0..hours * 720).rev() {
+        for gpu in gpus.clone() {
+            out.push(sample(gpu, T0 + step * 5_000));
+        }
+    }
+    out.join("\n")
+}
+
+/// The tests' samples are from 2026-01-01: kept whatever the date.
+const KEEP: &str = "[pipeline.retention]\nsamples = \"forever\"\n";
+
+fn storage_config(dir: &Path, extra: &str) -> PathBuf {
+    let config = dir.join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\n{extra}",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn compact(config: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+    command
+        .args(["compact", "--config", config.to_str().unwrap()])
+        .args(["--watermark", WATERMARK])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// The Parquet files of each hour of samples, as the directory holds them.
+fn files_per_hour(lake: &Path) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for date in sorted_dirs(&lake.join("samples")) {
+        for hour in sorted_dirs(&date) {
+            counts.push(
+                std::fs::read_dir(&hour)
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+                    .count(),
+            );
+        }
+    }
+    counts
+}
+
+fn sorted_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = storage_config(dir.path(), KEEP);
+    let lake = dir.path().join("data/lake");
+    for part in 0..3 {
+        ingest_samples(
+            &config,
+            &dir.path().join(format!("part{part}.jsonl")),
+            &lines(part * 4..part * 4 + 4, 2),
+        );
+    }
+    let mut expected = lake_i64(&lake, FIGURES);
+    assert_eq!(expected / 1_000_000_000, 3 * 4 * 1_440);
+    let first = files_per_hour(&lake);
+    assert!(first.iter().all(|&n| n >= 3), "{first:?}");
+
+    for (late, step) in ["outputs-written", "manifest-written", "inputs-removing"]
+        .into_iter()
+        .enumerate()
+    {
+        let out = compact(&config)
+            .env("GPUWARDEN_COMPACT_CRASH_AT", step)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{step}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            lake_i64(&lake, FIGURES),
+            expected,
+            "after a crash at {step}"
+        );
+        // Late data for every hour: the next compaction has work again.
+        ingest_samples(
+            &config,
+            &dir.path().join(format!("late{late}.jsonl")),
+            &lines(100 + late * 2..102 + late * 2, 2),
+        );
+        expected = lake_i64(&lake, FIGURES);
+    }
+
+    let out = compact(&config).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("hours compacted: 2"), "{stdout}");
+    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
+
+    // The same input ingested again rewrites files whose rows the compacted files hold: they
+    // stay hidden, and the next compaction removes them.
+    ingest_samples(&config, &dir.path().join("part0.jsonl"), &lines(0..4, 2));
+    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    let out = compact(&config).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
+}
+
+#[test]
+fn a_compaction_killed_at_random_times_leaves_every_row_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = storage_config(dir.path(), KEEP);
+    let lake = dir.path().join("data/lake");
+    for part in 0..4 {
+        ingest_samples(
+            &config,
+            &dir.path().join(format!("part{part}.jsonl")),
+            &lines(part * 10..part * 10 + 10, 2),
+        );
+    }
+    let started = Instant::now();
+    let out = compact(&config).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let full = started.elapsed();
+    let mut expected = lake_i64(&lake, FIGURES);
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("seed {seed}; one whole compaction took {full:?}");
+    let mut state = seed | 1;
+    let mut killed = 0;
+    for round in 0..10 {
+        ingest_samples(
+            &config,
+            &dir.path().join(format!("late{round}.jsonl")),
+            &lines(200 + round..201 + round, 2),
+        );
+        expected = lake_i64(&lake, FIGURES);
+        // xorshift: a delay anywhere in what a whole compaction takes.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let delay = full.mul_f64((state % 1_000) as f64 / 1_000.0);
+        let mut child = compact(&config).spawn().unwrap();
+        std::thread::sleep(delay);
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            killed += 1;
+        }
+        child.wait().unwrap();
+        assert_eq!(
+            lake_i64(&lake, FIGURES),
+            expected,
+            "round {round}: killed after {delay:?} (seed {seed})"
+        );
+    }
+    println!("{killed} of 10 compactions killed before they finished");
+    let out = compact(&config).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
+}
+
+#[test]
+fn retention_deletes_old_hours_and_says_so_while_rollups_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = storage_config(
+        dir.path(),
+        "[pipeline]\nclock.max_age = \"1h\"\n[pipeline.retention]\nsamples = \"3h\"\n",
+    );
+    let lake = dir.path().join("data/lake");
+    // 2026-01-01, long past two hours.
+    ingest_samples(&config, &dir.path().join("old.jsonl"), &lines(0..4, 2));
+    let rollup = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["rollup", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(rollup.status.success());
+    let before = lake_i64(&lake, "SELECT count(*) FROM gpu_hourly");
+    assert!(before > 0);
+
+    let out = compact(&config).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("retention: samples: 2 hours deleted (2 files"),
+        "{stdout}"
+    );
+    assert!(lake_i64(&lake, "SELECT count(*) FROM samples") == 0);
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM gpu_hourly"), before);
+
+    // A retention shorter than an hour is final is refused, by name.
+    let bad = storage_config(dir.path(), "[pipeline.retention]\nsignals = \"1h\"\n");
+    let out = compact(&bad).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("pipeline.retention.signals"), "{stderr}");
+}
+
+#[test]
+fn a_running_pipeline_compacts_the_hours_it_finds_final() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = dir.path().join("gpuwarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\n\
+             flush_rows = 500\nflush_age = \"300ms\"\nrollup_every = \"1s\"\n\
+             clock.max_age = \"3650d\"\n",
+            broker.bootstrap,
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let lake = dir.path().join("data/lake");
+
+    // Three hours of 8 GPUs every 30 s, dated 2026-01-01: the first two are final once the
+    // third is read (the watermark passes their end plus the 10-minute lateness).
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let mut n = 0;
+    for step in 0..3 * 120 {
+        for gpu in 0..8 {
+            let payload = sample(gpu, T0 + step * 30_000);
+            let key = format!("GPU-{gpu:04}");
+            while producer
+                .send(
+                    BaseRecord::to("gpuwarden.samples")
+                        .key(&key)
+                        .payload(&payload),
+                )
+                .is_err()
+            {
+                producer.poll(Duration::from_millis(5));
+            }
+            producer.poll(Duration::ZERO);
+            n += 1;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
+    let metrics = running["metrics"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    pipeline.wait_for_log("compacted an hour", Duration::from_secs(90));
+    eventually(
+        "two hours compacted",
+        Duration::from_secs(60),
+        || match support::metric(&metrics, "gpuwarden_pipeline_compacted_hours_total") {
+            Some(hours) if hours >= 2.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    let files = files_per_hour(&lake);
+    assert_eq!(&files[..2], [1, 1], "{files:?}");
+    assert!(
+        files[2] > 1,
+        "the open hour is left as ingest wrote it: {files:?}"
+    );
+    assert_eq!(
+        lake_i64(
+            &lake,
+            "SELECT count(DISTINCT (gpu_uuid, ts_ms)) FROM samples"
+        ),
+        n
+    );
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), n);
+    let hour = lake_i64(
+        &lake,
+        &format!(
+            "SELECT count(*) FROM samples WHERE ts_ms >= {T0} AND ts_ms < {}",
+            T0 + HOUR_MS
+        ),
+    );
+    assert_eq!(hour, 8 * 120);
+    drop(pipeline);
+}
