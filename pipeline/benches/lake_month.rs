@@ -1,0 +1,254 @@
+//! Benchmark: a simulated stretch of a fleet's samples as the pipeline leaves them in the lake
+//! at steady state (one file per partition, minute and hour: what `flush_age = 1m` writes when
+//! traffic is steady), then compacted; three representative queries over raw samples timed on
+//! each. Run with `bench/lake-month.sh`, which times the same queries in DuckDB over the same
+//! rows written once by DuckDB.
+//!
+//! `lake_month <dir> <gpus> <days>`: writes `<dir>/lake` with `Lake::write` (the pipeline's
+//! writer: atomic, fsynced, zstd), prints one JSON line per phase on stdout.
+
+use std::time::Instant;
+
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use gpuwarden_pipeline::compact::CompactOptions;
+use gpuwarden_pipeline::{Compactor, Lake, Table};
+use std::sync::Arc;
+
+const T0: i64 = 1_764_547_200_000; // 2025-12-01T00:00:00Z
+const STEP_MS: i64 = 5_000;
+const PARTITIONS: usize = 6;
+const HOUR_MS: i64 = 3_600_000;
+
+/// The three queries, also run by bench/lake-month.sh in DuckDB (`{last_day}` and `{gpu}`
+/// filled in by both).
+pub const QUERIES: [(&str, &str); 3] = [
+    (
+        "util by model (full scan)",
+        "SELECT gpu_model, avg(util_gpu_pct) FROM samples GROUP BY 1 ORDER BY 1",
+    ),
+    (
+        "one GPU's last day",
+        "SELECT count(*), avg(util_gpu_pct) FROM samples WHERE gpu_uuid = '{gpu}' AND ts_ms >= {last_day}",
+    ),
+    (
+        "idle samples per host, last day, top 10",
+        "SELECT host, count(*) FILTER (WHERE util_gpu_pct < 5) AS idle FROM samples WHERE ts_ms >= {last_day} GROUP BY host ORDER BY idle DESC, host LIMIT 10",
+    ),
+];
+
+fn batch(gpus: &[usize], minute_ms: i64) -> RecordBatch {
+    let n = gpus.len() * 12;
+    let mut ts = Vec::with_capacity(n);
+    let mut host = Vec::with_capacity(n);
+    let mut uuid = Vec::with_capacity(n);
+    let mut model = Vec::with_capacity(n);
+    let mut util = Vec::with_capacity(n);
+    let mut mem = Vec::with_capacity(n);
+    let mut power = Vec::with_capacity(n);
+    let mut temp = Vec::with_capacity(n);
+    let mut energy = Vec::with_capacity(n);
+    let mut lease = Vec::with_capacity(n);
+    for step in 0..12 {
+        let t = minute_ms + step * STEP_MS;
+        for &g in gpus {
+            // A GPU is busy for hours, then idle for hours: a phase per GPU, some noise.
+            let phase = (t / HOUR_MS + g as i64 * 7) % 10;
+            let noise = ((t / STEP_MS) as usize * 31 + g * 17) % 23;
+            let u = if phase < 6 {
+                60.0 + noise as f64
+            } else {
+                (noise % 3) as f64
+            };
+            ts.push(t);
+            host.push(format!("node-{:04}", g / 8));
+            uuid.push(format!("GPU-{g:08x}-0000-4000-8000-{g:012x}"));
+            model.push(if g % 3 == 0 {
+                "NVIDIA H100 80GB HBM3"
+            } else {
+                "NVIDIA A100-SXM4-80GB"
+            });
+            util.push(u);
+            mem.push(((u as i64) << 28) + (noise as i64) * 1_048_576);
+            power.push(80.0 + u * 5.0 + noise as f64 * 0.25);
+            temp.push(35.0 + u * 0.4);
+            energy.push((t - T0) / 10 + g as i64);
+            lease.push((phase < 6).then(|| format!("l-{:05}", g / 4)));
+        }
+    }
+    let schema = Table::Samples.schema();
+    let col = |name: &str| -> ArrayRef {
+        match name {
+            "v" => Arc::new(Int64Array::from(vec![1; n])),
+            "ts_ms" => Arc::new(Int64Array::from(ts.clone())),
+            "interval_ms" => Arc::new(Int64Array::from(vec![STEP_MS; n])),
+            "host" => Arc::new(StringArray::from(host.clone())),
+            "gpu_uuid" => Arc::new(StringArray::from(uuid.clone())),
+            "gpu_model" => Arc::new(StringArray::from(model.clone())),
+            "util_gpu_pct" => Arc::new(Float64Array::from(util.clone())),
+            "mem_used_bytes" => Arc::new(Int64Array::from(mem.clone())),
+            "mem_total_bytes" => Arc::new(Int64Array::from(vec![85_520_809_984; n])),
+            "gpu_index" => Arc::new(Int64Array::from(
+                (0..n)
+                    .map(|i| Some((gpus[i % gpus.len()] % 8) as i64))
+                    .collect::<Vec<_>>(),
+            )),
+            "power_w" => Arc::new(Float64Array::from(
+                power.iter().copied().map(Some).collect::<Vec<_>>(),
+            )),
+            "power_limit_w" => Arc::new(Float64Array::from(vec![Some(700.0); n])),
+            "energy_mj" => Arc::new(Int64Array::from(
+                energy.iter().copied().map(Some).collect::<Vec<_>>(),
+            )),
+            "temp_c" => Arc::new(Float64Array::from(
+                temp.iter().copied().map(Some).collect::<Vec<_>>(),
+            )),
+            "lease_id" => Arc::new(StringArray::from(lease.clone())),
+            other => {
+                arrow_array::new_null_array(schema.field_with_name(other).unwrap().data_type(), n)
+            }
+        }
+    };
+    let columns: Vec<ArrayRef> = schema.fields().iter().map(|f| col(f.name())).collect();
+    RecordBatch::try_new(schema.clone(), columns).unwrap()
+}
+
+fn dir_stats(dir: &std::path::Path) -> (u64, u64) {
+    let mut files = 0;
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            let (f, b) = dir_stats(&path);
+            files += f;
+            bytes += b;
+        } else if path.extension().is_some_and(|x| x == "parquet") {
+            files += 1;
+            bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    (files, bytes)
+}
+
+/// Each query `runs` times; the best and the median are reported.
+fn queries(
+    runtime: &tokio::runtime::Runtime,
+    lake: &Lake,
+    phase: &str,
+    runs: usize,
+    last_day: i64,
+    gpu: &str,
+) {
+    for (name, sql) in QUERIES {
+        let sql = sql
+            .replace("{last_day}", &last_day.to_string())
+            .replace("{gpu}", gpu);
+        let mut times = Vec::new();
+        let mut rows = 0;
+        for _ in 0..runs {
+            let started = Instant::now();
+            let (_, batches) = runtime
+                .block_on(gpuwarden_pipeline::sql::query(lake, &sql))
+                .unwrap();
+            times.push(started.elapsed().as_secs_f64());
+            rows = batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{}",
+            serde_json::json!({"phase": phase, "query": name, "sql": sql, "best_s": times[0], "median_s": times[runs / 2], "rows": rows})
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo bench` passes `--bench`; the script passes the three values after `--`.
+    let values: Vec<&String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let (dir, gpus, days) = match values.as_slice() {
+        [dir, gpus, days] => (
+            std::path::PathBuf::from(dir),
+            gpus.parse::<usize>().expect("gpus"),
+            days.parse::<i64>().expect("days"),
+        ),
+        _ => {
+            eprintln!("usage: lake_month <dir> <gpus> <days>");
+            std::process::exit(2);
+        }
+    };
+    let lake = Lake::open(dir.join("lake")).unwrap();
+    let by_partition: Vec<Vec<usize>> = (0..PARTITIONS)
+        .map(|p| (0..gpus).filter(|g| g % PARTITIONS == p).collect())
+        .collect();
+    let hours = days * 24;
+    let started = Instant::now();
+    let mut offsets = vec![0i64; PARTITIONS];
+    for hour in 0..hours {
+        let hour_ms = T0 + hour * HOUR_MS;
+        for minute in 0..60 {
+            let minute_ms = hour_ms + minute * 60_000;
+            for (p, gpus) in by_partition.iter().enumerate() {
+                if gpus.is_empty() {
+                    continue;
+                }
+                let batch = batch(gpus, minute_ms);
+                let first = offsets[p];
+                offsets[p] += batch.num_rows() as i64;
+                let name = Lake::file_name(
+                    "samples",
+                    hour_ms,
+                    &format!("gpuwarden.samples-p{p}"),
+                    first,
+                    offsets[p] - 1,
+                );
+                lake.write(&name, &batch, "samples", hour_ms).unwrap();
+            }
+        }
+        if hour % 24 == 23 {
+            eprintln!(
+                "wrote day {} of {days} ({:.0} s)",
+                hour / 24 + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let rows = offsets.iter().sum::<i64>();
+    let (files, bytes) = dir_stats(&lake.root().join("samples"));
+    println!(
+        "{}",
+        serde_json::json!({"phase": "written", "gpus": gpus, "days": days, "rows": rows, "hours": hours,
+            "files": files, "files_per_hour": files as f64 / hours as f64, "bytes": bytes,
+            "write_s": started.elapsed().as_secs_f64()})
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let last_day = T0 + (days - 1) * 24 * HOUR_MS;
+    let gpu = format!("GPU-{:08x}-0000-4000-8000-{:012x}", 42, 42);
+    if std::env::var("LAKE_MONTH_SKIP_BEFORE").is_err() {
+        // Once: over thousands of small files a query takes minutes.
+        queries(&runtime, &lake, "before compaction", 1, last_day, &gpu);
+    }
+
+    let started = Instant::now();
+    let done = runtime
+        .block_on(
+            Compactor::new(lake.clone(), CompactOptions::default())
+                .run(Some(T0 + (hours + 1) * HOUR_MS), T0),
+        )
+        .unwrap();
+    let (files, bytes) = dir_stats(&lake.root().join("samples"));
+    println!(
+        "{}",
+        serde_json::json!({"phase": "compacted", "hours": done.compacted.hours, "files_in": done.compacted.files_in,
+            "files_out": done.compacted.files_out, "rows": done.compacted.rows, "files": files,
+            "files_per_hour": files as f64 / hours as f64, "bytes": bytes,
+            "compact_s": started.elapsed().as_secs_f64()})
+    );
+    queries(&runtime, &lake, "after compaction", 3, last_day, &gpu);
+}
