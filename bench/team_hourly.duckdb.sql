@@ -35,33 +35,92 @@ samples AS (SELECT * FROM read_parquet('{lake}/samples/**/*.parquet')),
 watermark AS (
     SELECT greatest((SELECT max(ts_ms) FROM samples), (SELECT max(ts_ms) FROM raw_events)) AS w
 ),
-owners AS (
-    SELECT s.lease_id, i.granted_at, unnest(s.gpu_uuids) AS gpu_uuid, s.start_ms, s.end_ms
+-- Attribution (docs/ARCHITECTURE.md#attribution) is of time: each sample's interval
+-- [ts_ms - interval_ms, ts_ms) is cut at hour edges and where a lease starts or stops holding
+-- its GPU, and each piece goes to the lease it names while that lease holds the GPU (a segment
+-- listing it, or listing none), else to the owner of the GPU then, else to nobody.
+claims AS (  -- segments by GPU, open ones without end
+    SELECT s.lease_id, i.granted_at, unnest(s.gpu_uuids) AS gpu_uuid, s.start_ms,
+           coalesce(s.end_ms, 9223372036854775807) AS end_ms
     FROM segs s JOIN identity i USING (lease_id)
 ),
--- Deduplication and GPU-and-time matching in one aggregate: duplicates match the same owners,
--- and max / arg_max do not care how many times a row is seen.
-attributed AS (
+holds AS (  -- what a sample naming the lease may claim: gpu_uuid null = any GPU
+    SELECT DISTINCT lease_id,
+           unnest(CASE WHEN len(gpu_uuids) = 0 THEN [NULL::VARCHAR] ELSE gpu_uuids END) AS gpu_uuid,
+           start_ms, coalesce(end_ms, 9223372036854775807) AS end_ms
+    FROM segs
+),
+cuts AS (
+    SELECT DISTINCT gpu_uuid, t FROM (
+        SELECT gpu_uuid, start_ms AS t FROM claims UNION ALL SELECT gpu_uuid, end_ms FROM claims)
+),
+windows AS (
+    SELECT * FROM (
+        SELECT gpu_uuid, t AS start_ms, lead(t) OVER (PARTITION BY gpu_uuid ORDER BY t) AS end_ms
+        FROM cuts)
+    WHERE end_ms IS NOT NULL
+),
+owners AS (  -- non-overlapping: the most recent grant wins each window
+    SELECT w.gpu_uuid, w.start_ms, w.end_ms,
+           arg_max(c.lease_id, (c.granted_at, c.lease_id)) AS lease
+    FROM windows w JOIN claims c
+      ON c.gpu_uuid = w.gpu_uuid AND c.start_ms <= w.start_ms AND w.end_ms <= c.end_ms
+    GROUP BY ALL
+),
+deduplicated AS (
     SELECT r.gpu_uuid, r.ts_ms,
            max(r.gpu_model) AS gpu_model, max(r.interval_ms) AS interval_ms,
-           max(r.util_gpu_pct) AS util, max(r.power_w) AS power_w, max(r.lease_id) AS lease_id,
-           arg_max(o.lease_id, (o.granted_at, o.lease_id)) AS matched
+           max(r.util_gpu_pct) AS util, max(r.power_w) AS power_w, max(r.lease_id) AS lease_id
     FROM samples r
-    LEFT JOIN owners o
-           ON r.gpu_uuid = o.gpu_uuid AND r.ts_ms >= o.start_ms
-          AND (o.end_ms IS NULL OR r.ts_ms < o.end_ms)
     GROUP BY r.gpu_uuid, r.ts_ms
 ),
+intervals AS (  -- each sample's interval, split at hour edges: [a, b) within hour
+    SELECT d.gpu_uuid, d.ts_ms, d.gpu_model, d.util, d.power_w, k.lease_id AS named, h.hour,
+           greatest(d.ts_ms - d.interval_ms, h.hour) AS a, least(d.ts_ms, h.hour + 3600000) AS b
+    FROM deduplicated d
+    LEFT JOIN identity k ON d.lease_id = k.lease_id,
+    LATERAL (SELECT unnest(range(((d.ts_ms - d.interval_ms) // 3600000) * 3600000, d.ts_ms, 3600000)) AS hour) h
+),
+named AS (
+    SELECT i.gpu_uuid, i.ts_ms, i.hour, i.named AS lease,
+           greatest(i.a, h.start_ms) AS a, least(i.b, h.end_ms) AS b
+    FROM intervals i JOIN holds h
+      ON h.lease_id = i.named AND (h.gpu_uuid IS NULL OR h.gpu_uuid = i.gpu_uuid)
+     AND h.start_ms < i.b AND h.end_ms > i.a
+),
+owned AS (
+    SELECT i.gpu_uuid, i.ts_ms, i.hour, o.lease,
+           least(i.b, o.end_ms) - greatest(i.a, o.start_ms)
+           - sum(CASE WHEN n.a IS NULL THEN 0  -- least/greatest skip nulls
+                      ELSE greatest(0, least(i.b, o.end_ms, n.b) - greatest(i.a, o.start_ms, n.a)) END) AS ms
+    FROM intervals i JOIN owners o
+      ON o.gpu_uuid = i.gpu_uuid AND o.start_ms < i.b AND o.end_ms > i.a
+    LEFT JOIN named n ON n.gpu_uuid = i.gpu_uuid AND n.ts_ms = i.ts_ms AND n.hour = i.hour
+    GROUP BY i.gpu_uuid, i.ts_ms, i.hour, o.lease, o.start_ms, o.end_ms, i.a, i.b
+),
+attributed AS (
+    SELECT gpu_uuid, ts_ms, hour, lease, b - a AS ms FROM named
+    UNION ALL
+    SELECT gpu_uuid, ts_ms, hour, lease, ms FROM owned WHERE ms > 0
+),
+pieces AS (
+    SELECT p.hour, p.lease, NULL AS own_model, p.ms, i.util, i.power_w
+    FROM attributed p JOIN intervals i USING (gpu_uuid, ts_ms, hour)
+    UNION ALL
+    SELECT i.hour, NULL, i.gpu_model, i.b - i.a - coalesce(m.ms, 0), i.util, i.power_w
+    FROM intervals i
+    LEFT JOIN (SELECT gpu_uuid, ts_ms, hour, sum(ms) AS ms FROM attributed GROUP BY ALL) m
+      USING (gpu_uuid, ts_ms, hour)
+),
 usage AS (
-    SELECT (a.ts_ms // 3600000) * 3600000 AS hour,
-           coalesce(k.lease_id, a.matched) AS lease,
-           CASE WHEN coalesce(k.lease_id, a.matched) IS NULL THEN a.gpu_model END AS own_model,
-           sum(a.interval_ms) AS observed_ms,
-           sum(a.interval_ms * a.util) AS busy_ms_pct,
-           sum(CASE WHEN a.util < {idle} THEN a.interval_ms ELSE 0 END) AS idle_ms,
-           sum(coalesce(a.power_w, 0) * a.interval_ms) AS energy_w_ms
-    FROM attributed a LEFT JOIN identity k ON a.lease_id = k.lease_id
+    SELECT hour, lease, own_model,
+           sum(ms) AS observed_ms,
+           sum(ms * util) AS busy_ms_pct,
+           sum(CASE WHEN util < {idle} THEN ms ELSE 0 END) AS idle_ms,
+           sum(coalesce(power_w, 0) * ms) AS energy_w_ms
+    FROM pieces
     GROUP BY ALL
+    HAVING sum(ms) > 0
 ),
 allocation AS (
     SELECT lease_id AS lease, hour,

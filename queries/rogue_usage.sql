@@ -3,9 +3,11 @@
 -- Question: which GPUs ran work that no lease accounts for, when, how much, what did it cost,
 --   and who might it be?
 -- A sample is unattributed when it names no lease the lake knows and no lease's segment holds
---   its GPU at its time (docs/ARCHITECTURE.md "Attribution"; segments from lease_events, each
---   grant or resize to the lease's next event); it is rogue work when it is also busy, at or
---   above pricing.idle_util_pct.
+--   its GPU at its ts_ms (segments from lease_events, each grant or resize to the lease's next
+--   event); it is rogue work when it is also busy, at or above pricing.idle_util_pct. Judged
+--   whole at ts_ms: the rollups (docs/ARCHITECTURE.md "Attribution") split an interval that
+--   straddles a grant or a release, so this list can differ from team_hourly's unallocated
+--   busy time by those parts of intervals.
 -- Columns: host, gpu_uuid, gpu_model, first_seen, last_seen (the intervals' ends, UTC),
 --   rogue_gpu_hours (Σ interval of the busy unattributed samples), busy_gpu_hours (× their
 --   utilization), mean_util_pct, cost_usd (rogue GPU-hours at the price team_hourly gives the

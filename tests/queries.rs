@@ -366,21 +366,21 @@ fn hand_checked_numbers(outputs: &BTreeMap<String, String>) {
         0.5 * H100 + 2.0 * (2.0 + 55.0 / 60.0) * A100,
     );
 
-    // Capacity no lease held, GPU-hour by GPU-hour (each GPU's samples cover 22:00-03:00):
-    // H100: h100-3 never leased (5 h), h100-2 before lease-02 and after its reclaim (0.5 +
-    // 2.5 h), h100-0 and h100-1 after lease-01 (1 h each); A100: a100-0 between lease-03 and
-    // lease-06 and after lease-06 (0.5 + 0.5 h), a100-1 after lease-03 (2 h), a100-2 and -3
-    // before lease-04 (1 h each); L40S: l40s-0 around lease-05 (1 + 2 h), l40s-1 never (5 h).
+    // Capacity no lease held, GPU-hour by GPU-hour. Each GPU's samples (22:00 to 02:55, each
+    // covering the 5 minutes before it) cover 21:55-02:55, 5 h: H100: h100-3 never leased
+    // (5 h), h100-2 before lease-02 and after its reclaim (35 min + 2 h 25 min), h100-0 and
+    // h100-1 before and after lease-01 (5 + 55 min each); A100: a100-0 before lease-03, between
+    // it and lease-06 and after (5 + 30 + 25 min), a100-1 before and after lease-03 (5 min +
+    // 1 h 55 min), a100-2 and -3 before lease-04 (1 h 5 min each); L40S: l40s-0 around lease-05
+    // (1 h 5 min + 1 h 55 min), l40s-1 never (5 h).
     let unallocated = table("unallocated_capacity_cost");
-    let total: f64 = unallocated
-        .column("cost_usd")
-        .iter()
-        .map(|c| c.parse::<f64>().unwrap())
-        .sum();
-    assert_usd(
-        "the cost of unallocated capacity",
-        total,
-        10.0 * H100 + 5.0 * A100 + 8.0 * L40S,
+    let costs = unallocated.column("cost_usd");
+    let total: f64 = costs.iter().map(|c| c.parse::<f64>().unwrap()).sum();
+    let by_hand = 10.0 * H100 + (5.0 + 1.0 / 6.0) * A100 + 8.0 * L40S;
+    // Each row is rounded to the cent.
+    assert!(
+        (total - by_hand).abs() <= 0.005 * costs.len() as f64 + 1e-9,
+        "the cost of unallocated capacity: {total}, worked out by hand as {by_hand:.4}"
     );
     assert_usd(
         "January's unallocated H100s",
@@ -388,7 +388,8 @@ fn hand_checked_numbers(outputs: &BTreeMap<String, String>) {
             &[("month", "2026-01"), ("gpu_model", "NVIDIA H100 80GB HBM3")],
             "cost_usd",
         ),
-        2.5 * H100,
+        // h100-3 from 21:55 (2 h 5 min), h100-2 until 22:30 (35 min), h100-0 and -1 until 22:00.
+        (2.0 + 50.0 / 60.0) * H100,
     );
 
     // lease-02 (a notebook, max_duration 4h) was granted at 22:30 and reclaimed for idleness at
@@ -449,13 +450,14 @@ fn hand_checked_numbers(outputs: &BTreeMap<String, String>) {
     candidates.sort_unstable();
     assert_eq!(candidates, ["lease-02", "lease-04", "lease-05"]);
 
-    // lease-02 idled from 23:00 (30 minutes after its grant) to its reclaim at 00:30.
+    // lease-02's samples are idle from 23:00 (30 minutes after its grant), and the one at 23:00
+    // covers 22:55-23:00: idle 95 minutes up to its reclaim at 00:30.
     let idle = table("idle_waste_by_lease");
     assert_eq!(idle.rows[0]["lease_id"], "lease-02");
     assert_usd(
         "lease-02's idle cost",
         idle.number(&[("lease_id", "lease-02")], "idle_cost_usd"),
-        1.5 * H100,
+        95.0 / 60.0 * H100,
     );
 
     // alice's lease-01: 2 H100s for 4 hours.

@@ -228,11 +228,12 @@ fn named_lease(gpu: &str, ts: i64, rng: &mut Rng) -> Option<&'static str> {
         "GPU-C0" if (at(1, 0)..at(1, 30)).contains(&ts) => Some("L-ghost"),
         // ... and to nobody at 3:00.
         "GPU-C0" if (at(3, 0)..at(3, 10)).contains(&ts) => Some("L-ghost"),
-        // A known lease before its segments hold this GPU: the name wins.
+        // A known lease before its segments hold this GPU: the name does not count, since
+        // L-serve lists D0 only until 2:00 (D1 is unallocated then).
         "GPU-D1" if (at(0, 0)..at(0, 20)).contains(&ts) => Some(SERVE.id),
         // The only way to attribute samples to a lease with empty gpu_uuids.
         "GPU-E0" if (at(1, 20)..at(1, 40)).contains(&ts) => Some(EMPTY.id),
-        // A T4's samples named by an H100 lease count under the lease's model.
+        // A T4's samples named by an H100 lease that lists A0 alone then: not the lease's.
         "GPU-E0" if (at(3, 0)..at(3, 10)).contains(&ts) => Some(TRAIN.id),
         _ => None,
     }
@@ -289,7 +290,8 @@ fn fixture() -> Fixture {
     }
     let [a2, d0] = [&GPUS[2], &GPUS[10]];
     // Duplicates that disagree: the survivor takes each column's maximum, so the copy naming
-    // L-nb gives its lease_id to the busier copy without one (A2 is in no lease at 1:00).
+    // L-nb gives its lease_id to the busier copy without one. L-nb does not hold A2, so the
+    // name does not count and A2's minute is nobody's (A2 is in no lease at 1:00).
     samples[0].push(sample(a2, a2_duplicate_at, 40.0, Some(300.0), None));
     samples[0].push(sample(a2, a2_duplicate_at, 20.0, None, Some(NOTEBOOK.id)));
     // ... and one of the copies may come late.
@@ -675,12 +677,13 @@ fn assert_hand_checked(who: &str, t: &Tables) {
         &hour_key(4, UNALLOCATED, A6000),
         &[("final", json!(true))],
     );
-    // 5:00 to 5:20, both included; the watermark is 5:20, so hour 5 is open.
+    // The samples at 5:01 to 5:20 (the one at 5:00 covers 4:59 to 5:00); the watermark is
+    // 5:20, so hour 5 is open.
     expect(
         hourly,
         &hour_key(5, UNALLOCATED, A6000),
         &[
-            ("observed_gpu_hours", json!(21.0 / 60.0)),
+            ("observed_gpu_hours", json!(20.0 / 60.0)),
             ("final", json!(false)),
         ],
     );
@@ -703,11 +706,15 @@ fn assert_hand_checked(who: &str, t: &Tables) {
         &hour_key(1, "research", H100),
         &[("allocated_gpu_hours", json!(3.0))],
     );
-    // Hour 3: A0 all hour, plus the ten samples of a T4 that name L-train.
+    // Hour 3: A0 all hour, its allocation; the ten samples of a T4 that name L-train are not
+    // its time (it holds A0 alone), nor are A1 to A3's samples at 3:00, which cover 2:59 to 3:00.
     expect(
         hourly,
         &hour_key(3, "research", H100),
-        &[("observed_gpu_hours", json!(70.0 / 60.0))],
+        &[
+            ("observed_gpu_hours", json!(1.0)),
+            ("allocated_gpu_hours", json!(1.0)),
+        ],
     );
     // L-serve never ends: 1 GPU 0:00-2:00, then 2 GPUs up to the watermark, 5:20.
     expect(
@@ -735,11 +742,14 @@ fn assert_hand_checked(who: &str, t: &Tables) {
         &lease_key(LATE.id),
         &[("allocated_gpu_hours", json!(80.0 / 60.0))],
     );
-    // L-nb: B0 from 0:30 to 1:15, plus the A2 sample its name won in a duplicate.
+    // L-nb: B0 from 0:30 to 1:15, exactly its allocation; not the A2 sample that names it.
     expect(
         usage,
         &lease_key(NOTEBOOK.id),
-        &[("observed_gpu_hours", json!(46.0 / 60.0))],
+        &[
+            ("observed_gpu_hours", json!(45.0 / 60.0)),
+            ("allocated_gpu_hours", json!(45.0 / 60.0)),
+        ],
     );
     // L-pcie: C0 every 30 s from 0:45 to 1:45, the samples naming the unknown L-ghost included;
     // at 3:00 they belong to nobody.
@@ -869,6 +879,19 @@ fn rollups_agree_with_the_polars_reference_through_late_data() {
     let polars = polars_rollups(&python, &lake);
     assert_hand_checked("polars", &polars);
     assert_hand_checked("DataFusion", &datafusion);
+    // Every piece of a sample's interval counts for the lease holding its GPU then, so no lease
+    // is observed longer than it held GPUs (docs/ARCHITECTURE.md#attribution).
+    for (who, tables) in [("polars", &polars), ("DataFusion", &datafusion)] {
+        for row in &tables.lease_usage {
+            let [observed, allocated] =
+                ["observed_gpu_hours", "allocated_gpu_hours"].map(|c| row[c].as_f64().unwrap());
+            assert!(
+                observed <= allocated + 1e-9,
+                "{who}: {} observed {observed} GPU-hours, allocated {allocated}",
+                row["lease_id"]
+            );
+        }
+    }
     assert_eq!(
         support::lake_i64(&lake, "SELECT count(*) FROM quarantine"),
         5,

@@ -422,14 +422,15 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
 #[test]
 fn psql_reads_the_rollups_through_grafana_time_macros() {
     let endpoint = Endpoint::with_users();
-    // The pipeline rolls up at start: 90 minutes of 8 GPUs at 0, 10, …, 70 % make one final
-    // and one open hour, all unallocated at the default $2 per GPU-hour.
+    // The pipeline rolls up at start: 90 minutes of 8 GPUs at 0, 10, …, 70 %, all unallocated
+    // at the default $2 per GPU-hour. Each sample covers the minute before it, so the first
+    // (at 10:00) lie in 9:00's hour, the rest in a final 10:00 hour and 29 minutes of an open one.
     eventually(
-        "the rollups' two team_hourly rows",
+        "the rollups' three team_hourly rows",
         Duration::from_secs(60),
         || {
             let rows = endpoint.one("SELECT count(*) FROM team_hourly");
-            if rows == "2" {
+            if rows == "3" {
                 Ok(())
             } else {
                 Err(rows)
@@ -448,8 +449,9 @@ fn psql_reads_the_rollups_through_grafana_time_macros() {
     assert_eq!(
         rows,
         [
+            "1796029200.0|(unallocated)|0.133333|0.046667|0.016667|0.266667|t",
             "1796032800.0|(unallocated)|8.0|2.8|1.0|16.0|t",
-            "1796036400.0|(unallocated)|4.0|1.4|0.5|8.0|f",
+            "1796036400.0|(unallocated)|3.866667|1.353333|0.483333|7.733333|f",
         ]
     );
     // The FOCUS export bills the same, per sub-account; no lease, no lease_usage rows.
@@ -462,7 +464,7 @@ fn psql_reads_the_rollups_through_grafana_time_macros() {
     assert_eq!(endpoint.one("SELECT count(*) FROM lease_usage"), "0");
     assert_eq!(
         endpoint.one("SELECT count(*), max(mem_used_max_bytes) FROM gpu_hourly"),
-        "16|1073741824"
+        "24|1073741824"
     );
 }
 

@@ -1,5 +1,7 @@
 //! The rollups against a small lake whose every number was computed by hand, one definition of
-//! docs/ARCHITECTURE.md#what-the-numbers-mean at a time. The fixture, in minutes after hour H:
+//! docs/ARCHITECTURE.md#what-the-numbers-mean at a time. The fixture, in minutes after hour H
+//! (every sample's interval is one minute: the sample at k covers minute k − 1 to k, so the one
+//! at 0 lies in the hour before H):
 //!
 //! - g1 (H100, host h1): a sample every minute, k = 0..119 (ts = H + k min), 50 % busy, 300 W.
 //! - g2 (H100, host h1): k = 30..59, idle (0 %), no power reading.
@@ -239,36 +241,56 @@ fn team_hourly_follows_every_definition() {
         .block_on(Rollup::new(lake.clone(), options()).run())
         .unwrap();
     assert_eq!(report.watermark, Some(H + 119 * MIN));
-    assert_eq!((report.hours, report.final_hours, report.leases), (2, 1, 4));
+    // H − 1h holds the first minute-long intervals of g1 and g3, which end at H.
+    assert_eq!((report.hours, report.final_hours, report.leases), (3, 2, 4));
 
     let t = team_hourly(&rt, &lake);
     let h = 1.0 / 60.0; // one one-minute sample, in hours
-                        // L1 in H: g1 at k 0..19 and 40..59 (L3's later grant owns g1 in 20..39), g2 at 30..59;
-                        // allocated 30 min × 1 GPU + 30 min × 2 GPUs. Plus L4: 10 min × 2 GPUs allocated, and the
-                        // T4 sample that names it, priced as L4's H100s.
+                        // The minute before H: g1 (50 %, 300 W) and g3 (100 %), held by no lease.
+    check(
+        &t,
+        (-1, "(unallocated)", H100),
+        [h, h, 0.5 * h, 0.0, 4.0 * h, 0.0, 300.0 * 60_000.0 / 3.6e9],
+    );
+    check(
+        &t,
+        (-1, "(unallocated)", A100),
+        [h, h, h, 0.0, 2.0 * h, 0.0, 0.0],
+    );
+    // L1 in H: g1 in minutes 0..20 and 40..60 (L3's later grant owns g1 in 20..40), g2 in
+    // 30..59 (its sample at 30 covers 29..30, before the resize gave L1 g2); allocated 30 min
+    // × 1 GPU + 30 min × 2 GPUs. Plus L4: 10 min × 2 GPUs allocated, and the T4 sample that
+    // names it (minute 4..5, within L4's segment, which lists no GPU), priced as L4's H100s.
     check(
         &t,
         (0, "ml", H100),
         [
             1.5 + 20.0 * h,
-            70.0 * h + h,
+            69.0 * h + h,
             40.0 * h * 0.5 + 0.1 * h,
-            30.0 * h,
+            29.0 * h,
             (1.5 + 20.0 * h) * 4.0,
-            30.0 * h * 4.0,
+            29.0 * h * 4.0,
             300.0 * 40.0 * 60_000.0 / 3.6e9,
         ],
+    );
+    // g2's minute 29..30, idle, before L1 held it.
+    check(
+        &t,
+        (0, "(unallocated)", H100),
+        [h, h, 0.0, h, 4.0 * h, 4.0 * h, 0.0],
     );
     check(
         &t,
         (0, "research", H100),
         [20.0 * h, 20.0 * h, 10.0 * h, 0.0, 80.0 * h, 0.0, 0.1],
     );
-    // L2 from minute 15; the duplicate at minute 30 counts once, at its larger utilization.
+    // L2 from minute 15; g3's last sample (59) ends its time at 59. The duplicate at minute 30
+    // counts once, at its larger utilization.
     check(
         &t,
         (0, "web", A100),
-        [45.0 * h, 45.0 * h, 45.0 * h, 0.0, 90.0 * h, 0.0, 0.0],
+        [45.0 * h, 44.0 * h, 44.0 * h, 0.0, 90.0 * h, 0.0, 0.0],
     );
     // g3 before L2's grant: a busy GPU no lease holds.
     check(
@@ -283,8 +305,9 @@ fn team_hourly_follows_every_definition() {
         (0, "(unallocated)", T4),
         [h, h, 0.8 * h, 0.0, h, 0.0, 0.0],
     );
-    // H + 1h: L1 until its release at minute 90 (2 GPUs), g1 unallocated from minute 90 on;
-    // L2 still running: allocated up to the watermark (minute 119), with no samples.
+    // H + 1h: L1 until its release at minute 90 (2 GPUs; g2's samples ended at 59), g1
+    // unallocated from minute 90 to its last sample's end at 119; L2 still running: allocated
+    // up to the watermark (minute 119), with no samples.
     check(
         &t,
         (1, "ml", H100),
@@ -301,15 +324,23 @@ fn team_hourly_follows_every_definition() {
     check(
         &t,
         (1, "(unallocated)", H100),
-        [0.5, 0.5, 0.25, 0.0, 2.0, 0.0, 0.15],
+        [
+            29.0 * h,
+            29.0 * h,
+            14.5 * h,
+            0.0,
+            29.0 * h * 4.0,
+            0.0,
+            300.0 * 29.0 * 60_000.0 / 3.6e9,
+        ],
     );
     check(
         &t,
         (1, "web", A100),
         [59.0 * h, 0.0, 0.0, 0.0, 118.0 * h, 0.0, 0.0],
     );
-    assert_eq!(t.len(), 8, "no other rows: {:#?}", t.keys());
-    assert!(t.iter().all(|(k, r)| r["final"] == json!(k.0 == 0)));
+    assert_eq!(t.len(), 11, "no other rows: {:#?}", t.keys());
+    assert!(t.iter().all(|(k, r)| r["final"] == json!(k.0 <= 0)));
 }
 
 #[test]
@@ -325,11 +356,26 @@ fn gpu_hourly_lease_usage_and_leases() {
         &rt,
         &lake,
         "SELECT samples, observed_gpu_hours, utilization_pct, mem_used_max_bytes, host
-         FROM gpu_hourly WHERE gpu_uuid = 'g3'",
+         FROM gpu_hourly WHERE gpu_uuid = 'g3' ORDER BY hour",
     );
-    assert_eq!(g3.len(), 1);
+    assert_eq!(
+        g3.len(),
+        2,
+        "H − 1h holds the interval of g3's first sample"
+    );
+    assert_eq!(g3[0]["samples"], json!(0));
+    close(
+        &g3[0]["observed_gpu_hours"],
+        1.0 / 60.0,
+        "g3 observed before H",
+    );
+    let g3 = &g3[1..];
     assert_eq!(g3[0]["samples"], json!(60), "the duplicate counts once");
-    close(&g3[0]["observed_gpu_hours"], 1.0, "g3 observed");
+    close(
+        &g3[0]["observed_gpu_hours"],
+        59.0 / 60.0,
+        "g3 observed in H",
+    );
     close(&g3[0]["utilization_pct"], 100.0, "g3 utilization");
     assert_eq!(g3[0]["mem_used_max_bytes"], json!(1059));
     assert_eq!(g3[0]["host"], json!("h2"));
@@ -351,11 +397,12 @@ fn gpu_hourly_lease_usage_and_leases() {
     assert_eq!(l1["released_ms"], json!(H + 90 * MIN));
     assert_eq!(l1["release_reason"], json!("user"));
     close(&l1["allocated_gpu_hours"], 2.5, "L1 allocated");
-    close(&l1["observed_gpu_hours"], 100.0 / 60.0, "L1 observed");
+    // g1: 70 min at 50 %; g2: 29 idle minutes (its first interval ended at the resize).
+    close(&l1["observed_gpu_hours"], 99.0 / 60.0, "L1 observed");
     close(&l1["busy_gpu_hours"], 35.0 / 60.0, "L1 busy");
-    close(&l1["utilization_pct"], 35.0, "L1 utilization");
+    close(&l1["utilization_pct"], 3500.0 / 99.0, "L1 utilization");
     close(&l1["cost_usd"], 10.0, "L1 cost");
-    close(&l1["idle_cost_usd"], 2.0, "L1 idle cost");
+    close(&l1["idle_cost_usd"], 29.0 / 60.0 * 4.0, "L1 idle cost");
     close(&l1["energy_kwh"], 0.35, "L1 energy");
     let l2 = &usage[1];
     assert!(l2["released_ms"].is_null());
@@ -461,7 +508,7 @@ fn focus_costs_has_every_mandatory_column_with_focus_types() {
     // One row per lease and hour, and one per GPU model and hour for unallocated capacity.
     assert_eq!(
         focus.len(),
-        8 + 1,
+        11 + 1,
         "L1 and L4 are separate rows of ml's H100s in H"
     );
     let l1 = focus
@@ -470,7 +517,7 @@ fn focus_costs_has_every_mandatory_column_with_focus_types() {
         .unwrap();
     close(&l1["billed"], 6.0, "L1 BilledCost in H");
     close(&l1["qty"], 1.5, "L1 PricingQuantity in H");
-    close(&l1["x_IdleGpuHours"], 0.5, "L1 idle GPU-hours in H");
+    close(&l1["x_IdleGpuHours"], 29.0 / 60.0, "L1 idle GPU-hours in H");
     assert_eq!(l1["SubAccountId"], json!("ml"));
     assert_eq!(l1["ChargeCategory"], json!("Usage"));
     assert_eq!(l1["BillingCurrency"], json!("USD"));
@@ -487,7 +534,8 @@ fn focus_costs_has_every_mandatory_column_with_focus_types() {
         .iter()
         .filter(|r| r["SubAccountId"] == json!("(unallocated)"))
         .count();
-    assert_eq!(unallocated, 3);
+    // Two models in H − 1h, three in H, one in H + 1h.
+    assert_eq!(unallocated, 6);
     // The FOCUS export prices the same hours team_hourly does.
     let total: f64 = focus.iter().map(|r| r["billed"].as_f64().unwrap()).sum();
     let team_total = rows(&rt, &lake, "SELECT sum(cost_usd) AS c FROM team_hourly");
@@ -517,7 +565,11 @@ fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
     let late = [sample("g4", T4, "h2", 30, 0.0, None, None)];
     put(&lake, "samples", "late", &late, |s| s.ts_ms);
     let report = rt.block_on(rollup.run()).unwrap();
-    assert_eq!(report.hours, 2, "H (late data) and H + 1h (not final)");
+    // A sample landing in an hour marks the hour before it too: its interval may reach back.
+    assert_eq!(
+        report.hours, 3,
+        "H (late data), H − 1h (which its interval could reach) and H + 1h (not final)"
+    );
     let after = team_hourly(&rt, &lake);
     let t4 = (0, "(unallocated)".to_owned(), T4.to_owned());
     close(
@@ -548,7 +600,10 @@ fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
         |s| s.ts_ms,
     );
     let report = rt.block_on(rollup.run()).unwrap();
-    assert_eq!(report.hours, 2);
+    assert_eq!(
+        report.hours, 3,
+        "H − 1h (marked by the sample), H and H + 1h"
+    );
     let after = team_hourly(&rt, &lake);
     let late_team = (0, "late-team".to_owned(), H100.to_owned());
     close(
@@ -625,8 +680,9 @@ fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up() {
         .block_on(Rollup::new(lake.clone(), options()).run())
         .unwrap();
     assert_eq!(
-        report.hours, 3,
-        "H with a sample, H + 1h and H + 2h with the lease alone"
+        report.hours, 4,
+        "H with a sample, H − 1h that its interval could reach, H + 1h and H + 2h with the \
+         lease alone"
     );
     let t = team_hourly(&rt, &lake);
     check(&t, (1, "ml", H100), [1.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0]);
@@ -742,8 +798,9 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
     let report = rt.block_on(rollup.run()).unwrap();
     assert_eq!(report.watermark, Some(H + 10 * MIN));
     assert_eq!(
-        report.hours, 4,
-        "H, and the three hours wrongly final: computed again"
+        report.hours, 5,
+        "H − 1h (where the samples at minute 0 began), H, and the three hours wrongly final: \
+         computed again"
     );
     let state: Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_state.json")).unwrap())
@@ -754,7 +811,7 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
             .unwrap()
             .keys()
             .collect::<Vec<_>>(),
-        [&H.to_string()],
+        [&(H - 60 * MIN).to_string(), &H.to_string()],
         "hours with nothing in them are forgotten"
     );
 
@@ -841,4 +898,263 @@ fn hosts_seen_by_the_last_run_are_not_silent_however_far_apart_the_runs() {
         rt.block_on(rollup.run()).unwrap().watermark,
         Some(H + 120 * MIN)
     );
+}
+
+/// lease_hourly as `(hour offset in hours, lease id or "") -> row`.
+fn lease_hourly(rt: &tokio::runtime::Runtime, lake: &Lake) -> BTreeMap<(i64, String), Value> {
+    rows(
+        rt,
+        lake,
+        "SELECT CAST(hour AS BIGINT) AS hour_ms, * FROM lease_hourly ORDER BY hour, lease_id",
+    )
+    .into_iter()
+    .map(|r| {
+        let lease = r["lease_id"].as_str().unwrap_or_default().to_owned();
+        (((r["hour_ms"].as_i64().unwrap() - H) / 3_600_000, lease), r)
+    })
+    .collect()
+}
+
+/// The worked case of docs/ARCHITECTURE.md#attribution: samples whose intervals straddle a
+/// grant, a resize that adds a GPU, a resize that takes one away, a release and hour edges.
+#[test]
+fn attribution_splits_intervals_at_grants_resizes_releases_and_hours() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let five = |gpu: &str, k: i64, util: f64, power: Option<f64>, lease: Option<&str>| {
+        let mut s = sample(gpu, H100, "h1", 0, util, power, lease);
+        s.ts_ms = H + k * 5 * MIN;
+        s.interval_ms = 5 * MIN;
+        s
+    };
+    let mut samples = Vec::new();
+    for k in 1..=24 {
+        samples.push(five("g1", k, 0.0, None, None));
+        // g2's exporter names A one sample late: from 0:35 to 1:30.
+        let named = (7..=18).contains(&k).then_some("A");
+        samples.push(five("g2", k, 50.0, Some(100.0), named));
+    }
+    put(&lake, "samples", "worked", &samples, |s| s.ts_ms);
+    put(
+        &lake,
+        "lease_events",
+        "worked",
+        &[
+            event(12, "granted", "A", "ml", 1, &["g1"]),
+            event(33, "resized", "A", "ml", 2, &["g1", "g2"]),
+            event(51, "resized", "A", "ml", 1, &["g2"]),
+            event(87, "released", "A", "ml", 1, &[]),
+        ],
+        |e| e.ts_ms,
+    );
+    let rt = rt();
+    let report = rt
+        .block_on(Rollup::new(lake.clone(), options()).run())
+        .unwrap();
+    assert_eq!(report.watermark, Some(H + 2 * HOUR));
+
+    let m = 1.0 / 60.0; // one GPU-minute, in GPU-hours
+    let energy = |minutes: f64| 100.0 * minutes * 60_000.0 / 3.6e9;
+    let l = lease_hourly(&rt, &lake);
+    // (allocated, observed, busy, idle, energy) per lease and hour.
+    let expected: [((i64, &str), [f64; 5]); 4] = [
+        // A: g1 0:12-0:51 (idle), g2 0:33-1:00 (50 %); 21 min x 1 + 18 min x 2 + 9 min x 1.
+        (
+            (0, "A"),
+            [66.0 * m, 66.0 * m, 13.5 * m, 39.0 * m, energy(27.0)],
+        ),
+        // A: g2 1:00-1:27; the sample at 1:30 names A but its last 3 minutes are nobody's.
+        ((1, "A"), [27.0 * m, 27.0 * m, 13.5 * m, 0.0, energy(27.0)]),
+        // g1 0:00-0:12 and 0:51-1:00, g2 0:00-0:33.
+        (
+            (0, ""),
+            [54.0 * m, 54.0 * m, 16.5 * m, 21.0 * m, energy(33.0)],
+        ),
+        // g1 1:00-2:00 (the sample at 2:00 included), g2 1:27-2:00.
+        (
+            (1, ""),
+            [93.0 * m, 93.0 * m, 16.5 * m, 60.0 * m, energy(33.0)],
+        ),
+    ];
+    for ((hour, lease), values) in expected {
+        let row = l
+            .get(&(hour, lease.to_owned()))
+            .unwrap_or_else(|| panic!("no lease_hourly row ({hour}, {lease:?}): {:?}", l.keys()));
+        let names = [
+            "allocated_gpu_hours",
+            "observed_gpu_hours",
+            "busy_gpu_hours",
+            "idle_gpu_hours",
+            "energy_kwh",
+        ];
+        for (name, value) in names.into_iter().zip(values) {
+            close(&row[name], value, &format!("({hour}, {lease:?}) {name}"));
+        }
+    }
+    assert_eq!(l.len(), 4, "no other rows: {:?}", l.keys());
+
+    let usage = rows(
+        &rt,
+        &lake,
+        "SELECT allocated_gpu_hours, observed_gpu_hours, idle_cost_usd, cost_usd FROM lease_usage",
+    );
+    close(&usage[0]["allocated_gpu_hours"], 93.0 * m, "A allocated");
+    close(&usage[0]["observed_gpu_hours"], 93.0 * m, "A observed");
+    close(&usage[0]["idle_cost_usd"], 39.0 * m * 4.0, "A idle cost");
+    close(&usage[0]["cost_usd"], 93.0 * m * 4.0, "A cost");
+
+    // A sample counts in the hour of its ts_ms; its time in the hours its interval lies in.
+    let g1 = rows(
+        &rt,
+        &lake,
+        "SELECT CAST(hour AS BIGINT) AS hour_ms, samples, observed_gpu_hours, utilization_pct
+         FROM gpu_hourly WHERE gpu_uuid = 'g1' ORDER BY hour",
+    );
+    let g1: Vec<(i64, i64, f64, bool)> = g1
+        .iter()
+        .map(|r| {
+            (
+                (r["hour_ms"].as_i64().unwrap() - H) / HOUR,
+                r["samples"].as_i64().unwrap(),
+                r["observed_gpu_hours"].as_f64().unwrap(),
+                r.get("utilization_pct").is_none_or(Value::is_null),
+            )
+        })
+        .collect();
+    assert_eq!(
+        g1,
+        vec![(0, 11, 1.0, false), (1, 12, 1.0, false), (2, 1, 0.0, true)]
+    );
+}
+
+/// SplitMix64, seeded: the same random fleets on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+const HOUR: i64 = 60 * MIN;
+
+/// Random fleets: GPUs sampled at irregular intervals with gaps, leases granted, resized onto
+/// other GPUs and released at arbitrary milliseconds, exporters naming the right lease, a stale
+/// one or none. Whatever the fleet, in every hour the watermark has passed no lease is observed
+/// longer than it was allocated, nor busy or idle longer than observed, and no time is lost or
+/// counted twice: the hours' observed time adds up to the samples' intervals.
+#[test]
+fn observed_never_exceeds_allocated_and_every_sampled_millisecond_counts_once() {
+    let rt = rt();
+    for seed in 0..6u64 {
+        let mut rng = Rng(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let gpus = ["g1", "g2", "g3", "g4"];
+        let end = H + 3 * HOUR;
+
+        let mut events = Vec::new();
+        // Which lease lists which GPU from when: (lease, start, end, gpus).
+        let mut spans: Vec<(String, i64, i64, Vec<&str>)> = Vec::new();
+        for lease in 0..4 {
+            let id = format!("L{lease}");
+            let mut t = H + rng.below(2 * HOUR as u64) as i64 - HOUR / 2;
+            let mut kind = "granted";
+            let released = rng.below(3) != 0;
+            for _ in 0..1 + rng.below(3) {
+                let count = 1 + rng.below(3) as usize;
+                let offset = rng.below(4) as usize;
+                let on: Vec<&str> = (0..count).map(|i| gpus[(offset + i) % 4]).collect();
+                events.push(event(0, kind, &id, "t", count as u32, &on));
+                events.last_mut().unwrap().ts_ms = t;
+                let next = t + 1 + rng.below(HOUR as u64) as i64;
+                spans.push((id.clone(), t, next, on));
+                t = next;
+                kind = "resized";
+            }
+            if released {
+                events.push(event(0, "released", &id, "t", 1, &[]));
+                events.last_mut().unwrap().ts_ms = t;
+            } else {
+                spans.last_mut().unwrap().2 = i64::MAX;
+            }
+        }
+
+        let mut samples = Vec::new();
+        let mut total_ms = 0;
+        for (i, gpu) in gpus.iter().enumerate() {
+            let mut previous = H - HOUR / 2 + rng.below(HOUR as u64) as i64;
+            loop {
+                // Mostly every 10 s to 5 min, sometimes a gap of up to an hour.
+                let step = if rng.below(10) == 0 {
+                    1 + rng.below(HOUR as u64) as i64
+                } else {
+                    10_000 + rng.below(290_000) as i64
+                };
+                let ts = previous + step;
+                if ts > end {
+                    break;
+                }
+                // A dropped sample leaves its interval unobserved.
+                if rng.below(15) != 0 {
+                    // Name the lease holding the GPU a few minutes off ts (a lagging exporter),
+                    // or none.
+                    let when = ts + rng.below(10 * MIN as u64) as i64 - 5 * MIN;
+                    let named = spans
+                        .iter()
+                        .find(|s| s.1 <= when && when < s.2 && s.3.contains(gpu))
+                        .filter(|_| rng.below(2) == 0)
+                        .map(|s| s.0.clone());
+                    let util = [0.0, 3.0, 50.0, 100.0][rng.below(4) as usize];
+                    let mut s = sample(gpu, H100, &format!("h{i}"), 0, util, Some(200.0), None);
+                    (s.ts_ms, s.interval_ms, s.lease_id) = (ts, step, named);
+                    total_ms += step;
+                    samples.push(s);
+                }
+                previous = ts;
+            }
+        }
+        put(&lake, "samples", "random", &samples, |s| s.ts_ms);
+        put(&lake, "lease_events", "random", &events, |e| e.ts_ms);
+        let report = rt
+            .block_on(Rollup::new(lake.clone(), options()).run())
+            .unwrap();
+        let watermark = report.watermark.unwrap();
+
+        let mut observed_ms = 0.0;
+        for ((hour, lease), row) in lease_hourly(&rt, &lake) {
+            let [allocated, observed, busy, idle] = [
+                "allocated_gpu_hours",
+                "observed_gpu_hours",
+                "busy_gpu_hours",
+                "idle_gpu_hours",
+            ]
+            .map(|c| row[c].as_f64().unwrap());
+            observed_ms += observed * HOUR as f64;
+            let slack = 1e-9;
+            let what = format!("seed {seed}, hour {hour}, lease {lease:?}");
+            assert!(
+                busy <= observed + slack,
+                "{what}: busy {busy} > observed {observed}"
+            );
+            assert!(
+                idle <= observed + slack,
+                "{what}: idle {idle} > observed {observed}"
+            );
+            if H + (hour + 1) * HOUR <= watermark {
+                assert!(
+                    observed <= allocated + slack,
+                    "{what}: observed {observed} > allocated {allocated}"
+                );
+            }
+        }
+        assert!(
+            (observed_ms - total_ms as f64).abs() < 1e-3,
+            "seed {seed}: the hours hold {observed_ms} ms, the samples {total_ms} ms"
+        );
+    }
 }

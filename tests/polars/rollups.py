@@ -76,14 +76,9 @@ def watermark(samples: pl.LazyFrame, events: pl.LazyFrame) -> int:
 
 def deduplicated_samples(samples: pl.LazyFrame) -> pl.LazyFrame:
     """Rule 2: samples with the same (gpu_uuid, ts_ms) count once; each column of the survivor is
-    the maximum of that column over the duplicates, nulls ignored.
-    Rule 3: the hour of a sample is floor(ts_ms / HOUR) * HOUR."""
+    the maximum of that column over the duplicates, nulls ignored."""
     others = [c for c in SAMPLE_COLUMNS if c not in ("gpu_uuid", "ts_ms")]
-    return (
-        samples.group_by("gpu_uuid", "ts_ms")
-        .agg([pl.col(c).max() for c in others])
-        .with_columns(hour=(pl.col("ts_ms") // HOUR) * HOUR)
-    )
+    return samples.group_by("gpu_uuid", "ts_ms").agg([pl.col(c).max() for c in others])
 
 
 def ordered_lease_events(events: pl.LazyFrame) -> pl.LazyFrame:
@@ -142,48 +137,117 @@ def lease_segments(events: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def attributed_samples(
+def sample_pieces(
     samples: pl.LazyFrame, leases: pl.LazyFrame, segments: pl.LazyFrame
 ) -> pl.LazyFrame:
-    """Rule 7: a sample whose lease_id is a known lease belongs to it. Otherwise (null or unknown
-    lease_id) to the lease having a segment whose gpu_uuids contain the sample's GPU with
-    start <= ts_ms < end (no end when open); of several, the largest granted_at, then the larger
-    lease_id. Otherwise to team "(unallocated)" with no lease. An attributed sample takes its
-    lease's team and gpu_model; an unallocated one keeps its own gpu_model.
-    Returns the samples with lease_id, team and the gpu_model they count under."""
-    measures = ["gpu_uuid", "ts_ms", "hour", "interval_ms", "util_gpu_pct", "power_w"]
-    lease_of = leases.select("lease_id", "team", "gpu_model", "granted_at")
-
-    named = samples.drop("gpu_model").join(lease_of, on="lease_id", how="inner").select(
-        *measures, "lease_id", "team", "gpu_model"
+    """Rule 3: a sample covers [ts_ms - interval_ms, ts_ms). That interval is cut at every hour
+    edge (a multiple of HOUR), at every start and end of a segment whose gpu_uuids contain the
+    sample's GPU, and at every start and end of the segments of the lease the sample names (when
+    that lease is known). Between two cuts rule 7 gives the same answer at every instant, so each
+    piece [p, q) is attributed as at p, and belongs to the hour floor(p / HOUR) * HOUR.
+    Returns one row per piece: gpu_uuid, ts_ms, p, q, hour, the sample's util_gpu_pct, power_w
+    and gpu_model, and `named`, the sample's lease_id if it is a known lease, else null."""
+    known = leases.select(named="lease_id")
+    s = (
+        samples.join(known, left_on="lease_id", right_on="named", how="left", coalesce=False)
+        .with_columns(start=pl.col("ts_ms") - pl.col("interval_ms"), end=pl.col("ts_ms"))
+        .select(
+            "gpu_uuid", "ts_ms", "start", "end", "named", "util_gpu_pct", "power_w", "gpu_model"
+        )
+    )
+    bounds = pl.concat(
+        [
+            segments.select("lease_id", "gpu_uuids", t="start"),
+            segments.select("lease_id", "gpu_uuids", t="end"),
+        ]
+    ).drop_nulls("t")
+    by_gpu = (
+        bounds.explode("gpu_uuids")
+        .drop_nulls("gpu_uuids")
+        .select(gpu_uuid="gpu_uuids", t="t")
+        .unique()
+    )
+    by_lease = bounds.select(named="lease_id", t="t").unique()
+    inside = (pl.col("start") < pl.col("t")) & (pl.col("t") < pl.col("end"))
+    key = ["gpu_uuid", "ts_ms"]
+    hour_edges = (
+        s.with_columns(
+            t=pl.int_ranges((pl.col("start") // HOUR + 1) * HOUR, pl.col("end"), HOUR)
+        )
+        .explode("t")
+        .drop_nulls("t")
+        .select(*key, "t")
+    )
+    cuts = pl.concat(
+        [
+            s.select(*key, t="start"),
+            s.select(*key, t="end"),
+            hour_edges,
+            s.join(by_gpu, on="gpu_uuid").filter(inside).select(*key, "t"),
+            s.join(by_lease, on="named").filter(inside).select(*key, "t"),
+        ]
+    ).unique()
+    return (
+        cuts.sort(*key, "t")
+        .with_columns(q=pl.col("t").shift(-1).over(key))
+        .drop_nulls("q")
+        .rename({"t": "p"})
+        .join(s.drop("start", "end"), on=key)
+        .with_columns(hour=(pl.col("p") // HOUR) * HOUR)
     )
 
-    rest = samples.join(lease_of, on="lease_id", how="anti")
+
+def attributed_pieces(
+    pieces: pl.LazyFrame, leases: pl.LazyFrame, segments: pl.LazyFrame
+) -> pl.LazyFrame:
+    """Rule 7, at the instant p where a piece starts: it belongs to the lease the sample names if
+    that lease is known and has a segment with start <= p < end (no end when open) whose
+    gpu_uuids contain the sample's GPU or are empty. Otherwise to the lease having a segment
+    whose gpu_uuids contain the GPU with start <= p < end; of several, the largest granted_at,
+    then the larger lease_id. Otherwise to team "(unallocated)" with no lease. An attributed
+    piece takes its lease's team and gpu_model; an unallocated one keeps its sample's
+    gpu_model. Returns the pieces with ms = q - p, hour, lease_id, team and gpu_model."""
+    key = ["gpu_uuid", "ts_ms", "p"]
+    lease_of = leases.select("lease_id", "team", "gpu_model", "granted_at")
+    p = pl.col("p")
+    during = (pl.col("start") <= p) & (pl.col("end").is_null() | (p < pl.col("end")))
+    holds_gpu = (pl.col("gpu_uuids").list.len() == 0) | pl.col("gpu_uuids").list.contains(
+        pl.col("gpu_uuid")
+    )
+    by_name = (
+        pieces.filter(pl.col("named").is_not_null())
+        .join(segments, left_on="named", right_on="lease_id")
+        .filter(during & holds_gpu)
+        .select(*key, by_name="named")
+        .unique()
+    )
     holders = (
         segments.explode("gpu_uuids")
         .rename({"gpu_uuids": "gpu_uuid"})
         .drop_nulls("gpu_uuid")
-        .join(lease_of, on="lease_id", how="inner")
-    )
-    ts = pl.col("ts_ms")
-    candidates = (
-        rest.drop("lease_id", "gpu_model")
-        .join(holders, on="gpu_uuid", how="inner")
-        .filter((pl.col("start") <= ts) & (pl.col("end").is_null() | (ts < pl.col("end"))))
+        .join(lease_of.select("lease_id", "granted_at"), on="lease_id", how="inner")
     )
     most_recent = pl.col("lease_id").sort_by(["granted_at", "lease_id"], descending=True).first()
     by_gpu = (
-        candidates.group_by("gpu_uuid", "ts_ms")
-        .agg(lease_id=most_recent)
-        .join(lease_of.select("lease_id", "team", "gpu_model"), on="lease_id", how="inner")
+        pieces.select(*key)
+        .join(holders, on="gpu_uuid")
+        .filter(during)
+        .group_by(key)
+        .agg(by_gpu=most_recent)
     )
-    matched = rest.drop("lease_id", "gpu_model").join(by_gpu, on=["gpu_uuid", "ts_ms"], how="inner")
-
-    unallocated = rest.join(by_gpu, on=["gpu_uuid", "ts_ms"], how="anti").with_columns(
-        lease_id=pl.lit(None, dtype=pl.String), team=pl.lit(UNALLOCATED)
+    return (
+        pieces.join(by_name, on=key, how="left")
+        .join(by_gpu, on=key, how="left")
+        .with_columns(lease_id=pl.coalesce("by_name", "by_gpu"), ms=pl.col("q") - p)
+        .join(
+            lease_of.select("lease_id", "team", lease_model="gpu_model"), on="lease_id", how="left"
+        )
+        .with_columns(
+            team=pl.col("team").fill_null(UNALLOCATED),
+            gpu_model=pl.coalesce("lease_model", "gpu_model"),
+        )
+        .select("hour", "ms", "util_gpu_pct", "power_w", "lease_id", "team", "gpu_model")
     )
-    columns = [*measures, "lease_id", "team", "gpu_model"]
-    return pl.concat([named.select(columns), matched.select(columns), unallocated.select(columns)])
 
 
 def hourly_allocation_ms(segments: pl.LazyFrame, w: int) -> pl.LazyFrame:
@@ -208,17 +272,17 @@ def hourly_allocation_ms(segments: pl.LazyFrame, w: int) -> pl.LazyFrame:
 
 
 def sample_measures(idle_util_pct: float) -> list:
-    """Rule 9, as aggregations over a group of samples: observed, busy and idle GPU-hours and
-    energy; `samples` counts them (rule 11 keeps a row with at least one). Utilization is derived
-    afterwards by `utilization`."""
-    interval = pl.col("interval_ms")
+    """Rule 9, as aggregations over a group of pieces (rule 3): observed, busy and idle GPU-hours
+    and energy, each piece weighing its length ms; `pieces` counts them (rule 11 keeps a row
+    with at least one). Utilization is derived afterwards by `utilization`."""
+    ms = pl.col("ms")
     util = pl.col("util_gpu_pct")
     return [
-        pl.len().alias("samples"),
-        (interval.sum() / HOUR).alias("observed_gpu_hours"),
-        ((interval * util / 100).sum() / HOUR).alias("busy_gpu_hours"),
-        (interval.filter(util < idle_util_pct).sum() / HOUR).alias("idle_gpu_hours"),
-        ((pl.col("power_w").fill_null(0.0) * interval).sum() / 3.6e9).alias("energy_kwh"),
+        pl.len().alias("pieces"),
+        (ms.sum() / HOUR).alias("observed_gpu_hours"),
+        ((ms * util / 100).sum() / HOUR).alias("busy_gpu_hours"),
+        (ms.filter(util < idle_util_pct).sum() / HOUR).alias("idle_gpu_hours"),
+        ((pl.col("power_w").fill_null(0.0) * ms).sum() / 3.6e9).alias("energy_kwh"),
     ]
 
 
@@ -250,7 +314,8 @@ def team_hourly(
     samples: pl.LazyFrame, leases: pl.LazyFrame, allocation: pl.LazyFrame, w: int, params: dict
 ) -> pl.LazyFrame:
     """Rule 11: one row per (hour, team, gpu_model) with allocated_gpu_hours > 0 or at least one
-    sample. allocated = the sum of the team's leases' allocations of that model in that hour,
+    piece of a sample (rule 3).
+    allocated = the sum of the team's leases' allocations of that model in that hour,
     or for "(unallocated)" its observed; cost = allocated * price, idle_cost = idle * price;
     final = W >= hour + HOUR + lateness. Groups with no samples measure 0 (and NULL
     utilization)."""
@@ -262,7 +327,7 @@ def team_hourly(
         .group_by(key)
         .agg(allocated_ms=pl.col("allocated_ms").sum())
     )
-    sums = ["samples", "observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
+    sums = ["pieces", "observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
     return (
         observed.join(allocated, on=key, how="full", coalesce=True)
         .with_columns(pl.col(*sums, "allocated_ms").fill_null(0))
@@ -271,7 +336,7 @@ def team_hourly(
             .then(pl.col("observed_gpu_hours"))
             .otherwise(pl.col("allocated_ms") / HOUR)
         )
-        .filter((pl.col("allocated_gpu_hours") > 0) | (pl.col("samples") > 0))
+        .filter((pl.col("allocated_gpu_hours") > 0) | (pl.col("pieces") > 0))
         .with_columns(utilization(), price=price(pl.col("gpu_model"), pricing))
         .with_columns(
             cost_usd=pl.col("allocated_gpu_hours") * pl.col("price"),
@@ -298,7 +363,7 @@ def lease_usage(
     samples: pl.LazyFrame, leases: pl.LazyFrame, allocation: pl.LazyFrame, params: dict
 ) -> pl.LazyFrame:
     """Rule 12: one row per known lease: its identity, then the measures over every hour:
-    allocated_gpu_hours over all segments up to W, observed/busy/idle/energy over every sample
+    allocated_gpu_hours over all segments up to W, observed/busy/idle/energy over every piece
     attributed to it, utilization NULL if observed = 0, cost = allocated * price(lease
     gpu_model), idle_cost = idle * price."""
     pricing = params["pricing"]
@@ -347,7 +412,8 @@ def rollups(lake: str, params: dict) -> dict:
     events = ordered_lease_events(raw_events)
     leases = lease_identity(events)
     segments = lease_segments(events)
-    samples = attributed_samples(deduplicated_samples(raw_samples), leases, segments)
+    pieces = sample_pieces(deduplicated_samples(raw_samples), leases, segments)
+    samples = attributed_pieces(pieces, leases, segments)
     allocation = hourly_allocation_ms(segments, w)
 
     hourly, usage = pl.collect_all(

@@ -1,11 +1,12 @@
 //! Leases as the rollups see them, rebuilt from the `lease_events` table on every run: each
-//! lease's identity, its segments (docs/ARCHITECTURE.md#lease-segments), and from those the two
-//! things an hour's rollup needs — how many GPU-hours each lease held in the hour, and which lease
-//! owns each GPU at each instant of the hour when several grants overlap.
+//! lease's identity, its segments (docs/ARCHITECTURE.md#lease-segments), and from those the
+//! three things an hour's rollup needs — how many GPU-hours each lease held in the hour, which
+//! lease owns each GPU at each instant of the hour when several grants overlap, and when each
+//! lease holds a GPU for the samples that name it.
 //!
 //! The event log is small next to the samples (a few events per lease), so this is plain Rust
-//! over a `Vec`; the per-sample work stays in DataFusion, which joins samples to [`Owner`]
-//! intervals that never overlap, so each sample matches at most one.
+//! over a `Vec`; the per-sample work stays in DataFusion, which cuts each sample's interval at
+//! the edges of the [`Owner`] intervals (which never overlap) and of the named lease's [`Hold`]s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,6 +66,21 @@ pub struct Owner {
     pub end: i64,
     /// The lease that owns it.
     pub lease_id: String,
+}
+
+/// A stretch of one hour in which a lease holds a GPU for the samples that name it
+/// (docs/ARCHITECTURE.md#attribution): `[start, end)` of one of its segments, for one GPU the
+/// segment lists, or for any GPU (`gpu_uuid` `None`) when the segment lists none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The lease.
+    pub lease_id: String,
+    /// The GPU; `None`: any GPU whose samples name the lease.
+    pub gpu_uuid: Option<String>,
+    /// Start, ms.
+    pub start: i64,
+    /// End (exclusive), ms.
+    pub end: i64,
 }
 
 /// Every lease known to the lake.
@@ -277,6 +293,36 @@ impl Leases {
         owners
     }
 
+    /// When each lease holds which GPU within the hour starting at `hour`, for the samples that
+    /// name it: each segment clipped to the hour, once per GPU it lists (or once for any GPU
+    /// when it lists none). A running lease's segment has no end here either.
+    pub fn holds(&self, hour: i64) -> Vec<Hold> {
+        let (from, to) = (hour, hour + HOUR_MS);
+        let mut holds = Vec::new();
+        for lease in self.by_id.values() {
+            for s in &lease.segments {
+                let (start, end) = (s.start.max(from), s.end.unwrap_or(i64::MAX).min(to));
+                if start >= end {
+                    continue;
+                }
+                let hold = |gpu_uuid: Option<&str>| Hold {
+                    lease_id: lease.lease_id.clone(),
+                    gpu_uuid: gpu_uuid.map(str::to_owned),
+                    start,
+                    end,
+                };
+                if s.gpu_uuids.is_empty() {
+                    holds.push(hold(None));
+                } else {
+                    let gpus: std::collections::BTreeSet<&str> =
+                        s.gpu_uuids.iter().map(String::as_str).collect();
+                    holds.extend(gpus.into_iter().map(|gpu| hold(Some(gpu))));
+                }
+            }
+        }
+        holds
+    }
+
     /// The `leases` table: one row per lease, its current state.
     pub fn to_batch(&self) -> Result<RecordBatch, ArrowError> {
         let leases: Vec<&Lease> = self.by_id.values().collect();
@@ -386,6 +432,30 @@ impl Leases {
         )
     }
 
+    /// `hour_holds` for one hour.
+    pub fn holds_batch(&self, hour: i64) -> Result<RecordBatch, ArrowError> {
+        let holds = self.holds(hour);
+        RecordBatch::try_new(
+            tables::holds(),
+            vec![
+                Arc::new(
+                    holds
+                        .iter()
+                        .map(|h| Some(h.lease_id.as_str()))
+                        .collect::<StringArray>(),
+                ),
+                Arc::new(
+                    holds
+                        .iter()
+                        .map(|h| h.gpu_uuid.as_deref())
+                        .collect::<StringArray>(),
+                ),
+                Arc::new(Int64Array::from_iter_values(holds.iter().map(|h| h.start))),
+                Arc::new(Int64Array::from_iter_values(holds.iter().map(|h| h.end))),
+            ],
+        )
+    }
+
     /// `hour_allocation(lease_id, allocated_gpu_hours)` for one hour.
     pub fn allocation_batch(&self, hour: i64, watermark: i64) -> Result<RecordBatch, ArrowError> {
         let allocation = self.allocation(hour, watermark);
@@ -478,6 +548,42 @@ mod tests {
                 lease_id: "a".into()
             }]
         );
+    }
+
+    #[test]
+    fn a_lease_holds_the_gpus_its_segments_list_or_any_gpu_when_they_list_none() {
+        let leases = Leases::from_events(vec![
+            event(H - 600_000, "granted", "a", 3, &["g1", "g2", "g1"]),
+            event(H + 600_000, "resized", "a", 1, &["g2"]),
+            event(H + 1_200_000, "granted", "b", 2, &[]),
+            event(H + 1_800_000, "released", "b", 2, &[]),
+        ]);
+        let holds: Vec<(&str, Option<&str>, i64, i64)> = leases
+            .holds(H)
+            .iter()
+            .map(|h| {
+                (
+                    if h.lease_id == "a" { "a" } else { "b" },
+                    h.gpu_uuid
+                        .as_deref()
+                        .map(|g| if g == "g1" { "g1" } else { "g2" }),
+                    h.start - H,
+                    h.end - H,
+                )
+            })
+            .collect();
+        assert_eq!(
+            holds,
+            vec![
+                // Clipped to the hour; a GPU listed twice is held once.
+                ("a", Some("g1"), 0, 600_000),
+                ("a", Some("g2"), 0, 600_000),
+                // Running: to the end of the hour.
+                ("a", Some("g2"), 600_000, HOUR_MS),
+                ("b", None, 1_200_000, 1_800_000),
+            ]
+        );
+        assert!(leases.holds(H - 2 * HOUR_MS).is_empty());
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //!    final, every hour the lake marked because new or late samples landed in it, and every
 //!    hour from the earliest marked lease event on (a lease event changes attribution and
 //!    allocation from its own time onward, never before);
-//! 3. computes each hour with SQL over that hour's sample files only (so memory follows one
-//!    hour, not the lake) and rewrites the hour's files atomically. An hour is `final` once the
+//! 3. computes each hour with SQL over that hour's sample files and the next hour's (whose
+//!    first samples' intervals began in it; so memory follows one hour, not the lake) and
+//!    rewrites the hour's files atomically. An hour is `final` once the
 //!    watermark has passed its end plus `pipeline.lateness`; until then every run refreshes it.
 //!
 //! Rules the SQL alone does not show, decided here once:
@@ -24,6 +25,11 @@
 //!   lake cannot say whose it is. When that lease's events arrive, they mark the hours again.
 //! - A sample attributed to a lease is priced and grouped by the lease's `gpu_model`; an
 //!   unallocated one by its own.
+//! - A sample's time is its interval `[ts_ms - interval_ms, ts_ms)`, cut at hour edges and where
+//!   a lease starts or stops holding its GPU: each piece counts in the hour it lies in, for the
+//!   lease that held the GPU then. So a lease's observed time in an hour never exceeds its
+//!   allocation there (once the watermark has passed it), except where a segment lists no GPU
+//!   ids and more GPUs name it than it holds.
 //! - A running lease's segment has no end for attribution, and ends at the watermark for
 //!   allocation.
 //!
@@ -370,7 +376,12 @@ impl Rollup {
         };
         state.watermark = Some(watermark);
 
-        let mut candidates: BTreeSet<i64> = sample_hours.iter().copied().collect();
+        // A sample's interval may begin in the hour before its own: that hour holds part of
+        // its time, and is computed again when the sample lands.
+        let mut candidates: BTreeSet<i64> = sample_hours
+            .iter()
+            .flat_map(|&h| [h - HOUR_MS, h])
+            .collect();
         candidates.extend(leases.allocated_hours(watermark));
         let mut todo = state.pending.clone();
         todo.extend(
@@ -378,7 +389,7 @@ impl Rollup {
                 .iter()
                 .filter(|h| state.hours.get(h) != Some(&true)),
         );
-        todo.extend(&marked_samples);
+        todo.extend(marked_samples.iter().flat_map(|&h| [h - HOUR_MS, h]));
         if let Some(&from) = marked_leases.first() {
             todo.extend(candidates.range(from..));
             todo.extend(state.hours.range(from..).map(|(h, _)| *h));
@@ -545,13 +556,15 @@ impl Rollup {
         watermark: i64,
         is_final: bool,
     ) -> Result<usize, RollupError> {
-        let samples = self.lake.hour_dir(Table::Samples.name(), hour);
+        // A sample's interval may begin in the hour before its own (never earlier: intervals
+        // are at most an hour), so the hour's time is in its own files and the next hour's.
+        let dirs: Vec<PathBuf> = [hour, hour + HOUR_MS]
+            .into_iter()
+            .map(|h| self.lake.hour_dir(Table::Samples.name(), h))
+            .filter(|dir| dir.is_dir())
+            .collect();
         replace(ctx, "hour_samples", None)?;
-        if samples.is_dir() {
-            register_dir(ctx, "hour_samples", &samples, Table::Samples.schema())?;
-        } else {
-            replace(ctx, "hour_samples", Some(empty(Table::Samples.schema())?))?;
-        }
+        register_dirs(ctx, "hour_samples", &dirs, Table::Samples.schema())?;
         replace(
             ctx,
             "hour_owners",
@@ -559,11 +572,21 @@ impl Rollup {
         )?;
         replace(
             ctx,
+            "hour_holds",
+            Some(memtable(leases.holds_batch(hour)?)?),
+        )?;
+        replace(
+            ctx,
             "hour_allocation",
             Some(memtable(leases.allocation_batch(hour, watermark)?)?),
         )?;
 
+        // The hour's part of each sample's interval is read three times below: kept in memory
+        // once (about as much as deduplicating the hour's samples holds anyway).
+        let intervals = run(ctx, &intervals_sql(hour)).await?;
+        replace(ctx, "hour_intervals", Some(intervals.table()?))?;
         let partials = run(ctx, &partials_sql(self.options.pricing.idle_util_pct)).await?;
+        replace(ctx, "hour_intervals", None)?;
         replace(ctx, "partials", Some(partials.table()?))?;
         let price = price_sql(&self.options.pricing, "gpu_model");
         let gpu = run(ctx, GPU_HOURLY_SQL).await?;
@@ -687,10 +710,6 @@ fn replace(
     Ok(())
 }
 
-fn empty(schema: SchemaRef) -> Result<MemTable, DataFusionError> {
-    MemTable::try_new(schema, vec![vec![]])
-}
-
 /// A query's result: its schema (which an empty result has too) and its rows.
 struct Rows {
     schema: SchemaRef,
@@ -705,11 +724,12 @@ impl Rows {
 
 async fn run(ctx: &SessionContext, sql: &str) -> Result<Rows, DataFusionError> {
     let frame = ctx.sql(sql).await?;
-    let schema = Arc::new(frame.schema().as_arrow().clone());
-    Ok(Rows {
-        schema,
-        batches: frame.collect().await?,
-    })
+    let planned = Arc::new(frame.schema().as_arrow().clone());
+    let batches = frame.collect().await?;
+    // The plan's nullability can be stricter than the batches' (greatest, least): the batches
+    // say what the rows are.
+    let schema = batches.first().map_or(planned, RecordBatch::schema);
+    Ok(Rows { schema, batches })
 }
 
 fn memtable(batch: RecordBatch) -> Result<MemTable, DataFusionError> {
@@ -742,31 +762,93 @@ pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
     sql
 }
 
-/// One row per GPU and lease within the hour: the samples deduplicated, attributed, and
-/// summed. Everything after works on these few rows.
-fn partials_sql(idle_util_pct: f64) -> String {
+/// The deduplicated samples whose interval `[ts_ms - interval_ms, ts_ms)` reaches into the hour
+/// starting at `hour`, or whose `ts_ms` is in it (`own`: counted here),
+/// with the part of the interval inside the hour, `[a, b)` (empty for a sample taken exactly at
+/// the hour's start), and the lease it names if the lake knows that lease (`named`).
+fn intervals_sql(hour: i64) -> String {
+    let (from, to) = (hour, hour + HOUR_MS);
     format!(
-        "WITH s AS (
+        "WITH d AS (
             SELECT gpu_uuid, ts_ms, max(host) AS host, max(gpu_model) AS gpu_model,
                    max(interval_ms) AS interval_ms, max(util_gpu_pct) AS util_gpu_pct,
                    max(mem_used_bytes) AS mem_used_bytes, max(power_w) AS power_w,
                    max(lease_id) AS lease_id
             FROM hour_samples
+            WHERE ts_ms >= {from}
             GROUP BY gpu_uuid, ts_ms
         )
-        SELECT s.host, s.gpu_uuid, s.gpu_model, COALESCE(k.lease_id, o.lease_id) AS lease_id,
-               count(*) AS samples,
-               sum(s.interval_ms) AS observed_ms,
-               sum(CAST(s.interval_ms AS DOUBLE) * s.util_gpu_pct) AS busy_ms_pct,
-               sum(CASE WHEN s.util_gpu_pct < CAST({idle_util_pct:?} AS DOUBLE)
-                        THEN s.interval_ms ELSE 0 END) AS idle_ms,
-               sum(COALESCE(s.power_w, 0.0) * CAST(s.interval_ms AS DOUBLE)) AS energy_w_ms,
-               max(s.mem_used_bytes) AS mem_used_max_bytes
-        FROM s
-        LEFT JOIN known_leases k ON s.lease_id = k.lease_id
-        LEFT JOIN hour_owners o
-               ON s.gpu_uuid = o.gpu_uuid AND s.ts_ms >= o.start_ms AND s.ts_ms < o.end_ms
-        GROUP BY s.host, s.gpu_uuid, s.gpu_model, COALESCE(k.lease_id, o.lease_id)"
+        SELECT d.gpu_uuid, d.ts_ms, d.host, d.gpu_model, d.util_gpu_pct, d.power_w,
+               d.mem_used_bytes, k.lease_id AS named,
+               CAST(CASE WHEN d.ts_ms < {to} THEN 1 ELSE 0 END AS BIGINT) AS own,
+               greatest(d.ts_ms - d.interval_ms, {from}) AS a,
+               least(d.ts_ms, {to}) AS b
+        FROM d LEFT JOIN known_leases k ON d.lease_id = k.lease_id
+        WHERE d.ts_ms - d.interval_ms < {to}"
+    )
+}
+
+/// One row per GPU and lease within the hour: each sample's part of the hour
+/// (`hour_intervals`) cut where the lease it names starts or stops holding its GPU
+/// (`hour_holds`) and where an owner's interval starts or ends (`hour_owners`), each piece
+/// attributed (docs/ARCHITECTURE.md#attribution) and the pieces summed. The time no lease holds
+/// is what is left of the interval: its row has a null `lease_id`, and so does the row that
+/// counts the samples (a sample is counted once, in its own hour, however its time is split) and
+/// takes their memory peak (of every sample with time or `ts_ms` in the hour, so a GPU's row
+/// always has one). Everything after works on these few rows.
+fn partials_sql(idle_util_pct: f64) -> String {
+    format!(
+        "WITH named AS (
+            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
+                   s.named AS lease_id,
+                   greatest(s.a, h.start_ms) AS a, least(s.b, h.end_ms) AS b
+            FROM hour_intervals s
+            JOIN hour_holds h
+              ON h.lease_id = s.named AND (h.gpu_uuid IS NULL OR h.gpu_uuid = s.gpu_uuid)
+             AND h.start_ms < s.b AND h.end_ms > s.a
+        ), owned AS (
+            -- An owner's piece, less what the lease the sample names holds of it.
+            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
+                   o.lease_id,
+                   least(s.b, o.end_ms) - greatest(s.a, o.start_ms)
+                   - sum(CASE WHEN n.a IS NULL THEN 0
+                              ELSE greatest(least(s.b, o.end_ms, n.b)
+                                            - greatest(s.a, o.start_ms, n.a), 0) END) AS ms
+            FROM hour_intervals s
+            JOIN hour_owners o
+              ON s.gpu_uuid = o.gpu_uuid AND o.start_ms < s.b AND o.end_ms > s.a
+            LEFT JOIN named n ON n.gpu_uuid = s.gpu_uuid AND n.ts_ms = s.ts_ms
+            GROUP BY s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
+                     o.lease_id, o.start_ms, o.end_ms, s.a, s.b
+        ), attributed AS (
+            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, b - a AS ms
+            FROM named
+            UNION ALL
+            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, ms
+            FROM owned WHERE ms > 0
+        ), attributed_ms AS (
+            SELECT gpu_uuid, ts_ms, sum(ms) AS ms FROM attributed GROUP BY gpu_uuid, ts_ms
+        ), pieces AS (
+            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, ms,
+                   CAST(0 AS BIGINT) AS own, CAST(NULL AS BIGINT) AS mem_used_bytes
+            FROM attributed
+            UNION ALL
+            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
+                   CAST(NULL AS VARCHAR) AS lease_id, s.b - s.a - COALESCE(m.ms, 0) AS ms,
+                   s.own, s.mem_used_bytes
+            FROM hour_intervals s
+            LEFT JOIN attributed_ms m ON m.gpu_uuid = s.gpu_uuid AND m.ts_ms = s.ts_ms
+        )
+        SELECT host, gpu_uuid, gpu_model, lease_id,
+               sum(own) AS samples,
+               sum(ms) AS observed_ms,
+               sum(CAST(ms AS DOUBLE) * util_gpu_pct) AS busy_ms_pct,
+               sum(CASE WHEN util_gpu_pct < CAST({idle_util_pct:?} AS DOUBLE)
+                        THEN ms ELSE 0 END) AS idle_ms,
+               sum(COALESCE(power_w, 0.0) * CAST(ms AS DOUBLE)) AS energy_w_ms,
+               max(mem_used_bytes) AS mem_used_max_bytes
+        FROM pieces
+        GROUP BY host, gpu_uuid, gpu_model, lease_id"
     )
 }
 
@@ -792,6 +874,7 @@ fn lease_hourly_sql(price: &str) -> String {
                    sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms
             FROM partials
             GROUP BY 1, 2
+            HAVING sum(observed_ms) > 0
         ), joined AS (
             SELECT COALESCE(u.lease_id, a.lease_id) AS lease_id, u.own_model,
                    a.allocated_gpu_hours,

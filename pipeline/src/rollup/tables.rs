@@ -14,7 +14,7 @@ pub const DIR: &str = "rollups";
 /// A table the rollups write, each under `rollups/<name>/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RollupTable {
-    /// `gpu_hourly`: one row per GPU and hour with samples.
+    /// `gpu_hourly`: one row per GPU and hour with samples or sampled time.
     GpuHourly,
     /// `lease_hourly`: one row per lease and hour, plus `(unallocated)` per GPU model.
     LeaseHourly,
@@ -92,7 +92,7 @@ fn measures(with_cost: bool) -> Vec<Field> {
     fields
 }
 
-/// `gpu_hourly`: one row per GPU and hour with samples.
+/// `gpu_hourly`: one row per GPU and hour with samples or sampled time.
 fn gpu_hourly() -> SchemaRef {
     Arc::new(Schema::new(vec![
         f("hour", timestamp(), false),
@@ -110,8 +110,9 @@ fn gpu_hourly() -> SchemaRef {
     ]))
 }
 
-/// `lease_hourly`: one row per lease and hour with an allocation or a sample, plus one per GPU
-/// model for `(unallocated)` (null `lease_id`). `lease_usage` and `focus_costs` come from it.
+/// `lease_hourly`: one row per lease and hour with an allocation or attributed time, plus one
+/// per GPU model for `(unallocated)` (null `lease_id`). `lease_usage` and `focus_costs` come
+/// from it.
 fn lease_hourly() -> SchemaRef {
     let mut fields = vec![
         f("hour", timestamp(), false),
@@ -124,7 +125,7 @@ fn lease_hourly() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// `team_hourly`: one row per team, GPU model and hour with an allocation or a sample
+/// `team_hourly`: one row per team, GPU model and hour with an allocation or attributed time
 /// (docs/ARCHITECTURE.md#rollup-tables).
 fn team_hourly() -> SchemaRef {
     let mut fields = vec![
@@ -230,6 +231,17 @@ pub fn owners() -> SchemaRef {
         f("start_ms", DataType::Int64, false),
         f("end_ms", DataType::Int64, false),
         f("lease_id", DataType::Utf8, false),
+    ]))
+}
+
+/// `hour_holds`: when each lease holds which GPU within one hour, for the samples naming it;
+/// `gpu_uuid` null: any GPU (a segment that lists none).
+pub fn holds() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        f("lease_id", DataType::Utf8, false),
+        f("gpu_uuid", DataType::Utf8, true),
+        f("start_ms", DataType::Int64, false),
+        f("end_ms", DataType::Int64, false),
     ]))
 }
 
