@@ -235,7 +235,7 @@ fn retention_deletes_old_hours_and_says_so_while_rollups_stay() {
         "[pipeline]\nclock.max_age = \"1h\"\n[pipeline.retention]\nsamples = \"3h\"\n",
     );
     let lake = dir.path().join("data/lake");
-    // 2026-01-01, long past two hours.
+    // 2026-01-01: two hours, more than three hours before the watermark given below.
     ingest_samples(&config, &dir.path().join("old.jsonl"), &lines(0..4, 2));
     let rollup = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["rollup", "--config", config.to_str().unwrap()])
@@ -244,6 +244,25 @@ fn retention_deletes_old_hours_and_says_so_while_rollups_stay() {
     assert!(rollup.status.success());
     let before = lake_i64(&lake, "SELECT count(*) FROM gpu_hourly");
     assert!(before > 0);
+    let samples = lake_i64(&lake, "SELECT count(*) FROM samples");
+
+    // Retention counts back from the fleet's watermark, not the wall clock: a lake of history
+    // (these samples are from 2026-01-01) keeps what is recent in it.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["compact", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("retention: samples: 0 hours deleted"),
+        "{stdout}"
+    );
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), samples);
 
     let out = compact(&config).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -334,7 +353,7 @@ fn a_running_pipeline_compacts_the_hours_it_finds_final() {
     eventually(
         "two hours compacted",
         Duration::from_secs(60),
-        || match support::metric(&metrics, "gpuwarden_pipeline_compacted_hours_total") {
+        || match support::metric(&metrics, "gpuwarden_pipeline_compactions_total") {
             Some(hours) if hours >= 2.0 => Ok(()),
             other => Err(format!("{other:?}")),
         },

@@ -239,7 +239,7 @@ fn main() {
     let done = runtime
         .block_on(
             Compactor::new(lake.clone(), CompactOptions::default())
-                .run(Some(T0 + (hours + 1) * HOUR_MS), T0),
+                .run(Some(T0 + (hours + 1) * HOUR_MS)),
         )
         .unwrap();
     let (files, bytes) = dir_stats(&lake.root().join("samples"));

@@ -274,27 +274,27 @@ impl Compactor {
         &self.lake
     }
 
-    /// Deletes the hours past their retention at `now_ms` (wall clock), then compacts every
-    /// hour of every raw table that is final at `watermark` (it ended at least `lateness`
-    /// before it) and has files its manifest's outputs do not account for: new ingest files,
-    /// late data, or the leftovers of a compaction that crashed. Without a watermark (no
-    /// rollup has run) nothing is final.
-    pub async fn run(
-        &self,
-        watermark: Option<i64>,
-        now_ms: i64,
-    ) -> Result<Maintenance, CompactError> {
+    /// Deletes the hours past their retention at `watermark`, then compacts every hour of every
+    /// raw table that is final at it (it ended at least `lateness` before it) and has files its
+    /// manifest's outputs do not account for: new ingest files, late data, or the leftovers of
+    /// a compaction that crashed. The watermark is the rollups' (the event time the fleet has
+    /// reached, [`rollup_watermark`]), never the wall clock: a lake of history, or a machine
+    /// whose clock jumps ahead, loses nothing. Without one (no rollup has run) nothing is done.
+    pub async fn run(&self, watermark: Option<i64>) -> Result<Maintenance, CompactError> {
         let lock_path = Path::new(WORK_DIR).join(".lock");
         let Some(_lock) = self.lake.try_lock(&lock_path)? else {
             return Err(CompactError::Busy(self.lake.root().join(lock_path)));
         };
         let mut maintenance = Maintenance::default();
+        let Some(watermark) = watermark else {
+            return Ok(maintenance);
+        };
         for (table, kept) in &self.options.retention {
-            maintenance
-                .expired
-                .push(crate::retention::expire(&self.lake, *table, *kept, now_ms)?);
+            maintenance.expired.push(crate::retention::expire(
+                &self.lake, *table, *kept, watermark,
+            )?);
         }
-        if let (true, Some(watermark)) = (self.options.enabled, watermark) {
+        if self.options.enabled {
             maintenance.compacted = self.compact(watermark).await?;
         }
         Ok(maintenance)
@@ -324,8 +324,7 @@ impl Compactor {
         // List first, then read the flush journals: a flush's journal is written before its
         // files, so a file listed here that is not in a journal read after is committed.
         let names = parquet_names(&dir)?;
-        let pending = self.lake.pending_files()?;
-        let mut inputs = Vec::new();
+        let mut shown = Vec::new();
         for name in &names {
             if Manifest::concerns(name) && !manifest.outputs.contains(name) {
                 // An output of a compaction that crashed before its commit, or of a generation
@@ -336,16 +335,21 @@ impl Compactor {
                 // Superseded: its rows are in the outputs.
                 report.leftovers_removed +=
                     usize::from(self.lake.remove(&relative_dir.join(name))?);
-            } else if !pending.contains(&relative_dir.join(name)) {
-                inputs.push(name.clone());
+            } else {
+                shown.push(name.clone());
             }
         }
         remove_temporaries(&dir)?;
-        let new_inputs = inputs
-            .iter()
-            .filter(|name| !manifest.outputs.contains(name))
-            .count();
-        if new_inputs == 0 {
+        let is_new = |name: &String| !manifest.outputs.contains(name);
+        if !shown.iter().any(is_new) {
+            return Ok(report);
+        }
+        let pending = self.lake.pending_files()?;
+        let inputs: Vec<String> = shown
+            .into_iter()
+            .filter(|name| !pending.contains(&relative_dir.join(name)))
+            .collect();
+        if !inputs.iter().any(is_new) {
             return Ok(report);
         }
 
@@ -662,7 +666,7 @@ mod tests {
             .build()
             .unwrap();
         runtime
-            .block_on(Compactor::new(lake.clone(), options).run(Some(T0 + 10 * HOUR_MS), T0))
+            .block_on(Compactor::new(lake.clone(), options).run(Some(T0 + 10 * HOUR_MS)))
             .unwrap()
     }
 
@@ -881,10 +885,10 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        // A day after the second hour ended: the first two go.
-        let now = T0 + 2 * HOUR_MS + 24 * HOUR_MS;
+        // The fleet is a day past the end of the second hour: the first two go.
+        let watermark = T0 + 2 * HOUR_MS + 24 * HOUR_MS;
         let done = runtime
-            .block_on(Compactor::new(lake.clone(), options).run(None, now))
+            .block_on(Compactor::new(lake.clone(), options).run(Some(watermark)))
             .unwrap();
         assert_eq!(done.expired.len(), 1);
         assert_eq!(done.expired[0].hours, 2);

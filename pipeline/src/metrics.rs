@@ -609,8 +609,8 @@ impl Metrics {
         );
         for (i, (name, help)) in [
             (
-                "gpuwarden_pipeline_compacted_hours_total",
-                "Hours of raw tables compacted (again, when late data reopened one).",
+                "gpuwarden_pipeline_compactions_total",
+                "Hours of a raw table compacted (each time: late data may reopen one).",
             ),
             (
                 "gpuwarden_pipeline_compacted_files_in_total",
@@ -640,8 +640,8 @@ impl Metrics {
             let expired = self.expired.lock().unwrap_or_else(|e| e.into_inner());
             for (i, (name, help)) in [
                 (
-                    "gpuwarden_pipeline_retention_deleted_hours_total",
-                    "Hours of a raw table deleted past pipeline.retention.",
+                    "gpuwarden_pipeline_retention_deleted_partitions_total",
+                    "Hour directories of a raw table deleted past pipeline.retention.",
                 ),
                 (
                     "gpuwarden_pipeline_retention_deleted_files_total",

@@ -1,5 +1,5 @@
-//! Retention: the hours of the raw tables older than `[pipeline.retention]` allows are deleted,
-//! logged and counted (docs/ARCHITECTURE.md#retention). The rollups, the lease events and the
+//! Retention: the hours of the raw tables older than `[pipeline.retention]` allows, measured back
+//! from the rollups' watermark, are deleted, logged and counted (docs/ARCHITECTURE.md#retention). The rollups, the lease events and the
 //! actions are kept.
 
 use std::fs;
@@ -47,13 +47,14 @@ pub struct Expired {
     pub bytes: u64,
 }
 
-/// Deletes the hours of `table` that ended more than `kept` before `now_ms` (wall clock). A
-/// file a running query listed stays readable by it for a while ([`crate::versions`]).
+/// Deletes the hours of `table` that ended more than `kept` before `watermark` (the event time
+/// the fleet has reached). A file a running query listed stays readable by it for a while
+/// ([`crate::versions`]).
 pub fn expire(
     lake: &Lake,
     table: Table,
     kept: Duration,
-    now_ms: i64,
+    watermark: i64,
 ) -> Result<Expired, LakeError> {
     let kept_ms = gpuwarden_schema::clock::duration_ms(kept);
     let mut expired = Expired {
@@ -61,7 +62,7 @@ pub fn expire(
         ..Expired::default()
     };
     for hour in lake.hours(table.name()) {
-        if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) > now_ms {
+        if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) > watermark {
             break;
         }
         let dir = lake.hour_dir(table.name(), hour);

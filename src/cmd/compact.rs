@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use gpuwarden_pipeline::compact::{rollup_watermark, CompactError};
 use gpuwarden_pipeline::{CompactOptions, Compactor, Lake};
-use gpuwarden_schema::{config, Clock as _, SystemClock};
+use gpuwarden_schema::config;
 
 /// Compact the final hours of the lake's raw tables, and delete the hours past retention.
 ///
@@ -16,8 +16,9 @@ use gpuwarden_schema::{config, Clock as _, SystemClock};
 /// last compaction wrote is rewritten into as few files as pipeline.compaction.target_file_size
 /// allows, sorted for pruning (samples by gpu_uuid and ts_ms). Readers see the old files or the
 /// new ones, never both, and a crash at any point loses nothing: the next run finishes or
-/// discards what it left. Then the hours of samples, signals and quarantine older than
-/// pipeline.retention are deleted (the rollups, lease events and actions are kept).
+/// discards what it left. Before that, the hours of samples, signals and quarantine that ended
+/// longer than pipeline.retention before the watermark are deleted (the rollups, lease events
+/// and actions are kept).
 /// `gpuwarden pipeline` does both after every rollup by itself; run this after a backfill:
 ///   gpuwarden ingest -c gw.toml --samples s.jsonl && gpuwarden rollup -c gw.toml \
 ///     && gpuwarden compact -c gw.toml
@@ -27,8 +28,8 @@ pub(crate) struct Args {
     /// pipeline.lateness).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
-    /// Take hours as final up to this event time (RFC 3339, e.g. 2026-12-01T00:00:00Z)
-    /// instead of the rollups' watermark: for a lake whose rollups have not run.
+    /// Take this event time (RFC 3339, e.g. 2026-12-01T00:00:00Z) as the watermark instead of
+    /// the rollups': hours final and retention are measured from it.
     #[arg(long, value_name = "TIME")]
     watermark: Option<humantime::Timestamp>,
 }
@@ -48,7 +49,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if watermark.is_none() {
         eprintln!(
             "no rollup has run on this lake, so no hour is known to be final: nothing is \
-             compacted (run `gpuwarden rollup`, or give --watermark)"
+             compacted or deleted (run `gpuwarden rollup`, or give --watermark)"
         );
     }
     let compactor = Compactor::new(lake, CompactOptions::from_config(&config));
@@ -56,7 +57,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let started = std::time::Instant::now();
-    let done = match runtime.block_on(compactor.run(watermark, SystemClock.now_ms())) {
+    let done = match runtime.block_on(compactor.run(watermark)) {
         Ok(done) => done,
         Err(e @ CompactError::Busy(_)) => {
             eprintln!("{e}; try again when it is done");

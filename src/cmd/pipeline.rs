@@ -179,7 +179,6 @@ pub(crate) async fn start(
             RollupOptions::from_config(config).with_clock(Arc::clone(&clock)),
         ),
         Compactor::new(lake.clone(), CompactOptions::from_config(config)),
-        Arc::clone(&clock),
         config.pipeline.rollup_every,
         Arc::clone(&metrics),
     ));
@@ -308,7 +307,6 @@ impl Drop for StopOnDrop {
 async fn rollup_loop(
     rollup: Rollup,
     compactor: Compactor,
-    clock: Arc<dyn Clock>,
     every: std::time::Duration,
     metrics: Arc<Metrics>,
 ) {
@@ -338,7 +336,7 @@ async fn rollup_loop(
             Err(e) => tracing::error!(error = %e, "rollup failed; retrying at the next tick"),
         }
         let watermark = gpuwarden_pipeline::compact::rollup_watermark(compactor.lake());
-        match compactor.run(watermark, clock.now_ms()).await {
+        match compactor.run(watermark).await {
             Ok(done) => metrics.maintained(Some(&done)),
             Err(gpuwarden_pipeline::compact::CompactError::Busy(path)) => {
                 tracing::debug!(lock = %path.display(), "another process is compacting this lake");
