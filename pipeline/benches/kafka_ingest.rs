@@ -1,7 +1,10 @@
 //! Benchmark: Kafka → Parquet ingest rate of the pipeline (decode, validate, buffer, write
 //! Parquet durably, commit) against a bare rdkafka consumer loop reading the same topic from the
 //! same in-process broker, in the same run. Reports records/s, the ratio, and peak RSS (VmHWM,
-//! reset before each phase). Run with `bench/pipeline-kafka-ingest.sh`.
+//! reset before each phase). The pipeline's time is split into reading (until every record is
+//! decoded and buffered) and draining (writing the buffers as Parquet, fsync, commit). Run with
+//! `bench/pipeline-kafka-ingest.sh`; `GPUWARDEN_BENCH_ONLY=pipeline` leaves out the bare
+//! consumer, for profiling the pipeline alone (`perf record`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -80,7 +83,8 @@ fn bare(bootstrap: &str, group: &str) -> (Duration, f64) {
     (started.elapsed(), peak_rss_mib())
 }
 
-fn ours(bootstrap: &str, group: &str, dir: &std::path::Path) -> (Duration, f64) {
+/// The pipeline's time: in all, and until every record was read (decoded and buffered).
+fn ours(bootstrap: &str, group: &str, dir: &std::path::Path) -> (Duration, Duration, f64) {
     reset_peak_rss();
     let _ = std::fs::remove_dir_all(dir);
     let lake = Lake::open(dir).unwrap();
@@ -112,12 +116,13 @@ fn ours(bootstrap: &str, group: &str, dir: &std::path::Path) -> (Duration, f64) 
     while metrics.records_in_total() < N as u64 {
         std::thread::sleep(Duration::from_millis(2));
     }
+    let read = started.elapsed();
     // Stopping flushes and commits what is buffered: the time counts until all of it is durable.
     stop.store(true, Ordering::SeqCst);
     thread.join().unwrap();
     let elapsed = started.elapsed();
     assert_eq!(metrics.written_rows("samples"), N as u64);
-    (elapsed, peak_rss_mib())
+    (elapsed, read, peak_rss_mib())
 }
 
 fn main() {
@@ -151,23 +156,31 @@ fn main() {
 
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-lake-{}", std::process::id()));
     let (mut peer, mut mine) = (Vec::new(), Vec::new());
+    let only_pipeline = std::env::var("GPUWARDEN_BENCH_ONLY").as_deref() == Ok("pipeline");
     for r in 0..REPEATS {
-        let (t, rss) = bare(&bootstrap, &format!("bare-{r}"));
+        if !only_pipeline {
+            let (t, rss) = bare(&bootstrap, &format!("bare-{r}"));
+            println!(
+                "bare rdkafka consumer loop   {:>7.3} s  {:>9.0} records/s  peak RSS {rss:>7.1} MiB",
+                t.as_secs_f64(),
+                N as f64 / t.as_secs_f64()
+            );
+            peer.push(t.as_secs_f64());
+        }
+        let (t, read, rss) = ours(&bootstrap, &format!("ours-{r}"), &dir);
         println!(
-            "bare rdkafka consumer loop   {:>7.3} s  {:>9.0} records/s  peak RSS {rss:>7.1} MiB",
+            "pipeline ingest to Parquet   {:>7.3} s  {:>9.0} records/s  peak RSS {rss:>7.1} MiB  (read {:.3} s, then write+fsync+commit {:.3} s)",
             t.as_secs_f64(),
-            N as f64 / t.as_secs_f64()
-        );
-        peer.push(t.as_secs_f64());
-        let (t, rss) = ours(&bootstrap, &format!("ours-{r}"), &dir);
-        println!(
-            "pipeline ingest to Parquet   {:>7.3} s  {:>9.0} records/s  peak RSS {rss:>7.1} MiB",
-            t.as_secs_f64(),
-            N as f64 / t.as_secs_f64()
+            N as f64 / t.as_secs_f64(),
+            read.as_secs_f64(),
+            (t - read).as_secs_f64()
         );
         mine.push(t.as_secs_f64());
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if only_pipeline {
+        return;
+    }
     peer.sort_by(f64::total_cmp);
     mine.sort_by(f64::total_cmp);
     let (p, m) = (peer[REPEATS / 2], mine[REPEATS / 2]);

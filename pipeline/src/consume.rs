@@ -3,6 +3,10 @@
 //! after its files are durable (auto-commit off; the committed offset is the *next* one to read,
 //! as librdkafka expects).
 //!
+//! Consumer-group membership (static `group.instance.id`, the session timeout) comes with the
+//! client settings the caller hands in. A consumer fenced out of the group because another one
+//! took its `group.instance.id` stops ingest with [`IngestError::Fenced`]: it can never read again.
+//!
 //! Memory is bounded: when buffered rows plus rows being written pass
 //! `pipeline.max_buffered_bytes`, the largest buffer is flushed early and consumption pauses until
 //! the writers catch up.
@@ -58,6 +62,16 @@ pub enum IngestError {
     /// The lake could not be opened.
     #[error(transparent)]
     Lake(#[from] crate::lake::LakeError),
+    /// librdkafka's consumer failed for good; with static membership, because another consumer
+    /// joined the group with the same `group.instance.id`. What was read and not committed is
+    /// read again by whoever owns the partitions now.
+    #[error("the Kafka consumer {instance} stopped for good: {reason} (each instance of a group needs its own kafka.group_instance_id)")]
+    Fenced {
+        /// `group.instance.id`, as the log names it.
+        instance: String,
+        /// librdkafka's reason.
+        reason: String,
+    },
 }
 
 /// A record whose signature did not check out.
@@ -175,6 +189,9 @@ pub fn run(
         metrics: Arc::clone(&metrics),
         rebalances: Mutex::default(),
     };
+    let instance = client
+        .get("group.instance.id")
+        .map_or_else(|| "(dynamic member)".to_string(), str::to_string);
     let consumer: BaseConsumer<IngestContext> = client.create_with_context(context)?;
     consumer.subscribe(&topics::ALL)?;
     let writer_stop = Arc::new(AtomicBool::new(false));
@@ -200,12 +217,18 @@ pub fn run(
         out_of_bounds_log: Throttle::default(),
         signature_log: Throttle::default(),
     };
-    tracing::info!(group = group_id, topics = ?topics::ALL, "ingest running");
+    tracing::info!(group = group_id, instance = %instance, topics = ?topics::ALL, "ingest running");
     while !stop.load(Ordering::SeqCst) {
         state.rebalance();
         state.collect(&done, Duration::ZERO);
         state.backpressure();
-        state.poll();
+        if !state.poll() {
+            if let Some((_, reason)) = state.consumer.client().fatal_error() {
+                writer_stop.store(true, Ordering::SeqCst);
+                state.writers.join();
+                return Err(IngestError::Fenced { instance, reason });
+            }
+        }
         state.flush_due(false);
     }
     tracing::info!("ingest stopping: flushing what is buffered");
@@ -390,8 +413,9 @@ impl State {
     }
 
     /// Handles up to [`POLL_BATCH`] messages: waits up to 100 ms for the first, then takes what
-    /// is already there.
-    fn poll(&mut self) {
+    /// is already there. `false` if the consumer reported an error.
+    fn poll(&mut self) -> bool {
+        let mut healthy = true;
         let mut counts: [(u64, u64); 4] = [(0, 0); 4];
         let mut out_of_bounds: BTreeMap<(&'static str, Direction), u64> = BTreeMap::new();
         let mut last_out_of_bounds = None;
@@ -414,6 +438,7 @@ impl State {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(error = %e, "Kafka consumer error");
+                    healthy = false;
                     break;
                 }
             };
@@ -500,6 +525,7 @@ impl State {
             self.metrics.set_host_skews(self.skews.skews());
             self.skews_published = Some(std::time::Instant::now());
         }
+        healthy
     }
 
     fn flush_due(&mut self, all: bool) {

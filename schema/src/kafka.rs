@@ -18,7 +18,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::mocking::MockCluster;
 use thiserror::Error;
 
-use crate::config::KafkaConfig;
+use crate::config::{Config, KafkaConfig};
 
 /// Kafka could not be set up.
 #[derive(Debug, Error)]
@@ -42,6 +42,14 @@ pub enum KafkaSetupError {
     /// The embedded broker's thread ended before it reported its address.
     #[error("the embedded Kafka broker did not start")]
     EmbeddedGone,
+    /// No slot for a derived `group.instance.id` could be reserved under the data dir.
+    #[error("cannot reserve a Kafka group.instance.id in {}: {source} (or set kafka.group_instance_id)", dir.display())]
+    MemberSlot {
+        /// The directory of the slot locks.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// librdkafka settings for any client of the configured cluster: `bootstrap.servers` (the given
@@ -67,6 +75,144 @@ pub fn low_latency(client: &mut ClientConfig) -> &mut ClientConfig {
         client.set("fetch.wait.max.ms", "100");
     }
     client
+}
+
+/// How a process joins its consumer groups: `[kafka]`'s `static_membership`,
+/// `group_instance_id` and `session_timeout`, resolved once at start ([`GroupMembership::resolve`])
+/// and put on each group consumer's settings ([`GroupMembership::apply`]).
+///
+/// With static membership (Kafka's KIP-345) a consumer that restarts with the same
+/// `group.instance.id` takes its partitions back at once: the broker replaces the dead member by
+/// the new one instead of waiting `session.timeout.ms` to forget it. Two live consumers of one
+/// group must never share an id (the newer fences the older out), so a derived id is
+/// `<host>-<data dir hash>-<n>` with `n` the first slot whose lock file
+/// (`<data_dir>/kafka-members/<role>-<n>.lock`, a `flock` the kernel drops when the process dies)
+/// no running process holds: a second instance on the same host and data dir takes the next
+/// slot, and a restarted one gets its old slot back.
+#[derive(Debug)]
+pub struct GroupMembership {
+    /// `group.instance.id`, when membership is static.
+    instance_id: Option<String>,
+    session_timeout: Duration,
+    /// Reserves a derived id's slot while this value lives.
+    _slot: Option<std::fs::File>,
+}
+
+/// Slots tried before giving up: far more instances than one host runs.
+const MEMBER_SLOTS: usize = 256;
+
+impl GroupMembership {
+    /// The membership of the process playing `role` (`pipeline`, `enforcer`): static unless
+    /// `kafka.static_membership = false` or the broker is the embedded one (it dies with the
+    /// process, and with it the group), with `kafka.group_instance_id` or a derived id.
+    pub fn resolve(config: &Config, role: &str) -> Result<Self, KafkaSetupError> {
+        let kafka = &config.kafka;
+        let mut membership = Self {
+            instance_id: None,
+            session_timeout: kafka.session_timeout,
+            _slot: None,
+        };
+        if !kafka.static_membership || kafka.is_embedded() {
+            return Ok(membership);
+        }
+        if let Some(id) = &kafka.group_instance_id {
+            membership.instance_id = Some(id.clone());
+            return Ok(membership);
+        }
+        let dir = config.storage.data_dir.join("kafka-members");
+        let failed = |source| KafkaSetupError::MemberSlot {
+            dir: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(failed)?;
+        let data_dir = std::fs::canonicalize(&config.storage.data_dir)
+            .unwrap_or_else(|_| config.storage.data_dir.clone());
+        let (slot, file) = reserve_slot(&dir, role).map_err(failed)?;
+        membership.instance_id = Some(derived_instance_id(&host_name(), &data_dir, slot));
+        membership._slot = Some(file);
+        Ok(membership)
+    }
+
+    /// `group.instance.id`; `None` when membership is dynamic.
+    pub fn instance_id(&self) -> Option<&str> {
+        self.instance_id.as_deref()
+    }
+
+    /// Sets `group.instance.id`, `session.timeout.ms` and `heartbeat.interval.ms` (a tenth of the
+    /// session, at most 3 s) on a group consumer's settings. Each one already set in
+    /// `[kafka.properties]` wins.
+    pub fn apply<'c>(&self, client: &'c mut ClientConfig) -> &'c mut ClientConfig {
+        if let Some(id) = &self.instance_id {
+            if client.get("group.instance.id").is_none() {
+                client.set("group.instance.id", id);
+            }
+        }
+        if client.get("session.timeout.ms").is_none() {
+            client.set(
+                "session.timeout.ms",
+                self.session_timeout.as_millis().to_string(),
+            );
+        }
+        if client.get("heartbeat.interval.ms").is_none() {
+            let session_ms = client
+                .get("session.timeout.ms")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .unwrap_or(45_000);
+            client.set(
+                "heartbeat.interval.ms",
+                (session_ms / 10).clamp(100, 3_000).to_string(),
+            );
+        }
+        client
+    }
+}
+
+/// Takes the first free slot lock of `role` in `dir`.
+fn reserve_slot(dir: &std::path::Path, role: &str) -> std::io::Result<(usize, std::fs::File)> {
+    for slot in 0..MEMBER_SLOTS {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{role}-{slot}.lock")))?;
+        match file.try_lock() {
+            Ok(()) => return Ok((slot, file)),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "all {MEMBER_SLOTS} slots are held by running processes"
+    )))
+}
+
+/// `<host>-<first 8 hex digits of the data dir's SHA-256>-<slot>`, in the characters Kafka
+/// allows in a `group.instance.id` (any other becomes `_`) and within its 249.
+fn derived_instance_id(host: &str, data_dir: &std::path::Path, slot: usize) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(200)
+        .collect();
+    format!("{host}-{}-{slot}", hex::encode(&digest[..4]))
+}
+
+/// The machine's host name (a container's is its own, e.g. the pod name).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// Creates the topics that do not exist yet; existing ones are left as they are.
@@ -232,5 +378,93 @@ impl Drop for EmbeddedBroker {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data_dir: &std::path::Path, kafka: &str) -> Config {
+        let text = format!(
+            "[kafka]\nbrokers = \"k1:9092\"\n{kafka}\n[storage]\ndata_dir = \"{}\"\n",
+            data_dir.display()
+        );
+        crate::config::parse("t.toml", &text).unwrap()
+    }
+
+    #[test]
+    fn a_derived_id_is_distinct_per_running_instance_and_returns_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), "");
+        let first = GroupMembership::resolve(&c, "pipeline").unwrap();
+        let second = GroupMembership::resolve(&c, "pipeline").unwrap();
+        let (a, b) = (first.instance_id().unwrap(), second.instance_id().unwrap());
+        assert_ne!(a, b, "two instances on one host and data dir");
+        assert!(a.ends_with("-0") && b.ends_with("-1"), "{a} {b}");
+        // Another role has slots of its own: its group is another one.
+        let enforcer = GroupMembership::resolve(&c, "enforcer").unwrap();
+        assert_eq!(enforcer.instance_id(), Some(a));
+        // The first one dies; its restart gets its id back, not the second's.
+        let a = a.to_string();
+        drop(first);
+        let restarted = GroupMembership::resolve(&c, "pipeline").unwrap();
+        assert_eq!(restarted.instance_id(), Some(a.as_str()));
+        assert!(
+            a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')),
+            "{a}"
+        );
+
+        // Another data dir on the same host: another id.
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = GroupMembership::resolve(&config(other_dir.path(), ""), "pipeline").unwrap();
+        assert_ne!(other.instance_id(), Some(a.as_str()));
+        assert!(other.instance_id().unwrap().ends_with("-0"));
+    }
+
+    #[test]
+    fn the_configured_id_dynamic_membership_and_the_embedded_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = config(dir.path(), "group_instance_id = \"ingest-a\"");
+        let m = GroupMembership::resolve(&named, "pipeline").unwrap();
+        assert_eq!(m.instance_id(), Some("ingest-a"));
+        let dynamic = config(dir.path(), "static_membership = false");
+        assert_eq!(
+            GroupMembership::resolve(&dynamic, "pipeline")
+                .unwrap()
+                .instance_id(),
+            None
+        );
+        let mut embedded = config(dir.path(), "");
+        embedded.kafka.brokers = "embedded".into();
+        assert_eq!(
+            GroupMembership::resolve(&embedded, "pipeline")
+                .unwrap()
+                .instance_id(),
+            None
+        );
+    }
+
+    #[test]
+    fn settings_go_on_the_consumer_and_properties_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(
+            dir.path(),
+            "group_instance_id = \"i-1\"\nsession_timeout = \"20s\"",
+        );
+        let m = GroupMembership::resolve(&c, "pipeline").unwrap();
+        let mut client = ClientConfig::new();
+        m.apply(&mut client);
+        assert_eq!(client.get("group.instance.id"), Some("i-1"));
+        assert_eq!(client.get("session.timeout.ms"), Some("20000"));
+        assert_eq!(client.get("heartbeat.interval.ms"), Some("2000"));
+
+        // An explicit session.timeout.ms sets the heartbeat's pace too.
+        let mut client = ClientConfig::new();
+        client.set("session.timeout.ms", "6000");
+        m.apply(&mut client);
+        assert_eq!(client.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(client.get("heartbeat.interval.ms"), Some("600"));
     }
 }

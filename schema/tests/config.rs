@@ -713,3 +713,23 @@ driver = \"slurm\"
     assert!(message("substrates[0].grace_period").contains("not a setting of the slurm driver"));
     assert!(message("substrates[1].driver").contains("the slurm driver needs `slurm`"));
 }
+
+#[test]
+fn consumer_group_membership_defaults_to_static_and_names_the_field_at_fault() {
+    let config = config::parse("t.toml", "").unwrap();
+    assert!(config.kafka.static_membership);
+    assert_eq!(config.kafka.group_instance_id, None);
+    assert_eq!(config.kafka.session_timeout, Duration::from_secs(10));
+
+    let errs = errors("[kafka]\ngroup_instance_id = \"node 1\"\nsession_timeout = \"2s\"\n");
+    let e = find(&errs, "kafka.group_instance_id");
+    assert!(e.message.contains("ASCII letters, digits"), "{}", e.message);
+    assert_eq!(e.line, Some(2));
+    let e = find(&errs, "kafka.session_timeout");
+    assert!(e.message.contains("outside 6s..=30m"), "{}", e.message);
+
+    let errs = errors("[kafka]\nstatic_membership = false\ngroup_instance_id = \"a\"\n");
+    assert!(find(&errs, "kafka.group_instance_id")
+        .message
+        .contains("only with static_membership = true"));
+}

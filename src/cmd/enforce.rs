@@ -198,12 +198,24 @@ pub(crate) async fn start(
         })
         .collect();
     let signals_stop = Arc::new(AtomicBool::new(false));
-    let signals = tokio::spawn(gpuwarden_enforcer::kafka::signals::run(
-        kafka.client("enforcer"),
-        signing,
-        rules,
-        signals_stop.clone(),
-    ));
+    // Static membership: a restarted enforcer takes its signal partitions back at once.
+    let membership = gpuwarden_schema::kafka::GroupMembership::resolve(&config, "enforcer")
+        .context("choosing the signals consumer's group.instance.id")?;
+    let mut signals_client = kafka.client("enforcer");
+    membership.apply(&mut signals_client);
+    let signals = tokio::spawn({
+        let run = gpuwarden_enforcer::kafka::signals::run(
+            signals_client,
+            signing,
+            rules,
+            signals_stop.clone(),
+        );
+        async move {
+            // The id's slot stays reserved for as long as the consumer runs.
+            let _membership = membership;
+            run.await;
+        }
+    });
 
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
     let reloads = tls.clone();

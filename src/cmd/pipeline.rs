@@ -13,6 +13,7 @@ use gpuwarden_pipeline::{
     consume, hot, CompactOptions, Compactor, IngestOptions, Lake, Metrics, Rollup, RollupOptions,
     SignalsOptions,
 };
+use gpuwarden_schema::kafka::GroupMembership;
 use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{config, Clock, SystemClock};
@@ -135,6 +136,8 @@ pub(crate) struct Pipeline {
     ingest: Task<gpuwarden_pipeline::IngestError>,
     signals: Task<gpuwarden_pipeline::hot::SignalsError>,
     sql: Option<gpuwarden_pipeline::endpoint::Server>,
+    /// Reserves the ingest consumer's `group.instance.id` while the pipeline runs.
+    _membership: GroupMembership,
 }
 
 /// Opens the lake and starts ingest from `kafka`, the rollups, the signals loop, the SQL
@@ -193,9 +196,15 @@ pub(crate) async fn start(
         );
         tokio::task::spawn_blocking(move || hot::run(&client, lake, options, metrics, stop))
     };
+    // Static membership: a restarted pipeline takes its partitions back at once (on Kafka; the
+    // mock broker of tests ignores it and forgets the killed member after kafka.session_timeout).
+    let membership = GroupMembership::resolve(config, "pipeline")
+        .context("choosing the ingest consumer's group.instance.id")?;
     let ingest = {
+        let mut client = kafka.client("pipeline");
+        membership.apply(&mut client);
         let (client, group, options, metrics, stop) = (
-            kafka.client("pipeline"),
+            client,
             config.pipeline.group_id.clone(),
             options(config, clock),
             Arc::clone(&metrics),
@@ -216,6 +225,7 @@ pub(crate) async fn start(
         ingest: Some(ingest),
         signals: Some(signals),
         sql: sql.map(|s| s.server),
+        _membership: membership,
     })
 }
 

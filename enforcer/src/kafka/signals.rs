@@ -6,6 +6,11 @@
 //! not committed. A replay repeats nothing: the store keeps only the newest spend per team, and
 //! the rules ignore a lease's older signals and record each step once.
 //!
+//! Membership of the group (static `group.instance.id`, the session timeout) comes with the
+//! client settings the caller hands in, so that a restarted enforcer takes its partitions back at
+//! once. A consumer fenced out because another took its `group.instance.id` stops for good, and
+//! says so at ERROR.
+//!
 //! Only signed signals are acted on: each must carry a `gpuwarden-signature` header made with
 //! `[signing] key` (or `previous_key`, while keys rotate; see `gpuwarden_schema::signing`). One
 //! unsigned or badly signed is refused before it is even decoded, counted in
@@ -134,6 +139,10 @@ fn consume(
                 }
                 Err(e) => tracing::warn!(error = %e, "ignoring an invalid signal"),
             },
+            Some(Err(e)) if consumer.client().fatal_error().is_some() => {
+                tracing::error!(error = %e, instance = client.get("group.instance.id").unwrap_or("(dynamic member)"), "the signals consumer stopped for good (each enforcer needs its own kafka.group_instance_id); runtime rules are off until the enforcer restarts");
+                return;
+            }
             // Warn at most every 10 s while Kafka is unreachable.
             Some(Err(e)) if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) => {
                 tracing::warn!(error = %e, "reading signals failed; retrying");

@@ -121,6 +121,24 @@ pub struct KafkaConfig {
     pub replication_factor: i32,
     /// Extra librdkafka properties (security.protocol, sasl.*, …); `${ENV}` for secrets.
     pub properties: BTreeMap<String, String>,
+    /// Static consumer-group membership (Kafka's `group.instance.id`): a consumer that restarts
+    /// with the same id takes its partitions back at once, without waiting for the group to
+    /// forget the dead member. Its partitions then wait `session_timeout` when it does not come
+    /// back. Not used with `brokers = "embedded"`, whose broker dies with the process.
+    pub static_membership: bool,
+    /// This process's `group.instance.id` in the consumer groups it joins (the pipeline's
+    /// ingest group, the enforcer's signals group): 1 to 249 ASCII letters, digits, `.`, `_` or
+    /// `-`, and distinct for every process of a group. Unset: `<host>-<data dir hash>-<n>`,
+    /// where `n` is the first slot no running process of the same role on this host and data
+    /// dir holds, so two instances on one host never share an id and a restarted one gets its
+    /// old id back.
+    pub group_instance_id: Option<String>,
+    /// How long a consumer-group member may go unheard (a crash, a network partition) before
+    /// the broker hands its partitions to the others (`session.timeout.ms`, heartbeats every
+    /// tenth of it). Kafka brokers accept 6s to 30m by default. Shorter notices a dead member
+    /// sooner; too short rebalances on every network hiccup.
+    #[serde(deserialize_with = "duration::required")]
+    pub session_timeout: Duration,
 }
 
 impl Default for KafkaConfig {
@@ -131,6 +149,9 @@ impl Default for KafkaConfig {
             partitions: 6,
             replication_factor: 1,
             properties: BTreeMap::new(),
+            static_membership: true,
+            group_instance_id: None,
+            session_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -129,8 +129,40 @@ fn tls_section(tls: &TlsConfig, path: &[&str], report: Report<'_>) {
     }
 }
 
+/// Kafka's rules for a `group.instance.id` (those of a topic name).
+fn valid_group_instance_id(id: &str) -> bool {
+    (1..=249).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 fn kafka(config: &Config, report: Report<'_>) {
     let k = &config.kafka;
+    if let Some(id) = &k.group_instance_id {
+        if !k.static_membership {
+            report(
+                at(&["kafka", "group_instance_id"]),
+                "applies only with static_membership = true".into(),
+            );
+        } else if !valid_group_instance_id(id) {
+            report(
+                at(&["kafka", "group_instance_id"]),
+                format!("\"{id}\" must be 1 to 249 ASCII letters, digits, '.', '_' or '-'"),
+            );
+        }
+    }
+    // Kafka brokers' own bounds by default (group.min/max.session.timeout.ms): outside them
+    // every join would be refused.
+    if k.session_timeout < Duration::from_secs(6) || k.session_timeout > Duration::from_secs(1800) {
+        report(
+            at(&["kafka", "session_timeout"]),
+            format!(
+                "{} is outside 6s..=30m, what Kafka brokers accept by default",
+                humantime::format_duration(k.session_timeout)
+            ),
+        );
+    }
     if k.brokers.trim().is_empty() {
         report(
             at(&["kafka", "brokers"]),
