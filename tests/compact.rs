@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-use rdkafka::ClientConfig;
 use support::{eventually, ingest_samples, lake_i64, Broker, Running};
 
 /// 2026-01-01T00:00:00Z.
@@ -306,31 +304,13 @@ fn a_running_pipeline_compacts_the_hours_it_finds_final() {
 
     // Three hours of 8 GPUs every 30 s, dated 2026-01-01: the first two are final once the
     // third is read (the watermark passes their end plus the 10-minute lateness).
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .unwrap();
-    let mut n = 0;
-    for step in 0..3 * 120 {
-        for gpu in 0..8 {
-            let payload = sample(gpu, T0 + step * 30_000);
-            let key = format!("GPU-{gpu:04}");
-            while producer
-                .send(
-                    BaseRecord::to("gpuwarden.samples")
-                        .key(&key)
-                        .payload(&payload),
-                )
-                .is_err()
-            {
-                producer.poll(Duration::from_millis(5));
-            }
-            producer.poll(Duration::ZERO);
-            n += 1;
-        }
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
+    let records: Vec<(String, String)> = (0..3 * 120)
+        .flat_map(|step| {
+            (0..8).map(move |gpu| (format!("GPU-{gpu:04}"), sample(gpu, T0 + step * 30_000)))
+        })
+        .collect();
+    let n = records.len() as i64;
+    support::produce(&broker.bootstrap, "gpuwarden.samples", records);
 
     let mut pipeline = Running::start(
         &[

@@ -77,28 +77,7 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
 
     // 3 partitions x ~1.7 MB: inside the test broker's 5 MB per partition.
     let n: usize = 18_000;
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .unwrap();
-    for i in 0..n {
-        let gpu = i % 64;
-        let payload = sample(gpu, T0 + (i / 64) as i64 * 5_000);
-        let key = format!("GPU-{gpu:04}");
-        while producer
-            .send(
-                BaseRecord::to("gpuwarden.samples")
-                    .key(&key)
-                    .payload(&payload),
-            )
-            .is_err()
-        {
-            producer.poll(Duration::from_millis(5));
-        }
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
+    produce_samples(&broker.bootstrap, 0, n);
 
     let (first, _) = start_pipeline(&config);
     // Checked every few milliseconds, so that the kill comes while files are being written.
@@ -212,28 +191,17 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
 
 /// Sends `count` samples of 64 GPUs, the first at `T0 + first * 5 s` (per GPU).
 fn produce_samples(bootstrap: &str, first: usize, count: usize) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .unwrap();
-    for i in first * 64..first * 64 + count {
-        let gpu = i % 64;
-        let payload = sample(gpu, T0 + (i / 64) as i64 * 5_000);
-        let key = format!("GPU-{gpu:04}");
-        while producer
-            .send(
-                BaseRecord::to("gpuwarden.samples")
-                    .key(&key)
-                    .payload(&payload),
+    support::produce(
+        bootstrap,
+        "gpuwarden.samples",
+        (first * 64..first * 64 + count).map(|i| {
+            let gpu = i % 64;
+            (
+                format!("GPU-{gpu:04}"),
+                sample(gpu, T0 + (i / 64) as i64 * 5_000),
             )
-            .is_err()
-        {
-            producer.poll(Duration::from_millis(5));
-        }
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
+        }),
+    );
 }
 
 /// Distinct samples in the lake; 0 while recovery leaves no file to read.

@@ -768,3 +768,26 @@ impl Webhook {
             .collect()
     }
 }
+
+/// Sends each `(key, payload)` of `records` to `topic` on the broker at `bootstrap`, waiting
+/// while the producer's queue is full, then waits until every one is delivered.
+pub fn produce(bootstrap: &str, topic: &str, records: impl IntoIterator<Item = (String, String)>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .expect("a producer for the test broker");
+    for (key, payload) in records {
+        while producer
+            .send(BaseRecord::to(topic).key(&key).payload(&payload))
+            .is_err()
+        {
+            producer.poll(Duration::from_millis(5));
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("the test broker takes every record");
+}
