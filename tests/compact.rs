@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{eventually, ingest_samples, lake_i64, Broker, Running};
+use support::{eventually, ingest_samples, lake_i64, Broker};
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
@@ -312,23 +312,8 @@ fn a_running_pipeline_compacts_the_hours_it_finds_final() {
     let n = records.len() as i64;
     support::produce(&broker.bootstrap, "gpuwarden.samples", records);
 
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
-    let metrics = running["metrics"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let (mut pipeline, running) = support::start_pipeline(&config);
+    let metrics = support::metrics_address(&running);
     pipeline.wait_for_log("compacted an hour", Duration::from_secs(90));
     eventually(
         "two hours compacted",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use support::{eventually, lake_i64, parquet_files, Broker, Running};
+use support::{eventually, lake_i64, parquet_files, start_pipeline, Broker};
 
 const T0: i64 = 1_767_225_600_000;
 
@@ -38,23 +38,6 @@ fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
     )
     .unwrap();
     path
-}
-
-/// Starts `gpuwarden pipeline` with /metrics on a free port; returns it and its "pipeline
-/// running" log line.
-fn start_pipeline(config: &Path) -> (Running, serde_json::Value) {
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
-    (pipeline, running)
 }
 
 /// A config with only a data dir under `dir`: enough for `ingest` and `sql`.
@@ -102,12 +85,7 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
     );
 
     let (second, running) = start_pipeline(&config);
-    let metrics_address = running["metrics"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let metrics_address = support::metrics_address(&running);
     eventually(
         "every sample after the restart",
         Duration::from_secs(120),

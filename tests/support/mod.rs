@@ -178,6 +178,33 @@ pub fn log_line(log: &[String], message: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no {message:?} line:\n{}", log.join("\n")))
 }
 
+/// Starts `gpuwarden pipeline` with `/metrics` on a free port of 127.0.0.1; returns it and its
+/// "pipeline running" log line.
+pub fn start_pipeline(config: &Path) -> (Running, Value) {
+    let mut pipeline = Running::start(
+        &[
+            "pipeline",
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(30));
+    (pipeline, running)
+}
+
+/// The `host:port` of the `/metrics` a "pipeline running" log line names.
+pub fn metrics_address(running: &Value) -> String {
+    running["metrics"]
+        .as_str()
+        .expect("the metrics field")
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string()
+}
+
 /// Starts `gpuwarden pipeline` with `/metrics` and the SQL endpoint on free ports of 127.0.0.1;
 /// returns it and the endpoint's port.
 pub fn start_pipeline_with_sql(config: &Path) -> (Running, u16) {
