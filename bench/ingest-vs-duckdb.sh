@@ -37,20 +37,19 @@ measure() { # label, command...: prints "label seconds max_rss_kib"
   rm -f "$out"
 }
 
-duck() { # input, partitioned (0/1)
-  local target=$WORK/duck.parquet select="SELECT * FROM read_json('$1', format='newline_delimited')" options="FORMAT parquet, COMPRESSION zstd"
-  if [[ $2 == 1 ]]; then
-    target=$WORK/duck-hours
-    select="SELECT *, CAST(epoch_ms(ts_ms) AS DATE) AS date, hour(epoch_ms(ts_ms)) AS hour FROM read_json('$1', format='newline_delimited')"
-    options="$options, PARTITION_BY (date, hour)"
-  fi
-  "$PYTHON" -c "
-import duckdb
+# DuckDB's side, as a script of its own so that /usr/bin/time measures it: input, partitioned
+cat > "$WORK/duck.py" <<PY
+import sys, duckdb
+source, partitioned = sys.argv[1], sys.argv[2] == "1"
 c = duckdb.connect()
-c.execute('SET threads=$THREADS')
-c.execute(\"COPY ($select) TO '$target' ($options)\")
-"
-}
+c.execute("SET threads=$THREADS")
+select = f"SELECT * FROM read_json('{source}', format='newline_delimited')"
+target, options = "$WORK/duck.parquet", "FORMAT parquet, COMPRESSION zstd"
+if partitioned:
+    select = f"SELECT *, CAST(epoch_ms(ts_ms) AS DATE) AS date, hour(epoch_ms(ts_ms)) AS hour FROM read_json('{source}', format='newline_delimited')"
+    target, options = "$WORK/duck-hours", options + ", PARTITION_BY (date, hour)"
+c.execute(f"COPY ({select}) TO '{target}' ({options})")
+PY
 
 run_once() { # input
   rm -rf "$WORK/lake" "$WORK/duck.parquet" "$WORK/duck-hours"
@@ -58,9 +57,9 @@ run_once() { # input
   sync
   measure gpuwarden "$BIN" ingest --config "$WORK/bench.toml" --samples "$1" --threads "$THREADS"
   sync
-  measure duckdb duck "$1" 0
+  measure duckdb "$PYTHON" "$WORK/duck.py" "$1" 0
   sync
-  measure duckdb-hours duck "$1" 1
+  measure duckdb-hours "$PYTHON" "$WORK/duck.py" "$1" 1
 }
 
 per_hour() { # directory of hour partitions: "files hours"
