@@ -1,20 +1,51 @@
-//! `gpuwarden ingest`: the same decoder, validator, quarantine and writer as the Kafka path, fed
-//! from JSON-lines files, for backfill and for trying gpuwarden on exported data.
+//! `gpuwarden ingest`: the same decoder, validator and quarantine as the Kafka path, fed from
+//! JSON-lines files, for backfill and for trying gpuwarden on exported data.
 //!
-//! The input is cut into chunks of whole lines; chunks are decoded and written in parallel, each
-//! to files named after the input and the chunk's line range, so ingesting the same file again
-//! rewrites the same files instead of adding rows twice.
+//! The input is cut into chunks of whole lines, decoded in parallel into per-hour batches. One
+//! sequencer takes the decoded chunks back in input order and appends each hour's rows to that
+//! hour's open file, so an input in any time order gives one file per table and hour (up to
+//! [`FILE_ROWS`] rows a file). Row groups are encoded in parallel as they fill and written to
+//! the file's hidden temporary; a finished file is synced and renamed into place, so a reader
+//! never sees half of one.
+//!
+//! A file is named after the input and the line range of the chunks whose rows of that hour it
+//! holds (`file-<table>-<name>-o<first>-<last>`): the files of one hour hold disjoint ranges.
+//! Where a file ends depends only on the input and `chunk_lines` (never on threads, timing or
+//! the memory budget), so ingesting the same input again, or again after a crash, rewrites the
+//! same files instead of adding rows twice. For the same reason an ingest that fails to read
+//! its input, or whose decoder fails, finishes no more files: the ones it would finish early
+//! would cover a shorter range than a complete run's.
+//!
+//! Memory: at most [`IN_FLIGHT_CHUNKS`] per thread chunks are read and not yet taken by the
+//! sequencer; rows waiting for their row group to fill are held up to the memory budget, past
+//! which the hour holding the most is written out as a smaller row group of its open file (not as
+//! a new file); and at most two row groups per thread are being encoded.
 
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::io::{BufRead, Read};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, SchemaRef};
+use parquet::arrow::arrow_writer::{
+    compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
+};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::errors::ParquetError;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnPath;
+
 use crate::bounds::{Bounds, Direction};
 use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
-use crate::lake::{Lake, LakeError};
+use crate::lake::{Lake, LakeError, ROLLUP_INPUTS, ROW_GROUP_ROWS};
 use crate::metrics::Metrics;
-use crate::writer::{Job, Writers};
+use crate::versions::Versions;
 
 /// What an ingest of one input did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,6 +59,8 @@ pub struct FileReport {
     /// Of those, records dated too far ahead of the time they were read
     /// (`pipeline.clock.max_skew`).
     pub future: u64,
+    /// Parquet files written, of every table.
+    pub files: u64,
 }
 
 /// Ingest of a file failed.
@@ -44,7 +77,7 @@ pub enum FileError {
     /// Writing the lake failed.
     #[error(transparent)]
     Lake(#[from] LakeError),
-    /// A decoding thread failed (a bug): what it decoded may be missing from the lake.
+    /// A decoding or encoding thread failed (a bug): what it held may be missing from the lake.
     #[error("decoding {input} failed: {message}; this is a bug, and records of the input may be missing from the lake")]
     Decoder {
         /// The input's name.
@@ -54,8 +87,55 @@ pub enum FileError {
     },
 }
 
+/// How an input is read and buffered.
+#[derive(Debug, Clone, Copy)]
+pub struct IngestOptions {
+    /// Lines a chunk holds. Chunks are the unit of decoding and of file ranges: ingesting the
+    /// same input again rewrites the same files only with the same `chunk_lines`.
+    pub chunk_lines: usize,
+    /// Decoding threads, and as many encoding threads.
+    pub threads: usize,
+    /// Bytes of decoded rows held while their row groups fill, over all open files.
+    pub buffer_bytes: usize,
+    /// Files open at once at most; past it the one appended to longest ago is finished, and
+    /// its hour starts a new file if more of its rows come. Like `chunk_lines`, it decides
+    /// where files end: a re-run rewrites the same files only with the same value.
+    pub open_files: usize,
+}
+
+impl IngestOptions {
+    /// The options `gpuwarden ingest` runs with, but for `threads`.
+    pub fn new(threads: usize) -> Self {
+        Self {
+            chunk_lines: CHUNK_LINES,
+            threads,
+            buffer_bytes: Self::DEFAULT_BUFFER_BYTES,
+            open_files: OPEN_FILES,
+        }
+    }
+
+    /// The default memory budget for rows waiting for their row group: 512 MiB, a full row
+    /// group of samples (about 40 MiB) for a dozen hours at once.
+    pub const DEFAULT_BUFFER_BYTES: usize = 512 << 20;
+}
+
+/// Lines a chunk holds by default: enough to keep both decoders and encoders busy, few enough
+/// that the chunks in flight take little memory. Fixed rather than configured, since file
+/// ranges follow chunks (see [`IngestOptions::chunk_lines`]).
+pub const CHUNK_LINES: usize = 100_000;
+
 /// Bytes read at a time.
 const READ_BLOCK: usize = 4 << 20;
+
+/// Rows a file holds at most (32 row groups); an hour with more gets several files.
+pub const FILE_ROWS: usize = 32 * ROW_GROUP_ROWS;
+
+/// Files open at once at most by default ([`IngestOptions::open_files`]): a month of hours
+/// at once leaves a file descriptor limit of 1,024 room.
+pub const OPEN_FILES: usize = 256;
+
+/// Chunks read and not yet taken by the sequencer, per thread.
+pub const IN_FLIGHT_CHUNKS: usize = 2;
 
 /// Whole lines, as read, in one buffer (no allocation per line).
 struct Chunk {
@@ -64,6 +144,8 @@ struct Chunk {
     lines: Vec<(usize, usize, i64)>,
     /// Where the next line not yet indexed starts.
     scanned: usize,
+    /// Its place in the input.
+    seq: u64,
 }
 
 impl Chunk {
@@ -72,35 +154,56 @@ impl Chunk {
             data: Vec::with_capacity(lines * 512),
             lines: Vec::with_capacity(lines),
             scanned: 0,
+            seq: 0,
         }
     }
 }
 
+/// A decoded chunk's rows: a batch per table and hour.
+type HourBatches = Vec<(Table, i64, RecordBatch)>;
+
+/// What the sequencer hears.
+enum Msg {
+    /// A chunk decoded into per-(table, hour) batches; `first..=last` are its lines.
+    Decoded {
+        seq: u64,
+        first: i64,
+        last: i64,
+        batches: HourBatches,
+    },
+    /// A row group of file `file` encoded.
+    Encoded {
+        file: u64,
+        chunks: Result<Vec<ArrowColumnChunk>, ParquetError>,
+    },
+    /// The reader is done: `chunks` chunks were sent, and all decoders have stopped; `complete`
+    /// says whether the whole input was read and decoded.
+    End { chunks: u64, complete: bool },
+}
+
+/// Row groups to encode.
+struct EncodeJob {
+    file: u64,
+    schema: SchemaRef,
+    writers: Vec<ArrowColumnWriter>,
+    batches: Vec<RecordBatch>,
+}
+
 /// Reads JSON lines of `table`'s records from `input` into the lake. `name` identifies the input
-/// in file names and in quarantine rows (`file:<name>`); `chunk_lines` lines make one chunk;
-/// `threads` chunks are decoded at once. A record dated further ahead of the time its chunk was
-/// read than `bounds` allow is quarantined. Progress goes to the log every ten chunks.
-#[allow(clippy::too_many_arguments)]
+/// in file names and in quarantine rows (`file:<name>`). A record dated further ahead of the
+/// time its chunk was read than `bounds` allow is quarantined. Progress goes to the log every
+/// ten chunks.
 pub fn ingest(
     input: &mut dyn BufRead,
     name: &str,
     table: Table,
     lake: &Lake,
-    chunk_lines: usize,
-    threads: usize,
+    options: IngestOptions,
     bounds: &Bounds,
     metrics: &Arc<Metrics>,
 ) -> Result<FileReport, FileError> {
     ingest_blocks(
-        input,
-        name,
-        table,
-        lake,
-        chunk_lines,
-        threads,
-        bounds,
-        metrics,
-        READ_BLOCK,
+        input, name, table, lake, options, bounds, metrics, READ_BLOCK,
     )
 }
 
@@ -110,24 +213,54 @@ fn ingest_blocks(
     name: &str,
     table: Table,
     lake: &Lake,
-    chunk_lines: usize,
-    threads: usize,
+    options: IngestOptions,
     bounds: &Bounds,
     metrics: &Arc<Metrics>,
     read_block: usize,
 ) -> Result<FileReport, FileError> {
+    let threads = options.threads.max(1);
+    let chunk_lines = options.chunk_lines.max(1);
     let source = format!("file-{}-{}", table.name(), sanitize(name));
     let topic = format!("file:{name}");
-    let stop = Arc::new(AtomicBool::new(false));
-    // A bounded queue: decoders wait for the writers instead of piling batches up in memory.
-    let (writers, done) = Writers::start_bounded(
-        threads,
-        threads,
-        lake.clone(),
-        Arc::clone(metrics),
-        Arc::clone(&stop),
-    );
-    let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(threads.max(1));
+    let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
+    // Credits bound the chunks between the reader and the sequencer, decoded or not: the
+    // sequencer hands one back for each chunk it has taken.
+    let in_flight = IN_FLIGHT_CHUNKS * threads;
+    let (credit_tx, credit_rx) = mpsc::sync_channel::<()>(in_flight);
+    for _ in 0..in_flight {
+        credit_tx.send(()).expect("the credits fit");
+    }
+    let (encode_tx, encode_rx) = mpsc::sync_channel::<EncodeJob>(threads);
+    let encode_rx = Arc::new(Mutex::new(encode_rx));
+    let encoders: Vec<_> = (0..threads)
+        .map(|_| {
+            let (encode_rx, msg_tx) = (Arc::clone(&encode_rx), msg_tx.clone());
+            std::thread::spawn(move || loop {
+                let job = match encode_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                };
+                let chunks = encode(job.writers, &job.schema, &job.batches);
+                if msg_tx
+                    .send(Msg::Encoded {
+                        file: job.file,
+                        chunks,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            })
+        })
+        .collect();
+    let sequencer = {
+        let (lake, metrics, source) = (lake.clone(), Arc::clone(metrics), source.clone());
+        std::thread::spawn(move || {
+            Sequencer::new(lake, metrics, source, options, encode_tx).run(msg_rx, credit_tx)
+        })
+    };
+
+    let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(threads);
     // Decoded chunks come back to be filled again: their memory is allocated once.
     let (spare_tx, spare_rx) = mpsc::channel::<Chunk>();
     let chunk_rx = Arc::new(Mutex::new(chunk_rx));
@@ -136,19 +269,18 @@ fn ingest_blocks(
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
-    let writers = Arc::new(writers);
-    let decoders: Vec<_> = (0..threads.max(1))
+    let decoders: Vec<_> = (0..threads)
         .map(|_| {
-            let (chunk_rx, writers, metrics, records, quarantined, future) = (
+            let (chunk_rx, msg_tx, metrics, records, quarantined, future) = (
                 Arc::clone(&chunk_rx),
-                Arc::clone(&writers),
+                msg_tx.clone(),
                 Arc::clone(metrics),
                 Arc::clone(&records),
                 Arc::clone(&quarantined),
                 Arc::clone(&future),
             );
             let bounds = *bounds;
-            let (source, topic, spare_tx) = (source.clone(), topic.clone(), spare_tx.clone());
+            let (topic, spare_tx) = (topic.clone(), spare_tx.clone());
             std::thread::spawn(move || loop {
                 let chunk = match chunk_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
                     Ok(chunk) => chunk,
@@ -181,6 +313,7 @@ fn ingest_blocks(
                 records.fetch_add(n, Ordering::Relaxed);
                 quarantined.fetch_add(bad, Ordering::Relaxed);
                 future.fetch_add(ahead, Ordering::Relaxed);
+                let seq = chunk.seq;
                 let mut chunk = chunk;
                 chunk.data.clear();
                 chunk.lines.clear();
@@ -190,13 +323,15 @@ fn ingest_blocks(
                     .seal()
                     .expect("batches of validated rows build")
                     .expect("a chunk has lines");
-                writers.submit(Job {
-                    source: source.clone(),
-                    topic: topic.clone(),
-                    partition: -1,
-                    sealed,
-                    journal: false,
-                });
+                let decoded = Msg::Decoded {
+                    seq,
+                    first: sealed.first,
+                    last: sealed.last,
+                    batches: sealed.batches,
+                };
+                if msg_tx.send(decoded).is_err() {
+                    return;
+                }
             })
         })
         .collect();
@@ -236,12 +371,17 @@ fn ingest_blocks(
         }
         chunk.scanned = start.min(chunk.data.len());
         if chunk.lines.len() >= chunk_lines || (eof && !chunk.lines.is_empty()) {
+            // Wait for the sequencer to take a chunk; none comes back if it has stopped.
+            if credit_rx.recv().is_err() {
+                break None;
+            }
             let mut next = spare_rx
                 .try_recv()
                 .unwrap_or_else(|_| Chunk::with_capacity(chunk_lines));
             next.data.extend_from_slice(&chunk.data[chunk.scanned..]);
             chunk.data.truncate(chunk.scanned);
-            let full = std::mem::replace(&mut chunk, next);
+            let mut full = std::mem::replace(&mut chunk, next);
+            full.seq = chunks;
             if chunk_tx.send(full).is_err() {
                 break None;
             }
@@ -256,37 +396,504 @@ fn ingest_blocks(
     };
     drop(chunk);
     drop(chunk_tx);
-    let mut decoder_failed = None;
+    let mut failed = None;
     for d in decoders {
         if let Err(panic) = d.join() {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "no message".into());
-            decoder_failed = Some(FileError::Decoder {
+            failed = Some(FileError::Decoder {
                 input: name.to_string(),
-                message,
+                message: panic_message(panic),
             });
         }
     }
-    let writers =
-        Arc::try_unwrap(writers).unwrap_or_else(|_| unreachable!("every decoder has finished"));
-    writers.join();
-    drop(done);
-    if let Some(e) = read_error.or(decoder_failed) {
+    let _ = msg_tx.send(Msg::End {
+        chunks,
+        complete: read_error.is_none() && failed.is_none(),
+    });
+    drop(msg_tx);
+    let written = sequencer.join();
+    for e in encoders {
+        if let Err(panic) = e.join() {
+            failed.get_or_insert(FileError::Decoder {
+                input: name.to_string(),
+                message: panic_message(panic),
+            });
+        }
+    }
+    let files = match written {
+        Ok(Ok(files)) => files,
+        Ok(Err(e)) => return Err(read_error.or(failed).unwrap_or(e)),
+        Err(panic) => {
+            return Err(read_error.or(failed).unwrap_or(FileError::Decoder {
+                input: name.to_string(),
+                message: panic_message(panic),
+            }))
+        }
+    };
+    if let Some(e) = read_error.or(failed) {
         return Err(e);
     }
     let (records, quarantined) = (
         records.load(Ordering::Relaxed),
         quarantined.load(Ordering::Relaxed),
     );
+    tracing::info!(input = name, lines = line_no, files, elapsed = ?started.elapsed(), "ingested");
     Ok(FileReport {
         records,
         written: records - quarantined,
         quarantined,
         future: future.load(Ordering::Relaxed),
+        files,
     })
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "no message".into())
+}
+
+/// Encodes one row group's columns.
+fn encode(
+    mut writers: Vec<ArrowColumnWriter>,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<Vec<ArrowColumnChunk>, ParquetError> {
+    for batch in batches {
+        let mut column_writers = writers.iter_mut();
+        for (field, column) in schema.fields().iter().zip(batch.columns()) {
+            for leaf in compute_leaves(field, column)? {
+                column_writers
+                    .next()
+                    .ok_or_else(|| ParquetError::General("more leaves than writers".into()))?
+                    .write(&leaf)?;
+            }
+        }
+    }
+    writers.into_iter().map(|w| w.close()).collect()
+}
+
+/// The writer settings of every lake file (the same as [`Lake::write`]'s).
+fn properties(schema: &SchemaRef) -> WriterProperties {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("level 3 is valid"),
+        ))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_dictionary_enabled(false);
+    for field in schema.fields() {
+        if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+            props =
+                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
+        }
+    }
+    props.build()
+}
+
+/// One table's hour being written.
+struct OpenFile {
+    table: Table,
+    hour: i64,
+    /// The first line of the first chunk and the last of the last chunk it holds rows of.
+    first: i64,
+    last: i64,
+    /// Rows given to it, written or waiting.
+    rows: usize,
+    /// Rows waiting for their row group.
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+    pending_bytes: usize,
+    /// About how much memory a decoded row takes (from its first batch).
+    row_bytes: usize,
+    /// Row groups being encoded.
+    encoding: usize,
+    row_groups: usize,
+    /// The last chunk that gave it rows.
+    used: u64,
+    /// No more rows come: finished once its row groups are in.
+    closing: bool,
+    tmp: PathBuf,
+    schema: SchemaRef,
+    factory: ArrowRowGroupWriterFactory,
+    writer: SerializedFileWriter<File>,
+}
+
+/// Puts decoded chunks in input order into per-hour files (see the module docs).
+struct Sequencer {
+    lake: Lake,
+    versions: Versions,
+    metrics: Arc<Metrics>,
+    source: String,
+    buffer_bytes: usize,
+    open_files: usize,
+    encode: Option<mpsc::SyncSender<EncodeJob>>,
+    files: HashMap<u64, OpenFile>,
+    /// The file each (table, hour) appends to.
+    open: BTreeMap<(Table, i64), u64>,
+    next_id: u64,
+    pending_bytes: usize,
+    written: u64,
+}
+
+impl Sequencer {
+    fn new(
+        lake: Lake,
+        metrics: Arc<Metrics>,
+        source: String,
+        options: IngestOptions,
+        encode: mpsc::SyncSender<EncodeJob>,
+    ) -> Self {
+        Self {
+            versions: Versions::of(lake.root()),
+            lake,
+            metrics,
+            source,
+            buffer_bytes: options.buffer_bytes,
+            open_files: options.open_files.max(1),
+            encode: Some(encode),
+            files: HashMap::new(),
+            open: BTreeMap::new(),
+            next_id: 0,
+            pending_bytes: 0,
+            written: 0,
+        }
+    }
+
+    /// Runs until every chunk is in its files; returns how many files were written. On an error
+    /// the files still open are abandoned (their temporaries removed).
+    fn run(
+        mut self,
+        inbox: mpsc::Receiver<Msg>,
+        credits: mpsc::SyncSender<()>,
+    ) -> Result<u64, FileError> {
+        let result = self.sequence(&inbox, &credits);
+        // The reader, decoders and encoders stop once these are gone.
+        drop((credits, inbox));
+        self.encode.take();
+        if result.is_err() {
+            for file in self.files.values() {
+                let _ = std::fs::remove_file(&file.tmp);
+            }
+        }
+        result.map(|()| self.written)
+    }
+
+    fn sequence(
+        &mut self,
+        inbox: &mpsc::Receiver<Msg>,
+        credits: &mpsc::SyncSender<()>,
+    ) -> Result<(), FileError> {
+        let mut waiting: BTreeMap<u64, (i64, i64, HourBatches)> = BTreeMap::new();
+        let mut next = 0u64;
+        let mut end: Option<(u64, bool)> = None;
+        loop {
+            if let Some((chunks, complete)) = end {
+                // Every decoder has stopped: a chunk missing now never comes.
+                if !complete || next != chunks {
+                    return Err(FileError::Decoder {
+                        input: self.source.clone(),
+                        message: "the input was not read and decoded whole".into(),
+                    });
+                }
+                let open: Vec<u64> = self.open.values().copied().collect();
+                for id in open {
+                    self.close(id)?;
+                }
+                if self.files.is_empty() {
+                    return Ok(());
+                }
+            }
+            let Ok(msg) = inbox.recv() else {
+                return Err(LakeError::Io {
+                    action: "ingesting",
+                    path: PathBuf::from(&self.source),
+                    source: std::io::Error::other("the reader stopped"),
+                }
+                .into());
+            };
+            match msg {
+                Msg::Decoded {
+                    seq,
+                    first,
+                    last,
+                    batches,
+                } => {
+                    waiting.insert(seq, (first, last, batches));
+                    while let Some((first, last, batches)) = waiting.remove(&next) {
+                        self.take(next, first, last, batches)?;
+                        next += 1;
+                        let _ = credits.send(());
+                    }
+                }
+                Msg::Encoded { file, chunks } => self.append(file, chunks)?,
+                Msg::End { chunks, complete } => end = Some((chunks, complete)),
+            }
+        }
+    }
+
+    /// Takes chunk `seq` (lines `first..=last`), in input order.
+    fn take(
+        &mut self,
+        seq: u64,
+        first: i64,
+        last: i64,
+        batches: HourBatches,
+    ) -> Result<(), FileError> {
+        let mut touched = Vec::with_capacity(batches.len());
+        for (table, hour, batch) in batches {
+            let id = match self.open.get(&(table, hour)) {
+                Some(&id) => id,
+                None => self.start(table, hour, first, batch.schema())?,
+            };
+            let file = self.files.get_mut(&id).expect("an open file is known");
+            if file.row_bytes == 0 {
+                file.row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1) + 1;
+            }
+            let bytes = batch.num_rows() * file.row_bytes;
+            file.last = last;
+            file.used = seq;
+            file.rows += batch.num_rows();
+            file.pending_rows += batch.num_rows();
+            file.pending_bytes += bytes;
+            file.pending.push(batch);
+            self.pending_bytes += bytes;
+            while self.files[&id].pending_rows >= ROW_GROUP_ROWS {
+                self.submit(id, ROW_GROUP_ROWS)?;
+            }
+            touched.push(id);
+        }
+        for id in touched {
+            if self.files.get(&id).is_some_and(|f| f.rows >= FILE_ROWS) {
+                self.close(id)?;
+            }
+        }
+        // Over the budget: the hour holding the most writes it as a smaller row group.
+        while self.pending_bytes > self.buffer_bytes {
+            let Some((&id, _)) = self
+                .files
+                .iter()
+                .filter(|(_, f)| f.pending_rows > 0)
+                .max_by_key(|(id, f)| (f.pending_bytes, std::cmp::Reverse(**id)))
+            else {
+                break;
+            };
+            let rows = self.files[&id].pending_rows;
+            self.submit(id, rows)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the file of `table`'s `hour` whose range starts at `first`, finishing the one
+    /// appended to longest ago if as many as allowed are open.
+    fn start(
+        &mut self,
+        table: Table,
+        hour: i64,
+        first: i64,
+        schema: SchemaRef,
+    ) -> Result<u64, FileError> {
+        if self.open.len() >= self.open_files {
+            let oldest = self
+                .open
+                .values()
+                .copied()
+                .min_by_key(|id| (self.files[id].used, *id))
+                .expect("files are open");
+            self.close(oldest)?;
+        }
+        let dir = self.lake.hour_dir(table.name(), hour);
+        std::fs::create_dir_all(&dir).map_err(|source| LakeError::Io {
+            action: "creating",
+            path: dir.clone(),
+            source,
+        })?;
+        // Named after where its range starts, so a re-run after a crash reuses it.
+        let tmp = dir.join(format!(".{}-o{first:020}.tmp", self.source));
+        let parquet = |source| LakeError::Parquet {
+            path: tmp.clone(),
+            source,
+        };
+        let out = File::create(&tmp).map_err(|source| LakeError::Io {
+            action: "creating",
+            path: tmp.clone(),
+            source,
+        })?;
+        let (writer, factory) =
+            ArrowWriter::try_new(out, Arc::clone(&schema), Some(properties(&schema)))
+                .and_then(ArrowWriter::into_serialized_writer)
+                .map_err(parquet)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.files.insert(
+            id,
+            OpenFile {
+                table,
+                hour,
+                first,
+                last: first,
+                rows: 0,
+                pending: Vec::new(),
+                pending_rows: 0,
+                pending_bytes: 0,
+                row_bytes: 0,
+                encoding: 0,
+                row_groups: 0,
+                used: 0,
+                closing: false,
+                tmp,
+                schema,
+                factory,
+                writer,
+            },
+        );
+        self.open.insert((table, hour), id);
+        Ok(id)
+    }
+
+    /// Sends the first `rows` waiting rows of file `id` to be encoded as one row group.
+    fn submit(&mut self, id: u64, rows: usize) -> Result<(), FileError> {
+        let file = self.files.get_mut(&id).expect("a submitted file is known");
+        let mut batches = Vec::new();
+        let mut taken = 0;
+        let mut rest = Vec::new();
+        for batch in file.pending.drain(..) {
+            if taken >= rows {
+                rest.push(batch);
+            } else if taken + batch.num_rows() <= rows {
+                taken += batch.num_rows();
+                batches.push(batch);
+            } else {
+                let head = rows - taken;
+                batches.push(batch.slice(0, head));
+                rest.push(batch.slice(head, batch.num_rows() - head));
+                taken = rows;
+            }
+        }
+        let bytes = taken * file.row_bytes;
+        file.pending = rest;
+        file.pending_rows -= taken;
+        file.pending_bytes -= bytes;
+        self.pending_bytes -= bytes;
+        let writers = file
+            .factory
+            .create_column_writers(file.row_groups)
+            .map_err(|source| LakeError::Parquet {
+                path: file.tmp.clone(),
+                source,
+            })?;
+        file.row_groups += 1;
+        file.encoding += 1;
+        let job = EncodeJob {
+            file: id,
+            schema: Arc::clone(&file.schema),
+            writers,
+            batches,
+        };
+        self.encode
+            .as_ref()
+            .expect("encoders run until the sequencer ends")
+            .send(job)
+            .map_err(|_| FileError::Decoder {
+                input: self.source.clone(),
+                message: "the encoders stopped".into(),
+            })
+    }
+
+    /// Takes no more rows into file `id`; it is finished once its row groups are in.
+    fn close(&mut self, id: u64) -> Result<(), FileError> {
+        let Some(file) = self.files.get_mut(&id) else {
+            return Ok(());
+        };
+        if !file.closing {
+            file.closing = true;
+            self.open.remove(&(file.table, file.hour));
+            let rows = file.pending_rows;
+            if rows > 0 {
+                self.submit(id, rows)?;
+            }
+        }
+        self.finish_if_done(id)
+    }
+
+    /// Appends an encoded row group to file `id`.
+    fn append(
+        &mut self,
+        id: u64,
+        chunks: Result<Vec<ArrowColumnChunk>, ParquetError>,
+    ) -> Result<(), FileError> {
+        let file = self.files.get_mut(&id).expect("an encoded file is known");
+        let parquet = |source| LakeError::Parquet {
+            path: file.tmp.clone(),
+            source,
+        };
+        let chunks = chunks.map_err(parquet)?;
+        let mut row_group = file.writer.next_row_group().map_err(parquet)?;
+        for chunk in chunks {
+            chunk.append_to_row_group(&mut row_group).map_err(parquet)?;
+        }
+        row_group.close().map_err(parquet)?;
+        file.encoding -= 1;
+        self.finish_if_done(id)
+    }
+
+    /// Finishes file `id` if it is closing and all its row groups are in: footer, fsync, rename
+    /// into place, as [`Lake::write`] does.
+    fn finish_if_done(&mut self, id: u64) -> Result<(), FileError> {
+        if !self
+            .files
+            .get(&id)
+            .is_some_and(|f| f.closing && f.encoding == 0)
+        {
+            return Ok(());
+        }
+        let file = self.files.remove(&id).expect("checked above");
+        let tmp = file.tmp;
+        let relative = Lake::file_name(
+            file.table.name(),
+            file.hour,
+            &self.source,
+            file.first,
+            file.last,
+        );
+        let path = self.lake.root().join(&relative);
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LakeError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let out = file
+            .writer
+            .into_inner()
+            .map_err(|source| LakeError::Parquet {
+                path: tmp.clone(),
+                source,
+            })?;
+        out.sync_all().map_err(io("syncing", &tmp))?;
+        let bytes = out.metadata().map_err(io("reading", &tmp))?.len();
+        drop(out);
+        // A query that listed the file being replaced (a re-run) reads it on from its version.
+        if let Err(e) = self.versions.retire(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "could not keep the version of a replaced lake file; a query reading it now may fail");
+        }
+        std::fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        let dir = path.parent().expect("lake files live in an hour directory");
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", dir))?;
+        let table = file.table.name();
+        if ROLLUP_INPUTS.contains(&table) {
+            self.lake.mark_for_recompute(table, file.hour)?;
+        }
+        self.metrics.written(table, file.rows, bytes);
+        self.written += 1;
+        tracing::debug!(file = %relative.display(), rows = file.rows, bytes, "ingest file written");
+        Ok(())
+    }
 }
 
 fn trim(line: &[u8]) -> &[u8] {
@@ -316,6 +923,7 @@ fn sanitize(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lake::hour_of;
 
     #[test]
     fn lines_split_across_blocks_and_chunks_keep_their_numbers() {
@@ -347,8 +955,10 @@ mod tests {
                 "t.jsonl",
                 Table::Samples,
                 &lake,
-                chunk,
-                2,
+                IngestOptions {
+                    chunk_lines: chunk,
+                    ..IngestOptions::new(2)
+                },
                 &Bounds::none(),
                 &metrics,
                 block,
@@ -381,6 +991,230 @@ mod tests {
         let mut want: Vec<i64> = expected_bad.clone();
         want.push(301);
         assert_eq!(offsets, want);
+    }
+
+    /// `per_hour` samples in each of `hours` hours (the `i`th: GPU `i % 10` at second `i / 10`
+    /// of its hour), in an order shuffled by a fixed seed; and the hours.
+    fn shuffled_samples(hours: i64, per_hour: i64) -> (String, Vec<i64>) {
+        let t0 = 1_767_225_600_000i64;
+        let mut lines: Vec<(u64, String)> = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for h in 0..hours {
+            for i in 0..per_hour {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                lines.push((seed, format!(
+                    "{{\"v\":1,\"ts_ms\":{},\"interval_ms\":5000,\"host\":\"h\",\"gpu_uuid\":\"GPU-{}\",\"gpu_model\":\"m\",\"util_gpu_pct\":1,\"mem_used_bytes\":1,\"mem_total_bytes\":2}}\n",
+                    t0 + h * 3_600_000 + (i / 10) * 1000,
+                    i % 10
+                )));
+            }
+        }
+        lines.sort();
+        let text = lines.into_iter().map(|(_, l)| l).collect();
+        (text, (0..hours).map(|h| t0 + h * 3_600_000).collect())
+    }
+
+    /// Every sample file of the lake: its path relative to the lake, and its `(ts_ms, gpu)`s.
+    fn sample_files(lake: &std::path::Path) -> BTreeMap<PathBuf, Vec<(i64, String)>> {
+        let mut files = BTreeMap::new();
+        for path in walk(&lake.join("samples")) {
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                File::open(&path).unwrap(),
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+            let mut rows = Vec::new();
+            for batch in reader {
+                let batch = batch.unwrap();
+                let ts = batch.column_by_name("ts_ms").unwrap();
+                let ts = ts
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>()
+                    .unwrap();
+                let gpu = arrow_array::cast::AsArray::as_string::<i32>(
+                    batch.column_by_name("gpu_uuid").unwrap(),
+                );
+                for i in 0..batch.num_rows() {
+                    rows.push((ts.value(i), gpu.value(i).to_string()));
+                }
+            }
+            files.insert(path.strip_prefix(lake).unwrap().to_path_buf(), rows);
+        }
+        files
+    }
+
+    fn options(chunk_lines: usize, threads: usize, buffer_bytes: usize) -> IngestOptions {
+        IngestOptions {
+            chunk_lines,
+            threads,
+            buffer_bytes,
+            open_files: 4,
+        }
+    }
+
+    fn ingest_text(lake: &Lake, text: &str, options: IngestOptions) -> FileReport {
+        ingest_blocks(
+            &mut std::io::Cursor::new(text.as_bytes().to_vec()),
+            "export.jsonl",
+            Table::Samples,
+            lake,
+            options,
+            &Bounds::none(),
+            &Arc::new(Metrics::default()),
+            4096,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn samples_in_any_order_make_one_file_per_hour_with_every_row_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let (text, hours) = shuffled_samples(3, 2_000);
+        // Small chunks, so that every chunk holds rows of every hour, and a small budget, so
+        // that waiting rows are written out as small row groups many times over.
+        let report = ingest_text(
+            &lake,
+            &text,
+            IngestOptions {
+                chunk_lines: 100,
+                threads: 3,
+                buffer_bytes: 16 << 10,
+                open_files: OPEN_FILES,
+            },
+        );
+        assert_eq!(
+            (report.records, report.written, report.files),
+            (6_000, 6_000, 3)
+        );
+        let files = sample_files(dir.path());
+        assert_eq!(files.len(), 3, "one file per hour: {:?}", files.keys());
+        for (path, rows) in &files {
+            let hour = hours
+                .iter()
+                .find(|&&h| {
+                    path.starts_with(Path::new("samples").join(crate::lake::hour_partition(h)))
+                })
+                .unwrap_or_else(|| panic!("{} is in no hour of the input", path.display()));
+            assert_eq!(rows.len(), 2_000, "{}", path.display());
+            assert!(rows.iter().all(|(ts, _)| hour_of(*ts) == *hour));
+            let mut distinct = rows.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), 2_000, "no row twice in {}", path.display());
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(
+                name.starts_with("file-samples-export.jsonl-o00000000000000000001-"),
+                "{name}"
+            );
+            assert!(name.ends_with("-00000000000000006000.parquet"), "{name}");
+        }
+        // Spilling made many row groups: the rows are all there regardless.
+        let row_groups: usize = walk(&dir.path().join("samples"))
+            .iter()
+            .map(|p| {
+                parquet::file::reader::FileReader::metadata(
+                    &parquet::file::reader::SerializedFileReader::new(File::open(p).unwrap())
+                        .unwrap(),
+                )
+                .num_row_groups()
+            })
+            .sum();
+        assert!(row_groups > 3, "{row_groups} row groups");
+        assert_eq!(
+            lake.marked_hours("samples"),
+            hours,
+            "every hour is rolled up again"
+        );
+    }
+
+    #[test]
+    fn ingesting_again_after_a_crash_or_with_other_threads_rewrites_the_same_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        // More hours than files stay open: hours met again after their file was finished get
+        // a second file, with a line range disjoint from the first's.
+        let hours = 7;
+        let (text, _) = shuffled_samples(hours, 60);
+        let total = (hours * 60) as usize;
+        ingest_text(
+            &lake,
+            &text,
+            options(20, 2, IngestOptions::DEFAULT_BUFFER_BYTES),
+        );
+        let first = sample_files(dir.path());
+        assert!(first.len() > hours as usize, "{} files", first.len());
+        let rows: Vec<_> = first.values().flatten().cloned().collect();
+        let mut distinct = rows.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!((rows.len(), distinct.len()), (total, total));
+
+        // Again, with other threads and a budget that spills all the time: the same files.
+        ingest_text(&lake, &text, options(20, 3, 1));
+        let again = sample_files(dir.path());
+        assert_eq!(
+            again.keys().collect::<Vec<_>>(),
+            first.keys().collect::<Vec<_>>()
+        );
+        let sorted = |files: &BTreeMap<PathBuf, Vec<(i64, String)>>| {
+            files
+                .values()
+                .map(|rows| {
+                    let mut rows = rows.clone();
+                    rows.sort();
+                    rows
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sorted(&again), sorted(&first));
+
+        // A crash: some files never made it (removed here), another was left half written
+        // as its temporary. Running the same input again leaves every row exactly once.
+        let mut gone = 0;
+        for (i, path) in first.keys().enumerate() {
+            if i % 3 == 0 {
+                let full = dir.path().join(path);
+                let name = path.file_name().unwrap().to_str().unwrap();
+                let tmp = full
+                    .with_file_name(format!(".{}.tmp", &name[..name.rfind("-o").unwrap() + 22]));
+                std::fs::rename(&full, &tmp).unwrap();
+                std::fs::write(&tmp, b"PAR1 half").unwrap();
+                gone += 1;
+            }
+        }
+        assert!(gone > 0);
+        ingest_text(
+            &lake,
+            &text,
+            options(20, 1, IngestOptions::DEFAULT_BUFFER_BYTES),
+        );
+        let after = sample_files(dir.path());
+        assert_eq!(
+            after.keys().collect::<Vec<_>>(),
+            first.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(sorted(&after), sorted(&first));
+        let leftovers: Vec<_> = walk_all(&dir.path().join("samples"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    fn walk_all(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk_all(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
     }
 
     fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,14 +37,9 @@ pub(crate) struct Done {
     pub(crate) files: Vec<PathBuf>,
 }
 
-enum JobSender {
-    Unbounded(Sender<Job>),
-    Bounded(SyncSender<Job>),
-}
-
 /// A pool of writer threads.
 pub(crate) struct Writers {
-    jobs: Option<JobSender>,
+    jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -60,40 +55,11 @@ impl Writers {
         stop: Arc<AtomicBool>,
     ) -> (Self, Receiver<Done>) {
         let (jobs, job_rx) = mpsc::channel::<Job>();
-        Self::spawn(
-            JobSender::Unbounded(jobs),
-            job_rx,
-            count,
-            lake,
-            metrics,
-            throttle,
-            stop,
-        )
-    }
-
-    /// Starts `count` writers whose queue holds at most `queue` jobs: [`Writers::submit`] waits
-    /// while it is full.
-    pub(crate) fn start_bounded(
-        count: usize,
-        queue: usize,
-        lake: Lake,
-        metrics: Arc<Metrics>,
-        stop: Arc<AtomicBool>,
-    ) -> (Self, Receiver<Done>) {
-        let (jobs, job_rx) = mpsc::sync_channel::<Job>(queue);
-        Self::spawn(
-            JobSender::Bounded(jobs),
-            job_rx,
-            count,
-            lake,
-            metrics,
-            None,
-            stop,
-        )
+        Self::spawn(jobs, job_rx, count, lake, metrics, throttle, stop)
     }
 
     fn spawn(
-        jobs: JobSender,
+        jobs: Sender<Job>,
         job_rx: Receiver<Job>,
         count: usize,
         lake: Lake,
@@ -139,14 +105,8 @@ impl Writers {
     }
 
     pub(crate) fn submit(&self, job: Job) {
-        match &self.jobs {
-            Some(JobSender::Unbounded(jobs)) => {
-                let _ = jobs.send(job);
-            }
-            Some(JobSender::Bounded(jobs)) => {
-                let _ = jobs.send(job);
-            }
-            None => {}
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
         }
     }
 

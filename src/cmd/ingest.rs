@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use gpuwarden_pipeline::bounds::Bounds;
-use gpuwarden_pipeline::{files, Lake, Metrics, Table};
+use gpuwarden_pipeline::files::{self, IngestOptions};
+use gpuwarden_pipeline::{Lake, Metrics, Table};
 use gpuwarden_schema::config;
 
 /// Load JSON-lines files into the lake (backfill, or trying gpuwarden on exported data).
@@ -21,14 +22,16 @@ use gpuwarden_schema::config;
 /// and signals tables; invalid ones to the quarantine table with the reason naming the field.
 /// History of any age is accepted; a record dated more than pipeline.clock.max_skew (default 5m)
 /// ahead of the time it is read comes from a wrong clock and is quarantined too.
-/// Ingesting the same file again rewrites the same files, so nothing is counted twice. Prints how
+/// Records in any time order give one file per table and hour (up to 4 Mi rows a file), kept
+/// in place until compaction merges the hour with the pipeline's files. Ingesting the same file
+/// again, or again after a crash, rewrites the same files, so nothing is counted twice. Prints how
 /// many records were written and quarantined; run `gpuwarden rollup` afterwards to roll new
 /// samples and lease events up.
 ///
 /// Example: gpuwarden ingest -c gw.toml --samples s.jsonl --lease-events l.jsonl --actions a.jsonl
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (for storage.data_dir and pipeline.flush_rows).
+    /// The config file (for storage.data_dir and pipeline.clock).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// JSON lines of Sample records ("-" for standard input).
@@ -46,6 +49,10 @@ pub(crate) struct Args {
     /// Decoding threads (default: all cores).
     #[arg(long, env = "GPUWARDEN_INGEST_THREADS")]
     threads: Option<usize>,
+    /// Memory for decoded rows waiting for their Parquet row group, over all hours, in MiB:
+    /// past it the hour holding the most is written as a smaller row group.
+    #[arg(long, value_name = "MIB", env = "GPUWARDEN_INGEST_BUFFER_MIB", default_value_t = IngestOptions::DEFAULT_BUFFER_BYTES >> 20)]
+    buffer_mib: usize,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -74,9 +81,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .max(1);
-    // Chunks are decoded in parallel and each is written as its own files: 100k lines keep the
-    // files large enough and the memory of the chunks in flight small.
-    let chunk = config.pipeline.flush_rows.clamp(1_000, 100_000);
+    let options = IngestOptions {
+        buffer_bytes: args.buffer_mib.max(1) << 20,
+        ..IngestOptions::new(threads)
+    };
     let mut quarantined_any = false;
     for (input, table) in inputs {
         let started = std::time::Instant::now();
@@ -93,16 +101,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             input.clone()
         };
-        let report = files::ingest(
-            &mut reader,
-            &name,
-            table,
-            &lake,
-            chunk,
-            threads,
-            &bounds,
-            &metrics,
-        )?;
+        let report = files::ingest(&mut reader, &name, table, &lake, options, &bounds, &metrics)?;
         quarantined_any |= report.quarantined > 0;
         let future = if report.future > 0 {
             format!(
@@ -114,11 +113,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             String::new()
         };
         println!(
-            "{name}: {} {} records read, {} written, {} quarantined{future} ({:.1}s)",
+            "{name}: {} {} records read, {} written, {} quarantined{future}; {} files ({:.1}s)",
             report.records,
             table.name(),
             report.written,
             report.quarantined,
+            report.files,
             started.elapsed().as_secs_f64()
         );
     }
