@@ -30,22 +30,18 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::SchemaRef;
 use parquet::arrow::arrow_writer::{
     compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::ColumnPath;
 
 use crate::bounds::{Bounds, Direction};
 use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
-use crate::lake::{Lake, LakeError, ROLLUP_INPUTS, ROW_GROUP_ROWS};
+use crate::lake::{Lake, LakeError, ROW_GROUP_ROWS};
 use crate::metrics::Metrics;
-use crate::versions::Versions;
 
 /// What an ingest of one input did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -474,24 +470,6 @@ fn encode(
     writers.into_iter().map(|w| w.close()).collect()
 }
 
-/// The writer settings of every lake file (the same as [`Lake::write`]'s).
-fn properties(schema: &SchemaRef) -> WriterProperties {
-    let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("level 3 is valid"),
-        ))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .set_dictionary_enabled(false);
-    for field in schema.fields() {
-        if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
-            props =
-                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
-        }
-    }
-    props.build()
-}
-
 /// One table's hour being written.
 struct OpenFile {
     table: Table,
@@ -523,7 +501,6 @@ struct OpenFile {
 /// Puts decoded chunks in input order into per-hour files (see the module docs).
 struct Sequencer {
     lake: Lake,
-    versions: Versions,
     metrics: Arc<Metrics>,
     source: String,
     buffer_bytes: usize,
@@ -546,7 +523,6 @@ impl Sequencer {
         encode: mpsc::SyncSender<EncodeJob>,
     ) -> Self {
         Self {
-            versions: Versions::of(lake.root()),
             lake,
             metrics,
             source,
@@ -720,10 +696,13 @@ impl Sequencer {
             path: tmp.clone(),
             source,
         })?;
-        let (writer, factory) =
-            ArrowWriter::try_new(out, Arc::clone(&schema), Some(properties(&schema)))
-                .and_then(ArrowWriter::into_serialized_writer)
-                .map_err(parquet)?;
+        let (writer, factory) = ArrowWriter::try_new(
+            out,
+            Arc::clone(&schema),
+            Some(crate::lake::writer_properties(&schema, ROW_GROUP_ROWS).build()),
+        )
+        .and_then(ArrowWriter::into_serialized_writer)
+        .map_err(parquet)?;
         let id = self.next_id;
         self.next_id += 1;
         self.files.insert(
@@ -857,7 +836,6 @@ impl Sequencer {
             file.first,
             file.last,
         );
-        let path = self.lake.root().join(&relative);
         let io = |action: &'static str, path: &Path| {
             let path = path.to_path_buf();
             move |source| LakeError::Io {
@@ -876,19 +854,8 @@ impl Sequencer {
         out.sync_all().map_err(io("syncing", &tmp))?;
         let bytes = out.metadata().map_err(io("reading", &tmp))?.len();
         drop(out);
-        // A query that listed the file being replaced (a re-run) reads it on from its version.
-        if let Err(e) = self.versions.retire(&path) {
-            tracing::warn!(path = %path.display(), error = %e, "could not keep the version of a replaced lake file; a query reading it now may fail");
-        }
-        std::fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
-        let dir = path.parent().expect("lake files live in an hour directory");
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("syncing", dir))?;
         let table = file.table.name();
-        if ROLLUP_INPUTS.contains(&table) {
-            self.lake.mark_for_recompute(table, file.hour)?;
-        }
+        self.lake.install(&tmp, &relative, table, file.hour)?;
         self.metrics.written(table, file.rows, bytes);
         self.written += 1;
         tracing::debug!(file = %relative.display(), rows = file.rows, bytes, "ingest file written");

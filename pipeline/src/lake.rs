@@ -192,14 +192,29 @@ impl Lake {
         file.sync_all().map_err(io("syncing", &tmp))?;
         let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
         drop(file);
+        self.install(&tmp, relative, table, hour_ms)?;
+        Ok(bytes)
+    }
+
+    /// Puts the finished, synced file `tmp` (in the hour directory of `relative`) in place as
+    /// `relative`: the replaced file is kept for the queries that listed it, the rename and the
+    /// directory are synced, and a table the rollups read has its hour marked.
+    pub(crate) fn install(
+        &self,
+        tmp: &Path,
+        relative: &Path,
+        table: &str,
+        hour_ms: i64,
+    ) -> Result<(), LakeError> {
+        let path = self.root.join(relative);
         // A query that listed the file being replaced reads it on from its kept version.
         self.retire(&path);
-        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
-        sync_dir(&dir)?;
+        fs::rename(tmp, &path).map_err(io("renaming into", &path))?;
+        sync_dir(path.parent().expect("lake files live in an hour directory"))?;
         if ROLLUP_INPUTS.contains(&table) {
             self.mark_for_recompute(table, hour_ms)?;
         }
-        Ok(bytes)
+        Ok(())
     }
 
     /// Keeps the file at `path`, about to be replaced or removed, for the queries that listed
