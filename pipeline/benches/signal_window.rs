@@ -256,7 +256,7 @@ fn main() {
     } else {
         new_side(&fleet, minutes, periods)
     };
-    let gpu_minutes = (gpus as f64) * (minutes as f64 + 0.5);
+    let gpu_minutes = (gpus as f64) * (minutes as f64);
     let mut times: Vec<f64> = f.compute.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     times.sort_by(f64::total_cmp);
     let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);

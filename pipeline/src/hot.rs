@@ -22,7 +22,7 @@
 //!   multiple B of `every`, signals are computed for B (the latest multiple, if it passed
 //!   several) and the samples that can count in no later window are dropped, so memory follows
 //!   the window, not the topic: about 150 bytes per GPU-minute plus 32 per distinct sample
-//!   ([`crate::signals::window`]).
+//!   ([`crate::signals::window`]), about 630 bytes per GPU-minute at a 5 s cadence.
 //! - Month-to-date spend: each team's `cost_usd` in `team_hourly` over the UTC month of B, read
 //!   at most once per `pipeline.rollup_every` (wall time) and whenever B enters a new month. No
 //!   rollup yet means no spend: teams then report only their burn.
