@@ -1,6 +1,7 @@
-//! The signals loop: keeps the hot window (recent samples, every lease) in memory straight from
-//! Kafka, computes signals with [`crate::signals`] each time event time passes a multiple of
-//! `pipeline.signals.every`, and publishes them on `gpuwarden.signals`.
+//! The signals loop: keeps the hot window (recent samples, deduplicated and bucketed per GPU and
+//! minute in a [`SampleWindow`], and every lease) in memory straight from Kafka, computes signals
+//! with [`crate::signals`] each time event time passes a multiple of `pipeline.signals.every`,
+//! and publishes them on `gpuwarden.signals`.
 //!
 //! It talks to Kafka (one consumer, one producer), to the lake (the `team_hourly` rollup for
 //! month-to-date spend, and the lock that elects the one publisher), and to nothing else.
@@ -20,7 +21,8 @@
 //!   a `clock_skew` signal, at most once per `every`). When it passes the next
 //!   multiple B of `every`, signals are computed for B (the latest multiple, if it passed
 //!   several) and the samples that can count in no later window are dropped, so memory follows
-//!   the window, not the topic.
+//!   the window, not the topic: about 150 bytes per GPU-minute plus 32 per distinct sample
+//!   ([`crate::signals::window`]), about 630 bytes per GPU-minute at a 5 s cadence.
 //! - Month-to-date spend: each team's `cost_usd` in `team_hourly` over the UTC month of B, read
 //!   at most once per `pipeline.rollup_every` (wall time) and whenever B enters a new month. No
 //!   rollup yet means no spend: teams then report only their burn.
@@ -35,14 +37,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow_array::{Array, Float64Array, RecordBatch, StringArray};
-use arrow_schema::{ArrowError, DataType};
+use arrow_array::{Array, Float64Array, StringArray};
+use arrow_schema::DataType;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
 use gpuwarden_schema::config::{Config, PricingConfig};
-use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
+use gpuwarden_schema::sample_row::SampleRow;
 use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::{topics, Clock, DecodeError, LeaseEvent, Record as _, Signal, SignalBody};
 use rdkafka::config::ClientConfig;
@@ -59,7 +61,8 @@ use crate::listing::register_dir;
 use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
 use crate::rollup::{RollupTable, UNALLOCATED};
-use crate::signals::{Inputs, SignalEngine};
+use crate::signals::window::{Kept, SampleFields, SampleWindow, BUCKET_MS};
+use crate::signals::{Period, SignalEngine};
 
 /// The lock file of the one publisher, relative to the lake root.
 pub const LOCK: &str = "signals.lock";
@@ -70,10 +73,6 @@ const READ_MARGIN_MS: i64 = 60_000;
 
 /// Messages handled per turn of the loop before the watermark is looked at.
 const POLL_BATCH: usize = 2_000;
-
-/// Rows collected before they are sealed into a batch (they are also sealed before each
-/// computation), so that pruning drops whole batches.
-const SEAL_ROWS: usize = 8_192;
 
 /// How long to wait on Kafka metadata and offset lookups.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -146,12 +145,8 @@ pub struct HotWindow {
     every_ms: i64,
     window_ms: i64,
     bounds: Bounds,
-    /// Rows not sealed yet, and their largest `ts_ms`.
-    open: SampleBuilder,
-    open_max: i64,
-    /// Sealed batches with their largest `ts_ms`.
-    sealed: Vec<(i64, RecordBatch)>,
-    sealed_rows: usize,
+    /// The samples that can still count, deduplicated, per GPU and minute.
+    samples: SampleWindow,
     /// Each host's latest sample; the watermark is taken over them.
     fleet: FleetWatermark,
     /// Whether a sample arrived since the watermark was last taken.
@@ -182,6 +177,8 @@ struct Skewed {
 pub enum Added {
     /// Kept.
     Kept,
+    /// A copy of a sample held: merged into it (each column keeps the larger value).
+    Merged,
     /// Too old to count in any window still to be computed: dropped.
     TooOld,
     /// Its time is out of bounds: dropped, and its host reported.
@@ -199,10 +196,7 @@ impl HotWindow {
             every_ms: every_ms.max(1),
             window_ms: window_ms.max(1),
             bounds,
-            open: SampleBuilder::default(),
-            open_max: i64::MIN,
-            sealed: Vec::new(),
-            sealed_rows: 0,
+            samples: SampleWindow::new(BUCKET_MS),
             fleet: FleetWatermark::new(idle_ms),
             fleet_changed: false,
             newest_arrival: None,
@@ -245,15 +239,19 @@ impl HotWindow {
         if self.cutoff().is_some_and(|cutoff| row.ts_ms <= cutoff) {
             return Ok(Added::TooOld);
         }
-        self.open.append(&row);
-        self.open_max = self.open_max.max(row.ts_ms);
-        if self.open.len() >= SEAL_ROWS {
-            // Cannot fail: the builder's columns are the samples schema's.
-            if let Err(e) = self.seal() {
-                tracing::error!(error = %e, "cannot seal hot window samples; this is a bug");
-            }
-        }
-        Ok(Added::Kept)
+        let kept = self.samples.add(&SampleFields {
+            gpu_uuid: &row.gpu_uuid,
+            ts_ms: row.ts_ms,
+            interval_ms: row.interval_ms,
+            host: &row.host,
+            util_gpu_pct: row.util_gpu_pct,
+            mem_used_bytes: i64::try_from(row.mem_used_bytes).unwrap_or(i64::MAX),
+            lease_id: row.lease_id.as_deref(),
+        });
+        Ok(match kept {
+            Kept::New => Added::Kept,
+            Kept::Duplicate => Added::Merged,
+        })
     }
 
     /// Decodes one lease event that arrived at `arrival_ms` and keeps it; `Ok(false)`: it is
@@ -325,21 +323,15 @@ impl HotWindow {
         out
     }
 
-    fn seal(&mut self) -> Result<(), ArrowError> {
-        if self.open.is_empty() {
-            return Ok(());
-        }
-        let batch = self.open.finish()?;
-        self.sealed_rows += batch.num_rows();
-        self.sealed.push((self.open_max, batch));
-        self.open_max = i64::MIN;
-        Ok(())
+    /// The samples held.
+    pub fn samples(&self) -> &SampleWindow {
+        &self.samples
     }
 
-    /// Every sample held, as batches of the samples schema.
-    pub fn samples(&mut self) -> Result<Vec<RecordBatch>, ArrowError> {
-        self.seal()?;
-        Ok(self.sealed.iter().map(|(_, b)| b.clone()).collect())
+    /// The samples held and every lease, for a computation.
+    pub fn parts(&mut self) -> (&mut SampleWindow, &Leases) {
+        self.leases();
+        (&mut self.samples, &self.leases)
     }
 
     /// Every lease, rebuilt from all the events seen.
@@ -351,14 +343,13 @@ impl HotWindow {
         &self.leases
     }
 
-    /// Records that signals for `ts_ms` are done, and drops the batches that can count in no
+    /// Records that signals for `ts_ms` are done, and drops the samples that can count in no
     /// later window and the hosts not heard from for an hour.
     pub fn computed(&mut self, ts_ms: i64) {
         self.computed = Some(self.computed.map_or(ts_ms, |c| c.max(ts_ms)));
         self.watermark();
         if let Some(cutoff) = self.cutoff() {
-            self.sealed.retain(|(max, _)| *max > cutoff);
-            self.sealed_rows = self.sealed.iter().map(|(_, b)| b.num_rows()).sum();
+            self.samples.evict_through(cutoff);
         }
         if let Some(newest) = self.newest_arrival {
             self.fleet
@@ -366,9 +357,9 @@ impl HotWindow {
         }
     }
 
-    /// Samples held in memory.
+    /// Distinct samples held in memory.
     pub fn len(&self) -> usize {
-        self.sealed_rows + self.open.len()
+        self.samples.len()
     }
 
     /// Whether no sample is held.
@@ -458,6 +449,7 @@ pub fn run(
             .map(|publisher| publisher.map(|p| p.run(&runtime, &stop)));
         metrics.set_signals_leader(false);
         metrics.set_window_samples(0);
+        metrics.set_window_bytes(0);
         drop(lock);
         return result.map(|_| ());
     }
@@ -795,44 +787,30 @@ impl<'a> Publisher<'a> {
     fn compute(&mut self, runtime: &tokio::runtime::Runtime, ts: i64) {
         let started = Instant::now();
         self.refresh_spend(runtime, ts);
-        let outcome = match self.window.samples() {
-            Ok(samples) => {
-                let inputs = Inputs {
-                    ts_ms: ts,
-                    window_ms: self.options.window_ms,
-                    samples: &samples,
-                    leases: self.window.leases(),
-                    month_to_date_usd: &self.spend.by_team,
-                    pricing: &self.options.pricing,
-                    release_grace_ms: self.options.every_ms,
-                };
-                runtime
-                    .block_on(self.engine.compute(&inputs))
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
+        let (samples, leases) = self.window.parts();
+        let period = Period {
+            ts_ms: ts,
+            window_ms: self.options.window_ms,
+            leases,
+            month_to_date_usd: &self.spend.by_team,
+            pricing: &self.options.pricing,
+            release_grace_ms: self.options.every_ms,
         };
-        let ok = outcome.is_ok();
-        match outcome {
-            Ok(signals) => {
-                for signal in &signals {
-                    self.publish(signal);
-                }
-                tracing::debug!(
-                    ts_ms = ts,
-                    signals = signals.len(),
-                    samples = self.window.len(),
-                    "signals computed"
-                );
-            }
-            Err(e) => {
-                tracing::error!(error = %e, ts_ms = ts, "computing signals failed; no signals for this time")
-            }
+        let signals = self.engine.signals(samples, &period);
+        for signal in &signals {
+            self.publish(signal);
         }
-        // Done either way: a failure is not retried every turn.
+        tracing::debug!(
+            ts_ms = ts,
+            signals = signals.len(),
+            samples = self.window.len(),
+            buckets = self.window.samples().buckets(),
+            "signals computed"
+        );
         self.window.computed(ts);
         self.metrics
-            .signals_computed(started.elapsed().as_secs_f64(), ok);
+            .signals_computed(started.elapsed().as_secs_f64(), true);
+        self.metrics.set_window_bytes(self.window.samples().bytes());
     }
 
     fn refresh_spend(&mut self, runtime: &tokio::runtime::Runtime, ts: i64) {
@@ -1100,25 +1078,12 @@ mod tests {
         for t in (10..=100).step_by(10) {
             add(&mut w, "g", t * S);
             if let Some(ts) = w.due() {
-                w.samples().unwrap();
                 w.computed(ts);
             }
         }
         // Computed at 90 s: the next window is (90 s − 60 s, …], so samples up to 30 s go
-        // (whole batches: the one sealed for 30 s holds 30 s only).
-        let held: Vec<i64> = w
-            .samples()
-            .unwrap()
-            .iter()
-            .flat_map(|b| {
-                let ts = b.column_by_name("ts_ms").unwrap();
-                let ts = ts
-                    .as_any()
-                    .downcast_ref::<arrow_array::Int64Array>()
-                    .unwrap();
-                ts.values().to_vec()
-            })
-            .collect();
+        // (the minute bucket that holds 30 s keeps its later samples).
+        let held = w.samples().timestamps();
         assert_eq!(
             held,
             vec![40 * S, 50 * S, 60 * S, 70 * S, 80 * S, 90 * S, 100 * S]
@@ -1128,6 +1093,9 @@ mod tests {
         assert_eq!(add(&mut w, "g", 30 * S), Added::TooOld);
         assert_eq!(add(&mut w, "g", 31 * S), Added::Kept);
         assert_eq!(w.len(), 8);
+        // A copy is merged into the sample it repeats.
+        assert_eq!(add(&mut w, "g", 31 * S), Added::Merged);
+        assert_eq!((w.len(), w.samples().buckets()), (8, 2));
     }
 
     #[test]

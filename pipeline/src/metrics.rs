@@ -63,6 +63,7 @@ pub struct Metrics {
     /// The last computation's wall time, seconds, as `f64` bits.
     signal_compute_seconds: AtomicU64,
     window_samples: AtomicU64,
+    window_bytes: AtomicU64,
     signals_leader: AtomicU64,
     rollups: AtomicU64,
     rollup_failures: AtomicU64,
@@ -104,6 +105,7 @@ impl Default for Metrics {
             signal_compute_failures: AtomicU64::default(),
             signal_compute_seconds: AtomicU64::new(0f64.to_bits()),
             window_samples: AtomicU64::default(),
+            window_bytes: AtomicU64::default(),
             signals_leader: AtomicU64::default(),
             rollups: AtomicU64::default(),
             rollup_failures: AtomicU64::default(),
@@ -313,6 +315,10 @@ impl Metrics {
         self.window_samples.store(rows as u64, Ordering::Relaxed);
     }
 
+    pub(crate) fn set_window_bytes(&self, bytes: usize) {
+        self.window_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_signals_leader(&self, leader: bool) {
         self.signals_leader
             .store(u64::from(leader), Ordering::Relaxed);
@@ -339,6 +345,11 @@ impl Metrics {
     /// Samples the hot window holds now.
     pub fn window_samples(&self) -> u64 {
         self.window_samples.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the hot window's samples held after the last computation.
+    pub fn window_bytes(&self) -> u64 {
+        self.window_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether this process holds the signals lock and publishes.
@@ -672,8 +683,15 @@ impl Metrics {
             &mut out,
             "gpuwarden_pipeline_signals_window_samples",
             "gauge",
-            "Samples held in memory in the signals' hot window.",
+            "Distinct samples held in memory in the signals' hot window.",
             [("", self.window_samples.load(Ordering::Relaxed) as f64)],
+        );
+        family(
+            &mut out,
+            "gpuwarden_pipeline_signals_window_bytes",
+            "gauge",
+            "Heap bytes the signals' hot window held for its samples after the last computation.",
+            [("", self.window_bytes.load(Ordering::Relaxed) as f64)],
         );
         let watermark = self.signals_watermark.load(Ordering::Relaxed);
         family(

@@ -1,11 +1,17 @@
 //! Signals: what the enforcer acts on, measured over the hot window (docs/ARCHITECTURE.md#signal).
 //!
-//! [`SignalEngine::compute`] takes the window's samples (Arrow batches in the `samples` schema),
-//! the leases (rebuilt from their events, [`Leases`]), each team's month-to-date cost from the
-//! rollups, and the time the signals are for, and returns one signal per open lease
-//! (`lease_utilization`), per busy GPU no lease holds (`gpu_unattributed`) and per team
-//! (`team_spend`). The per-sample work is DataFusion SQL over in-memory tables; the rest is a few
-//! rows per lease.
+//! [`SignalEngine::signals`] takes the window's samples ([`SampleWindow`]: deduplicated as they
+//! arrive and kept per GPU in one-minute buckets, [`window`]), the leases (rebuilt from their
+//! events, [`Leases`]), each team's month-to-date cost from the rollups, and the time the signals
+//! are for, and returns one signal per open lease (`lease_utilization`), per busy GPU no lease
+//! holds (`gpu_unattributed`) and per team (`team_spend`). It is one pass of plain Rust over the
+//! GPUs' buckets: a bucket wholly inside the window whose samples all name the same lease (or
+//! none), and in whose minute no lease segment of its GPU or named lease starts or ends (a
+//! holder's grant or resize, a released lease's last segment or the end of its grace), is read
+//! from its summary; any other bucket is read sample by sample. Both give the same figures, so
+//! where a segment starts or ends inside a minute, or samples and lease events arrive in any
+//! order, the figures are those of the raw samples. [`SignalEngine::compute`] does the same over
+//! Arrow batches in the `samples` schema.
 //!
 //! What the numbers mean, exactly (docs/ARCHITECTURE.md#signal-figures summarizes them):
 //! - Samples are deduplicated on `(gpu_uuid, ts_ms)` (each column's maximum, as the rollups do)
@@ -34,17 +40,18 @@
 //!   lease gets one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema};
-use datafusion::datasource::MemTable;
+use arrow_schema::DataType;
 use datafusion::error::DataFusionError;
-use datafusion::prelude::SessionContext;
 use gpuwarden_schema::config::PricingConfig;
-use gpuwarden_schema::{Record, Sample, Signal, SignalBody, V1};
+use gpuwarden_schema::{Signal, SignalBody, V1};
 
 use crate::rollup::leases::Leases;
+
+pub mod window;
+
+use window::{Bucket, Piece, SampleFields, SampleWindow, Tag, BUCKET_MS};
 
 /// Computes signals, remembering idle runs from one computation to the next.
 #[derive(Debug, Default)]
@@ -53,7 +60,7 @@ pub struct SignalEngine {
     idle_since: HashMap<(String, String), i64>,
 }
 
-/// What one computation reads.
+/// What one computation over Arrow batches reads ([`SignalEngine::compute`]).
 #[derive(Debug)]
 pub struct Inputs<'a> {
     /// The signals' time: the end of the window.
@@ -62,6 +69,24 @@ pub struct Inputs<'a> {
     pub window_ms: i64,
     /// Samples (the `samples` schema); those outside the window are ignored.
     pub samples: &'a [RecordBatch],
+    /// Every lease the pipeline knows.
+    pub leases: &'a Leases,
+    /// Month-to-date cost per team from the rollups.
+    pub month_to_date_usd: &'a BTreeMap<String, f64>,
+    /// Prices and the idle threshold.
+    pub pricing: &'a PricingConfig,
+    /// How long after a lease's release its GPUs' samples still count as its own (the fleet's
+    /// lag in following the release), not as unattributed.
+    pub release_grace_ms: i64,
+}
+
+/// What one computation reads besides the samples ([`SignalEngine::signals`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Period<'a> {
+    /// The signals' time: the end of the window.
+    pub ts_ms: i64,
+    /// The window's length.
+    pub window_ms: i64,
     /// Every lease the pipeline knows.
     pub leases: &'a Leases,
     /// Month-to-date cost per team from the rollups.
@@ -95,125 +120,286 @@ struct Open<'a> {
     granted_at: i64,
 }
 
+/// Where one sample's time goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// To the open lease at this index.
+    Owner(usize),
+    /// To no lease: counts towards `gpu_unattributed`.
+    Unowned,
+    /// To no lease, and not unattributed either: its GPU is held now, or it falls in a released
+    /// lease's last segment or grace.
+    Excluded,
+}
+
+/// Who owns the samples of the window: the open leases, each GPU's holders, and the released
+/// leases' last segments with their grace.
+struct Attribution<'a> {
+    open: Vec<Open<'a>>,
+    open_ids: HashMap<&'a str, usize>,
+    /// GPU → the open leases whose current GPUs include it (`""` for a pooled lease).
+    holders: HashMap<&'a str, Vec<usize>>,
+    /// Released lease → `[since, until)`: its last segment's start to the end of its grace.
+    ended_lease: HashMap<&'a str, Vec<(i64, i64)>>,
+    /// GPU → the same spans, for the GPUs of those segments.
+    ended_gpu: HashMap<&'a str, Vec<(i64, i64)>>,
+}
+
+/// One GPU's share of the attribution tables.
+struct Gpu<'a> {
+    holders: Option<&'a Vec<usize>>,
+    ended: Option<&'a Vec<(i64, i64)>>,
+}
+
+impl<'a> Attribution<'a> {
+    fn new(leases: &'a Leases, window_start: i64, ts_ms: i64, grace_ms: i64) -> Self {
+        let open = open_leases(leases, ts_ms);
+        let open_ids = open
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.lease_id, i))
+            .collect();
+        let mut holders: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, lease) in open.iter().enumerate() {
+            // A pooled lease holds no named GPU, but its id must still be known: it holds "".
+            if lease.gpu_uuids.is_empty() {
+                holders.entry("").or_default().push(i);
+            }
+            for gpu in lease.gpu_uuids {
+                holders.entry(gpu.as_str()).or_default().push(i);
+            }
+        }
+        // For each lease released by `ts_ms` whose last segment reaches into the window: samples
+        // it owned then, or that trail its release by the fleet's lag, are not unattributed.
+        let mut ended_lease: HashMap<&str, Vec<(i64, i64)>> = HashMap::new();
+        let mut ended_gpu: HashMap<&str, Vec<(i64, i64)>> = HashMap::new();
+        for lease in leases.iter() {
+            let Some((released, _)) = lease.released else {
+                continue;
+            };
+            let until = released.saturating_add(grace_ms.max(0));
+            if released > ts_ms || until <= window_start {
+                continue;
+            }
+            let since = lease.segments.last().map_or(lease.granted_at, |s| s.start);
+            ended_lease
+                .entry(lease.lease_id.as_str())
+                .or_default()
+                .push((since, until));
+            let named = lease
+                .segments
+                .last()
+                .map(|s| s.gpu_uuids.as_slice())
+                .unwrap_or_default();
+            for gpu in named {
+                ended_gpu
+                    .entry(gpu.as_str())
+                    .or_default()
+                    .push((since, until));
+            }
+        }
+        Self {
+            open,
+            open_ids,
+            holders,
+            ended_lease,
+            ended_gpu,
+        }
+    }
+
+    fn gpu(&self, gpu_uuid: &str) -> Gpu<'_> {
+        Gpu {
+            holders: self.holders.get(gpu_uuid),
+            ended: self.ended_gpu.get(gpu_uuid),
+        }
+    }
+
+    /// Where a sample of `gpu` at `t` naming `lease` goes (the module documentation's rules).
+    fn class(&self, gpu: &Gpu<'_>, lease: Option<&str>, t: i64) -> Class {
+        if let Some(&i) = lease.and_then(|l| self.open_ids.get(l)) {
+            return Class::Owner(i);
+        }
+        if let Some(holders) = gpu.holders {
+            // Held now: the most recently granted holder whose segment had started, or nobody
+            // (and then not unattributed either).
+            let owner = holders
+                .iter()
+                .copied()
+                .filter(|&i| self.open[i].since_ms <= t)
+                .max_by_key(|&i| (self.open[i].granted_at, self.open[i].lease_id));
+            return owner.map_or(Class::Excluded, Class::Owner);
+        }
+        let within = |spans: Option<&Vec<(i64, i64)>>| {
+            spans.is_some_and(|s| s.iter().any(|&(since, until)| since <= t && t < until))
+        };
+        if within(lease.and_then(|l| self.ended_lease.get(l))) || within(gpu.ended) {
+            return Class::Excluded;
+        }
+        Class::Unowned
+    }
+
+    /// Whether every sample of `gpu` naming `lease` in `[from, to]` goes the same way: no
+    /// holder's segment starts, and no released lease's span starts or ends, after `from` and
+    /// at or before `to`.
+    fn uniform(&self, gpu: &Gpu<'_>, lease: Option<&str>, from: i64, to: i64) -> bool {
+        if lease.is_some_and(|l| self.open_ids.contains_key(l)) {
+            return true;
+        }
+        let cuts = |t: i64| from < t && t <= to;
+        if let Some(holders) = gpu.holders {
+            return !holders.iter().any(|&i| cuts(self.open[i].since_ms));
+        }
+        let mut spans = lease
+            .and_then(|l| self.ended_lease.get(l))
+            .into_iter()
+            .chain(gpu.ended)
+            .flatten();
+        !spans.any(|&(since, until)| cuts(since) || cuts(until))
+    }
+}
+
+/// The samples of a GPU that belong to no lease: Σ interval × util, Σ interval, largest host.
+#[derive(Debug, Default)]
+struct Unowned<'a> {
+    weighted: f64,
+    observed: i64,
+    host: &'a str,
+}
+
+/// Where the window's samples went: each (open lease, GPU)'s samples in time order, and each
+/// GPU's samples that belong to no lease.
+#[derive(Default)]
+struct Tally<'w> {
+    owned: BTreeMap<(usize, &'w str), Piece>,
+    unowned: BTreeMap<&'w str, Unowned<'w>>,
+}
+
+impl<'w> Tally<'w> {
+    fn take(&mut self, class: Class, gpu: &'w str, piece: &Piece, host: &'w str) {
+        match class {
+            Class::Owner(i) => {
+                self.owned
+                    .entry((i, gpu))
+                    .and_modify(|p| p.then(piece))
+                    .or_insert(*piece);
+            }
+            Class::Unowned => {
+                let u = self.unowned.entry(gpu).or_default();
+                u.weighted += piece.weighted;
+                u.observed += piece.observed;
+                u.host = u.host.max(host);
+            }
+            Class::Excluded => {}
+        }
+    }
+}
+
+/// A bucket's summary when all its points share one tag.
+fn single_tag(bucket: &Bucket) -> Option<(&Tag, &Piece)> {
+    let summary = bucket.summary()?;
+    let tag = bucket.tags.get(usize::from(summary.tag?))?;
+    Some((tag, &summary.piece))
+}
+
 impl SignalEngine {
     /// A new engine with no idle runs remembered.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The signals for `inputs.ts_ms`, in a stable order: leases by id, then GPUs by UUID, then
-    /// teams by name.
+    /// The signals for `inputs.ts_ms` over samples given as Arrow batches: they are put in a
+    /// [`SampleWindow`] first, then as [`SignalEngine::signals`].
     pub async fn compute(&mut self, inputs: &Inputs<'_>) -> Result<Vec<Signal>, DataFusionError> {
-        let threshold = inputs.pricing.idle_util_pct;
-        let open: Vec<Open<'_>> = open_leases(inputs.leases, inputs.ts_ms);
-        let ctx = SessionContext::new();
-        let schema = Sample::arrow_schema();
-        let samples = MemTable::try_new(schema.clone(), vec![inputs.samples.to_vec()])?;
-        ctx.register_table("window_samples", Arc::new(samples))?;
-        ctx.register_table("holdings", Arc::new(holdings(&open)?))?;
-        let start_ms = inputs.ts_ms - inputs.window_ms;
-        ctx.register_table(
-            "ended",
-            Arc::new(ended(
-                inputs.leases,
-                start_ms,
-                inputs.ts_ms,
-                inputs.release_grace_ms,
-            )?),
-        )?;
-        let start = inputs.ts_ms - inputs.window_ms;
-        let ts = inputs.ts_ms;
-        let attributed = format!(
-            "WITH s AS (
-                SELECT gpu_uuid, ts_ms, max(host) AS host, max(interval_ms) AS interval_ms,
-                       max(util_gpu_pct) AS util, max(mem_used_bytes) AS mem, max(lease_id) AS lease_id
-                FROM window_samples WHERE ts_ms > {start} AND ts_ms <= {ts}
-                GROUP BY gpu_uuid, ts_ms),
-            open_ids AS (SELECT DISTINCT lease_id FROM holdings),
-            named AS (
-                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.mem, s.lease_id AS owner
-                FROM s JOIN open_ids o ON s.lease_id = o.lease_id),
-            matched AS (
-                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.mem, h.lease_id AS owner,
-                       row_number() OVER (PARTITION BY s.gpu_uuid, s.ts_ms
-                                          ORDER BY h.granted_at DESC, h.lease_id DESC) AS rn
-                FROM s JOIN holdings h ON s.gpu_uuid = h.gpu_uuid AND s.ts_ms >= h.since_ms
-                WHERE s.lease_id IS NULL OR s.lease_id NOT IN (SELECT lease_id FROM open_ids)),
-            attributed AS (
-                SELECT gpu_uuid, ts_ms, host, interval_ms, util, mem, owner FROM named
-                UNION ALL
-                SELECT gpu_uuid, ts_ms, host, interval_ms, util, mem, owner FROM matched WHERE rn = 1)"
-        );
-        let per_gpu = format!(
-            "{attributed},
-            marked AS (
-                SELECT *, max(CASE WHEN util >= {threshold} THEN ts_ms END)
-                          OVER (PARTITION BY owner, gpu_uuid) AS last_busy
-                FROM attributed)
-            SELECT owner, gpu_uuid,
-                   CAST(sum(CAST(interval_ms AS DOUBLE) * util) AS DOUBLE) AS busy,
-                   CAST(sum(interval_ms) AS DOUBLE) AS observed,
-                   max(mem) AS mem_max,
-                   max(last_busy) AS last_busy,
-                   max(ts_ms) AS last_ts,
-                   min(CASE WHEN last_busy IS NULL OR ts_ms > last_busy THEN ts_ms END) AS idle_from
-            FROM marked GROUP BY owner, gpu_uuid"
-        );
-        let unattributed = format!(
-            "{attributed}
-            SELECT s.gpu_uuid, max(s.host) AS host,
-                   CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) AS util
-            FROM s LEFT ANTI JOIN attributed a ON s.gpu_uuid = a.gpu_uuid AND s.ts_ms = a.ts_ms
-                   LEFT ANTI JOIN ended e ON s.lease_id = e.lease_id
-                                         AND s.ts_ms >= e.since_ms AND s.ts_ms < e.until_ms
-                   LEFT ANTI JOIN ended g ON s.gpu_uuid = g.gpu_uuid
-                                         AND s.ts_ms >= g.since_ms AND s.ts_ms < g.until_ms
-            WHERE s.gpu_uuid NOT IN (SELECT gpu_uuid FROM holdings)
-            GROUP BY s.gpu_uuid
-            HAVING CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) >= {threshold}
-            ORDER BY s.gpu_uuid"
-        );
+        let mut window = SampleWindow::new(BUCKET_MS);
+        for batch in inputs.samples {
+            add_batch(&mut window, batch)?;
+        }
+        Ok(self.signals(
+            &mut window,
+            &Period {
+                ts_ms: inputs.ts_ms,
+                window_ms: inputs.window_ms,
+                leases: inputs.leases,
+                month_to_date_usd: inputs.month_to_date_usd,
+                pricing: inputs.pricing,
+                release_grace_ms: inputs.release_grace_ms,
+            },
+        ))
+    }
 
-        let mut stats: BTreeMap<(String, String), GpuStats> = BTreeMap::new();
-        for batch in ctx.sql(&per_gpu).await?.collect().await? {
-            let owner = strings(&batch, "owner")?;
-            let gpu = strings(&batch, "gpu_uuid")?;
-            let busy = floats(&batch, "busy")?;
-            let observed = floats(&batch, "observed")?;
-            let mem = ints(&batch, "mem_max")?;
-            let last_busy = ints(&batch, "last_busy")?;
-            let last_ts = ints(&batch, "last_ts")?;
-            let idle_from = ints(&batch, "idle_from")?;
-            for i in 0..batch.num_rows() {
-                stats.insert(
-                    (owner.value(i).to_owned(), gpu.value(i).to_owned()),
-                    GpuStats {
-                        busy: busy.value(i),
-                        observed: observed.value(i),
-                        mem_max: mem.value(i),
-                        last_busy: last_busy.is_valid(i).then(|| last_busy.value(i)),
-                        last_ts: last_ts.value(i),
-                        idle_from: idle_from.is_valid(i).then(|| idle_from.value(i)),
-                    },
-                );
+    /// The signals for `period.ts_ms` over the samples of `window` in `(ts − window, ts]`, in a
+    /// stable order: leases by id, then GPUs by UUID, then teams by name. `window` is taken
+    /// mutably only to bring its buckets' summaries up to date.
+    pub fn signals(&mut self, window: &mut SampleWindow, period: &Period<'_>) -> Vec<Signal> {
+        let threshold = period.pricing.idle_util_pct;
+        let ts = period.ts_ms;
+        let start = ts - period.window_ms;
+        window.summarize(threshold);
+        let window = &*window;
+        let bucket_ms = window.bucket_ms();
+        let attribution = Attribution::new(period.leases, start, ts, period.release_grace_ms);
+
+        let mut tally = Tally::default();
+        for (gpu_uuid, buckets) in window.gpus() {
+            let gpu = attribution.gpu(gpu_uuid);
+            for bucket in buckets {
+                let (from, to) = (bucket.start, bucket.start + bucket_ms - 1);
+                if to <= start || from > ts {
+                    continue;
+                }
+                // The common case: a whole bucket inside the window, one lease named, and no
+                // segment edge in it: its summary stands for its samples.
+                let whole = from > start && to <= ts;
+                if let Some((tag, piece)) = whole.then(|| single_tag(bucket)).flatten() {
+                    let lease = tag.lease.as_deref();
+                    if attribution.uniform(&gpu, lease, from, to) {
+                        let class = attribution.class(&gpu, lease, from);
+                        tally.take(class, gpu_uuid, piece, &tag.host);
+                        continue;
+                    }
+                }
+                for p in &bucket.points {
+                    let t = bucket.ts(p);
+                    if t <= start || t > ts {
+                        continue;
+                    }
+                    let tag = &bucket.tags[usize::from(p.tag)];
+                    let class = attribution.class(&gpu, tag.lease.as_deref(), t);
+                    tally.take(class, gpu_uuid, &Piece::of(t, p, threshold), &tag.host);
+                }
             }
         }
+        let stats: BTreeMap<(usize, &str), GpuStats> = tally
+            .owned
+            .into_iter()
+            .map(|(key, p)| {
+                let stats = GpuStats {
+                    busy: p.weighted,
+                    observed: p.observed as f64,
+                    mem_max: p.mem_max,
+                    last_busy: p.last_busy,
+                    last_ts: p.last,
+                    idle_from: p.idle_from,
+                };
+                (key, stats)
+            })
+            .collect();
 
         let header = |body| Signal {
             v: V1,
             ts_ms: ts,
-            window_ms: inputs.window_ms,
+            window_ms: period.window_ms,
             body,
         };
         let mut out = Vec::new();
         let mut remembered = HashMap::new();
-        for lease in &open {
+        for (index, lease) in attribution.open.iter().enumerate() {
             // The GPUs measured: the lease's own, or (pooled) those its samples named.
             let gpus: BTreeSet<&str> = if lease.gpu_uuids.is_empty() {
                 stats
-                    .range((lease.lease_id.to_owned(), String::new())..)
-                    .take_while(|((owner, _), _)| owner == lease.lease_id)
-                    .map(|((_, gpu), _)| gpu.as_str())
+                    .range((index, "")..)
+                    .take_while(|((owner, _), _)| *owner == index)
+                    .map(|((_, gpu), _)| *gpu)
                     .collect()
             } else {
                 lease.gpu_uuids.iter().map(String::as_str).collect()
@@ -223,7 +409,7 @@ impl SignalEngine {
             let mut run_start: Option<i64> = (!gpus.is_empty()).then_some(i64::MIN);
             for gpu in &gpus {
                 let key = (lease.lease_id.to_owned(), (*gpu).to_owned());
-                let Some(s) = stats.get(&key) else {
+                let Some(s) = stats.get(&(index, *gpu)) else {
                     run_start = None;
                     continue;
                 };
@@ -270,36 +456,34 @@ impl SignalEngine {
         // Runs of leases that closed, or GPUs that turned busy, are forgotten.
         self.idle_since = remembered;
 
-        for batch in ctx.sql(&unattributed).await?.collect().await? {
-            let gpu = strings(&batch, "gpu_uuid")?;
-            let host = strings(&batch, "host")?;
-            let util = floats(&batch, "util")?;
-            for i in 0..batch.num_rows() {
+        for (gpu, u) in tally.unowned {
+            let util_pct = u.weighted / u.observed as f64;
+            if util_pct >= threshold {
                 out.push(header(SignalBody::GpuUnattributed {
-                    gpu_uuid: gpu.value(i).to_owned(),
-                    host: host.value(i).to_owned(),
-                    util_pct: util.value(i),
+                    gpu_uuid: gpu.to_owned(),
+                    host: u.host.to_owned(),
+                    util_pct,
                 }));
             }
         }
 
-        let mut teams: BTreeMap<&str, f64> = inputs
+        let mut teams: BTreeMap<&str, f64> = period
             .month_to_date_usd
             .keys()
             .map(|t| (t.as_str(), 0.0))
             .collect();
-        for lease in &open {
+        for lease in &attribution.open {
             *teams.entry(lease.team).or_default() +=
-                lease.gpu_count as f64 * inputs.pricing.usd_per_gpu_hour(lease.gpu_model);
+                lease.gpu_count as f64 * period.pricing.usd_per_gpu_hour(lease.gpu_model);
         }
         for (team, burn) in teams {
             out.push(header(SignalBody::TeamSpend {
                 team: team.to_owned(),
-                month_to_date_usd: inputs.month_to_date_usd.get(team).copied().unwrap_or(0.0),
+                month_to_date_usd: period.month_to_date_usd.get(team).copied().unwrap_or(0.0),
                 burn_usd_per_hour: burn,
             }));
         }
-        Ok(out)
+        out
     }
 }
 
@@ -323,90 +507,27 @@ fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
         .collect()
 }
 
-/// `ended`: for each lease released by `ts_ms` whose last segment reaches into the window, one
-/// row per GPU of that segment (and one with no GPU, for samples that name the lease), from the
-/// segment's start to `grace_ms` after the release: samples it owned then, or that trail its
-/// release by the fleet's lag, are not unattributed work.
-fn ended(
-    leases: &Leases,
-    window_start: i64,
-    ts_ms: i64,
-    grace_ms: i64,
-) -> Result<MemTable, DataFusionError> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("lease_id", DataType::Utf8, false),
-        Field::new("gpu_uuid", DataType::Utf8, true),
-        Field::new("since_ms", DataType::Int64, false),
-        Field::new("until_ms", DataType::Int64, false),
-    ]));
-    let (mut ids, mut gpus, mut since, mut until) = (vec![], vec![], vec![], vec![]);
-    for lease in leases.iter() {
-        let Some((released, _)) = lease.released else {
-            continue;
-        };
-        let end = released.saturating_add(grace_ms.max(0));
-        if released > ts_ms || end <= window_start {
-            continue;
-        }
-        let start = lease.segments.last().map_or(lease.granted_at, |s| s.start);
-        let named = lease
-            .segments
-            .last()
-            .map(|s| s.gpu_uuids.as_slice())
-            .unwrap_or_default();
-        for gpu in std::iter::once(None).chain(named.iter().map(|g| Some(g.as_str()))) {
-            ids.push(lease.lease_id.as_str());
-            gpus.push(gpu);
-            since.push(start);
-            until.push(end);
-        }
+/// Adds the rows of `batch` (the `samples` schema) to `window`.
+fn add_batch(window: &mut SampleWindow, batch: &RecordBatch) -> Result<(), DataFusionError> {
+    let gpu = strings(batch, "gpu_uuid")?;
+    let ts = ints(batch, "ts_ms")?;
+    let interval = ints(batch, "interval_ms")?;
+    let host = strings(batch, "host")?;
+    let util = floats(batch, "util_gpu_pct")?;
+    let mem = ints(batch, "mem_used_bytes")?;
+    let lease = strings(batch, "lease_id")?;
+    for i in 0..batch.num_rows() {
+        window.add(&SampleFields {
+            gpu_uuid: gpu.value(i),
+            ts_ms: ts.value(i),
+            interval_ms: interval.value(i),
+            host: host.value(i),
+            util_gpu_pct: util.value(i),
+            mem_used_bytes: mem.value(i),
+            lease_id: lease.is_valid(i).then(|| lease.value(i)),
+        });
     }
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(StringArray::from(ids)),
-            Arc::new(StringArray::from(gpus)),
-            Arc::new(Int64Array::from(since)),
-            Arc::new(Int64Array::from(until)),
-        ],
-    )?;
-    MemTable::try_new(schema, vec![vec![batch]])
-}
-
-/// `holdings`: one row per (open lease, GPU it holds now).
-fn holdings(open: &[Open<'_>]) -> Result<MemTable, DataFusionError> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("lease_id", DataType::Utf8, false),
-        Field::new("gpu_uuid", DataType::Utf8, false),
-        Field::new("since_ms", DataType::Int64, false),
-        Field::new("granted_at", DataType::Int64, false),
-    ]));
-    let (mut ids, mut gpus, mut since, mut granted) = (vec![], vec![], vec![], vec![]);
-    for lease in open {
-        // A pooled lease holds no named GPU, but its id must still be known for named samples.
-        if lease.gpu_uuids.is_empty() {
-            ids.push(lease.lease_id);
-            gpus.push("");
-            since.push(lease.since_ms);
-            granted.push(lease.granted_at);
-        }
-        for gpu in lease.gpu_uuids {
-            ids.push(lease.lease_id);
-            gpus.push(gpu.as_str());
-            since.push(lease.since_ms);
-            granted.push(lease.granted_at);
-        }
-    }
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(StringArray::from(ids)),
-            Arc::new(StringArray::from(gpus)),
-            Arc::new(Int64Array::from(since)),
-            Arc::new(Int64Array::from(granted)),
-        ],
-    )?;
-    MemTable::try_new(schema, vec![vec![batch]])
+    Ok(())
 }
 
 /// Column `name` of `batch` as `T`, cast to `to` first (string columns may come back as views).
