@@ -185,7 +185,7 @@ fn main() {
         .collect();
     let hours = days * 24;
     let started = Instant::now();
-    let mut offsets = vec![0i64; PARTITIONS];
+    let mut offsets = [0i64; PARTITIONS];
     for hour in 0..hours {
         let hour_ms = T0 + hour * HOUR_MS;
         for minute in 0..60 {
