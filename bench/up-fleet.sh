@@ -33,6 +33,8 @@ s = s[:hosts.start()] + f'hosts = [\n  {{ prefix = "sim-h100", count = {gpus // 
 open(f"{d}/gpuwarden.toml", "w").write(s)
 PY
 echo "machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); $GPUS GPUs for $MINUTES min" >&2
+export GPUWARDEN_SIGNING_KEY="${GPUWARDEN_SIGNING_KEY:-$(openssl rand -hex 32)}"
+export GPUWARDEN_SQL_PASSWORD="${GPUWARDEN_SQL_PASSWORD:-$(openssl rand -hex 16)}"
 "$BIN" --log-format json up --config "$DIR/gpuwarden.toml" 2> "$DIR/up.log" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
