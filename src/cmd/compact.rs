@@ -19,9 +19,9 @@ use gpuwarden_schema::config;
 /// discards what it left. Before that, the hours of samples, signals and quarantine that ended
 /// longer than pipeline.retention before the watermark are deleted (the rollups, lease events
 /// and actions are kept).
-/// `gpuwarden pipeline` does both after every rollup by itself; run this after a backfill:
-///   gpuwarden ingest -c gw.toml --samples s.jsonl && gpuwarden rollup -c gw.toml \
-///     && gpuwarden compact -c gw.toml
+/// `gpuwarden pipeline` does both after every rollup by itself; run this after a backfill.
+/// Example: gpuwarden ingest -c gw.toml --samples s.jsonl && gpuwarden rollup -c gw.toml &&
+/// gpuwarden compact -c gw.toml
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file (storage.data_dir, pipeline.compaction, pipeline.retention,
