@@ -28,7 +28,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{ErrorKind, Write as _};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,7 +48,7 @@ use parquet::file::metadata::SortingColumn;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
-use crate::lake::{Lake, LakeError};
+use crate::lake::{io, replace_durably, sync_dir, Lake, LakeError};
 
 /// The manifest of a compacted hour, in its directory.
 pub const MANIFEST: &str = "_compaction.json";
@@ -112,14 +112,11 @@ impl Manifest {
 
     /// Writes the manifest into `dir` atomically: the commit point of a compaction.
     fn write(&self, dir: &Path) -> Result<(), LakeError> {
-        let path = dir.join(MANIFEST);
-        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
-        let mut file = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-        file.write_all(&serde_json::to_vec(self).expect("a manifest serializes"))
-            .map_err(io("writing", &tmp))?;
-        file.sync_all().map_err(io("syncing", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
-        sync_dir(dir)
+        replace_durably(
+            &dir.join(format!(".{MANIFEST}.tmp")),
+            &dir.join(MANIFEST),
+            &serde_json::to_vec(self).expect("a manifest serializes"),
+        )
     }
 }
 
@@ -586,20 +583,6 @@ pub fn rollup_watermark(lake: &Lake) -> Option<i64> {
         .join("_state.json");
     let bytes = fs::read(path).ok()?;
     serde_json::from_slice::<State>(&bytes).ok()?.watermark
-}
-
-fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
-    move |source| LakeError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), LakeError> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("syncing", dir))
 }
 
 #[cfg(test)]

@@ -62,7 +62,11 @@ pub enum LakeError {
     },
 }
 
-fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
+/// Wraps an OS error with what was being done to which path.
+pub(crate) fn io<'p>(
+    action: &'static str,
+    path: &'p Path,
+) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
     move |source| LakeError::Io {
         action,
         path: path.to_path_buf(),
@@ -335,13 +339,11 @@ impl Lake {
         let path = self.intent_path(&intent.source);
         let dir = path.parent().unwrap().to_path_buf();
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
-        let tmp = path.with_extension("tmp");
-        let mut file = File::create(&tmp).map_err(io("creating", &tmp))?;
-        file.write_all(&serde_json::to_vec(intent).expect("an intent serializes"))
-            .map_err(io("writing", &tmp))?;
-        file.sync_all().map_err(io("syncing", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
-        sync_dir(&dir)
+        replace_durably(
+            &path.with_extension("tmp"),
+            &path,
+            &serde_json::to_vec(intent).expect("an intent serializes"),
+        )
     }
 
     /// Forgets a flush whose offsets are committed.
@@ -447,7 +449,18 @@ pub(crate) fn writer_properties(
     props
 }
 
-fn sync_dir(dir: &Path) -> Result<(), LakeError> {
+/// Writes `bytes` to `tmp`, syncs it and renames it over `path`, then syncs the directory: a
+/// reader finds the old contents or the new, and a crash leaves at most `tmp` behind.
+pub(crate) fn replace_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<(), LakeError> {
+    let mut file = File::create(tmp).map_err(io("creating", tmp))?;
+    file.write_all(bytes).map_err(io("writing", tmp))?;
+    file.sync_all().map_err(io("syncing", tmp))?;
+    fs::rename(tmp, path).map_err(io("renaming into", path))?;
+    sync_dir(path.parent().expect("a file lives in a directory"))
+}
+
+/// Syncs a directory, so that the renames and removals in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), LakeError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("syncing", dir))

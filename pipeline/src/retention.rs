@@ -4,13 +4,13 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use gpuwarden_schema::config::PipelineConfig;
 
 use crate::buffer::Table;
-use crate::lake::{hour_partition, Lake, LakeError};
+use crate::lake::{hour_partition, io, Lake, LakeError};
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -110,12 +110,4 @@ pub fn expire(
         expired.bytes += bytes;
     }
     Ok(expired)
-}
-
-fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> LakeError + 'p {
-    move |source| LakeError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
 }
