@@ -136,6 +136,7 @@ fn options() -> RollupOptions {
         idle_ms: 5 * MIN,
         max_skew_ms: 5 * MIN,
         clock: std::sync::Arc::new(gpuwarden_schema::SystemClock),
+        part_rows: gpuwarden_pipeline::rollup::DEFAULT_PART_ROWS,
     }
 }
 
@@ -1156,5 +1157,128 @@ fn observed_never_exceeds_allocated_and_every_sampled_millisecond_counts_once() 
             (observed_ms - total_ms as f64).abs() < 1e-3,
             "seed {seed}: the hours hold {observed_ms} ms, the samples {total_ms} ms"
         );
+    }
+}
+
+/// Every row of a rollup table as text, floats to 9 significant digits (sums taken in another
+/// order differ in the last bits), sorted.
+fn table_rows(rt: &tokio::runtime::Runtime, lake: &Lake, table: &str) -> Vec<String> {
+    fn canonical(value: &Value) -> String {
+        match value {
+            Value::Number(n) if n.is_f64() => format!("{:.8e}", n.as_f64().unwrap()),
+            Value::Object(fields) => fields
+                .iter()
+                .map(|(k, v)| format!("{k}={}", canonical(v)))
+                .collect::<Vec<_>>()
+                .join(","),
+            other => other.to_string(),
+        }
+    }
+    let mut rows: Vec<String> = rows(rt, lake, &format!("SELECT * FROM {table}"))
+        .iter()
+        .map(canonical)
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// An hour with more samples than `part_rows` is computed a part at a time, its samples split
+/// by GPU: every rollup table comes out as when the hour is computed at once, with duplicates
+/// in other files, lease edges, leases listing no GPU and unknown leases among the samples.
+#[test]
+fn an_hour_computed_in_parts_by_gpu_is_the_hour_computed_at_once() {
+    let rt = rt();
+    let mut rng = Rng(23);
+    let gpus: Vec<String> = (0..40).map(|i| format!("g{i:02}")).collect();
+    let models = [H100, A100, T4];
+    let teams = ["ml", "web", "research"];
+    let mut events = Vec::new();
+    for lease in 0..8usize {
+        let id = format!("L{lease}");
+        let team = teams[lease % 3];
+        let on: Vec<&str> = (0..3)
+            .map(|j| gpus[(lease * 5 + j) % 40].as_str())
+            .collect();
+        let listed: &[&str] = if lease == 7 { &[] } else { &on };
+        let granted = H + rng.below(HOUR as u64) as i64 - HOUR / 2;
+        events.push(event(0, "granted", &id, team, 3, listed));
+        events.last_mut().unwrap().ts_ms = granted;
+        if lease % 2 == 0 {
+            events.push(event(0, "released", &id, team, 1, &[]));
+            events.last_mut().unwrap().ts_ms = granted + 1 + rng.below(HOUR as u64) as i64;
+        }
+    }
+    let (mut samples, mut copies) = (Vec::new(), Vec::new());
+    for (i, gpu) in gpus.iter().enumerate() {
+        let mut ts = H - HOUR / 2 + rng.below(MIN as u64) as i64;
+        while ts < H + 2 * HOUR {
+            let step = 20_000 + rng.below(60_000) as i64;
+            let lease = match rng.below(6) {
+                0 | 1 => Some(format!("L{}", (i / 5) % 8)),
+                2 => Some("ghost".to_string()),
+                _ => None,
+            };
+            let util = [0.0, 3.0, 50.0, 100.0][rng.below(4) as usize];
+            let mut s = sample(
+                gpu,
+                models[i % 3],
+                &format!("h{}", i / 8),
+                0,
+                util,
+                Some(100.0 + i as f64),
+                lease.as_deref(),
+            );
+            (s.ts_ms, s.interval_ms) = (ts, step);
+            if rng.below(20) == 0 {
+                // Delivered again, in another file, disagreeing.
+                let mut copy = s.clone();
+                copy.util_gpu_pct = 100.0 - util;
+                copy.lease_id = None;
+                copies.push(copy);
+            }
+            samples.push(s);
+            ts += step;
+        }
+    }
+    let lake_of = |part_rows: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        put(&lake, "samples", "a", &samples, |s| s.ts_ms);
+        put(&lake, "samples", "b", &copies, |s| s.ts_ms);
+        put(&lake, "lease_events", "events", &events, |e| e.ts_ms);
+        let options = RollupOptions {
+            part_rows,
+            ..options()
+        };
+        let report = rt
+            .block_on(Rollup::new(lake.clone(), options).run())
+            .unwrap();
+        assert!(report.hours >= 3, "{report:?}");
+        assert!(
+            !dir.path().join("rollups/_tmp").exists(),
+            "an hour's parts are removed once it is computed"
+        );
+        (dir, lake)
+    };
+    let (_whole_dir, whole) = lake_of(gpuwarden_pipeline::rollup::DEFAULT_PART_ROWS);
+    // About 2,900 samples an hour (and the next hour's): a dozen parts.
+    let (_parts_dir, parts) = lake_of(250);
+    for table in ["gpu_hourly", "lease_hourly", "team_hourly", "focus_costs"] {
+        let (expected, actual) = (
+            table_rows(&rt, &whole, table),
+            table_rows(&rt, &parts, table),
+        );
+        assert!(expected.len() > 10, "{table}: {expected:?}");
+        if let Some(i) =
+            (0..expected.len().max(actual.len())).find(|&i| expected.get(i) != actual.get(i))
+        {
+            panic!(
+                "{table}: {} rows in parts, {} at once; first difference:\n  in parts: {:?}\n  at once:  {:?}",
+                actual.len(),
+                expected.len(),
+                actual.get(i),
+                expected.get(i)
+            );
+        }
     }
 }

@@ -38,6 +38,7 @@
 //! are cleared only after the hours they name are recorded as pending there.
 
 pub mod leases;
+mod parts;
 pub mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,6 +72,9 @@ const HOUR_MS: i64 = 3_600_000;
 /// The lock file of the one process rolling up a lake, relative to the rollups' directory.
 const LOCK: &str = ".lock";
 
+/// Where an hour computed in parts keeps them, relative to the rollups' directory.
+const TMP: &str = "_tmp";
+
 /// The team of capacity no lease holds.
 pub const UNALLOCATED: &str = "(unallocated)";
 
@@ -89,7 +93,14 @@ pub struct RollupOptions {
     pub max_skew_ms: i64,
     /// The clock the fleet's records are dated with.
     pub clock: Arc<dyn Clock>,
+    /// An hour with more sample rows than this is computed a part at a time (see
+    /// [`Rollup::run`]'s step 3): [`DEFAULT_PART_ROWS`] unless a test wants many parts.
+    pub part_rows: usize,
 }
+
+/// The sample rows of one part of an hour computed at a time: with about 300 bytes held per row
+/// while a part is computed, 1 Mi rows keep a 100,000-GPU hour (72 M samples) near 300 MiB.
+pub const DEFAULT_PART_ROWS: usize = 1 << 20;
 
 impl RollupOptions {
     /// The options of a config file.
@@ -100,6 +111,7 @@ impl RollupOptions {
             idle_ms: duration_ms(config.pipeline.clock.idle_timeout),
             max_skew_ms: duration_ms(config.pipeline.clock.max_skew),
             clock: Arc::new(SystemClock),
+            part_rows: DEFAULT_PART_ROWS,
         }
     }
 
@@ -581,12 +593,7 @@ impl Rollup {
             Some(memtable(leases.allocation_batch(hour, watermark)?)?),
         )?;
 
-        // The hour's part of each sample's interval is read three times below: kept in memory
-        // once (about as much as deduplicating the hour's samples holds anyway).
-        let intervals = run(ctx, &intervals_sql(hour)).await?;
-        replace(ctx, "hour_intervals", Some(intervals.table()?))?;
-        let partials = run(ctx, &partials_sql(self.options.pricing.idle_util_pct)).await?;
-        replace(ctx, "hour_intervals", None)?;
+        let partials = self.partials(ctx, hour).await?;
         replace(ctx, "partials", Some(partials.table()?))?;
         let price = price_sql(&self.options.pricing, "gpu_model");
         let gpu = run(ctx, GPU_HOURLY_SQL).await?;
@@ -636,6 +643,38 @@ impl Rollup {
             ],
         )?;
         Ok(team_rows)
+    }
+
+    /// The hour's `partials` (see [`partials_sql`]) from `hour_samples`: at once when the hour
+    /// has at most `part_rows` sample rows, else a part at a time. Deduplication, attribution
+    /// and every partial row are per GPU, so the samples are split by GPU into parts of about
+    /// `part_rows` rows (spilled to `rollups/_tmp/`), each part's partials computed alone, and
+    /// the parts' partials are the hour's: memory follows a part, not the hour.
+    async fn partials(&self, ctx: &SessionContext, hour: i64) -> Result<Rows, RollupError> {
+        let idle = self.options.pricing.idle_util_pct;
+        let rows = count(ctx, "hour_samples").await?;
+        let parts = rows.div_ceil(self.options.part_rows.max(1));
+        if parts <= 1 {
+            return partials_of(ctx, "hour_samples", hour, idle).await;
+        }
+        let started = Instant::now();
+        let dir = self.dir().join(TMP);
+        let spill = parts::split(ctx, "hour_samples", hour, parts, &dir).await?;
+        let mut runs = Vec::with_capacity(parts);
+        for part in 0..parts {
+            replace(ctx, "part_samples", Some(spill.read(part)?))?;
+            runs.push(partials_of(ctx, "part_samples", hour, idle).await?);
+        }
+        replace(ctx, "part_samples", None)?;
+        drop(spill);
+        tracing::debug!(
+            hour = %hour_partition(hour),
+            rows,
+            parts,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "rolled up an hour in parts"
+        );
+        Ok(Rows::concat(runs)?)
     }
 
     /// Writes one hour of `table` (or removes it when the hour has no rows); returns the rows.
@@ -720,6 +759,68 @@ impl Rows {
     fn table(&self) -> Result<MemTable, DataFusionError> {
         MemTable::try_new(Arc::clone(&self.schema), vec![self.batches.clone()])
     }
+
+    /// The rows of several runs of one query, whose batches may disagree on nullability (the
+    /// batches say what their rows are): under the first's schema with every column nullable.
+    fn concat(runs: Vec<Rows>) -> Result<Self, ArrowError> {
+        let first = runs
+            .iter()
+            .flat_map(|rows| rows.batches.first())
+            .map(RecordBatch::schema)
+            .next()
+            .or_else(|| runs.first().map(|rows| Arc::clone(&rows.schema)))
+            .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
+        let schema = Arc::new(arrow_schema::Schema::new(
+            first
+                .fields()
+                .iter()
+                .map(|field| field.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
+        let batches = runs
+            .into_iter()
+            .flat_map(|rows| rows.batches)
+            .map(|batch| RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec()))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { schema, batches })
+    }
+}
+
+/// The rows of `table`, from the Parquet footers where it is files.
+async fn count(ctx: &SessionContext, table: &str) -> Result<usize, RollupError> {
+    let batches = ctx
+        .sql(&format!("SELECT count(*) FROM {table}"))
+        .await?
+        .collect()
+        .await?;
+    let count = batches
+        .first()
+        .filter(|batch| batch.num_rows() == 1)
+        .and_then(|batch| {
+            batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+        })
+        .map(|counts| counts.value(0))
+        .ok_or_else(|| DataFusionError::Internal(format!("count(*) of {table} has no row")))?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// The partials of the samples in `table` (all of an hour's samples of the GPUs it holds).
+async fn partials_of(
+    ctx: &SessionContext,
+    table: &str,
+    hour: i64,
+    idle_util_pct: f64,
+) -> Result<Rows, RollupError> {
+    // The hour's part of each sample's interval is read three times: kept in memory once
+    // (about as much as deduplicating the samples holds anyway).
+    let intervals = run(ctx, &intervals_sql(table, hour)).await?;
+    replace(ctx, "hour_intervals", Some(intervals.table()?))?;
+    let partials = run(ctx, &partials_sql(idle_util_pct)).await?;
+    replace(ctx, "hour_intervals", None)?;
+    Ok(partials)
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Result<Rows, DataFusionError> {
@@ -766,7 +867,7 @@ pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
 /// starting at `hour`, or whose `ts_ms` is in it (`own`: counted here),
 /// with the part of the interval inside the hour, `[a, b)` (empty for a sample taken exactly at
 /// the hour's start), and the lease it names if the lake knows that lease (`named`).
-fn intervals_sql(hour: i64) -> String {
+fn intervals_sql(table: &str, hour: i64) -> String {
     let (from, to) = (hour, hour + HOUR_MS);
     format!(
         "WITH d AS (
@@ -774,7 +875,7 @@ fn intervals_sql(hour: i64) -> String {
                    max(interval_ms) AS interval_ms, max(util_gpu_pct) AS util_gpu_pct,
                    max(mem_used_bytes) AS mem_used_bytes, max(power_w) AS power_w,
                    max(lease_id) AS lease_id
-            FROM hour_samples
+            FROM {table}
             WHERE ts_ms >= {from}
             GROUP BY gpu_uuid, ts_ms
         )
