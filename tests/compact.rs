@@ -162,6 +162,45 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
     assert!(out.status.success());
     assert_eq!(lake_i64(&lake, FIGURES), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
+
+    // A lost manifest hides its hour's compacted file until the next compaction, which tells
+    // it from a crashed run's leftover (the files it replaced are gone) and rebuilds the
+    // manifest instead of deleting the rows.
+    let hours: Vec<PathBuf> = sorted_dirs(&lake.join("samples"))
+        .iter()
+        .flat_map(|date| sorted_dirs(date))
+        .collect();
+    std::fs::remove_file(hours[0].join("_compaction.json")).unwrap();
+    assert!(lake_i64(&lake, FIGURES) < expected);
+    let out = compact(&config).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("lost manifests rebuilt from their compacted files: 1"),
+        "{stdout}"
+    );
+    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
+
+    // A damaged manifest skips its hour, says so and fails the command; the other hour's late
+    // data is compacted all the same.
+    std::fs::write(hours[0].join("_compaction.json"), "{\"generation\":").unwrap();
+    ingest_samples(
+        &config,
+        &dir.path().join("late-last.jsonl"),
+        &lines(300..302, 2),
+    );
+    let out = compact(&config).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("hours compacted: 1;"), "{stdout}");
+    assert!(
+        stdout.contains("hours skipped (manifest_damaged): 1"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("_compaction.json: unreadable"), "{stderr}");
+    assert_eq!(files_per_hour(&lake)[1], 1);
 }
 
 #[test]

@@ -354,9 +354,11 @@ fn an_idle_notebook_is_reclaimed_an_expired_lease_ends_and_a_team_over_budget_is
     assert!(codes.contains(&"team_blocked"), "{denied}");
     assert!(codes.contains(&"budget_exceeded"), "{denied}");
     let rows = up.sql_rows(
-        "SELECT action, reason, outcome FROM actions WHERE team = 'ops' AND action IN ('block', 'deny') ORDER BY ts_ms",
+        "SELECT action, reason, outcome FROM actions WHERE team = 'ops' AND action IN ('block', 'unblock', 'deny') ORDER BY ts_ms",
         2,
     );
+    // One decision, one block: a spend signal computed from lagging rollups does not unblock
+    // ops for the next one to block it again.
     assert_eq!(rows[0], "block|budget_exceeded|ok", "{rows:?}");
     assert!(rows[1].starts_with("deny|"), "{rows:?}");
 

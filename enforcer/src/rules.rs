@@ -14,7 +14,10 @@
 //!   alert `signal_refused`, once per kind (unsigned, badly signed) every 10 minutes.
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
-//!   unblocked once it fits again (a new month, or a raised budget).
+//!   unblocked once it fits again (a new month, or a raised budget). A figure below what the
+//!   enforcer had already counted by the signal's time (rollups that lag, a period computed
+//!   again) does not lower the spend ([`crate::store::Store::record_team_spend`]), so it never
+//!   unblocks a team for the next signal to block again.
 //! - Leases past their end are reclaimed with reason `expired` ([`Service::expire_due`]).
 //!
 //! Every step is an Action in the store's outbox (and so on `gpuwarden.actions` and in the lake).
@@ -301,9 +304,16 @@ impl Rules {
                 month_to_date_usd,
                 burn_usd_per_hour,
             } => {
+                let pricing = &self.service.config().pricing;
                 self.service
                     .store()
-                    .record_team_spend(team, *month_to_date_usd, *burn_usd_per_hour, signal.ts_ms)
+                    .record_team_spend(
+                        team,
+                        *month_to_date_usd,
+                        *burn_usd_per_hour,
+                        signal.ts_ms,
+                        pricing,
+                    )
                     .await?;
                 self.check_budgets().await
             }

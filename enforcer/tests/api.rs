@@ -149,7 +149,7 @@ async fn a_denial_is_a_200_with_every_reason() {
     let h = harness();
     h.service
         .store()
-        .record_team_spend("ml", 9_500.0, 0.0, NOW)
+        .record_team_spend("ml", 9_500.0, 0.0, NOW, &h.service.config().pricing)
         .await
         .unwrap();
     let mut body = ask("ml", "ada", 20);

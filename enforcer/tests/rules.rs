@@ -421,6 +421,83 @@ async fn a_team_over_budget_is_blocked_and_denied_then_unblocked_in_the_next_mon
     assert_eq!(answer["decision"], "admitted", "{answer}");
 }
 
+/// Month-to-date spend only grows. A `team_spend` figure can still come in below what the
+/// enforcer has already counted: it is read from the rollups, which lag the signal's time (an
+/// open lease is allocated up to the rollups' watermark), and a period may be computed again
+/// (a standby taking over publishing) from rollups read at another time. Such a figure must not
+/// lower the team's spend, or a team just over its budget is unblocked by one signal and
+/// blocked again by the next: two `block` actions for one decision.
+#[tokio::test]
+async fn a_lagging_or_recomputed_team_spend_does_not_unblock_and_block_a_team_again() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let spend = |usd: f64, ts_ms: i64| Signal {
+        v: V1,
+        ts_ms,
+        window_ms: 15 * MIN,
+        body: SignalBody::TeamSpend {
+            team: "ml".into(),
+            month_to_date_usd: usd,
+            burn_usd_per_hour: 0.0,
+        },
+    };
+    let budget_steps = || async {
+        h.actions()
+            .await
+            .iter()
+            .filter(|a| a["team"] == "ml" && a["lease_id"].is_null())
+            .map(|a| {
+                format!(
+                    "{}|{}",
+                    a["action"].as_str().unwrap(),
+                    a["reason"].as_str().unwrap()
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    // 8 GPUs for an hour cost more than the 10 $ left: the enforcer's own count blocks ml.
+    h.admit("training", 8, "8h").await;
+    h.rules.on_signal(&spend(990.0, NOW)).await.unwrap();
+    h.advance(60 * MIN);
+    h.rules.check_budgets().await.unwrap();
+    assert_eq!(
+        budget_steps().await,
+        ["block|budget_exceeded", "alert|budget_exceeded"]
+    );
+
+    // The next period's figure, from rollups that have counted only part of that hour.
+    h.rules
+        .on_signal(&spend(995.0, NOW + 60 * MIN))
+        .await
+        .unwrap();
+    // The same period again, computed from rollups read earlier still.
+    h.rules
+        .on_signal(&spend(991.0, NOW + 60 * MIN))
+        .await
+        .unwrap();
+    h.rules.check_budgets().await.unwrap();
+    // The rollups catch up; a later period is above the budget as before.
+    h.advance(MIN);
+    h.rules
+        .on_signal(&spend(1_020.0, NOW + 61 * MIN))
+        .await
+        .unwrap();
+    h.rules
+        .on_signal(&spend(1_020.0, NOW + 61 * MIN))
+        .await
+        .unwrap();
+    assert_eq!(
+        budget_steps().await,
+        ["block|budget_exceeded", "alert|budget_exceeded"],
+        "one decision, one block"
+    );
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("root"), None).await;
+    assert_eq!(team["blocked"], true, "{team}");
+    assert!(
+        team["month_to_date_usd"].as_f64().unwrap() >= 1_020.0,
+        "{team}"
+    );
+}
+
 #[tokio::test]
 async fn an_inference_lease_scales_down_when_its_load_drops_and_up_when_it_rises() {
     let h = harness(EnforcerMode::Enforce).await;

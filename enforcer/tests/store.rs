@@ -443,10 +443,13 @@ fn expiry_spend_and_blocks() {
 
     // $2/GPU-hour default: a signal of $100 half an hour in, then 2 GPUs for another half hour.
     store
-        .record_team_spend("ml", 100.0, 4.0, NOW + 1_800_000)
+        .record_team_spend("ml", 100.0, 4.0, NOW + 1_800_000, &config.pricing)
         .wait()
         .unwrap();
-    store.record_team_spend("ml", 1.0, 4.0, NOW).wait().unwrap(); // older: ignored
+    store
+        .record_team_spend("ml", 1.0, 4.0, NOW, &config.pricing)
+        .wait()
+        .unwrap(); // older: ignored
     let ledger = store.ledger(NOW + 3_600_000, &config.pricing).unwrap();
     assert!(
         (ledger.spend_usd["ml"] - 102.0).abs() < 1e-9,

@@ -19,6 +19,13 @@
 //! crashed one left. A reader lists the hour before it reads the manifest; if the manifest names
 //! an output the listing missed (a compaction committed while it listed), it lists again.
 //!
+//! Each output also records its compaction in its Parquet metadata ([`Origin`]): outputs no
+//! manifest names are either a crashed run's (every file it read is still there) or a committed
+//! run's whose manifest was lost since (some are gone), and in the second case the manifest is
+//! rebuilt from them rather than the rows deleted ([`Compactor::account_for_outputs`]). An hour
+//! whose manifest is damaged, or whose outputs cannot be placed, is logged, counted and skipped;
+//! the other hours are compacted.
+//!
 //! A superseded name stays in the manifest: a file written again under that name (a replay of
 //! the same Kafka offsets, or `gpuwarden ingest` of the same input) holds rows the outputs
 //! already have, and stays hidden until the next compaction deletes it. Late data arrives in
@@ -26,7 +33,7 @@
 //! its outputs. Files of a flush whose offsets are not committed yet (named in a flush journal,
 //! [`Lake::pending_files`]) are left for a later compaction: a restart may delete them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -44,7 +51,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt as _;
 use gpuwarden_schema::config::Config;
 use parquet::arrow::ArrowWriter;
-use parquet::file::metadata::SortingColumn;
+use parquet::file::metadata::{KeyValue, SortingColumn};
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
@@ -120,6 +127,58 @@ impl Manifest {
     }
 }
 
+/// The Parquet key-value metadata key under which each compacted file records its [`Origin`].
+const ORIGIN_KEY: &str = "gpuwarden.compaction";
+
+/// What each compacted file records of the compaction that wrote it, so that a lost manifest
+/// can be told from a crashed compaction's leftovers and rebuilt
+/// ([`Compactor::account_for_outputs`]).
+/// Each name is kept once (an hour may supersede hundreds of ingest files): the inputs are
+/// `compacted` and `ingested`, the manifest's `superseded` after the commit is
+/// `superseded_before` and `ingested`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Origin {
+    /// The generation it belongs to.
+    generation: u64,
+    /// Rows of the whole generation (its inputs', and so its outputs' together).
+    rows: u64,
+    /// The previous generation's outputs it read.
+    compacted: Vec<String>,
+    /// The ingest files it read.
+    ingested: Vec<String>,
+    /// The manifest's `superseded` before it.
+    superseded_before: BTreeSet<String>,
+}
+
+impl Origin {
+    /// The compaction of `inputs` into `generation`, after a manifest superseding `before`.
+    fn new(generation: u64, rows: u64, inputs: &[String], before: &BTreeSet<String>) -> Self {
+        let (compacted, ingested) = inputs
+            .iter()
+            .cloned()
+            .partition(|name| name.starts_with(OUTPUT_PREFIX));
+        Self {
+            generation,
+            rows,
+            compacted,
+            ingested,
+            superseded_before: before.clone(),
+        }
+    }
+
+    /// Every file it read.
+    fn inputs(&self) -> impl Iterator<Item = &String> {
+        self.compacted.iter().chain(&self.ingested)
+    }
+
+    /// The manifest's `superseded` once it is committed.
+    fn superseded(&self) -> BTreeSet<String> {
+        let mut superseded = self.superseded_before.clone();
+        superseded.extend(self.ingested.iter().cloned());
+        superseded
+    }
+}
+
 /// How compaction writes, and how long retention keeps each table.
 #[derive(Debug, Clone)]
 pub struct CompactOptions {
@@ -190,6 +249,74 @@ pub enum CompactError {
         /// The encoder's error.
         source: parquet::errors::ParquetError,
     },
+    /// The rows written are not the rows the inputs' footers hold; nothing was committed.
+    #[error(
+        "compacting {dir}: the inputs hold {read} rows but {wrote} were written; nothing was \
+         committed (the next compaction removes the outputs)"
+    )]
+    RowsDiffer {
+        /// The hour directory.
+        dir: PathBuf,
+        /// Rows in the inputs' footers.
+        read: u64,
+        /// Rows written.
+        wrote: u64,
+    },
+    /// The hour's manifest is not readable: the hour is skipped (the others go on).
+    #[error(
+        "{reason}: queries over its table fail and the hour is not compacted until it is \
+         fixed; restore {path} from a backup, or remove it and the next compaction rebuilds it \
+         from the hour's compacted files"
+    )]
+    ManifestDamaged {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong with it, naming it.
+        reason: String,
+    },
+    /// The hour holds compacted files no manifest names and that cannot be placed (see
+    /// [`Compactor::account_for_outputs`]): the hour is skipped, and nothing in it deleted.
+    #[error("{dir}: {detail}; the hour is left as it is until an operator decides")]
+    Unaccounted {
+        /// The hour directory.
+        dir: PathBuf,
+        /// What was found, and what to do.
+        detail: String,
+    },
+}
+
+impl CompactError {
+    /// The label of an hour skipped for this error (`skipped_partitions_total{reason}`), if it is
+    /// one that concerns its hour alone; other errors stop the run.
+    fn skips_hour(&self) -> Option<SkipReason> {
+        match self {
+            Self::ManifestDamaged { .. } => Some(SkipReason::ManifestDamaged),
+            Self::Unaccounted { .. } => Some(SkipReason::OutputsUnaccounted),
+            _ => None,
+        }
+    }
+}
+
+/// Why compaction left an hour alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// Its `_compaction.json` is not readable.
+    ManifestDamaged,
+    /// It holds compacted files neither its manifest nor their own metadata account for.
+    OutputsUnaccounted,
+}
+
+impl SkipReason {
+    /// Every reason, in the order of [`CompactReport::skipped`].
+    pub const ALL: [SkipReason; 2] = [Self::ManifestDamaged, Self::OutputsUnaccounted];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ManifestDamaged => "manifest_damaged",
+            Self::OutputsUnaccounted => "outputs_unaccounted",
+        }
+    }
 }
 
 /// What one compaction run did.
@@ -209,6 +336,10 @@ pub struct CompactReport {
     pub rows: u64,
     /// Files left by earlier compactions (replaced, or written by one that crashed) removed.
     pub leftovers_removed: usize,
+    /// Lost manifests rebuilt from their outputs' metadata.
+    pub manifests_rebuilt: usize,
+    /// Hours left alone, by [`SkipReason`] (in the order of [`SkipReason::ALL`]).
+    pub skipped: [usize; 2],
 }
 
 impl CompactReport {
@@ -220,6 +351,10 @@ impl CompactReport {
         self.bytes_out += other.bytes_out;
         self.rows += other.rows;
         self.leftovers_removed += other.leftovers_removed;
+        self.manifests_rebuilt += other.manifests_rebuilt;
+        for (mine, theirs) in self.skipped.iter_mut().zip(other.skipped) {
+            *mine += theirs;
+        }
     }
 }
 
@@ -304,8 +439,23 @@ impl Compactor {
                 if hour + HOUR_MS + self.options.lateness_ms > watermark {
                     break;
                 }
-                let hour_report = self.hour(table, hour).await?;
-                report.add(&hour_report);
+                match self.hour(table, hour).await {
+                    Ok(hour_report) => report.add(&hour_report),
+                    // An hour that needs an operator does not hold the others back.
+                    Err(e) => match e.skips_hour() {
+                        Some(reason) => {
+                            tracing::error!(
+                                table = table.name(),
+                                hour = %crate::lake::hour_partition(hour),
+                                reason = reason.as_str(),
+                                error = %e,
+                                "compaction skips an hour"
+                            );
+                            report.skipped[reason as usize] += 1;
+                        }
+                        None => return Err(e),
+                    },
+                }
             }
         }
         Ok(report)
@@ -315,12 +465,23 @@ impl Compactor {
     async fn hour(&self, table: Table, hour: i64) -> Result<CompactReport, CompactError> {
         let dir = self.lake.hour_dir(table.name(), hour);
         let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
-        let manifest = Manifest::read(&dir).map_err(io("reading the manifest of", &dir))?;
+        let manifest = match Manifest::read(&dir) {
+            Ok(manifest) => manifest,
+            Err(e) if e.kind() == ErrorKind::InvalidData => {
+                return Err(CompactError::ManifestDamaged {
+                    path: dir.join(MANIFEST),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => return Err(io("reading the manifest of", &dir)(e).into()),
+        };
         let mut report = CompactReport::default();
 
         // List first, then read the flush journals: a flush's journal is written before its
         // files, so a file listed here that is not in a journal read after is committed.
         let names = parquet_names(&dir)?;
+        let manifest =
+            self.account_for_outputs(table, hour, &dir, manifest, &names, &mut report)?;
         let mut shown = Vec::new();
         for name in &names {
             if Manifest::concerns(name) && !manifest.outputs.contains(name) {
@@ -352,20 +513,27 @@ impl Compactor {
 
         let started = Instant::now();
         let generation = manifest.generation + 1;
-        let written = self.rewrite(table, &dir, &inputs, generation).await?;
+        let mut rows = 0;
+        for name in &inputs {
+            rows += footer(&dir.join(name))?.0;
+        }
+        let origin = Origin::new(generation, rows, &inputs, &manifest.superseded);
+        let written = self.rewrite(table, &dir, &origin).await?;
+        let wrote = written.iter().map(|(_, _, rows)| rows).sum();
+        if wrote != rows {
+            return Err(CompactError::RowsDiffer {
+                dir,
+                read: rows,
+                wrote,
+            });
+        }
         crash_point("outputs-written");
 
-        let mut next = Manifest {
+        let next = Manifest {
             generation,
             outputs: written.iter().map(|(name, _, _)| name.clone()).collect(),
-            superseded: manifest.superseded.clone(),
+            superseded: origin.superseded(),
         };
-        next.superseded.extend(
-            inputs
-                .iter()
-                .filter(|name| !name.starts_with(OUTPUT_PREFIX))
-                .cloned(),
-        );
         let bytes_in: u64 = inputs
             .iter()
             .filter_map(|name| fs::metadata(dir.join(name)).ok())
@@ -401,15 +569,144 @@ impl Compactor {
         Ok(report)
     }
 
-    /// Reads `inputs` of `dir`, sorted by the table's sort columns, into hidden output files of
-    /// `generation`; returns each file's name, bytes and rows.
+    /// Places the compacted files of `dir` that `manifest` does not name and that are newer than
+    /// its generation, before anything is deleted. Such files are either what a compaction left
+    /// when it crashed before its commit, or the outputs of a commit whose manifest was lost
+    /// since (deleted, or restored from a backup older than the hour). Each output records its
+    /// compaction ([`Origin`]), so the two are told apart: a crashed run deleted nothing, so
+    /// all of its inputs are still there and hold every row (its outputs are removed); a
+    /// committed one removed its inputs, so some are gone and the outputs hold the rows (the
+    /// manifest is rebuilt from them, and the hour marked for the rollups, which may have read
+    /// it without them). Newest generation first: a crashed run may follow a lost commit.
+    /// Outputs that fit neither (no record, as written before the record existed; or fewer
+    /// rows than recorded while inputs are gone) are [`CompactError::Unaccounted`]: rows may
+    /// exist nowhere else, so nothing is deleted. Returns the manifest to go on with.
+    fn account_for_outputs(
+        &self,
+        table: Table,
+        hour: i64,
+        dir: &Path,
+        manifest: Manifest,
+        names: &[String],
+        report: &mut CompactReport,
+    ) -> Result<Manifest, CompactError> {
+        if let Some(missing) = manifest.outputs.iter().find(|o| !names.contains(o)) {
+            // Under the compaction lock nothing else commits: the manifest is not this hour's
+            // (restored from a backup newer than the files), and the files it does not name
+            // may be the only copy of their rows.
+            return Err(CompactError::Unaccounted {
+                dir: dir.to_owned(),
+                detail: format!(
+                    "{MANIFEST} names {missing}, which is not in the hour; restore the hour's \
+                     files and its {MANIFEST} from the same backup"
+                ),
+            });
+        }
+        let mut unnamed: BTreeMap<u64, Vec<&String>> = BTreeMap::new();
+        for name in names {
+            if !name.starts_with(OUTPUT_PREFIX) || manifest.outputs.contains(name) {
+                continue;
+            }
+            let Some(generation) = generation_of(name) else {
+                return Err(CompactError::Unaccounted {
+                    dir: dir.to_owned(),
+                    detail: format!(
+                        "{name} is named like a compacted file but not as compaction names them; \
+                         move it out of the lake"
+                    ),
+                });
+            };
+            if generation > manifest.generation {
+                unnamed.entry(generation).or_default().push(name);
+            }
+        }
+        let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
+        let present: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        for (generation, outputs) in unnamed.into_iter().rev() {
+            let mut origin: Option<Origin> = None;
+            let mut rows = 0;
+            for name in &outputs {
+                let (file_rows, recorded) = footer(&dir.join(name))?;
+                rows += file_rows;
+                let Some(recorded) = recorded.filter(|o| o.generation == generation) else {
+                    return Err(CompactError::Unaccounted {
+                        dir: dir.to_owned(),
+                        detail: format!(
+                            "{name} is not in {MANIFEST} and does not record which compaction \
+                             wrote it (written by an older gpuwarden), so a crashed compaction's \
+                             leftover cannot be told from a lost manifest's output; restore \
+                             {MANIFEST} from a backup, or remove the file if every file it \
+                             replaced is still in the hour"
+                        ),
+                    });
+                };
+                if origin.as_ref().is_some_and(|o| *o != recorded) {
+                    return Err(CompactError::Unaccounted {
+                        dir: dir.to_owned(),
+                        detail: format!(
+                            "the compacted files of generation {generation} record different \
+                             compactions ({name} differs); restore {MANIFEST} from a backup"
+                        ),
+                    });
+                }
+                origin = Some(recorded);
+            }
+            let origin = origin.expect("a generation listed has outputs");
+            if origin.inputs().all(|i| present.contains(i.as_str())) {
+                // A compaction that crashed before its commit: its inputs hold every row.
+                for name in outputs {
+                    report.leftovers_removed +=
+                        usize::from(self.lake.remove(&relative_dir.join(name))?);
+                }
+                continue;
+            }
+            if rows != origin.rows {
+                return Err(CompactError::Unaccounted {
+                    dir: dir.to_owned(),
+                    detail: format!(
+                        "{MANIFEST} is missing, some files generation {generation} replaced are \
+                         gone, and its compacted files hold {rows} of its {} rows; restore \
+                         {MANIFEST} and the missing compact-g{generation}-* files from a backup",
+                        origin.rows
+                    ),
+                });
+            }
+            let rebuilt = Manifest {
+                generation,
+                outputs: outputs.into_iter().cloned().collect(),
+                superseded: origin.superseded(),
+            };
+            rebuilt.write(dir)?;
+            if matches!(table, Table::Samples | Table::LeaseEvents) {
+                self.lake.mark_for_recompute(table.name(), hour)?;
+            }
+            tracing::warn!(
+                table = table.name(),
+                hour = %crate::lake::hour_partition(hour),
+                generation,
+                outputs = rebuilt.outputs.len(),
+                rows,
+                lost = manifest.generation,
+                "rebuilt a lost compaction manifest from its compacted files' metadata \
+                 (until then queries read the hour without them)"
+            );
+            report.manifests_rebuilt += 1;
+            return Ok(rebuilt);
+        }
+        Ok(manifest)
+    }
+
+    /// Reads the inputs of `origin` in `dir`, sorted by the table's sort columns, into hidden
+    /// output files of `origin.generation`, each recording `origin` in its metadata; returns
+    /// each file's name, bytes and rows.
     async fn rewrite(
         &self,
         table: Table,
         dir: &Path,
-        inputs: &[String],
-        generation: u64,
+        origin: &Origin,
     ) -> Result<Vec<(String, u64, u64)>, CompactError> {
+        let (inputs, generation): (Vec<&String>, u64) =
+            (origin.inputs().collect(), origin.generation);
         let query = |source| CompactError::Query {
             dir: dir.to_owned(),
             source,
@@ -468,6 +765,10 @@ impl Compactor {
             .collect();
         let props = crate::lake::writer_properties(&schema, self.options.row_group_rows)
             .set_sorting_columns(Some(sorting))
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                ORIGIN_KEY.to_owned(),
+                serde_json::to_string(origin).expect("an origin serializes"),
+            )]))
             .build();
         let mut written = Vec::new();
         let mut current: Option<(String, PathBuf, ArrowWriter<fs::File>, u64)> = None;
@@ -530,6 +831,33 @@ fn finish(
     let path = dir.join(&name);
     fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
     Ok((name, bytes, rows))
+}
+
+/// The generation in a compacted file's name (`compact-g<generation>-<n>.parquet`).
+fn generation_of(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix(OUTPUT_PREFIX)?.strip_suffix(".parquet")?;
+    let (generation, n) = rest.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    generation.parse().ok()
+}
+
+/// A Parquet file's rows, and the compaction it records, if it is a compacted file.
+fn footer(path: &Path) -> Result<(u64, Option<Origin>), CompactError> {
+    use parquet::file::reader::{FileReader as _, SerializedFileReader};
+    let parquet = |source| CompactError::Parquet {
+        path: path.to_owned(),
+        source,
+    };
+    let file = fs::File::open(path).map_err(io("opening", path))?;
+    let reader = SerializedFileReader::new(file).map_err(parquet)?;
+    let meta = reader.metadata().file_metadata();
+    let origin = meta
+        .key_value_metadata()
+        .into_iter()
+        .flatten()
+        .find(|kv| kv.key == ORIGIN_KEY)
+        .and_then(|kv| serde_json::from_str(kv.value.as_deref()?).ok());
+    Ok((u64::try_from(meta.num_rows()).unwrap_or(0), origin))
 }
 
 /// The Parquet files of an hour directory, by name.
@@ -836,6 +1164,229 @@ mod tests {
             names(&hour),
             ["compact-g1-0000.parquet", "compact-g1-0001.parquet"]
         );
+    }
+
+    fn write_at(lake: &Lake, hour: i64, name: &str, rows: &[Sample]) -> PathBuf {
+        let relative = Lake::file_name("samples", hour, name, 0, rows.len() as i64);
+        lake.write(
+            &relative,
+            &Sample::to_record_batch(rows).unwrap(),
+            "samples",
+            hour,
+        )
+        .unwrap();
+        relative
+    }
+
+    #[test]
+    fn a_lost_manifest_is_rebuilt_from_the_outputs_and_every_row_stays_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let first = samples(0..20, T0, 500);
+        let replayed = write(&lake, "t-p0", &first);
+        write(&lake, "t-p1", &samples(20..40, T0, 500));
+        write(&lake, "t-p2", &samples(40..60, T0, 500));
+        let small = CompactOptions {
+            target_file_bytes: 8 << 10,
+            row_group_rows: 1_024,
+            ..CompactOptions::default()
+        };
+        let done = compact(&lake, small.clone());
+        assert!(done.compacted.files_out > 1, "{done:?}");
+        let hour = lake.hour_dir("samples", T0);
+        let committed = Manifest::read(&hour).unwrap();
+        let expected = 30_000 * 1_000_001;
+        assert_eq!(query(&lake, FIGURES), expected);
+
+        // The manifest is lost: the outputs are hidden, and a replay of a superseded input (its
+        // name no longer known to be superseded) shows again.
+        fs::remove_file(hour.join(MANIFEST)).unwrap();
+        lake.write(
+            &replayed,
+            &Sample::to_record_batch(&first).unwrap(),
+            "samples",
+            T0,
+        )
+        .unwrap();
+        assert_eq!(query(&lake, FIGURES), 10_000 * 1_000_001);
+        lake.clear_mark("samples", T0).unwrap();
+
+        // Compaction puts it back as it was, instead of deleting the outputs as leftovers.
+        let done = compact(&lake, small.clone());
+        assert_eq!(done.compacted.manifests_rebuilt, 1);
+        assert_eq!(done.compacted.hours, 0, "nothing new to compact");
+        assert_eq!(done.compacted.leftovers_removed, 1, "the replayed input");
+        assert_eq!(Manifest::read(&hour).unwrap(), committed);
+        assert_eq!(query(&lake, FIGURES), expected);
+        let mut outputs = committed.outputs.clone();
+        outputs.sort();
+        assert_eq!(names(&hour), outputs);
+        // The rollups may have read the hour without its outputs: they read it again.
+        assert_eq!(lake.marked_hours("samples"), [T0]);
+
+        // Lost again, with late data meanwhile: rebuilt, then compacted with the late rows.
+        fs::remove_file(hour.join(MANIFEST)).unwrap();
+        write(&lake, "t-p3", &samples(60..70, T0, 60));
+        let done = compact(&lake, small.clone());
+        assert_eq!(done.compacted.manifests_rebuilt, 1);
+        assert_eq!(done.compacted.hours, 1);
+        assert_eq!(query(&lake, FIGURES), 30_600 * 1_000_001);
+        let manifest = Manifest::read(&hour).unwrap();
+        assert_eq!(manifest.generation, 2);
+        assert_eq!(manifest.superseded.len(), 4);
+        assert!(names(&hour).iter().all(|n| n.starts_with("compact-g2-")));
+    }
+
+    #[test]
+    fn a_crashed_compaction_is_still_told_from_a_lost_manifest_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        write(&lake, "t-p0", &samples(0..10, T0, 60));
+        write(&lake, "t-p1", &samples(10..20, T0, 60));
+        compact(&lake, CompactOptions::default());
+        let hour = lake.hour_dir("samples", T0);
+        let g1 = Manifest::read(&hour).unwrap();
+        write(&lake, "t-p2", &samples(20..30, T0, 60));
+        let expected = 1_800 * 1_000_001;
+
+        // Generation 2 written and not committed (a crash before the manifest), every input
+        // still there: its outputs go, whatever manifest the hour has (here: the last one).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let compactor = Compactor::new(lake.clone(), CompactOptions::default());
+        let mut inputs = names(&hour);
+        inputs.sort();
+        let crashed = |compactor: &Compactor, generation| {
+            let origin = Origin::new(generation, 1_800, &inputs, &BTreeSet::new());
+            runtime
+                .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+                .unwrap()
+        };
+        crashed(&compactor, 2);
+        assert_eq!(query(&lake, FIGURES), expected);
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.leftovers_removed, 1, "{done:?}");
+        assert_eq!(done.compacted.manifests_rebuilt, 0);
+        assert_eq!(done.compacted.hours, 1);
+        assert_eq!(query(&lake, FIGURES), expected);
+        assert_eq!(names(&hour), ["compact-g2-0000.parquet"]);
+
+        // The same crash with the manifest also lost: the crashed generation goes, and the one
+        // before it (whose inputs are gone) is what the manifest is rebuilt from.
+        let g2 = Manifest::read(&hour).unwrap();
+        assert_ne!(g1, g2);
+        write(&lake, "t-p3", &samples(30..40, T0, 60));
+        let mut inputs_now = names(&hour);
+        inputs_now.sort();
+        let origin = Origin::new(3, 2_400, &inputs_now, &g2.superseded);
+        runtime
+            .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+            .unwrap();
+        fs::remove_file(hour.join(MANIFEST)).unwrap();
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.manifests_rebuilt, 1, "{done:?}");
+        assert_eq!(done.compacted.hours, 1, "the late file, with generation 2");
+        assert_eq!(query(&lake, FIGURES), 2_400 * 1_000_001);
+        assert_eq!(names(&hour), ["compact-g3-0000.parquet"]);
+    }
+
+    #[test]
+    fn outputs_that_cannot_be_placed_are_kept_and_their_hour_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let small = CompactOptions {
+            target_file_bytes: 8 << 10,
+            row_group_rows: 1_024,
+            ..CompactOptions::default()
+        };
+        write(&lake, "t-p0", &samples(0..20, T0, 500));
+        write(&lake, "t-p1", &samples(20..40, T0, 500));
+        let done = compact(&lake, small.clone());
+        assert!(done.compacted.files_out > 1, "{done:?}");
+        let hour = lake.hour_dir("samples", T0);
+
+        // The manifest and one output lost: the rest cannot be all the rows, and the inputs
+        // are gone, so nothing is deleted and the hour waits for an operator.
+        fs::remove_file(hour.join(MANIFEST)).unwrap();
+        fs::remove_file(hour.join("compact-g1-0000.parquet")).unwrap();
+        let before = names(&hour);
+        let done = compact(&lake, small.clone());
+        assert_eq!(done.compacted.skipped, [0, 1]);
+        assert_eq!(done.compacted.leftovers_removed, 0);
+        assert_eq!(names(&hour), before);
+        assert!(!hour.join(MANIFEST).exists());
+
+        // A manifest naming a file the hour lacks is not this hour's (a backup restored over
+        // older files): the files it does not name are kept.
+        write(&lake, "t-p2", &samples(40..50, T0, 60));
+        Manifest {
+            generation: 1,
+            outputs: vec!["compact-g1-0000.parquet".into()],
+            superseded: BTreeSet::new(),
+        }
+        .write(&hour)
+        .unwrap();
+        let before = names(&hour);
+        let done = compact(&lake, small.clone());
+        assert_eq!(done.compacted.skipped, [0, 1]);
+        assert_eq!(names(&hour), before);
+
+        // A compacted file that records nothing (written before the record existed) is kept.
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let a = write(&lake, "t-p0", &samples(0..10, T0, 60));
+        let hour = lake.hour_dir("samples", T0);
+        fs::copy(lake.root().join(&a), hour.join("compact-g1-0000.parquet")).unwrap();
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.skipped, [0, 1]);
+        assert!(hour.join("compact-g1-0000.parquet").exists());
+        assert!(lake.root().join(&a).exists());
+    }
+
+    #[test]
+    fn a_damaged_manifest_skips_its_hour_and_the_others_are_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        for h in 0..3 {
+            write_at(
+                &lake,
+                T0 + h * HOUR_MS,
+                "t-p0",
+                &samples(0..10, T0 + h * HOUR_MS, 60),
+            );
+        }
+        compact(&lake, CompactOptions::default());
+        let damaged = lake.hour_dir("samples", T0).join(MANIFEST);
+        fs::write(&damaged, b"{\"generation\": 1, \"outp").unwrap();
+        for h in 0..3 {
+            write_at(
+                &lake,
+                T0 + h * HOUR_MS,
+                "t-p1",
+                &samples(10..20, T0 + h * HOUR_MS, 60),
+            );
+        }
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.skipped, [1, 0]);
+        assert_eq!(done.compacted.hours, 2, "the hours after the damaged one");
+        for h in 1..3 {
+            assert_eq!(
+                names(&lake.hour_dir("samples", T0 + h * HOUR_MS)),
+                ["compact-g2-0000.parquet"]
+            );
+        }
+        assert_eq!(names(&lake.hour_dir("samples", T0)).len(), 2);
+        assert_eq!(fs::read(&damaged).unwrap(), b"{\"generation\": 1, \"outp");
+
+        // The fix the log gives: remove it, and the hour is rebuilt and compacted.
+        fs::remove_file(&damaged).unwrap();
+        let done = compact(&lake, CompactOptions::default());
+        assert_eq!(done.compacted.skipped, [0, 0]);
+        assert_eq!(done.compacted.manifests_rebuilt, 1);
+        assert_eq!(done.compacted.hours, 1);
+        assert_eq!(query(&lake, FIGURES), 3_600 * 1_000_001);
     }
 
     #[test]

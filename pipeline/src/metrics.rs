@@ -67,8 +67,11 @@ pub struct Metrics {
     signals_leader: AtomicU64,
     rollups: AtomicU64,
     rollup_failures: AtomicU64,
-    /// Compaction: hours compacted, files replaced, files written, failed runs.
-    compaction: [AtomicU64; 4],
+    /// Compaction: hours compacted, files replaced, files written, failed runs, lost manifests
+    /// rebuilt.
+    compaction: [AtomicU64; 5],
+    /// Hours compaction left alone, by [`crate::compact::SkipReason`] (in `ALL`'s order).
+    compaction_skipped: [AtomicU64; 2],
     /// Retention, by table: hours, files and bytes deleted.
     expired: Mutex<BTreeMap<&'static str, [u64; 3]>>,
     sql_login_failures: AtomicU64,
@@ -110,6 +113,7 @@ impl Default for Metrics {
             rollups: AtomicU64::default(),
             rollup_failures: AtomicU64::default(),
             compaction: Default::default(),
+            compaction_skipped: Default::default(),
             expired: Mutex::default(),
             sql_login_failures: AtomicU64::default(),
             sql_lockouts: Default::default(),
@@ -175,6 +179,10 @@ impl Metrics {
         let c = &done.compacted;
         for (i, n) in [c.hours, c.files_in, c.files_out].into_iter().enumerate() {
             self.compaction[i].fetch_add(n as u64, Ordering::Relaxed);
+        }
+        self.compaction[4].fetch_add(c.manifests_rebuilt as u64, Ordering::Relaxed);
+        for (counter, n) in self.compaction_skipped.iter().zip(c.skipped) {
+            counter.fetch_add(n as u64, Ordering::Relaxed);
         }
         let mut expired = self.expired.lock().unwrap_or_else(|e| e.into_inner());
         for e in &done.expired {
@@ -635,6 +643,10 @@ impl Metrics {
                 "gpuwarden_pipeline_compaction_failures_total",
                 "Runs of compaction and retention that failed (retried at the next one).",
             ),
+            (
+                "gpuwarden_pipeline_compaction_manifests_rebuilt_total",
+                "Lost _compaction.json manifests rebuilt from their hour's compacted files.",
+            ),
         ]
         .into_iter()
         .enumerate()
@@ -645,6 +657,26 @@ impl Metrics {
                 "counter",
                 help,
                 [("", self.compaction[i].load(Ordering::Relaxed) as f64)],
+            );
+        }
+        {
+            let labels: Vec<(String, f64)> = crate::compact::SkipReason::ALL
+                .iter()
+                .zip(&self.compaction_skipped)
+                .map(|(reason, n)| {
+                    (
+                        format!("reason=\"{}\"", reason.as_str()),
+                        n.load(Ordering::Relaxed) as f64,
+                    )
+                })
+                .collect();
+            family(
+                &mut out,
+                "gpuwarden_pipeline_compaction_skipped_partitions_total",
+                "counter",
+                "Hours compaction left alone for an operator (a damaged _compaction.json, or \
+                 compacted files it cannot account for), each run; the log names the file.",
+                labels.iter().map(|(l, v)| (l.as_str(), *v)),
             );
         }
         {

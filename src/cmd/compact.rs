@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use gpuwarden_pipeline::compact::{rollup_watermark, CompactError};
+use gpuwarden_pipeline::compact::{rollup_watermark, CompactError, SkipReason};
 use gpuwarden_pipeline::{CompactOptions, Compactor, Lake};
 use gpuwarden_schema::config;
 
@@ -16,7 +16,9 @@ use gpuwarden_schema::config;
 /// last compaction wrote is rewritten into as few files as pipeline.compaction.target_file_size
 /// allows, sorted for pruning (samples by gpu_uuid and ts_ms). Readers see the old files or the
 /// new ones, never both, and a crash at any point loses nothing: the next run finishes or
-/// discards what it left. Before that, the hours of samples, signals and quarantine that ended
+/// discards what it left, and rebuilds a lost _compaction.json from the compacted files. An
+/// hour it must leave to an operator (a damaged _compaction.json) is logged and skipped, and
+/// the command exits with 1 once the other hours are done. Before that, the hours of samples, signals and quarantine that ended
 /// longer than pipeline.retention before the watermark are deleted (the rollups, lease events
 /// and actions are kept).
 /// `gpuwarden pipeline` does both after every rollup by itself; run this after a backfill.
@@ -77,11 +79,32 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         c.leftovers_removed,
         started.elapsed().as_secs_f64()
     );
+    if c.manifests_rebuilt > 0 {
+        println!(
+            "lost manifests rebuilt from their compacted files: {}",
+            c.manifests_rebuilt
+        );
+    }
+    let mut skipped = false;
+    for (reason, n) in SkipReason::ALL.into_iter().zip(c.skipped) {
+        if n > 0 {
+            skipped = true;
+            println!(
+                "hours skipped ({}): {n}; the log names each file and what to do",
+                reason.as_str()
+            );
+        }
+    }
     for e in &done.expired {
         println!(
             "retention: {}: {} hours deleted ({} files, {} bytes)",
             e.table, e.hours, e.files, e.bytes
         );
     }
-    Ok(ExitCode::SUCCESS)
+    // Every other hour was done; one left for an operator still fails the command.
+    Ok(if skipped {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -261,7 +261,12 @@ impl Memory {
     /// `team`'s month-to-date spend: its latest spend signal of this month plus what its open
     /// leases have accrued since (or since the month began, or since they were granted,
     /// whichever is latest), at their current GPU counts. None when it has neither.
-    fn spend_of(&mut self, team: &str, now_ms: i64, pricing: &PricingConfig) -> Option<f64> {
+    pub(super) fn spend_of(
+        &mut self,
+        team: &str,
+        now_ms: i64,
+        pricing: &PricingConfig,
+    ) -> Option<f64> {
         let month_start = month_start_ms(now_ms);
         let signal = self
             .spend

@@ -793,17 +793,27 @@ impl Store {
     }
 
     /// Records a `team_spend` signal; an older one than the one kept is ignored.
+    ///
+    /// Month-to-date spend only grows, so a figure below what this store had already counted
+    /// by the signal's time (its last signal plus what the team's open leases accrued since,
+    /// at `pricing`) is raised to that count. Such figures are normal: the pipeline reads them
+    /// from the rollups, which lag the signal's time, and a period may be computed again (a
+    /// standby taking over publishing) from rollups read at another time. Taken as they come,
+    /// they would unblock a team just over its budget until the next signal blocks it again.
     pub fn record_team_spend(
         &self,
         team: &str,
         month_to_date_usd: f64,
         burn_usd_per_hour: f64,
         ts_ms: i64,
+        pricing: &PricingConfig,
     ) -> Pending<()> {
         self.mutate(|memory| {
             if memory.spend.get(team).is_some_and(|&(_, ts)| ts > ts_ms) {
                 return Change::Unchanged(());
             }
+            let counted = memory.spend_of(team, ts_ms, pricing).unwrap_or(0.0);
+            let month_to_date_usd = month_to_date_usd.max(counted);
             memory
                 .spend
                 .insert(team.to_owned(), (month_to_date_usd, ts_ms));
