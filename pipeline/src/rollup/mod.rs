@@ -99,9 +99,11 @@ pub struct RollupOptions {
     pub part_rows: usize,
 }
 
-/// The sample rows of one part of an hour computed at a time: with about 300 bytes held per row
-/// while a part is computed, 1 Mi rows keep a 100,000-GPU hour (72 M samples) near 300 MiB.
-pub const DEFAULT_PART_ROWS: usize = 1 << 20;
+/// The sample rows of one part of an hour computed at a time. A part's computation was seen to
+/// hold about 1.2 KB per row at its peak (`bench/up-fleet.sh`, 100,000 GPUs: 1.1 GB more for
+/// parts of 920,000 rows), so 256 Ki rows keep it near 300 MiB, for about 280 parts in a
+/// 100,000-GPU hour (72 M samples).
+pub const DEFAULT_PART_ROWS: usize = 1 << 18;
 
 impl RollupOptions {
     /// The options of a config file.
