@@ -11,7 +11,7 @@
 # from PyPI if missing. The machine's load (uptime) is printed with each order: the figures mean
 # little on a busy machine.
 #
-#   bench/ingest-vs-duckdb.sh [N=2000000] [THREADS=2]
+#   [GPUWARDEN_BIN=path] bench/ingest-vs-duckdb.sh [N=2000000] [THREADS=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-2000000}"
@@ -26,8 +26,10 @@ SORTED=$WORK/samples-$N.jsonl
 SHUFFLED=$WORK/samples-$N-shuffled.jsonl
 [[ -s $SORTED ]] || { echo "generating $N samples into $SORTED"; python3 bench/gen_samples.py "$N" "$SORTED"; }
 [[ -s $SHUFFLED ]] || { echo "generating $N shuffled samples into $SHUFFLED"; python3 bench/gen_samples.py "$N" "$SHUFFLED" --shuffle; }
-cargo build --release -q --bin gpuwarden
-BIN=$CARGO_TARGET_DIR/release/gpuwarden
+# GPUWARDEN_BIN: a gpuwarden binary to measure instead of building one (an older build, for a
+# baseline in the same conditions).
+BIN="${GPUWARDEN_BIN:-}"
+[[ -n $BIN ]] || { cargo build --release -q --bin gpuwarden; BIN=$CARGO_TARGET_DIR/release/gpuwarden; }
 
 measure() { # label, command...: prints "label seconds max_rss_kib"
   local label=$1; shift

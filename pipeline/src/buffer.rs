@@ -10,7 +10,7 @@ use std::time::Instant;
 use arrow_array::builder::{BinaryBuilder, Int64Builder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field, Schema};
-use gpuwarden_schema::sample_row::{SampleBuilder, SampleRow};
+use gpuwarden_schema::sample_row::{SampleBuilder, SampleCapacity, SampleRow};
 use gpuwarden_schema::{topics, Action, DecodeError, LeaseEvent, Record, Signal};
 
 use crate::bounds::{Bounds, Direction, HostSkews, OutOfBounds};
@@ -221,6 +221,8 @@ pub struct Sealed {
 /// Rows of one source (a partition, or a file chunk) since its last flush.
 pub struct SourceBuffer {
     hours: BTreeMap<(Table, i64), Rows>,
+    /// The sizes to make each hour's sample builder at ([`Self::with_sample_sizes`]).
+    sizes: BTreeMap<i64, SampleCapacity>,
     first: Option<i64>,
     last: i64,
     rows: usize,
@@ -242,6 +244,7 @@ impl Default for SourceBuffer {
     fn default() -> Self {
         Self {
             hours: BTreeMap::new(),
+            sizes: BTreeMap::new(),
             first: None,
             last: -1,
             rows: 0,
@@ -252,6 +255,15 @@ impl Default for SourceBuffer {
 }
 
 impl SourceBuffer {
+    /// A buffer whose sample builders for the hours in `sizes` start at those sizes, so that
+    /// they need not grow (a file chunk's hours, sized from the chunk before).
+    pub fn with_sample_sizes(sizes: BTreeMap<i64, SampleCapacity>) -> Self {
+        Self {
+            sizes,
+            ..Self::default()
+        }
+    }
+
     /// Decodes one record of `table` and buffers it, or buffers a quarantine row saying why not:
     /// it does not decode or validate, or its time is out of `arrival`'s bounds. `topic`,
     /// `partition`, `offset` locate it; each sample's clock skew goes to `skews` when given.
@@ -339,10 +351,14 @@ impl SourceBuffer {
                     skews.observe(&row.host, row.ts_ms, arrival.ms);
                 }
                 within(row.ts_ms)?;
-                let entry = self
-                    .hours
-                    .entry((table, hour_of(row.ts_ms)))
-                    .or_insert_with(|| Rows::new(table));
+                let hour = hour_of(row.ts_ms);
+                let entry = self.hours.entry((table, hour)).or_insert_with(|| {
+                    let builder = match self.sizes.get(&hour) {
+                        Some(size) => SampleBuilder::with_capacity(size),
+                        None => SampleBuilder::default(),
+                    };
+                    Rows::Samples(Box::new(builder))
+                });
                 let Rows::Samples(builder) = entry else {
                     unreachable!("samples entries hold a SampleBuilder")
                 };

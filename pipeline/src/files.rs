@@ -21,9 +21,9 @@
 //! which the hour holding the most is written out as a smaller row group of its open file (not as
 //! a new file); and at most two row groups per thread are being encoded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
-use std::io::{BufRead, Read};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -31,6 +31,7 @@ use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use gpuwarden_schema::sample_row::SampleCapacity;
 use parquet::arrow::arrow_writer::{
     compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
@@ -135,7 +136,10 @@ pub const IN_FLIGHT_CHUNKS: usize = 2;
 
 /// Whole lines, as read, in one buffer (no allocation per line).
 struct Chunk {
+    /// `..filled` is what was read; the rest is room for the next read, zeroed once when the
+    /// buffer grew and then reused, so that reading is one copy into memory already mapped.
     data: Vec<u8>,
+    filled: usize,
     /// `(start, end, 1-based line number)` of each non-empty line in `data`, newline excluded.
     lines: Vec<(usize, usize, i64)>,
     /// Where the next line not yet indexed starts.
@@ -148,6 +152,7 @@ impl Chunk {
     fn with_capacity(lines: usize) -> Self {
         Self {
             data: Vec::with_capacity(lines * 512),
+            filled: 0,
             lines: Vec::with_capacity(lines),
             scanned: 0,
             seq: 0,
@@ -277,6 +282,10 @@ fn ingest_blocks(
             );
             let bounds = *bounds;
             let (topic, spare_tx) = (topic.clone(), spare_tx.clone());
+            // Each hour's builders start at the size that hour had in the chunk before (with a
+            // little room): growing them by doubling copied every column and, worse, took fresh
+            // memory from the system for each chunk, which costs more than the decoding.
+            let mut sizes = BTreeMap::new();
             std::thread::spawn(move || loop {
                 let chunk = match chunk_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
                     Ok(chunk) => chunk,
@@ -286,7 +295,7 @@ fn ingest_blocks(
                     ms: crate::consume::wall_ms(),
                     bounds: &bounds,
                 };
-                let mut buffer = SourceBuffer::default();
+                let mut buffer = SourceBuffer::with_sample_sizes(std::mem::take(&mut sizes));
                 let (mut bad, mut ahead) = (0, 0);
                 for &(start, end, number) in &chunk.lines {
                     let outcome = buffer.add(
@@ -311,7 +320,7 @@ fn ingest_blocks(
                 future.fetch_add(ahead, Ordering::Relaxed);
                 let seq = chunk.seq;
                 let mut chunk = chunk;
-                chunk.data.clear();
+                chunk.filled = 0;
                 chunk.lines.clear();
                 chunk.scanned = 0;
                 let _ = spare_tx.send(chunk);
@@ -319,6 +328,14 @@ fn ingest_blocks(
                     .seal()
                     .expect("batches of validated rows build")
                     .expect("a chunk has lines");
+                sizes = sealed
+                    .batches
+                    .iter()
+                    .filter(|(table, _, _)| *table == Table::Samples)
+                    .filter_map(|(_, hour, batch)| {
+                        Some((*hour, SampleCapacity::of(batch)?.with_headroom(16)))
+                    })
+                    .collect();
                 let decoded = Msg::Decoded {
                     seq,
                     first: sealed.first,
@@ -335,28 +352,41 @@ fn ingest_blocks(
     let started = Instant::now();
     let (mut line_no, mut chunks) = (0i64, 0u64);
     let mut chunk = Chunk::with_capacity(chunk_lines);
-    // Blocks are read straight into the chunk's buffer; lines are found with memchr and never
-    // copied one by one. An unfinished last line moves to the next chunk.
+    // Blocks are read straight into the chunk's buffer (a read this large passes a BufReader's
+    // own buffer by); lines are found with memchr and never copied one by one. An unfinished
+    // last line moves to the next chunk.
     let read_error = loop {
-        let n = match (&mut *input)
-            .take(read_block as u64)
-            .read_to_end(&mut chunk.data)
-        {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                break Some(FileError::Read {
-                    input: name.to_string(),
-                    source,
-                })
+        let room = chunk.filled + read_block;
+        if chunk.data.len() < room {
+            chunk.data.resize(room, 0);
+        }
+        // A whole block unless the input ends (a pipe gives less at a time): chunks end where
+        // blocks do, and must not depend on how the input was delivered.
+        let mut n = 0;
+        let failed = loop {
+            if chunk.filled + n == room {
+                break None;
+            }
+            match input.read(&mut chunk.data[chunk.filled + n..room]) {
+                Ok(0) => break None,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => break Some(source),
             }
         };
+        chunk.filled += n;
+        if let Some(source) = failed {
+            break Some(FileError::Read {
+                input: name.to_string(),
+                source,
+            });
+        }
         let eof = n == 0;
         let mut start = chunk.scanned;
-        while start < chunk.data.len() {
-            let end = match memchr::memchr(b'\n', &chunk.data[start..]) {
+        while start < chunk.filled {
+            let end = match memchr::memchr(b'\n', &chunk.data[start..chunk.filled]) {
                 Some(i) => start + i,
-                None if eof => chunk.data.len(),
+                None if eof => chunk.filled,
                 None => break,
             };
             line_no += 1;
@@ -365,7 +395,7 @@ fn ingest_blocks(
             }
             start = end + 1;
         }
-        chunk.scanned = start.min(chunk.data.len());
+        chunk.scanned = start.min(chunk.filled);
         if chunk.lines.len() >= chunk_lines || (eof && !chunk.lines.is_empty()) {
             // Wait for the sequencer to take a chunk; none comes back if it has stopped.
             if credit_rx.recv().is_err() {
@@ -374,8 +404,13 @@ fn ingest_blocks(
             let mut next = spare_rx
                 .try_recv()
                 .unwrap_or_else(|_| Chunk::with_capacity(chunk_lines));
-            next.data.extend_from_slice(&chunk.data[chunk.scanned..]);
-            chunk.data.truncate(chunk.scanned);
+            let tail = chunk.filled - chunk.scanned;
+            if next.data.len() < tail {
+                next.data.resize(tail, 0);
+            }
+            next.data[..tail].copy_from_slice(&chunk.data[chunk.scanned..chunk.filled]);
+            next.filled = tail;
+            chunk.filled = chunk.scanned;
             let mut full = std::mem::replace(&mut chunk, next);
             full.seq = chunks;
             if chunk_tx.send(full).is_err() {
@@ -511,8 +546,14 @@ struct Sequencer {
     open: BTreeMap<(Table, i64), u64>,
     next_id: u64,
     pending_bytes: usize,
+    /// Files being synced and renamed into place, oldest first.
+    finishing: VecDeque<std::thread::JoinHandle<Result<(), LakeError>>>,
+    /// Files in place.
     written: u64,
 }
+
+/// Files being synced at once at most.
+const MAX_FINISHING: usize = 8;
 
 impl Sequencer {
     fn new(
@@ -533,6 +574,7 @@ impl Sequencer {
             open: BTreeMap::new(),
             next_id: 0,
             pending_bytes: 0,
+            finishing: VecDeque::new(),
             written: 0,
         }
     }
@@ -544,10 +586,16 @@ impl Sequencer {
         inbox: mpsc::Receiver<Msg>,
         credits: mpsc::SyncSender<()>,
     ) -> Result<u64, FileError> {
-        let result = self.sequence(&inbox, &credits);
+        let mut result = self.sequence(&inbox, &credits);
         // The reader, decoders and encoders stop once these are gone.
         drop((credits, inbox));
         self.encode.take();
+        while !self.finishing.is_empty() {
+            let finished = self.join_oldest();
+            if result.is_ok() {
+                result = finished;
+            }
+        }
         if result.is_err() {
             for file in self.files.values() {
                 let _ = std::fs::remove_file(&file.tmp);
@@ -851,15 +899,47 @@ impl Sequencer {
                 path: tmp.clone(),
                 source,
             })?;
-        out.sync_all().map_err(io("syncing", &tmp))?;
-        let bytes = out.metadata().map_err(io("reading", &tmp))?.len();
-        drop(out);
+        // Syncing waits on the disk, so a thread of its own syncs and renames while the
+        // sequencer goes on; files that end together (every open hour at the end of the input)
+        // are synced at once instead of one after another.
+        while self.finishing.len() >= MAX_FINISHING {
+            self.join_oldest()?;
+        }
+        let (lake, metrics, rows, hour) = (
+            self.lake.clone(),
+            Arc::clone(&self.metrics),
+            file.rows,
+            file.hour,
+        );
         let table = file.table.name();
-        self.lake.install(&tmp, &relative, table, file.hour)?;
-        self.metrics.written(table, file.rows, bytes);
-        self.written += 1;
-        tracing::debug!(file = %relative.display(), rows = file.rows, bytes, "ingest file written");
+        self.finishing.push_back(std::thread::spawn(move || {
+            out.sync_all().map_err(io("syncing", &tmp))?;
+            let bytes = out.metadata().map_err(io("reading", &tmp))?.len();
+            drop(out);
+            lake.install(&tmp, &relative, table, hour)?;
+            metrics.written(table, rows, bytes);
+            tracing::debug!(file = %relative.display(), rows, bytes, "ingest file written");
+            Ok(())
+        }));
         Ok(())
+    }
+
+    /// Waits for the file finished longest ago to be synced and in place.
+    fn join_oldest(&mut self) -> Result<(), FileError> {
+        let Some(finishing) = self.finishing.pop_front() else {
+            return Ok(());
+        };
+        match finishing.join() {
+            Ok(Ok(())) => {
+                self.written += 1;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(panic) => Err(FileError::Decoder {
+                input: self.source.clone(),
+                message: panic_message(panic),
+            }),
+        }
     }
 }
 
@@ -889,6 +969,8 @@ fn sanitize(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
     use crate::lake::hour_of;
 
@@ -1096,6 +1178,45 @@ mod tests {
             hours,
             "every hour is rolled up again"
         );
+    }
+
+    /// An input that gives at most a few bytes per read, as a pipe may.
+    struct Trickle(std::io::Cursor<Vec<u8>>);
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(7);
+            self.0.read(&mut buf[..n])
+        }
+    }
+
+    #[test]
+    fn an_input_read_a_few_bytes_at_a_time_makes_the_same_files() {
+        // More hours than files stay open, so that file ranges show where chunks ended.
+        let (text, _) = shuffled_samples(7, 60);
+        let (whole, trickled) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let whole_lake = Lake::open(whole.path()).unwrap();
+        let whole_report = ingest_text(&whole_lake, &text, options(20, 2, 1 << 20));
+        let trickled_lake = Lake::open(trickled.path()).unwrap();
+        let mut input = std::io::BufReader::with_capacity(
+            1,
+            Trickle(std::io::Cursor::new(text.clone().into_bytes())),
+        );
+        let trickled_report = ingest_blocks(
+            &mut input,
+            "export.jsonl",
+            Table::Samples,
+            &trickled_lake,
+            options(20, 2, 1 << 20),
+            &Bounds::none(),
+            &Arc::new(Metrics::default()),
+            4096,
+        )
+        .unwrap();
+        assert_eq!(trickled_report, whole_report);
+        let files = sample_files(whole.path());
+        assert!(files.len() > 7, "{} files", files.len());
+        assert_eq!(sample_files(trickled.path()), files);
     }
 
     #[test]

@@ -143,27 +143,96 @@ pub struct SampleBuilder {
 
 impl Default for SampleBuilder {
     fn default() -> Self {
+        // Arrow's own default sizes.
+        Self::with_capacity(&SampleCapacity {
+            rows: 1024,
+            strings: [1024; 7],
+        })
+    }
+}
+
+/// How many rows, and bytes of each string column, a [`SampleBuilder`] is made for: its
+/// buffers are allocated at that size once instead of doubling as rows come. Taken from a
+/// batch like the ones to come ([`SampleCapacity::of`]), it saves the copies and the fresh
+/// memory that growing costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SampleCapacity {
+    /// Rows.
+    pub rows: usize,
+    /// Bytes of the values of each string column, in schema order (`host`, `gpu_uuid`,
+    /// `gpu_model`, `pci_bus_id`, `lease_id`, `mig_profile`, `labels`).
+    pub strings: [usize; 7],
+}
+
+impl SampleCapacity {
+    /// The sizes of a `samples` batch (as [`SampleBuilder::finish`] makes), or `None` for a
+    /// batch of another schema.
+    pub fn of(batch: &RecordBatch) -> Option<Self> {
+        let mut strings = [0; 7];
+        for (bytes, name) in strings.iter_mut().zip(STRING_COLUMNS) {
+            *bytes = batch
+                .column_by_name(name)?
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()?
+                .value_data()
+                .len();
+        }
+        Some(Self {
+            rows: batch.num_rows(),
+            strings,
+        })
+    }
+
+    /// The same sizes with `1/den` more room, so that a batch a little larger than the one
+    /// measured still fits.
+    pub fn with_headroom(self, den: usize) -> Self {
+        let more = |n: usize| n + n / den.max(1);
         Self {
-            ts_ms: Int64Builder::new(),
-            interval_ms: Int64Builder::new(),
-            host: StringBuilder::new(),
-            gpu_uuid: StringBuilder::new(),
-            gpu_model: StringBuilder::new(),
-            util_gpu_pct: Float64Builder::new(),
-            mem_used_bytes: Int64Builder::new(),
-            mem_total_bytes: Int64Builder::new(),
-            gpu_index: Int64Builder::new(),
-            pci_bus_id: StringBuilder::new(),
-            util_mem_pct: Float64Builder::new(),
-            power_w: Float64Builder::new(),
-            power_limit_w: Float64Builder::new(),
-            energy_mj: Int64Builder::new(),
-            temp_c: Float64Builder::new(),
-            sm_clock_mhz: Int64Builder::new(),
-            process_count: Int64Builder::new(),
-            lease_id: StringBuilder::new(),
-            mig_profile: StringBuilder::new(),
-            labels: StringBuilder::new(),
+            rows: more(self.rows),
+            strings: self.strings.map(more),
+        }
+    }
+}
+
+/// The string columns of the `samples` schema, in the order of [`SampleCapacity::strings`].
+const STRING_COLUMNS: [&str; 7] = [
+    "host",
+    "gpu_uuid",
+    "gpu_model",
+    "pci_bus_id",
+    "lease_id",
+    "mig_profile",
+    "labels",
+];
+
+impl SampleBuilder {
+    /// A builder whose buffers hold `capacity` without growing.
+    pub fn with_capacity(capacity: &SampleCapacity) -> Self {
+        let n = capacity.rows;
+        let [host, gpu_uuid, gpu_model, pci_bus_id, lease_id, mig_profile, labels] = capacity
+            .strings
+            .map(|bytes| StringBuilder::with_capacity(n, bytes));
+        Self {
+            ts_ms: Int64Builder::with_capacity(n),
+            interval_ms: Int64Builder::with_capacity(n),
+            host,
+            gpu_uuid,
+            gpu_model,
+            util_gpu_pct: Float64Builder::with_capacity(n),
+            mem_used_bytes: Int64Builder::with_capacity(n),
+            mem_total_bytes: Int64Builder::with_capacity(n),
+            gpu_index: Int64Builder::with_capacity(n),
+            pci_bus_id,
+            util_mem_pct: Float64Builder::with_capacity(n),
+            power_w: Float64Builder::with_capacity(n),
+            power_limit_w: Float64Builder::with_capacity(n),
+            energy_mj: Int64Builder::with_capacity(n),
+            temp_c: Float64Builder::with_capacity(n),
+            sm_clock_mhz: Int64Builder::with_capacity(n),
+            process_count: Int64Builder::with_capacity(n),
+            lease_id,
+            mig_profile,
+            labels,
             rows: 0,
             bytes: 0,
         }
@@ -289,6 +358,48 @@ mod tests {
         let sample = Sample::from_json(json).unwrap();
         let expected = Sample::to_record_batch(&[sample.clone(), sample]).unwrap();
         assert_eq!(batch, expected);
+    }
+
+    #[test]
+    fn a_builder_sized_from_a_batch_builds_the_same_batches() {
+        let json = br#"{"v":1,"ts_ms":5000,"interval_ms":5000,"host":"node-1","gpu_uuid":"GPU-12","gpu_model":"H100","util_gpu_pct":42.5,"mem_used_bytes":1,"mem_total_bytes":2,"lease_id":"l-1","labels":{"k":"v"}}"#;
+        let row = SampleRow::from_json(json).unwrap();
+        let mut builder = SampleBuilder::default();
+        for _ in 0..3 {
+            builder.append(&row);
+        }
+        let batch = builder.finish().unwrap();
+        let size = SampleCapacity::of(&batch).unwrap();
+        assert_eq!(
+            size,
+            SampleCapacity {
+                rows: 3,
+                strings: [18, 18, 12, 0, 9, 0, 27],
+            }
+        );
+        assert_eq!(
+            size.with_headroom(2),
+            SampleCapacity {
+                rows: 4,
+                strings: [27, 27, 18, 0, 13, 0, 40],
+            }
+        );
+        // Fewer rows than it was made for, and more: the same batches as an unsized builder's.
+        for rows in [1, 3, 50] {
+            let mut sized = SampleBuilder::with_capacity(&size);
+            let mut unsized_ = SampleBuilder::default();
+            for _ in 0..rows {
+                sized.append(&row);
+                unsized_.append(&row);
+            }
+            assert_eq!(sized.finish().unwrap(), unsized_.finish().unwrap());
+        }
+        let other = arrow_array::RecordBatch::try_from_iter([(
+            "host",
+            Arc::new(arrow_array::Int64Array::from(vec![1])) as ArrayRef,
+        )])
+        .unwrap();
+        assert_eq!(SampleCapacity::of(&other), None, "not a samples batch");
     }
 
     #[test]
