@@ -31,11 +31,8 @@ pub fn register_dirs(
         .iter()
         .map(|dir| ListingTableUrl::parse(format!("{}/", dir.display())))
         .collect::<Result<Vec<_>, _>>()?;
-    // The session's Parquet options (`datafusion.execution.parquet.*`: page index, filter
-    // pushdown, metadata size hint), not the defaults a bare `ParquetFormat` keeps whatever
-    // the session says.
-    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
-    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
     let config = ListingTableConfig::new_with_multi_paths(urls)
         .with_listing_options(options)
         .with_schema(schema);

@@ -76,7 +76,7 @@ async fn register_lake(
             &ctx,
             table.name(),
             &lake.root().join(table.name()),
-            text_as_views(&table.schema()),
+            table.schema(),
         )?;
     }
     for table in RollupTable::ALL {
@@ -90,31 +90,6 @@ async fn register_lake(
     ctx.sql(LEASE_USAGE).await?;
     ctx.sql(CLOCK_SKEW).await?;
     Ok(ctx)
-}
-
-/// `schema` with its text columns as `Utf8View`, how the raw tables are read for SQL.
-///
-/// The files keep names (hosts, GPUs, models, leases) dictionary-encoded. Read as `Utf8`, every
-/// row's string is copied out of the page's dictionary into a new buffer; read as `Utf8View`, a
-/// row is a 16-byte view of the decoded dictionary (a string of up to 12 bytes inside the view
-/// itself), which filters, joins and GROUP BY compare by their prefix first. Over 34.6 M
-/// compacted samples, `GROUP BY gpu_model` went from 1.3 s to 0.75 s on 2 busy cores. Clients see the
-/// same text: `Utf8View` is `text` over the Postgres wire and prints as `Utf8` does, and
-/// DataFusion compares and joins it with `Utf8` (the rollups' text) without a cast the user
-/// writes. Only the raw tables: the rollups are small and their types are what
-/// `docs/ARCHITECTURE.md` gives for the FOCUS export.
-fn text_as_views(schema: &Schema) -> SchemaRef {
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|field| match field.data_type() {
-            DataType::Utf8 | DataType::LargeUtf8 => {
-                field.as_ref().clone().with_data_type(DataType::Utf8View)
-            }
-            _ => field.as_ref().clone(),
-        })
-        .collect();
-    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
@@ -282,68 +257,6 @@ mod tests {
             2,
             "and the next one: the listing is not cached"
         );
-    }
-
-    /// The raw tables' text reads as views, and filters and joins it with plain text as before.
-    #[tokio::test]
-    async fn raw_text_reads_as_views_and_compares_with_text() {
-        use gpuwarden_schema::Record as _;
-        let dir = tempfile::tempdir().unwrap();
-        let lake = Lake::open(dir.path()).unwrap();
-        let rows: Vec<_> = [("h1", "GPU-1", "M1"), ("h2", "GPU-2", "NVIDIA H100 80GB HBM3")]
-            .iter()
-            .map(|(host, gpu, model)| {
-                gpuwarden_schema::Sample::from_json(
-                    format!(
-                        r#"{{"v":1,"ts_ms":1000,"interval_ms":1000,"host":"{host}","gpu_uuid":"{gpu}","gpu_model":"{model}","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
-                    )
-                    .as_bytes(),
-                )
-                .unwrap()
-            })
-            .collect();
-        let batch = gpuwarden_schema::Sample::to_record_batch(&rows).unwrap();
-        lake.write(
-            &Lake::file_name("samples", 0, "test", 0, 1),
-            &batch,
-            "samples",
-            0,
-        )
-        .unwrap();
-        let ctx = context(&lake).await.unwrap();
-        let names = Arc::new(Schema::new(vec![Field::new("gpu", DataType::Utf8, false)]));
-        let names = RecordBatch::try_new(
-            names.clone(),
-            vec![Arc::new(StringArray::from(vec!["GPU-2"]))],
-        )
-        .unwrap();
-        ctx.register_table(
-            "names",
-            Arc::new(MemTable::try_new(names.schema(), vec![vec![names]]).unwrap()),
-        )
-        .unwrap();
-        let (schema, batches) = run(
-            &ctx,
-            "SELECT s.host, arrow_typeof(s.gpu_model) FROM samples s JOIN names n \
-             ON n.gpu = s.gpu_uuid WHERE s.gpu_model = 'NVIDIA H100 80GB HBM3' \
-             AND s.host IN ('h1', 'h2')",
-        )
-        .await
-        .unwrap();
-        assert_eq!(schema.field(0).data_type(), &DataType::Utf8View);
-        let batch = datafusion::arrow::compute::concat_batches(&schema, &batches).unwrap();
-        let text = |i: usize| {
-            let column =
-                datafusion::arrow::compute::cast(batch.column(i), &DataType::Utf8).unwrap();
-            let column = column.as_any().downcast_ref::<StringArray>().unwrap();
-            column
-                .iter()
-                .flatten()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(text(0), ["h2"]);
-        assert_eq!(text(1), ["Utf8View"]);
     }
 
     /// A query over a file the rollups replace and remove while it runs reads the version it
