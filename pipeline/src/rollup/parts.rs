@@ -87,9 +87,6 @@ pub(super) async fn split(
         hashes.clear();
         hashes.resize(batch.num_rows(), 0);
         create_hashes([batch.column(0)], &hasher, &mut hashes)?;
-        for part_rows in &mut rows {
-            part_rows.clear();
-        }
         for (row, hash) in hashes.iter().enumerate() {
             let row = u32::try_from(row).expect("a batch has fewer than 2^32 rows");
             rows[(*hash % parts as u64) as usize].push(row);
@@ -98,6 +95,7 @@ pub(super) async fn split(
             if part_rows.is_empty() {
                 continue;
             }
+            // Taken, the part's row list is left empty for the next batch.
             let indices = UInt32Array::from(std::mem::take(part_rows));
             pending[part].push(take_record_batch(&batch, &indices)?);
             pending_rows[part] += indices.len();
