@@ -4,7 +4,9 @@
 # samples before and after compaction, and the same queries in DuckDB over the same rows written
 # once by DuckDB (one COPY), both on 2 threads, best of 3. gpuwarden's queries after compaction
 # are timed in a new session each (`gpuwarden sql`) and in one held session (the SQL endpoint's
-# connection, and how DuckDB's connection is held here).
+# connection, and how DuckDB's connection is held here). Last, the same queries in a plain
+# DataFusion session over DuckDB's file and over the compacted lake: what the query engine
+# itself takes on these rows, the floor under gpuwarden's figures.
 #
 #   bench/lake-month.sh [GPUS] [DAYS]     default 1000 GPUs, 30 days (525 M samples)
 #
@@ -37,6 +39,7 @@ if not (reuse and os.path.exists(f"{d}/duck.parquet")):
     con.execute(f"COPY (SELECT * FROM read_parquet('{d}/lake/samples/*/*/*.parquet')) TO '{d}/duck.parquet.tmp' (FORMAT parquet, COMPRESSION zstd)")
     os.rename(f"{d}/duck.parquet.tmp", f"{d}/duck.parquet")
     print(json.dumps({"phase": "duckdb wrote", "bytes": os.path.getsize(f"{d}/duck.parquet"), "copy_s": time.perf_counter() - t}))
+open(f"{d}/duckdb.jsonl", "w").close()
 con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet('{d}/duck.parquet')")
 after = {l["query"]: l for l in lines if l.get("phase") == "after compaction"}
 before = {l["query"]: l for l in lines if l.get("phase") == "before compaction"}
@@ -45,6 +48,8 @@ for name, l in after.items():
     for _ in range(3):
         t = time.perf_counter(); con.execute(l["sql"]).fetchall(); times.append(time.perf_counter() - t)
     times.sort()
+    with open(f"{d}/duckdb.jsonl", "a") as out:
+        out.write(json.dumps({"query": name, "duckdb_best_s": times[0]}) + "\n")
     b = before.get(name, {}).get("best_s")
     print(json.dumps({"query": name, "duckdb_best_s": times[0], "gpuwarden_compacted_best_s": l["best_s"],
                       "gpuwarden_compacted_held_session_best_s": l["held_session_best_s"],
@@ -52,4 +57,15 @@ for name, l in after.items():
                       "ratio_compacted_vs_duckdb": l["best_s"] / times[0],
                       "ratio_compacted_held_session_vs_duckdb": l["held_session_best_s"] / times[0],
                       "ratio_uncompacted_vs_duckdb": (b / times[0]) if b else None}))
+PY
+# The engine's floor: a plain DataFusion session (no gpuwarden schema, versioned reads or
+# governor) over DuckDB's file and over the compacted lake, against DuckDB's time.
+LAKE_MONTH_BARE=1 cargo bench -q -p gpuwarden-pipeline --bench lake_month -- "$DIR" "$GPUS" "$DAYS" | tee "$DIR/bare.jsonl"
+"$PY" - "$DIR" <<'PY'
+import json, sys
+d = sys.argv[1]
+duck = {l["query"]: l["duckdb_best_s"] for l in map(json.loads, open(f"{d}/duckdb.jsonl"))}
+for l in map(json.loads, open(f"{d}/bare.jsonl")):
+    print(json.dumps({"phase": l["phase"], "query": l["query"], "best_s": l["best_s"],
+                      "ratio_vs_duckdb": l["best_s"] / duck[l["query"]]}))
 PY

@@ -178,6 +178,41 @@ fn queries(
     }
 }
 
+/// The engine's own floor: the same queries in a plain DataFusion session (its defaults, none of
+/// gpuwarden's schema, versioned reads or governor), over `path` (DuckDB's file of the same rows,
+/// or the compacted lake's directory); best and median of `runs` in one held session.
+fn bare_datafusion(
+    runtime: &tokio::runtime::Runtime,
+    label: &str,
+    path: &str,
+    runs: usize,
+    last_day: i64,
+    gpu: &str,
+) {
+    let ctx = datafusion::prelude::SessionContext::new();
+    runtime
+        .block_on(ctx.register_parquet("samples", path, Default::default()))
+        .unwrap();
+    for (name, sql) in QUERIES {
+        let sql = sql
+            .replace("{last_day}", &last_day.to_string())
+            .replace("{gpu}", gpu);
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let started = Instant::now();
+            runtime
+                .block_on(gpuwarden_pipeline::sql::run(&ctx, &sql))
+                .unwrap();
+            times.push(started.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{}",
+            serde_json::json!({"phase": label, "query": name, "best_s": times[0], "median_s": times[runs / 2]})
+        );
+    }
+}
+
 fn main() {
     // `cargo nextest run --all-targets` lists every bench target's tests: it has none.
     if std::env::args().any(|a| a == "--list") {
@@ -201,6 +236,31 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let last_day = T0 + (days - 1) * 24 * HOUR_MS;
+    let gpu = format!("GPU-{:08x}-0000-4000-8000-{:012x}", 42, 42);
+    if std::env::var("LAKE_MONTH_BARE").is_ok_and(|v| v == "1") {
+        // Run by the script after DuckDB wrote its file: the engine's floor on both files.
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let duck = dir.join("duck.parquet");
+        let lake = dir.join("lake/samples/");
+        bare_datafusion(
+            &runtime,
+            "bare datafusion, duckdb's file",
+            duck.to_str().unwrap(),
+            3,
+            last_day,
+            &gpu,
+        );
+        bare_datafusion(
+            &runtime,
+            "bare datafusion, compacted lake",
+            lake.to_str().unwrap(),
+            3,
+            last_day,
+            &gpu,
+        );
+        return;
+    }
     let lake = Lake::open(dir.join("lake")).unwrap();
     let by_partition: Vec<Vec<usize>> = (0..PARTITIONS)
         .map(|p| (0..gpus).filter(|g| g % PARTITIONS == p).collect())
@@ -252,8 +312,6 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let last_day = T0 + (days - 1) * 24 * HOUR_MS;
-    let gpu = format!("GPU-{:08x}-0000-4000-8000-{:012x}", 42, 42);
     if !reuse && std::env::var("LAKE_MONTH_SKIP_BEFORE").is_err() {
         // Once: over thousands of small files a query takes minutes.
         queries(&runtime, &lake, "before compaction", 1, last_day, &gpu);
