@@ -28,6 +28,7 @@ pub mod drivers;
 pub mod fields;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod kubernetes;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;

@@ -20,6 +20,7 @@ pub mod fleet;
 pub mod json_schema;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod kubernetes;
 pub mod lease;
 pub mod login_limit;
 pub mod prom;

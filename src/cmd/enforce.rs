@@ -95,6 +95,8 @@ pub(crate) struct Enforcer {
     ticking: tokio::task::JoinHandle<()>,
     /// The watchers of the Slurm substrates' queues.
     slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
+    /// The Kubernetes substrates' admission webhooks.
+    webhooks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     signals: tokio::task::JoinHandle<()>,
     signals_stop: Arc<AtomicBool>,
     /// Held until the enforcer has stopped: with `brokers = "embedded"` the broker lives as long
@@ -217,13 +219,45 @@ pub(crate) async fn start(
         }
     });
 
+    // Each Kubernetes substrate's admission webhook, on its own TLS listener.
+    let (mut webhooks, mut webhook_tls) = (Vec::new(), Vec::new());
+    for s in &config.substrates {
+        let Some(k) = &s.kubernetes else { continue };
+        let tls = ServerTls::load(
+            &k.webhook_tls,
+            "substrates.kubernetes.webhook_tls",
+            "kubernetes-webhook",
+            &[b"http/1.1"],
+        )?;
+        let listener = tokio::net::TcpListener::bind(k.webhook_listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding substrate {}'s admission webhook to {}",
+                    s.name, k.webhook_listen
+                )
+            })?;
+        tracing::info!(
+            substrate = %s.name,
+            url = %format!("https://{}/validate", listener.local_addr()?),
+            "kubernetes admission webhook running"
+        );
+        webhooks.push(tokio::spawn(serve_tls(
+            listener,
+            gpuwarden_enforcer::kubernetes::router(service.clone(), s.name.clone()),
+            TlsAcceptor::from(tls.config()),
+            stop_rx.clone(),
+        )));
+        webhook_tls.push(tls);
+    }
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
     let reloads = tls.clone();
     let app =
         api::router(AppState::new(service)).merge(super::metrics_http::metrics_only(move || {
             let mut page = metrics.render_with(store.commit_stats());
-            if let Some(tls) = &reloads {
-                tls.render_metrics(&mut page);
+            let listeners: Vec<&ServerTls> = reloads.iter().chain(&webhook_tls).collect();
+            if !listeners.is_empty() {
+                gpuwarden_schema::tls::render_reloads(&mut page, &listeners);
             }
             page
         }));
@@ -258,6 +292,7 @@ pub(crate) async fn start(
         server,
         ticking,
         slurm_watchers,
+        webhooks,
         signals,
         signals_stop,
         publishing,
@@ -272,6 +307,9 @@ impl Enforcer {
         let _ = self.stop_tx.send(true);
         // A slow client cannot hold the shutdown for long.
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        for webhook in self.webhooks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), webhook).await;
+        }
         self.ticking.abort();
         for watcher in self.slurm_watchers {
             let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;

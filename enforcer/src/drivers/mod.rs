@@ -17,6 +17,8 @@
 //! - [`webhook`]: an external provisioner called with signed JSON over HTTP.
 //! - [`slurm`]: a Slurm cluster, through its commands; keeps the job id of each lease it
 //!   submitted in `<state_dir>/<lease_id>.json`.
+//! - [`kubernetes`]: a Kubernetes cluster, through its API server; keeps the pod of each lease
+//!   its admission webhook admitted in `<state_dir>/<lease_id>.json`.
 //!
 //! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
 //! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
@@ -30,11 +32,13 @@ use gpuwarden_schema::config::{DriverKind, SubstrateConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
 
 pub mod account;
+pub mod kubernetes;
 pub mod local;
 pub mod simulated;
 pub mod slurm;
 pub mod webhook;
 
+pub use kubernetes::KubernetesDriver;
 pub use local::LocalDriver;
 pub use simulated::SimulatedDriver;
 pub use slurm::SlurmDriver;
@@ -198,6 +202,10 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     fn slurm(&self) -> Option<&SlurmDriver> {
         None
     }
+    /// The Kubernetes driver behind this one, for the admission webhook of its cluster.
+    fn kubernetes(&self) -> Option<&KubernetesDriver> {
+        None
+    }
 }
 
 /// Where drivers may keep state that must outlive the process (local: its children's pids).
@@ -217,6 +225,7 @@ pub fn build(
         DriverKind::Local => Box::new(LocalDriver::new(config, context)?),
         DriverKind::Webhook => Box::new(WebhookDriver::new(config)?),
         DriverKind::Slurm => Box::new(SlurmDriver::new(config, context)?),
+        DriverKind::Kubernetes => Box::new(KubernetesDriver::new(config, context)?),
     })
 }
 

@@ -244,6 +244,23 @@ impl Service {
         Ok(Admission { decision, lease })
     }
 
+    /// Decides an admission request for work its substrate starts by itself and has already
+    /// named (a Kubernetes pod being created, `k8s-<uid>`): when admitted (and not a dry run),
+    /// lease `lease_id` is recorded and published at once, and nothing is provisioned; the
+    /// substrate's refusals of users without a system account do not apply. A lease already open
+    /// under that id is answered as admitted, unchanged.
+    pub async fn admit_named(
+        &self,
+        principal: &Principal,
+        request: AdmissionRequest,
+        lease_id: &str,
+    ) -> Result<Admission, ServiceError> {
+        let (decision, lease) = self
+            .decide(principal, request, Admitted::Named(lease_id.to_owned()))
+            .await?;
+        Ok(Admission { decision, lease })
+    }
+
     async fn decide(
         &self,
         principal: &Principal,
@@ -272,8 +289,10 @@ impl Service {
         if let Some(why) = principal.write_refusal(&request.team, &request.user) {
             return Err(ServiceError::Forbidden(why));
         }
-        let mut subs = match (&request.substrate, admitted) {
-            (Some(name), Admitted::Hold) => self.inventory_of(name).await.into_iter().collect(),
+        let mut subs = match (&request.substrate, &admitted) {
+            (Some(name), Admitted::Hold | Admitted::Named(_)) => {
+                self.inventory_of(name).await.into_iter().collect()
+            }
             _ => self.inventories().await,
         };
         if admitted == Admitted::Lease {
@@ -291,7 +310,7 @@ impl Service {
         let pending =
             self.inner
                 .store
-                .admit_as(now, &config.pricing, &request, admitted, |ledger| {
+                .admit_as(now, &config.pricing, &request, admitted.clone(), |ledger| {
                     let snapshot = Self::snapshot(&config, ledger, subs);
                     policy::evaluate(&policy_request, &snapshot, &mut self.placements())
                 });
@@ -300,7 +319,7 @@ impl Service {
         // Losing it in a crash is repaired: the job carries the hold's id, and the watcher adopts
         // a job whose hold is gone. A lease is reported only once it is on disk.
         let (decision, lease) = match admitted {
-            Admitted::Lease => pending.await?,
+            Admitted::Lease | Admitted::Named(_) => pending.await?,
             Admitted::Hold => pending.applied().await?,
         };
         self.inner

@@ -470,7 +470,7 @@ pub async fn submit(
 }
 
 /// The user's line for a denied decision: every reason, with its code, and the estimate.
-fn denial(team: &str, model: Option<&str>, gpus: u32, decision: &Decision) -> String {
+pub(crate) fn denial(team: &str, model: Option<&str>, gpus: u32, decision: &Decision) -> String {
     let reasons: Vec<String> = decision
         .reasons
         .iter()

@@ -75,12 +75,16 @@ use writer::{checkpoint_loop, lock, outbox, write_loop, Op, Queue};
 pub const HOLD_PREFIX: &str = "hold-";
 
 /// How [`Store::admit_as`] records an admitted request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admitted {
     /// A lease, published at once.
     Lease,
     /// A hold (see [`HOLD_PREFIX`]).
     Hold,
+    /// A lease, published at once, under the id its substrate gave the work (a Kubernetes
+    /// pod's `k8s-<uid>`). Admitting an id that is already open answers with that lease and
+    /// changes nothing, so a review the API server sends again is answered the same way.
+    Named(String),
 }
 
 /// The lease store. Cheap to clone; clones share one store.
@@ -327,6 +331,27 @@ impl Store {
         decide: impl FnOnce(Ledger) -> Decision,
     ) -> Pending<(Decision, Option<Lease>)> {
         self.mutate(|memory| {
+            if let Admitted::Named(id) = &admitted {
+                if let Some(open) = memory.open(id) {
+                    let usd_per_hour =
+                        pricing.usd_per_gpu_hour(&open.gpu_model) * f64::from(open.gpu_count);
+                    let decision = Decision {
+                        reasons: Vec::new(),
+                        estimate: crate::policy::Estimate {
+                            usd_per_hour,
+                            max_usd: None,
+                        },
+                        placement: Some(crate::policy::Placement {
+                            substrate: open.substrate.clone(),
+                            gpu_model: open.gpu_model.clone(),
+                            gpu_count: open.gpu_count,
+                            gpu_uuids: open.gpu_uuids.clone(),
+                        }),
+                        duration: None,
+                    };
+                    return Change::Unchanged((decision, Some(open.clone())));
+                }
+            }
             let decision = decide(memory.ledger_of(&request.team, now_ms, pricing));
             if request.dry_run {
                 return Change::Unchanged((decision, None));
@@ -337,9 +362,10 @@ impl Store {
                     // commit rewrites one index page, not a random one per lease.
                     let id = uuid::Uuid::now_v7().to_string();
                     let lease = Lease {
-                        id: match admitted {
+                        id: match &admitted {
                             Admitted::Lease => id,
                             Admitted::Hold => format!("{HOLD_PREFIX}{id}"),
+                            Admitted::Named(name) => name.clone(),
                         },
                         team: request.team.clone(),
                         user: request.user.clone(),
@@ -355,7 +381,9 @@ impl Store {
                         // A hold's substrate ends it at its time limit (the decision's
                         // duration, which the substrate is told).
                         expires_at: match admitted {
-                            Admitted::Lease => decision.duration.map(|d| end_after(now_ms, d)),
+                            Admitted::Lease | Admitted::Named(_) => {
+                                decision.duration.map(|d| end_after(now_ms, d))
+                            }
                             Admitted::Hold => None,
                         },
                         updated_at: now_ms,
@@ -375,7 +403,7 @@ impl Store {
                         detail,
                     );
                     let ops = match admitted {
-                        Admitted::Lease => vec![
+                        Admitted::Lease | Admitted::Named(_) => vec![
                             Op::InsertLease(Box::new(lease.clone())),
                             outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
                             outbox(&admit, now_ms),

@@ -815,6 +815,9 @@ pub enum DriverKind {
     /// A Slurm cluster (`[substrates.slurm]`, and the local driver's `accounts` settings for
     /// the jobs gpuwarden submits itself).
     Slurm,
+    /// A Kubernetes cluster (`[substrates.kubernetes]`): a validating admission webhook for GPU
+    /// pods, and the cluster's nodes and pods through its API.
+    Kubernetes,
 }
 
 impl DriverKind {
@@ -825,6 +828,7 @@ impl DriverKind {
             Self::Local => "local",
             Self::Webhook => "webhook",
             Self::Slurm => "slurm",
+            Self::Kubernetes => "kubernetes",
         }
     }
 }
@@ -882,6 +886,94 @@ pub struct SubstrateConfig {
     pub run_as_enforcer: Option<bool>,
     /// slurm: the cluster and how its jobs map to teams, users, workloads and models.
     pub slurm: Option<SlurmSettings>,
+    /// kubernetes: the API server, the admission webhook's listener, and how pods map to teams,
+    /// users, workloads and models.
+    pub kubernetes: Option<KubernetesSettings>,
+}
+
+/// `[substrates.kubernetes]`: a Kubernetes cluster, and how its GPU pods map to gpuwarden's
+/// names.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// The kubeconfig file that says how to reach the API server and as whom; the in-cluster
+    /// service account (the pod's mounted token and CA) when unset.
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use; its current context when unset.
+    pub context: Option<String>,
+    /// Address of the validating admission webhook's HTTPS listener (the API server calls it;
+    /// see `deploy/kubernetes/`).
+    pub webhook_listen: SocketAddr,
+    /// `[substrates.kubernetes.webhook_tls]`: the webhook's certificate and key (reread when
+    /// the files change); with `client_ca`, only callers showing a certificate it signed (the
+    /// API server's `--admission-control-config-file` client certificate) are answered.
+    pub webhook_tls: TlsConfig,
+    /// Namespace → team. A namespace missing here that is itself a team's name maps to that
+    /// team; `"*"` maps every other namespace. A GPU pod in a namespace that maps to no team is
+    /// denied.
+    #[serde(default)]
+    pub teams: BTreeMap<String, String>,
+    /// The pod label (or annotation) naming its user; its creator (the review's
+    /// `userInfo.username`) when the pod has none. Default `gpuwarden.io/user`.
+    #[serde(default = "KubernetesSettings::default_user_label")]
+    pub user_label: String,
+    /// Kubernetes user name → gpuwarden user (`"oidc:ada@example.com" = "ada"`); a name missing
+    /// here is used as it is.
+    #[serde(default)]
+    pub users: BTreeMap<String, String>,
+    /// The pod label (or annotation) naming its workload, optionally with its project as
+    /// `<workload>[:<project>]`. Default `gpuwarden.io/workload`.
+    #[serde(default = "KubernetesSettings::default_workload_label")]
+    pub workload_label: String,
+    /// The pod label (or annotation) naming its project (wins over the workload label's).
+    /// Default `gpuwarden.io/project`.
+    #[serde(default = "KubernetesSettings::default_project_label")]
+    pub project_label: String,
+    /// The workload of a pod that names none. Default `inference`.
+    #[serde(default = "KubernetesSettings::default_workload")]
+    pub default_workload: Workload,
+    /// The node label saying a node's GPU model, which a pod names in its `nodeSelector` (or a
+    /// required node affinity) to ask for a model. Default `nvidia.com/gpu.product`, which
+    /// NVIDIA's GPU feature discovery sets.
+    #[serde(default = "KubernetesSettings::default_model_label")]
+    pub model_label: String,
+    /// Model label value → full NVML model name (`"NVIDIA-H100-80GB-HBM3" = "NVIDIA H100 80GB
+    /// HBM3"`); a value missing here is read with its `-` as spaces.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
+    /// How often the cluster's nodes are read for the inventory. Default 10 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub poll: Option<Duration>,
+    /// Time a reclaimed pod gets between SIGTERM and SIGKILL (its deletion's grace period).
+    /// Default 30 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub grace_period: Option<Duration>,
+}
+
+impl KubernetesSettings {
+    fn default_user_label() -> String {
+        "gpuwarden.io/user".into()
+    }
+    fn default_workload_label() -> String {
+        "gpuwarden.io/workload".into()
+    }
+    fn default_project_label() -> String {
+        "gpuwarden.io/project".into()
+    }
+    fn default_model_label() -> String {
+        "nvidia.com/gpu.product".into()
+    }
+    fn default_workload() -> Workload {
+        Workload::Inference
+    }
+
+    /// The NVML model name of a model label value.
+    pub fn model_of(&self, label: &str) -> String {
+        match self.models.get(label) {
+            Some(model) => model.clone(),
+            None => label.replace('-', " "),
+        }
+    }
 }
 
 /// `[substrates.slurm]`: a Slurm cluster, and how its jobs' names map to gpuwarden's.

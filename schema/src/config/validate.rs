@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
 use super::{
-    CollectorSource, Config, DriverKind, Listener, LoginLimits, OnIdle, Role, SlurmSettings,
-    SubstrateConfig, TlsConfig,
+    CollectorSource, Config, DriverKind, KubernetesSettings, Listener, LoginLimits, OnIdle, Role,
+    SlurmSettings, SubstrateConfig, TlsConfig,
 };
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
@@ -525,7 +525,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             );
         }
         let driver = s.driver.as_str();
-        let set: [(&str, bool); 17] = [
+        let set: [(&str, bool); 18] = [
             ("hosts", !s.hosts.is_empty()),
             ("host", s.host.is_some()),
             ("gpu_model", s.gpu_model.is_some()),
@@ -543,6 +543,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             ("denied_groups", s.denied_groups.is_some()),
             ("run_as_enforcer", s.run_as_enforcer.is_some()),
             ("slurm", s.slurm.is_some()),
+            ("kubernetes", s.kubernetes.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match s.driver {
             DriverKind::Simulated => (&["hosts"], &["hosts"]),
@@ -583,6 +584,7 @@ fn substrates(config: &Config, report: Report<'_>) {
                     "work_dir",
                 ],
             ),
+            DriverKind::Kubernetes => (&["kubernetes"], &["kubernetes"]),
         };
         for (field, present) in set {
             if present && !allowed.contains(&field) {
@@ -667,6 +669,9 @@ fn substrates(config: &Config, report: Report<'_>) {
         if let Some(slurm) = &s.slurm {
             slurm_settings(config, i, slurm, report);
         }
+        if let Some(kubernetes) = &s.kubernetes {
+            kubernetes_settings(config, i, kubernetes, report);
+        }
         if let Some(url) = &s.url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 report(
@@ -675,6 +680,48 @@ fn substrates(config: &Config, report: Report<'_>) {
                 );
             }
         }
+    }
+}
+
+/// `[substrates.kubernetes]`: teams that exist, label keys Kubernetes accepts, bounded times.
+fn kubernetes_settings(config: &Config, i: usize, k: &KubernetesSettings, report: Report<'_>) {
+    let path = |f: &str| vec![key("substrates"), Seg::Index(i), key("kubernetes"), key(f)];
+    for (namespace, team) in &k.teams {
+        if config.team(team).is_none() {
+            let mut p = path("teams");
+            p.push(key(namespace));
+            report(p, format!("no team is named `{team}`"));
+        }
+    }
+    for (field, label) in [
+        ("user_label", &k.user_label),
+        ("workload_label", &k.workload_label),
+        ("project_label", &k.project_label),
+        ("model_label", &k.model_label),
+    ] {
+        if let Err(why) = crate::kubernetes::check_label_key(label) {
+            report(
+                path(field),
+                format!("\"{label}\" is not a Kubernetes label key: {why}"),
+            );
+        }
+    }
+    for (value, model) in &k.models {
+        if model.trim().is_empty() {
+            let mut p = path("models");
+            p.push(key(value));
+            report(p, "must name a GPU model".into());
+        }
+    }
+    if k.poll
+        .is_some_and(|p| p < Duration::from_secs(1) || p > Duration::from_secs(600))
+    {
+        report(path("poll"), "must be between 1s and 10m".into());
+    }
+    if k.grace_period
+        .is_some_and(|g| g > Duration::from_secs(3600))
+    {
+        report(path("grace_period"), "must be at most 1h".into());
     }
 }
 

@@ -1,0 +1,398 @@
+//! Kubernetes' side of admission: the validating admission webhook's answer to an
+//! `AdmissionReview` (`admission.k8s.io/v1`) for a pod being created, over the [`Service`].
+//!
+//! The API server sends the pod as it will be stored (its uid and generated name already set:
+//! validating webhooks run after the object is complete). A pod that asks for no GPU
+//! (`nvidia.com/gpu` or `nvidia.com/mig-*`, see [`pods::gpu_ask`]) is allowed untouched, and so
+//! is anything but the creation of a v1 Pod. A GPU pod is mapped by `[substrates.kubernetes]`:
+//! its namespace to a team (`teams`, a namespace that is a team's name, or `"*"`), its user from
+//! the `user_label` label or annotation or the review's `userInfo.username` (through `users`),
+//! its workload and project from the `workload_label` (`<workload>[:<project>]`) and
+//! `project_label` labels or annotations (project default: the namespace), its model from the
+//! `model_label` in its `nodeSelector` or required node affinity (a pod that names none is
+//! checked as the cluster's only model, and denied when there are several). The pod's
+//! `activeDeadlineSeconds`, if any, is its duration, else the workload's `max_duration`.
+//!
+//! Admitted, the pod becomes lease `k8s-<pod uid>` at once (granted and published, nothing
+//! provisioned; a review sent again for the same pod answers from that lease), the driver
+//! remembers where the pod is, and the answer carries the estimate as a warning, which
+//! `kubectl` prints. Denied, the answer is `allowed: false` with `status.code` 403 and every
+//! reason in `status.message`, which `kubectl` prints as the error. Mistakes a person can fix
+//! (a namespace without a team, an unknown workload, a user who is not a member) are denials;
+//! only what the enforcer itself cannot do (its store failed) is an error (HTTP 500), which the
+//! API server treats by the webhook's `failurePolicy`. A body that is not an `AdmissionReview`
+//! of `admission.k8s.io/v1` is refused with 400 and a message naming what is wrong, which the
+//! API server logs.
+
+pub mod pods;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gpuwarden_schema::config::{KubernetesSettings, Role};
+use gpuwarden_schema::Workload;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{
+    AdmissionRequest as Review, AdmissionResponse, AdmissionReview, Operation,
+};
+use kube::core::DynamicObject;
+
+use crate::drivers::kubernetes::PodRef;
+use crate::fields;
+use crate::policy::{AdmissionRequest, Principal};
+use crate::service::{Service, ServiceError};
+
+/// The only `AdmissionReview` version spoken (the API server sends the first of the webhook's
+/// `admissionReviewVersions` it knows).
+pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+/// The largest review body read; the API server's own limit on an object is 3 MiB (etcd's
+/// request size), and a review carries the object once (twice for updates, which are not sent).
+pub const MAX_REVIEW_BYTES: usize = 8 << 20;
+/// The prefix of a pod's lease id: `k8s-<pod uid>`.
+pub const LEASE_PREFIX: &str = "k8s-";
+
+/// Why a review got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The body is not an `admission.k8s.io/v1` `AdmissionReview` (HTTP 400).
+    #[error("{0}")]
+    Malformed(String),
+    /// The enforcer could not decide (HTTP 500; the API server applies `failurePolicy`).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The lease id of an admitted pod.
+pub fn lease_id(pod_uid: &str) -> String {
+    format!("{LEASE_PREFIX}{pod_uid}")
+}
+
+/// Answers one review of substrate `substrate`: the `AdmissionReview` JSON to send back.
+pub async fn review(
+    service: &Service,
+    substrate: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, ReviewError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ReviewError::Malformed(format!("the body is not JSON: {e}")))?;
+    let version = value
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    if kind != "AdmissionReview" || version != REVIEW_API_VERSION {
+        return Err(ReviewError::Malformed(format!(
+            "expected an AdmissionReview of {REVIEW_API_VERSION}, got kind {kind:?} of apiVersion \
+             {version:?}: set admissionReviewVersions to [\"v1\"] in the webhook configuration"
+        )));
+    }
+    let review: AdmissionReview<DynamicObject> =
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            ReviewError::Malformed(format!("AdmissionReview field {}: {}", e.path(), e.inner()))
+        })?;
+    let request: Review<DynamicObject> = review
+        .try_into()
+        .map_err(|_| ReviewError::Malformed("the AdmissionReview has no request".into()))?;
+    let response = answer(service, substrate, &request).await?;
+    serde_json::to_vec(&response.into_review())
+        .map_err(|e| ReviewError::Unavailable(format!("writing the answer: {e}")))
+}
+
+/// A denial: `allowed: false`, code 403, the message for `kubectl`.
+fn deny(request: &Review<DynamicObject>, message: String) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request).deny(message);
+    response.result.code = 403;
+    response.result.reason = "Forbidden".into();
+    response.result.status = Some(kube::core::response::StatusSummary::Failure);
+    response
+}
+
+async fn answer(
+    service: &Service,
+    substrate: &str,
+    request: &Review<DynamicObject>,
+) -> Result<AdmissionResponse, ReviewError> {
+    let allow = AdmissionResponse::from(request);
+    let is_pod =
+        request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
+    if !is_pod || request.operation != Operation::Create || request.sub_resource.is_some() {
+        return Ok(allow);
+    }
+    let Some(object) = &request.object else {
+        return Err(ReviewError::Malformed(
+            "a CREATE review without an object".into(),
+        ));
+    };
+    let pod: Pod = serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| ReviewError::Malformed(format!("the object is not a v1 Pod: {e}")))?;
+    let Some(spec) = &pod.spec else {
+        return Err(ReviewError::Malformed("the pod has no spec".into()));
+    };
+    let ask = match pods::gpu_ask(spec) {
+        Ok(ask) if ask.count == 0 => return Ok(allow),
+        Ok(ask) => ask,
+        Err(why) => return Ok(deny(request, format!("gpuwarden: denied: {}", why.0))),
+    };
+    let Some(driver) = service.driver_named(substrate) else {
+        return Err(ReviewError::Unavailable(format!(
+            "there is no substrate named {substrate}"
+        )));
+    };
+    let Some(kubernetes) = driver.kubernetes() else {
+        return Err(ReviewError::Unavailable(format!(
+            "substrate {substrate} is not a Kubernetes cluster"
+        )));
+    };
+    let settings = kubernetes.settings();
+    let config = service.config();
+    let namespace = request
+        .namespace
+        .clone()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| request.name.clone());
+    let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) else {
+        return Err(ReviewError::Malformed(
+            "the pod has no metadata.uid: gpuwarden must be called as a validating webhook \
+             (ValidatingWebhookConfiguration), after the API server has completed the pod"
+                .into(),
+        ));
+    };
+    let meta = |key: &str| -> Option<String> {
+        pod.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .or_else(|| pod.metadata.annotations.as_ref().and_then(|a| a.get(key)))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    let Some(team) = team_of(settings, config, &namespace) else {
+        return Ok(deny(
+            request,
+            format!(
+                "gpuwarden: denied: namespace {namespace:?} maps to no team (ask an administrator \
+                 to add it to substrate {substrate}'s kubernetes.teams)"
+            ),
+        ));
+    };
+    let user = match meta(&settings.user_label) {
+        Some(user) => user,
+        None => {
+            let username = request.user_info.username.clone().unwrap_or_default();
+            settings.users.get(&username).cloned().unwrap_or(username)
+        }
+    };
+    if let Err(why) = fields::check_name(&user) {
+        return Ok(deny(
+            request,
+            format!(
+                "gpuwarden: denied: user {user:?} is not a name gpuwarden accepts: {why} (set the \
+                 pod's {} label, or map the name in kubernetes.users)",
+                settings.user_label
+            ),
+        ));
+    }
+    let (workload, project_from_workload) = match meta(&settings.workload_label) {
+        None => (settings.default_workload, None),
+        Some(text) => {
+            let (w, p) = match text.split_once(':') {
+                Some((w, p)) => (w, Some(p.to_owned()).filter(|p| !p.is_empty())),
+                None => (text.as_str(), None),
+            };
+            match Workload::ALL.into_iter().find(|k| k.as_str() == w.trim()) {
+                Some(w) => (w, p),
+                None => {
+                    return Ok(deny(
+                        request,
+                        format!(
+                            "gpuwarden: denied: the pod's {} {text:?} names no workload (training, \
+                             inference, notebook or batch, optionally with :<project>)",
+                            settings.workload_label
+                        ),
+                    ))
+                }
+            }
+        }
+    };
+    let project = meta(&settings.project_label)
+        .or(project_from_workload)
+        .unwrap_or_else(|| namespace.clone());
+    // Its model: the one it pins, else the cluster's only one.
+    let inventory = match driver.inventory().await {
+        Ok(inventory) => inventory,
+        Err(e) => return Err(ReviewError::Unavailable(e.to_string())),
+    };
+    let models: Vec<&String> = inventory
+        .pooled
+        .iter()
+        .map(|(m, _)| m)
+        .filter(|m| m.contains(" MIG ") == ask.mig_profile().is_some())
+        .collect();
+    let model =
+        match pods::model_label_value(spec, &settings.model_label) {
+            Some(value) => {
+                let base = settings.model_of(&value);
+                match ask.mig_profile() {
+                    Some(profile) => format!("{base} MIG {profile}"),
+                    None => base,
+                }
+            }
+            None => {
+                let fitting: Vec<&&String> = match ask.mig_profile() {
+                    Some(profile) => models
+                        .iter()
+                        .filter(|m| m.ends_with(&format!(" MIG {profile}")))
+                        .collect(),
+                    None => models.iter().collect(),
+                };
+                match fitting.as_slice() {
+                    [one] => (**one).clone(),
+                    _ => {
+                        return Ok(deny(
+                            request,
+                            format!(
+                            "gpuwarden: denied: name a GPU model with nodeSelector {}: <model>; \
+                             this cluster has {}",
+                            settings.model_label,
+                            if models.is_empty() {
+                                "no GPUs".to_owned()
+                            } else {
+                                models.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+                            }
+                        ),
+                        ))
+                    }
+                }
+            }
+        };
+    if !inventory.pooled.iter().any(|(m, _)| *m == model) {
+        return Ok(deny(
+            request,
+            format!("gpuwarden: denied: this cluster has no GPUs of model {model}"),
+        ));
+    }
+    let max = config.workload(workload).max_duration;
+    let asked = spec
+        .active_deadline_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map(Duration::from_secs);
+    let duration = match (asked, max) {
+        (Some(a), Some(m)) => Some(a.min(m)),
+        (a, m) => a.or(m),
+    };
+    let gpus = u32::try_from(ask.count).unwrap_or(u32::MAX);
+    let lease_id = lease_id(&uid);
+    let labels = BTreeMap::from([
+        ("k8s_namespace".to_owned(), namespace.clone()),
+        ("k8s_pod".to_owned(), name.clone()),
+        ("k8s_pod_uid".to_owned(), uid.clone()),
+    ]);
+    let admission = AdmissionRequest {
+        team: team.clone(),
+        user,
+        project,
+        workload,
+        gpus,
+        gpu_model: Some(model.clone()),
+        substrate: Some(substrate.to_owned()),
+        duration,
+        labels: Some(labels),
+        dry_run: request.dry_run,
+        command: None,
+    };
+    let principal = Principal {
+        name: format!("kubernetes:{substrate}"),
+        role: Role::Service,
+        teams: config.teams.iter().map(|t| t.name.clone()).collect(),
+    };
+    let admission = match service.admit_named(&principal, admission, &lease_id).await {
+        Ok(admission) => admission,
+        Err(
+            e @ (ServiceError::Forbidden(_)
+            | ServiceError::NotFound(_)
+            | ServiceError::Invalid { .. }),
+        ) => return Ok(deny(request, format!("gpuwarden: denied: {e}"))),
+        Err(e) => return Err(ReviewError::Unavailable(e.to_string())),
+    };
+    let decision = &admission.decision;
+    if !decision.admitted() {
+        return Ok(deny(
+            request,
+            crate::slurm::denial(&team, Some(&model), gpus, decision),
+        ));
+    }
+    if admission.lease.is_some() {
+        let pod_ref = PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid,
+        };
+        if let Err(e) = kubernetes.track(&lease_id, &pod_ref) {
+            // The lease stands (the pod runs); only a reclaim by gpuwarden would miss it.
+            tracing::error!(lease = %lease_id, error = %e, "the pod of an admitted lease could not be recorded; gpuwarden cannot delete it when reclaiming");
+        }
+    }
+    let mut allow = allow;
+    allow.warnings = Some(vec![format!(
+        "gpuwarden: {} for team {team} as {workload}: {gpus} x {model}, about ${:.2}/h, lease {lease_id}{}",
+        if request.dry_run { "would admit" } else { "admitted" },
+        decision.estimate.usd_per_hour,
+        duration.map_or(String::new(), |d| format!(", ends after {}", humantime::format_duration(d))),
+    )]);
+    Ok(allow)
+}
+
+/// The team of a namespace: `teams`, else a team of the same name, else `teams."*"`.
+fn team_of(
+    settings: &KubernetesSettings,
+    config: &gpuwarden_schema::config::Config,
+    namespace: &str,
+) -> Option<String> {
+    settings
+        .teams
+        .get(namespace)
+        .cloned()
+        .or_else(|| config.team(namespace).map(|t| t.name.clone()))
+        .or_else(|| settings.teams.get("*").cloned())
+}
+
+/// The webhook's HTTP side for substrate `substrate`: `POST /validate` with an
+/// `AdmissionReview`, answered with one (200), or 400 for a body that is not one, 413 over
+/// [`MAX_REVIEW_BYTES`], 500 when the enforcer cannot decide. The binary serves it over TLS on
+/// `webhook_listen`.
+pub fn router(service: Service, substrate: String) -> axum::Router {
+    use axum::extract::{DefaultBodyLimit, State};
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+
+    async fn validate(
+        State((service, substrate)): State<(Service, String)>,
+        body: bytes::Bytes,
+    ) -> axum::response::Response {
+        match review(&service, &substrate, &body).await {
+            Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+            Err(ReviewError::Malformed(why)) => {
+                tracing::warn!(substrate = %substrate, error = %why, "refused an admission review");
+                (StatusCode::BAD_REQUEST, format!("gpuwarden: {why}\n")).into_response()
+            }
+            Err(ReviewError::Unavailable(why)) => {
+                tracing::error!(substrate = %substrate, error = %why, "could not decide an admission review");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("gpuwarden: {why}\n"),
+                )
+                    .into_response()
+            }
+        }
+    }
+    axum::Router::new()
+        .route("/validate", axum::routing::post(validate))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state((service, substrate))
+}

@@ -1,0 +1,519 @@
+//! The Kubernetes substrate at the boundaries reachable here (no API server can be installed on
+//! these machines): `gpuwarden enforce` with a `kubernetes` substrate, its validating admission
+//! webhook called over real HTTPS (rustls client, certificates made by the openssl command
+//! line) with `AdmissionReview` objects written as the API server sends them, and the cluster's
+//! API answered by a small HTTP server in this test that serves recorded-shape `NodeList`
+//! objects and records the driver's requests (a kubeconfig points the driver at it).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::routing::{delete, get};
+use bytes::Bytes;
+use gpuwarden_enforcer::outbound::{http_client_with_tls, HttpClient};
+use gpuwarden_schema::tls::client_config;
+use http_body_util::{BodyExt as _, Full};
+use serde_json::{json, Value};
+use support::pki::Ca;
+use support::{sha256_hex, Running};
+
+const ADMIN_TOKEN: &str = "admin-secret-token";
+
+/// What the fake API server was asked: method, path, query, body.
+type Seen = Arc<Mutex<Vec<(String, String, String, String)>>>;
+
+/// Four H100 nodes of 8, two A100 nodes of 8 (one cordoned), one CPU node.
+fn nodes() -> Value {
+    let node = |name: &str, product: &str, gpus: &str, cordoned: bool| {
+        let mut labels = json!({"kubernetes.io/hostname": name});
+        if !product.is_empty() {
+            labels["nvidia.com/gpu.product"] = json!(product);
+        }
+        json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "100", "labels": labels},
+            "spec": {"unschedulable": cordoned},
+            "status": {
+                "capacity": {"cpu": "96", "memory": "1056Gi", "nvidia.com/gpu": gpus, "pods": "110"},
+                "allocatable": {"cpu": "95500m", "memory": "1048Gi", "nvidia.com/gpu": gpus, "pods": "110"}
+            }
+        })
+    };
+    let mut items: Vec<Value> = (0..4)
+        .map(|i| node(&format!("h100-{i}"), "NVIDIA-H100-80GB-HBM3", "8", false))
+        .collect();
+    items.push(node("a100-0", "NVIDIA-A100-SXM4-80GB", "8", false));
+    items.push(node("a100-1", "NVIDIA-A100-SXM4-80GB", "8", true));
+    items.push(json!({"metadata": {"name": "cpu-0", "labels": {}}, "status": {"allocatable": {"cpu": "64"}}}));
+    json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "100"}, "items": items})
+}
+
+/// Serves the cluster's API on 127.0.0.1 from a thread of its own; returns its URL.
+fn fake_api_server(seen: Seen) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            async fn list_nodes(State(seen): State<Seen>) -> axum::Json<Value> {
+                seen.lock().unwrap().push(("GET".into(), "/api/v1/nodes".into(), String::new(), String::new()));
+                axum::Json(nodes())
+            }
+            async fn delete_pod(
+                State(seen): State<Seen>,
+                UrlPath((namespace, name)): UrlPath<(String, String)>,
+                RawQuery(query): RawQuery,
+                body: Bytes,
+            ) -> axum::Json<Value> {
+                seen.lock().unwrap().push((
+                    "DELETE".into(),
+                    format!("/api/v1/namespaces/{namespace}/pods/{name}"),
+                    query.unwrap_or_default(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                ));
+                axum::Json(json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace, "deletionTimestamp": "2026-12-05T00:00:00Z"}}))
+            }
+            let app = axum::Router::new()
+                .route("/api/v1/nodes", get(list_nodes))
+                .route("/api/v1/namespaces/{namespace}/pods/{name}", delete(delete_pod))
+                .with_state(seen);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// Teams: `ml` (quota 16, namespace `ml-research`), `vision` (A100 only), `lean` ($1 a month),
+/// `burst` (quota 16, for the concurrent reviews).
+fn write_config(dir: &Path, api: &str, ca: &Ca) -> PathBuf {
+    let leaf = ca.server("webhook");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {api}\n\
+             users:\n- name: gpuwarden\n  user:\n    token: test-token\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuwarden\n\
+             current-context: test\n"
+        ),
+    )
+    .unwrap();
+    let path = dir.join("gpuwarden.toml");
+    let team = |name: &str, members: &str, quota: u32, budget: f64, models: &str| {
+        format!(
+            "[[teams]]\nname = \"{name}\"\nmembers = [{members}]\ngpu_quota = {quota}\n\
+             monthly_budget_usd = {budget:?}\nallowed_models = [{models}]\n\n"
+        )
+    };
+    let text = format!(
+        r#"[storage]
+data_dir = "{data}"
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[pricing]
+default_usd_per_gpu_hour = 2.0
+
+{teams}
+[workloads.inference]
+max_gpus = 64
+max_duration = "24h"
+
+[workloads.training]
+max_gpus = 64
+max_duration = "72h"
+
+[[substrates]]
+name = "k8s"
+driver = "kubernetes"
+
+[substrates.kubernetes]
+kubeconfig = "{kubeconfig}"
+webhook_listen = "127.0.0.1:0"
+webhook_tls = {{ cert = "{cert}", key = "{key}" }}
+teams = {{ "ml-research" = "ml" }}
+users = {{ "oidc:ada@example.com" = "ada" }}
+grace_period = "45s"
+
+[[tokens]]
+name = "root"
+sha256 = "{hash}"
+role = "admin"
+"#,
+        data = dir.join("data").display(),
+        teams = [
+            team("ml", "\"ada\", \"bob\"", 16, 100000.0, ""),
+            team("vision", "\"cy\"", 16, 100000.0, "\"A100\""),
+            team("lean", "\"dee\"", 16, 1.0, ""),
+            team("burst", "\"eve\"", 16, 1000000.0, ""),
+        ]
+        .concat(),
+        kubeconfig = kubeconfig.display(),
+        cert = leaf.cert.display(),
+        key = leaf.key.display(),
+        hash = sha256_hex(ADMIN_TOKEN),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A pod being created, as the API server sends it to a validating webhook.
+struct PodReview {
+    namespace: &'static str,
+    username: &'static str,
+    gpus: Option<&'static str>,
+    product: Option<&'static str>,
+    labels: Value,
+    dry_run: bool,
+    pod_uid: String,
+}
+
+impl PodReview {
+    fn new(namespace: &'static str, username: &'static str, gpus: Option<&'static str>) -> Self {
+        Self {
+            namespace,
+            username,
+            gpus,
+            product: Some("NVIDIA-H100-80GB-HBM3"),
+            labels: json!({"app": "serve"}),
+            dry_run: false,
+            pod_uid: uuid(),
+        }
+    }
+
+    fn json(&self, review_uid: &str) -> Value {
+        let mut resources =
+            json!({"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "32Gi"}});
+        if let Some(gpus) = self.gpus {
+            resources["limits"]["nvidia.com/gpu"] = json!(gpus);
+            resources["requests"]["nvidia.com/gpu"] = json!(gpus);
+        }
+        let name = format!("serve-{}", &self.pod_uid[..8]);
+        let mut spec = json!({
+            "containers": [{"name": "server", "image": "vllm/vllm-openai:v0.9.0",
+                "resources": resources, "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "securityContext": {}, "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priority": 0, "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority"
+        });
+        if let Some(product) = self.product {
+            spec["nodeSelector"] = json!({"nvidia.com/gpu.product": product});
+        }
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": review_uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": name,
+                "namespace": self.namespace,
+                "operation": "CREATE",
+                "userInfo": {"username": self.username, "uid": "u-1", "groups": ["system:authenticated"]},
+                "object": {
+                    "kind": "Pod", "apiVersion": "v1",
+                    "metadata": {"name": name, "namespace": self.namespace, "uid": self.pod_uid,
+                        "creationTimestamp": "2026-12-05T06:00:00Z", "labels": self.labels,
+                        "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update",
+                            "apiVersion": "v1", "time": "2026-12-05T06:00:00Z", "fieldsType": "FieldsV1",
+                            "fieldsV1": {"f:spec": {"f:containers": {}}}}]},
+                    "spec": spec,
+                    "status": {"phase": "Pending", "qosClass": "Burstable"}
+                },
+                "oldObject": null,
+                "dryRun": self.dry_run,
+                "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "kubectl-client-side-apply"}
+            }
+        })
+    }
+}
+
+fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+struct Webhook {
+    client: HttpClient,
+    url: String,
+}
+
+impl Webhook {
+    async fn post(&self, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let request = hyper::Request::post(&self.url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = self.client.request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, body)
+    }
+
+    /// Sends `pod`; returns the review's `response`.
+    async fn review(&self, pod: &PodReview) -> Value {
+        let uid = uuid();
+        let (status, body) = self
+            .post(serde_json::to_vec(&pod.json(&uid)).unwrap())
+            .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let review: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(review["kind"], "AdmissionReview");
+        assert_eq!(
+            review["response"]["uid"],
+            uid.as_str(),
+            "the answer copies the review's uid"
+        );
+        review["response"].clone()
+    }
+}
+
+fn message(response: &Value) -> String {
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn start(dir: &Path) -> (Running, Webhook, String, Seen) {
+    let seen: Seen = Arc::default();
+    let api_server = fake_api_server(seen.clone());
+    let ca = Ca::new(dir, "webhook-ca");
+    let config = write_config(dir, &api_server, &ca);
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let line = enforcer.wait_for_log(
+        "kubernetes admission webhook running",
+        Duration::from_secs(60),
+    );
+    let url = line["url"].as_str().unwrap().to_owned();
+    let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = line["api"].as_str().unwrap().to_owned();
+    let tls = client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap();
+    (
+        enforcer,
+        Webhook {
+            client: http_client_with_tls(tls),
+            url,
+        },
+        api,
+        seen,
+    )
+}
+
+#[test]
+fn the_webhook_admits_denies_and_explains_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let (enforcer, webhook, api, seen) = start(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        // Two GPUs within quota: allowed, the estimate as a warning.
+        let pod = PodReview::new("ml-research", "oidc:ada@example.com", Some("2"));
+        let ok = webhook.review(&pod).await;
+        assert_eq!(ok["allowed"], true, "{ok}");
+        let warning = ok["warnings"][0].as_str().unwrap();
+        assert!(
+            warning.contains("admitted for team ml as inference: 2 x NVIDIA H100 80GB HBM3"),
+            "{warning}"
+        );
+        assert!(warning.contains("$4.00/h"), "{warning}");
+        assert!(
+            warning.contains(&format!("lease k8s-{}", pod.pod_uid)),
+            "{warning}"
+        );
+        // The same pod reviewed again (the API server retries a call that timed out): the same
+        // answer, and still one lease.
+        let again = webhook.review(&pod).await;
+        assert_eq!(again["allowed"], true, "{again}");
+
+        // Over quota: 2 held + 15 > 16.
+        let over = webhook
+            .review(&PodReview::new(
+                "ml-research",
+                "oidc:ada@example.com",
+                Some("15"),
+            ))
+            .await;
+        assert_eq!(over["allowed"], false);
+        assert_eq!(over["status"]["code"], 403);
+        assert!(message(&over).contains("quota_exceeded"), "{over}");
+
+        // Over budget: $1 a month, one GPU for a day costs $48.
+        let broke = webhook
+            .review(&PodReview::new("lean", "dee", Some("1")))
+            .await;
+        assert_eq!(broke["allowed"], false);
+        assert!(message(&broke).contains("budget_exceeded"), "{broke}");
+
+        // A model the team may not use.
+        let wrong = webhook
+            .review(&PodReview::new("vision", "cy", Some("1")))
+            .await;
+        assert_eq!(wrong["allowed"], false);
+        assert!(message(&wrong).contains("model_not_allowed"), "{wrong}");
+        let mut a100 = PodReview::new("vision", "cy", Some("1"));
+        a100.product = Some("NVIDIA-A100-SXM4-80GB");
+        assert_eq!(webhook.review(&a100).await["allowed"], true);
+
+        // Every reason at once, each named.
+        let mut many = PodReview::new("lean", "mallory", Some("80"));
+        many.labels = json!({"gpuwarden.io/workload": "training:llm"});
+        let many = webhook.review(&many).await;
+        let text = message(&many);
+        for code in [
+            "not_member",
+            "workload_limit",
+            "quota_exceeded",
+            "budget_exceeded",
+        ] {
+            assert!(text.contains(code), "{code} in {text}");
+        }
+
+        // No GPUs: allowed untouched.
+        let web = webhook
+            .review(&PodReview::new("ml-research", "ada", None))
+            .await;
+        assert_eq!(web["allowed"], true);
+        assert!(web.get("warnings").is_none(), "{web}");
+
+        // Mistakes a person can fix are denials that say what to do.
+        let nowhere = webhook
+            .review(&PodReview::new("sandbox", "ada", Some("1")))
+            .await;
+        assert!(
+            message(&nowhere).contains("namespace \"sandbox\" maps to no team"),
+            "{nowhere}"
+        );
+        let mut unpinned = PodReview::new("ml-research", "ada", Some("1"));
+        unpinned.product = None;
+        let unpinned = webhook.review(&unpinned).await;
+        assert!(
+            message(&unpinned)
+                .contains("name a GPU model with nodeSelector nvidia.com/gpu.product"),
+            "{unpinned}"
+        );
+        let mut typo = PodReview::new("ml-research", "ada", Some("1"));
+        typo.labels = json!({"gpuwarden.io/workload": "trainig"});
+        assert!(message(&webhook.review(&typo).await).contains("names no workload"));
+
+        // A dry run is decided and recorded nowhere.
+        let mut dry = PodReview::new("ml-research", "ada", Some("14"));
+        dry.dry_run = true;
+        let dry = webhook.review(&dry).await;
+        assert_eq!(dry["allowed"], true, "{dry}");
+        assert!(dry["warnings"][0].as_str().unwrap().contains("would admit"));
+        let fits = webhook
+            .review(&PodReview::new("ml-research", "bob", Some("14")))
+            .await;
+        assert_eq!(fits["allowed"], true, "the dry run held nothing: {fits}");
+
+        // Not a review: 400, naming what is wrong.
+        let (status, body) = webhook.post(b"{\"kind\": ".to_vec()).await;
+        assert_eq!(status, 400);
+        assert!(String::from_utf8_lossy(&body).contains("not JSON"));
+        let mut broken = pod.json("r-1");
+        broken["request"]["operation"] = json!(42);
+        let (status, body) = webhook.post(serde_json::to_vec(&broken).unwrap()).await;
+        assert_eq!(status, 400);
+        assert!(
+            String::from_utf8_lossy(&body).contains("request.operation"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+        // A version it does not speak: 400, which the API server logs with the message.
+        let mut old = pod.json("r-2");
+        old["apiVersion"] = json!("admission.k8s.io/v1beta1");
+        let (status, body) = webhook.post(serde_json::to_vec(&old).unwrap()).await;
+        assert_eq!(status, 400);
+        assert!(String::from_utf8_lossy(&body).contains("admissionReviewVersions"));
+
+        // Releasing the first pod's lease deletes the pod, with the grace period and its uid as
+        // a precondition.
+        let lease = format!("k8s-{}", pod.pod_uid);
+        let client = gpuwarden_enforcer::outbound::http_client();
+        let request = hyper::Request::post(format!("{api}/v1/leases/{lease}/release"))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            status.is_success(),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    });
+    let deletes: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.0 == "DELETE")
+        .cloned()
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    let (_, path, _, body) = &deletes[0];
+    assert!(
+        path.starts_with("/api/v1/namespaces/ml-research/pods/serve-"),
+        "{path}"
+    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["gracePeriodSeconds"], 45);
+    assert!(
+        body["preconditions"]["uid"]
+            .as_str()
+            .is_some_and(|u| path.contains(&u[..8])),
+        "{body}"
+    );
+    drop(enforcer);
+}
+
+#[test]
+fn two_hundred_concurrent_reviews_against_a_quota_of_16_admit_exactly_16() {
+    let dir = tempfile::tempdir().unwrap();
+    let (enforcer, webhook, _, _) = start(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let webhook = Arc::new(webhook);
+    let answers: Vec<Value> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let webhook = webhook.clone();
+                tokio::spawn(async move {
+                    webhook
+                        .review(&PodReview::new("burst", "eve", Some("1")))
+                        .await
+                })
+            })
+            .collect();
+        futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    });
+    let admitted = answers.iter().filter(|a| a["allowed"] == true).count();
+    assert_eq!(admitted, 16);
+    for denied in answers.iter().filter(|a| a["allowed"] == false) {
+        assert!(message(denied).contains("quota_exceeded"), "{denied}");
+    }
+    drop(enforcer);
+}
