@@ -74,6 +74,7 @@ impl Drop for LeasedProcess {
 }
 
 const H100_TOTAL: u64 = 85_520_809_984;
+const A100_MIG: &str = "MIG-bbbbbbbb-1111-0000-0000-000000000000";
 
 fn script(dir: &std::path::Path, leased_pid: u32) -> PathBuf {
     let script = json!({
@@ -110,7 +111,8 @@ fn script(dir: &std::path::Path, leased_pid: u32) -> PathBuf {
                 "sm_clock_mhz": [210],
                 "processes": [[]],
                 "fail": {"power_usage": "not_supported"},
-                "lost_at_sample": 2
+                "lost_at_sample": 2,
+                "mig_devices": [{"uuid": A100_MIG}]
             }
         ]
     });
@@ -308,24 +310,27 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
     assert_eq!(first_h100.lease_id.as_deref(), Some("l-e2e"));
 }
 
+/// A pod whose one container holds device `id` of `resource`.
+fn pod(namespace: &str, name: &str, container: &str, resource: &str, id: &str) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: container.into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: vec![id.into()],
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
 /// What the kubelet of the fake node says: pod `ml/train-0` holds the H100 by UUID, pod
 /// `ml/notebook-1` the A100 by index, and a pod holds CPUs only.
 fn kubelet_pods() -> ListPodResourcesResponse {
-    let pod =
-        |namespace: &str, name: &str, container: &str, resource: &str, id: &str| PodResources {
-            name: name.into(),
-            namespace: namespace.into(),
-            containers: vec![ContainerResources {
-                name: container.into(),
-                devices: vec![ContainerDevices {
-                    resource_name: resource.into(),
-                    device_ids: vec![id.into()],
-                    topology: None,
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
     ListPodResourcesResponse {
         pod_resources: vec![
             pod(
@@ -466,4 +471,54 @@ fn without_its_kubelet_a_node_is_sampled_without_pods() {
     assert!(metrics
         .render()
         .contains("gpuwarden_collector_podresources_errors_total 1\n"));
+}
+
+#[test]
+fn a_mig_device_names_the_pod_of_its_gpu() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), std::process::id()),
+    );
+    let kubelet =
+        test_server::TestKubelet::start(test_server::Answer::Pods(ListPodResourcesResponse {
+            pod_resources: vec![pod(
+                "ml",
+                "infer-2",
+                "server",
+                "nvidia.com/mig-1g.5gb",
+                A100_MIG,
+            )],
+        }));
+    let logs = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "gpu-node-5".into(),
+        None,
+        Arc::clone(&metrics),
+    )
+    .unwrap()
+    .with_pods(KubeletSettings {
+        pod_logs_dir: logs.path().to_path_buf(),
+        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
+    })
+    .unwrap();
+    let samples = source.sample(1_000_000, 5_000);
+    assert_eq!(samples[0].labels, None, "the H100 holds no MIG device");
+    let a100 = samples[1].labels.clone().unwrap();
+    assert_eq!(
+        (
+            a100["k8s_namespace"].as_str(),
+            a100["k8s_pod"].as_str(),
+            a100["k8s_container"].as_str()
+        ),
+        ("ml", "infer-2", "server"),
+        "NVML names the MIG device's GPU"
+    );
+    assert_eq!(
+        samples[1].lease_id, None,
+        "no log directory names the pod's uid"
+    );
 }
