@@ -5,8 +5,10 @@
 //!
 //! It depends on `gpuwarden-schema` only: it meets the pipeline and the enforcer in Kafka topics.
 //! [`source`] runs the sampling thread over an [`nvml`] or [`sim`] source, [`sink`] publishes,
-//! [`metrics`] counts and renders them for `/metrics`.
+//! [`metrics`] counts and renders them for `/metrics`. On a Kubernetes node, [`kubelet`] tells
+//! which pod holds each GPU.
 
+pub mod kubelet;
 pub mod metrics;
 pub mod nvml;
 pub mod sim;

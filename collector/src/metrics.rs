@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use gpuwarden_schema::Sample;
 
+use crate::kubelet::pods::{CONTAINER_LABEL, NAMESPACE_LABEL, POD_LABEL};
+
 /// Why samples were dropped instead of published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DropReason {
@@ -45,6 +47,7 @@ pub struct Metrics {
     dropped: Mutex<BTreeMap<DropReason, u64>>,
     nvml_errors: Mutex<BTreeMap<&'static str, u64>>,
     devices_lost: AtomicU64,
+    podresources_errors: AtomicU64,
     buffer_bytes: AtomicU64,
     buffer_samples: AtomicU64,
     latency: Mutex<Histogram>,
@@ -59,6 +62,7 @@ impl Default for Metrics {
             dropped: Mutex::default(),
             nvml_errors: Mutex::default(),
             devices_lost: AtomicU64::default(),
+            podresources_errors: AtomicU64::default(),
             buffer_bytes: AtomicU64::default(),
             buffer_samples: AtomicU64::default(),
             latency: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
@@ -105,6 +109,17 @@ impl Metrics {
     /// Counts a device that fell off the bus.
     pub fn device_lost(&self) {
         self.devices_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a lookup of the kubelet's PodResources API that failed (unreachable, error, or
+    /// too slow).
+    pub fn podresources_error(&self) {
+        self.podresources_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failed PodResources lookups so far.
+    pub fn podresources_errors_total(&self) -> u64 {
+        self.podresources_errors.load(Ordering::Relaxed)
     }
 
     /// Sets the buffer gauges.
@@ -166,6 +181,13 @@ impl Metrics {
             "counter",
             "GPUs that fell off the bus and are no longer sampled.",
             [("", load(&self.devices_lost))],
+        );
+        family(
+            &mut out,
+            "gpuwarden_collector_podresources_errors_total",
+            "counter",
+            "Lookups of the kubelet's PodResources API that failed or timed out; GPUs are sampled without their pods meanwhile.",
+            [("", load(&self.podresources_errors))],
         );
         let dropped = self
             .dropped
@@ -320,8 +342,9 @@ fn mib(bytes: u64) -> f64 {
     (bytes / (1 << 20)) as f64
 }
 
-/// dcgm-exporter's label set: gpu, UUID, pci_bus_id, device, modelName, Hostname; plus lease_id
-/// when the GPU's lease is known.
+/// dcgm-exporter's label set: gpu, UUID, pci_bus_id, device, modelName, Hostname; container,
+/// namespace and pod when a pod holds the GPU (dcgm-exporter's names, from the sample's
+/// `k8s_*` labels); plus lease_id when the GPU's lease is known.
 fn labels(s: &Sample) -> String {
     let index = s.gpu_index.map(|i| i.to_string()).unwrap_or_default();
     let mut out = format!(
@@ -331,8 +354,99 @@ fn labels(s: &Sample) -> String {
         escape(&s.gpu_model),
         escape(&s.host),
     );
+    if let Some(labels) = &s.labels {
+        for (key, name) in [
+            (CONTAINER_LABEL, "container"),
+            (NAMESPACE_LABEL, "namespace"),
+            (POD_LABEL, "pod"),
+        ] {
+            if let Some(value) = labels.get(key) {
+                let _ = write!(out, ",{name}=\"{}\"", escape(value));
+            }
+        }
+    }
     if let Some(lease) = &s.lease_id {
         let _ = write!(out, ",lease_id=\"{}\"", escape(lease));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwarden_schema::V1;
+
+    fn sample(uuid: &str, index: u32, labels: Option<&[(&str, &str)]>) -> Sample {
+        Sample {
+            v: V1,
+            ts_ms: 1_000,
+            interval_ms: 5_000,
+            host: "node-1".into(),
+            gpu_uuid: uuid.into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            util_gpu_pct: 87.0,
+            mem_used_bytes: 1 << 30,
+            mem_total_bytes: 80 << 30,
+            gpu_index: Some(index),
+            pci_bus_id: Some("00000000:17:00.0".into()),
+            util_mem_pct: None,
+            power_w: None,
+            power_limit_w: None,
+            energy_mj: None,
+            temp_c: None,
+            sm_clock_mhz: None,
+            process_count: None,
+            lease_id: labels.map(|_| "k8s-0f3c".into()),
+            mig_profile: None,
+            labels: labels.map(|l| {
+                l.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            }),
+        }
+    }
+
+    #[test]
+    fn gpu_series_of_a_pod_carry_dcgm_exporters_pod_labels() {
+        let metrics = Metrics::default();
+        metrics.set_latest(&[
+            sample(
+                "GPU-a",
+                0,
+                Some(&[
+                    ("k8s_namespace", "ml"),
+                    ("k8s_pod", "train-0"),
+                    ("k8s_container", "trainer"),
+                    ("slurm_job_id", "ignored"),
+                ]),
+            ),
+            sample(
+                "GPU-b",
+                1,
+                Some(&[("k8s_namespace", "ml"), ("k8s_pod", "infer-\"2\"")]),
+            ),
+            sample("GPU-c", 2, None),
+        ]);
+        let text = metrics.render_gpus();
+        let util: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+            .collect();
+        assert_eq!(
+            util,
+            [
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\",container=\"trainer\",namespace=\"ml\",pod=\"train-0\",lease_id=\"k8s-0f3c\"} 87",
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-b\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\",namespace=\"ml\",pod=\"infer-\\\"2\\\"\",lease_id=\"k8s-0f3c\"} 87",
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"2\",UUID=\"GPU-c\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia2\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\"} 87",
+            ]
+        );
+        assert!(
+            text.lines()
+                .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{gpu=\"0\""))
+                .all(|l| l.contains(",container=\"trainer\",namespace=\"ml\",pod=\"train-0\",")),
+            "every GPU family carries them"
+        );
+        assert!(!text.contains("slurm_job_id"));
+        assert!(!text.contains("pod_uid"));
+    }
 }

@@ -8,11 +8,14 @@
 //! `GPUWARDEN_LEASE_ID` in a process's environment; else its Slurm job, `slurm-<cluster>-<id>`,
 //! from `SLURM_ARRAY_JOB_ID` or `SLURM_JOB_ID` and `SLURM_CLUSTER_NAME` in that environment;
 //! else, on a node whose Slurm cluster is configured (`collector.slurm_cluster`), the job id of
-//! its Slurm cgroup in `/proc/<pid>/cgroup`. What a process says about itself is trusted only
-//! as far as it goes today with `GPUWARDEN_LEASE_ID`: a process can put anything in its own
-//! environment (or, with a delegated cgroup subtree, name its own cgroup), so it can attribute
-//! its own GPU use to any lease, never another process's. Values that are not well-formed
-//! (job ids other than digits, cluster names outside `[A-Za-z0-9_.-]`) are ignored.
+//! its Slurm cgroup in `/proc/<pid>/cgroup`; else, on a Kubernetes node whose kubelet is
+//! configured (`collector.kubelet_socket`), the lease of the pod holding the GPU
+//! ([`crate::kubelet`]), which also labels the sample with the pod. What a process says about
+//! itself is trusted only as far as it goes today with `GPUWARDEN_LEASE_ID`: a process can put
+//! anything in its own environment (or, with a delegated cgroup subtree, name its own cgroup),
+//! so it can attribute its own GPU use to any lease, never another process's. Values that are
+//! not well-formed (job ids other than digits, cluster names outside `[A-Za-z0-9_.-]`) are
+//! ignored.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +28,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use thiserror::Error;
 
+use crate::kubelet::{KubeletSettings, PodMap, PodWatcher};
 use crate::metrics::Metrics;
 
 /// The environment variable that names a process's lease.
@@ -72,6 +76,10 @@ pub struct NvmlSource {
     devices: Vec<Option<DeviceInfo>>,
     lost: Vec<bool>,
     leases: LeaseFinder,
+    pods: Option<PodWatcher>,
+    /// The parent GPU's UUID of each MIG device UUID the kubelet named (`None`: NVML does not
+    /// know it); a MIG device keeps its parent for as long as NVML runs.
+    mig_parents: HashMap<String, Option<String>>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -118,7 +126,17 @@ impl NvmlSource {
             devices: vec![None; count],
             lost: vec![false; count],
             leases: LeaseFinder::new(PathBuf::from("/proc"), slurm_cluster),
+            pods: None,
+            mig_parents: HashMap::new(),
         })
+    }
+
+    /// Attributes GPUs to the pods holding them, as the kubelet of `kubelet` says (see
+    /// [`crate::kubelet`]); waits for the first answer, at most the call's timeout.
+    pub fn with_pods(mut self, kubelet: KubeletSettings) -> std::io::Result<Self> {
+        tracing::info!(socket = %kubelet.socket.display(), pod_logs = %kubelet.pod_logs_dir.display(), "attributing GPUs to pods through the kubelet's PodResources API");
+        self.pods = Some(PodWatcher::start(kubelet, Arc::clone(&self.metrics))?);
+        Ok(self)
     }
 
     /// Number of devices NVML reported at start.
@@ -129,11 +147,15 @@ impl NvmlSource {
     /// One sample per device still on the bus, covering `[ts_ms - interval_ms, ts_ms)`.
     pub fn sample(&mut self, ts_ms: i64, interval_ms: i64) -> Vec<Sample> {
         let mut out = Vec::with_capacity(self.devices.len());
+        let pods = self.pods.as_ref().map(PodWatcher::current);
+        if let Some(pods) = &pods {
+            self.find_mig_parents(pods);
+        }
         for index in 0..self.devices.len() {
             if self.lost[index] {
                 continue;
             }
-            match self.sample_device(index as u32, ts_ms, interval_ms) {
+            match self.sample_device(index as u32, ts_ms, interval_ms, pods.as_deref()) {
                 Ok(Some(sample)) => out.push(sample),
                 Ok(None) => {}
                 Err(Lost) => {
@@ -154,11 +176,30 @@ impl NvmlSource {
         out
     }
 
+    /// Asks NVML for the parent GPU of each MIG device UUID not asked about before.
+    fn find_mig_parents(&mut self, pods: &PodMap) {
+        for mig in pods.mig_uuids() {
+            if self.mig_parents.contains_key(mig) {
+                continue;
+            }
+            let parent = self
+                .nvml
+                .device_by_uuid(mig)
+                .and_then(|device| device.mig_parent_device())
+                .and_then(|parent| parent.uuid());
+            if let Err(e) = &parent {
+                tracing::debug!(mig, error = %e, "NVML cannot tell the GPU of a MIG device the kubelet names");
+            }
+            self.mig_parents.insert(mig.to_owned(), parent.ok());
+        }
+    }
+
     fn sample_device(
         &mut self,
         index: u32,
         ts_ms: i64,
         interval_ms: i64,
+        pods: Option<&PodMap>,
     ) -> Result<Option<Sample>, Lost> {
         let metrics = Arc::clone(&self.metrics);
         let Some(device) = required(self.nvml.device_by_index(index), &metrics, "device")? else {
@@ -211,6 +252,13 @@ impl NvmlSource {
         let lease_id = processes
             .as_ref()
             .and_then(|procs| procs.iter().find_map(|p| self.leases.lease_of(p.pid)));
+        let hold = pods.and_then(|pods| {
+            pods.hold(&info.uuid, Some(index), |mig| {
+                self.mig_parents.get(mig).cloned().flatten()
+            })
+        });
+        let labels = hold.as_ref().map(|hold| hold.labels());
+        let lease_id = lease_id.or_else(|| hold.and_then(|hold| hold.lease_id));
 
         Ok(Some(Sample {
             v: V1,
@@ -233,7 +281,7 @@ impl NvmlSource {
             process_count: processes.map(|p| p.len() as u32),
             lease_id,
             mig_profile: None,
-            labels: None,
+            labels,
         }))
     }
 }
@@ -339,7 +387,7 @@ impl LeaseFinder {
 
 /// The value of `name` in a NUL-separated environment, the first if it appears twice (as
 /// `getenv` does).
-fn env_var<'e>(environ: &'e [u8], name: &str) -> Option<&'e [u8]> {
+pub(crate) fn env_var<'e>(environ: &'e [u8], name: &str) -> Option<&'e [u8]> {
     environ.split(|b| *b == 0).find_map(|var| {
         var.strip_prefix(name.as_bytes())
             .and_then(|rest| rest.strip_prefix(b"="))

@@ -15,6 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::kubelet::KubeletSettings;
 use crate::metrics::Metrics;
 use crate::nvml::{NvmlSource, NvmlStartError};
 use crate::sim::Fleet;
@@ -31,6 +32,9 @@ pub enum SourceSpec {
         /// Slurm's `ClusterName` when this is a Slurm node: names the lease of a process found
         /// through its Slurm cgroup (`collector.slurm_cluster`).
         slurm_cluster: Option<String>,
+        /// On a Kubernetes node: the kubelet to ask which pod holds each GPU
+        /// (`collector.kubelet_socket`); `None` asks nothing.
+        kubelet: Option<KubeletSettings>,
     },
     /// A simulated fleet, which follows the leases it reads from `gpuwarden.leases` when a
     /// consumer config is given.
@@ -49,11 +53,13 @@ impl std::fmt::Debug for SourceSpec {
                 library,
                 host,
                 slurm_cluster,
+                kubelet,
             } => f
                 .debug_struct("Nvml")
                 .field("library", library)
                 .field("host", host)
                 .field("slurm_cluster", slurm_cluster)
+                .field("kubelet", kubelet)
                 .finish(),
             Self::Simulated { fleet, .. } => f
                 .debug_struct("Simulated")
@@ -69,6 +75,9 @@ pub enum StartError {
     /// NVML did not start.
     #[error(transparent)]
     Nvml(#[from] NvmlStartError),
+    /// The thread that asks the kubelet could not be started.
+    #[error("cannot start asking the kubelet for pods: {0}")]
+    Kubelet(std::io::Error),
     /// The sampling thread ended (panicked) before it could say whether the source opened.
     #[error("the sampling thread stopped before the GPU source opened; see the log above")]
     SamplerDied,
@@ -92,9 +101,13 @@ impl Source {
                 library,
                 host,
                 slurm_cluster,
+                kubelet,
             } => {
-                let nvml =
+                let mut nvml =
                     NvmlSource::open(library.as_deref(), host, slurm_cluster, Arc::clone(metrics))?;
+                if let Some(kubelet) = kubelet {
+                    nvml = nvml.with_pods(kubelet).map_err(StartError::Kubelet)?;
+                }
                 Source::Nvml(Box::new(nvml))
             }
             SourceSpec::Simulated { fleet, leases } => {

@@ -1,15 +1,23 @@
 //! The NVML source through the real nvml-wrapper FFI path, against the scripted fake
 //! `libnvidia-ml.so` built from `collector/fake-nvml`: values and units, a field the device
 //! cannot report, a device lost mid-run, lease discovery from a process environment, a missing
-//! library, and the whole way to the broker.
+//! library, the pods holding GPUs on a Kubernetes node (through a kubelet's PodResources API
+//! served by tonic on a Unix socket), and the whole way to the broker.
 
 mod support;
+#[path = "../src/kubelet/test_server.rs"]
+#[allow(dead_code)]
+mod test_server;
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuwarden_collector::kubelet::podresources::{
+    self, ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+};
+use gpuwarden_collector::kubelet::KubeletSettings;
 use gpuwarden_collector::nvml::NvmlSource;
 use gpuwarden_collector::{Collector, KafkaSink, Metrics, SinkSettings, SourceSpec};
 use gpuwarden_schema::kafka::EmbeddedBroker;
@@ -66,6 +74,7 @@ impl Drop for LeasedProcess {
 }
 
 const H100_TOTAL: u64 = 85_520_809_984;
+const A100_MIG: &str = "MIG-bbbbbbbb-1111-0000-0000-000000000000";
 
 fn script(dir: &std::path::Path, leased_pid: u32) -> PathBuf {
     let script = json!({
@@ -102,7 +111,8 @@ fn script(dir: &std::path::Path, leased_pid: u32) -> PathBuf {
                 "sm_clock_mhz": [210],
                 "processes": [[]],
                 "fail": {"power_usage": "not_supported"},
-                "lost_at_sample": 2
+                "lost_at_sample": 2,
+                "mig_devices": [{"uuid": A100_MIG}]
             }
         ]
     });
@@ -244,6 +254,7 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
         library: Some(fake_library()),
         host: "gpu-node-2".into(),
         slurm_cluster: None,
+        kubelet: None,
     };
     let collector = Collector::start(
         spec,
@@ -297,4 +308,217 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
         .unwrap();
     assert_eq!(first_h100.power_w, Some(350.0));
     assert_eq!(first_h100.lease_id.as_deref(), Some("l-e2e"));
+}
+
+/// A pod whose one container holds device `id` of `resource`.
+fn pod(namespace: &str, name: &str, container: &str, resource: &str, id: &str) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: container.into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: vec![id.into()],
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// What the kubelet of the fake node says: pod `ml/train-0` holds the H100 by UUID, pod
+/// `ml/notebook-1` the A100 by index, and a pod holds CPUs only.
+fn kubelet_pods() -> ListPodResourcesResponse {
+    ListPodResourcesResponse {
+        pod_resources: vec![
+            pod(
+                "ml",
+                "train-0",
+                "trainer",
+                "nvidia.com/gpu",
+                "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+            ),
+            pod("ml", "notebook-1", "lab", "nvidia.com/gpu", "1"),
+            pod("ops", "agent", "main", "example.com/nic", "eth1"),
+        ],
+    }
+}
+
+const NOTEBOOK_UID: &str = "9a8b7c6d-1111-4222-8333-444455556666";
+
+#[test]
+fn a_kubernetes_nodes_gpus_carry_their_pods_and_leases() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let leased = LeasedProcess::start("l-train-7");
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), leased.0.id()),
+    );
+    let kubelet = test_server::TestKubelet::start(test_server::Answer::Pods(kubelet_pods()));
+    let logs = tempfile::tempdir().unwrap();
+    std::fs::create_dir(logs.path().join(format!("ml_notebook-1_{NOTEBOOK_UID}"))).unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "gpu-node-3".into(),
+        None,
+        Arc::clone(&metrics),
+    )
+    .unwrap()
+    .with_pods(KubeletSettings {
+        pod_logs_dir: logs.path().to_path_buf(),
+        proc_root: proc.path().to_path_buf(),
+        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
+    })
+    .unwrap();
+
+    let samples = source.sample(1_000_000, 5_000);
+    let labels = |s: &gpuwarden_schema::Sample| {
+        s.labels
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let h100 = &samples[0];
+    assert_eq!(
+        labels(h100),
+        [
+            pair("k8s_container", "trainer"),
+            pair("k8s_namespace", "ml"),
+            pair("k8s_pod", "train-0"),
+        ]
+    );
+    assert_eq!(
+        h100.lease_id.as_deref(),
+        Some("l-train-7"),
+        "the GPU process's GPUWARDEN_LEASE_ID comes first; train-0 has no log directory anyway"
+    );
+    let a100 = &samples[1];
+    assert_eq!(
+        labels(a100),
+        [
+            pair("k8s_container", "lab"),
+            pair("k8s_namespace", "ml"),
+            pair("k8s_pod", "notebook-1"),
+        ],
+        "held by index"
+    );
+    let expected_lease = format!("k8s-{NOTEBOOK_UID}");
+    assert_eq!(
+        a100.lease_id.as_deref(),
+        Some(expected_lease.as_str()),
+        "an idle GPU (no process) works for its pod's lease"
+    );
+    for s in &samples {
+        s.validate().unwrap();
+        assert_eq!(
+            gpuwarden_schema::Sample::from_json(&s.to_json()).unwrap(),
+            *s,
+            "the labels survive the wire"
+        );
+    }
+
+    metrics.set_latest(&samples);
+    let text = metrics.render();
+    assert!(
+        text.contains(&format!(
+            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"1\",UUID=\"GPU-bbbbbbbb-0000-0000-0000-000000000000\",\
+             pci_bus_id=\"00000000:27:00.0\",device=\"nvidia1\",modelName=\"NVIDIA A100-SXM4-40GB\",\
+             Hostname=\"gpu-node-3\",container=\"lab\",namespace=\"ml\",pod=\"notebook-1\",\
+             lease_id=\"{expected_lease}\"}} 10\n"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("gpuwarden_collector_podresources_errors_total 0\n"));
+    assert_eq!(
+        kubelet.calls(),
+        1,
+        "asked once an interval, not once a sample"
+    );
+}
+
+#[test]
+fn without_its_kubelet_a_node_is_sampled_without_pods() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), std::process::id()),
+    );
+    let metrics = Arc::new(Metrics::default());
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "gpu-node-4".into(),
+        None,
+        Arc::clone(&metrics),
+    )
+    .unwrap()
+    .with_pods(KubeletSettings::new(
+        dir.path().join("no-kubelet.sock"),
+        Duration::from_secs(3600),
+    ))
+    .unwrap();
+    let samples = source.sample(1_000_000, 5_000);
+    assert_eq!(samples.len(), 2, "every GPU is still sampled");
+    assert!(samples.iter().all(|s| s.labels.is_none()));
+    assert_eq!(metrics.podresources_errors_total(), 1);
+    assert!(metrics
+        .render()
+        .contains("gpuwarden_collector_podresources_errors_total 1\n"));
+}
+
+#[test]
+fn a_mig_device_names_the_pod_of_its_gpu() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), std::process::id()),
+    );
+    let kubelet =
+        test_server::TestKubelet::start(test_server::Answer::Pods(ListPodResourcesResponse {
+            pod_resources: vec![pod(
+                "ml",
+                "infer-2",
+                "server",
+                "nvidia.com/mig-1g.5gb",
+                A100_MIG,
+            )],
+        }));
+    let logs = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "gpu-node-5".into(),
+        None,
+        Arc::clone(&metrics),
+    )
+    .unwrap()
+    .with_pods(KubeletSettings {
+        pod_logs_dir: logs.path().to_path_buf(),
+        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
+    })
+    .unwrap();
+    let samples = source.sample(1_000_000, 5_000);
+    assert_eq!(samples[0].labels, None, "the H100 holds no MIG device");
+    let a100 = samples[1].labels.clone().unwrap();
+    assert_eq!(
+        (
+            a100["k8s_namespace"].as_str(),
+            a100["k8s_pod"].as_str(),
+            a100["k8s_container"].as_str()
+        ),
+        ("ml", "infer-2", "server"),
+        "NVML names the MIG device's GPU"
+    );
+    assert_eq!(
+        samples[1].lease_id, None,
+        "no log directory names the pod's uid"
+    );
 }

@@ -1,7 +1,8 @@
 //! [`LeaseEvent`]: the enforcer's record of who holds which GPUs, published on
 //! `gpuwarden.leases`. The pipeline attributes samples to teams through these events, and the
 //! simulated fleet runs each granted lease's workload from them. It also owns how a Slurm job's
-//! lease is named ([`slurm_lease_id`]), which the enforcer grants and the collector finds again.
+//! lease and a Kubernetes pod's lease are named ([`slurm_lease_id`], [`kubernetes_lease_id`]),
+//! which the enforcer grants and the collector finds again.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +38,15 @@ pub fn is_slurm_cluster_name(name: &str) -> bool {
 /// (so `SLURM_CLUSTER_NAME` in a job's environment is always lower case).
 pub fn slurm_lease_id(cluster: &str, job_id: u32) -> String {
     format!("slurm-{}-{job_id}", cluster.to_ascii_lowercase())
+}
+
+/// The lease of an admitted Kubernetes pod: `k8s-<pod uid>`. The uid, not namespace and name,
+/// because a name is reused by the next pod of a StatefulSet or a re-created Job while the uid
+/// (a UUID the API server assigns) names one pod for good; and it is what the kubelet's pod log
+/// directory (`/var/log/pods/<namespace>_<name>_<uid>`) and the pod's cgroup carry on the node,
+/// where the collector finds it again.
+pub fn kubernetes_lease_id(pod_uid: &str) -> String {
+    format!("k8s-{pod_uid}")
 }
 
 /// What happened to the lease.
@@ -318,6 +328,14 @@ mod tests {
         assert_eq!(
             slurm_lease_id("a.b_c-d", 4294967294),
             "slurm-a.b_c-d-4294967294"
+        );
+    }
+
+    #[test]
+    fn kubernetes_lease_ids_name_the_pod_uid() {
+        assert_eq!(
+            kubernetes_lease_id("0f3c1a52-7d7e-4b8e-9a43-2c1d5e6f7a80"),
+            "k8s-0f3c1a52-7d7e-4b8e-9a43-2c1d5e6f7a80"
         );
     }
 

@@ -237,6 +237,43 @@ fn the_slurm_cluster_is_optional_and_must_be_lease_id_safe() {
 }
 
 #[test]
+fn the_kubelet_socket_is_optional_and_must_fit_a_unix_socket() {
+    let config = config::parse("empty.toml", "").unwrap();
+    assert_eq!(config.collector.kubelet_socket, None);
+    assert_eq!(
+        config.collector.pod_logs_dir,
+        PathBuf::from("/var/log/pods")
+    );
+    let config = config::parse(
+        "ok.toml",
+        "[collector]\nkubelet_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"\n\
+         pod_logs_dir = \"/host/var/log/pods\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.collector.kubelet_socket,
+        Some(PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"))
+    );
+    assert_eq!(
+        config.collector.pod_logs_dir,
+        PathBuf::from("/host/var/log/pods")
+    );
+
+    let long = format!("/{}", "s".repeat(107));
+    for bad in ["", long.as_str()] {
+        let text =
+            format!("[kafka]\nbrokers = \"k:9092\"\n\n[collector]\nkubelet_socket = \"{bad}\"\n");
+        let errs = errors(&text);
+        assert_eq!(errs.len(), 1, "{bad:?}: {errs:#?}");
+        let err = find(&errs, "collector.kubelet_socket");
+        assert_eq!(err.line, Some(5), "{bad:?}");
+        assert!(err.message.contains("1 to 107 bytes"), "{}", err.message);
+    }
+    let errs = errors("[kafka]\nbrokers = \"k:9092\"\n\n[collector]\npod_logs_dir = \"\"\n");
+    assert_eq!(find(&errs, "collector.pod_logs_dir").line, Some(5));
+}
+
+#[test]
 fn env_references_are_substituted_and_unset_ones_reported() {
     std::env::set_var("GPUWARDEN_TEST_BROKERS", "kafka-1:9092,kafka-2:9092");
     let config = config::parse(

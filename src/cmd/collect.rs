@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use gpuwarden_collector::kubelet::KubeletSettings;
 use gpuwarden_collector::sim::Fleet;
 use gpuwarden_collector::{Collector, KafkaSink, Metrics, SinkSettings, SourceSpec};
 use gpuwarden_schema::config::{self, CollectorSource, DriverKind};
@@ -38,6 +39,10 @@ pub(crate) struct Args {
     /// Path of libnvidia-ml.so; overrides collector.nvml_library.
     #[arg(long, value_name = "PATH", env = "GPUWARDEN_NVML_LIBRARY")]
     nvml_library: Option<PathBuf>,
+    /// The kubelet's PodResources socket, to attribute GPUs to pods on a Kubernetes node;
+    /// overrides collector.kubelet_socket.
+    #[arg(long, value_name = "PATH", env = "GPUWARDEN_KUBELET_SOCKET")]
+    kubelet_socket: Option<PathBuf>,
     /// Address for /metrics; overrides collector.metrics_listen (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", env = "GPUWARDEN_COLLECTOR_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -59,6 +64,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             SourceArg::Nvml => CollectorSource::Nvml,
             SourceArg::Simulated => CollectorSource::Simulated,
         };
+    }
+    if let Some(socket) = args.kubelet_socket {
+        config.collector.kubelet_socket = Some(socket);
     }
     let c = &config.collector;
     let interval = args.interval.unwrap_or(c.interval);
@@ -125,10 +133,19 @@ pub(crate) async fn start(
             let host = config.collector.host.clone().unwrap_or_else(hostname);
             let library = nvml_library.or(config.collector.nvml_library.clone());
             let slurm_cluster = config.collector.slurm_cluster.clone();
+            let kubelet = config
+                .collector
+                .kubelet_socket
+                .as_ref()
+                .map(|socket| KubeletSettings {
+                    pod_logs_dir: config.collector.pod_logs_dir.clone(),
+                    ..KubeletSettings::new(socket, interval)
+                });
             SourceSpec::Nvml {
                 library,
                 host,
                 slurm_cluster,
+                kubelet,
             }
         }
         CollectorSource::Simulated => {

@@ -275,12 +275,35 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     }
     // SAFETY: non-null, and nvml.h requires a NUL-terminated string.
     let wanted = unsafe { CStr::from_ptr(uuid) }.to_bytes();
-    let got = session
+    let gpu = session
         .devices
         .iter()
-        .find(|d| d.script.uuid.as_deref().map(str::as_bytes) == Some(wanted))
-        .ok_or(NOT_FOUND)
-        .and_then(lookup_result);
+        .find(|d| d.script.uuid.as_deref().map(str::as_bytes) == Some(wanted));
+    let got = match gpu {
+        Some(gpu) => lookup_result(gpu),
+        // A MIG device's UUID opens the MIG device, while its GPU is on the bus.
+        None => match session.migs.iter().find(|m| m.uuid.as_bytes() == wanted) {
+            Some(mig) => lookup_result(&session.devices[mig.parent]).map(|_| mig.handle()),
+            None => Err(NOT_FOUND),
+        },
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(device, got) }
+}
+
+/// The GPU of a MIG device handle; any other handle is INVALID_ARGUMENT.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: NvmlDevice,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    let got = state::session().and_then(|s| {
+        if device.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let mig = s.mig(mig_device)?;
+        lookup_result(&s.devices[mig.parent])
+    });
     // SAFETY: forwarded caller contract.
     unsafe { emit(device, got) }
 }

@@ -38,7 +38,8 @@
 //!       "sm_clock_mhz": [1980],
 //!       "processes": [[{"pid": 1234, "used_memory_bytes": 1048576}]],
 //!       "fail": {"power_usage": "not_supported", "temperature": "unknown"},
-//!       "lost_at_sample": 3
+//!       "lost_at_sample": 3,
+//!       "mig_devices": [{"uuid": "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}]
 //!     }
 //!   ]
 //! }
@@ -66,6 +67,11 @@
 //!   as `busId` and reformatted as NVML's 4-digit-domain `busIdLegacy`.
 //! * The graphics clock reads `sm_clock_mhz` too; memory and video clocks,
 //!   and `nvmlDeviceGetMigMode`, are NOT_SUPPORTED.
+//! * `mig_devices`: MIG devices on the GPU, by UUID (unique among all GPUs
+//!   and MIG devices). `nvmlDeviceGetHandleByUUID` opens one (GPU_IS_LOST once
+//!   its GPU is lost) and `nvmlDeviceGetDeviceHandleFromMigDeviceHandle` gives
+//!   back its GPU; every other call rejects a MIG handle with
+//!   INVALID_ARGUMENT, and the GPU itself is still sampled whole.
 
 // This crate exists to export C symbols, which needs `#[no_mangle]` and raw
 // pointers; the parent workspace forbids unsafe code everywhere else.

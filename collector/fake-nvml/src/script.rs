@@ -52,6 +52,16 @@ pub struct DeviceScript {
     #[serde(default)]
     pub fail: FailMap,
     pub lost_at_sample: Option<u64>,
+    /// MIG devices on this GPU, found by UUID and giving back their parent.
+    #[serde(default)]
+    pub mig_devices: Vec<MigDeviceScript>,
+}
+
+/// A MIG device: only its UUID, which `nvmlDeviceGetHandleByUUID` finds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigDeviceScript {
+    pub uuid: String,
 }
 
 /// A process as `nvmlDeviceGetComputeRunningProcesses_v3` reports it.
@@ -241,6 +251,20 @@ fn validate(script: &Script) -> Result<(), String> {
             if clash {
                 // Handle-by-UUID could only ever find the first one.
                 return Err(format!("{}: duplicate uuid {uuid:?}", at("uuid")));
+            }
+        }
+        for (j, mig) in d.mig_devices.iter().enumerate() {
+            let field = at(&format!("mig_devices[{j}].uuid"));
+            check_str(&field, &Some(mig.uuid.clone()), UUID_BUFFER)?;
+            let clash = script.devices.iter().enumerate().any(|(k, o)| {
+                o.uuid.as_deref() == Some(&mig.uuid)
+                    || o.mig_devices
+                        .iter()
+                        .enumerate()
+                        .any(|(l, m)| (k, l) != (i, j) && m.uuid == mig.uuid)
+            });
+            if clash {
+                return Err(format!("{field}: duplicate uuid {:?}", mig.uuid));
             }
         }
     }

@@ -19,10 +19,17 @@ pub(crate) struct Device {
     utilization_calls: AtomicU64,
 }
 
+/// A scripted MIG device: its UUID and the index of its GPU in `devices`.
+pub(crate) struct MigDevice {
+    pub uuid: String,
+    pub parent: usize,
+}
+
 /// Everything one init..shutdown span sees.
 pub(crate) struct Session {
     pub script: Script,
     pub devices: Vec<Device>,
+    pub migs: Vec<MigDevice>,
 }
 
 /// How a call relates to the device's sample number.
@@ -106,7 +113,33 @@ impl Session {
                 utilization_calls: AtomicU64::new(0),
             })
             .collect();
-        Self { script, devices }
+        let migs = script
+            .devices
+            .iter()
+            .enumerate()
+            .flat_map(|(parent, d)| {
+                d.mig_devices.iter().map(move |m| MigDevice {
+                    uuid: m.uuid.clone(),
+                    parent,
+                })
+            })
+            .collect();
+        Self {
+            script,
+            devices,
+            migs,
+        }
+    }
+
+    /// Resolves a MIG device handle, by address as [`Session::device`] does.
+    pub(crate) fn mig<H>(
+        &'static self,
+        handle: *const H,
+    ) -> Result<&'static MigDevice, NvmlReturn> {
+        self.migs
+            .iter()
+            .find(|m| ptr::addr_eq(*m as *const MigDevice, handle))
+            .ok_or(INVALID_ARGUMENT)
     }
 
     /// Resolves a handle by address comparison only, so a stale or forged
@@ -119,6 +152,13 @@ impl Session {
             .iter()
             .find(|d| ptr::addr_eq(*d as *const Device, handle))
             .ok_or(INVALID_ARGUMENT)
+    }
+}
+
+impl MigDevice {
+    /// The opaque handle handed to C callers.
+    pub(crate) fn handle<H>(&'static self) -> *mut H {
+        (self as *const MigDevice).cast_mut().cast()
     }
 }
 

@@ -329,6 +329,55 @@ fn lost_gpu_fails_from_its_sample_on_while_others_keep_working() {
 }
 
 #[test]
+fn a_mig_device_opens_by_uuid_and_names_its_gpu() {
+    const MIG0: &str = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+    const MIG1: &str = "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee";
+    let s = Scenario::new(
+        "mig",
+        &json!({
+            "devices": [
+                {"uuid": UUID0, "util_gpu_pct": [10], "lost_at_sample": 1},
+                {"uuid": UUID1, "index": 1, "util_gpu_pct": [60], "mig_devices": [{"uuid": MIG0}, {"uuid": MIG1}]}
+            ]
+        }),
+    );
+    let nvml = init().expect("init");
+    assert_eq!(nvml.device_count().unwrap(), 2, "MIG devices are not GPUs");
+    for mig in [MIG0, MIG1] {
+        let device = nvml.device_by_uuid(mig).unwrap();
+        let parent = device.mig_parent_device().unwrap();
+        assert_eq!(parent.uuid().unwrap(), UUID1, "{mig}");
+        assert_eq!(parent.index().unwrap(), 1);
+        assert!(matches!(device.uuid(), Err(NvmlError::InvalidArg)));
+    }
+    let gpu = nvml.device_by_uuid(UUID0).unwrap();
+    assert!(
+        matches!(gpu.mig_parent_device(), Err(NvmlError::InvalidArg)),
+        "a GPU is no MIG device"
+    );
+    assert!(matches!(
+        nvml.device_by_uuid("MIG-00000000-0000-0000-0000-000000000000"),
+        Err(NvmlError::NotFound)
+    ));
+
+    drop(nvml);
+    for bad in [
+        json!({"devices": [{"uuid": UUID0, "mig_devices": [{"uuid": UUID0}]}]}),
+        json!({"devices": [{"uuid": UUID0, "mig_devices": [{"uuid": MIG0}, {"uuid": MIG0}]}]}),
+        json!({"devices": [{"mig_devices": [{"uuid": MIG0}]}, {"mig_devices": [{"uuid": MIG0}]}]}),
+        json!({"devices": [{"mig_devices": [{"uuid": MIG0, "profile": "1g.10gb"}]}]}),
+    ] {
+        s.rewrite(&bad);
+        assert!(matches!(init(), Err(NvmlError::Unknown)), "{bad}");
+    }
+
+    // A MIG device of a lost GPU is lost with it.
+    s.rewrite(&json!({"devices": [{"uuid": UUID0, "lost_at_sample": 0, "mig_devices": [{"uuid": MIG0}]}]}));
+    let nvml = init().expect("re-init");
+    assert!(matches!(nvml.device_by_uuid(MIG0), Err(NvmlError::GpuLost)));
+}
+
+#[test]
 fn bad_or_missing_script_fails_init_without_panicking() {
     let s = Scenario::new("bad", &json!({"devices": []}));
 

@@ -213,6 +213,13 @@ pub struct CollectorConfig {
     /// attributed through `SLURM_ARRAY_JOB_ID` / `SLURM_JOB_ID` instead, whatever this says.
     /// Unset: no cgroup lookup.
     pub slurm_cluster: Option<String>,
+    /// The kubelet's PodResources socket on a Kubernetes node (its default is
+    /// `/var/lib/kubelet/pod-resources/kubelet.sock`): GPUs are then attributed to the pods
+    /// holding them, and to their leases. Unset: no pod lookup.
+    pub kubelet_socket: Option<PathBuf>,
+    /// The kubelet's pod log directory, whose `<namespace>_<pod>_<uid>` entries give the uid of
+    /// a pod, and so its lease `k8s-<uid>`.
+    pub pod_logs_dir: PathBuf,
     /// Samples buffered while Kafka is unreachable, bytes, before the oldest are dropped.
     pub buffer_max_bytes: u64,
     /// Oldest buffered sample kept while Kafka is unreachable.
@@ -231,6 +238,8 @@ impl Default for CollectorConfig {
             host: None,
             nvml_library: None,
             slurm_cluster: None,
+            kubelet_socket: None,
+            pod_logs_dir: PathBuf::from("/var/log/pods"),
             buffer_max_bytes: 64 << 20,
             buffer_max_age: Duration::from_secs(15 * 60),
             simulated: SimulatedSourceConfig::default(),

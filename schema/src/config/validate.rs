@@ -203,6 +203,26 @@ fn collector(config: &Config, report: Report<'_>) {
             );
         }
     }
+    if let Some(socket) = &c.kubelet_socket {
+        // A Unix socket's path must fit `sockaddr_un.sun_path` (108 bytes with its NUL on Linux).
+        let len = socket.as_os_str().len();
+        if len == 0 || len > 107 {
+            report(
+                at(&["collector", "kubelet_socket"]),
+                format!(
+                    "must be the path of the kubelet's PodResources socket, 1 to 107 bytes (a \
+                     Unix socket's limit), e.g. /var/lib/kubelet/pod-resources/kubelet.sock; \
+                     this one has {len}"
+                ),
+            );
+        }
+    }
+    if c.pod_logs_dir.as_os_str().is_empty() {
+        report(
+            at(&["collector", "pod_logs_dir"]),
+            "must be the kubelet's pod log directory, e.g. /var/log/pods".into(),
+        );
+    }
     if !(c.simulated.speed.is_finite() && c.simulated.speed > 0.0) {
         report(
             at(&["collector", "simulated", "speed"]),
