@@ -48,8 +48,6 @@ pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 /// The largest review body read; the API server's own limit on an object is 3 MiB (etcd's
 /// request size), and a review carries the object once (twice for updates, which are not sent).
 pub const MAX_REVIEW_BYTES: usize = 8 << 20;
-/// The prefix of a pod's lease id: `k8s-<pod uid>`.
-pub const LEASE_PREFIX: &str = "k8s-";
 
 /// Why a review got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -62,9 +60,9 @@ pub enum ReviewError {
     Unavailable(String),
 }
 
-/// The lease id of an admitted pod.
+/// The lease id of an admitted pod (the collector names it the same way from the kubelet).
 pub fn lease_id(pod_uid: &str) -> String {
-    format!("{LEASE_PREFIX}{pod_uid}")
+    gpuwarden_schema::lease::kubernetes_lease_id(pod_uid)
 }
 
 /// Answers one review of substrate `substrate`: the `AdmissionReview` JSON to send back.
