@@ -8,104 +8,36 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, RawQuery, State};
-use axum::routing::{delete, get};
 use bytes::Bytes;
 use gpuwarden_enforcer::outbound::{http_client_with_tls, HttpClient};
 use gpuwarden_schema::tls::client_config;
 use http_body_util::{BodyExt as _, Full};
 use serde_json::{json, Value};
+use support::kube_api::{gpu_node, KubeApi};
 use support::pki::Ca;
 use support::{sha256_hex, Running};
 
 const ADMIN_TOKEN: &str = "admin-secret-token";
 
-/// What the fake API server was asked: method, path, query, body.
-type Seen = Arc<Mutex<Vec<(String, String, String, String)>>>;
-
 /// Four H100 nodes of 8, two A100 nodes of 8 (one cordoned), one CPU node.
-fn nodes() -> Value {
-    let node = |name: &str, product: &str, gpus: &str, cordoned: bool| {
-        let mut labels = json!({"kubernetes.io/hostname": name});
-        if !product.is_empty() {
-            labels["nvidia.com/gpu.product"] = json!(product);
-        }
-        json!({
-            "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "100", "labels": labels},
-            "spec": {"unschedulable": cordoned},
-            "status": {
-                "capacity": {"cpu": "96", "memory": "1056Gi", "nvidia.com/gpu": gpus, "pods": "110"},
-                "allocatable": {"cpu": "95500m", "memory": "1048Gi", "nvidia.com/gpu": gpus, "pods": "110"}
-            }
-        })
-    };
-    let mut items: Vec<Value> = (0..4)
-        .map(|i| node(&format!("h100-{i}"), "NVIDIA-H100-80GB-HBM3", "8", false))
+fn nodes() -> Vec<Value> {
+    let mut nodes: Vec<Value> = (0..4)
+        .map(|i| gpu_node(&format!("h100-{i}"), "NVIDIA-H100-80GB-HBM3", 8, false))
         .collect();
-    items.push(node("a100-0", "NVIDIA-A100-SXM4-80GB", "8", false));
-    items.push(node("a100-1", "NVIDIA-A100-SXM4-80GB", "8", true));
-    items.push(json!({"metadata": {"name": "cpu-0", "labels": {}}, "status": {"allocatable": {"cpu": "64"}}}));
-    json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "100"}, "items": items})
-}
-
-/// Serves the cluster's API on 127.0.0.1 from a thread of its own; returns its URL.
-fn fake_api_server(seen: Seen) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            async fn list_nodes(State(seen): State<Seen>) -> axum::Json<Value> {
-                seen.lock().unwrap().push(("GET".into(), "/api/v1/nodes".into(), String::new(), String::new()));
-                axum::Json(nodes())
-            }
-            async fn delete_pod(
-                State(seen): State<Seen>,
-                UrlPath((namespace, name)): UrlPath<(String, String)>,
-                RawQuery(query): RawQuery,
-                body: Bytes,
-            ) -> axum::Json<Value> {
-                seen.lock().unwrap().push((
-                    "DELETE".into(),
-                    format!("/api/v1/namespaces/{namespace}/pods/{name}"),
-                    query.unwrap_or_default(),
-                    String::from_utf8_lossy(&body).into_owned(),
-                ));
-                axum::Json(json!({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": name, "namespace": namespace, "deletionTimestamp": "2026-12-05T00:00:00Z"}}))
-            }
-            let app = axum::Router::new()
-                .route("/api/v1/nodes", get(list_nodes))
-                .route("/api/v1/namespaces/{namespace}/pods/{name}", delete(delete_pod))
-                .with_state(seen);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    rx.recv().unwrap()
+    nodes.push(gpu_node("a100-0", "NVIDIA-A100-SXM4-80GB", 8, false));
+    nodes.push(gpu_node("a100-1", "NVIDIA-A100-SXM4-80GB", 8, true));
+    nodes.push(json!({"metadata": {"name": "cpu-0", "labels": {}}, "status": {"allocatable": {"cpu": "64"}}}));
+    nodes
 }
 
 /// Teams: `ml` (quota 16, namespace `ml-research`), `vision` (A100 only), `lean` ($1 a month),
 /// `burst` (quota 16, for the concurrent reviews).
-fn write_config(dir: &Path, api: &str, ca: &Ca) -> PathBuf {
+fn write_config(dir: &Path, api: &KubeApi, ca: &Ca) -> PathBuf {
     let leaf = ca.server("webhook");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {api}\n\
-             users:\n- name: gpuwarden\n  user:\n    token: test-token\n\
-             contexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuwarden\n\
-             current-context: test\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.kubeconfig(dir);
     let path = dir.join("gpuwarden.toml");
     let team = |name: &str, members: &str, quota: u32, budget: f64, models: &str| {
         format!(
@@ -190,6 +122,15 @@ impl PodReview {
         }
     }
 
+    fn name(&self) -> String {
+        format!("serve-{}", &self.pod_uid[..8])
+    }
+
+    /// The pod as the API server stores it once admitted.
+    fn object(&self) -> Value {
+        self.json("-")["request"]["object"].clone()
+    }
+
     fn json(&self, review_uid: &str) -> Value {
         let mut resources =
             json!({"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "32Gi"}});
@@ -197,7 +138,7 @@ impl PodReview {
             resources["limits"]["nvidia.com/gpu"] = json!(gpus);
             resources["requests"]["nvidia.com/gpu"] = json!(gpus);
         }
-        let name = format!("serve-{}", &self.pod_uid[..8]);
+        let name = self.name();
         let mut spec = json!({
             "containers": [{"name": "server", "image": "vllm/vllm-openai:v0.9.0",
                 "resources": resources, "terminationMessagePath": "/dev/termination-log",
@@ -294,9 +235,8 @@ fn message(response: &Value) -> String {
         .to_owned()
 }
 
-fn start(dir: &Path) -> (Running, Webhook, String, Seen) {
-    let seen: Seen = Arc::default();
-    let api_server = fake_api_server(seen.clone());
+fn start(dir: &Path) -> (Running, Webhook, String, KubeApi) {
+    let api_server = KubeApi::start(nodes());
     let ca = Ca::new(dir, "webhook-ca");
     let config = write_config(dir, &api_server, &ca);
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
@@ -315,14 +255,43 @@ fn start(dir: &Path) -> (Running, Webhook, String, Seen) {
             url,
         },
         api,
-        seen,
+        api_server,
     )
+}
+
+/// A call to the enforcer's API with the admin token.
+async fn call(api: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let client = gpuwarden_enforcer::outbound::http_client();
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{api}{path}"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Waits until lease `id` is in `state` (the watcher follows pods in the background).
+async fn wait_for_state(api: &str, id: &str, state: &str) {
+    for _ in 0..200 {
+        let (status, lease) = call(api, "GET", &format!("/v1/leases/{id}"), "").await;
+        if status == 200 && lease["state"] == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, lease) = call(api, "GET", &format!("/v1/leases/{id}"), "").await;
+    panic!("lease {id} never became {state}: {lease}");
 }
 
 #[test]
 fn the_webhook_admits_denies_and_explains_over_https() {
     let dir = tempfile::tempdir().unwrap();
-    let (enforcer, webhook, api, seen) = start(dir.path());
+    let (enforcer, webhook, api, kube) = start(dir.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         // Two GPUs within quota: allowed, the estimate as a warning.
@@ -447,41 +416,33 @@ fn the_webhook_admits_denies_and_explains_over_https() {
 
         // Releasing the first pod's lease deletes the pod, with the grace period and its uid as
         // a precondition.
+        kube.store_pod(pod.object());
         let lease = format!("k8s-{}", pod.pod_uid);
-        let client = gpuwarden_enforcer::outbound::http_client();
-        let request = hyper::Request::post(format!("{api}/v1/leases/{lease}/release"))
-            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        let response = client.request(request).await.unwrap();
-        let status = response.status();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let (status, body) = call(&api, "POST", &format!("/v1/leases/{lease}/release"), "{}").await;
+        assert_eq!(status, 200, "{body}");
         assert!(
-            status.is_success(),
-            "{status}: {}",
-            String::from_utf8_lossy(&body)
+            kube.pod("ml-research", &pod.name()).is_none(),
+            "the pod was deleted"
         );
     });
-    let deletes: Vec<_> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| r.0 == "DELETE")
-        .cloned()
+    let deletes: Vec<_> = kube
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "DELETE")
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:?}");
-    let (_, path, _, body) = &deletes[0];
     assert!(
-        path.starts_with("/api/v1/namespaces/ml-research/pods/serve-"),
-        "{path}"
+        deletes[0]
+            .path
+            .starts_with("/api/v1/namespaces/ml-research/pods/serve-"),
+        "{deletes:?}"
     );
-    let body: Value = serde_json::from_str(body).unwrap();
+    let body: Value = serde_json::from_str(&deletes[0].body).unwrap();
     assert_eq!(body["gracePeriodSeconds"], 45);
     assert!(
         body["preconditions"]["uid"]
             .as_str()
-            .is_some_and(|u| path.contains(&u[..8])),
+            .is_some_and(|u| deletes[0].path.contains(&u[..8])),
         "{body}"
     );
     drop(enforcer);
@@ -490,7 +451,7 @@ fn the_webhook_admits_denies_and_explains_over_https() {
 #[test]
 fn two_hundred_concurrent_reviews_against_a_quota_of_16_admit_exactly_16() {
     let dir = tempfile::tempdir().unwrap();
-    let (enforcer, webhook, _, _) = start(dir.path());
+    let (enforcer, webhook, _, _kube) = start(dir.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let webhook = Arc::new(webhook);
     let answers: Vec<Value> = runtime.block_on(async {
@@ -515,5 +476,52 @@ fn two_hundred_concurrent_reviews_against_a_quota_of_16_admit_exactly_16() {
     for denied in answers.iter().filter(|a| a["allowed"] == false) {
         assert!(message(denied).contains("quota_exceeded"), "{denied}");
     }
+    drop(enforcer);
+}
+
+#[test]
+fn a_pods_lease_follows_the_pod_it_was_admitted_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (enforcer, webhook, api, kube) = start(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        // Admitted, stored, scheduled and run: granted, then active; it succeeds: released.
+        let job = PodReview::new("ml-research", "ada", Some("4"));
+        assert_eq!(webhook.review(&job).await["allowed"], true);
+        let id = format!("k8s-{}", job.pod_uid);
+        wait_for_state(&api, &id, "granted").await;
+        kube.store_pod(job.object());
+        kube.set_phase("ml-research", &job.name(), "Running");
+        wait_for_state(&api, &id, "active").await;
+        kube.set_phase("ml-research", &job.name(), "Succeeded");
+        wait_for_state(&api, &id, "released").await;
+
+        // One that fails is failed; one deleted while running is released; their GPUs are
+        // given back (the team's quota of 16 takes 16 again).
+        let crash = PodReview::new("ml-research", "ada", Some("8"));
+        let gone = PodReview::new("ml-research", "bob", Some("8"));
+        for pod in [&crash, &gone] {
+            assert_eq!(webhook.review(pod).await["allowed"], true);
+            kube.store_pod(pod.object());
+            kube.set_phase("ml-research", &pod.name(), "Running");
+        }
+        wait_for_state(&api, &format!("k8s-{}", gone.pod_uid), "active").await;
+        let full = webhook
+            .review(&PodReview::new("ml-research", "ada", Some("1")))
+            .await;
+        assert!(message(&full).contains("quota_exceeded"), "{full}");
+        kube.set_phase("ml-research", &crash.name(), "Failed");
+        kube.remove_pod("ml-research", &gone.name());
+        wait_for_state(&api, &format!("k8s-{}", crash.pod_uid), "failed").await;
+        wait_for_state(&api, &format!("k8s-{}", gone.pod_uid), "released").await;
+        let (_, lease) = call(&api, "GET", &format!("/v1/leases/k8s-{}", gone.pod_uid), "").await;
+        assert_eq!(lease["release_reason"], "user", "{lease}");
+        assert_eq!(
+            webhook
+                .review(&PodReview::new("ml-research", "ada", Some("16")))
+                .await["allowed"],
+            true
+        );
+    });
     drop(enforcer);
 }

@@ -357,6 +357,96 @@ async fn contract_webhook() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The contract against a Kubernetes cluster's API (`tests/support/kube_api.rs`: nodes and pods
+/// served over HTTP as the API server serves them), with a pod template: provisioning creates
+/// the lease's pod, reclaiming deletes it; a pod's GPUs cannot change.
+#[tokio::test]
+async fn contract_kubernetes() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let api = support::kube_api::KubeApi::start(vec![
+        support::kube_api::gpu_node("h100-0", "NVIDIA-H100-80GB-HBM3", 8, false),
+        support::kube_api::gpu_node("h100-1", "NVIDIA-H100-80GB-HBM3", 8, false),
+    ]);
+    let template = dir.path().join("pod.yaml");
+    std::fs::write(
+        &template,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n    app: trainer\nspec:\n  \
+         restartPolicy: Never\n  containers:\n  - name: main\n    image: nvcr.io/nvidia/pytorch:25.01-py3\n    \
+         command: [\"sleep\", \"infinity\"]\n    env:\n    - name: GPUWARDEN_LEASE_ID\n      value: stale\n  \
+         - name: sidecar\n    image: busybox\n",
+    )?;
+    let config = substrate(&format!(
+        r#"
+name = "k8s"
+driver = "kubernetes"
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+webhook_listen = "127.0.0.1:0"
+webhook_tls = {{ cert = "/unused.pem", key = "/unused.key" }}
+teams = {{ "ml-research" = "ml" }}
+pod_template = "{template}"
+grace_period = "20s"
+"#,
+        kubeconfig = api.kubeconfig(dir.path()).display(),
+        template = template.display(),
+    ));
+    contract(Subject::registered(
+        config,
+        context(dir.path()),
+        argv(&["python", "train.py"]),
+        ResizeMoves::Rejected,
+    ))
+    .await?;
+    // The pod it created, as the contract's first lease asked for it.
+    let created: Vec<_> = api
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    ensure!(created.len() == 1, "one pod created: {created:?}");
+    // The contract's lease is team vision's, which no namespace maps to: its own name.
+    ensure!(
+        created[0].path == "/api/v1/namespaces/vision/pods",
+        "{}",
+        created[0].path
+    );
+    let pod: Value = serde_json::from_str(&created[0].body)?;
+    assert_eq!(pod["metadata"]["name"], "gpuwarden-lease-contract-1");
+    assert_eq!(
+        pod["metadata"]["labels"]["gpuwarden.io/lease"],
+        "lease-contract-1"
+    );
+    assert_eq!(pod["metadata"]["labels"]["app"], "trainer");
+    assert_eq!(
+        pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+    let main = &pod["spec"]["containers"][0];
+    assert_eq!(main["resources"]["limits"]["nvidia.com/gpu"], "1");
+    assert_eq!(main["command"], json!(["python", "train.py"]));
+    for container in pod["spec"]["containers"].as_array().unwrap() {
+        let lease_env: Vec<_> = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "GPUWARDEN_LEASE_ID")
+            .collect();
+        assert_eq!(
+            lease_env,
+            [&json!({"name": "GPUWARDEN_LEASE_ID", "value": "lease-contract-1"})]
+        );
+    }
+    let deleted: Vec<_> = api
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "DELETE")
+        .collect();
+    ensure!(!deleted.is_empty(), "the reclaim deleted the pod");
+    let options: Value = serde_json::from_str(&deleted[0].body)?;
+    assert_eq!(options["gracePeriodSeconds"], 20);
+    Ok(())
+}
+
 // ---- simulated ------------------------------------------------------------------------------
 
 /// The contract against a real Slurm cluster (`tests/support/slurm.rs`, Debian's slurmctld and

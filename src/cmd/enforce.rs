@@ -93,7 +93,7 @@ pub(crate) struct Enforcer {
     stop_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     ticking: tokio::task::JoinHandle<()>,
-    /// The watchers of the Slurm substrates' queues.
+    /// The watchers of the Slurm substrates' queues and the Kubernetes substrates' pods.
     slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The Kubernetes substrates' admission webhooks.
     webhooks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -187,7 +187,7 @@ pub(crate) async fn start(
     // Each Slurm substrate's queue, followed into its leases, read once before the API answers
     // its submit hook.
     gpuwarden_enforcer::slurm::watch::prime(&service, Duration::from_secs(10)).await;
-    let slurm_watchers: Vec<_> = config
+    let mut slurm_watchers: Vec<_> = config
         .substrates
         .iter()
         .filter(|s| s.driver == gpuwarden_schema::config::DriverKind::Slurm)
@@ -199,6 +199,20 @@ pub(crate) async fn start(
             ))
         })
         .collect();
+    // Each Kubernetes substrate's pods, followed into their leases.
+    slurm_watchers.extend(
+        config
+            .substrates
+            .iter()
+            .filter(|s| s.driver == gpuwarden_schema::config::DriverKind::Kubernetes)
+            .map(|s| {
+                tokio::spawn(gpuwarden_enforcer::kubernetes::watch::run(
+                    service.clone(),
+                    s.name.clone(),
+                    stop_rx.clone(),
+                ))
+            }),
+    );
     let signals_stop = Arc::new(AtomicBool::new(false));
     // Static membership: a restarted enforcer takes its signal partitions back at once.
     let membership = gpuwarden_schema::kafka::GroupMembership::resolve(&config, "enforcer")

@@ -10,6 +10,7 @@
 
 pub mod accounts;
 pub mod grafana;
+pub mod kube_api;
 pub mod pki;
 pub mod prometheus;
 pub mod slurm;

@@ -17,8 +17,16 @@
 //!   (a newer pod of the same name is never touched); a pod already gone is success.
 //! - Status: the pod's phase: `Pending`/`Running` are running, `Succeeded` exited 0, `Failed`
 //!   exited; a missing pod, or one of the same name with another uid, is gone.
-//! - Provision (pods created from a template for an admission through the HTTP API) and resize
-//!   are not built: both answer [`DriverError::Rejected`] saying so, and a resize is denied
+//! - Provision (a lease admitted through the HTTP API): creates a pod from `pod_template` in the
+//!   team's namespace ([`KubernetesSettings::namespace_of`]), named `gpuwarden-<lease id>`,
+//!   labelled `gpuwarden.io/lease=<lease id>` (and team, user, workload), its first container
+//!   given the lease's GPUs (`nvidia.com/gpu`, or the MIG resource of a `<model> MIG
+//!   <profile>` lease) and command, every container `GPUWARDEN_LEASE_ID`, a node selector on the
+//!   model, and `activeDeadlineSeconds` from the lease's time limit. The pod is tracked before it
+//!   is created, so that the webhook, asked about it, recognizes it as the lease's own pod rather
+//!   than a new admission. A pod already there under that name and label is the lease's
+//!   (provisioning twice creates nothing). Without `pod_template`, provisioning is refused.
+//! - Resize: a pod's GPUs cannot change, [`DriverError::Rejected`], and a resize is denied
 //!   `resize_unsupported` before it gets here.
 
 use std::collections::BTreeMap;
@@ -46,6 +54,10 @@ pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 pub const DEFAULT_POLL: Duration = Duration::from_secs(10);
 /// A reclaimed pod's grace period when `grace_period` is not set.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+/// The label of a pod the driver created, naming its lease.
+pub const LEASE_LABEL: &str = "gpuwarden.io/lease";
+/// The environment variable naming a lease to the work (and to the collector).
+pub const LEASE_ENV: &str = "GPUWARDEN_LEASE_ID";
 
 /// Where a lease's pod is, as the driver keeps it in `<state_dir>/<lease_id>.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,8 +66,13 @@ pub struct PodRef {
     pub namespace: String,
     /// Its name.
     pub name: String,
-    /// Its uid: a pod recreated under the same name is another pod.
-    pub uid: String,
+    /// Its uid: a pod recreated under the same name is another pod. Unknown for a moment
+    /// while the driver creates the pod.
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// The GPUs (or MIG devices) it holds.
+    #[serde(default)]
+    pub gpus: Option<u32>,
 }
 
 /// A Kubernetes cluster's driver.
@@ -64,6 +81,8 @@ pub struct KubernetesDriver {
     settings: KubernetesSettings,
     state_dir: PathBuf,
     client: tokio::sync::OnceCell<Client>,
+    /// `pod_template`, read when the driver is built.
+    template: Option<Pod>,
     /// The inventory and when it was read.
     kept: Mutex<Option<(Instant, Arc<Inventory>)>>,
     /// One reader of the nodes at a time.
@@ -96,11 +115,22 @@ impl KubernetesDriver {
                 ));
             }
         }
+        let template = match &settings.pod_template {
+            None => None,
+            Some(path) => Some(read_template(path).map_err(|why| {
+                config_error(
+                    config,
+                    "kubernetes.pod_template",
+                    format!("{}: {why}", path.display()),
+                )
+            })?),
+        };
         Ok(Self {
             name: config.name.clone(),
             settings,
             state_dir: state_dir(config, context)?,
             client: tokio::sync::OnceCell::new(),
+            template,
             kept: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
         })
@@ -184,6 +214,81 @@ impl KubernetesDriver {
             .map(|(_, inv)| inv.pooled.iter().map(|(m, _)| m.clone()).collect())
             .unwrap_or_default()
     }
+}
+
+/// Reads a Pod manifest (YAML or JSON) that has at least one container.
+fn read_template(path: &std::path::Path) -> Result<Pod, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let pod: Pod = serde_saphyr::from_str(&text).map_err(|e| format!("not a Pod manifest: {e}"))?;
+    let containers = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    if containers == 0 {
+        return Err("the pod has no containers".into());
+    }
+    Ok(pod)
+}
+
+/// The pod the driver creates for `lease` from `template` (see the module's documentation).
+pub fn lease_pod(template: &Pod, lease: &LeaseSpec, settings: &KubernetesSettings) -> Pod {
+    use k8s_openapi::api::core::v1::EnvVar;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut pod = template.clone();
+    pod.metadata.name = Some(pod_name(&lease.lease_id));
+    pod.metadata.generate_name = None;
+    pod.metadata.namespace = Some(settings.namespace_of(&lease.team));
+    let labels = pod.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(LEASE_LABEL.into(), lease.lease_id.clone());
+    labels.insert("gpuwarden.io/team".into(), lease.team.clone());
+    labels.insert(settings.user_label.clone(), lease.user.clone());
+    labels.insert(
+        settings.workload_label.clone(),
+        lease.workload.as_str().into(),
+    );
+    let (base, mig) = match lease.gpu_model.split_once(" MIG ") {
+        Some((base, profile)) => (base, Some(profile)),
+        None => (lease.gpu_model.as_str(), None),
+    };
+    let resource = match mig {
+        Some(profile) => format!("{MIG_RESOURCE_PREFIX}{profile}"),
+        None => GPU_RESOURCE.to_owned(),
+    };
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.node_selector
+        .get_or_insert_with(Default::default)
+        .insert(settings.model_label.clone(), settings.label_of(base));
+    if let Some(limit) = lease.time_limit {
+        spec.active_deadline_seconds =
+            Some(i64::try_from(limit.as_secs().max(1)).unwrap_or(i64::MAX));
+    }
+    for (i, container) in spec.containers.iter_mut().enumerate() {
+        let env = container.env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != LEASE_ENV);
+        env.push(EnvVar {
+            name: LEASE_ENV.into(),
+            value: Some(lease.lease_id.clone()),
+            value_from: None,
+        });
+        if i == 0 {
+            let resources = container.resources.get_or_insert_with(Default::default);
+            let count = Quantity(lease.gpu_count.to_string());
+            resources
+                .limits
+                .get_or_insert_with(Default::default)
+                .insert(resource.clone(), count.clone());
+            if let Some(requests) = &mut resources.requests {
+                requests.insert(resource.clone(), count);
+            }
+            if let Some(command) = &lease.command {
+                container.command = Some(command.clone());
+                container.args = None;
+            }
+        }
+    }
+    pod
+}
+
+/// The name of lease `lease_id`'s pod.
+pub fn pod_name(lease_id: &str) -> String {
+    format!("gpuwarden-{}", lease_id.to_ascii_lowercase())
 }
 
 /// Allocatable GPUs of `nodes` by model, as [`KubernetesDriver`]'s inventory counts them.
@@ -283,17 +388,89 @@ impl Driver for KubernetesDriver {
     }
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
-        Err(DriverError::Rejected {
-            substrate: self.name.clone(),
-            message: format!(
-                "lease {}: gpuwarden does not create pods on a Kubernetes substrate yet; create \
-                 the pod with kubectl and the admission webhook admits it",
-                lease.lease_id
-            ),
-        })
+        check_lease_id(&self.name, &lease.lease_id)?;
+        let Some(template) = &self.template else {
+            return Err(DriverError::Rejected {
+                substrate: self.name.clone(),
+                message: format!(
+                    "lease {}: substrate {} has no kubernetes.pod_template, so gpuwarden creates \
+                     no pods on it; create the pod with kubectl and the admission webhook admits it",
+                    lease.lease_id, self.name
+                ),
+            });
+        };
+        if let Some(tracked) = self.tracked(&lease.lease_id).filter(|p| p.uid.is_some()) {
+            // Created before: nothing to do while that very pod is there.
+            if let LeaseStatus::Running = self.status(&lease.lease_id).await? {
+                tracing::debug!(lease = %lease.lease_id, pod = %tracked.name, "the lease's pod exists");
+                return Ok(());
+            }
+        }
+        let pod = lease_pod(template, lease, &self.settings);
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, &namespace);
+        let mut tracked = PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: None,
+            gpus: Some(lease.gpu_count),
+        };
+        // Tracked first: the webhook is asked about the pod before `create` returns.
+        self.track(&lease.lease_id, &tracked)?;
+        let created = match pods.create(&kube::api::PostParams::default(), &pod).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // There already: the lease's own pod from an earlier call, or someone else's.
+                match pods.get_opt(&name).await {
+                    Ok(Some(existing))
+                        if existing
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(LEASE_LABEL))
+                            == Some(&lease.lease_id) =>
+                    {
+                        existing
+                    }
+                    Ok(_) => {
+                        return Err(DriverError::Rejected {
+                            substrate: self.name.clone(),
+                            message: format!(
+                                "pod {namespace}/{name} exists and is not lease {}'s",
+                                lease.lease_id
+                            ),
+                        })
+                    }
+                    Err(e) => {
+                        return Err(self.unavailable(format!("reading pod {namespace}/{name}: {e}")))
+                    }
+                }
+            }
+            Err(kube::Error::Api(status))
+                if (400..500).contains(&status.code) && status.code != 429 =>
+            {
+                let _ = std::fs::remove_file(self.pod_file(&lease.lease_id));
+                return Err(DriverError::Rejected {
+                    substrate: self.name.clone(),
+                    message: format!("creating pod {namespace}/{name}: {}", status.message),
+                });
+            }
+            Err(e) => return Err(self.unavailable(format!("creating pod {namespace}/{name}: {e}"))),
+        };
+        tracked.uid = created.metadata.uid.clone();
+        self.track(&lease.lease_id, &tracked)?;
+        tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, pod = %name, "pod created");
+        Ok(())
     }
 
     async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
+        if self
+            .tracked(&lease.lease_id)
+            .is_some_and(|p| p.gpus == Some(lease.gpu_count))
+        {
+            return Ok(());
+        }
         Err(DriverError::Rejected {
             substrate: self.name.clone(),
             message: format!("lease {}: a pod's GPUs cannot change", lease.lease_id),
@@ -308,8 +485,8 @@ impl Driver for KubernetesDriver {
         let grace = self.settings.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
         let params = DeleteParams {
             grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
-            preconditions: Some(Preconditions {
-                uid: Some(pod.uid.clone()),
+            preconditions: pod.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
                 resource_version: None,
             }),
             ..DeleteParams::default()
@@ -350,7 +527,7 @@ impl Driver for KubernetesDriver {
                 )))
             }
         };
-        if pod.metadata.uid.as_deref() != Some(tracked.uid.as_str()) {
+        if tracked.uid.is_some() && pod.metadata.uid != tracked.uid {
             return Ok(LeaseStatus::Gone);
         }
         Ok(pod_status(&pod))

@@ -25,6 +25,7 @@
 //! API server logs.
 
 pub mod pods;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -170,6 +171,19 @@ async fn answer(
             .filter(|v| !v.is_empty())
             .cloned()
     };
+    // The pod gpuwarden's own driver is creating for a lease admitted through the HTTP API:
+    // answered from that lease, once.
+    if let Some(id) = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::drivers::kubernetes::LEASE_LABEL))
+    {
+        return Ok(claim(
+            service, substrate, kubernetes, request, id, &namespace, &name, &ask,
+        )
+        .await);
+    }
     let Some(team) = team_of(settings, config, &namespace) else {
         return Ok(deny(
             request,
@@ -329,7 +343,8 @@ async fn answer(
         let pod_ref = PodRef {
             namespace: namespace.clone(),
             name: name.clone(),
-            uid,
+            uid: Some(uid),
+            gpus: Some(gpus),
         };
         if let Err(e) = kubernetes.track(&lease_id, &pod_ref) {
             // The lease stands (the pod runs); only a reclaim by gpuwarden would miss it.
@@ -344,6 +359,52 @@ async fn answer(
         duration.map_or(String::new(), |d| format!(", ends after {}", humantime::format_duration(d))),
     )]);
     Ok(allow)
+}
+
+/// Answers for a pod that names lease `id` in its `gpuwarden.io/lease` label: allowed only when
+/// it is the pod the driver tracks for that open, granted lease of this substrate (same
+/// namespace and name, not created yet) and asks for no more GPUs than the lease holds.
+#[allow(clippy::too_many_arguments)]
+async fn claim(
+    service: &Service,
+    substrate: &str,
+    kubernetes: &crate::drivers::KubernetesDriver,
+    request: &Review<DynamicObject>,
+    id: &str,
+    namespace: &str,
+    name: &str,
+    ask: &pods::GpuAsk,
+) -> AdmissionResponse {
+    let lease = match service.store().open_lease(id) {
+        Ok(Some(lease)) => lease,
+        _ => {
+            return deny(
+                request,
+                format!("gpuwarden: denied: the pod's gpuwarden.io/lease names {id:?}, which is no open lease"),
+            )
+        }
+    };
+    let tracked = kubernetes.tracked(id);
+    let ours = lease.substrate == substrate
+        && lease.state == crate::store::LeaseState::Granted
+        && tracked
+            .as_ref()
+            .is_some_and(|p| p.namespace == namespace && p.name == name && p.uid.is_none())
+        && ask.count <= u64::from(lease.gpu_count);
+    if !ours {
+        return deny(
+            request,
+            format!(
+                "gpuwarden: denied: only gpuwarden creates the pod of lease {id} (the                  gpuwarden.io/lease label is reserved)"
+            ),
+        );
+    }
+    let mut allow = AdmissionResponse::from(request);
+    allow.warnings = Some(vec![format!(
+        "gpuwarden: the pod of lease {id}: {} x {} for team {}",
+        lease.gpu_count, lease.gpu_model, lease.team
+    )]);
+    allow
 }
 
 /// The team of a namespace: `teams`, else a team of the same name, else `teams."*"`.

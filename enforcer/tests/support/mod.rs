@@ -8,6 +8,8 @@
 
 #[path = "../../../tests/support/accounts.rs"]
 pub mod accounts;
+#[path = "../../../tests/support/kube_api.rs"]
+pub mod kube_api;
 #[path = "../../../tests/support/slurm.rs"]
 pub mod slurm;
 

@@ -957,6 +957,13 @@ pub struct KubernetesSettings {
     /// Default 30 s.
     #[serde(default, deserialize_with = "duration::optional")]
     pub grace_period: Option<Duration>,
+    /// A Pod manifest (YAML or JSON) the driver creates for each lease admitted through the
+    /// HTTP API on this substrate: in the namespace of the lease's team (the first of `teams`
+    /// that maps to it, else the team's name), named `gpuwarden-<lease id>`, its first
+    /// container given the lease's GPUs (and command), every container `GPUWARDEN_LEASE_ID`,
+    /// the pod the model's node selector and the lease's labels. Unset: such admissions are
+    /// refused (pods are then only created with kubectl and admitted by the webhook).
+    pub pod_template: Option<PathBuf>,
 }
 
 impl KubernetesSettings {
@@ -982,6 +989,22 @@ impl KubernetesSettings {
             Some(model) => model.clone(),
             None => label.replace('-', " "),
         }
+    }
+
+    /// The model label value of an NVML model name: the inverse of [`Self::model_of`].
+    pub fn label_of(&self, model: &str) -> String {
+        match self.models.iter().find(|(_, m)| *m == model) {
+            Some((label, _)) => label.clone(),
+            None => model.replace(' ', "-"),
+        }
+    }
+
+    /// The namespace of a team's pods: the first namespace `teams` maps to it, else its name.
+    pub fn namespace_of(&self, team: &str) -> String {
+        self.teams
+            .iter()
+            .find(|(namespace, t)| *t == team && namespace.as_str() != "*")
+            .map_or_else(|| team.to_owned(), |(namespace, _)| namespace.clone())
     }
 }
 
