@@ -1,8 +1,9 @@
 //! [`LeaseEvent`]: the enforcer's record of who holds which GPUs, published on
 //! `gpuwarden.leases`. The pipeline attributes samples to teams through these events, and the
 //! simulated fleet runs each granted lease's workload from them. It also owns how a Slurm job's
-//! lease and a Kubernetes pod's lease are named ([`slurm_lease_id`], [`kubernetes_lease_id`]),
-//! which the enforcer grants and the collector finds again.
+//! lease, a Kubernetes pod's lease and a Kueue Workload's lease are named ([`slurm_lease_id`],
+//! [`kubernetes_lease_id`], [`kueue_lease_id`]), which the enforcer grants and the collector finds
+//! again.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,6 +49,21 @@ pub fn slurm_lease_id(cluster: &str, job_id: u32) -> String {
 pub fn kubernetes_lease_id(pod_uid: &str) -> String {
     format!("k8s-{pod_uid}")
 }
+
+/// The lease of a Kueue Workload admitted by gpuwarden's admission check: `kueue-<workload
+/// uid>`, and `kueue-<workload uid>-<attempt>` from its second admission on (a Workload that
+/// Kueue evicts and requeues is checked again, and a lease id names one lease for good). The
+/// uid, as for a pod, because a Job re-created under the same name makes a new Workload.
+pub fn kueue_lease_id(workload_uid: &str, attempt: u32) -> String {
+    if attempt <= 1 {
+        format!("{KUEUE_LEASE_PREFIX}{workload_uid}")
+    } else {
+        format!("{KUEUE_LEASE_PREFIX}{workload_uid}-{attempt}")
+    }
+}
+
+/// How every [`kueue_lease_id`] begins.
+pub const KUEUE_LEASE_PREFIX: &str = "kueue-";
 
 /// What happened to the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -337,6 +353,14 @@ mod tests {
             kubernetes_lease_id("0f3c1a52-7d7e-4b8e-9a43-2c1d5e6f7a80"),
             "k8s-0f3c1a52-7d7e-4b8e-9a43-2c1d5e6f7a80"
         );
+    }
+
+    #[test]
+    fn kueue_lease_ids_name_the_workload_uid_and_later_attempts() {
+        let uid = "5a1e2c3d-0b4f-4e6a-8c7d-9e0f1a2b3c4d";
+        assert_eq!(kueue_lease_id(uid, 1), format!("kueue-{uid}"));
+        assert_eq!(kueue_lease_id(uid, 0), format!("kueue-{uid}"));
+        assert_eq!(kueue_lease_id(uid, 3), format!("kueue-{uid}-3"));
     }
 
     #[test]

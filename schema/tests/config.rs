@@ -752,6 +752,50 @@ driver = \"slurm\"
 }
 
 #[test]
+fn kueue_settings_have_defaults_and_are_checked_field_by_field() {
+    let substrate = |kueue: &str| {
+        format!(
+            "[[substrates]]\nname = \"k8s\"\ndriver = \"kubernetes\"\n\
+             [substrates.kubernetes]\nwebhook_listen = \"127.0.0.1:8443\"\n\
+             webhook_tls = {{ cert = \"/etc/w.pem\", key = \"/etc/w.key\" }}\n{kueue}"
+        )
+    };
+    let config = config::parse("k8s.toml", &substrate("")).unwrap();
+    assert_eq!(
+        config.substrates[0].kubernetes.as_ref().unwrap().kueue,
+        None
+    );
+    let config = config::parse("k8s.toml", &substrate("[substrates.kubernetes.kueue]\n")).unwrap();
+    let kueue = config.substrates[0]
+        .kubernetes
+        .as_ref()
+        .unwrap()
+        .kueue
+        .clone()
+        .unwrap();
+    assert_eq!(kueue.controller_name, "gpuwarden.io/budget");
+    assert_eq!(kueue.api_version, "v1beta2");
+    assert_eq!(kueue.poll, None);
+
+    let errs = errors(&substrate(
+        "[substrates.kubernetes.kueue]\ncontroller_name = \"\"\napi_version = \"v1\"\npoll = \"10m\"\n",
+    ));
+    let message = |path: &str| find(&errs, path).message.clone();
+    assert!(
+        message("substrates[0].kubernetes.kueue.controller_name").contains("1 to 253 characters")
+    );
+    assert!(message("substrates[0].kubernetes.kueue.api_version").contains("v1beta2 or v1beta1"));
+    assert!(message("substrates[0].kubernetes.kueue.poll").contains("between 1s and 5m"));
+    let errs = errors(&substrate(
+        "[substrates.kubernetes.kueue]\ncontroler_name = \"x\"\n",
+    ));
+    assert!(
+        errs.iter().any(|e| e.message.contains("controler_name")),
+        "{errs:#?}"
+    );
+}
+
+#[test]
 fn consumer_group_membership_defaults_to_static_and_names_the_field_at_fault() {
     let config = config::parse("t.toml", "").unwrap();
     assert!(config.kafka.static_membership);

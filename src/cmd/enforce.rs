@@ -97,6 +97,8 @@ pub(crate) struct Enforcer {
     slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The Kubernetes substrates' admission webhooks.
     webhooks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The Kubernetes substrates' Kueue admission check controllers.
+    kueue_controllers: Vec<tokio::task::JoinHandle<()>>,
     signals: tokio::task::JoinHandle<()>,
     signals_stop: Arc<AtomicBool>,
     /// Held until the enforcer has stopped: with `brokers = "embedded"` the broker lives as long
@@ -264,6 +266,19 @@ pub(crate) async fn start(
         )));
         webhook_tls.push(tls);
     }
+    // Each Kubernetes substrate's Kueue admission check controller, where configured.
+    let kueue_controllers: Vec<_> = config
+        .substrates
+        .iter()
+        .filter(|s| s.kubernetes.as_ref().is_some_and(|k| k.kueue.is_some()))
+        .map(|s| {
+            tokio::spawn(gpuwarden_enforcer::kubernetes::kueue::run(
+                service.clone(),
+                s.name.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
     let reloads = tls.clone();
     let app =
@@ -307,6 +322,7 @@ pub(crate) async fn start(
         ticking,
         slurm_watchers,
         webhooks,
+        kueue_controllers,
         signals,
         signals_stop,
         publishing,
@@ -325,7 +341,11 @@ impl Enforcer {
             let _ = tokio::time::timeout(Duration::from_secs(5), webhook).await;
         }
         self.ticking.abort();
-        for watcher in self.slurm_watchers {
+        for watcher in self
+            .slurm_watchers
+            .into_iter()
+            .chain(self.kueue_controllers)
+        {
             let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
         }
         self.signals_stop.store(true, Ordering::SeqCst);

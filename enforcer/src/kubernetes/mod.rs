@@ -23,7 +23,13 @@
 //! API server treats by the webhook's `failurePolicy`. A body that is not an `AdmissionReview`
 //! of `admission.k8s.io/v1` is refused with 400 and a message naming what is wrong, which the
 //! API server logs.
+//!
+//! A GPU pod annotated `gpuwarden.io/lease` with the open lease of a Kueue Workload of its
+//! namespace (the admission check's `podSetUpdates`, see [`kueue`]) runs under that lease and
+//! is allowed with a warning naming it; one naming a lease that is not open, or smaller than
+//! the pod, is denied.
 
+pub mod kueue;
 pub mod pods;
 pub mod watch;
 
@@ -32,13 +38,14 @@ use std::time::Duration;
 
 use gpuwarden_schema::config::{KubernetesSettings, Role};
 use gpuwarden_schema::Workload;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::core::admission::{
     AdmissionRequest as Review, AdmissionResponse, AdmissionReview, Operation,
 };
 use kube::core::DynamicObject;
 
 use crate::drivers::kubernetes::PodRef;
+use crate::drivers::Inventory;
 use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
 use crate::service::{Service, ServiceError};
@@ -162,6 +169,43 @@ async fn answer(
                 .into(),
         ));
     };
+    // A pod that Kueue starts for a Workload gpuwarden's admission check admitted carries that
+    // Workload's lease (the check's podSetUpdates, see `kueue`): it runs under it, and is not a
+    // second lease. Any pod of the namespace could name the lease, but it is its own team's.
+    let annotations = pod.metadata.annotations.as_ref();
+    if let Some(lease_id) = annotations.and_then(|a| a.get(kueue::LEASE_ANNOTATION)) {
+        if lease_id.starts_with(gpuwarden_schema::lease::KUEUE_LEASE_PREFIX) {
+            let lease = service
+                .store()
+                .open_lease(lease_id)
+                .map_err(|e| ReviewError::Unavailable(e.to_string()))?
+                .filter(|l| {
+                    l.substrate == substrate
+                        && l.labels.get("k8s_namespace") == Some(&namespace)
+                        && u64::from(l.gpu_count) >= ask.count
+                });
+            let Some(lease) = lease else {
+                return Ok(deny(
+                    request,
+                    format!(
+                        "gpuwarden: denied: the pod names lease {lease_id} ({}), which is not an \
+                         open lease of a Kueue Workload in namespace {namespace} holding {} GPUs",
+                        kueue::LEASE_ANNOTATION,
+                        ask.count
+                    ),
+                ));
+            };
+            let mut allow = allow;
+            allow.warnings = Some(vec![format!(
+                "gpuwarden: runs under lease {lease_id} of Kueue Workload {namespace}/{}",
+                lease
+                    .labels
+                    .get("kueue_workload")
+                    .map_or("?", String::as_str)
+            )]);
+            return Ok(allow);
+        }
+    }
     let meta = |key: &str| -> Option<String> {
         pod.metadata
             .labels
@@ -210,28 +254,11 @@ async fn answer(
             ),
         ));
     }
-    let (workload, project_from_workload) = match meta(&settings.workload_label) {
-        None => (settings.default_workload, None),
-        Some(text) => {
-            let (w, p) = match text.split_once(':') {
-                Some((w, p)) => (w, Some(p.to_owned()).filter(|p| !p.is_empty())),
-                None => (text.as_str(), None),
-            };
-            match Workload::ALL.into_iter().find(|k| k.as_str() == w.trim()) {
-                Some(w) => (w, p),
-                None => {
-                    return Ok(deny(
-                        request,
-                        format!(
-                            "gpuwarden: denied: the pod's {} {text:?} names no workload (training, \
-                             inference, notebook or batch, optionally with :<project>)",
-                            settings.workload_label
-                        ),
-                    ))
-                }
-            }
-        }
-    };
+    let (workload, project_from_workload) =
+        match workload_of(meta(&settings.workload_label).as_deref(), settings) {
+            Ok(found) => found,
+            Err(why) => return Ok(deny(request, format!("gpuwarden: denied: {why}"))),
+        };
     let project = meta(&settings.project_label)
         .or(project_from_workload)
         .unwrap_or_else(|| namespace.clone());
@@ -240,55 +267,10 @@ async fn answer(
         Ok(inventory) => inventory,
         Err(e) => return Err(ReviewError::Unavailable(e.to_string())),
     };
-    let models: Vec<&String> = inventory
-        .pooled
-        .iter()
-        .map(|(m, _)| m)
-        .filter(|m| m.contains(" MIG ") == ask.mig_profile().is_some())
-        .collect();
-    let model =
-        match pods::model_label_value(spec, &settings.model_label) {
-            Some(value) => {
-                let base = settings.model_of(&value);
-                match ask.mig_profile() {
-                    Some(profile) => format!("{base} MIG {profile}"),
-                    None => base,
-                }
-            }
-            None => {
-                let fitting: Vec<&&String> = match ask.mig_profile() {
-                    Some(profile) => models
-                        .iter()
-                        .filter(|m| m.ends_with(&format!(" MIG {profile}")))
-                        .collect(),
-                    None => models.iter().collect(),
-                };
-                match fitting.as_slice() {
-                    [one] => (**one).clone(),
-                    _ => {
-                        return Ok(deny(
-                            request,
-                            format!(
-                            "gpuwarden: denied: name a GPU model with nodeSelector {}: <model>; \
-                             this cluster has {}",
-                            settings.model_label,
-                            if models.is_empty() {
-                                "no GPUs".to_owned()
-                            } else {
-                                models.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
-                            }
-                        ),
-                        ))
-                    }
-                }
-            }
-        };
-    if !inventory.pooled.iter().any(|(m, _)| *m == model) {
-        return Ok(deny(
-            request,
-            format!("gpuwarden: denied: this cluster has no GPUs of model {model}"),
-        ));
-    }
+    let model = match model_of(spec, &ask, settings, &inventory) {
+        Ok(model) => model,
+        Err(why) => return Ok(deny(request, format!("gpuwarden: denied: {why}"))),
+    };
     let max = config.workload(workload).max_duration;
     let asked = spec
         .active_deadline_seconds
@@ -395,7 +377,7 @@ async fn claim(
         return deny(
             request,
             format!(
-                "gpuwarden: denied: only gpuwarden creates the pod of lease {id} (the                  gpuwarden.io/lease label is reserved)"
+                "gpuwarden: denied: only gpuwarden creates the pod of lease {id} (the gpuwarden.io/lease label is reserved)"
             ),
         );
     }
@@ -407,8 +389,88 @@ async fn claim(
     allow
 }
 
+/// The workload and project a `<workload>[:<project>]` label value names (`settings`'s default
+/// workload when there is none), or why it names none, for the person who set it.
+pub(crate) fn workload_of(
+    text: Option<&str>,
+    settings: &KubernetesSettings,
+) -> Result<(Workload, Option<String>), String> {
+    let Some(text) = text else {
+        return Ok((settings.default_workload, None));
+    };
+    let (w, p) = match text.split_once(':') {
+        Some((w, p)) => (w, Some(p.to_owned()).filter(|p| !p.is_empty())),
+        None => (text, None),
+    };
+    match Workload::ALL.into_iter().find(|k| k.as_str() == w.trim()) {
+        Some(w) => Ok((w, p)),
+        None => Err(format!(
+            "the {} {text:?} names no workload (training, inference, notebook or batch, \
+             optionally with :<project>)",
+            settings.workload_label
+        )),
+    }
+}
+
+/// The GPU model `spec` asking for `ask` runs on: the one its `nodeSelector` (or required node
+/// affinity) pins by `model_label`, else the cluster's only model of that kind (whole GPUs, or
+/// the MIG profile asked for). Why there is none, for the person who wrote the spec.
+pub(crate) fn model_of(
+    spec: &PodSpec,
+    ask: &pods::GpuAsk,
+    settings: &KubernetesSettings,
+    inventory: &Inventory,
+) -> Result<String, String> {
+    let models: Vec<&String> = inventory
+        .pooled
+        .iter()
+        .map(|(m, _)| m)
+        .filter(|m| m.contains(" MIG ") == ask.mig_profile().is_some())
+        .collect();
+    let model = match pods::model_label_value(spec, &settings.model_label) {
+        Some(value) => {
+            let base = settings.model_of(&value);
+            match ask.mig_profile() {
+                Some(profile) => format!("{base} MIG {profile}"),
+                None => base,
+            }
+        }
+        None => {
+            let fitting: Vec<&&String> = match ask.mig_profile() {
+                Some(profile) => models
+                    .iter()
+                    .filter(|m| m.ends_with(&format!(" MIG {profile}")))
+                    .collect(),
+                None => models.iter().collect(),
+            };
+            match fitting.as_slice() {
+                [one] => (**one).clone(),
+                _ => {
+                    return Err(format!(
+                        "name a GPU model with nodeSelector {}: <model>; this cluster has {}",
+                        settings.model_label,
+                        if models.is_empty() {
+                            "no GPUs".to_owned()
+                        } else {
+                            models
+                                .iter()
+                                .map(|m| m.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    ))
+                }
+            }
+        }
+    };
+    if !inventory.pooled.iter().any(|(m, _)| *m == model) {
+        return Err(format!("this cluster has no GPUs of model {model}"));
+    }
+    Ok(model)
+}
+
 /// The team of a namespace: `teams`, else a team of the same name, else `teams."*"`.
-fn team_of(
+pub(crate) fn team_of(
     settings: &KubernetesSettings,
     config: &gpuwarden_schema::config::Config,
     namespace: &str,

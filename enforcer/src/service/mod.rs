@@ -613,8 +613,13 @@ impl Service {
                 continue;
             }
             let driver = self.driver(&lease)?;
-            // A Slurm substrate's leases and holds follow its queue, which its watcher reads.
-            if driver.slurm().is_some() {
+            // A Slurm substrate's leases and holds follow its queue, which its watcher reads; a
+            // Kueue Workload's lease follows the Workload, which the Kueue controller reads.
+            if driver.slurm().is_some()
+                || lease
+                    .id
+                    .starts_with(gpuwarden_schema::lease::KUEUE_LEASE_PREFIX)
+            {
                 continue;
             }
             let status = match driver.status(&lease.id).await {

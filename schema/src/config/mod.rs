@@ -964,6 +964,50 @@ pub struct KubernetesSettings {
     /// the pod the model's node selector and the lease's labels. Unset: such admissions are
     /// refused (pods are then only created with kubectl and admitted by the webhook).
     pub pod_template: Option<PathBuf>,
+    /// `[substrates.kubernetes.kueue]`: gpuwarden as a Kueue admission check controller; off
+    /// when absent.
+    pub kueue: Option<KueueSettings>,
+}
+
+/// `[substrates.kubernetes.kueue]`: the Kueue `AdmissionCheck`s gpuwarden decides, and how often
+/// it reads them and their Workloads. A Workload's team, user, workload and model are read as
+/// the webhook reads a pod's, through the `[substrates.kubernetes]` settings above.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KueueSettings {
+    /// The `spec.controllerName` of the AdmissionChecks gpuwarden answers for. Default
+    /// `gpuwarden.io/budget`.
+    #[serde(default = "KueueSettings::default_controller_name")]
+    pub controller_name: String,
+    /// The version of Kueue's API (`kueue.x-k8s.io`) spoken: `v1beta2` (Kueue 0.15 and later,
+    /// the default) or `v1beta1` (older Kueue); the fields read and written are the same.
+    #[serde(default = "KueueSettings::default_api_version")]
+    pub api_version: String,
+    /// How often the AdmissionChecks and Workloads are read. Default 5 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub poll: Option<Duration>,
+}
+
+impl KueueSettings {
+    /// The Kueue API versions gpuwarden speaks.
+    pub const API_VERSIONS: [&'static str; 2] = ["v1beta2", "v1beta1"];
+
+    fn default_controller_name() -> String {
+        "gpuwarden.io/budget".into()
+    }
+    fn default_api_version() -> String {
+        "v1beta2".into()
+    }
+}
+
+impl Default for KueueSettings {
+    fn default() -> Self {
+        Self {
+            controller_name: Self::default_controller_name(),
+            api_version: Self::default_api_version(),
+            poll: None,
+        }
+    }
 }
 
 impl KubernetesSettings {

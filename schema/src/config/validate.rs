@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
 use super::{
-    CollectorSource, Config, DriverKind, KubernetesSettings, Listener, LoginLimits, OnIdle, Role,
-    SlurmSettings, SubstrateConfig, TlsConfig,
+    CollectorSource, Config, DriverKind, KubernetesSettings, KueueSettings, Listener, LoginLimits,
+    OnIdle, Role, SlurmSettings, SubstrateConfig, TlsConfig,
 };
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
@@ -742,6 +742,36 @@ fn kubernetes_settings(config: &Config, i: usize, k: &KubernetesSettings, report
         .is_some_and(|g| g > Duration::from_secs(3600))
     {
         report(path("grace_period"), "must be at most 1h".into());
+    }
+    if let Some(kueue) = &k.kueue {
+        let path = |f: &str| {
+            let mut p = path("kueue");
+            p.push(key(f));
+            p
+        };
+        // Kueue's own rule for a controller name: a non-empty string of at most 253 characters.
+        if kueue.controller_name.trim().is_empty() || kueue.controller_name.len() > 253 {
+            report(
+                path("controller_name"),
+                "must be 1 to 253 characters, the spec.controllerName of the AdmissionCheck".into(),
+            );
+        }
+        if !KueueSettings::API_VERSIONS.contains(&kueue.api_version.as_str()) {
+            report(
+                path("api_version"),
+                format!(
+                    "\"{}\" is not a Kueue API version gpuwarden speaks ({})",
+                    kueue.api_version,
+                    KueueSettings::API_VERSIONS.join(" or ")
+                ),
+            );
+        }
+        if kueue
+            .poll
+            .is_some_and(|p| p < Duration::from_secs(1) || p > Duration::from_secs(300))
+        {
+            report(path("poll"), "must be between 1s and 5m".into());
+        }
     }
 }
 
