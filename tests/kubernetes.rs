@@ -525,3 +525,97 @@ fn a_pods_lease_follows_the_pod_it_was_admitted_for() {
     });
     drop(enforcer);
 }
+
+/// Runs `gpuwarden enforce --config <config>`, which must exit by itself within a minute;
+/// returns its exit code and its last error line.
+fn enforce_exits(config: &Path) -> (Option<i32>, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["enforce", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gpuwarden enforce kept running after a fatal start-up error");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let error = stderr
+        .lines()
+        .filter(|l| l.starts_with("error"))
+        .last()
+        .unwrap_or("")
+        .to_owned();
+    (output.status.code(), error)
+}
+
+#[test]
+fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = KubeApi::start(nodes());
+    let ca = Ca::new(dir.path(), "webhook-ca");
+    let config = write_config(dir.path(), &api, &ca);
+    let text = std::fs::read_to_string(&config).unwrap();
+
+    // The webhook's key file missing (a renewal tool that has not run yet).
+    let missing = dir.path().join("missing.toml");
+    let key = text
+        .lines()
+        .find(|l| l.starts_with("webhook_tls"))
+        .unwrap()
+        .to_owned();
+    std::fs::write(
+        &missing,
+        text.replace(
+            &key,
+            "webhook_tls = { cert = \"/nonexistent.pem\", key = \"/nonexistent.key\" }",
+        ),
+    )
+    .unwrap();
+    let (code, error) = enforce_exits(&missing);
+    assert_eq!(code, Some(1), "{error}");
+    assert!(
+        error.contains("substrates.kubernetes.webhook_tls.cert")
+            && error.contains("/nonexistent.pem"),
+        "{error}"
+    );
+
+    // The API's port taken by another process.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let busy = dir.path().join("busy.toml");
+    std::fs::write(
+        &busy,
+        text.replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+            1,
+        ),
+    )
+    .unwrap();
+    let (code, error) = enforce_exits(&busy);
+    assert_eq!(code, Some(1), "{error}");
+    assert!(
+        error.contains(&format!("binding the API to 127.0.0.1:{port}")),
+        "{error}"
+    );
+
+    // The webhook's port taken.
+    let hooked = dir.path().join("hooked.toml");
+    std::fs::write(
+        &hooked,
+        text.replace(
+            "webhook_listen = \"127.0.0.1:0\"",
+            &format!("webhook_listen = \"127.0.0.1:{port}\""),
+        ),
+    )
+    .unwrap();
+    let (code, error) = enforce_exits(&hooked);
+    assert_eq!(code, Some(1), "{error}");
+    assert!(error.contains("admission webhook to 127.0.0.1:"), "{error}");
+}

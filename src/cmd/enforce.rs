@@ -130,6 +130,32 @@ pub(crate) async fn start(
             None
         }
     };
+    // The API's listener, bound before anything starts: a taken port stops the enforcer at
+    // once rather than leaving its background tasks running without an API.
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the API to {listen}"))?;
+    // Each Kubernetes substrate's admission webhook: its certificate and listener, before
+    // anything starts, so that a missing file or a taken port stops the enforcer at once.
+    let mut webhook_listeners = Vec::new();
+    for s in &config.substrates {
+        let Some(k) = &s.kubernetes else { continue };
+        let tls = ServerTls::load(
+            &k.webhook_tls,
+            "substrates.kubernetes.webhook_tls",
+            "kubernetes-webhook",
+            &[b"http/1.1"],
+        )?;
+        let listener = tokio::net::TcpListener::bind(k.webhook_listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding substrate {}'s admission webhook to {}",
+                    s.name, k.webhook_listen
+                )
+            })?;
+        webhook_listeners.push((s.name.clone(), tls, listener));
+    }
     let database = config.enforcer_database();
     if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -235,32 +261,18 @@ pub(crate) async fn start(
         }
     });
 
-    // Each Kubernetes substrate's admission webhook, on its own TLS listener.
-    let (mut webhooks, mut webhook_tls) = (Vec::new(), Vec::new());
-    for s in &config.substrates {
-        let Some(k) = &s.kubernetes else { continue };
-        let tls = ServerTls::load(
-            &k.webhook_tls,
-            "substrates.kubernetes.webhook_tls",
-            "kubernetes-webhook",
-            &[b"http/1.1"],
-        )?;
-        let listener = tokio::net::TcpListener::bind(k.webhook_listen)
-            .await
-            .with_context(|| {
-                format!(
-                    "binding substrate {}'s admission webhook to {}",
-                    s.name, k.webhook_listen
-                )
-            })?;
+    // Each Kubernetes substrate's admission webhook, on the listener bound at the start.
+    let mut webhooks = Vec::new();
+    let mut webhook_tls = Vec::new();
+    for (substrate, tls, listener) in webhook_listeners {
         tracing::info!(
-            substrate = %s.name,
+            substrate = %substrate,
             url = %format!("https://{}/validate", listener.local_addr()?),
             "kubernetes admission webhook running"
         );
         webhooks.push(tokio::spawn(serve_tls(
             listener,
-            gpuwarden_enforcer::kubernetes::router(service.clone(), s.name.clone()),
+            gpuwarden_enforcer::kubernetes::router(service.clone(), substrate),
             TlsAcceptor::from(tls.config()),
             stop_rx.clone(),
         )));
@@ -290,9 +302,6 @@ pub(crate) async fn start(
             }
             page
         }));
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding the API to {listen}"))?;
     let address = listener.local_addr()?;
     let url = format!(
         "{}://{address}",
