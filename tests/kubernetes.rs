@@ -547,8 +547,7 @@ fn enforce_exits(config: &Path) -> (Option<i32>, String) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let error = stderr
         .lines()
-        .filter(|l| l.starts_with("error"))
-        .last()
+        .rfind(|l| l.starts_with("error"))
         .unwrap_or("")
         .to_owned();
     (output.status.code(), error)
