@@ -447,6 +447,190 @@ grace_period = "20s"
     Ok(())
 }
 
+/// A Kubernetes substrate's driver over `api`, with `extra` settings.
+fn kubernetes_driver(
+    dir: &Path,
+    api: &support::kube_api::KubeApi,
+    extra: &str,
+) -> anyhow::Result<Box<dyn Driver>> {
+    let config = substrate(&format!(
+        r#"
+name = "k8s"
+driver = "kubernetes"
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+webhook_listen = "127.0.0.1:0"
+webhook_tls = {{ cert = "/unused.pem", key = "/unused.key" }}
+teams = {{ "serving" = "vision" }}
+{extra}
+"#,
+        kubeconfig = api.kubeconfig(dir).display(),
+    ));
+    Ok(build(&config, &context(dir))?)
+}
+
+/// An inference lease with a Deployment template runs as a Deployment of replicas of the
+/// template's GPUs; resizing it scales the Deployment, to whole replicas only.
+#[tokio::test]
+async fn kubernetes_inference_runs_as_a_deployment_resized_by_scaling() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let api = support::kube_api::KubeApi::start(vec![support::kube_api::gpu_node(
+        "h100-0",
+        "NVIDIA-H100-80GB-HBM3",
+        8,
+        false,
+    )]);
+    let template = dir.path().join("deployment.yaml");
+    std::fs::write(
+        &template,
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  labels: {app: llm}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: llm}}
+  template:
+    metadata:
+      labels: {app: llm}
+    spec:
+      containers:
+      - name: server
+        image: vllm/vllm-openai:v0.9.0
+        resources:
+          limits: {nvidia.com/gpu: "2"}
+"#,
+    )?;
+    let driver = kubernetes_driver(
+        dir.path(),
+        &api,
+        &format!("deployment_template = \"{}\"", template.display()),
+    )?;
+    assert!(driver.resizes());
+    let mut spec = lease("lease-llm", "NVIDIA H100 80GB HBM3", Vec::new(), None);
+    spec.workload = Workload::Inference;
+    spec.gpu_count = 4;
+    driver.provision(&spec).await?;
+    driver
+        .provision(&spec)
+        .await
+        .context("provisioning twice")?;
+    assert_eq!(driver.status("lease-llm").await?, LeaseStatus::Running);
+    let made = api
+        .deployment("serving", "gpuwarden-lease-llm")
+        .context("the deployment is in the team's namespace")?;
+    assert_eq!(made["spec"]["replicas"], 2, "4 GPUs at 2 a replica");
+    assert_eq!(
+        made["spec"]["selector"],
+        json!({"matchLabels": {"gpuwarden.io/lease": "lease-llm"}})
+    );
+    let template = &made["spec"]["template"];
+    assert_eq!(
+        template["metadata"]["labels"]["gpuwarden.io/lease"],
+        "lease-llm"
+    );
+    assert_eq!(template["metadata"]["labels"]["app"], "llm");
+    assert_eq!(
+        template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "2"
+    );
+    assert_eq!(
+        template["spec"]["containers"][0]["env"][0]["value"],
+        "lease-llm"
+    );
+    assert_eq!(
+        template["spec"]["nodeSelector"]["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+
+    spec.gpu_count = 8;
+    driver.resize(&spec).await?;
+    assert_eq!(
+        api.deployment("serving", "gpuwarden-lease-llm").unwrap()["spec"]["replicas"],
+        4
+    );
+    spec.gpu_count = 3;
+    assert!(matches!(
+        driver.resize(&spec).await,
+        Err(DriverError::Rejected { .. })
+    ));
+    let scales: Vec<_> = api
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(scales.len(), 1, "{scales:?}");
+    assert!(scales[0]
+        .path
+        .ends_with("/deployments/gpuwarden-lease-llm/scale"));
+
+    // A restart keeps it; reclaiming deletes the Deployment (its pods go with it).
+    drop(driver);
+    let driver = kubernetes_driver(
+        dir.path(),
+        &api,
+        &format!(
+            "deployment_template = \"{}\"",
+            dir.path().join("deployment.yaml").display()
+        ),
+    )?;
+    assert_eq!(driver.status("lease-llm").await?, LeaseStatus::Running);
+    driver.reclaim("lease-llm", ReleaseReason::Idle).await?;
+    assert!(api.deployment("serving", "gpuwarden-lease-llm").is_none());
+    assert_eq!(driver.status("lease-llm").await?, LeaseStatus::Gone);
+    driver.reclaim("lease-llm", ReleaseReason::Idle).await?;
+    Ok(())
+}
+
+/// With `reclaim = "evict"`, a reclaim goes through the Eviction API with the grace period, and
+/// a PodDisruptionBudget that forbids it makes the reclaim fail as retryable.
+#[tokio::test]
+async fn kubernetes_reclaim_by_eviction_respects_disruption_budgets() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let api = support::kube_api::KubeApi::start(vec![support::kube_api::gpu_node(
+        "h100-0",
+        "NVIDIA-H100-80GB-HBM3",
+        8,
+        false,
+    )]);
+    let template = dir.path().join("pod.yaml");
+    std::fs::write(
+        &template,
+        "spec:\n  containers:\n  - name: main\n    image: busybox\n",
+    )?;
+    let driver = kubernetes_driver(
+        dir.path(),
+        &api,
+        &format!(
+            "pod_template = \"{}\"\nreclaim = \"evict\"\ngrace_period = \"7s\"",
+            template.display()
+        ),
+    )?;
+    let spec = lease("lease-evict", "NVIDIA H100 80GB HBM3", Vec::new(), None);
+    driver.provision(&spec).await?;
+    api.block_evictions(true);
+    match driver.reclaim("lease-evict", ReleaseReason::Idle).await {
+        Err(DriverError::Unavailable { message, .. }) => {
+            assert!(message.contains("disruption budget"), "{message}")
+        }
+        other => bail!("a blocked eviction: {other:?}"),
+    }
+    assert_eq!(driver.status("lease-evict").await?, LeaseStatus::Running);
+    api.block_evictions(false);
+    driver.reclaim("lease-evict", ReleaseReason::Idle).await?;
+    assert_eq!(driver.status("lease-evict").await?, LeaseStatus::Gone);
+    let evictions: Vec<_> = api
+        .seen()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .collect();
+    assert_eq!(evictions.len(), 2);
+    let body: Value = serde_json::from_str(&evictions[1].body)?;
+    assert_eq!(body["kind"], "Eviction");
+    assert_eq!(body["deleteOptions"]["gracePeriodSeconds"], 7);
+    Ok(())
+}
+
 // ---- simulated ------------------------------------------------------------------------------
 
 /// The contract against a real Slurm cluster (`tests/support/slurm.rs`, Debian's slurmctld and

@@ -31,6 +31,9 @@ pub struct Seen {
 struct Cluster {
     nodes: Vec<Value>,
     pods: BTreeMap<(String, String), Value>,
+    deployments: BTreeMap<(String, String), Value>,
+    /// A PodDisruptionBudget forbids evictions (429) while set.
+    evictions_blocked: bool,
     resource_version: u64,
     /// Every watch event so far, with its resourceVersion, for watches that start behind.
     events: Vec<(u64, Value)>,
@@ -224,6 +227,155 @@ async fn delete_pod(
     axum::Json(pod).into_response()
 }
 
+async fn create_deployment(
+    State(c): State<Shared>,
+    Path(ns): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
+    record(
+        &c,
+        "POST",
+        format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+        q,
+        &body,
+    );
+    let mut d: Value = match serde_json::from_slice(&body) {
+        Ok(d) => d,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    let name = d["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    let mut c = c.lock().unwrap();
+    if c.deployments.contains_key(&(ns.clone(), name.clone())) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("deployments.apps \"{name}\" already exists"),
+        );
+    }
+    d["metadata"]["namespace"] = json!(ns);
+    d["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
+    d["metadata"]["generation"] = json!(1);
+    d["metadata"]["resourceVersion"] = json!(c.bump().to_string());
+    c.deployments.insert((ns, name), d.clone());
+    (StatusCode::CREATED, axum::Json(d)).into_response()
+}
+
+async fn get_deployment(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    record(
+        &c,
+        "GET",
+        format!("/apis/apps/v1/namespaces/{ns}/deployments/{name}"),
+        None,
+        b"",
+    );
+    let c = c.lock().unwrap();
+    match c.deployments.get(&(ns, name.clone())) {
+        Some(d) => axum::Json(d.clone()).into_response(),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("deployments.apps \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn delete_deployment(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
+    record(
+        &c,
+        "DELETE",
+        format!("/apis/apps/v1/namespaces/{ns}/deployments/{name}"),
+        q,
+        &body,
+    );
+    let mut c = c.lock().unwrap();
+    match c.deployments.remove(&(ns, name.clone())) {
+        Some(d) => axum::Json(d).into_response(),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("deployments.apps \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn scale_deployment(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
+    record(
+        &c,
+        "PATCH",
+        format!("/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale"),
+        q,
+        &body,
+    );
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut c = c.lock().unwrap();
+    let Some(d) = c.deployments.get_mut(&(ns.clone(), name.clone())) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("deployments.apps \"{name}\" not found"),
+        );
+    };
+    if let Some(replicas) = patch["spec"]["replicas"].as_i64() {
+        d["spec"]["replicas"] = json!(replicas);
+    }
+    let replicas = d["spec"]["replicas"].clone();
+    axum::Json(json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+        "metadata": {"name": name, "namespace": ns}, "spec": {"replicas": replicas},
+        "status": {"replicas": replicas, "selector": format!("gpuwarden.io/lease={name}")}}))
+    .into_response()
+}
+
+async fn evict_pod(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
+    record(
+        &c,
+        "POST",
+        format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"),
+        q,
+        &body,
+    );
+    let mut c = c.lock().unwrap();
+    if c.evictions_blocked {
+        return status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        );
+    }
+    let Some(pod) = c.pods.remove(&(ns, name.clone())) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("pods \"{name}\" not found"),
+        );
+    };
+    c.emit("DELETED", pod);
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Success", "code": 201})),
+    )
+        .into_response()
+}
+
 impl KubeApi {
     /// Starts the server with `nodes` (Node objects).
     pub fn start(nodes: Vec<Value>) -> Self {
@@ -250,6 +402,22 @@ impl KubeApi {
                     .route(
                         "/api/v1/namespaces/{ns}/pods/{name}",
                         get(get_pod).delete(delete_pod),
+                    )
+                    .route(
+                        "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                        axum::routing::post(evict_pod),
+                    )
+                    .route(
+                        "/apis/apps/v1/namespaces/{ns}/deployments",
+                        axum::routing::post(create_deployment),
+                    )
+                    .route(
+                        "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+                        get(get_deployment).delete(delete_deployment),
+                    )
+                    .route(
+                        "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale",
+                        axum::routing::patch(scale_deployment),
                     )
                     .with_state(shared);
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -314,6 +482,19 @@ impl KubeApi {
         c.pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// A stored Deployment.
+    pub fn deployment(&self, namespace: &str, name: &str) -> Option<Value> {
+        let c = self.cluster.lock().unwrap();
+        c.deployments
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// While `blocked`, evictions are refused as a PodDisruptionBudget refuses them (429).
+    pub fn block_evictions(&self, blocked: bool) {
+        self.cluster.lock().unwrap().evictions_blocked = blocked;
     }
 
     /// Every request so far.

@@ -34,8 +34,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuwarden_schema::config::{KubernetesSettings, SubstrateConfig};
+use gpuwarden_schema::config::{KubernetesReclaim, KubernetesSettings, SubstrateConfig};
 use gpuwarden_schema::ReleaseReason;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::{Api, Client};
@@ -73,6 +74,10 @@ pub struct PodRef {
     /// The GPUs (or MIG devices) it holds.
     #[serde(default)]
     pub gpus: Option<u32>,
+    /// `namespace`/`name` is a Deployment the driver created for an inference lease, whose
+    /// pods (labelled with the lease) hold the lease's GPUs, not a pod.
+    #[serde(default)]
+    pub deployment: bool,
 }
 
 /// A Kubernetes cluster's driver.
@@ -83,6 +88,8 @@ pub struct KubernetesDriver {
     client: tokio::sync::OnceCell<Client>,
     /// `pod_template`, read when the driver is built.
     template: Option<Pod>,
+    /// `deployment_template`, read when the driver is built.
+    deployment_template: Option<Deployment>,
     /// The inventory and when it was read.
     kept: Mutex<Option<(Instant, Arc<Inventory>)>>,
     /// One reader of the nodes at a time.
@@ -125,12 +132,23 @@ impl KubernetesDriver {
                 )
             })?),
         };
+        let deployment_template = match &settings.deployment_template {
+            None => None,
+            Some(path) => Some(read_deployment(path).map_err(|why| {
+                config_error(
+                    config,
+                    "kubernetes.deployment_template",
+                    format!("{}: {why}", path.display()),
+                )
+            })?),
+        };
         Ok(Self {
             name: config.name.clone(),
             settings,
             state_dir: state_dir(config, context)?,
             client: tokio::sync::OnceCell::new(),
             template,
+            deployment_template,
             kept: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
         })
@@ -167,6 +185,12 @@ impl KubernetesDriver {
                         ))
                     })?,
                 };
+                // kube retries 429, 503 and 504 for up to 15 attempts with pauses growing to
+                // minutes; a reclaim that a PodDisruptionBudget holds back, or an admission
+                // reading the nodes, would wait that long. gpuwarden retries on its own terms
+                // (the rules retry reclaims, the watchers back off), so the call answers now.
+                let mut config = config;
+                config.default_retry = false;
                 Client::try_from(config)
                     .map_err(|e| self.unavailable(format!("building the API client: {e}")))
             })
@@ -208,6 +232,119 @@ impl KubernetesDriver {
             .clone()
     }
 
+    /// Creates the Deployment of inference lease `lease` (see [`lease_deployment`]).
+    async fn provision_deployment(
+        &self,
+        template: &Deployment,
+        lease: &LeaseSpec,
+    ) -> Result<(), DriverError> {
+        if self
+            .tracked(&lease.lease_id)
+            .is_some_and(|p| p.uid.is_some())
+            && self.status(&lease.lease_id).await? == LeaseStatus::Running
+        {
+            return Ok(());
+        }
+        let deployment = lease_deployment(template, lease, &self.settings).map_err(|why| {
+            DriverError::Rejected {
+                substrate: self.name.clone(),
+                message: format!("lease {}: {why}", lease.lease_id),
+            }
+        })?;
+        let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
+        let name = deployment.metadata.name.clone().unwrap_or_default();
+        let mut tracked = PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: None,
+            gpus: Some(lease.gpu_count),
+            deployment: true,
+        };
+        self.track(&lease.lease_id, &tracked)?;
+        let deployments: Api<Deployment> = Api::namespaced(self.client().await?, &namespace);
+        let created = match deployments
+            .create(&kube::api::PostParams::default(), &deployment)
+            .await
+        {
+            Ok(created) => created,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match deployments.get_opt(&name).await {
+                    Ok(Some(existing))
+                        if existing
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(LEASE_LABEL))
+                            == Some(&lease.lease_id) =>
+                    {
+                        existing
+                    }
+                    Ok(_) => {
+                        return Err(DriverError::Rejected {
+                            substrate: self.name.clone(),
+                            message: format!(
+                                "deployment {namespace}/{name} exists and is not lease {}'s",
+                                lease.lease_id
+                            ),
+                        })
+                    }
+                    Err(e) => {
+                        return Err(
+                            self.unavailable(format!("reading deployment {namespace}/{name}: {e}"))
+                        )
+                    }
+                }
+            }
+            Err(kube::Error::Api(status))
+                if (400..500).contains(&status.code) && status.code != 429 =>
+            {
+                let _ = std::fs::remove_file(self.pod_file(&lease.lease_id));
+                return Err(DriverError::Rejected {
+                    substrate: self.name.clone(),
+                    message: format!("creating deployment {namespace}/{name}: {}", status.message),
+                });
+            }
+            Err(e) => {
+                return Err(self.unavailable(format!("creating deployment {namespace}/{name}: {e}")))
+            }
+        };
+        tracked.uid = created.metadata.uid.clone();
+        self.track(&lease.lease_id, &tracked)?;
+        tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, deployment = %name, "deployment created");
+        Ok(())
+    }
+
+    /// Deletes the Deployment of a lease (its pods go with it, each with its own grace period).
+    async fn delete_deployment(
+        &self,
+        lease_id: &str,
+        tracked: &PodRef,
+        grace: Duration,
+        reason: ReleaseReason,
+    ) -> Result<(), DriverError> {
+        let params = DeleteParams {
+            grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
+            preconditions: tracked.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let deployments: Api<Deployment> =
+            Api::namespaced(self.client().await?, &tracked.namespace);
+        match deployments.delete(&tracked.name, &params).await {
+            Ok(_) => {
+                tracing::info!(substrate = %self.name, lease = lease_id, namespace = %tracked.namespace, deployment = %tracked.name, reason = reason.as_str(), "deployment deleted");
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(e) => Err(self.unavailable(format!(
+                "deleting deployment {}/{}: {e}",
+                tracked.namespace, tracked.name
+            ))),
+        }
+    }
+
     /// The GPU models the cluster has, from the inventory last read (empty before the first).
     pub fn models(&self) -> Vec<String> {
         self.kept()
@@ -225,6 +362,89 @@ fn read_template(path: &std::path::Path) -> Result<Pod, String> {
         return Err("the pod has no containers".into());
     }
     Ok(pod)
+}
+
+/// Reads a Deployment manifest (YAML or JSON) whose pod template has at least one container.
+fn read_deployment(path: &std::path::Path) -> Result<Deployment, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let deployment: Deployment =
+        serde_saphyr::from_str(&text).map_err(|e| format!("not a Deployment manifest: {e}"))?;
+    let containers = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map_or(0, |s| s.containers.len());
+    if containers == 0 {
+        return Err("its pod template has no containers".into());
+    }
+    Ok(deployment)
+}
+
+/// The GPUs one replica of `deployment` asks for: its first container's GPU limit, else 1.
+pub fn gpus_per_replica(deployment: &Deployment) -> u32 {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| {
+            l.iter()
+                .find(|(k, _)| *k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX))
+        })
+        .and_then(|(_, q)| whole_quantity(&q.0))
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
+
+/// The Deployment the driver creates for an inference `lease` from `template`: its pod template
+/// made as [`lease_pod`] makes a pod (each replica holding [`gpus_per_replica`] GPUs), selected
+/// by the lease label, with the lease's GPUs / that many replicas.
+pub fn lease_deployment(
+    template: &Deployment,
+    lease: &LeaseSpec,
+    settings: &KubernetesSettings,
+) -> Result<Deployment, String> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let per = gpus_per_replica(template);
+    if !lease.gpu_count.is_multiple_of(per) {
+        return Err(format!(
+            "{} GPUs are not a whole number of replicas of {per} GPUs each",
+            lease.gpu_count
+        ));
+    }
+    let mut deployment = template.clone();
+    let spec = deployment.spec.get_or_insert_with(Default::default);
+    let pod = Pod {
+        metadata: spec.template.metadata.clone().unwrap_or_default(),
+        spec: spec.template.spec.clone(),
+        status: None,
+    };
+    let per_replica = LeaseSpec {
+        gpu_count: per,
+        ..lease.clone()
+    };
+    let mut made = lease_pod(&pod, &per_replica, settings);
+    // The pods of a Deployment are named by it.
+    made.metadata.name = None;
+    made.metadata.namespace = None;
+    spec.template.metadata = Some(made.metadata.clone());
+    spec.template.spec = made.spec;
+    spec.replicas = Some(i32::try_from(lease.gpu_count / per).unwrap_or(i32::MAX));
+    spec.selector = LabelSelector {
+        match_labels: Some(std::collections::BTreeMap::from([(
+            LEASE_LABEL.to_owned(),
+            lease.lease_id.clone(),
+        )])),
+        match_expressions: None,
+    };
+    deployment.metadata.name = Some(pod_name(&lease.lease_id));
+    deployment.metadata.generate_name = None;
+    deployment.metadata.namespace = Some(settings.namespace_of(&lease.team));
+    deployment.metadata.labels = made.metadata.labels;
+    Ok(deployment)
 }
 
 /// The pod the driver creates for `lease` from `template` (see the module's documentation).
@@ -390,6 +610,11 @@ impl Driver for KubernetesDriver {
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
         check_lease_id(&self.name, &lease.lease_id)?;
         let Some(template) = &self.template else {
+            if lease.workload == gpuwarden_schema::Workload::Inference {
+                if let Some(deployment) = &self.deployment_template {
+                    return self.provision_deployment(deployment, lease).await;
+                }
+            }
             return Err(DriverError::Rejected {
                 substrate: self.name.clone(),
                 message: format!(
@@ -406,6 +631,11 @@ impl Driver for KubernetesDriver {
                 return Ok(());
             }
         }
+        if lease.workload == gpuwarden_schema::Workload::Inference {
+            if let Some(deployment) = &self.deployment_template {
+                return self.provision_deployment(deployment, lease).await;
+            }
+        }
         let pod = lease_pod(template, lease, &self.settings);
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -415,6 +645,7 @@ impl Driver for KubernetesDriver {
             name: name.clone(),
             uid: None,
             gpus: Some(lease.gpu_count),
+            deployment: false,
         };
         // Tracked first: the webhook is asked about the pod before `create` returns.
         self.track(&lease.lease_id, &tracked)?;
@@ -465,10 +696,47 @@ impl Driver for KubernetesDriver {
     }
 
     async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
-        if self
-            .tracked(&lease.lease_id)
+        let tracked = self.tracked(&lease.lease_id);
+        if tracked
+            .as_ref()
             .is_some_and(|p| p.gpus == Some(lease.gpu_count))
         {
+            return Ok(());
+        }
+        if let (Some(mut tracked), Some(template)) = (
+            tracked.filter(|p| p.deployment),
+            self.deployment_template.as_ref(),
+        ) {
+            let per = gpus_per_replica(template);
+            if !lease.gpu_count.is_multiple_of(per) {
+                return Err(DriverError::Rejected {
+                    substrate: self.name.clone(),
+                    message: format!(
+                        "lease {}: {} GPUs are not a whole number of replicas of {per} GPUs each",
+                        lease.lease_id, lease.gpu_count
+                    ),
+                });
+            }
+            let replicas = lease.gpu_count / per;
+            let deployments: Api<Deployment> =
+                Api::namespaced(self.client().await?, &tracked.namespace);
+            let patch = serde_json::json!({"spec": {"replicas": replicas}});
+            deployments
+                .patch_scale(
+                    &tracked.name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|e| {
+                    self.unavailable(format!(
+                        "scaling deployment {}/{} to {replicas}: {e}",
+                        tracked.namespace, tracked.name
+                    ))
+                })?;
+            tracked.gpus = Some(lease.gpu_count);
+            self.track(&lease.lease_id, &tracked)?;
+            tracing::info!(substrate = %self.name, lease = %lease.lease_id, deployment = %tracked.name, replicas, "deployment scaled");
             return Ok(());
         }
         Err(DriverError::Rejected {
@@ -483,6 +751,9 @@ impl Driver for KubernetesDriver {
             return Ok(());
         };
         let grace = self.settings.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
+        if pod.deployment {
+            return self.delete_deployment(lease_id, &pod, grace, reason).await;
+        }
         let params = DeleteParams {
             grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
             preconditions: pod.uid.clone().map(|uid| Preconditions {
@@ -492,9 +763,45 @@ impl Driver for KubernetesDriver {
             ..DeleteParams::default()
         };
         let pods: Api<Pod> = Api::namespaced(self.client().await?, &pod.namespace);
-        match pods.delete(&pod.name, &params).await {
-            Ok(_) => {
-                tracing::info!(substrate = %self.name, lease = lease_id, namespace = %pod.namespace, pod = %pod.name, reason = reason.as_str(), "pod deleted");
+        let ended = match self.settings.reclaim {
+            KubernetesReclaim::Delete => pods.delete(&pod.name, &params).await.map(|_| "deleted"),
+            KubernetesReclaim::Evict => {
+                // Written here rather than with kube's `Api::evict`, whose body (kube-core
+                // 5.0) names the options `delete_options` and no kind: the API server would
+                // drop them, and the grace period with them.
+                let body = serde_json::json!({
+                    "apiVersion": "policy/v1",
+                    "kind": "Eviction",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace},
+                    "deleteOptions": params,
+                });
+                let request = hyper::Request::post(format!(
+                    "/api/v1/namespaces/{}/pods/{}/eviction",
+                    pod.namespace, pod.name
+                ))
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(&body).expect("an Eviction serializes"))
+                .expect("a valid request");
+                match self
+                    .client()
+                    .await?
+                    .request::<kube::core::Status>(request)
+                    .await
+                {
+                    // A PodDisruptionBudget forbids it now: a retry may be let through.
+                    Err(kube::Error::Api(status)) if status.code == 429 => {
+                        return Err(self.unavailable(format!(
+                            "evicting pod {}/{}: {} (a PodDisruptionBudget forbids it for now)",
+                            pod.namespace, pod.name, status.message
+                        )))
+                    }
+                    other => other.map(|_| "evicted"),
+                }
+            }
+        };
+        match ended {
+            Ok(how) => {
+                tracing::info!(substrate = %self.name, lease = lease_id, namespace = %pod.namespace, pod = %pod.name, reason = reason.as_str(), how, "pod ended");
                 Ok(())
             }
             // Gone already, or the name is another pod's now (the uid precondition failed).
@@ -516,6 +823,20 @@ impl Driver for KubernetesDriver {
         let Some(tracked) = self.tracked(lease_id) else {
             return Ok(LeaseStatus::Gone);
         };
+        if tracked.deployment {
+            let deployments: Api<Deployment> =
+                Api::namespaced(self.client().await?, &tracked.namespace);
+            return match deployments.get_opt(&tracked.name).await {
+                Ok(Some(d)) if tracked.uid.is_none() || d.metadata.uid == tracked.uid => {
+                    Ok(LeaseStatus::Running)
+                }
+                Ok(_) => Ok(LeaseStatus::Gone),
+                Err(e) => Err(self.unavailable(format!(
+                    "reading deployment {}/{}: {e}",
+                    tracked.namespace, tracked.name
+                ))),
+            };
+        }
         let pods: Api<Pod> = Api::namespaced(self.client().await?, &tracked.namespace);
         let pod = match pods.get_opt(&tracked.name).await {
             Ok(Some(pod)) => pod,
@@ -533,8 +854,10 @@ impl Driver for KubernetesDriver {
         Ok(pod_status(&pod))
     }
 
+    /// Only inference leases run as Deployments can change size; with no
+    /// `deployment_template`, a resize is denied before it gets here.
     fn resizes(&self) -> bool {
-        false
+        self.deployment_template.is_some()
     }
 
     fn kubernetes(&self) -> Option<&KubernetesDriver> {

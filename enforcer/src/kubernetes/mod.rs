@@ -327,6 +327,7 @@ async fn answer(
             name: name.clone(),
             uid: Some(uid),
             gpus: Some(gpus),
+            deployment: false,
         };
         if let Err(e) = kubernetes.track(&lease_id, &pod_ref) {
             // The lease stands (the pod runs); only a reclaim by gpuwarden would miss it.
@@ -345,7 +346,8 @@ async fn answer(
 
 /// Answers for a pod that names lease `id` in its `gpuwarden.io/lease` label: allowed only when
 /// it is the pod the driver tracks for that open, granted lease of this substrate (same
-/// namespace and name, not created yet) and asks for no more GPUs than the lease holds.
+/// namespace and name, not created yet), or a replica of the Deployment it tracks for it (same
+/// namespace, named after it), and asks for no more GPUs than the lease holds.
 #[allow(clippy::too_many_arguments)]
 async fn claim(
     service: &Service,
@@ -368,11 +370,18 @@ async fn claim(
     };
     let tracked = kubernetes.tracked(id);
     let ours = lease.substrate == substrate
-        && lease.state == crate::store::LeaseState::Granted
-        && tracked
-            .as_ref()
-            .is_some_and(|p| p.namespace == namespace && p.name == name && p.uid.is_none())
-        && ask.count <= u64::from(lease.gpu_count);
+        && ask.count <= u64::from(lease.gpu_count)
+        && tracked.as_ref().is_some_and(|p| {
+            p.namespace == namespace
+                && if p.deployment {
+                    // A replica of the lease's Deployment, made by its ReplicaSet.
+                    name.starts_with(&format!("{}-", p.name))
+                } else {
+                    p.name == name
+                        && p.uid.is_none()
+                        && lease.state == crate::store::LeaseState::Granted
+                }
+        });
     if !ours {
         return deny(
             request,

@@ -12,7 +12,8 @@
 //!
 //! A pod's lease is `k8s-<pod uid>` (admitted by the webhook), or the lease named by its
 //! `gpuwarden.io/lease` label when the driver created it for that lease and tracks it under that
-//! name. After each full list, an open lease whose pod was not in it is released when the
+//! name (or tracks the Deployment it is a replica of: such a lease goes `active` when a replica
+//! runs, and ends only with its Deployment, whatever its replicas do). After each full list, an open lease whose pod was not in it is released when the
 //! driver tracks a pod for it and the lease is older than [`GRACE`] (an admitted pod may not be
 //! stored yet: the API server asks the webhook before it writes the pod).
 
@@ -95,7 +96,8 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
                 }
             }
             Event::Delete(pod) => {
-                if let Some(id) = lease_of(kubernetes, &pod) {
+                if let Some(id) = lease_of(kubernetes, &pod).filter(|id| !deployed(kubernetes, id))
+                {
                     end(
                         &service,
                         &substrate,
@@ -120,8 +122,13 @@ pub fn lease_of(driver: &KubernetesDriver, pod: &Pod) -> Option<String> {
         .and_then(|l| l.get(LEASE_LABEL))
         .filter(|id| {
             driver.tracked(id).is_some_and(|p| {
+                let name = pod.metadata.name.as_deref().unwrap_or("");
                 Some(&p.namespace) == pod.metadata.namespace.as_ref()
-                    && Some(&p.name) == pod.metadata.name.as_ref()
+                    && if p.deployment {
+                        name.starts_with(&format!("{}-", p.name))
+                    } else {
+                        name == p.name
+                    }
             })
         });
     match labelled {
@@ -145,10 +152,19 @@ fn open(service: &Service, substrate: &str, id: &str) -> Option<Lease> {
     }
 }
 
+/// Whether lease `id` runs as a Deployment: its pods come and go; the lease ends with the
+/// Deployment, which gpuwarden deletes when it releases the lease.
+fn deployed(driver: &KubernetesDriver, id: &str) -> bool {
+    driver.tracked(id).is_some_and(|p| p.deployment)
+}
+
 async fn follow(service: &Service, substrate: &str, id: &str, pod: &Pod) {
     let Some(lease) = open(service, substrate, id) else {
         return;
     };
+    let replica = service
+        .driver_named(substrate)
+        .is_some_and(|d| d.kubernetes().is_some_and(|k| deployed(k, id)));
     let status = pod.status.as_ref();
     match status.and_then(|s| s.phase.as_deref()) {
         Some("Running") if lease.state == LeaseState::Granted => {
@@ -156,6 +172,7 @@ async fn follow(service: &Service, substrate: &str, id: &str, pod: &Pod) {
                 tracing::warn!(lease = id, error = %e, "marking the lease of a running pod active failed");
             }
         }
+        _ if replica => {}
         Some("Succeeded") => {
             end(
                 service,
@@ -223,7 +240,8 @@ async fn forget_missing(
         if lease.substrate != substrate || seen.contains(&lease.id) {
             continue;
         }
-        if driver.tracked(&lease.id).is_none() || now - lease.granted_at < grace {
+        if driver.tracked(&lease.id).is_none_or(|p| p.deployment) || now - lease.granted_at < grace
+        {
             continue;
         }
         end(

@@ -964,9 +964,31 @@ pub struct KubernetesSettings {
     /// the pod the model's node selector and the lease's labels. Unset: such admissions are
     /// refused (pods are then only created with kubectl and admitted by the webhook).
     pub pod_template: Option<PathBuf>,
+    /// A Deployment manifest (YAML or JSON) the driver creates, instead of a pod, for each
+    /// `inference` lease admitted through the HTTP API: named and labelled as the pods of
+    /// `pod_template` are, its pod template treated the same way, with as many replicas as the
+    /// lease's GPUs make at the GPUs its first container asks for (1 when it names none).
+    /// Resizing the lease (the autoscale rule) scales it.
+    pub deployment_template: Option<PathBuf>,
+    /// How a reclaimed pod is ended: `delete` (default: the pod is deleted with
+    /// `grace_period`) or `evict` (the Eviction API, which respects PodDisruptionBudgets; a
+    /// budget that forbids it makes the reclaim fail and be retried).
+    #[serde(default)]
+    pub reclaim: KubernetesReclaim,
     /// `[substrates.kubernetes.kueue]`: gpuwarden as a Kueue admission check controller; off
     /// when absent.
     pub kueue: Option<KueueSettings>,
+}
+
+/// How the kubernetes driver ends a reclaimed pod (`[substrates.kubernetes].reclaim`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KubernetesReclaim {
+    /// Delete the pod with the grace period.
+    #[default]
+    Delete,
+    /// Evict it through the Eviction API (PodDisruptionBudgets apply).
+    Evict,
 }
 
 /// `[substrates.kubernetes.kueue]`: the Kueue `AdmissionCheck`s gpuwarden decides, and how often
