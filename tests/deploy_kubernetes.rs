@@ -531,3 +531,150 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
         container_port(agent, "metrics")
     );
 }
+
+/// A pod as the API server stores it, with `containers` and `init_containers` as given.
+fn pod(containers: Value, init_containers: Option<Value>) -> Value {
+    let mut spec = serde_json::json!({
+        "containers": containers,
+        "restartPolicy": "Always",
+        "dnsPolicy": "ClusterFirst",
+        "schedulerName": "default-scheduler",
+    });
+    if let Some(init) = init_containers {
+        spec["initContainers"] = init;
+    }
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ml", "uid": "0c6b1c56-57f0-4d4e-9d2b-1b2f0a8d3c11"},
+        "spec": spec,
+        "status": {"phase": "Pending"}
+    })
+}
+
+fn container_with(resources: Option<Value>) -> Value {
+    let mut c = serde_json::json!({"name": "main", "image": "registry.example.com/app:1"});
+    if let Some(r) = resources {
+        c["resources"] = r;
+    }
+    c
+}
+
+/// The webhook's `matchConditions` expression, evaluated by a CEL interpreter (cel-rust, not
+/// the API server's cel-go, which also type-checks it when the configuration is applied) on the
+/// pods the API server would send and those it should not.
+#[test]
+fn the_webhook_match_condition_sends_gpu_pods_only() {
+    let text = std::fs::read_to_string(deploy_dir().join("webhook.yaml")).unwrap();
+    let configuration: ValidatingWebhookConfiguration = serde_saphyr::from_str(&text).unwrap();
+    let webhook = &configuration.webhooks.unwrap()[0];
+    let conditions = webhook.match_conditions.as_ref().unwrap();
+    assert_eq!(conditions.len(), 1);
+    let program = cel::Program::compile(&conditions[0].expression)
+        .unwrap_or_else(|e| panic!("the matchConditions expression does not parse: {e}"));
+    let sends = |object: &Value| -> bool {
+        let mut context = cel::Context::default();
+        context.add_variable("object", object.clone()).unwrap();
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(b)) => b,
+            other => panic!("the expression gave {other:?} for {object}"),
+        }
+    };
+    let gpus =
+        |key: &str, n: &str| serde_json::json!({ key: {"nvidia.com/gpu": n, "memory": "8Gi"} });
+    let cases: Vec<(&str, Value, bool)> = vec![
+        (
+            "a GPU limit",
+            pod(
+                serde_json::json!([container_with(Some(gpus("limits", "2")))]),
+                None,
+            ),
+            true,
+        ),
+        (
+            "a GPU request only",
+            pod(
+                serde_json::json!([container_with(Some(gpus("requests", "1")))]),
+                None,
+            ),
+            true,
+        ),
+        (
+            "a MIG device",
+            pod(
+                serde_json::json!([container_with(Some(
+                    serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+                ))]),
+                None,
+            ),
+            true,
+        ),
+        (
+            "GPUs in the second container",
+            pod(
+                serde_json::json!([
+                    container_with(None),
+                    container_with(Some(gpus("limits", "1")))
+                ]),
+                None,
+            ),
+            true,
+        ),
+        (
+            "GPUs in an init container",
+            pod(
+                serde_json::json!([container_with(None)]),
+                Some(serde_json::json!([container_with(Some(gpus(
+                    "limits", "1"
+                )))])),
+            ),
+            true,
+        ),
+        (
+            "no resources at all",
+            pod(serde_json::json!([container_with(None)]), None),
+            false,
+        ),
+        (
+            "empty resources",
+            pod(
+                serde_json::json!([container_with(Some(serde_json::json!({})))]),
+                None,
+            ),
+            false,
+        ),
+        (
+            "CPU and memory only",
+            pod(
+                serde_json::json!([container_with(Some(
+                    serde_json::json!({"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1"}})
+                ))]),
+                None,
+            ),
+            false,
+        ),
+        (
+            "another vendor's device",
+            pod(
+                serde_json::json!([container_with(Some(
+                    serde_json::json!({"limits": {"amd.com/gpu": "1", "nvidia.com/gpu-driver": "1"}})
+                ))]),
+                None,
+            ),
+            false,
+        ),
+        (
+            "init containers without GPUs",
+            pod(
+                serde_json::json!([container_with(None)]),
+                Some(serde_json::json!([container_with(Some(
+                    serde_json::json!({"limits": {"cpu": "1"}})
+                ))])),
+            ),
+            false,
+        ),
+    ];
+    for (what, object, expected) in &cases {
+        assert_eq!(sends(object), *expected, "{what}");
+    }
+}
