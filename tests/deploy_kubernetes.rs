@@ -39,9 +39,15 @@ struct Certificate {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct CertificateSpec {
     secret_name: String,
+    #[serde(rename = "isCA", default, skip_serializing_if = "Option::is_none")]
+    is_ca: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    common_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     dns_names: Vec<String>,
     duration: String,
-    renew_before: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    renew_before: Option<String>,
     private_key: CertificatePrivateKey,
     issuer_ref: IssuerRef,
 }
@@ -51,7 +57,8 @@ struct CertificateSpec {
 struct CertificatePrivateKey {
     algorithm: String,
     size: u32,
-    rotation_policy: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rotation_policy: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -74,7 +81,16 @@ struct Issuer {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct IssuerSpec {
-    self_signed: BTreeMap<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    self_signed: Option<BTreeMap<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca: Option<CaIssuer>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CaIssuer {
+    secret_name: String,
 }
 
 /// Every object of the manifests, by kind.
@@ -298,9 +314,6 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
     let Object::ClusterRoleBinding(binding) = one("ClusterRoleBinding") else {
         unreachable!()
     };
-    let Object::Certificate(certificate) = one("Certificate") else {
-        unreachable!()
-    };
     let Object::Namespace(ns) = one("Namespace") else {
         unreachable!()
     };
@@ -475,10 +488,36 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
     assert!((1..=30).contains(&timeout), "{timeout}");
 
     // The certificate names what the API server connects to, fills the Secret the enforcer
-    // reads, and is the one whose CA is injected.
+    // reads, and is the one whose CA is injected; its issuer is a CA whose key is in the Secret
+    // of a CA certificate.
+    let certificates: Vec<&Certificate> = objects
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Object::Certificate(c) => Some(&**c),
+            _ => None,
+        })
+        .collect();
+    let certificate = certificates
+        .iter()
+        .find(|c| c.spec.secret_name == tls_secret)
+        .expect("a Certificate fills the webhook's Secret");
+    let issuer = objects
+        .iter()
+        .find_map(|(_, o)| match o {
+            Object::Issuer(i)
+                if i.metadata.name.as_ref() == Some(&certificate.spec.issuer_ref.name) =>
+            {
+                Some(i)
+            }
+            _ => None,
+        })
+        .expect("the webhook certificate's Issuer");
+    let ca_secret = &issuer.spec.ca.as_ref().expect("a CA issuer").secret_name;
+    assert!(certificates
+        .iter()
+        .any(|c| c.spec.is_ca == Some(true) && &c.spec.secret_name == ca_secret));
     let svc_name = format!("{}.{}.svc", target.name, target.namespace);
     assert!(certificate.spec.dns_names.contains(&svc_name), "{svc_name}");
-    assert_eq!(certificate.spec.secret_name, tls_secret);
     assert_eq!(
         webhooks
             .metadata
