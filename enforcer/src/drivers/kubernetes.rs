@@ -5,7 +5,7 @@
 //! The cluster runs GPU pods that people create themselves; gpuwarden admits them in the
 //! validating admission webhook (`crate::kubernetes`), which records each admitted pod as lease
 //! `k8s-<pod uid>` and tells this driver where the pod is ([`KubernetesDriver::track`], kept in
-//! `<state_dir>/<lease_id>.json` so that a restarted enforcer can still reclaim it).
+//! `<state_dir>/pods.jsonl` so that a restarted enforcer can still reclaim it).
 //!
 //! - Inventory: the nodes' allocatable `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`, as
 //!   model `<model> MIG <profile>`), by the node label `model_label` (`nvidia.com/gpu.product`,
@@ -60,7 +60,7 @@ pub const LEASE_LABEL: &str = "gpuwarden.io/lease";
 /// The environment variable naming a lease to the work (and to the collector).
 pub const LEASE_ENV: &str = "GPUWARDEN_LEASE_ID";
 
-/// Where a lease's pod is, as the driver keeps it in `<state_dir>/<lease_id>.json`.
+/// Where a lease's pod is, as the driver keeps it in its journal (`<state_dir>/pods.jsonl`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
     /// The pod's namespace.
@@ -80,11 +80,93 @@ pub struct PodRef {
     pub deployment: bool,
 }
 
+/// The pods the driver tracks, by lease: `<state_dir>/pods.jsonl`, one line
+/// `{"lease": <id>, "pod": <PodRef or null>}` per change, appended without a sync (the webhook
+/// records a pod per admission, and a file created and synced for each one cost most of a
+/// review's time), read into memory and rewritten compactly when the driver is built. A
+/// crash of the process loses nothing (the lines are in the kernel's cache); a crash of the
+/// machine may lose the last lines, whose pods the watcher still follows by uid but a reclaim
+/// then cannot delete (`Gone`).
+struct Journal {
+    path: PathBuf,
+    file: std::fs::File,
+    pods: std::collections::HashMap<String, PodRef>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct JournalLine {
+    lease: String,
+    pod: Option<PodRef>,
+}
+
+impl Journal {
+    fn open(dir: &std::path::Path) -> std::io::Result<Self> {
+        let path = dir.join("pods.jsonl");
+        let mut pods = std::collections::HashMap::new();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for (n, line) in text.lines().enumerate() {
+                    match serde_json::from_str::<JournalLine>(line) {
+                        Ok(JournalLine {
+                            lease,
+                            pod: Some(pod),
+                        }) => {
+                            pods.insert(lease, pod);
+                        }
+                        Ok(JournalLine { lease, pod: None }) => {
+                            pods.remove(&lease);
+                        }
+                        // A line cut short by a crash: what it said is lost.
+                        Err(e) => {
+                            tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable line of the pod journal")
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut compact = Vec::new();
+        for (lease, pod) in &pods {
+            serde_json::to_writer(
+                &mut compact,
+                &JournalLine {
+                    lease: lease.clone(),
+                    pod: Some(pod.clone()),
+                },
+            )
+            .expect("a journal line serializes");
+            compact.push(b'\n');
+        }
+        write_atomically(&path, &compact)?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path)?;
+        Ok(Self { path, file, pods })
+    }
+
+    fn record(&mut self, lease: &str, pod: Option<&PodRef>) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut line = serde_json::to_vec(&JournalLine {
+            lease: lease.to_owned(),
+            pod: pod.cloned(),
+        })
+        .expect("a journal line serializes");
+        line.push(b'\n');
+        self.file
+            .write_all(&line)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))?;
+        match pod {
+            Some(pod) => self.pods.insert(lease.to_owned(), pod.clone()),
+            None => self.pods.remove(lease),
+        };
+        Ok(())
+    }
+}
+
 /// A Kubernetes cluster's driver.
 pub struct KubernetesDriver {
     name: String,
     settings: KubernetesSettings,
-    state_dir: PathBuf,
+    journal: Mutex<Journal>,
     client: tokio::sync::OnceCell<Client>,
     /// `pod_template`, read when the driver is built.
     template: Option<Pod>,
@@ -142,10 +224,15 @@ impl KubernetesDriver {
                 )
             })?),
         };
+        let dir = state_dir(config, context)?;
+        let journal = Journal::open(&dir).map_err(|e| DriverError::Unavailable {
+            substrate: config.name.clone(),
+            message: format!("reading the pod journal in {}: {e}", dir.display()),
+        })?;
         Ok(Self {
             name: config.name.clone(),
             settings,
-            state_dir: state_dir(config, context)?,
+            journal: Mutex::new(journal),
             client: tokio::sync::OnceCell::new(),
             template,
             deployment_template,
@@ -198,24 +285,38 @@ impl KubernetesDriver {
             .cloned()
     }
 
-    /// Remembers where lease `lease_id`'s pod is, durably (the webhook calls this for every pod
-    /// it admits).
+    /// Remembers where lease `lease_id`'s pod is (the webhook calls this for every pod it
+    /// admits): a line appended to the journal, in memory at once.
     pub fn track(&self, lease_id: &str, pod: &PodRef) -> Result<(), DriverError> {
         check_lease_id(&self.name, lease_id)?;
-        let bytes = serde_json::to_vec(pod).expect("a PodRef serializes");
-        write_atomically(&self.pod_file(lease_id), &bytes)
+        self.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(lease_id, Some(pod))
             .map_err(|e| self.unavailable(format!("recording the pod of {lease_id}: {e}")))
+    }
+
+    /// Forgets lease `lease_id`'s pod (it was reclaimed, or ended).
+    pub fn untrack(&self, lease_id: &str) {
+        let mut journal = self
+            .journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if journal.pods.contains_key(lease_id) {
+            if let Err(e) = journal.record(lease_id, None) {
+                tracing::warn!(substrate = %self.name, lease = lease_id, error = %e, "recording a forgotten pod failed");
+            }
+        }
     }
 
     /// Where lease `lease_id`'s pod is, if the driver was told.
     pub fn tracked(&self, lease_id: &str) -> Option<PodRef> {
-        check_lease_id(&self.name, lease_id).ok()?;
-        let bytes = std::fs::read(self.pod_file(lease_id)).ok()?;
-        serde_json::from_slice(&bytes).ok()
-    }
-
-    fn pod_file(&self, lease_id: &str) -> PathBuf {
-        self.state_dir.join(format!("{lease_id}.json"))
+        self.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pods
+            .get(lease_id)
+            .cloned()
     }
 
     fn unavailable(&self, message: impl Into<String>) -> DriverError {
@@ -298,7 +399,7 @@ impl KubernetesDriver {
             Err(kube::Error::Api(status))
                 if (400..500).contains(&status.code) && status.code != 429 =>
             {
-                let _ = std::fs::remove_file(self.pod_file(&lease.lease_id));
+                self.untrack(&lease.lease_id);
                 return Err(DriverError::Rejected {
                     substrate: self.name.clone(),
                     message: format!("creating deployment {namespace}/{name}: {}", status.message),
@@ -335,9 +436,13 @@ impl KubernetesDriver {
         match deployments.delete(&tracked.name, &params).await {
             Ok(_) => {
                 tracing::info!(substrate = %self.name, lease = lease_id, namespace = %tracked.namespace, deployment = %tracked.name, reason = reason.as_str(), "deployment deleted");
+                self.untrack(lease_id);
                 Ok(())
             }
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                self.untrack(lease_id);
+                Ok(())
+            }
             Err(e) => Err(self.unavailable(format!(
                 "deleting deployment {}/{}: {e}",
                 tracked.namespace, tracked.name
@@ -681,7 +786,7 @@ impl Driver for KubernetesDriver {
             Err(kube::Error::Api(status))
                 if (400..500).contains(&status.code) && status.code != 429 =>
             {
-                let _ = std::fs::remove_file(self.pod_file(&lease.lease_id));
+                self.untrack(&lease.lease_id);
                 return Err(DriverError::Rejected {
                     substrate: self.name.clone(),
                     message: format!("creating pod {namespace}/{name}: {}", status.message),
@@ -802,10 +907,14 @@ impl Driver for KubernetesDriver {
         match ended {
             Ok(how) => {
                 tracing::info!(substrate = %self.name, lease = lease_id, namespace = %pod.namespace, pod = %pod.name, reason = reason.as_str(), how, "pod ended");
+                self.untrack(lease_id);
                 Ok(())
             }
             // Gone already, or the name is another pod's now (the uid precondition failed).
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                self.untrack(lease_id);
+                Ok(())
+            }
             Err(kube::Error::Api(status)) if status.code == 403 => Err(DriverError::Rejected {
                 substrate: self.name.clone(),
                 message: format!(

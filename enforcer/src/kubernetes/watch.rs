@@ -210,6 +210,14 @@ async fn end(service: &Service, substrate: &str, id: &str, reason: ReleaseReason
     if lease.state == LeaseState::Releasing && service.now() - lease.updated_at < grace {
         return;
     }
+    if let Some(driver) = service.driver_named(substrate) {
+        if let Some(k) = driver.kubernetes() {
+            // The pod has ended: nothing is left to reclaim.
+            if !deployed(k, id) {
+                k.untrack(id);
+            }
+        }
+    }
     match service.ended(id, reason, detail).await {
         Ok(_) => {
             tracing::info!(substrate = %substrate, lease = id, reason = reason.as_str(), detail, "lease ended with its pod")
