@@ -983,3 +983,45 @@ pub fn pod_status(pod: &Pod) -> LeaseStatus {
         _ => LeaseStatus::Running,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> PodRef {
+        PodRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: Some(format!("uid-{name}")),
+            gpus: Some(2),
+            deployment: false,
+        }
+    }
+
+    #[test]
+    fn the_pod_journal_survives_a_restart_and_a_line_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.record("k8s-a", Some(&pod("a"))).unwrap();
+        journal.record("k8s-b", Some(&pod("b"))).unwrap();
+        journal.record("k8s-a", None).unwrap();
+        journal.record("k8s-c", Some(&pod("c"))).unwrap();
+        drop(journal);
+        // A crash in the middle of a line.
+        let path = dir.path().join("pods.jsonl");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("{\"lease\":\"k8s-d\",\"pod\":{\"namesp");
+        std::fs::write(&path, text).unwrap();
+
+        let mut journal = Journal::open(dir.path()).unwrap();
+        let mut leases: Vec<_> = journal.pods.keys().cloned().collect();
+        leases.sort();
+        assert_eq!(leases, ["k8s-b", "k8s-c"]);
+        assert_eq!(journal.pods["k8s-b"], pod("b"));
+        // Rewritten compactly: one line per pod, the cut line gone, and appending goes on.
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+        journal.record("k8s-e", Some(&pod("e"))).unwrap();
+        drop(journal);
+        assert_eq!(Journal::open(dir.path()).unwrap().pods.len(), 3);
+    }
+}
