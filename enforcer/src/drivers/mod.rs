@@ -18,7 +18,7 @@
 //! - [`slurm`]: a Slurm cluster, through its commands; keeps the job id of each lease it
 //!   submitted in `<state_dir>/<lease_id>.json`.
 //! - [`kubernetes`]: a Kubernetes cluster, through its API server; keeps the pod of each lease
-//!   its admission webhook admitted in `<state_dir>/<lease_id>.json`.
+//!   (admitted by its webhook, or created for an API admission) in `<state_dir>/pods.jsonl`.
 //!
 //! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
 //! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
