@@ -333,46 +333,44 @@ impl KubernetesDriver {
             .clone()
     }
 
-    /// Creates the Deployment of inference lease `lease` (see [`lease_deployment`]).
-    async fn provision_deployment(
+    /// Creates `object`, lease `lease`'s pod or (`deployment`) Deployment, tracked before it is
+    /// created (the webhook is asked about a pod before `create` returns) and again with its
+    /// uid after. One already there under that name is the lease's when it carries the lease's
+    /// label (an earlier call's), else the call is refused; a request the API server refuses
+    /// (4xx but 429) is refused too, and the object forgotten.
+    async fn create_tracked<K>(
         &self,
-        template: &Deployment,
         lease: &LeaseSpec,
-    ) -> Result<(), DriverError> {
-        if self
-            .tracked(&lease.lease_id)
-            .is_some_and(|p| p.uid.is_some())
-            && self.status(&lease.lease_id).await? == LeaseStatus::Running
-        {
-            return Ok(());
-        }
-        let deployment = lease_deployment(template, lease, &self.settings).map_err(|why| {
-            DriverError::Rejected {
-                substrate: self.name.clone(),
-                message: format!("lease {}: {why}", lease.lease_id),
-            }
-        })?;
-        let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
-        let name = deployment.metadata.name.clone().unwrap_or_default();
+        object: &K,
+        deployment: bool,
+    ) -> Result<(), DriverError>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + Serialize
+            + serde::de::DeserializeOwned,
+    {
+        let kind = if deployment { "deployment" } else { "pod" };
+        let namespace = object.meta().namespace.clone().unwrap_or_default();
+        let name = object.meta().name.clone().unwrap_or_default();
         let mut tracked = PodRef {
             namespace: namespace.clone(),
             name: name.clone(),
             uid: None,
             gpus: Some(lease.gpu_count),
-            deployment: true,
+            deployment,
         };
         self.track(&lease.lease_id, &tracked)?;
-        let deployments: Api<Deployment> = Api::namespaced(self.client().await?, &namespace);
-        let created = match deployments
-            .create(&kube::api::PostParams::default(), &deployment)
-            .await
-        {
+        let api: Api<K> = Api::namespaced(self.client().await?, &namespace);
+        let created = match api.create(&kube::api::PostParams::default(), object).await {
             Ok(created) => created,
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                match deployments.get_opt(&name).await {
+                // There already: the lease's own from an earlier call, or someone else's.
+                match api.get_opt(&name).await {
                     Ok(Some(existing))
                         if existing
-                            .metadata
+                            .meta()
                             .labels
                             .as_ref()
                             .and_then(|l| l.get(LEASE_LABEL))
@@ -384,14 +382,14 @@ impl KubernetesDriver {
                         return Err(DriverError::Rejected {
                             substrate: self.name.clone(),
                             message: format!(
-                                "deployment {namespace}/{name} exists and is not lease {}'s",
+                                "{kind} {namespace}/{name} exists and is not lease {}'s",
                                 lease.lease_id
                             ),
                         })
                     }
                     Err(e) => {
                         return Err(
-                            self.unavailable(format!("reading deployment {namespace}/{name}: {e}"))
+                            self.unavailable(format!("reading {kind} {namespace}/{name}: {e}"))
                         )
                     }
                 }
@@ -402,16 +400,16 @@ impl KubernetesDriver {
                 self.untrack(&lease.lease_id);
                 return Err(DriverError::Rejected {
                     substrate: self.name.clone(),
-                    message: format!("creating deployment {namespace}/{name}: {}", status.message),
+                    message: format!("creating {kind} {namespace}/{name}: {}", status.message),
                 });
             }
             Err(e) => {
-                return Err(self.unavailable(format!("creating deployment {namespace}/{name}: {e}")))
+                return Err(self.unavailable(format!("creating {kind} {namespace}/{name}: {e}")))
             }
         };
-        tracked.uid = created.metadata.uid.clone();
+        tracked.uid = created.meta().uid.clone();
         self.track(&lease.lease_id, &tracked)?;
-        tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, deployment = %name, "deployment created");
+        tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, name = %name, kind, "created");
         Ok(())
     }
 
@@ -714,12 +712,27 @@ impl Driver for KubernetesDriver {
 
     async fn provision(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
         check_lease_id(&self.name, &lease.lease_id)?;
-        let Some(template) = &self.template else {
-            if lease.workload == gpuwarden_schema::Workload::Inference {
-                if let Some(deployment) = &self.deployment_template {
-                    return self.provision_deployment(deployment, lease).await;
-                }
+        if self
+            .tracked(&lease.lease_id)
+            .is_some_and(|p| p.uid.is_some())
+            && self.status(&lease.lease_id).await? == LeaseStatus::Running
+        {
+            // Created before: nothing to do while that very pod (or Deployment) is there.
+            return Ok(());
+        }
+        if lease.workload == gpuwarden_schema::Workload::Inference {
+            if let Some(template) = &self.deployment_template {
+                let deployment =
+                    lease_deployment(template, lease, &self.settings).map_err(|why| {
+                        DriverError::Rejected {
+                            substrate: self.name.clone(),
+                            message: format!("lease {}: {why}", lease.lease_id),
+                        }
+                    })?;
+                return self.create_tracked(lease, &deployment, true).await;
             }
+        }
+        let Some(template) = &self.template else {
             return Err(DriverError::Rejected {
                 substrate: self.name.clone(),
                 message: format!(
@@ -729,75 +742,8 @@ impl Driver for KubernetesDriver {
                 ),
             });
         };
-        if let Some(tracked) = self.tracked(&lease.lease_id).filter(|p| p.uid.is_some()) {
-            // Created before: nothing to do while that very pod is there.
-            if let LeaseStatus::Running = self.status(&lease.lease_id).await? {
-                tracing::debug!(lease = %lease.lease_id, pod = %tracked.name, "the lease's pod exists");
-                return Ok(());
-            }
-        }
-        if lease.workload == gpuwarden_schema::Workload::Inference {
-            if let Some(deployment) = &self.deployment_template {
-                return self.provision_deployment(deployment, lease).await;
-            }
-        }
         let pod = lease_pod(template, lease, &self.settings);
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let pods: Api<Pod> = Api::namespaced(self.client().await?, &namespace);
-        let mut tracked = PodRef {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            uid: None,
-            gpus: Some(lease.gpu_count),
-            deployment: false,
-        };
-        // Tracked first: the webhook is asked about the pod before `create` returns.
-        self.track(&lease.lease_id, &tracked)?;
-        let created = match pods.create(&kube::api::PostParams::default(), &pod).await {
-            Ok(created) => created,
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                // There already: the lease's own pod from an earlier call, or someone else's.
-                match pods.get_opt(&name).await {
-                    Ok(Some(existing))
-                        if existing
-                            .metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(LEASE_LABEL))
-                            == Some(&lease.lease_id) =>
-                    {
-                        existing
-                    }
-                    Ok(_) => {
-                        return Err(DriverError::Rejected {
-                            substrate: self.name.clone(),
-                            message: format!(
-                                "pod {namespace}/{name} exists and is not lease {}'s",
-                                lease.lease_id
-                            ),
-                        })
-                    }
-                    Err(e) => {
-                        return Err(self.unavailable(format!("reading pod {namespace}/{name}: {e}")))
-                    }
-                }
-            }
-            Err(kube::Error::Api(status))
-                if (400..500).contains(&status.code) && status.code != 429 =>
-            {
-                self.untrack(&lease.lease_id);
-                return Err(DriverError::Rejected {
-                    substrate: self.name.clone(),
-                    message: format!("creating pod {namespace}/{name}: {}", status.message),
-                });
-            }
-            Err(e) => return Err(self.unavailable(format!("creating pod {namespace}/{name}: {e}"))),
-        };
-        tracked.uid = created.metadata.uid.clone();
-        self.track(&lease.lease_id, &tracked)?;
-        tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, pod = %name, "pod created");
-        Ok(())
+        self.create_tracked(lease, &pod, false).await
     }
 
     async fn resize(&self, lease: &LeaseSpec) -> Result<(), DriverError> {
