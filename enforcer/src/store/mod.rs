@@ -952,6 +952,41 @@ impl Store {
         })
     }
 
+    /// The newest `limit` Actions recorded (the audit trail, as it went to the outbox),
+    /// newest first; only those about `team` when given. A row that does not read as an Action
+    /// is skipped.
+    pub fn recent_actions(&self, limit: usize, team: Option<&str>) -> Pending<Vec<Action>> {
+        use gpuwarden_schema::Record as _;
+        let team = team.map(str::to_owned);
+        self.read(move |conn| {
+            // Newest first over the outbox's rowid; a team's rows are picked out of the
+            // payload (the outbox keeps no team column), within a bounded scan.
+            let mut stmt = conn.prepare_cached(
+                "SELECT payload FROM outbox WHERE topic = ?1 ORDER BY id DESC LIMIT ?2",
+            )?;
+            let scan = if team.is_some() { limit * 20 } else { limit };
+            let rows = stmt.query_map(rusqlite::params![Action::TOPIC, scan as i64], |r| {
+                r.get::<_, String>(0)
+            })?;
+            let mut out = Vec::new();
+            for payload in rows {
+                let Ok(action) = Action::from_json(payload?.as_bytes()) else {
+                    continue;
+                };
+                if team
+                    .as_deref()
+                    .is_none_or(|t| action.team.as_deref() == Some(t))
+                {
+                    out.push(action);
+                }
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// How many outbox rows wait to be published.
     pub fn outbox_pending_count(&self) -> Pending<usize> {
         self.read(|conn| {
