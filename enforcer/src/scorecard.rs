@@ -694,8 +694,10 @@ mod tests {
             let text = format!("name = \"{name}\"\ndriver = \"{}\"", driver.as_str());
             config.substrates.push(toml_substrate(&text));
         }
-        let mut e = Evidence::default();
-        e.substrates_with_leases = ["a".into(), "b".into()].into();
+        let mut e = Evidence {
+            substrates_with_leases: ["a".into(), "b".into()].into(),
+            ..Evidence::default()
+        };
         assert_eq!(
             of(
                 &assess(&config, &e),
@@ -768,9 +770,11 @@ mod tests {
             role: Role::Member,
             teams: vec!["ml".into()],
         });
-        let mut e = Evidence::default();
-        e.users_with_leases = ["ada".into(), "bob".into()].into();
-        e.teams_with_leases = ["ml".into()].into();
+        let e = Evidence {
+            users_with_leases: ["ada".into(), "bob".into()].into(),
+            teams_with_leases: ["ml".into()].into(),
+            ..Evidence::default()
+        };
         let card = assess(&config, &e);
         assert_eq!(of(&card, Capability::SelfServiceEnvironments).score, 5);
         // Workloads without max_gpus stop governance at 3.
