@@ -19,6 +19,8 @@
 //!   submitted in `<state_dir>/<lease_id>.json`.
 //! - [`kubernetes`]: a Kubernetes cluster, through its API server; keeps the pod of each lease
 //!   (admitted by its webhook, or created for an API admission) in `<state_dir>/pods.jsonl`.
+//! - `libvirt` (with the `libvirt` feature): virtual machines with GPUs passed through, one per
+//!   lease; keeps nothing on disk: each domain carries its lease in its own metadata.
 //!
 //! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
 //! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
@@ -33,12 +35,16 @@ use gpuwarden_schema::{ReleaseReason, Workload};
 
 pub mod account;
 pub mod kubernetes;
+#[cfg(feature = "libvirt")]
+pub mod libvirt;
 pub mod local;
 pub mod simulated;
 pub mod slurm;
 pub mod webhook;
 
 pub use kubernetes::KubernetesDriver;
+#[cfg(feature = "libvirt")]
+pub use libvirt::LibvirtDriver;
 pub use local::LocalDriver;
 pub use simulated::SimulatedDriver;
 pub use slurm::SlurmDriver;
@@ -226,7 +232,31 @@ pub fn build(
         DriverKind::Webhook => Box::new(WebhookDriver::new(config)?),
         DriverKind::Slurm => Box::new(SlurmDriver::new(config, context)?),
         DriverKind::Kubernetes => Box::new(KubernetesDriver::new(config, context)?),
+        DriverKind::Libvirt => libvirt_driver(config, context)?,
     })
+}
+
+#[cfg(feature = "libvirt")]
+fn libvirt_driver(
+    config: &SubstrateConfig,
+    context: &DriverContext,
+) -> Result<Box<dyn Driver>, DriverError> {
+    Ok(Box::new(LibvirtDriver::new(config, context)?))
+}
+
+/// This build has no libvirt driver: say how to get one.
+#[cfg(not(feature = "libvirt"))]
+fn libvirt_driver(
+    config: &SubstrateConfig,
+    context: &DriverContext,
+) -> Result<Box<dyn Driver>, DriverError> {
+    let _ = context;
+    Err(config_error(
+        config,
+        "driver",
+        "this gpuwarden was built without the libvirt driver; build it with \
+         `cargo build --release --features libvirt` (needs libvirt's headers: Debian's libvirt-dev)",
+    ))
 }
 
 fn config_error(
