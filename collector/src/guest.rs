@@ -211,8 +211,13 @@ pub fn scan(dir: &Path) -> std::io::Result<Scan> {
     Ok(scan)
 }
 
-/// The bytes of a `raw` file, at most [`RAW_MAX`].
+/// The bytes of a `raw` file, at most [`RAW_MAX`]. Only a regular file is opened: a FIFO in a
+/// directory set up by hand would block the sampling thread's start for good.
 fn read_raw(path: &Path) -> Result<Vec<u8>, String> {
+    let metadata = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+    if !metadata.is_file() {
+        return Err("is not a regular file".into());
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
     let mut raw = Vec::new();
     file.take(RAW_MAX + 1)
@@ -534,6 +539,13 @@ mod tests {
             .entry("11-x", &structure(0, &[b"gpuwarden.lease_id=l-other"]))
             .entry("111-0", &structure(0, &[b"gpuwarden.lease_id=l-other"]));
         std::fs::create_dir(entries.path().join("11-4")).unwrap();
+        std::fs::create_dir_all(entries.path().join("11-5/raw")).unwrap();
+        std::fs::create_dir(entries.path().join("11-6")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(entries.path().join("11-6/raw"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
         let scan = scan(entries.path()).unwrap();
         assert_eq!(scan.leases, ["l-vm-9"]);
         let why: Vec<(String, &str)> = scan
@@ -544,7 +556,7 @@ mod tests {
                 (entry.to_string_lossy().into_owned(), why.as_str())
             })
             .collect();
-        assert_eq!(why.len(), 5, "{why:#?}");
+        assert_eq!(why.len(), 7, "{why:#?}");
         assert_eq!(why[0].0, "11-0");
         assert!(why[0].1.contains("truncated"), "{}", why[0].1);
         assert_eq!(why[1].0, "11-1");
@@ -559,6 +571,12 @@ mod tests {
         assert!(why[3].1.contains("over 65536 bytes"), "{}", why[3].1);
         assert_eq!(why[4].0, "11-4");
         assert!(why[4].1.contains("cannot be read"), "{}", why[4].1);
+        assert_eq!(why[5], ("11-5".into(), "is not a regular file"));
+        assert_eq!(
+            why[6],
+            ("11-6".into(), "is not a regular file"),
+            "a FIFO is not opened (it would block)"
+        );
         assert_eq!(read_lease(entries.path()), Some("l-vm-9".into()));
     }
 
