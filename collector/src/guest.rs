@@ -38,9 +38,9 @@ const OEM_STRINGS: u8 = 11;
 /// The formatted area of an OEM Strings structure: type, length, 2-byte handle, string count.
 const HEADER_LEN: usize = 5;
 
-/// The most bytes read from one `raw` file. A structure's formatted area has at most 255 bytes
-/// and an OEM Strings structure at most 255 strings; real ones are well under a kilobyte, and a
-/// file past this is not one the kernel wrote.
+/// The most bytes read from one `raw` file: a whole SMBIOS 2 table has at most 65535 bytes, and
+/// real OEM Strings structures are well under a kilobyte, so a file past this is no structure
+/// firmware wrote.
 const RAW_MAX: u64 = 64 << 10;
 
 /// Why the bytes of a `raw` file are not an OEM Strings structure.
