@@ -274,6 +274,33 @@ fn the_kubelet_socket_is_optional_and_must_fit_a_unix_socket() {
 }
 
 #[test]
+fn the_dmi_entries_dir_defaults_to_the_kernels_and_must_not_be_empty() {
+    let config = config::parse("empty.toml", "").unwrap();
+    assert_eq!(
+        config.collector.dmi_entries_dir,
+        PathBuf::from("/sys/firmware/dmi/entries")
+    );
+    let config = config::parse(
+        "ok.toml",
+        "[collector]\ndmi_entries_dir = \"/host/sys/firmware/dmi/entries\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.collector.dmi_entries_dir,
+        PathBuf::from("/host/sys/firmware/dmi/entries")
+    );
+    let errs = errors("[kafka]\nbrokers = \"k:9092\"\n\n[collector]\ndmi_entries_dir = \"\"\n");
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let err = find(&errs, "collector.dmi_entries_dir");
+    assert_eq!(err.line, Some(5));
+    assert!(
+        err.message.contains("/sys/firmware/dmi/entries"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
 fn env_references_are_substituted_and_unset_ones_reported() {
     std::env::set_var("GPUWARDEN_TEST_BROKERS", "kafka-1:9092,kafka-2:9092");
     let config = config::parse(

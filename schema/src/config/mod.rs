@@ -220,6 +220,11 @@ pub struct CollectorConfig {
     /// The kubelet's pod log directory, whose `<namespace>_<pod>_<uid>` entries give the uid of
     /// a pod, and so its lease `k8s-<uid>`.
     pub pod_logs_dir: PathBuf,
+    /// The kernel's directory of SMBIOS structures (`/sys/firmware/dmi/entries`). Inside a
+    /// virtual machine gpuwarden's `libvirt` driver started, an OEM string
+    /// `gpuwarden.lease_id=<id>` there names the machine's lease, which every GPU of the guest
+    /// then works for unless a process or pod names another. Read once at start.
+    pub dmi_entries_dir: PathBuf,
     /// Samples buffered while Kafka is unreachable, bytes, before the oldest are dropped.
     pub buffer_max_bytes: u64,
     /// Oldest buffered sample kept while Kafka is unreachable.
@@ -240,6 +245,7 @@ impl Default for CollectorConfig {
             slurm_cluster: None,
             kubelet_socket: None,
             pod_logs_dir: PathBuf::from("/var/log/pods"),
+            dmi_entries_dir: PathBuf::from("/sys/firmware/dmi/entries"),
             buffer_max_bytes: 64 << 20,
             buffer_max_age: Duration::from_secs(15 * 60),
             simulated: SimulatedSourceConfig::default(),

@@ -223,6 +223,13 @@ fn collector(config: &Config, report: Report<'_>) {
             "must be the kubelet's pod log directory, e.g. /var/log/pods".into(),
         );
     }
+    if c.dmi_entries_dir.as_os_str().is_empty() {
+        report(
+            at(&["collector", "dmi_entries_dir"]),
+            "must be the kernel's directory of SMBIOS structures, e.g. /sys/firmware/dmi/entries"
+                .into(),
+        );
+    }
     if !(c.simulated.speed.is_finite() && c.simulated.speed > 0.0) {
         report(
             at(&["collector", "simulated", "speed"]),
