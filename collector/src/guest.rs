@@ -24,13 +24,11 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use gpuwarden_schema::lease::{is_lease_id, LEASE_ID_MAX};
+pub use gpuwarden_schema::libvirt::OEM_LEASE_PREFIX;
 use thiserror::Error;
 
 /// The default of `collector.dmi_entries_dir`: where Linux shows each SMBIOS structure.
 pub const DEFAULT_DMI_ENTRIES_DIR: &str = "/sys/firmware/dmi/entries";
-
-/// How the OEM string naming the machine's lease begins; the lease id follows it.
-pub const OEM_LEASE_PREFIX: &str = "gpuwarden.lease_id=";
 
 /// SMBIOS structure type 11, OEM Strings.
 const OEM_STRINGS: u8 = 11;

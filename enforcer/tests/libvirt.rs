@@ -502,6 +502,18 @@ fn start_up_errors_name_the_setting_at_fault() {
     );
 }
 
+#[tokio::test]
+async fn the_shipped_domain_template_makes_a_lease_domain() -> anyhow::Result<()> {
+    let host = Host::at("test:///default")?;
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/libvirt/gpu-vm.xml"
+    ))?;
+    // Rendered when the driver is built: every placeholder known, <name>, <os>, <devices> there.
+    host.driver(&shipped, TWO_GPUS)?;
+    Ok(())
+}
+
 /// A libvirtd of the test's own, in session mode, as an unprivileged user (QEMU's session
 /// driver; as root, libvirtd would be the system daemon and need its accounts and directories).
 struct SessionDaemon {

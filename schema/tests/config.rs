@@ -779,6 +779,58 @@ driver = \"slurm\"
 }
 
 #[test]
+fn libvirt_settings_have_defaults_and_are_checked_field_by_field() {
+    let substrate = |settings: &str| {
+        format!(
+            "[[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\n[substrates.libvirt]\n\
+             domain_template = \"/etc/gpuwarden/vm.xml\"\n{settings}"
+        )
+    };
+    let config = config::parse("vm.toml", &substrate("")).unwrap();
+    let libvirt = config.substrates[0].libvirt.clone().unwrap();
+    assert_eq!(libvirt.uri, "qemu:///system");
+    assert!(!libvirt.delete_disks && libvirt.gpus.is_empty() && libvirt.grace_period.is_none());
+
+    let errs = errors(&substrate(
+        r#"uri = "qemu"
+models = { "2330" = "NVIDIA H100 80GB HBM3", "0x20b5" = " " }
+gpus = [
+  { pci = "0000:41:00.0", mdev = "c2177883-f1bb-47f0-914d-32a22e3a8804" },
+  { pci = "0000:41:0.8", model = "X" },
+  { pci = "41:00.0", model = "X" },
+  { pci = "0000:41:00.0", model = "X" },
+  { mdev = "not-a-uuid", model = "V" },
+  { mdev = "c2177883-f1bb-47f0-914d-32a22e3a8804" },
+]
+grace_period = "2h"
+poll = "100ms"
+"#,
+    ));
+    let message = |path: &str| find(&errs, path).message.clone();
+    assert!(message("substrates[0].libvirt.uri").contains("not a libvirt URI"));
+    assert!(message("substrates[0].libvirt.models.2330").contains("not a PCI device id"));
+    assert!(message("substrates[0].libvirt.models.0x20b5").contains("must name a GPU model"));
+    assert!(message("substrates[0].libvirt.gpus[0].pci").contains("either `pci`"));
+    assert!(message("substrates[0].libvirt.gpus[1].pci").contains("not a PCI address"));
+    assert!(
+        message("substrates[0].libvirt.gpus[3].pci").contains("listed twice"),
+        "41:00.0 is 0000:41:00.0"
+    );
+    assert!(message("substrates[0].libvirt.gpus[4].mdev").contains("not a mediated device UUID"));
+    assert!(message("substrates[0].libvirt.gpus[5].model").contains("a vGPU needs its model"));
+    assert!(message("substrates[0].libvirt.grace_period").contains("at most 1h"));
+    assert!(message("substrates[0].libvirt.poll").contains("between 1s and 10m"));
+
+    let errs = errors("[[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\ngpu_model = \"X\"\n");
+    assert!(find(&errs, "substrates[0].driver")
+        .message
+        .contains("the libvirt driver needs `libvirt`"));
+    assert!(find(&errs, "substrates[0].gpu_model")
+        .message
+        .contains("not a setting of the libvirt driver"));
+}
+
+#[test]
 fn kueue_settings_have_defaults_and_are_checked_field_by_field() {
     let substrate = |kueue: &str| {
         format!(

@@ -273,20 +273,15 @@ fn config_error(
 
 /// Lease ids become file names under the state dir; anything that could leave it is refused.
 fn check_lease_id(substrate: &str, lease_id: &str) -> Result<(), DriverError> {
-    let ok = !lease_id.is_empty()
-        && lease_id.len() <= 200
-        && !lease_id.starts_with('.')
-        && lease_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
+    if gpuwarden_schema::lease::is_lease_id(lease_id) {
         Ok(())
     } else {
         Err(DriverError::Rejected {
             substrate: substrate.to_owned(),
             message: format!(
-                "lease id {lease_id:?} must be 1 to 200 ASCII letters, digits, '-', '_' or '.', \
-                 not starting with '.'"
+                "lease id {lease_id:?} must be 1 to {} ASCII letters, digits, '-', '_' or '.', \
+                 not starting with '.'",
+                gpuwarden_schema::lease::LEASE_ID_MAX
             ),
         })
     }

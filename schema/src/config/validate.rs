@@ -763,16 +763,20 @@ fn libvirt_settings(i: usize, l: &LibvirtSettings, report: Report<'_>) {
                 "name either `pci` (a GPU passed through whole) or `mdev` (a vGPU), not both"
                     .into(),
             ),
-            (Some(pci), None) => {
-                if crate::libvirt::PciAddress::parse(pci).is_none() {
-                    report(
-                        path("pci"),
-                        format!("\"{pci}\" is not a PCI address (domain:bus:slot.function, e.g. 0000:41:00.0)"),
-                    );
-                } else if !seen.insert(pci.to_ascii_lowercase()) {
-                    report(path("pci"), format!("{pci} is listed twice"));
+            (Some(pci), None) => match crate::libvirt::PciAddress::parse(pci) {
+                None => report(
+                    path("pci"),
+                    format!(
+                        "\"{pci}\" is not a PCI address (domain:bus:slot.function, e.g. \
+                             0000:41:00.0)"
+                    ),
+                ),
+                Some(address) => {
+                    if !seen.insert(address.to_string()) {
+                        report(path("pci"), format!("{address} is listed twice"));
+                    }
                 }
-            }
+            },
             (None, Some(mdev)) => {
                 if !crate::libvirt::is_uuid(mdev) {
                     report(
