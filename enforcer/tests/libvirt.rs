@@ -20,6 +20,8 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
+mod support;
+
 const H100: &str = "NVIDIA H100 80GB HBM3";
 
 /// The test hypervisor's domain template; `extra` goes inside `<domain>`.
@@ -516,9 +518,10 @@ async fn the_shipped_domain_template_makes_a_lease_domain() -> anyhow::Result<()
 
 /// A libvirtd of the test's own, in session mode, as an unprivileged user (QEMU's session
 /// driver; as root, libvirtd would be the system daemon and need its accounts and directories).
+/// Dropping it kills it and every QEMU it started.
 struct SessionDaemon {
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     socket: PathBuf,
 }
 
@@ -526,69 +529,101 @@ impl Drop for SessionDaemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // QEMU outlives its libvirtd (as it should); the test's guests do not outlive the test.
+        let dir = self.dir.path().display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&dir) {
+                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                }
+            }
+        }
     }
 }
 
-fn session_daemon() -> anyhow::Result<SessionDaemon> {
-    for (binary, package) in [
-        ("libvirtd", "libvirt-daemon"),
-        ("qemu-system-x86_64", "qemu-system-x86"),
-    ] {
-        ensure!(
-            ["/usr/sbin", "/usr/bin"].iter().any(|d| Path::new(d).join(binary).exists()),
-            "{binary} is not installed (Debian: {package}, libvirt-daemon-driver-qemu; .ci/run installs them)"
-        );
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("gpuwarden-libvirtd")
-        .tempdir()?;
-    let runtime = dir.path().join("run");
-    std::fs::create_dir(&runtime)?;
-    let root = rustix::process::geteuid().is_root();
-    let mut command = if root {
-        // nobody's: its home and runtime dir are this one.
-        for p in [dir.path(), runtime.as_path()] {
-            std::os::unix::fs::chown(p, Some(65534), Some(65534))?;
+impl SessionDaemon {
+    fn start() -> anyhow::Result<Self> {
+        for (binary, package) in [
+            ("libvirtd", "libvirt-daemon"),
+            ("qemu-system-x86_64", "qemu-system-x86"),
+        ] {
+            ensure!(
+                ["/usr/sbin", "/usr/bin"].iter().any(|d| Path::new(d).join(binary).exists()),
+                "{binary} is not installed (Debian: {package}, libvirt-daemon-driver-qemu; .ci/run installs them)"
+            );
         }
-        let mut c = Command::new("setpriv");
-        c.args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "libvirtd",
-        ]);
-        c
-    } else {
-        Command::new("libvirtd")
-    };
-    command
-        .args(["--timeout", "300"])
-        .env_clear()
-        .env("HOME", dir.path())
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(std::env::temp_dir().join(format!(
-            "gpuwarden-libvirtd-{}.log",
-            std::process::id()
-        )))?);
-    let child = command.spawn().context("starting libvirtd")?;
-    let socket = runtime.join("libvirt/libvirt-sock");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
-        ensure!(
-            Instant::now() < deadline,
-            "libvirtd made no socket at {} in 30 s",
-            socket.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        let dir = tempfile::Builder::new()
+            .prefix("gpuwarden-libvirtd")
+            .tempdir()?;
+        let runtime = dir.path().join("run");
+        std::fs::create_dir(&runtime)?;
+        if rustix::process::geteuid().is_root() {
+            // nobody's: its home and runtime dir are this one.
+            for p in [dir.path(), runtime.as_path()] {
+                std::os::unix::fs::chown(p, Some(65534), Some(65534))?;
+            }
+        }
+        let socket = runtime.join("libvirt/libvirt-sock");
+        let child = Self::spawn(dir.path(), &socket)?;
+        Ok(Self { child, dir, socket })
     }
-    Ok(SessionDaemon {
-        child,
-        _dir: dir,
-        socket,
-    })
+
+    fn spawn(dir: &Path, socket: &Path) -> anyhow::Result<Child> {
+        let mut command = if rustix::process::geteuid().is_root() {
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "libvirtd",
+            ]);
+            c
+        } else {
+            Command::new("libvirtd")
+        };
+        let log = dir.join("libvirtd.log");
+        command
+            .args(["--timeout", "300"])
+            .env_clear()
+            .env("HOME", dir)
+            .env("XDG_RUNTIME_DIR", dir.join("run"))
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)?,
+            );
+        let child = command.spawn().context("starting libvirtd")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            ensure!(
+                Instant::now() < deadline,
+                "libvirtd made no socket at {} in 30 s; its log: {}",
+                socket.display(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(child)
+    }
+
+    fn uri(&self) -> String {
+        format!("qemu:///session?socket={}", self.socket.display())
+    }
+
+    /// Kills libvirtd (SIGKILL: no goodbye to its clients) and starts it again; its guests keep
+    /// running, and the new one takes them back from its state directory.
+    fn restart(&mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        let _ = std::fs::remove_file(&self.socket);
+        self.child = Self::spawn(self.dir.path(), &self.socket)?;
+        Ok(())
+    }
 }
 
 /// The command lines of the running QEMU processes whose guest is `name`.
@@ -604,18 +639,18 @@ fn qemu_command_line(name: &str) -> Option<String> {
         })
 }
 
+/// A guest with no disk: the firmware finds nothing to boot and keeps running, and, with no
+/// operating system, ignores the ACPI shutdown request.
+const QEMU_TEMPLATE: &str = "<domain type='qemu'>\n  <name>{{name}}</name>\n  <memory unit='MiB'>32</memory>\n  \
+    <os><type arch='x86_64' machine='pc'>hvm</type></os>\n  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator>\
+    <serial type='pty'/></devices>\n</domain>\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runs_the_lease_domain_with_the_lease_in_its_smbios_and_is_destroyed_when_deaf(
 ) -> anyhow::Result<()> {
-    let daemon = session_daemon()?;
-    let uri = format!("qemu:///session?socket={}", daemon.socket.display());
-    let host = Host::at(&uri)?;
-    // A guest with no disk: the firmware finds nothing to boot and keeps running, and, with no
-    // operating system, ignores the ACPI shutdown request.
-    let template = "<domain type='qemu'>\n  <name>{{name}}</name>\n  <memory unit='MiB'>32</memory>\n  \
-        <os><type arch='x86_64' machine='pc'>hvm</type></os>\n  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator>\
-        <serial type='pty'/></devices>\n</domain>\n";
-    let driver = host.driver(template, "grace_period = \"2s\"")?;
+    let daemon = SessionDaemon::start()?;
+    let host = Host::at(&daemon.uri())?;
+    let driver = host.driver(QEMU_TEMPLATE, "grace_period = \"2s\"")?;
     let mut vm = lease("l-qemu", 0);
     vm.gpu_count = 0;
     driver.provision(&vm).await?;
@@ -639,5 +674,37 @@ async fn qemu_runs_the_lease_domain_with_the_lease_in_its_smbios_and_is_destroye
         "QEMU is gone"
     );
     assert_eq!(driver.status("l-qemu").await?, LeaseStatus::Gone);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_connects_again_after_libvirtd_restarts_and_finds_its_running_guest(
+) -> anyhow::Result<()> {
+    let mut daemon = SessionDaemon::start()?;
+    let host = Host::at(&daemon.uri())?;
+    let driver = host.driver(QEMU_TEMPLATE, "grace_period = \"1s\"")?;
+    driver.provision(&lease("l-survivor", 0)).await?;
+    assert_eq!(driver.status("l-survivor").await?, LeaseStatus::Running);
+
+    daemon.restart()?;
+    // The guest never stopped; the driver's connection died with the old daemon and is opened
+    // again on the next call.
+    assert!(
+        qemu_command_line("gpuwarden-l-survivor").is_some(),
+        "QEMU outlives libvirtd"
+    );
+    let status = support::eventually_async(
+        "the driver reads the guest through the new libvirtd",
+        Duration::from_secs(30),
+        async || driver.status("l-survivor").await,
+    )
+    .await;
+    assert_eq!(status, LeaseStatus::Running);
+    driver.reclaim("l-survivor", ReleaseReason::User).await?;
+    assert_eq!(driver.status("l-survivor").await?, LeaseStatus::Gone);
+    assert!(
+        qemu_command_line("gpuwarden-l-survivor").is_none(),
+        "QEMU is gone"
+    );
     Ok(())
 }
