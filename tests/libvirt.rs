@@ -55,7 +55,6 @@ name = "vm-host-1"
 driver = "libvirt"
 [substrates.libvirt]
 uri = "test:///default"
-host = "vm-host-1"
 domain_template = "{template}"
 grace_period = "1s"
 gpus = [

@@ -82,8 +82,7 @@ impl Host {
 
     fn config(&self, template: &Path, settings: &str) -> SubstrateConfig {
         toml::from_str(&format!(
-            "name = \"vms\"\ndriver = \"libvirt\"\n[libvirt]\nuri = \"{}\"\nhost = \"gpu-host-1\"\n\
-             domain_template = \"{}\"\n{settings}\n",
+            "name = \"vms\"\ndriver = \"libvirt\"\n[libvirt]\nuri = \"{}\"\ndomain_template = \"{}\"\n{settings}\n",
             self.uri,
             template.display()
         ))
@@ -492,16 +491,29 @@ fn start_up_errors_name_the_setting_at_fault() {
         e.contains("libvirt.domain_template") && e.contains("missing.xml"),
         "{e}"
     );
+}
 
+#[tokio::test]
+async fn a_host_that_cannot_be_reached_fails_its_calls_not_the_enforcer() {
+    let host = Host::at("test:///default").expect("test hypervisor");
     let path = host.dir.path().join("domain.xml");
     std::fs::write(&path, template("")).expect("written");
-    let mut config = host.config(&path, "");
+    let mut config = host.config(&path, TWO_GPUS);
     config.libvirt.as_mut().expect("libvirt").uri = "nosuchdriver:///system".into();
-    let e = build(&config, &host.context()).unwrap_err().to_string();
-    assert!(
-        e.contains("libvirt.uri") && e.contains("nosuchdriver:///system"),
-        "{e}"
-    );
+    let driver =
+        build(&config, &host.context()).expect("built: the enforcer's other substrates go on");
+    for e in [
+        driver.inventory().await.map(|_| ()).unwrap_err(),
+        driver.provision(&lease("l-1", 1)).await.unwrap_err(),
+        driver.status("l-1").await.map(|_| ()).unwrap_err(),
+    ] {
+        match e {
+            DriverError::Unavailable { message, .. } => {
+                assert!(message.contains("nosuchdriver:///system"), "{message}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

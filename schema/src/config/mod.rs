@@ -920,8 +920,6 @@ pub struct LibvirtSettings {
     /// The libvirt connection URI. Default `qemu:///system`.
     #[serde(default = "LibvirtSettings::default_uri")]
     pub uri: String,
-    /// The host the GPUs are on, as leases and samples name it; libvirt's host name when unset.
-    pub host: Option<String>,
     /// A libvirt domain XML file, the template of every lease's virtual machine. `{{name}}`
     /// (required, in `<name>`) becomes `gpuwarden-<lease id>`; `{{lease_id}}`, `{{team}}`,
     /// `{{user}}`, `{{project}}`, `{{workload}}`, `{{gpu_model}}` and `{{gpu_count}}` the lease's

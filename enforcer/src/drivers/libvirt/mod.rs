@@ -28,8 +28,9 @@
 //!   lease id in any domain's metadata, so a restarted enforcer re-adopts the VMs it started.
 //!
 //! libvirt's calls block; each runs on tokio's blocking pool. The connection is opened when the
-//! driver is built (a wrong URI stops the enforcer with the URI and libvirt's reason) and opened
-//! again when libvirt drops it (a restarted libvirtd).
+//! driver is built and opened again whenever it is missing or libvirt dropped it (a restarted
+//! libvirtd); a host unreachable at start is logged and does not stop the enforcer, whose other
+//! substrates go on (its calls fail `Unavailable` with libvirt's reason until it answers).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -90,7 +91,6 @@ pub struct LibvirtDriver {
     name: String,
     settings: LibvirtSettings,
     template: String,
-    host: String,
     conn: Mutex<Option<Arc<Conn>>>,
     kept: Mutex<Option<Kept>>,
     /// Held while free devices are picked and the domain holding them is defined, so two
@@ -105,7 +105,6 @@ impl std::fmt::Debug for LibvirtDriver {
         f.debug_struct("LibvirtDriver")
             .field("name", &self.name)
             .field("uri", &self.settings.uri)
-            .field("host", &self.host)
             .finish_non_exhaustive()
     }
 }
@@ -167,34 +166,20 @@ impl LibvirtDriver {
         })?;
         // libvirt prints every error to stderr unless told otherwise; they reach the log here.
         virt::error::clear_error_callback();
-        let conn = Connect::open(Some(&settings.uri)).map_err(|e| {
-            config_error(
-                config,
-                "libvirt.uri",
-                format!(
-                    "cannot connect to libvirt at {}: {}",
-                    settings.uri,
-                    said(&e)
-                ),
-            )
-        })?;
-        let host = match &settings.host {
-            Some(host) => host.clone(),
-            None => conn.get_hostname().map_err(|e| DriverError::Unavailable {
-                substrate: config.name.clone(),
-                message: format!(
-                    "asking libvirt at {} for its host name: {}",
-                    settings.uri,
-                    said(&e)
-                ),
-            })?,
+        // A host that cannot be reached now does not stop the enforcer (its other substrates
+        // go on): the driver connects on each call until it can, and says why it cannot.
+        let conn = match Connect::open(Some(&settings.uri)) {
+            Ok(conn) => Some(Arc::new(Conn(conn))),
+            Err(e) => {
+                tracing::warn!(substrate = %config.name, uri = %settings.uri, error = %said(&e), "cannot connect to libvirt (substrates.libvirt.uri) now; trying again on each call");
+                None
+            }
         };
         Ok(Self {
             name: config.name.clone(),
             settings,
             template,
-            host,
-            conn: Mutex::new(Some(Arc::new(Conn(conn)))),
+            conn: Mutex::new(conn),
             kept: Mutex::new(None),
             placing: tokio::sync::Mutex::new(()),
             warned: Mutex::new(BTreeSet::new()),
