@@ -260,6 +260,59 @@ fn samples_name_the_slurm_job_of_the_gpus_processes() {
 }
 
 #[test]
+fn in_a_virtual_machine_idle_gpus_carry_the_lease_its_smbios_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = write_config(dir.path(), &broker.bootstrap);
+    // The guest's /sys/firmware/dmi/entries: QEMU's OEM Strings structure for the libvirt
+    // driver's `<oemStrings>`, the lease after another string.
+    let dmi = dir.path().join("dmi");
+    std::fs::create_dir_all(dmi.join("11-0")).unwrap();
+    std::fs::write(
+        dmi.join("11-0/raw"),
+        b"\x0b\x05\x00\x0e\x02vendor=acme\0gpuwarden.lease_id=l-vm-e2e\0\0",
+    )
+    .unwrap();
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!("dmi_entries_dir = \"{}\"\n", dmi.display()));
+    std::fs::write(&config, text).unwrap();
+    // GPU 0 runs a Slurm job inside the guest, which names its own lease; GPU 1 is idle.
+    let job = JobProcess::start(&[("SLURM_JOB_ID", "77"), ("SLURM_CLUSTER_NAME", "vmc")]);
+    let script = write_script_with_processes(dir.path(), [Some(job.0.id()), None]);
+
+    let (collector, running) = start_fake_nvml_collector(&config, &script);
+    let address = support::metrics_address(&running);
+    eventually(
+        "4 samples published",
+        Duration::from_secs(30),
+        || match metric(&address, "gpuwarden_collector_samples_published_total") {
+            Some(n) if n >= 4.0 => Ok(()),
+            n => Err(format!("{n:?}")),
+        },
+    );
+    let (status, log) = collector.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", log.join("\n"));
+    let found = log_line(
+        &log,
+        "this is the virtual machine of a lease, as its SMBIOS OEM strings say: every GPU works \
+         for it unless a process or pod names another lease",
+    );
+    assert_eq!(found["lease_id"], "l-vm-e2e", "{found}");
+
+    let records = published_samples(&broker.bootstrap);
+    assert!(records.len() >= 4, "{records:#?}");
+    for (_, sample) in &records {
+        let (lease, processes) = match sample["gpu_index"].as_u64() {
+            Some(0) => ("slurm-vmc-77", 1),
+            Some(1) => ("l-vm-e2e", 0),
+            other => panic!("no GPU {other:?} in the script: {sample}"),
+        };
+        assert_eq!(sample["lease_id"], lease, "{sample}");
+        assert_eq!(sample["process_count"], processes, "{sample}");
+    }
+}
+
+#[test]
 fn collect_without_a_driver_library_fails_with_advice() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("c.toml");

@@ -6,8 +6,10 @@
 //! It depends on `gpuwarden-schema` only: it meets the pipeline and the enforcer in Kafka topics.
 //! [`source`] runs the sampling thread over an [`nvml`] or [`sim`] source, [`sink`] publishes,
 //! [`metrics`] counts and renders them for `/metrics`. On a Kubernetes node, [`kubelet`] tells
-//! which pod holds each GPU.
+//! which pod holds each GPU; inside a virtual machine, [`guest`] reads the machine's lease from
+//! its SMBIOS OEM strings.
 
+pub mod guest;
 pub mod kubelet;
 pub mod metrics;
 pub mod nvml;

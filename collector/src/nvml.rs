@@ -10,7 +10,9 @@
 //! else, on a node whose Slurm cluster is configured (`collector.slurm_cluster`), the job id of
 //! its Slurm cgroup in `/proc/<pid>/cgroup`; else, on a Kubernetes node whose kubelet is
 //! configured (`collector.kubelet_socket`), the lease of the pod holding the GPU
-//! ([`crate::kubelet`]), which also labels the sample with the pod. What a process says about
+//! ([`crate::kubelet`]), which also labels the sample with the pod; else, inside a virtual
+//! machine whose SMBIOS OEM strings name a lease ([`crate::guest`], read once at start), that
+//! lease, for every GPU of the machine, idle ones too. What a process says about
 //! itself is trusted only as far as it goes today with `GPUWARDEN_LEASE_ID`: a process can put
 //! anything in its own environment (or, with a delegated cgroup subtree, name its own cgroup),
 //! so it can attribute its own GPU use to any lease, never another process's. Values that are
@@ -77,6 +79,8 @@ pub struct NvmlSource {
     lost: Vec<bool>,
     leases: LeaseFinder,
     pods: Option<PodWatcher>,
+    /// The lease of the virtual machine this runs in, if its SMBIOS names one.
+    guest_lease: Option<String>,
     /// The parent GPU's UUID of each MIG device UUID the kubelet named (`None`: NVML does not
     /// know it); a MIG device keeps its parent for as long as NVML runs.
     mig_parents: HashMap<String, Option<String>>,
@@ -127,6 +131,7 @@ impl NvmlSource {
             lost: vec![false; count],
             leases: LeaseFinder::new(PathBuf::from("/proc"), slurm_cluster),
             pods: None,
+            guest_lease: None,
             mig_parents: HashMap::new(),
         })
     }
@@ -137,6 +142,14 @@ impl NvmlSource {
         tracing::info!(socket = %kubelet.socket.display(), pod_logs = %kubelet.pod_logs_dir.display(), "attributing GPUs to pods through the kubelet's PodResources API");
         self.pods = Some(PodWatcher::start(kubelet, Arc::clone(&self.metrics))?);
         Ok(self)
+    }
+
+    /// Attributes every GPU whose lease no process or pod names to the lease of the virtual
+    /// machine this runs in, as the SMBIOS entries under `dmi_entries_dir` say (see
+    /// [`crate::guest`]); read now, once, and logged.
+    pub fn with_guest_lease(mut self, dmi_entries_dir: &Path) -> Self {
+        self.guest_lease = crate::guest::read_lease(dmi_entries_dir);
+        self
     }
 
     /// Number of devices NVML reported at start.
@@ -258,7 +271,9 @@ impl NvmlSource {
             })
         });
         let labels = hold.as_ref().map(|hold| hold.labels());
-        let lease_id = lease_id.or_else(|| hold.and_then(|hold| hold.lease_id));
+        let lease_id = lease_id
+            .or_else(|| hold.and_then(|hold| hold.lease_id))
+            .or_else(|| self.guest_lease.clone());
 
         Ok(Some(Sample {
             v: V1,

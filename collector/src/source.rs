@@ -35,6 +35,9 @@ pub enum SourceSpec {
         /// On a Kubernetes node: the kubelet to ask which pod holds each GPU
         /// (`collector.kubelet_socket`); `None` asks nothing.
         kubelet: Option<KubeletSettings>,
+        /// The kernel's SMBIOS entries (`collector.dmi_entries_dir`), whose OEM strings name
+        /// the lease of the virtual machine this runs in, if it is one; `None` reads nothing.
+        dmi_entries_dir: Option<PathBuf>,
     },
     /// A simulated fleet, which follows the leases it reads from `gpuwarden.leases` when a
     /// consumer config is given.
@@ -54,12 +57,14 @@ impl std::fmt::Debug for SourceSpec {
                 host,
                 slurm_cluster,
                 kubelet,
+                dmi_entries_dir,
             } => f
                 .debug_struct("Nvml")
                 .field("library", library)
                 .field("host", host)
                 .field("slurm_cluster", slurm_cluster)
                 .field("kubelet", kubelet)
+                .field("dmi_entries_dir", dmi_entries_dir)
                 .finish(),
             Self::Simulated { fleet, .. } => f
                 .debug_struct("Simulated")
@@ -102,9 +107,13 @@ impl Source {
                 host,
                 slurm_cluster,
                 kubelet,
+                dmi_entries_dir,
             } => {
                 let mut nvml =
                     NvmlSource::open(library.as_deref(), host, slurm_cluster, Arc::clone(metrics))?;
+                if let Some(dir) = dmi_entries_dir {
+                    nvml = nvml.with_guest_lease(&dir);
+                }
                 if let Some(kubelet) = kubelet {
                     nvml = nvml.with_pods(kubelet).map_err(StartError::Kubelet)?;
                 }

@@ -2,7 +2,8 @@
 //! `libnvidia-ml.so` built from `collector/fake-nvml`: values and units, a field the device
 //! cannot report, a device lost mid-run, lease discovery from a process environment, a missing
 //! library, the pods holding GPUs on a Kubernetes node (through a kubelet's PodResources API
-//! served by tonic on a Unix socket), and the whole way to the broker.
+//! served by tonic on a Unix socket), the lease of a virtual machine named by its SMBIOS OEM
+//! strings (a faked `/sys/firmware/dmi/entries`), and the whole way to the broker.
 
 mod support;
 #[path = "../src/kubelet/test_server.rs"]
@@ -71,6 +72,31 @@ impl Drop for LeasedProcess {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A fake `/sys/firmware/dmi/entries` of a guest whose SMBIOS OEM strings name `lease`, as
+/// QEMU writes them for libvirt's `<oemStrings>`: one OEM Strings structure (type 11, QEMU's
+/// handle 0x0E00) with the lease among other strings; a second one with only other strings, as
+/// other firmware adds; and the BIOS's own entry.
+fn dmi_entries(lease: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |name: &str, raw: &[u8]| {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        std::fs::write(dir.path().join(name).join("raw"), raw).unwrap();
+    };
+    entry(
+        "0-0",
+        b"\x00\x18\x00\x00\x01\x02\xe8\x03\x00\x08\0\0\0\0\0\0\0\0\0\0\0\0\0\0SeaBIOS\0rel-1.16\0\0",
+    );
+    entry(
+        "11-0",
+        b"\x0b\x05\x00\x0c\x01io.systemd.credential:hostname=vm-7\0\0",
+    );
+    let mut oem = b"\x0b\x05\x00\x0e\x02vendor=acme\0gpuwarden.lease_id=".to_vec();
+    oem.extend_from_slice(lease.as_bytes());
+    oem.extend_from_slice(b"\0\0");
+    entry("11-1", &oem);
+    dir
 }
 
 const H100_TOTAL: u64 = 85_520_809_984;
@@ -215,6 +241,112 @@ fn samples_carry_nvmls_values_in_the_contracts_units() {
 }
 
 #[test]
+fn a_virtual_machines_gpus_work_for_the_lease_its_smbios_names() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let leased = LeasedProcess::start("l-train-7");
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), leased.0.id()),
+    );
+    let dmi = dmi_entries("l-vm-7");
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "vm-7".into(),
+        None,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap()
+    .with_guest_lease(dmi.path());
+
+    let first = source.sample(1_000_000, 5_000);
+    let leases = |samples: &[gpuwarden_schema::Sample]| {
+        samples
+            .iter()
+            .map(|s| (s.process_count, s.lease_id.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        leases(&first),
+        [
+            (Some(1), Some("l-train-7".into())),
+            (Some(0), Some("l-vm-7".into())),
+        ],
+        "a process's own lease first; the idle A100 works for the machine's lease"
+    );
+    source.sample(1_005_000, 5_000);
+    let third = source.sample(1_010_000, 5_000);
+    assert_eq!(
+        leases(&third),
+        [(Some(0), Some("l-vm-7".into()))],
+        "the H100, idle once its process is gone, too"
+    );
+    for s in first.iter().chain(&third) {
+        s.validate().unwrap();
+    }
+
+    // The SMBIOS is read once, at start: a machine's lease is fixed when it boots.
+    std::fs::remove_dir_all(dmi.path().join("11-1")).unwrap();
+    assert_eq!(
+        source.sample(1_015_000, 5_000)[0].lease_id.as_deref(),
+        Some("l-vm-7")
+    );
+}
+
+#[test]
+fn in_a_virtual_machine_a_pods_lease_comes_before_the_machines() {
+    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let leased = LeasedProcess::start("l-train-7");
+    std::env::set_var(
+        "GPUWARDEN_FAKE_NVML_SCRIPT",
+        script(dir.path(), leased.0.id()),
+    );
+    let kubelet = test_server::TestKubelet::start(test_server::Answer::Pods(kubelet_pods()));
+    let logs = tempfile::tempdir().unwrap();
+    std::fs::create_dir(logs.path().join(format!("ml_notebook-1_{NOTEBOOK_UID}"))).unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let dmi = dmi_entries("l-vm-7");
+    let mut source = NvmlSource::open(
+        Some(&fake_library()),
+        "vm-node-7".into(),
+        None,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap()
+    .with_pods(KubeletSettings {
+        pod_logs_dir: logs.path().to_path_buf(),
+        proc_root: proc.path().to_path_buf(),
+        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
+    })
+    .unwrap()
+    .with_guest_lease(dmi.path());
+
+    let first = source.sample(1_000_000, 5_000);
+    assert_eq!(first[0].lease_id.as_deref(), Some("l-train-7"));
+    assert_eq!(
+        first[1].lease_id,
+        Some(format!("k8s-{NOTEBOOK_UID}")),
+        "the pod's lease, not the machine's"
+    );
+    source.sample(1_005_000, 5_000);
+    let third = source.sample(1_010_000, 5_000);
+    assert_eq!(
+        third[0]
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("k8s_pod"))
+            .map(String::as_str),
+        Some("train-0")
+    );
+    assert_eq!(
+        third[0].lease_id.as_deref(),
+        Some("l-vm-7"),
+        "a pod whose lease cannot be found leaves the GPU to the machine's lease"
+    );
+}
+
+#[test]
 fn a_missing_driver_library_says_what_to_install() {
     let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
     let err = NvmlSource::open(
@@ -250,11 +382,14 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
     .unwrap();
     // 1 s of event time per 10 ms of wall time.
     let clock = Arc::new(AcceleratedClock::from_now(100.0));
+    // Inside a virtual machine of lease l-vm-e2e.
+    let dmi = dmi_entries("l-vm-e2e");
     let spec = SourceSpec::Nvml {
         library: Some(fake_library()),
         host: "gpu-node-2".into(),
         slurm_cluster: None,
         kubelet: None,
+        dmi_entries_dir: Some(dmi.path().to_path_buf()),
     };
     let collector = Collector::start(
         spec,
@@ -290,6 +425,12 @@ fn collected_samples_reach_the_broker_exactly_as_produced() {
     assert_eq!(
         a100, 2,
         "the A100 was sampled twice before it fell off the bus"
+    );
+    assert!(
+        got.iter()
+            .filter(|(_, s)| s.gpu_uuid.starts_with("GPU-bbbb"))
+            .all(|(_, s)| s.process_count == Some(0) && s.lease_id.as_deref() == Some("l-vm-e2e")),
+        "the idle A100 works for the machine's lease: {got:#?}"
     );
     for (key, s) in &got {
         assert_eq!(key, &s.gpu_uuid);

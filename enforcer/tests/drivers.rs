@@ -636,6 +636,44 @@ async fn kubernetes_reclaim_by_eviction_respects_disruption_budgets() -> anyhow:
 /// The contract against a real Slurm cluster (`tests/support/slurm.rs`, Debian's slurmctld and
 /// slurmd with fake GPUs): each lease is a batch job submitted as the user's system account, and
 /// a resize to other GPUs is refused (Slurm cannot change a running job's GPUs). Needs root.
+/// A domain template for libvirt's test hypervisor (`type='test'`).
+#[cfg(feature = "libvirt")]
+const LIBVIRT_TEMPLATE: &str =
+    "<domain type='test'><name>{{name}}</name><memory unit='MiB'>64</memory>\
+    <os><type>hvm</type></os><devices/></domain>";
+
+#[cfg(feature = "libvirt")]
+#[tokio::test]
+async fn contract_libvirt() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    // libvirt's test hypervisor (in this process, in memory) lives as long as a connection to
+    // it is open: this one stands for the host, which outlives the enforcer's restarts.
+    let _host = virt::connect::Connect::open(Some("test:///default"))?;
+    let template = dir.path().join("domain.xml");
+    std::fs::write(&template, LIBVIRT_TEMPLATE)?;
+    contract(Subject::registered(
+        substrate(&format!(
+            r#"
+name = "vms"
+driver = "libvirt"
+[libvirt]
+uri = "test:///default"
+domain_template = "{}"
+grace_period = "1s"
+gpus = [
+  {{ pci = "0000:41:00.0", model = "NVIDIA H100 80GB HBM3" }},
+  {{ pci = "0000:42:00.0", model = "NVIDIA H100 80GB HBM3" }},
+]
+"#,
+            template.display()
+        )),
+        context(dir.path()),
+        None,
+        ResizeMoves::Rejected,
+    ))
+    .await
+}
+
 #[tokio::test]
 async fn contract_slurm() -> anyhow::Result<()> {
     if !support::slurm::can_run_slurm() {

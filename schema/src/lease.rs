@@ -65,6 +65,22 @@ pub fn kueue_lease_id(workload_uid: &str, attempt: u32) -> String {
 /// How every [`kueue_lease_id`] begins.
 pub const KUEUE_LEASE_PREFIX: &str = "kueue-";
 
+/// The longest lease id gpuwarden accepts (the enforcer's drivers name files after it).
+pub const LEASE_ID_MAX: usize = 200;
+
+/// Whether `id` passes the lease id rules of the enforcer's drivers: 1 to [`LEASE_ID_MAX`] ASCII
+/// letters, digits, `-`, `_` or `.`, not starting with `.` (a lease id becomes file names and
+/// SQL literals). What a process, a pod's directory or a virtual machine's firmware names
+/// otherwise is ignored by the collector rather than published.
+pub fn is_lease_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= LEASE_ID_MAX
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// What happened to the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -361,6 +377,32 @@ mod tests {
         assert_eq!(kueue_lease_id(uid, 1), format!("kueue-{uid}"));
         assert_eq!(kueue_lease_id(uid, 0), format!("kueue-{uid}"));
         assert_eq!(kueue_lease_id(uid, 3), format!("kueue-{uid}-3"));
+    }
+
+    #[test]
+    fn lease_ids_follow_the_drivers_rules() {
+        for ok in [
+            "l-1",
+            "k8s-0f3c1a52-7d7e",
+            "a.b_c",
+            "A9",
+            &"x".repeat(LEASE_ID_MAX),
+        ] {
+            assert!(is_lease_id(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "a/b",
+            "a b",
+            "été",
+            "a\0b",
+            "a\nb",
+            "a=b",
+            &"x".repeat(LEASE_ID_MAX + 1),
+        ] {
+            assert!(!is_lease_id(bad), "{bad:?}");
+        }
     }
 
     #[test]

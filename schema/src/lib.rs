@@ -22,6 +22,7 @@ pub mod json_schema;
 pub mod kafka;
 pub mod kubernetes;
 pub mod lease;
+pub mod libvirt;
 pub mod login_limit;
 pub mod prom;
 pub mod record;

@@ -274,6 +274,33 @@ fn the_kubelet_socket_is_optional_and_must_fit_a_unix_socket() {
 }
 
 #[test]
+fn the_dmi_entries_dir_defaults_to_the_kernels_and_must_not_be_empty() {
+    let config = config::parse("empty.toml", "").unwrap();
+    assert_eq!(
+        config.collector.dmi_entries_dir,
+        PathBuf::from("/sys/firmware/dmi/entries")
+    );
+    let config = config::parse(
+        "ok.toml",
+        "[collector]\ndmi_entries_dir = \"/host/sys/firmware/dmi/entries\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.collector.dmi_entries_dir,
+        PathBuf::from("/host/sys/firmware/dmi/entries")
+    );
+    let errs = errors("[kafka]\nbrokers = \"k:9092\"\n\n[collector]\ndmi_entries_dir = \"\"\n");
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let err = find(&errs, "collector.dmi_entries_dir");
+    assert_eq!(err.line, Some(5));
+    assert!(
+        err.message.contains("/sys/firmware/dmi/entries"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
 fn env_references_are_substituted_and_unset_ones_reported() {
     std::env::set_var("GPUWARDEN_TEST_BROKERS", "kafka-1:9092,kafka-2:9092");
     let config = config::parse(
@@ -749,6 +776,58 @@ driver = \"slurm\"
     assert!(message("substrates[0].slurm.slurm_conf").contains("absolute path"));
     assert!(message("substrates[0].grace_period").contains("not a setting of the slurm driver"));
     assert!(message("substrates[1].driver").contains("the slurm driver needs `slurm`"));
+}
+
+#[test]
+fn libvirt_settings_have_defaults_and_are_checked_field_by_field() {
+    let substrate = |settings: &str| {
+        format!(
+            "[[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\n[substrates.libvirt]\n\
+             domain_template = \"/etc/gpuwarden/vm.xml\"\n{settings}"
+        )
+    };
+    let config = config::parse("vm.toml", &substrate("")).unwrap();
+    let libvirt = config.substrates[0].libvirt.clone().unwrap();
+    assert_eq!(libvirt.uri, "qemu:///system");
+    assert!(!libvirt.delete_disks && libvirt.gpus.is_empty() && libvirt.grace_period.is_none());
+
+    let errs = errors(&substrate(
+        r#"uri = "qemu"
+models = { "2330" = "NVIDIA H100 80GB HBM3", "0x20b5" = " " }
+gpus = [
+  { pci = "0000:41:00.0", mdev = "c2177883-f1bb-47f0-914d-32a22e3a8804" },
+  { pci = "0000:41:0.8", model = "X" },
+  { pci = "41:00.0", model = "X" },
+  { pci = "0000:41:00.0", model = "X" },
+  { mdev = "not-a-uuid", model = "V" },
+  { mdev = "c2177883-f1bb-47f0-914d-32a22e3a8804" },
+]
+grace_period = "2h"
+poll = "100ms"
+"#,
+    ));
+    let message = |path: &str| find(&errs, path).message.clone();
+    assert!(message("substrates[0].libvirt.uri").contains("not a libvirt URI"));
+    assert!(message("substrates[0].libvirt.models.2330").contains("not a PCI device id"));
+    assert!(message("substrates[0].libvirt.models.0x20b5").contains("must name a GPU model"));
+    assert!(message("substrates[0].libvirt.gpus[0].pci").contains("either `pci`"));
+    assert!(message("substrates[0].libvirt.gpus[1].pci").contains("not a PCI address"));
+    assert!(
+        message("substrates[0].libvirt.gpus[3].pci").contains("listed twice"),
+        "41:00.0 is 0000:41:00.0"
+    );
+    assert!(message("substrates[0].libvirt.gpus[4].mdev").contains("not a mediated device UUID"));
+    assert!(message("substrates[0].libvirt.gpus[5].model").contains("a vGPU needs its model"));
+    assert!(message("substrates[0].libvirt.grace_period").contains("at most 1h"));
+    assert!(message("substrates[0].libvirt.poll").contains("between 1s and 10m"));
+
+    let errs = errors("[[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\ngpu_model = \"X\"\n");
+    assert!(find(&errs, "substrates[0].driver")
+        .message
+        .contains("the libvirt driver needs `libvirt`"));
+    assert!(find(&errs, "substrates[0].gpu_model")
+        .message
+        .contains("not a setting of the libvirt driver"));
 }
 
 #[test]

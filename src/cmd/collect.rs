@@ -146,6 +146,7 @@ pub(crate) async fn start(
                 host,
                 slurm_cluster,
                 kubelet,
+                dmi_entries_dir: Some(config.collector.dmi_entries_dir.clone()),
             }
         }
         CollectorSource::Simulated => {

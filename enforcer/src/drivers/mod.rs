@@ -19,6 +19,8 @@
 //!   submitted in `<state_dir>/<lease_id>.json`.
 //! - [`kubernetes`]: a Kubernetes cluster, through its API server; keeps the pod of each lease
 //!   (admitted by its webhook, or created for an API admission) in `<state_dir>/pods.jsonl`.
+//! - `libvirt` (with the `libvirt` feature): virtual machines with GPUs passed through, one per
+//!   lease; keeps nothing on disk: each domain carries its lease in its own metadata.
 //!
 //! Drivers that keep files (simulated, local) name them after the lease id, so they accept only
 //! ids made of ASCII letters, digits, `-`, `_` and `.` (not starting with `.`); any other id is
@@ -33,12 +35,16 @@ use gpuwarden_schema::{ReleaseReason, Workload};
 
 pub mod account;
 pub mod kubernetes;
+#[cfg(feature = "libvirt")]
+pub mod libvirt;
 pub mod local;
 pub mod simulated;
 pub mod slurm;
 pub mod webhook;
 
 pub use kubernetes::KubernetesDriver;
+#[cfg(feature = "libvirt")]
+pub use libvirt::LibvirtDriver;
 pub use local::LocalDriver;
 pub use simulated::SimulatedDriver;
 pub use slurm::SlurmDriver;
@@ -226,7 +232,31 @@ pub fn build(
         DriverKind::Webhook => Box::new(WebhookDriver::new(config)?),
         DriverKind::Slurm => Box::new(SlurmDriver::new(config, context)?),
         DriverKind::Kubernetes => Box::new(KubernetesDriver::new(config, context)?),
+        DriverKind::Libvirt => libvirt_driver(config, context)?,
     })
+}
+
+#[cfg(feature = "libvirt")]
+fn libvirt_driver(
+    config: &SubstrateConfig,
+    context: &DriverContext,
+) -> Result<Box<dyn Driver>, DriverError> {
+    Ok(Box::new(LibvirtDriver::new(config, context)?))
+}
+
+/// This build has no libvirt driver: say how to get one.
+#[cfg(not(feature = "libvirt"))]
+fn libvirt_driver(
+    config: &SubstrateConfig,
+    context: &DriverContext,
+) -> Result<Box<dyn Driver>, DriverError> {
+    let _ = context;
+    Err(config_error(
+        config,
+        "driver",
+        "this gpuwarden was built without the libvirt driver; build it with \
+         `cargo build --release --features libvirt` (needs libvirt's headers: Debian's libvirt-dev)",
+    ))
 }
 
 fn config_error(
@@ -243,20 +273,15 @@ fn config_error(
 
 /// Lease ids become file names under the state dir; anything that could leave it is refused.
 fn check_lease_id(substrate: &str, lease_id: &str) -> Result<(), DriverError> {
-    let ok = !lease_id.is_empty()
-        && lease_id.len() <= 200
-        && !lease_id.starts_with('.')
-        && lease_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
+    if gpuwarden_schema::lease::is_lease_id(lease_id) {
         Ok(())
     } else {
         Err(DriverError::Rejected {
             substrate: substrate.to_owned(),
             message: format!(
-                "lease id {lease_id:?} must be 1 to 200 ASCII letters, digits, '-', '_' or '.', \
-                 not starting with '.'"
+                "lease id {lease_id:?} must be 1 to {} ASCII letters, digits, '-', '_' or '.', \
+                 not starting with '.'",
+                gpuwarden_schema::lease::LEASE_ID_MAX
             ),
         })
     }

@@ -220,6 +220,11 @@ pub struct CollectorConfig {
     /// The kubelet's pod log directory, whose `<namespace>_<pod>_<uid>` entries give the uid of
     /// a pod, and so its lease `k8s-<uid>`.
     pub pod_logs_dir: PathBuf,
+    /// The kernel's directory of SMBIOS structures (`/sys/firmware/dmi/entries`). Inside a
+    /// virtual machine gpuwarden's `libvirt` driver started, an OEM string
+    /// `gpuwarden.lease_id=<id>` there names the machine's lease, which every GPU of the guest
+    /// then works for unless a process or pod names another. Read once at start.
+    pub dmi_entries_dir: PathBuf,
     /// Samples buffered while Kafka is unreachable, bytes, before the oldest are dropped.
     pub buffer_max_bytes: u64,
     /// Oldest buffered sample kept while Kafka is unreachable.
@@ -240,6 +245,7 @@ impl Default for CollectorConfig {
             slurm_cluster: None,
             kubelet_socket: None,
             pod_logs_dir: PathBuf::from("/var/log/pods"),
+            dmi_entries_dir: PathBuf::from("/sys/firmware/dmi/entries"),
             buffer_max_bytes: 64 << 20,
             buffer_max_age: Duration::from_secs(15 * 60),
             simulated: SimulatedSourceConfig::default(),
@@ -827,6 +833,9 @@ pub enum DriverKind {
     /// A Kubernetes cluster (`[substrates.kubernetes]`): a validating admission webhook for GPU
     /// pods, and the cluster's nodes and pods through its API.
     Kubernetes,
+    /// A libvirt host (`[substrates.libvirt]`): one virtual machine per lease with the lease's
+    /// GPUs passed through to it.
+    Libvirt,
 }
 
 impl DriverKind {
@@ -838,6 +847,7 @@ impl DriverKind {
             Self::Webhook => "webhook",
             Self::Slurm => "slurm",
             Self::Kubernetes => "kubernetes",
+            Self::Libvirt => "libvirt",
         }
     }
 }
@@ -898,6 +908,63 @@ pub struct SubstrateConfig {
     /// kubernetes: the API server, the admission webhook's listener, and how pods map to teams,
     /// users, workloads and models.
     pub kubernetes: Option<KubernetesSettings>,
+    /// libvirt: the host's libvirt, the domain template, and the GPUs it may pass through.
+    pub libvirt: Option<LibvirtSettings>,
+}
+
+/// `[substrates.libvirt]`: a libvirt host on which each lease is a virtual machine (a libvirt
+/// domain) with the lease's GPUs passed through to it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LibvirtSettings {
+    /// The libvirt connection URI. Default `qemu:///system`.
+    #[serde(default = "LibvirtSettings::default_uri")]
+    pub uri: String,
+    /// A libvirt domain XML file, the template of every lease's virtual machine. `{{name}}`
+    /// (required, in `<name>`) becomes `gpuwarden-<lease id>`; `{{lease_id}}`, `{{team}}`,
+    /// `{{user}}`, `{{project}}`, `{{workload}}`, `{{gpu_model}}` and `{{gpu_count}}` the lease's
+    /// values (XML-escaped). The driver adds one `<hostdev>` per GPU, the lease in the domain's
+    /// `<metadata>` and in its SMBIOS OEM strings (`gpuwarden.lease_id=<id>`).
+    pub domain_template: PathBuf,
+    /// PCI device id (`"0x2330"`) → full NVML model name, for the GPUs the host's node devices
+    /// list. An NVIDIA GPU whose id is missing here (and from `gpus`) is left out, with a warning.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
+    /// GPUs named by hand: a host whose libvirt lists no node devices, a GPU whose model the
+    /// node devices do not say, and vGPUs (mediated devices).
+    #[serde(default)]
+    pub gpus: Vec<LibvirtGpu>,
+    /// Time a reclaimed VM gets between the shutdown request (ACPI) and its destruction
+    /// (power off). Default 2 min.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub grace_period: Option<Duration>,
+    /// Delete a reclaimed VM's disk volumes (those in a libvirt storage pool) after it is
+    /// undefined. Default false: disks are kept.
+    #[serde(default)]
+    pub delete_disks: bool,
+    /// How often the host's node devices are read for the inventory. Default 30 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub poll: Option<Duration>,
+}
+
+impl LibvirtSettings {
+    fn default_uri() -> String {
+        "qemu:///system".to_owned()
+    }
+}
+
+/// `[[substrates.libvirt.gpus]]`: one GPU (`pci`) or vGPU (`mdev`) the libvirt driver may pass
+/// through.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LibvirtGpu {
+    /// PCI address of a GPU passed through whole (`0000:41:00.0`).
+    pub pci: Option<String>,
+    /// UUID of a mediated device (a vGPU) passed through as `type='mdev'`.
+    pub mdev: Option<String>,
+    /// Full NVML model name (as the guest's NVML reports it); for a GPU the host's libvirt
+    /// lists, the model `models` gives its PCI device id when unset.
+    pub model: Option<String>,
 }
 
 /// `[substrates.kubernetes]`: a Kubernetes cluster, and how its GPU pods map to gpuwarden's

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::load::{key, FieldPath, Seg};
 use super::{
-    CollectorSource, Config, DriverKind, KubernetesSettings, KueueSettings, Listener, LoginLimits,
-    OnIdle, Role, SlurmSettings, SubstrateConfig, TlsConfig,
+    CollectorSource, Config, DriverKind, KubernetesSettings, KueueSettings, LibvirtSettings,
+    Listener, LoginLimits, OnIdle, Role, SlurmSettings, SubstrateConfig, TlsConfig,
 };
 
 type Report<'r> = &'r mut dyn FnMut(FieldPath, String);
@@ -221,6 +221,13 @@ fn collector(config: &Config, report: Report<'_>) {
         report(
             at(&["collector", "pod_logs_dir"]),
             "must be the kubelet's pod log directory, e.g. /var/log/pods".into(),
+        );
+    }
+    if c.dmi_entries_dir.as_os_str().is_empty() {
+        report(
+            at(&["collector", "dmi_entries_dir"]),
+            "must be the kernel's directory of SMBIOS structures, e.g. /sys/firmware/dmi/entries"
+                .into(),
         );
     }
     if !(c.simulated.speed.is_finite() && c.simulated.speed > 0.0) {
@@ -545,7 +552,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             );
         }
         let driver = s.driver.as_str();
-        let set: [(&str, bool); 18] = [
+        let set: [(&str, bool); 19] = [
             ("hosts", !s.hosts.is_empty()),
             ("host", s.host.is_some()),
             ("gpu_model", s.gpu_model.is_some()),
@@ -564,6 +571,7 @@ fn substrates(config: &Config, report: Report<'_>) {
             ("run_as_enforcer", s.run_as_enforcer.is_some()),
             ("slurm", s.slurm.is_some()),
             ("kubernetes", s.kubernetes.is_some()),
+            ("libvirt", s.libvirt.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match s.driver {
             DriverKind::Simulated => (&["hosts"], &["hosts"]),
@@ -605,6 +613,7 @@ fn substrates(config: &Config, report: Report<'_>) {
                 ],
             ),
             DriverKind::Kubernetes => (&["kubernetes"], &["kubernetes"]),
+            DriverKind::Libvirt => (&["libvirt"], &["libvirt"]),
         };
         for (field, present) in set {
             if present && !allowed.contains(&field) {
@@ -692,6 +701,9 @@ fn substrates(config: &Config, report: Report<'_>) {
         if let Some(kubernetes) = &s.kubernetes {
             kubernetes_settings(config, i, kubernetes, report);
         }
+        if let Some(libvirt) = &s.libvirt {
+            libvirt_settings(i, libvirt, report);
+        }
         if let Some(url) = &s.url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 report(
@@ -700,6 +712,101 @@ fn substrates(config: &Config, report: Report<'_>) {
                 );
             }
         }
+    }
+}
+
+/// `[substrates.libvirt]`: a URI, PCI ids and addresses, mediated device UUIDs libvirt would
+/// accept, each GPU named once, bounded times.
+fn libvirt_settings(i: usize, l: &LibvirtSettings, report: Report<'_>) {
+    let path = |f: &str| vec![key("substrates"), Seg::Index(i), key("libvirt"), key(f)];
+    if !l.uri.contains(":/") {
+        report(
+            path("uri"),
+            format!(
+                "\"{}\" is not a libvirt URI (e.g. qemu:///system, qemu+ssh://host/system)",
+                l.uri
+            ),
+        );
+    }
+    if l.domain_template.as_os_str().is_empty() {
+        report(
+            path("domain_template"),
+            "must name a domain XML file".into(),
+        );
+    }
+    for (id, model) in &l.models {
+        let mut p = path("models");
+        p.push(key(id));
+        if !crate::libvirt::is_pci_device_id(id) {
+            report(
+                p.clone(),
+                format!(
+                    "\"{id}\" is not a PCI device id (four hex digits after 0x, e.g. \"0x2330\")"
+                ),
+            );
+        }
+        if model.trim().is_empty() {
+            report(p, "must name a GPU model".into());
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for (j, gpu) in l.gpus.iter().enumerate() {
+        let path = |f: &str| {
+            let mut p = path("gpus");
+            p.push(Seg::Index(j));
+            p.push(key(f));
+            p
+        };
+        match (&gpu.pci, &gpu.mdev) {
+            (Some(_), Some(_)) | (None, None) => report(
+                path("pci"),
+                "name either `pci` (a GPU passed through whole) or `mdev` (a vGPU), not both"
+                    .into(),
+            ),
+            (Some(pci), None) => match crate::libvirt::PciAddress::parse(pci) {
+                None => report(
+                    path("pci"),
+                    format!(
+                        "\"{pci}\" is not a PCI address (domain:bus:slot.function, e.g. \
+                             0000:41:00.0)"
+                    ),
+                ),
+                Some(address) => {
+                    if !seen.insert(address.to_string()) {
+                        report(path("pci"), format!("{address} is listed twice"));
+                    }
+                }
+            },
+            (None, Some(mdev)) => {
+                if !crate::libvirt::is_uuid(mdev) {
+                    report(
+                        path("mdev"),
+                        format!("\"{mdev}\" is not a mediated device UUID (8-4-4-4-12 hex digits)"),
+                    );
+                } else if !seen.insert(mdev.to_ascii_lowercase()) {
+                    report(path("mdev"), format!("{mdev} is listed twice"));
+                }
+                if gpu.model.is_none() {
+                    report(
+                        path("model"),
+                        "a vGPU needs its model (what the guest's NVML reports)".into(),
+                    );
+                }
+            }
+        }
+        if gpu.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
+            report(path("model"), "must name a GPU model".into());
+        }
+    }
+    if l.poll
+        .is_some_and(|p| p < Duration::from_secs(1) || p > Duration::from_secs(600))
+    {
+        report(path("poll"), "must be between 1s and 10m".into());
+    }
+    if l.grace_period
+        .is_some_and(|g| g > Duration::from_secs(3600))
+    {
+        report(path("grace_period"), "must be at most 1h".into());
     }
 }
 
