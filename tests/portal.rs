@@ -215,9 +215,10 @@ impl Browser {
     }
 
     /// Fails on any error the page's scripts logged since the last look (the log is read, and
-    /// so emptied, each time): exceptions, console errors, refused scripts or styles. The
-    /// network's entries are left out: a refusal page's 401 or 403 is logged there, and is what
-    /// a test asks for.
+    /// so emptied, each time): exceptions, console errors, refused scripts or styles, and a
+    /// stylesheet, script or icon of the portal's that failed to load. The network's other
+    /// entries are left out: a refusal page's 401 or 403 is logged there, and is what a test
+    /// asks for.
     async fn no_js_errors(&self) {
         let log = self.client.issue_cmd(BrowserLog).await.unwrap();
         let severe: Vec<&Value> = log
@@ -225,7 +226,13 @@ impl Browser {
             .map(|entries| {
                 entries
                     .iter()
-                    .filter(|e| e["level"] == "SEVERE" && e["source"] != "network")
+                    .filter(|e| {
+                        e["level"] == "SEVERE"
+                            && (e["source"] != "network"
+                                || e["message"]
+                                    .as_str()
+                                    .is_some_and(|m| m.contains("/ui/static/")))
+                    })
                     .collect()
             })
             .unwrap_or_default();

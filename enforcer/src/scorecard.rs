@@ -27,7 +27,8 @@ pub struct Evidence {
     /// The lake's watermark (the latest sample or lease event), Unix epoch milliseconds; none
     /// for an empty lake.
     pub as_of_ms: Option<i64>,
-    /// Leases granted (lease events `granted`).
+    /// Leases held in the window: granted (lease events `granted`) before its end and not
+    /// released before its start.
     pub leases_granted: u64,
     /// Of those, leases placed on named GPUs (their `gpu_uuids` listed).
     pub leases_on_named_gpus: u64,
@@ -266,7 +267,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
             l.step(
                 e.leases_granted > 0,
                 format!(
-                    "{} granted through admission in the last {days} days",
+                    "{} granted through admission and held in the last {days} days",
                     plural(e.leases_granted, "lease", "leases")
                 ),
                 "ask for GPUs through the admission API (or a substrate's hook) so that leases are granted",
@@ -311,7 +312,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
             let scaling: Vec<&str> = policies
                 .iter()
                 .filter(|(w, p)| {
-                    p.on_idle == OnIdle::Resize
+                    (p.on_idle == OnIdle::Resize && p.idle_timeout.is_some())
                         || (*w == Workload::Inference && p.target_util_pct.is_some())
                 })
                 .map(|(w, _)| w.as_str())
@@ -326,7 +327,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
                         scaling.join(", ")
                     }
                 ),
-                "set [workloads.inference] target_util_pct, or on_idle = \"resize\" on a workload",
+                "set [workloads.inference] target_util_pct, or on_idle = \"resize\" with an idle_timeout on a workload",
             );
             let resized = e.action("resize", "autoscale") + e.action("resize", "idle");
             l.step(
@@ -546,7 +547,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
                     format!("substrate kinds that held leases in the last {days} days: {listed}"),
                     match n {
                         1 => "grant a lease on a substrate",
-                        _ => "hold leases on one more kind of substrate (local, slurm, kubernetes, webhook) under the same policy",
+                        _ => "hold leases on one more kind of substrate (local, slurm, kubernetes, libvirt, webhook) under the same policy",
                     },
                 );
             }

@@ -343,3 +343,217 @@ async fn estimates_hold_nothing_requests_need_the_csrf_token_and_labels_are_esca
     assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(page.body.contains("project: "), "{}", page.body);
 }
+
+/// The lease ids listed on a leases page, in its order.
+fn listed(body: &str) -> Vec<String> {
+    body.split(r#"<tr data-lease=""#)
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_form_sent_twice_asks_once_and_a_viewer_s_posts_ask_nothing() {
+    let h = Enforcer::new(config(), 8, NOW);
+    let app = app_of(&h);
+    let session = sign_in(&app, "tok-ada").await;
+    let form = get(&app, "/ui/request", Some(&session)).await.body;
+    let token = csrf(&form);
+    let at =
+        form.find(r#"name="submission" value=""#).unwrap() + r#"name="submission" value=""#.len();
+    let submission = form[at..at + 64].to_owned();
+    let fields = [
+        ("csrf", token.as_str()),
+        ("submission", submission.as_str()),
+        ("team", "ml"),
+        ("project", "llm"),
+        ("workload", "training"),
+        ("gpus", "1"),
+        ("duration", "2h"),
+    ];
+    let first = post(&app, "/ui/request", Some(&session), &fields).await;
+    assert!(first.body.contains("admitted"), "{}", first.body);
+    // A reload of the decision page posts the same form again: nothing more is asked.
+    let again = post(&app, "/ui/request", Some(&session), &fields).await;
+    assert_eq!(again.status, StatusCode::OK);
+    let leases = listed(&get(&app, "/ui/leases", Some(&session)).await.body);
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert!(
+        again.body.contains(&format!(
+            "This form was already sent, and it made lease {}",
+            leases[0]
+        )),
+        "{}",
+        again.body
+    );
+    // The page drawn after it is a new form: sending that one asks again.
+    let at = again.body.find(r#"name="submission" value=""#).unwrap()
+        + r#"name="submission" value=""#.len();
+    let fresh = again.body[at..at + 64].to_owned();
+    assert_ne!(fresh, submission);
+    let mut next = fields;
+    next[1] = ("submission", fresh.as_str());
+    post(&app, "/ui/request", Some(&session), &next).await;
+    assert_eq!(
+        listed(&get(&app, "/ui/leases", Some(&session)).await.body).len(),
+        2
+    );
+
+    // A viewer's session has a CSRF token, but its posts ask for nothing, not even an estimate.
+    let viewer = sign_in(&app, "tok-watcher").await;
+    let token = csrf(&get(&app, "/ui/leases", Some(&viewer)).await.body);
+    let mut fields = next;
+    fields[0] = ("csrf", token.as_str());
+    fields[1] = ("submission", "");
+    for path in ["/ui/request", "/ui/estimate"] {
+        let page = post(&app, path, Some(&viewer), &fields).await;
+        assert_eq!(page.status, StatusCode::FORBIDDEN, "{path}: {}", page.body);
+    }
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
+    assert_eq!(team["gpus_held"], 2, "{team}");
+}
+
+#[tokio::test]
+async fn leases_are_released_and_extended_with_the_csrf_token_and_show_their_idle_warnings() {
+    let h = Enforcer::new(config(), 8, NOW);
+    let app = app_of(&h);
+    let (status, lease) = call(
+        &h.app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(
+            serde_json::json!({
+                "team": "ml", "user": "ada", "project": "llm", "workload": "training",
+                "gpus": 2, "duration": "2h"
+            })
+            .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lease}");
+    let id = lease["lease"]["id"].as_str().unwrap().to_owned();
+    let expires = lease["lease"]["expires_at"].as_i64().unwrap();
+    // An idle warning among the rules' alerts, behind a thousand alerts about other leases.
+    let alert = |lease: &str, reason: &str, detail: &str| gpuwarden_schema::Action {
+        v: Default::default(),
+        ts_ms: NOW + 60_000,
+        action: gpuwarden_schema::ActionKind::Alert,
+        lease_id: Some(lease.to_owned()),
+        team: Some("ml".into()),
+        reason: reason.into(),
+        policy: None,
+        driver: None,
+        outcome: gpuwarden_schema::Outcome::Ok,
+        detail: detail.into(),
+    };
+    h.service
+        .store()
+        .record_action(&alert(&id, "idle_warning", "all 2 GPU(s) idle for 20m"))
+        .await
+        .unwrap();
+    for n in 0..1000 {
+        h.service
+            .store()
+            .record_action(&alert(&format!("l-other-{n}"), "idle_warning", "another"))
+            .await
+            .unwrap();
+    }
+
+    let session = sign_in(&app, "tok-ada").await;
+    let page = get(&app, "/ui/leases", Some(&session)).await.body;
+    assert_eq!(listed(&page), [id.as_str()]);
+    assert!(page.contains("all 2 GPU(s) idle for 20m"), "{page}");
+    let token = csrf(&page);
+    // The extension choices keep the lease within the workload's 24 h.
+    assert!(page.contains(&format!(r#"action="/ui/leases/{id}/extend""#)));
+
+    let extend = format!("/ui/leases/{id}/extend");
+    let page = post(&app, &extend, Some(&session), &[("duration", "1h")]).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    let page = post(
+        &app,
+        &extend,
+        Some(&session),
+        &[("csrf", &token), ("duration", "1h")],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    assert_eq!(
+        page.location.as_deref(),
+        Some(format!("/ui/leases?extended={id}").as_str())
+    );
+    let (_, after) = call(
+        &h.app,
+        Method::GET,
+        &format!("/v1/leases/{id}"),
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        after["expires_at"].as_i64().unwrap(),
+        expires + 3_600_000,
+        "{after}"
+    );
+    let page = get(&app, "/ui/leases?extended=x", Some(&session))
+        .await
+        .body;
+    assert!(page.contains("Lease x extended."));
+    // Past the workload's longest (24 h), refused with the reason, and nothing changed.
+    let page = post(
+        &app,
+        &extend,
+        Some(&session),
+        &[("csrf", &token), ("duration", "23h")],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN, "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            "Lease {id} was not extended: training leases may last at most"
+        )),
+        "{}",
+        page.body
+    );
+    // Only a lease id is echoed in a notice: a link cannot make the page say something else.
+    let page = get(
+        &app,
+        "/ui/leases?released=Your%20account%20is%20closed",
+        Some(&session),
+    )
+    .await
+    .body;
+    assert!(!page.contains("account is closed"), "{page}");
+
+    // The team page forecasts the lease until it expires (3 h at $8/h), not to the month's end.
+    let team = get(&app, "/ui/team?team=ml", Some(&session)).await.body;
+    assert!(
+        team.contains("Month-end forecast: <strong>$24.00</strong> (forecast within budget)"),
+        "{team}"
+    );
+
+    let release = format!("/ui/leases/{id}/release");
+    let page = post(&app, &release, Some(&session), &[("csrf", "wrong")]).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    let (_, still) = call(
+        &h.app,
+        Method::GET,
+        &format!("/v1/leases/{id}"),
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_ne!(still["state"], "released", "{still}");
+    let page = post(&app, &release, Some(&session), &[("csrf", &token)]).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    let (_, gone) = call(
+        &h.app,
+        Method::GET,
+        &format!("/v1/leases/{id}"),
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_eq!(gone["state"], "released", "{gone}");
+}

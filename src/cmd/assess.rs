@@ -148,7 +148,12 @@ pub(crate) async fn gather(lake: &Lake) -> anyhow::Result<Evidence> {
         as_of_ms: Some(w),
         ..Evidence::default()
     };
-    let granted = format!("FROM lease_events WHERE event = 'granted' AND ts_ms > {from}");
+    // The leases held in the window: granted before its end (the watermark) and not released
+    // before its start, so a lease granted earlier and still running counts.
+    let granted = format!(
+        "FROM lease_events WHERE event = 'granted' AND ts_ms <= {w} AND lease_id NOT IN \
+         (SELECT lease_id FROM lease_events WHERE event = 'released' AND ts_ms <= {from})"
+    );
     for row in rows(
         &ctx,
         &format!(

@@ -68,6 +68,7 @@ pub fn router(state: AppState, insights: Option<Arc<dyn Insights>>) -> Router {
     let portal = Portal(Arc::new(Inner {
         app: state,
         sessions: Mutex::default(),
+        sent: Mutex::default(),
         insights,
         secure,
     }));
@@ -98,9 +99,41 @@ struct Portal(Arc<Inner>);
 struct Inner {
     app: AppState,
     sessions: Mutex<HashMap<String, Session>>,
+    /// The request forms already submitted, so that a form sent twice (a reload of the decision
+    /// page re-posts it) asks once.
+    sent: Mutex<Sent>,
     insights: Option<Arc<dyn Insights>>,
     /// Served over TLS: the cookie is `Secure` (and `__Host-` prefixed).
     secure: bool,
+}
+
+/// How many submitted request forms are remembered (the oldest forgotten first): far more than
+/// anyone reloads a page after.
+const SENT_KEPT: usize = 4096;
+
+/// The one-use tokens of request forms submitted, each with the lease it made (none while the
+/// request is being decided, or when it was denied).
+#[derive(Debug, Default)]
+struct Sent {
+    order: std::collections::VecDeque<String>,
+    lease: HashMap<String, Option<String>>,
+}
+
+impl Sent {
+    /// Marks `token` sent; false, with the lease it made, if it was sent before.
+    fn first_time(&mut self, token: &str) -> Result<(), Option<String>> {
+        if let Some(lease) = self.lease.get(token) {
+            return Err(lease.clone());
+        }
+        if self.order.len() >= SENT_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.lease.remove(&oldest);
+            }
+        }
+        self.order.push_back(token.to_owned());
+        self.lease.insert(token.to_owned(), None);
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -435,6 +468,10 @@ async fn signout(
 struct RequestForm {
     #[serde(default)]
     csrf: String,
+    /// The form's one-use token (a new one each time the form is drawn): a second submission of
+    /// the same form, as a reload sends, asks nothing.
+    #[serde(default)]
+    submission: String,
     #[serde(default)]
     team: String,
     #[serde(default)]
@@ -625,7 +662,59 @@ async fn request_submit(
         return viewer_refused(&signed);
     }
     let dry_run = form.check.is_some();
+    let token = format!("{}:{}", signed.csrf, form.submission);
+    if !dry_run && !form.submission.is_empty() {
+        let seen = portal
+            .0
+            .sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .first_time(&token);
+        if let Err(lease) = seen {
+            let message = match lease {
+                Some(id) => format!(
+                    "This form was already sent, and it made lease {id}: nothing more was asked. \
+                     It is under My leases."
+                ),
+                None => "This form was already sent: nothing more was asked. Fill it in again \
+                         to ask once more."
+                    .to_owned(),
+            };
+            let mut form = form;
+            form.submission.clear();
+            let models = portal.service().gpu_models().await;
+            let body = pages::request(
+                &portal,
+                &signed,
+                &form,
+                &models,
+                &teams_of(&portal, &signed.principal),
+                None,
+            );
+            return page(
+                StatusCode::OK,
+                "Request GPUs",
+                Some(&signed.who()),
+                Tab::Request,
+                &format!("{}{body}", html::notice(&message)),
+            );
+        }
+    }
     let outcome = ask(&portal, &signed, &form, dry_run).await;
+    if let Ok(Outcome {
+        admission: crate::service::Admission {
+            lease: Some(lease), ..
+        },
+        ..
+    }) = &outcome
+    {
+        if !dry_run && !form.submission.is_empty() {
+            let mut sent = portal.0.sent.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(made) = sent.lease.get_mut(&token) {
+                *made = Some(lease.id.clone());
+            }
+        }
+    }
     let status = match &outcome {
         Ok(_) => StatusCode::OK,
         Err((status, _)) => *status,
@@ -690,6 +779,11 @@ async fn leases_page(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let mut message = String::new();
+    // The notice names only what reads as a lease id: a link cannot put other words in it.
+    let query: HashMap<String, String> = query
+        .into_iter()
+        .filter(|(_, id)| gpuwarden_schema::lease::is_lease_id(id))
+        .collect();
     if let Some(id) = query.get("released") {
         message = html::notice(&format!("Lease {id} released; its GPUs are free."));
     } else if let Some(id) = query.get("extended") {

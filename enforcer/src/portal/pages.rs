@@ -223,6 +223,7 @@ pub(super) fn request(
         r#"<div class="columns">
 <form method="post" action="/ui/request" class="card" id="request-form">
 <input type="hidden" name="csrf" value="{csrf}">
+<input type="hidden" name="submission" value="{submission}">
 <p class="field"><label for="team">Team</label><select id="team" name="team">{teams}</select></p>
 {user_field}
 <p class="field"><label for="project">Project</label><input id="project" name="project" value="{project}" required placeholder="what the work is for, e.g. llm-finetune"></p>
@@ -240,6 +241,7 @@ pub(super) fn request(
 </section>
 </div>"#,
         csrf = e(&signed.csrf),
+        submission = super::random_token(),
         teams = options(teams, &form.team),
         project = e(&form.project),
         workloads = options(&workloads, &form.workload),
@@ -261,11 +263,12 @@ fn open(lease: &Lease) -> bool {
     )
 }
 
-/// The idle warnings among `actions`, by lease, newest first.
+/// The idle warnings and idle alerts (a workload whose `on_idle` is `alert`, or a lease at its
+/// minimum size) among `actions`, by lease, newest first.
 fn warnings(actions: &[Action]) -> HashMap<String, Vec<&Action>> {
     let mut out: HashMap<String, Vec<&Action>> = HashMap::new();
     for a in actions {
-        if a.action == ActionKind::Alert && a.reason == "idle_warning" {
+        if a.action == ActionKind::Alert && (a.reason == "idle_warning" || a.reason == "idle") {
             if let Some(id) = &a.lease_id {
                 out.entry(id.clone()).or_default().push(a);
             }
@@ -318,9 +321,18 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
     if p.role == Role::Member {
         all.retain(|l| l.user == p.name);
     }
-    let actions = service.store().recent_actions(500, None).await?;
-    let warned = warnings(&actions);
     let (open_leases, ended): (Vec<Lease>, Vec<Lease>) = all.into_iter().partition(open);
+    // Every idle warning and alert of the open leases, however busy the rest of the fleet was.
+    let since = open_leases
+        .iter()
+        .map(|l| l.granted_at)
+        .min()
+        .unwrap_or(now);
+    let actions = service
+        .store()
+        .lease_actions(open_leases.iter().map(|l| l.id.clone()).collect(), since)
+        .await?;
+    let warned = warnings(&actions);
     let mut out = String::new();
     if open_leases.is_empty() {
         out.push_str(r#"<p id="no-leases">No open leases."#);
@@ -447,14 +459,24 @@ pub(super) async fn team(
     let leases = service
         .leases(&signed.principal, Some(name.to_owned()), None)
         .await?;
+    // Each open lease costs its price until it expires or the month ends, whichever comes
+    // first: a two-hour notebook adds two hours, not the rest of the month.
+    let (_, month_end) = gpuwarden_schema::calendar::month_of(now);
+    let still_to_spend: f64 = leases
+        .iter()
+        .filter(|l| open(l))
+        .map(|l| {
+            let until = l.expires_at.map_or(month_end, |at| at.min(month_end));
+            let hours = (until - now).max(0) as f64 / 3_600_000.0;
+            pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count) * hours
+        })
+        .sum();
+    let forecast = t.month_to_date_usd + still_to_spend;
     let burn: f64 = leases
         .iter()
         .filter(|l| open(l))
         .map(|l| pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count))
         .sum();
-    let (_, month_end) = gpuwarden_schema::calendar::month_of(now);
-    let hours_left = (month_end - now).max(0) as f64 / 3_600_000.0;
-    let forecast = t.month_to_date_usd + burn * hours_left;
     let left = t.monthly_budget_usd - t.month_to_date_usd;
     let status = if t.month_to_date_usd > t.monthly_budget_usd {
         "over budget".to_owned()
@@ -500,7 +522,7 @@ pub(super) async fn team(
 <section class="card" aria-labelledby="spend-title"><h2 id="spend-title">Spend this month</h2>
 <p id="spend"><strong>{mtd}</strong> of {budget} spent; {left} left.</p>
 {spend_meter}
-<p id="forecast">Month-end forecast: <strong>{forecast}</strong> ({status}), at {burn}/h for the open leases over the {hours:.0} hours left.</p>
+<p id="forecast">Month-end forecast: <strong>{forecast}</strong> ({status}): {still} more for the open leases until they expire or the month ends, at {burn}/h now.</p>
 </section>
 </div>"#,
         held = t.gpus_held,
@@ -522,8 +544,8 @@ pub(super) async fn team(
         ),
         forecast = usd(forecast),
         status = e(&status),
+        still = usd(still_to_spend),
         burn = usd(burn),
-        hours = hours_left,
     );
     out.push_str(r#"<section class="card" aria-labelledby="idle-title"><h2 id="idle-title">Idle cost this month</h2>"#);
     match &portal.0.insights {
