@@ -557,3 +557,24 @@ async fn leases_are_released_and_extended_with_the_csrf_token_and_show_their_idl
     .await;
     assert_eq!(gone["state"], "released", "{gone}");
 }
+
+#[tokio::test]
+async fn one_token_holds_a_bounded_number_of_sessions_and_cannot_push_out_anyone_else_s() {
+    let h = Enforcer::new(config(), 8, NOW);
+    let app = app_of(&h);
+    let eve = sign_in(&app, "tok-eve").await;
+    let mut ada = Vec::new();
+    for _ in 0..portal::SESSIONS_PER_TOKEN + 40 {
+        ada.push(sign_in(&app, "tok-ada").await);
+    }
+    let signed_in = |page: &Page| page.status == StatusCode::OK;
+    // Ada's newest sessions work, her oldest were ended, and Eve's is untouched.
+    let mut working = 0;
+    for (i, session) in ada.iter().enumerate() {
+        let ok = signed_in(&get(&app, "/ui/leases", Some(session)).await);
+        assert_eq!(ok, i >= 40, "session {i}");
+        working += usize::from(ok);
+    }
+    assert_eq!(working, portal::SESSIONS_PER_TOKEN);
+    assert!(signed_in(&get(&app, "/ui/leases", Some(&eve)).await));
+}

@@ -56,6 +56,9 @@ const ASSET_ICON: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Most sessions kept; past it, signing in drops the expired ones, then the oldest.
 const SESSIONS_KEPT: usize = 10_000;
+/// Sessions one token may hold at once (browsers, devices); signing in once more ends its
+/// oldest, so that nobody holding one token can push everyone else's sessions out.
+pub const SESSIONS_PER_TOKEN: usize = 16;
 
 /// The API's router with the portal's routes: what `gpuwarden enforce` serves.
 pub fn app(state: AppState, insights: Option<Arc<dyn Insights>>) -> Router {
@@ -165,18 +168,13 @@ impl Portal {
         let id = random_token();
         let now = Instant::now();
         let mut sessions = self.sessions();
+        let mine = |s: &Session| s.principal.name == principal.name;
+        while sessions.values().filter(|s| mine(s)).count() >= SESSIONS_PER_TOKEN
+            && drop_oldest(&mut sessions, mine)
+        {}
         if sessions.len() >= SESSIONS_KEPT {
             sessions.retain(|_, s| now.duration_since(s.created) < SESSION_LIFETIME);
-            while sessions.len() >= SESSIONS_KEPT {
-                let oldest = sessions
-                    .iter()
-                    .min_by_key(|(_, s)| s.created)
-                    .map(|(id, _)| id.clone());
-                match oldest {
-                    Some(oldest) => sessions.remove(&oldest),
-                    None => break,
-                };
-            }
+            while sessions.len() >= SESSIONS_KEPT && drop_oldest(&mut sessions, |_| true) {}
         }
         sessions.insert(
             id.clone(),
@@ -221,6 +219,16 @@ impl Portal {
     fn service(&self) -> &crate::service::Service {
         self.0.app.service()
     }
+}
+
+/// Ends the oldest of the sessions `which` picks; false if it picks none.
+fn drop_oldest(sessions: &mut HashMap<String, Session>, which: impl Fn(&Session) -> bool) -> bool {
+    let oldest = sessions
+        .iter()
+        .filter(|(_, s)| which(s))
+        .min_by_key(|(_, s)| s.created)
+        .map(|(id, _)| id.clone());
+    oldest.is_some_and(|id| sessions.remove(&id).is_some())
 }
 
 /// 256 random bits in hex: two v4 UUIDs' random parts come from a CSPRNG, so two make a
@@ -817,15 +825,28 @@ async fn release(
     if !signed.csrf_ok(&form.csrf) {
         return csrf_refused(&signed);
     }
-    match portal.service().release_by(&signed.principal, &id).await {
-        Ok(lease) => see_other(&format!("/ui/leases?released={}", query_value(&lease.id))),
+    let done = portal.service().release_by(&signed.principal, &id).await;
+    after_lease_step(&portal, &signed, &id, done, "released").await
+}
+
+/// After a release or an extension (`done`, in words: "released", "extended"): back to the
+/// leases page, which says it was done; or that page at once, saying why not.
+async fn after_lease_step(
+    portal: &Portal,
+    signed: &Signed,
+    id: &str,
+    outcome: Result<crate::store::Lease, crate::service::ServiceError>,
+    done: &str,
+) -> Response {
+    match outcome {
+        Ok(lease) => see_other(&format!("/ui/leases?{done}={}", query_value(&lease.id))),
         Err(e) => {
             let (status, why) = failure(e);
             leases_with(
-                &portal,
-                &signed,
+                portal,
+                signed,
                 status,
-                &html::alert(&format!("Lease {id} was not released: {why}")),
+                &html::alert(&format!("Lease {id} was not {done}: {why}")),
             )
             .await
         }
@@ -861,19 +882,8 @@ async fn extend(
             .await
         }
     };
-    match portal.service().extend(&signed.principal, &id, by).await {
-        Ok(lease) => see_other(&format!("/ui/leases?extended={}", query_value(&lease.id))),
-        Err(e) => {
-            let (status, why) = failure(e);
-            leases_with(
-                &portal,
-                &signed,
-                status,
-                &html::alert(&format!("Lease {id} was not extended: {why}")),
-            )
-            .await
-        }
-    }
+    let done = portal.service().extend(&signed.principal, &id, by).await;
+    after_lease_step(&portal, &signed, &id, done, "extended").await
 }
 
 /// `text` for a query string: letters, digits, `-` and `_` as they are, anything else
