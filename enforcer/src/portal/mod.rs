@@ -137,6 +137,13 @@ impl Sent {
         self.lease.insert(token.to_owned(), None);
         Ok(())
     }
+
+    /// Records the lease the form sent with `token` made.
+    fn made(&mut self, token: &str, lease_id: &str) {
+        if let Some(made) = self.lease.get_mut(token) {
+            *made = Some(lease_id.to_owned());
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -153,6 +160,11 @@ impl Portal {
         } else {
             "gpuwarden_session"
         }
+    }
+
+    fn sent(&self) -> std::sync::MutexGuard<'_, Sent> {
+        // A map of sent forms is valid after any panic.
+        self.0.sent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
@@ -576,22 +588,7 @@ async fn request_page(
         duration: "2h".into(),
         ..RequestForm::default()
     };
-    let models = portal.service().gpu_models().await;
-    let body = pages::request(
-        &portal,
-        &signed,
-        &form,
-        &models,
-        &teams_of(&portal, &signed.principal),
-        None,
-    );
-    page(
-        StatusCode::OK,
-        "Request GPUs",
-        Some(&signed.who()),
-        Tab::Request,
-        &body,
-    )
+    request_form(&portal, &signed, &form, None, StatusCode::OK, "").await
 }
 
 fn viewer_refused(signed: &Signed) -> Response {
@@ -670,43 +667,29 @@ async fn request_submit(
         return viewer_refused(&signed);
     }
     let dry_run = form.check.is_some();
+    // A real request's one-use token is remembered with the lease it made.
+    let remembered = !dry_run && !form.submission.is_empty();
     let token = format!("{}:{}", signed.csrf, form.submission);
-    if !dry_run && !form.submission.is_empty() {
-        let seen = portal
-            .0
-            .sent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .first_time(&token);
-        if let Err(lease) = seen {
-            let message = match lease {
-                Some(id) => format!(
-                    "This form was already sent, and it made lease {id}: nothing more was asked. \
-                     It is under My leases."
-                ),
-                None => "This form was already sent: nothing more was asked. Fill it in again \
-                         to ask once more."
-                    .to_owned(),
-            };
-            let mut form = form;
-            form.submission.clear();
-            let models = portal.service().gpu_models().await;
-            let body = pages::request(
-                &portal,
-                &signed,
-                &form,
-                &models,
-                &teams_of(&portal, &signed.principal),
-                None,
-            );
-            return page(
-                StatusCode::OK,
-                "Request GPUs",
-                Some(&signed.who()),
-                Tab::Request,
-                &format!("{}{body}", html::notice(&message)),
-            );
-        }
+    // The guard is dropped at the end of this statement: it must not be held across an await.
+    let seen = if remembered {
+        portal.sent().first_time(&token)
+    } else {
+        Ok(())
+    };
+    if let Err(lease) = seen {
+        let message = match lease {
+            Some(id) => format!(
+                "This form was already sent, and it made lease {id}: nothing more was asked. It \
+                 is under My leases."
+            ),
+            None => "This form was already sent: nothing more was asked. Fill it in again to ask \
+                     once more."
+                .to_owned(),
+        };
+        let mut form = form;
+        form.submission.clear();
+        let notice = html::notice(&message);
+        return request_form(&portal, &signed, &form, None, StatusCode::OK, &notice).await;
     }
     let outcome = ask(&portal, &signed, &form, dry_run).await;
     if let Ok(Outcome {
@@ -716,32 +699,42 @@ async fn request_submit(
         ..
     }) = &outcome
     {
-        if !dry_run && !form.submission.is_empty() {
-            let mut sent = portal.0.sent.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(made) = sent.lease.get_mut(&token) {
-                *made = Some(lease.id.clone());
-            }
+        if remembered {
+            portal.sent().made(&token, &lease.id);
         }
     }
     let status = match &outcome {
         Ok(_) => StatusCode::OK,
         Err((status, _)) => *status,
     };
+    request_form(&portal, &signed, &form, Some(&outcome), status, "").await
+}
+
+/// The request page: `notice` (HTML) above the form filled in with `form`, and `outcome`'s
+/// decision when there is one.
+async fn request_form(
+    portal: &Portal,
+    signed: &Signed,
+    form: &RequestForm,
+    outcome: Option<&Result<Outcome, (StatusCode, String)>>,
+    status: StatusCode,
+    notice: &str,
+) -> Response {
     let models = portal.service().gpu_models().await;
     let body = pages::request(
-        &portal,
-        &signed,
-        &form,
+        portal,
+        signed,
+        form,
         &models,
-        &teams_of(&portal, &signed.principal),
-        Some(&outcome),
+        &teams_of(portal, &signed.principal),
+        outcome,
     );
     page(
         status,
         "Request GPUs",
         Some(&signed.who()),
         Tab::Request,
-        &body,
+        &format!("{notice}{body}"),
     )
 }
 

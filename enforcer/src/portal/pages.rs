@@ -462,21 +462,14 @@ pub(super) async fn team(
     // Each open lease costs its price until it expires or the month ends, whichever comes
     // first: a two-hour notebook adds two hours, not the rest of the month.
     let (_, month_end) = gpuwarden_schema::calendar::month_of(now);
-    let still_to_spend: f64 = leases
-        .iter()
-        .filter(|l| open(l))
-        .map(|l| {
-            let until = l.expires_at.map_or(month_end, |at| at.min(month_end));
-            let hours = (until - now).max(0) as f64 / 3_600_000.0;
-            pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count) * hours
-        })
-        .sum();
+    let (mut burn, mut still_to_spend) = (0.0, 0.0);
+    for l in leases.iter().filter(|l| open(l)) {
+        let per_hour = pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count);
+        let until = l.expires_at.map_or(month_end, |at| at.min(month_end));
+        burn += per_hour;
+        still_to_spend += per_hour * (until - now).max(0) as f64 / 3_600_000.0;
+    }
     let forecast = t.month_to_date_usd + still_to_spend;
-    let burn: f64 = leases
-        .iter()
-        .filter(|l| open(l))
-        .map(|l| pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count))
-        .sum();
     let left = t.monthly_budget_usd - t.month_to_date_usd;
     let status = if t.month_to_date_usd > t.monthly_budget_usd {
         "over budget".to_owned()
