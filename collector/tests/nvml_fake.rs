@@ -12,7 +12,7 @@ mod test_server;
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpuwarden_collector::kubelet::podresources::{
@@ -295,32 +295,11 @@ fn a_virtual_machines_gpus_work_for_the_lease_its_smbios_names() {
 
 #[test]
 fn in_a_virtual_machine_a_pods_lease_comes_before_the_machines() {
-    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let leased = LeasedProcess::start("l-train-7");
-    std::env::set_var(
-        "GPUWARDEN_FAKE_NVML_SCRIPT",
-        script(dir.path(), leased.0.id()),
-    );
-    let kubelet = test_server::TestKubelet::start(test_server::Answer::Pods(kubelet_pods()));
-    let logs = tempfile::tempdir().unwrap();
-    std::fs::create_dir(logs.path().join(format!("ml_notebook-1_{NOTEBOOK_UID}"))).unwrap();
-    let proc = tempfile::tempdir().unwrap();
+    let node = KubeNode::start();
     let dmi = dmi_entries("l-vm-7");
-    let mut source = NvmlSource::open(
-        Some(&fake_library()),
-        "vm-node-7".into(),
-        None,
-        Arc::new(Metrics::default()),
-    )
-    .unwrap()
-    .with_pods(KubeletSettings {
-        pod_logs_dir: logs.path().to_path_buf(),
-        proc_root: proc.path().to_path_buf(),
-        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
-    })
-    .unwrap()
-    .with_guest_lease(dmi.path());
+    let mut source = node
+        .source("vm-node-7", Arc::new(Metrics::default()))
+        .with_guest_lease(dmi.path());
 
     let first = source.sample(1_000_000, 5_000);
     assert_eq!(first[0].lease_id.as_deref(), Some("l-train-7"));
@@ -489,33 +468,60 @@ fn kubelet_pods() -> ListPodResourcesResponse {
 
 const NOTEBOOK_UID: &str = "9a8b7c6d-1111-4222-8333-444455556666";
 
+/// A Kubernetes node as the collector finds it: the fake NVML's two GPUs, the first used by a
+/// process whose environment names lease `l-train-7`; a kubelet answering [`kubelet_pods`]; the
+/// notebook pod's log directory (its uid); an empty `/proc` for the pods' processes. It holds
+/// [`NVML`] while it lives.
+struct KubeNode {
+    _dir: tempfile::TempDir,
+    _leased: LeasedProcess,
+    kubelet: test_server::TestKubelet,
+    logs: tempfile::TempDir,
+    proc: tempfile::TempDir,
+    // Last, so that the lock is let go after everything above is gone.
+    _one: MutexGuard<'static, ()>,
+}
+
+impl KubeNode {
+    fn start() -> Self {
+        let one = NVML.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let leased = LeasedProcess::start("l-train-7");
+        std::env::set_var(
+            "GPUWARDEN_FAKE_NVML_SCRIPT",
+            script(dir.path(), leased.0.id()),
+        );
+        let kubelet = test_server::TestKubelet::start(test_server::Answer::Pods(kubelet_pods()));
+        let logs = tempfile::tempdir().unwrap();
+        std::fs::create_dir(logs.path().join(format!("ml_notebook-1_{NOTEBOOK_UID}"))).unwrap();
+        Self {
+            _dir: dir,
+            _leased: leased,
+            kubelet,
+            logs,
+            proc: tempfile::tempdir().unwrap(),
+            _one: one,
+        }
+    }
+
+    /// The NVML source of node `name`, attributing GPUs to pods through this node's kubelet.
+    fn source(&self, name: &str, metrics: Arc<Metrics>) -> NvmlSource {
+        NvmlSource::open(Some(&fake_library()), name.into(), None, metrics)
+            .unwrap()
+            .with_pods(KubeletSettings {
+                pod_logs_dir: self.logs.path().to_path_buf(),
+                proc_root: self.proc.path().to_path_buf(),
+                ..KubeletSettings::new(&self.kubelet.socket, Duration::from_secs(3600))
+            })
+            .unwrap()
+    }
+}
+
 #[test]
 fn a_kubernetes_nodes_gpus_carry_their_pods_and_leases() {
-    let _one = NVML.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let leased = LeasedProcess::start("l-train-7");
-    std::env::set_var(
-        "GPUWARDEN_FAKE_NVML_SCRIPT",
-        script(dir.path(), leased.0.id()),
-    );
-    let kubelet = test_server::TestKubelet::start(test_server::Answer::Pods(kubelet_pods()));
-    let logs = tempfile::tempdir().unwrap();
-    std::fs::create_dir(logs.path().join(format!("ml_notebook-1_{NOTEBOOK_UID}"))).unwrap();
-    let proc = tempfile::tempdir().unwrap();
+    let node = KubeNode::start();
     let metrics = Arc::new(Metrics::default());
-    let mut source = NvmlSource::open(
-        Some(&fake_library()),
-        "gpu-node-3".into(),
-        None,
-        Arc::clone(&metrics),
-    )
-    .unwrap()
-    .with_pods(KubeletSettings {
-        pod_logs_dir: logs.path().to_path_buf(),
-        proc_root: proc.path().to_path_buf(),
-        ..KubeletSettings::new(&kubelet.socket, Duration::from_secs(3600))
-    })
-    .unwrap();
+    let mut source = node.source("gpu-node-3", Arc::clone(&metrics));
 
     let samples = source.sample(1_000_000, 5_000);
     let labels = |s: &gpuwarden_schema::Sample| {
@@ -578,7 +584,7 @@ fn a_kubernetes_nodes_gpus_carry_their_pods_and_leases() {
     );
     assert!(text.contains("gpuwarden_collector_podresources_errors_total 0\n"));
     assert_eq!(
-        kubelet.calls(),
+        node.kubelet.calls(),
         1,
         "asked once an interval, not once a sample"
     );
