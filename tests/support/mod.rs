@@ -2,7 +2,8 @@
 //! process, read its JSON logs as they come, stop it with a signal; ask its SQL endpoint with
 //! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
 //! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does; `pki`
-//! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster.
+//! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster; `s3`
+//! starts an S3-compatible server.
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
@@ -13,6 +14,7 @@ pub mod grafana;
 pub mod kube_api;
 pub mod pki;
 pub mod prometheus;
+pub mod s3;
 pub mod slurm;
 
 use std::fmt::Display;

@@ -1,0 +1,171 @@
+//! An S3-compatible server of a test's own, for the lake on object storage: the `s3s-fs` binary
+//! (crate s3s-fs, which `.ci/run` installs under /var/tmp/gpuwarden-s3s) serving a directory of
+//! the test on a port of 127.0.0.1 that the kernel picks, with one bucket made through the S3
+//! API. A test reaches it two ways: an `ObjectStore` for its own reads and writes, and the
+//! standard AWS environment variables for a `gpuwarden` process.
+//!
+//! s3s-fs keeps each object as a file, `<root>/<bucket>/<key>`. Its conditional writes are checked
+//! before the write rather than atomically with it, so concurrent conditional writes to one key
+//! are not serialized: docs/ARCHITECTURE.md, "The lake on object storage (planned)", says what
+//! that means for the tests.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::ObjectStore;
+
+/// The credentials the server accepts, and the region the clients sign for.
+pub const ACCESS_KEY: &str = "gpuwarden-test";
+pub const SECRET_KEY: &str = "gpuwarden-test-secret";
+pub const REGION: &str = "us-east-1";
+
+/// The version .ci/run installs; the newer ones need a newer Rust than the workspace's.
+pub const S3S_FS_VERSION: &str = "0.14.1";
+
+/// The server binary: GPUWARDEN_S3S_FS, else where .ci/run installs it. Missing, it fails the test
+/// that needs it, saying how to install it.
+pub fn s3s_fs_binary() -> PathBuf {
+    let path = std::env::var_os("GPUWARDEN_S3S_FS")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/gpuwarden-s3s/bin/s3s-fs"));
+    assert!(
+        path.is_file(),
+        "the S3 server {} is missing: run `bash .ci/run`, or install it by hand:\n  \
+         CARGO_INSTALL_ROOT=/var/tmp/gpuwarden-s3s cargo install --locked \
+         s3s-fs@{S3S_FS_VERSION} --features binary",
+        path.display()
+    );
+    path
+}
+
+/// A running s3s-fs with one bucket; stopped when dropped.
+pub struct S3Server {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    pub bucket: String,
+    /// The directory the server keeps its buckets in.
+    pub root: PathBuf,
+}
+
+impl S3Server {
+    /// Starts s3s-fs over `root` (made if missing) and creates `bucket` in it.
+    pub fn start(root: &Path, bucket: &str) -> Self {
+        std::fs::create_dir_all(root).unwrap();
+        let mut child = Command::new(s3s_fs_binary())
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(root)
+            .env("RUST_LOG", "s3s_fs=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starts s3s-fs");
+        // The server logs its address once it listens. The thread reads its output to the end,
+        // so that the server never blocks on a full pipe.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent {
+                    if let Some(at) = line.find("server is running at http://") {
+                        let address = line[at + "server is running at ".len()..].trim();
+                        let _ = tx.send(Ok(address.to_string()));
+                        sent = true;
+                    } else {
+                        seen.push(line);
+                    }
+                }
+            }
+            if !sent {
+                let _ = tx.send(Err(seen.join("\n")));
+            }
+        });
+        let endpoint = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(endpoint)) => endpoint,
+            Ok(Err(output)) => {
+                let status = child.wait().unwrap();
+                panic!("s3s-fs exited ({status}) before listening; its output:\n{output}")
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("s3s-fs did not say where it listens within 30 s")
+            }
+        };
+        let server = Self {
+            child,
+            endpoint,
+            bucket: bucket.to_string(),
+            root: root.to_path_buf(),
+        };
+        server.create_bucket();
+        server
+    }
+
+    /// CreateBucket, signed with SigV4 as any S3 client signs it (curl's --aws-sigv4).
+    fn create_bucket(&self) {
+        let out = Command::new("curl")
+            .args(["--silent", "--show-error", "--fail-with-body", "-X", "PUT"])
+            .args(["--aws-sigv4", &format!("aws:amz:{REGION}:s3")])
+            .args(["--user", &format!("{ACCESS_KEY}:{SECRET_KEY}")])
+            .arg(format!("{}/{}", self.endpoint, self.bucket))
+            .output()
+            .expect("runs curl");
+        assert!(
+            out.status.success(),
+            "CreateBucket {}: {}{}",
+            self.bucket,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The bucket's URL, as `storage.lake` will take it.
+    pub fn url(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    /// The standard AWS environment that points an S3 client at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", REGION.to_string()),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+        ]
+    }
+
+    /// An S3 client of the bucket, configured from [`Self::env`] alone, as object_store's
+    /// `AmazonS3Builder::from_env` configures a process's.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        let mut builder = AmazonS3Builder::new().with_bucket_name(&self.bucket);
+        for (name, value) in self.env() {
+            let key = name
+                .to_ascii_lowercase()
+                .parse()
+                .unwrap_or_else(|e| panic!("{name} is no object_store S3 setting: {e}"));
+            builder = builder.with_config(key, value);
+        }
+        Arc::new(builder.build().expect("an S3 client of the test server"))
+    }
+
+    /// Where the server keeps the object `key` on disk.
+    pub fn object_path(&self, key: &str) -> PathBuf {
+        self.root.join(&self.bucket).join(key)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
