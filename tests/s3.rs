@@ -1,5 +1,5 @@
-//! What the lake on object storage (planned: docs/ARCHITECTURE.md, "The lake on object
-//! storage") will ask of an S3 store, checked through object_store's S3 client (the one
+//! What the lake on object storage (docs/ARCHITECTURE.md#the-lake-on-object-storage) asks of an
+//! S3 store, checked through object_store's S3 client (the one
 //! DataFusion reads with) against the tests' S3 server, s3s-fs: objects and listings, multipart
 //! uploads, range reads and copies, and the conditional writes that publication and the
 //! one-roller and one-publisher leases stand on.
@@ -29,7 +29,14 @@ fn if_match(e_tag: &Option<String>) -> PutOptions {
 }
 
 async fn read(store: &dyn ObjectStore, key: &Path) -> Vec<u8> {
-    store.get(key).await.unwrap().bytes().await.unwrap().to_vec()
+    store
+        .get(key)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,10 +131,7 @@ async fn objects_listings_ranges_copies_and_multipart_uploads() {
     assert!(read(&*store, &copy).await == body, "the copy");
     store.delete(&big).await.unwrap();
     store.delete(&copy).await.unwrap();
-    assert!(matches!(
-        store.get(&big).await,
-        Err(Error::NotFound { .. })
-    ));
+    assert!(matches!(store.get(&big).await, Err(Error::NotFound { .. })));
     let left: Vec<_> = store
         .list(Some(&Path::from("samples/date=2026-01-01/hour=02")))
         .try_collect()
@@ -188,7 +192,11 @@ async fn a_create_only_put_wins_once_and_a_stale_if_match_loses() {
         .expect("a create-only PUT once the object is gone");
     assert_eq!(read(&*store, &lock).await, b"holder=b epoch=3");
     let missing = store
-        .put_opts(&Path::from("_locks/none"), PutPayload::from("x"), if_match(&seen))
+        .put_opts(
+            &Path::from("_locks/none"),
+            PutPayload::from("x"),
+            if_match(&seen),
+        )
         .await;
     assert!(
         matches!(missing, Err(Error::Precondition { .. })),
@@ -231,7 +239,9 @@ async fn concurrent_create_only_puts_have_exactly_one_winner() {
         assert!(!winners.is_empty(), "round {round}: nobody won");
         let stored = String::from_utf8(read(&*store, &key).await).unwrap();
         if winners.len() > 1 {
-            several.push(format!("round {round}: {winners:?} all won; {stored:?} stayed"));
+            several.push(format!(
+                "round {round}: {winners:?} all won; {stored:?} stayed"
+            ));
         } else {
             assert_eq!(stored, winners[0], "round {round}");
         }
