@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use support::{eventually, lake_i64, parquet_files, start_pipeline, Broker};
+use support::s3::S3Server;
+use support::{config_lake_i64, eventually, lake_i64, parquet_files, start_pipeline, Broker};
 
 const T0: i64 = 1_767_225_600_000;
 
@@ -288,7 +289,38 @@ fn a_pipeline_killed_and_restarted_at_once_reads_again_within_seconds() {
 fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config = storage_config(dir.path());
-    let input = dir.path().join("export.jsonl");
+    ingest_backfills(dir.path(), &config);
+}
+
+/// The same backfill into a lake in an S3 bucket (the tests' s3s-fs), through the same binary.
+#[test]
+fn ingest_backfills_into_a_lake_in_s3_as_into_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "gpuwarden"),
+    )
+    .unwrap();
+    ingest_backfills(dir.path(), &config);
+    let keys = server.keys("gpuwarden");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("gpuwarden/samples/date=2026-01-01/hour=00/file-samples-")),
+        "{keys:?}"
+    );
+    assert!(
+        !dir.path().join("data/lake").exists(),
+        "nothing of the lake is on local disk"
+    );
+    let staged = support::files_under(&dir.path().join("data/lake-staging"));
+    assert!(staged.is_empty(), "uploaded files are not kept: {staged:?}");
+}
+
+/// `gpuwarden ingest` of four files, bad lines included, twice, into the lake `config` names.
+fn ingest_backfills(dir: &Path, config: &Path) {
+    let input = dir.join("export.jsonl");
     let mut lines: Vec<String> = (0..2_500)
         .map(|i| sample(i % 10, T0 + (i / 10) as i64 * 5_000))
         .collect();
@@ -299,7 +331,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     );
     lines.insert(200, String::new());
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let leases = dir.path().join("leases.jsonl");
+    let leases = dir.join("leases.jsonl");
     std::fs::write(
         &leases,
         r#"{"v":1,"ts_ms":1767225600000,"event":"granted","lease_id":"l-1","team":"research","user":"alice","project":"p","workload":"training","substrate":"sim","gpu_model":"NVIDIA A100-SXM4-80GB","gpu_count":1,"gpu_uuids":["GPU-0001"]}"#,
@@ -307,7 +339,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     .unwrap();
     // The enforcer's audit trail and the pipeline's signals, as they travel on their topics:
     // one line of each breaks its contract.
-    let actions = dir.path().join("actions.jsonl");
+    let actions = dir.join("actions.jsonl");
     std::fs::write(
         &actions,
         [
@@ -318,7 +350,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         .join("\n"),
     )
     .unwrap();
-    let signals = dir.path().join("signals.jsonl");
+    let signals = dir.join("signals.jsonl");
     std::fs::write(
         &signals,
         [
@@ -376,37 +408,42 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "points at how to see why: {stdout}"
     );
 
-    let lake = dir.path().join("data/lake");
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM lease_events"), 1);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_500
+    );
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM lease_events"),
+        1
+    );
+    assert_eq!(
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM quarantine WHERE field = 'util_gpu_pct' AND \"offset\" = 101"
         ),
         1,
         "line numbers locate bad lines"
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine WHERE reason LIKE 'malformed JSON%' AND \"offset\" = 8"), 1);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM quarantine WHERE reason LIKE 'malformed JSON%' AND \"offset\" = 8"), 1);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM actions WHERE action = 'reclaim' AND reason = 'idle' AND lease_id = 'l-1'"
         ),
         1
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM actions"), 2);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM signals WHERE (kind = 'team_spend' AND burn_usd_per_hour = 2.6) \
              OR (kind = 'gpu_unattributed' AND gpu_uuid = 'GPU-0003')"
         ),
         2
     );
     let quarantined = |topic: &str, field: &str, line: i64| {
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             &format!(
                 "SELECT count(*) FROM quarantine WHERE topic = 'file:{}' AND field = '{field}' AND \"offset\" = {line}",
                 topic
@@ -418,10 +455,16 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
 
     // The same file again rewrites the same files: nothing is counted twice.
     assert!(run().status.success());
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM signals"), 2);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine"), 4);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_500
+    );
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM signals"), 2);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM quarantine"),
+        4
+    );
 
     // Standard input works too ("-"), through the same decoder and quarantine.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -450,7 +493,10 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_501);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_501
+    );
 
     let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["ingest", "--config", config.to_str().unwrap()])

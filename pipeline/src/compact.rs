@@ -83,15 +83,17 @@ impl Manifest {
     /// The manifest of the hour directory `dir`; the empty one when it has none.
     pub fn read(dir: &Path) -> std::io::Result<Self> {
         match fs::read(dir.join(MANIFEST)) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                std::io::Error::new(
-                    ErrorKind::InvalidData,
-                    format!("{}: unreadable ({e})", dir.join(MANIFEST).display()),
-                )
-            }),
+            Ok(bytes) => Self::parse(&bytes, &dir.join(MANIFEST).display().to_string()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(Self::default()),
             Err(e) => Err(e),
         }
+    }
+
+    /// A manifest from its bytes; `at` names where they were read, for the error.
+    pub fn parse(bytes: &[u8], at: &str) -> std::io::Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            std::io::Error::new(ErrorKind::InvalidData, format!("{at}: unreadable ({e})"))
+        })
     }
 
     /// Whether the Parquet file `name` of the hour is part of its table.
@@ -435,7 +437,7 @@ impl Compactor {
     async fn compact(&self, watermark: i64) -> Result<CompactReport, CompactError> {
         let mut report = CompactReport::default();
         for table in Table::ALL {
-            for hour in self.lake.hours(table.name()) {
+            for hour in self.lake.hours(table.name())? {
                 if hour + HOUR_MS + self.options.lateness_ms > watermark {
                     break;
                 }
@@ -1222,7 +1224,7 @@ mod tests {
         outputs.sort();
         assert_eq!(names(&hour), outputs);
         // The rollups may have read the hour without its outputs: they read it again.
-        assert_eq!(lake.marked_hours("samples"), [T0]);
+        assert_eq!(lake.marked_hours("samples").unwrap(), [T0]);
 
         // Lost again, with late data meanwhile: rebuilt, then compacted with the late rows.
         fs::remove_file(hour.join(MANIFEST)).unwrap();
@@ -1428,8 +1430,8 @@ mod tests {
         assert_eq!(done.expired[0].hours, 2);
         assert_eq!(done.expired[0].files, 2);
         assert!(done.expired[0].bytes > 0);
-        assert_eq!(lake.hours("samples"), [T0 + 2 * HOUR_MS]);
-        assert_eq!(lake.marked_hours("samples"), [T0 + 2 * HOUR_MS]);
+        assert_eq!(lake.hours("samples").unwrap(), [T0 + 2 * HOUR_MS]);
+        assert_eq!(lake.marked_hours("samples").unwrap(), [T0 + 2 * HOUR_MS]);
         assert_eq!(query(&lake, "SELECT count(*) FROM samples"), 40);
     }
 }

@@ -2,6 +2,11 @@
 //! never leaves half of one, which hours must be rolled up again, and the flush journal that
 //! lets a restarted pipeline remove files whose Kafka offsets were never committed.
 //!
+//! The lake is a directory, or a prefix of an S3 bucket ([`crate::store`]): the same layout, the
+//! same names, and for each operation below the directory's way or the object store's
+//! (docs/ARCHITECTURE.md#the-lake-on-object-storage). Locks, and with them the rollups,
+//! compaction and the signals publisher, are the directory's alone so far.
+//!
 //! Layout (docs/ARCHITECTURE.md#lake-layout):
 //! `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`. `<source>` is
 //! `<topic>-p<partition>` for Kafka and `file-<table>-<name>` for `gpuwarden ingest`;
@@ -21,6 +26,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
+use crate::store::ObjectLake;
 use crate::versions::Versions;
 
 /// Rows per Parquet row group: large enough to compress well, small enough to prune by.
@@ -31,12 +37,16 @@ const HOUR_MS: i64 = 3_600_000;
 /// The raw tables the rollups are computed from; writing to one of them marks the hour.
 pub const ROLLUP_INPUTS: [&str; 2] = ["samples", "lease_events"];
 
-/// The lake under a root directory (`<data_dir>/lake`).
+/// The lake: a root directory (`<data_dir>/lake`), or a prefix of an object store.
 #[derive(Debug, Clone)]
 pub struct Lake {
+    /// The lake itself when it is a directory; for a lake in an object store, the local
+    /// directory where files are encoded before they are uploaded (see [`Lake::root`]).
     root: PathBuf,
     /// Where replaced files are kept for the queries that listed them.
     versions: Arc<Versions>,
+    /// The object store the lake is in, if it is in one.
+    objects: Option<Arc<ObjectLake>>,
 }
 
 /// A lake operation that failed.
@@ -59,6 +69,31 @@ pub enum LakeError {
         path: PathBuf,
         /// The encoder's error.
         source: parquet::errors::ParquetError,
+    },
+    /// The object store refused or failed a request, after its client's own retries (an
+    /// external system: retried again later where the caller retries, e.g. ingest's writers).
+    #[error("{action} {key} in {lake}: {source}")]
+    Store {
+        /// What was being done.
+        action: &'static str,
+        /// The object's key (empty for the store as a whole).
+        key: String,
+        /// The lake, `s3://bucket/prefix`.
+        lake: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// What was asked is not built for a lake in an object store yet.
+    #[error(
+        "{what} does not run on a lake in an object store yet ({lake}): so far `gpuwarden \
+         ingest` writes to one and `gpuwarden sql` reads it; the rest is planned \
+         (docs/ARCHITECTURE.md#the-lake-on-object-storage)"
+    )]
+    NotOnObjectStore {
+        /// What was asked, for a person ("taking the rollups' lock").
+        what: String,
+        /// The lake, `s3://bucket/prefix`.
+        lake: String,
     },
 }
 
@@ -135,12 +170,60 @@ impl Lake {
         let root = root.into();
         fs::create_dir_all(&root).map_err(io("creating", &root))?;
         let versions = Arc::new(Versions::of(&root));
-        Ok(Self { root, versions })
+        Ok(Self {
+            root,
+            versions,
+            objects: None,
+        })
     }
 
-    /// The lake's root directory.
+    /// The lake in `objects`, whose files are encoded under the local directory `staging`
+    /// (created if missing) before they are uploaded.
+    pub fn in_object_store(
+        objects: ObjectLake,
+        staging: impl Into<PathBuf>,
+    ) -> Result<Self, LakeError> {
+        let mut lake = Self::open(staging)?;
+        lake.objects = Some(Arc::new(objects));
+        Ok(lake)
+    }
+
+    /// The lake the config names (`storage.lake`, `[storage.s3]`): a directory, or a prefix of
+    /// an S3 bucket staged under `<data_dir>/lake-staging`.
+    pub fn from_config(config: &gpuwarden_schema::config::Config) -> Result<Self, LakeError> {
+        use gpuwarden_schema::config::LakeLocation;
+        let location = config.lake().map_err(|message| LakeError::Io {
+            action: "reading storage.lake",
+            path: PathBuf::from(config.storage.lake.clone().unwrap_or_default()),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
+        })?;
+        match location {
+            LakeLocation::Directory(dir) => Self::open(dir),
+            LakeLocation::S3 { bucket, prefix } => Self::in_object_store(
+                ObjectLake::s3(&bucket, &prefix, &config.storage.s3)?,
+                config.storage.data_dir.join("lake-staging"),
+            ),
+        }
+    }
+
+    /// The lake's root directory when it is a directory. For a lake in an object store, the
+    /// local directory its files are encoded in before they are uploaded: nothing there is part
+    /// of the lake.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The object store the lake is in; `None` for a directory.
+    pub fn objects(&self) -> Option<&ObjectLake> {
+        self.objects.as_deref()
+    }
+
+    /// `s3://bucket/prefix`, or the directory.
+    pub fn location(&self) -> String {
+        match &self.objects {
+            Some(objects) => objects.display().to_string(),
+            None => self.root.display().to_string(),
+        }
     }
 
     /// The directory of one table's hour.
@@ -166,6 +249,22 @@ impl Lake {
         table: &str,
         hour_ms: i64,
     ) -> Result<u64, LakeError> {
+        if let Some(objects) = &self.objects {
+            // One PUT publishes the whole file: no temporary object, nothing to rename.
+            let parquet = |source| LakeError::Parquet {
+                path: relative.to_path_buf(),
+                source,
+            };
+            let props = writer_properties(&batch.schema(), ROW_GROUP_ROWS).build();
+            let mut writer =
+                ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).map_err(parquet)?;
+            writer.write(batch).map_err(parquet)?;
+            let bytes = writer.into_inner().map_err(parquet)?;
+            let size = bytes.len() as u64;
+            objects.put(relative, bytes)?;
+            self.marked_if_input(table, hour_ms)?;
+            return Ok(size);
+        }
         let path = self.root.join(relative);
         let dir = path
             .parent()
@@ -200,9 +299,10 @@ impl Lake {
         Ok(bytes)
     }
 
-    /// Puts the finished, synced file `tmp` (in the hour directory of `relative`) in place as
-    /// `relative`: the replaced file is kept for the queries that listed it, the rename and the
-    /// directory are synced, and a table the rollups read has its hour marked.
+    /// Puts the finished, synced file `tmp` (in [`Lake::staging_dir`] of its hour) in place as
+    /// `relative`: in a directory, the replaced file is kept for the queries that listed it and
+    /// the rename and the directory are synced; in an object store, the file is uploaded and
+    /// then removed. A table the rollups read has its hour marked.
     pub(crate) fn install(
         &self,
         tmp: &Path,
@@ -210,15 +310,32 @@ impl Lake {
         table: &str,
         hour_ms: i64,
     ) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            objects.put_file(relative, tmp)?;
+            fs::remove_file(tmp).map_err(io("removing", tmp))?;
+            return self.marked_if_input(table, hour_ms);
+        }
         let path = self.root.join(relative);
         // A query that listed the file being replaced reads it on from its kept version.
         self.retire(&path);
         fs::rename(tmp, &path).map_err(io("renaming into", &path))?;
         sync_dir(path.parent().expect("lake files live in an hour directory"))?;
+        self.marked_if_input(table, hour_ms)
+    }
+
+    /// Marks the hour of a write to a table the rollups read.
+    fn marked_if_input(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
         if ROLLUP_INPUTS.contains(&table) {
             self.mark_for_recompute(table, hour_ms)?;
         }
         Ok(())
+    }
+
+    /// The local directory where a file of `table`'s hour is encoded: its hour directory in a
+    /// directory lake (so the rename is within one directory), the same path under the staging
+    /// directory for a lake in an object store.
+    pub fn staging_dir(&self, table: &str, hour_ms: i64) -> PathBuf {
+        self.hour_dir(table, hour_ms)
     }
 
     /// Keeps the file at `path`, about to be replaced or removed, for the queries that listed
@@ -230,9 +347,18 @@ impl Lake {
         }
     }
 
-    /// The hours of `table` that have a directory, ascending.
-    pub fn hours(&self, table: &str) -> Vec<i64> {
+    /// The hours of `table` that have a directory (in an object store: an object), ascending.
+    pub fn hours(&self, table: &str) -> Result<Vec<i64>, LakeError> {
         let mut hours = Vec::new();
+        if let Some(objects) = &self.objects {
+            for date in objects.subdirs(Path::new(table))? {
+                for hour in objects.subdirs(&Path::new(table).join(&date))? {
+                    hours.extend(parse_hour_partition(&date, &hour));
+                }
+            }
+            hours.sort_unstable();
+            return Ok(hours);
+        }
         for date in fs::read_dir(self.root.join(table))
             .into_iter()
             .flatten()
@@ -249,14 +375,23 @@ impl Lake {
             }
         }
         hours.sort_unstable();
-        hours
+        Ok(hours)
     }
 
     /// Takes the exclusive lock on `<lake>/<relative>` (an advisory `flock`, created if missing)
     /// without waiting. `Ok(None)` when another holder has it: another process, or another
     /// [`Lake::try_lock`] of the same file in this one. The lock lasts as long as the returned
     /// value, and ends with the process however it ends, so a crash never leaves it taken.
+    ///
+    /// A lake in an object store has no locks yet (leases with expiry are planned): the error
+    /// says so, and stops the one roller, compactor and signals publisher before they start.
     pub fn try_lock(&self, relative: &Path) -> Result<Option<LakeLock>, LakeError> {
+        if let Some(objects) = &self.objects {
+            return Err(LakeError::NotOnObjectStore {
+                what: format!("taking the lock {}", relative.display()),
+                lake: objects.display().to_string(),
+            });
+        }
         let path = self.root.join(relative);
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(io("creating", dir))?;
@@ -275,6 +410,13 @@ impl Lake {
 
     /// Removes a file written by [`Lake::write`], if it exists.
     pub fn remove(&self, relative: &Path) -> Result<bool, LakeError> {
+        if let Some(objects) = &self.objects {
+            if !objects.exists(relative)? {
+                return Ok(false);
+            }
+            objects.delete(relative)?;
+            return Ok(true);
+        }
         let path = self.root.join(relative);
         self.retire(&path);
         match fs::remove_file(&path) {
@@ -292,6 +434,9 @@ impl Lake {
     /// Records that an hour of `table` received data the rollups have not seen yet. The mark is
     /// a file, so it survives restarts until a rollup has consumed it.
     pub fn mark_for_recompute(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.put(&Self::mark(table, hour_ms), Vec::new());
+        }
         let dir = self.root.join("_recompute").join(table);
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
         let mark = dir.join(hour_ms.to_string());
@@ -302,20 +447,37 @@ impl Lake {
         Ok(())
     }
 
+    /// The mark of `table`'s hour, relative to the lake root.
+    fn mark(table: &str, hour_ms: i64) -> PathBuf {
+        Path::new("_recompute")
+            .join(table)
+            .join(hour_ms.to_string())
+    }
+
     /// Hours of `table` marked for recomputation (start of hour, ms).
-    pub fn marked_hours(&self, table: &str) -> Vec<i64> {
-        let dir = self.root.join("_recompute").join(table);
-        let mut hours: Vec<i64> = fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
+    pub fn marked_hours(&self, table: &str) -> Result<Vec<i64>, LakeError> {
+        let relative = Path::new("_recompute").join(table);
+        let mut hours: Vec<i64> = match &self.objects {
+            Some(objects) => objects
+                .list(&relative)?
+                .iter()
+                .filter_map(|mark| mark.to_str()?.parse().ok())
+                .collect(),
+            None => fs::read_dir(self.root.join(relative))
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect(),
+        };
         hours.sort_unstable();
-        hours
+        Ok(hours)
     }
 
     /// Clears the recompute mark of an hour (the rollup consumed it).
     pub fn clear_mark(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.delete(&Self::mark(table, hour_ms));
+        }
         let mark = self
             .root
             .join("_recompute")
@@ -328,14 +490,21 @@ impl Lake {
         }
     }
 
+    /// A source's flush journal, relative to the lake root.
+    fn intent(source: &str) -> PathBuf {
+        Path::new("_ingest").join(format!("{source}.intent.json"))
+    }
+
     fn intent_path(&self, source: &str) -> PathBuf {
-        self.root
-            .join("_ingest")
-            .join(format!("{source}.intent.json"))
+        self.root.join(Self::intent(source))
     }
 
     /// Records a flush's files before they are written.
     pub fn write_intent(&self, intent: &Intent) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            let json = serde_json::to_vec(intent).expect("an intent serializes");
+            return objects.put(&Self::intent(&intent.source), json);
+        }
         let path = self.intent_path(&intent.source);
         let dir = path.parent().unwrap().to_path_buf();
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
@@ -348,6 +517,9 @@ impl Lake {
 
     /// Forgets a flush whose offsets are committed.
     pub fn clear_intent(&self, source: &str) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.delete(&Self::intent(source));
+        }
         let path = self.intent_path(source);
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
@@ -359,8 +531,30 @@ impl Lake {
     /// The files of every flush not committed yet (each source's flush journal), relative to
     /// the lake root: a restart may delete them, so compaction leaves them alone.
     pub fn pending_files(&self) -> Result<std::collections::HashSet<PathBuf>, LakeError> {
-        let dir = self.root.join("_ingest");
         let mut files = std::collections::HashSet::new();
+        if let Some(objects) = &self.objects {
+            for name in objects.list(Path::new("_ingest"))? {
+                let Some(source) = name
+                    .to_str()
+                    .and_then(|name| name.strip_suffix(".intent.json"))
+                else {
+                    continue;
+                };
+                let journal = Self::intent(source);
+                // Gone since the listing: committed and cleared meanwhile.
+                let Some(bytes) = objects.get(&journal)? else {
+                    continue;
+                };
+                match serde_json::from_slice::<Intent>(&bytes) {
+                    Ok(intent) => files.extend(intent.files),
+                    Err(e) => {
+                        tracing::warn!(key = %objects.key(&journal), error = %e, "unreadable flush journal");
+                    }
+                }
+            }
+            return Ok(files);
+        }
+        let dir = self.root.join("_ingest");
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(files),
@@ -390,8 +584,15 @@ impl Lake {
     /// files were removed.
     pub fn recover(&self, source: &str, committed: Option<i64>) -> Result<usize, LakeError> {
         let path = self.intent_path(source);
-        let Ok(bytes) = fs::read(&path) else {
-            return Ok(0);
+        let bytes = match &self.objects {
+            Some(objects) => match objects.get(&Self::intent(source))? {
+                Some(bytes) => bytes.to_vec(),
+                None => return Ok(0),
+            },
+            None => match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(_) => return Ok(0),
+            },
         };
         let Ok(intent) = serde_json::from_slice::<Intent>(&bytes) else {
             tracing::warn!(path = %path.display(), "unreadable flush journal; removing it");
@@ -400,6 +601,14 @@ impl Lake {
         let mut removed = 0;
         if committed.is_none_or(|next| next <= intent.last) {
             for file in &intent.files {
+                if let Some(objects) = &self.objects {
+                    // Nothing half-written to remove: an object is put whole or not at all.
+                    if objects.exists(file)? {
+                        objects.delete(file)?;
+                        removed += 1;
+                    }
+                    continue;
+                }
                 let full = self.root.join(file);
                 // A crash mid-write leaves the temporary file; readers skip it, but remove it.
                 let tmp = full.with_file_name(format!(
@@ -561,7 +770,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            lake.marked_hours("signals").is_empty(),
+            lake.marked_hours("signals").unwrap().is_empty(),
             "no rollup reads signals"
         );
         for (first, last) in [(0, 2), (0, 2), (3, 5)] {
@@ -572,9 +781,9 @@ mod tests {
                 0,
             )
             .unwrap();
-            assert_eq!(lake.marked_hours("samples"), vec![0]);
+            assert_eq!(lake.marked_hours("samples").unwrap(), vec![0]);
             lake.clear_mark("samples", 0).unwrap();
-            assert!(lake.marked_hours("samples").is_empty());
+            assert!(lake.marked_hours("samples").unwrap().is_empty());
         }
         let names: Vec<String> = std::fs::read_dir(lake.hour_dir("samples", 0))
             .unwrap()

@@ -61,7 +61,7 @@ pub fn expire(
         table: table.name(),
         ..Expired::default()
     };
-    for hour in lake.hours(table.name()) {
+    for hour in lake.hours(table.name())? {
         if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) > watermark {
             break;
         }

@@ -212,12 +212,21 @@ fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Err
 }
 
 /// How many times a listing is taken again when compactions keep committing under it.
-const RELISTS: usize = 5;
+pub(crate) const RELISTS: usize = 5;
 
 /// The files of `listed` that are part of their tables: in an hour with a compaction manifest,
-/// the ones it shows ([`Manifest::shows`]). `None` when a manifest names an output the listing
-/// did not find: a compaction committed while the hour was listed, so it must be listed again.
-fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<ObjectMeta>>> {
+/// the ones it shows ([`Manifest::shows`]); `manifest` reads an hour's manifest given the hour
+/// directory's key. `None` when a manifest names an output the listing did not find: a
+/// compaction committed while the hour was listed, so it must be listed again. Shared by every
+/// store the lake is read through (a directory's [`VersionedFs`], an object store's reader).
+pub(crate) async fn shown<F, Fut>(
+    listed: Vec<ObjectMeta>,
+    manifest: F,
+) -> Result<Option<Vec<ObjectMeta>>>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Manifest>>,
+{
     let dir_of = |meta: &ObjectMeta| -> (String, String) {
         let location = meta.location.as_ref();
         match location.rsplit_once('/') {
@@ -243,8 +252,7 @@ fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<
     }
     let mut manifests = BTreeMap::new();
     for (dir, names) in compacted {
-        let path = inner.path_to_filesystem(&Path::from(dir.as_str()))?;
-        let manifest = Manifest::read(&path).map_err(|e| error(&path, e))?;
+        let manifest = manifest(dir.clone()).await?;
         if !manifest.complete_in(names.iter().map(String::as_str)) {
             return Ok(None);
         }
@@ -263,9 +271,18 @@ fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<
     ))
 }
 
-fn relisted(prefix: Option<&Path>) -> datafusion::object_store::Error {
+/// The manifest of the hour directory `dir` (a key of the local file system).
+async fn local_manifest(inner: &LocalFileSystem, dir: String) -> Result<Manifest> {
+    let path = inner.path_to_filesystem(&Path::from(dir.as_str()))?;
+    Manifest::read(&path).map_err(|e| error(&path, e))
+}
+
+pub(crate) fn relisted(
+    store: &'static str,
+    prefix: Option<&Path>,
+) -> datafusion::object_store::Error {
     datafusion::object_store::Error::Generic {
-        store: "VersionedFs",
+        store,
         source: format!(
             "{}: compactions kept replacing files while it was listed {RELISTS} times; run the \
              query again",
@@ -346,13 +363,14 @@ impl ObjectStore for VersionedFs {
         let inner = Arc::clone(&self.inner);
         let prefix = prefix.cloned();
         futures::stream::once(async move {
+            let fs: &LocalFileSystem = &inner;
             for _ in 0..RELISTS {
                 let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
-                if let Some(shown) = shown(&inner, listed)? {
+                if let Some(shown) = shown(listed, |dir| local_manifest(fs, dir)).await? {
                     return Ok(shown);
                 }
             }
-            Err(relisted(prefix.as_ref()))
+            Err(relisted("VersionedFs", prefix.as_ref()))
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -363,12 +381,14 @@ impl ObjectStore for VersionedFs {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
         for _ in 0..RELISTS {
             let mut listed = self.inner.list_with_delimiter(prefix).await?;
-            if let Some(shown) = shown(&self.inner, std::mem::take(&mut listed.objects))? {
+            let objects = std::mem::take(&mut listed.objects);
+            let fs: &LocalFileSystem = &self.inner;
+            if let Some(shown) = shown(objects, |dir| local_manifest(fs, dir)).await? {
                 listed.objects = shown.into_iter().map(Self::name_version).collect();
                 return Ok(listed);
             }
         }
-        Err(relisted(prefix))
+        Err(relisted("VersionedFs", prefix))
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

@@ -628,7 +628,8 @@ fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
         "earlier T4 samples stay unallocated",
     );
     assert!(
-        lake.marked_hours("samples").is_empty() && lake.marked_hours("lease_events").is_empty()
+        lake.marked_hours("samples").unwrap().is_empty()
+            && lake.marked_hours("lease_events").unwrap().is_empty()
     );
 }
 

@@ -164,6 +164,43 @@ impl S3Server {
         Arc::new(builder.build().expect("an S3 client of the test server"))
     }
 
+    /// A config's `[storage]` for a lake under `prefix` of the bucket, reaching this server
+    /// through `[storage.s3]` alone (no environment), with its data dir `data_dir`.
+    pub fn storage_config(&self, data_dir: &Path, prefix: &str) -> String {
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"{}/{prefix}\"\n\n[storage.s3]\n\
+             endpoint = \"{}\"\nallow_http = true\nregion = \"{REGION}\"\n\
+             access_key_id = \"{ACCESS_KEY}\"\nsecret_access_key = \"{SECRET_KEY}\"\n",
+            data_dir.display(),
+            self.url(),
+            self.endpoint,
+        )
+    }
+
+    /// The keys of the bucket's objects under `prefix`, sorted, as the server keeps them.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let bucket = self.root.join(&self.bucket);
+        let mut keys = Vec::new();
+        let mut dirs = vec![bucket.join(prefix)];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    let key = path
+                        .strip_prefix(&bucket)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
+                    keys.push(key);
+                }
+            }
+        }
+        keys.sort();
+        keys
+    }
+
     /// Where the server keeps the object `key` on disk.
     pub fn object_path(&self, key: &str) -> PathBuf {
         self.root.join(&self.bucket).join(key)

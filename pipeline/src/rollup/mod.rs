@@ -362,9 +362,9 @@ impl Rollup {
         // the version it listed.
         crate::versions::VersionedFs::register(&ctx, self.lake.root());
         let leases = Leases::from_events(self.lease_events(&ctx).await?);
-        let sample_hours = self.lake.hours(Table::Samples.name());
-        let marked_samples = self.lake.marked_hours(Table::Samples.name());
-        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
+        let sample_hours = self.lake.hours(Table::Samples.name())?;
+        let marked_samples = self.lake.marked_hours(Table::Samples.name())?;
+        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name())?;
         let hosts_path = self.dir().join("_hosts.json");
         let (hosts, now) = self.hosts(&ctx, &hosts_path, &marked_samples).await?;
         let ceiling = now.saturating_add(self.options.max_skew_ms);

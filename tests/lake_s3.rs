@@ -1,0 +1,337 @@
+//! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
+//! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
+//! `gpuwarden ingest` and `gpuwarden sql` reaching the bucket through the standard AWS
+//! environment, and the commands that do not run on a bucket yet refusing it at start.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use gpuwarden_pipeline::lake::{Intent, LakeError};
+use gpuwarden_pipeline::Lake;
+use support::s3::S3Server;
+
+const HOUR: i64 = 3_600_000;
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+
+fn batch(rows: i64) -> RecordBatch {
+    let ids: Vec<String> = (0..rows).map(|i| format!("row-{i}")).collect();
+    RecordBatch::try_from_iter([
+        (
+            "ts_ms",
+            std::sync::Arc::new(Int64Array::from_iter_values((0..rows).map(|i| T0 + i)))
+                as ArrayRef,
+        ),
+        ("id", std::sync::Arc::new(StringArray::from(ids)) as _),
+    ])
+    .unwrap()
+}
+
+fn count(lake: &Lake, dir: &str) -> usize {
+    // The raw tables have fixed schemas; a table of test rows is read as files directly.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let url = match lake.objects() {
+            Some(objects) => {
+                objects.register(&ctx);
+                objects.dir_url(Path::new(dir))
+            }
+            None => format!("{}/", lake.root().join(dir).display()),
+        };
+        let df = ctx
+            .read_parquet(url, datafusion::prelude::ParquetReadOptions::default())
+            .await
+            .unwrap();
+        df.count().await.unwrap()
+    })
+}
+
+/// What every lake does, wherever it is: `exists` says whether a file (relative to the lake's
+/// root) is in the lake, looked at from outside it.
+fn lake_contract(lake: &Lake, exists: &dyn Fn(&Path) -> bool) {
+    let a = Lake::file_name("samples", T0, "t-p0", 10, 19);
+    let b = Lake::file_name("samples", T0 + HOUR, "t-p0", 10, 19);
+    let c = Lake::file_name("signals", T0, "t-p0", 10, 19);
+
+    // A flush: journalled, written, then its files are what recovery looks at.
+    lake.write_intent(&Intent {
+        source: "t-p0".into(),
+        first: 10,
+        last: 19,
+        files: vec![a.clone(), b.clone(), c.clone()],
+    })
+    .unwrap();
+    let pending = lake.pending_files().unwrap();
+    assert_eq!(pending.len(), 3, "{pending:?}");
+    for (file, table, hour, rows) in [
+        (&a, "samples", T0, 3),
+        (&b, "samples", T0 + HOUR, 4),
+        (&c, "signals", T0, 5),
+    ] {
+        let bytes = lake.write(file, &batch(rows), table, hour).unwrap();
+        assert!(bytes > 0);
+        assert!(exists(file), "{}", file.display());
+    }
+    assert_eq!(lake.hours("samples").unwrap(), [T0, T0 + HOUR]);
+    assert_eq!(lake.hours("signals").unwrap(), [T0]);
+    assert_eq!(lake.hours("actions").unwrap(), Vec::<i64>::new());
+    assert_eq!(count(lake, "samples"), 7, "every row of the table's files");
+
+    // Writes to the rollups' inputs mark their hours; other tables' do not.
+    assert_eq!(lake.marked_hours("samples").unwrap(), [T0, T0 + HOUR]);
+    assert!(lake.marked_hours("signals").unwrap().is_empty());
+    lake.clear_mark("samples", T0).unwrap();
+    lake.clear_mark("samples", T0).unwrap();
+    assert_eq!(lake.marked_hours("samples").unwrap(), [T0 + HOUR]);
+
+    // Written again (a replay of the same offsets): the same file, not another one.
+    lake.write(&a, &batch(3), "samples", T0).unwrap();
+    assert_eq!(count(lake, "samples"), 7);
+
+    // Committed past the flush: the journal goes, the files stay.
+    assert_eq!(lake.recover("t-p0", Some(20)).unwrap(), 0);
+    assert!(lake.pending_files().unwrap().is_empty());
+    assert!(exists(&a) && exists(&b) && exists(&c));
+
+    // Journalled again and committed only up to 15: the flush's files are removed.
+    lake.write_intent(&Intent {
+        source: "t-p0".into(),
+        first: 10,
+        last: 19,
+        files: vec![a.clone(), b.clone()],
+    })
+    .unwrap();
+    assert_eq!(lake.recover("t-p0", Some(15)).unwrap(), 2);
+    assert!(!exists(&a) && !exists(&b) && exists(&c));
+    assert_eq!(
+        lake.recover("t-p0", Some(15)).unwrap(),
+        0,
+        "the journal is gone"
+    );
+    assert_eq!(count(lake, "signals"), 5);
+
+    // Removing reports whether there was a file.
+    assert!(lake.remove(&c).unwrap());
+    assert!(!lake.remove(&c).unwrap());
+    assert!(!exists(&c));
+}
+
+#[test]
+fn the_lake_keeps_its_contract_in_a_directory_and_in_an_s3_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Lake::open(dir.path().join("lake")).unwrap();
+    let root = local.root().to_path_buf();
+    lake_contract(&local, &|file| root.join(file).is_file());
+    assert!(local
+        .try_lock(Path::new("rollups/.lock"))
+        .unwrap()
+        .is_some());
+
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config_file = dir.path().join("s3.toml");
+    std::fs::write(
+        &config_file,
+        server.storage_config(&dir.path().join("data"), "fleet/lake"),
+    )
+    .unwrap();
+    let config = gpuwarden_schema::config::load(&config_file).unwrap_or_else(|e| panic!("{e}"));
+    let bucket = Lake::from_config(&config).unwrap();
+    assert_eq!(bucket.location(), "s3://lake/fleet/lake");
+    lake_contract(&bucket, &|file| {
+        server
+            .object_path(&format!("fleet/lake/{}", file.display()))
+            .is_file()
+    });
+    // Outside the prefix nothing was written.
+    let keys = server.keys("");
+    assert!(
+        keys.iter().all(|k| k.starts_with("fleet/lake/")),
+        "{keys:?}"
+    );
+
+    // No locks yet on a bucket: whatever needs one (the rollups, compaction, the signals
+    // publisher) is stopped before it starts, saying so.
+    match bucket.try_lock(Path::new("rollups/.lock")) {
+        Err(e @ LakeError::NotOnObjectStore { .. }) => {
+            let message = e.to_string();
+            assert!(message.contains("s3://lake/fleet/lake"), "{message}");
+        }
+        other => panic!("a lock on a bucket: {other:?}"),
+    }
+}
+
+fn sample(gpu: usize, ts_ms: i64) -> String {
+    serde_json::json!({
+        "v": 1, "ts_ms": ts_ms, "interval_ms": 5000, "host": format!("node-{}", gpu / 4),
+        "gpu_uuid": format!("GPU-{gpu:04}"), "gpu_model": "NVIDIA A100-SXM4-80GB",
+        "util_gpu_pct": (gpu * 7 % 100) as f64, "mem_used_bytes": 1u64 << 30,
+        "mem_total_bytes": 85899345920u64
+    })
+    .to_string()
+}
+
+fn gpuwarden(args: &[&str], env: &[(&'static str, String)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+    command.args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("AWS_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    command.output().unwrap()
+}
+
+fn ok(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `storage.lake = "s3://…"` and nothing else: the endpoint, region and credentials come from
+/// the standard AWS environment variables, as on a machine with an instance role they come from
+/// it. `gpuwarden sql` answers from the bucket what it answers from a directory.
+#[test]
+fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let data = dir.path().join("data");
+    let s3_config = dir.path().join("s3.toml");
+    std::fs::write(
+        &s3_config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"s3://lake/gw\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let dir_config = dir.path().join("dir.toml");
+    std::fs::write(
+        &dir_config,
+        format!("[storage]\ndata_dir = \"{}\"\n", data.display()),
+    )
+    .unwrap();
+    let input = dir.path().join("samples.jsonl");
+    let lines: Vec<String> = (0..3 * 720)
+        .map(|i| sample(i % 12, T0 + (i / 12) as i64 * 60_000))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let env = server.env();
+
+    for config in [&s3_config, &dir_config] {
+        let config = config.to_str().unwrap();
+        let ingest = [
+            "ingest",
+            "--config",
+            config,
+            "--samples",
+            input.to_str().unwrap(),
+        ];
+        let out = ok(gpuwarden(&ingest, &env));
+        assert!(
+            out.contains("2160 samples records read, 2160 written"),
+            "{out}"
+        );
+        // Twice: the same files again, nothing counted twice.
+        ok(gpuwarden(&ingest, &env));
+    }
+    let keys = server.keys("gw");
+    let hours: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("gw/samples/") && k.ends_with(".parquet"))
+        .collect();
+    assert_eq!(hours.len(), 3, "one file per hour: {keys:?}");
+    assert!(
+        keys.contains(&format!("gw/_recompute/samples/{}", T0 + HOUR)),
+        "the rollups will find the hours marked: {keys:?}"
+    );
+
+    let query = "SELECT date_trunc('hour', to_timestamp_millis(ts_ms)) AS hour, count(*) AS n, \
+                 count(DISTINCT gpu_uuid) AS gpus, round(avg(util_gpu_pct), 3) AS util \
+                 FROM samples GROUP BY 1 ORDER BY 1";
+    let from_bucket = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            s3_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            query,
+        ],
+        &env,
+    ));
+    let from_dir = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            dir_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            query,
+        ],
+        &[],
+    ));
+    assert_eq!(from_bucket, from_dir);
+    assert_eq!(from_bucket.lines().count(), 4, "{from_bucket}");
+    assert!(
+        from_bucket.lines().nth(1).unwrap().contains(",720,12,"),
+        "{from_bucket}"
+    );
+    // Tables nothing has written yet are empty, not errors.
+    let empty = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            s3_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            "SELECT (SELECT count(*) FROM team_hourly) + (SELECT count(*) FROM leases) AS n",
+        ],
+        &env,
+    ));
+    assert_eq!(empty, "n\n0\n");
+}
+
+/// The commands that need what is not built for a bucket yet refuse it before doing anything.
+#[test]
+fn commands_that_do_not_run_on_a_bucket_yet_refuse_it_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("s3.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"s3://lake/gw\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    for args in [
+        vec!["rollup", "--config", config],
+        vec!["compact", "--config", config],
+        vec!["pipeline", "--config", config],
+        vec!["up", "--config", config],
+    ] {
+        let out = gpuwarden(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "storage.lake is s3://lake/gw: `gpuwarden {}` does not run on a lake in an object store yet",
+                args[0]
+            )),
+            "{args:?}: {stderr}"
+        );
+    }
+}
