@@ -167,6 +167,33 @@ fn the_lake_keeps_its_contract_in_a_directory_and_in_an_s3_bucket() {
     }
 }
 
+/// A file encoded locally goes up whole: one PUT when small, a multipart upload of 16 MiB parts
+/// when larger (an ingest file holds up to 4 Mi rows), and either way the object is the file.
+#[test]
+fn files_are_uploaded_whole_in_one_put_or_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config_file = dir.path().join("s3.toml");
+    std::fs::write(
+        &config_file,
+        server.storage_config(&dir.path().join("data"), "gw"),
+    )
+    .unwrap();
+    let config = gpuwarden_schema::config::load(&config_file).unwrap_or_else(|e| panic!("{e}"));
+    let lake = Lake::from_config(&config).unwrap();
+    let objects = lake.objects().expect("a lake in a bucket");
+    for (name, size) in [("small", 100_000), ("large", 2 * 16 * 1024 * 1024 + 12_345)] {
+        let bytes: Vec<u8> = (0..size).map(|i: usize| (i * 131 % 251) as u8).collect();
+        let local = dir.path().join(name);
+        std::fs::write(&local, &bytes).unwrap();
+        let relative = Path::new("samples").join(format!("{name}.parquet"));
+        assert_eq!(objects.put_file(&relative, &local).unwrap(), size as u64);
+        let stored =
+            std::fs::read(server.object_path(&format!("gw/samples/{name}.parquet"))).unwrap();
+        assert!(stored == bytes, "{name}: the object is the file");
+    }
+}
+
 fn sample(gpu: usize, ts_ms: i64) -> String {
     serde_json::json!({
         "v": 1, "ts_ms": ts_ms, "interval_ms": 5000, "host": format!("node-{}", gpu / 4),

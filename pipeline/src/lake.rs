@@ -80,8 +80,8 @@ pub enum LakeError {
         key: String,
         /// The lake, `s3://bucket/prefix`.
         lake: String,
-        /// The store's error.
-        source: object_store::Error,
+        /// The store's error (boxed: it is large, and every lake result carries the size).
+        source: Box<object_store::Error>,
     },
     /// What was asked is not built for a lake in an object store yet.
     #[error(

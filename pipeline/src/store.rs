@@ -121,23 +121,23 @@ impl ObjectLake {
             action: "configuring the client of",
             key: String::new(),
             lake: display.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let url =
             ObjectStoreUrl::parse(format!("s3://{bucket}")).map_err(|e| LakeError::Store {
                 action: "naming",
                 key: String::new(),
                 lake: display.clone(),
-                source: object_store::Error::Generic {
+                source: Box::new(object_store::Error::Generic {
                     store: "S3",
                     source: Box::new(e),
-                },
+                }),
             })?;
         let prefix = Path::parse(prefix).map_err(|source| LakeError::Store {
             action: "reading the prefix of",
             key: prefix.to_string(),
             lake: display.clone(),
-            source: source.into(),
+            source: Box::new(source.into()),
         })?;
         Ok(Self {
             store: Arc::new(store),
@@ -193,7 +193,7 @@ impl ObjectLake {
             action,
             key,
             lake,
-            source,
+            source: Box::new(source),
         }
     }
 
