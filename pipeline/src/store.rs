@@ -208,8 +208,10 @@ impl ObjectLake {
     }
 
     /// Uploads the local file `path` as `relative`: one PUT up to [`PART_BYTES`], a multipart
-    /// upload above (aborted if it fails, so no parts are left to pay for). The object appears
-    /// when the upload completes, whole. Returns its size.
+    /// upload above. The object appears when the upload completes, whole. A failed upload is
+    /// aborted, so that no parts are left to pay for, except when its last part fails
+    /// (`WriteMultipart::finish` aborts only a failed completion): those parts wait for the
+    /// bucket's rule for incomplete multipart uploads. Returns the size.
     pub fn put_file(&self, relative: &FsPath, path: &FsPath) -> Result<u64, LakeError> {
         let key = self.key(relative);
         let size = std::fs::metadata(path)
@@ -338,6 +340,7 @@ async fn upload(store: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result
             }
         };
         if let Err(e) = upload.wait_for_capacity(2).await {
+            let _ = upload.abort().await;
             return Err(Upload::Store(e));
         }
         upload.write(&buffer[..read]);
