@@ -510,6 +510,25 @@ fn ingest_backfills(dir: &Path, config: &Path) {
 fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config = storage_config(dir.path());
+    sql_queries(dir.path(), &config);
+}
+
+/// The same queries over a lake in an S3 bucket (the tests' s3s-fs).
+#[test]
+fn sql_queries_a_lake_in_s3_as_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "gpuwarden"),
+    )
+    .unwrap();
+    sql_queries(dir.path(), &config);
+}
+
+/// `gpuwarden sql` in each format before and after an ingest into the lake `config` names.
+fn sql_queries(dir: &Path, config: &Path) {
     let sql = |format: &str, query: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
             .args([
@@ -542,7 +561,7 @@ fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
         "(reason) 0 rows"
     );
 
-    let input = dir.path().join("s.jsonl");
+    let input = dir.join("s.jsonl");
     std::fs::write(
         &input,
         format!("{}\n{}\nnot json\n", sample(1, T0), sample(2, T0 + 5_000)),
