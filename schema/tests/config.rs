@@ -978,6 +978,16 @@ fn a_lake_that_cannot_be_reached_is_reported_at_its_field() {
         assert_eq!(error.line, Some(2), "{value}");
     }
 
+    // A bad URL does not hide the S3 settings' own mistakes.
+    let found =
+        errors("[storage]\nlake = \"s3://Bad_Bucket\"\n[storage.s3]\nendpoint = \"minio:9000\"\n");
+    assert!(find(&found, "storage.lake")
+        .message
+        .contains("`Bad_Bucket`"));
+    assert!(find(&found, "storage.s3.endpoint")
+        .message
+        .contains("not an http:// or https:// URL"));
+
     let found = errors("[storage]\nlake = \"/srv/lake\"\n[storage.s3]\nregion = \"eu-west-1\"\n");
     assert!(find(&found, "storage.s3")
         .message

@@ -1001,26 +1001,24 @@ fn workloads(config: &Config, report: Report<'_>) {
 /// `storage.lake` and `[storage.s3]`: a lake location gpuwarden can reach, and S3 settings only
 /// where the lake is in S3.
 fn storage(config: &Config, report: Report<'_>) {
-    let storage = &config.storage;
-    let location = match config.lake() {
-        Ok(location) => location,
-        Err(message) => {
-            report(at(&["storage", "lake"]), message);
+    let s3 = &config.storage.s3;
+    match config.lake() {
+        // The S3 settings are checked too: the lake was meant to be in a bucket, or a typo
+        // in its URL should not hide the other mistakes.
+        Err(message) => report(at(&["storage", "lake"]), message),
+        Ok(location) if !location.is_object_store() => {
+            if s3.is_set() {
+                report(
+                    at(&["storage", "s3"]),
+                    format!(
+                        "is set, but the lake is the directory {location}: `[storage.s3]` \
+                         applies to an `s3://` storage.lake"
+                    ),
+                );
+            }
             return;
         }
-    };
-    let s3 = &storage.s3;
-    if !location.is_object_store() {
-        if s3.is_set() {
-            report(
-                at(&["storage", "s3"]),
-                format!(
-                    "is set, but the lake is the directory {location}: `[storage.s3]` applies to \
-                     an `s3://` storage.lake"
-                ),
-            );
-        }
-        return;
+        Ok(_) => {}
     }
     if let Some(endpoint) = &s3.endpoint {
         let http = endpoint.starts_with("http://");
