@@ -15,6 +15,8 @@
 //! - [`alerts`], [`rules`]: act on the pipeline's signals through the service, alerting through
 //!   webhooks;
 //! - [`api`]: translates between HTTP and the service;
+//! - [`portal`]: the self-service web pages under `/ui/`, over the API's sign-in and the
+//!   service; [`scorecard`]: the maturity scorecard (pure: config and evidence);
 //! - [`kafka`]: the store's outbox to Kafka, and Kafka's signals to the rules.
 //!
 //! Retries back off with `gpuwarden_schema::retry::Backoff` and time comes from the schema's
@@ -32,7 +34,9 @@ pub mod kubernetes;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;
+pub mod portal;
 pub mod rules;
+pub mod scorecard;
 pub mod service;
 pub mod slurm;
 pub mod store;

@@ -374,6 +374,14 @@ impl Rules {
             }
             seen.insert(lease_id.to_owned(), util.ts_ms);
         }
+        self.service.note_utilization(
+            lease_id,
+            crate::service::LastUtilization {
+                ts_ms: util.ts_ms,
+                util_pct: util.util_pct,
+                idle_ms: util.idle_ms,
+            },
+        );
         let config = self.service.config();
         let policy = config.workload(lease.workload);
         let now = self.service.now();

@@ -199,6 +199,39 @@ async fn dry_run_evaluates_only() {
         .unwrap()
         .is_empty());
     assert!(h.driver.calls.lock().unwrap().is_empty());
+
+    // A dry run holds no quota: eight GPUs asked for three times (24, past the quota of 16)
+    // leave all sixteen free.
+    let mut eight = ask("ml", "ada", 8);
+    eight["dry_run"] = json!(true);
+    for _ in 0..3 {
+        let (_, body) = admit(&h.app, "ada", eight.clone()).await;
+        assert_eq!(body["decision"], "admitted", "{body}");
+        assert_eq!(body["estimate"]["usd_per_hour"], 32.0);
+    }
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("ada"), None).await;
+    assert_eq!(team["gpus_held"], 0);
+    // Denied, a dry run gives the same reasons, in the same words, as the request itself.
+    let mut over = ask("ml", "ada", 20);
+    over["dry_run"] = json!(true);
+    let (_, dry) = admit(&h.app, "ada", over.clone()).await;
+    over["dry_run"] = json!(false);
+    let (_, real) = admit(&h.app, "ada", over).await;
+    assert_eq!(dry["decision"], "denied");
+    assert_eq!(dry["reasons"], real["reasons"]);
+    assert_eq!(dry["estimate"], real["estimate"]);
+    // Only the real request is counted among the decisions, and recorded (its `deny` Action).
+    let metrics = h.service.metrics().render();
+    assert!(
+        metrics.contains("gpuwarden_enforcer_admissions_total{decision=\"denied\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(h.service.store().outbox_pending(10).await.unwrap().len(), 1);
+    // The whole quota is there for real requests.
+    for _ in 0..2 {
+        let (_, body) = admit(&h.app, "ada", ask("ml", "ada", 8)).await;
+        assert_eq!(body["decision"], "admitted", "{body}");
+    }
 }
 
 #[tokio::test]

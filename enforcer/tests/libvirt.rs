@@ -5,8 +5,7 @@
 
 #![cfg(feature = "libvirt")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -528,129 +527,6 @@ async fn the_shipped_domain_template_makes_a_lease_domain() -> anyhow::Result<()
     Ok(())
 }
 
-/// A libvirtd of the test's own, in session mode, as an unprivileged user (QEMU's session
-/// driver; as root, libvirtd would be the system daemon and need its accounts and directories).
-/// Dropping it kills it and every QEMU it started.
-struct SessionDaemon {
-    child: Child,
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-impl Drop for SessionDaemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // QEMU outlives its libvirtd (as it should); the test's guests do not outlive the test.
-        let dir = self.dir.path().display().to_string();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&dir) {
-                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
-                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                }
-            }
-        }
-    }
-}
-
-impl SessionDaemon {
-    fn start() -> anyhow::Result<Self> {
-        for (binary, package) in [
-            ("libvirtd", "libvirt-daemon"),
-            ("qemu-system-x86_64", "qemu-system-x86"),
-        ] {
-            ensure!(
-                ["/usr/sbin", "/usr/bin"].iter().any(|d| Path::new(d).join(binary).exists()),
-                "{binary} is not installed (Debian: {package}, libvirt-daemon-driver-qemu; .ci/run installs them)"
-            );
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("gpuwarden-libvirtd")
-            .tempdir()?;
-        let runtime = dir.path().join("run");
-        std::fs::create_dir(&runtime)?;
-        if rustix::process::geteuid().is_root() {
-            // nobody's: its home and runtime dir are this one.
-            for p in [dir.path(), runtime.as_path()] {
-                std::os::unix::fs::chown(p, Some(65534), Some(65534))?;
-            }
-        }
-        let socket = runtime.join("libvirt/libvirt-sock");
-        let child = Self::spawn(dir.path(), &socket)?;
-        Ok(Self { child, dir, socket })
-    }
-
-    fn spawn(dir: &Path, socket: &Path) -> anyhow::Result<Child> {
-        let mut command = if rustix::process::geteuid().is_root() {
-            let mut c = Command::new("setpriv");
-            c.args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "libvirtd",
-            ]);
-            c
-        } else {
-            Command::new("libvirtd")
-        };
-        let log = dir.join("libvirtd.log");
-        command
-            .args(["--timeout", "300"])
-            .env_clear()
-            .env("HOME", dir)
-            .env("XDG_RUNTIME_DIR", dir.join("run"))
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)?,
-            );
-        let child = command.spawn().context("starting libvirtd")?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            ensure!(
-                Instant::now() < deadline,
-                "libvirtd made no socket at {} in 30 s; its log: {}",
-                socket.display(),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(child)
-    }
-
-    fn uri(&self) -> String {
-        format!("qemu:///session?socket={}", self.socket.display())
-    }
-
-    /// Kills libvirtd (SIGKILL: no goodbye to its clients) and starts it again; its guests keep
-    /// running, and the new one takes them back from its state directory.
-    fn restart(&mut self) -> anyhow::Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        let _ = std::fs::remove_file(&self.socket);
-        self.child = Self::spawn(self.dir.path(), &self.socket)?;
-        Ok(())
-    }
-}
-
-/// The command lines of the running QEMU processes whose guest is `name`.
-fn qemu_command_line(name: &str) -> Option<String> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            (line.contains("qemu-system") && line.contains(&format!("guest={name},")))
-                .then_some(line)
-        })
-}
-
 /// A guest with no disk: the firmware finds nothing to boot and keeps running, and, with no
 /// operating system, ignores the ACPI shutdown request.
 const QEMU_TEMPLATE: &str = "<domain type='qemu'>\n  <name>{{name}}</name>\n  <memory unit='MiB'>32</memory>\n  \
@@ -660,15 +536,15 @@ const QEMU_TEMPLATE: &str = "<domain type='qemu'>\n  <name>{{name}}</name>\n  <m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runs_the_lease_domain_with_the_lease_in_its_smbios_and_is_destroyed_when_deaf(
 ) -> anyhow::Result<()> {
-    let daemon = SessionDaemon::start()?;
+    let daemon = support::libvirtd::SessionDaemon::start()?;
     let host = Host::at(&daemon.uri())?;
     let driver = host.driver(QEMU_TEMPLATE, "grace_period = \"2s\"")?;
     let mut vm = lease("l-qemu", 0);
     vm.gpu_count = 0;
     driver.provision(&vm).await?;
     assert_eq!(driver.status("l-qemu").await?, LeaseStatus::Running);
-    let line =
-        qemu_command_line("gpuwarden-l-qemu").context("no QEMU process runs the lease's guest")?;
+    let line = support::libvirtd::qemu_command_line("gpuwarden-l-qemu")
+        .context("no QEMU process runs the lease's guest")?;
     assert!(
         line.contains("-smbios type=11,value=gpuwarden.lease_id=l-qemu"),
         "{line}"
@@ -682,7 +558,7 @@ async fn qemu_runs_the_lease_domain_with_the_lease_in_its_smbios_and_is_destroye
     );
     assert!(host.domain("gpuwarden-l-qemu").is_none(), "undefined");
     assert!(
-        qemu_command_line("gpuwarden-l-qemu").is_none(),
+        support::libvirtd::qemu_command_line("gpuwarden-l-qemu").is_none(),
         "QEMU is gone"
     );
     assert_eq!(driver.status("l-qemu").await?, LeaseStatus::Gone);
@@ -692,7 +568,7 @@ async fn qemu_runs_the_lease_domain_with_the_lease_in_its_smbios_and_is_destroye
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_connects_again_after_libvirtd_restarts_and_finds_its_running_guest(
 ) -> anyhow::Result<()> {
-    let mut daemon = SessionDaemon::start()?;
+    let mut daemon = support::libvirtd::SessionDaemon::start()?;
     let host = Host::at(&daemon.uri())?;
     let driver = host.driver(QEMU_TEMPLATE, "grace_period = \"1s\"")?;
     driver.provision(&lease("l-survivor", 0)).await?;
@@ -702,7 +578,7 @@ async fn the_driver_connects_again_after_libvirtd_restarts_and_finds_its_running
     // The guest never stopped; the driver's connection died with the old daemon and is opened
     // again on the next call.
     assert!(
-        qemu_command_line("gpuwarden-l-survivor").is_some(),
+        support::libvirtd::qemu_command_line("gpuwarden-l-survivor").is_some(),
         "QEMU outlives libvirtd"
     );
     let status = support::eventually_async(
@@ -715,7 +591,7 @@ async fn the_driver_connects_again_after_libvirtd_restarts_and_finds_its_running
     driver.reclaim("l-survivor", ReleaseReason::User).await?;
     assert_eq!(driver.status("l-survivor").await?, LeaseStatus::Gone);
     assert!(
-        qemu_command_line("gpuwarden-l-survivor").is_none(),
+        support::libvirtd::qemu_command_line("gpuwarden-l-survivor").is_none(),
         "QEMU is gone"
     );
     Ok(())

@@ -21,6 +21,8 @@ use super::up::{Listens, Stack};
 pub(crate) const ADMIN_TOKEN: &str = "demo-admin-token";
 /// The token the workload generator uses: a provisioning front-end acting for the demo users.
 const PORTAL_TOKEN: &str = "demo-portal-token";
+/// A member's token, for a newcomer to sign in to the portal as alice of team research.
+const MEMBER_TOKEN: &str = "demo-alice-token";
 const SQL_USER: &str = "demo";
 const SQL_PASSWORD: &str = "demo";
 
@@ -35,8 +37,8 @@ const SQL_PASSWORD: &str = "demo";
 /// (--start): the first 24 minutes fill the last day up to now, which is what dashboards show by
 /// default.
 ///
-/// It prints what to paste: the psql command line, the API URL with a token and a curl, the
-/// metrics URLs, the lake, and the config it wrote (`gpuwarden up --config` runs it again).
+/// It prints what to paste: the portal's URL with a member's token, the psql command line, the
+/// API URL with a token and a curl, the metrics URLs, the lake, and the config it wrote (`gpuwarden up --config` runs it again).
 /// Within two minutes psql shows team_hourly rows, and reclaims and denials in actions.
 /// Ctrl-C stops it cleanly.
 #[derive(Debug, clap::Args)]
@@ -188,6 +190,13 @@ name = "portal"
 sha256 = "{portal_hash}"
 role = "service"
 teams = ["research", "ml-platform", "analytics"]
+
+# Token "{member}": alice of team research, as she signs in to the portal (/ui/).
+[[tokens]]
+name = "alice"
+sha256 = "{member_hash}"
+role = "member"
+teams = ["research"]
 "#,
         config = data_dir.join("gpuwarden.toml").display(),
         data = data_dir.display(),
@@ -202,6 +211,8 @@ teams = ["research", "ml-platform", "analytics"]
         portal = PORTAL_TOKEN,
         admin_hash = token_sha256_hex(ADMIN_TOKEN),
         portal_hash = token_sha256_hex(PORTAL_TOKEN),
+        member = MEMBER_TOKEN,
+        member_hash = token_sha256_hex(MEMBER_TOKEN),
     )
 }
 
@@ -269,6 +280,9 @@ fn print_banner(stack: &Stack, config: &Path, speed: f64, start_ms: i64) {
     psql "postgres://{SQL_USER}:{SQL_PASSWORD}@{sql}/gpuwarden"
     SELECT hour, team, gpu_model, cost_usd, utilization_pct FROM team_hourly ORDER BY hour DESC LIMIT 10;
     SELECT to_timestamp_millis(ts_ms) AS at, action, reason, team, lease_id, outcome FROM actions ORDER BY ts_ms DESC LIMIT 10;
+
+  Portal:  http://{api}/ui/   sign in as alice (member of research) with token {MEMBER_TOKEN},
+           or as the admin (every team, the audit trail, the scorecard) with {ADMIN_TOKEN}
 
   Admission API: http://{api}   token: {ADMIN_TOKEN}
     curl -s -H 'Authorization: Bearer {ADMIN_TOKEN}' -H 'Content-Type: application/json' \

@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use gpuwarden_enforcer::alerts::Alerts;
-use gpuwarden_enforcer::api::{self, AppState};
+use gpuwarden_enforcer::api::AppState;
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
 use gpuwarden_enforcer::kafka::outbox::{stopped, Publisher};
 use gpuwarden_enforcer::rules::Rules;
@@ -293,15 +293,21 @@ pub(crate) async fn start(
         .collect();
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
     let reloads = tls.clone();
-    let app =
-        api::router(AppState::new(service)).merge(super::metrics_http::metrics_only(move || {
+    // The portal reads idle cost and the scorecard's evidence from the lake under the data dir
+    // (the pipeline's, where it runs beside the enforcer; an empty one elsewhere).
+    let lake = super::open_lake(&config, "enforce", true)?;
+    let insights: Arc<dyn gpuwarden_enforcer::portal::Insights> =
+        Arc::new(super::assess::LakeInsights::new(lake));
+    let app = gpuwarden_enforcer::portal::app(AppState::new(service), Some(insights)).merge(
+        super::metrics_http::metrics_only(move || {
             let mut page = metrics.render_with(store.commit_stats());
             let listeners: Vec<&ServerTls> = reloads.iter().chain(&webhook_tls).collect();
             if !listeners.is_empty() {
                 gpuwarden_schema::tls::render_reloads(&mut page, &listeners);
             }
             page
-        }));
+        }),
+    );
     let address = listener.local_addr()?;
     let url = format!(
         "{}://{address}",

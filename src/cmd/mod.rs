@@ -8,6 +8,7 @@
 //! client ([`api_client`]).
 
 mod api_client;
+mod assess;
 mod broker;
 mod check_config;
 mod collect;
@@ -49,6 +50,7 @@ pub(crate) enum Command {
     Leases(leases::Args),
     Release(release::Args),
     Up(up::Args),
+    Assess(assess::Args),
 }
 
 /// A fresh `[signing]` key (32 random bytes from the kernel, in hex) for a system that runs in one
@@ -109,5 +111,6 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Leases(args) => leases::run(args),
         Command::Release(args) => release::run(args),
         Command::Up(args) => up::run(args),
+        Command::Assess(args) => assess::run(args),
     }
 }

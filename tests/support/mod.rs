@@ -12,6 +12,8 @@
 pub mod accounts;
 pub mod grafana;
 pub mod kube_api;
+#[cfg(feature = "libvirt")]
+pub mod libvirtd;
 pub mod pki;
 pub mod prometheus;
 pub mod s3;

@@ -105,50 +105,86 @@ fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-impl FromRequestParts<AppState> for Principal {
-    type Rejection = ApiError;
+/// Why a presented token signed no one in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginRefusal {
+    /// No token was presented (not counted as a failed login: it guessed nothing).
+    Missing,
+    /// The token matches no `[[tokens]]` entry (counted against the source and the token).
+    Wrong,
+    /// The source or the token is locked out after too many failed logins.
+    LockedOut(LockedOut),
+}
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        // Served without connect info (in-process, through `oneshot`), a request has no source:
-        // only its token is limited.
-        let source = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| peer.ip());
-        let metrics = state.service.metrics();
+impl From<LoginRefusal> for ApiError {
+    fn from(refusal: LoginRefusal) -> Self {
+        match refusal {
+            LoginRefusal::Missing | LoginRefusal::Wrong => ApiError::Unauthorized,
+            LoginRefusal::LockedOut(locked) => ApiError::locked_out(locked),
+        }
+    }
+}
+
+impl AppState {
+    /// The principal `token` belongs to, checked as every API request is: a source or token
+    /// locked out is refused before the token is compared with anything, and a wrong token
+    /// counts against both. The portal's sign-in calls this too, so the API and the portal share
+    /// one set of failed logins.
+    pub fn login(
+        &self,
+        source: Option<IpAddr>,
+        token: Option<&str>,
+    ) -> Result<Principal, LoginRefusal> {
+        let metrics = self.service.metrics();
         let refuse = |locked: LockedOut| {
             metrics.count_login_refused(locked.scope);
-            ApiError::locked_out(locked)
+            LoginRefusal::LockedOut(locked)
         };
         let now = Instant::now();
-        state
-            .logins
+        self.logins
             .limiter()
             .check(source, None, now)
             .map_err(refuse)?;
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+        let token = token
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthorized)?;
+            .ok_or(LoginRefusal::Missing)?;
         let digest = sha256(token);
-        state
-            .logins
+        self.logins
             .limiter()
             .check(None, Some(&digest), now)
             .map_err(refuse)?;
-        if let Some(principal) = state.tokens.authenticate_digest(&digest) {
+        if let Some(principal) = self.tokens.authenticate_digest(&digest) {
             return Ok(principal);
         }
-        let failure = state.logins.limiter().failed(source, Some(&digest), now);
+        let failure = self.logins.limiter().failed(source, Some(&digest), now);
         metrics.count_login_failure(&failure);
         for locked in failure.lockouts() {
             log_lockout(source, locked);
         }
-        Err(ApiError::Unauthorized)
+        Err(LoginRefusal::Wrong)
+    }
+}
+
+/// The source address of a request served with connect info; none in process (through
+/// `oneshot`), where only the token is limited.
+pub fn source_of(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip())
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        Ok(state.login(source_of(parts), token)?)
     }
 }
 

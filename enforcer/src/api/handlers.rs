@@ -14,10 +14,10 @@ use super::{openapi_json, ApiError, ApiJson, AppState, ErrorBody};
 use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
 
-/// Decides an admission request.
+/// Decides an admission request; with `dry_run`, only says what the decision would be.
 #[utoipa::path(post, path = "/v1/admission", request_body = AdmissionRequest,
     responses(
-        (status = 200, description = "The decision: admitted (with the lease) or denied (with every reason)", body = AdmissionResponse),
+        (status = 200, description = "The decision: admitted (with the lease; none for a dry run) or denied (with every reason)", body = AdmissionResponse),
         (status = 403, description = "The principal may not act for this team or user", body = ErrorBody),
         (status = 404, description = "No such team, or no such substrate", body = ErrorBody),
         (status = 422, description = "A field is missing, of the wrong type, or out of its bounds (the error names it)", body = ErrorBody),

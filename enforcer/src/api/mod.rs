@@ -30,7 +30,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use self::error::{ApiError, ErrorBody, ErrorDetail};
-pub use self::extract::{decode, token_sha256_hex, ApiJson};
+pub use self::extract::{decode, source_of, token_sha256_hex, ApiJson, LoginRefusal};
 pub use self::openapi::{openapi, openapi_json};
 pub use self::types::{
     AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, Lease, LeaseQuery, LeaseState,

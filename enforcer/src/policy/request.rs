@@ -79,7 +79,9 @@ pub struct AdmissionRequest {
     /// Free-form labels carried into lease events.
     #[serde(default)]
     pub labels: Option<BTreeMap<String, String>>,
-    /// Evaluate only: no lease is created and nothing is recorded.
+    /// Evaluate only: the same decision, reasons and estimate as the request itself, but no
+    /// lease is created, no quota or budget is held, and nothing is recorded or counted (what
+    /// the portal's live estimate asks as a form changes).
     #[serde(default)]
     pub dry_run: bool,
     /// The program to run for the lease (argv, no shell), on substrates that run one (`local`);

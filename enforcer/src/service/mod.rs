@@ -62,6 +62,20 @@ pub struct Team {
     pub allowed_models: Vec<String>,
 }
 
+/// The latest `lease_utilization` signal the rules handled for an open lease.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LastUtilization {
+    /// The signal's time.
+    pub ts_ms: i64,
+    /// Mean utilization over its window, percent.
+    pub util_pct: f64,
+    /// How long all the lease's GPUs had been idle.
+    pub idle_ms: i64,
+}
+
+/// Past this many remembered utilizations, those of leases no longer open are forgotten.
+const UTILIZATIONS_KEPT: usize = 4096;
+
 /// What [`Service::readopt`] found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Readoption {
@@ -88,6 +102,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// What placement keeps from one decision to the next (see [`policy::Placements`]).
     placements: Mutex<policy::Placements>,
+    /// Each open lease's latest utilization, as the rules last handled it.
+    utilization: Mutex<std::collections::HashMap<String, LastUtilization>>,
 }
 
 impl Service {
@@ -107,6 +123,7 @@ impl Service {
                 clock,
                 metrics: Arc::new(Metrics::default()),
                 placements: Mutex::default(),
+                utilization: Mutex::default(),
             }),
         }
     }
@@ -139,6 +156,55 @@ impl Service {
     /// Now, by the enforcer's clock.
     pub fn now(&self) -> i64 {
         self.inner.clock.now_ms()
+    }
+
+    /// Remembers `util` as lease `id`'s latest utilization (the rules call this for every
+    /// `lease_utilization` signal they act on), for the portal to show.
+    pub fn note_utilization(&self, id: &str, util: LastUtilization) {
+        let mut kept = self
+            .inner
+            .utilization
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if kept.len() >= UTILIZATIONS_KEPT && !kept.contains_key(id) {
+            let open: std::collections::HashSet<String> = self
+                .inner
+                .store
+                .open_leases()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|l| l.id)
+                .collect();
+            kept.retain(|lease, _| open.contains(lease));
+        }
+        kept.insert(id.to_owned(), util);
+    }
+
+    /// Lease `id`'s latest utilization, if a signal about it was handled since the enforcer
+    /// started.
+    pub fn utilization(&self, id: &str) -> Option<LastUtilization> {
+        self.inner
+            .utilization
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .copied()
+    }
+
+    /// The GPU models the substrates have, named or pooled, each once, in config order; a
+    /// driver that cannot answer is left out.
+    pub async fn gpu_models(&self) -> Vec<String> {
+        let mut models: Vec<String> = Vec::new();
+        for sub in self.inventories().await {
+            let named = sub.inventory.gpus.iter().map(|g| g.model.clone());
+            let pooled = sub.inventory.pooled.iter().map(|(m, _)| m.clone());
+            for model in named.chain(pooled) {
+                if !models.contains(&model) {
+                    models.push(model);
+                }
+            }
+        }
+        models
     }
 
     /// Each substrate's inventory, in config order, with its placement index; a driver that
@@ -322,9 +388,13 @@ impl Service {
             Admitted::Lease | Admitted::Named(_) => pending.await?,
             Admitted::Hold => pending.applied().await?,
         };
-        self.inner
-            .metrics
-            .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));
+        // A dry run (the portal's live estimate asks one per change of a field) decided
+        // nothing that happened, so it is not counted.
+        if !request.dry_run {
+            self.inner
+                .metrics
+                .count_decision(decision.admitted(), decision.reasons.iter().map(|r| r.code));
+        }
         Ok((decision, lease))
     }
 

@@ -952,6 +952,76 @@ impl Store {
         })
     }
 
+    /// The newest `limit` Actions recorded (the audit trail, as it went to the outbox),
+    /// newest first; only those about `team` when given. A row that does not read as an Action
+    /// is skipped.
+    pub fn recent_actions(&self, limit: usize, team: Option<&str>) -> Pending<Vec<Action>> {
+        use gpuwarden_schema::Record as _;
+        let team = team.map(str::to_owned);
+        self.read(move |conn| {
+            // Newest first over the outbox's rowid; a team's rows are picked out of the
+            // payload (the outbox keeps no team column), within a bounded scan.
+            let mut stmt = conn.prepare_cached(
+                "SELECT payload FROM outbox WHERE topic = ?1 ORDER BY id DESC LIMIT ?2",
+            )?;
+            let scan = if team.is_some() { limit * 20 } else { limit };
+            let rows = stmt.query_map(rusqlite::params![Action::TOPIC, scan as i64], |r| {
+                r.get::<_, String>(0)
+            })?;
+            let mut out = Vec::new();
+            for payload in rows {
+                let Ok(action) = Action::from_json(payload?.as_bytes()) else {
+                    continue;
+                };
+                if team
+                    .as_deref()
+                    .is_none_or(|t| action.team.as_deref() == Some(t))
+                {
+                    out.push(action);
+                }
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// The Actions about any of `lease_ids` recorded at or after `since_ms`, newest first. The
+    /// scan walks the outbox back from its newest row and stops at the first row older than
+    /// `since_ms` (rows are appended in time order), so it reads what was recorded since then
+    /// and no more: callers pass the oldest grant time of the leases they ask about. A row that
+    /// does not read as an Action is skipped.
+    pub fn lease_actions(
+        &self,
+        lease_ids: std::collections::HashSet<String>,
+        since_ms: i64,
+    ) -> Pending<Vec<Action>> {
+        use gpuwarden_schema::Record as _;
+        self.read(move |conn| {
+            let mut out = Vec::new();
+            if lease_ids.is_empty() {
+                return Ok(out);
+            }
+            let mut stmt = conn.prepare_cached(
+                "SELECT key, payload, created_at FROM outbox WHERE topic = ?1 ORDER BY id DESC",
+            )?;
+            let mut rows = stmt.query([Action::TOPIC])?;
+            while let Some(row) = rows.next()? {
+                if row.get::<_, i64>(2)? < since_ms {
+                    break;
+                }
+                if !lease_ids.contains(&row.get::<_, String>(0)?) {
+                    continue;
+                }
+                if let Ok(action) = Action::from_json(row.get::<_, String>(1)?.as_bytes()) {
+                    out.push(action);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// How many outbox rows wait to be published.
     pub fn outbox_pending_count(&self) -> Pending<usize> {
         self.read(|conn| {

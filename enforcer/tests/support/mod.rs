@@ -10,6 +10,9 @@
 pub mod accounts;
 #[path = "../../../tests/support/kube_api.rs"]
 pub mod kube_api;
+#[cfg(feature = "libvirt")]
+#[path = "../../../tests/support/libvirtd.rs"]
+pub mod libvirtd;
 #[path = "../../../tests/support/slurm.rs"]
 pub mod slurm;
 

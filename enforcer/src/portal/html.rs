@@ -1,0 +1,257 @@
+//! The portal's HTML: the one escaping function every shown value goes through ([`e`]), the page
+//! layout, and the formats of money, durations and times.
+//!
+//! Pages are written with `format!`; a value that is not a literal of this crate is written as
+//! `{}` of [`e`]`(value)`, which escapes `& < > " '`, so team, user, project and label values
+//! (user input) are shown as text, in element content and in quoted attributes alike. The pages
+//! load no inline script and no inline style; the Content-Security-Policy header says so to
+//! the browser ([`page`]).
+
+use std::fmt::{self, Display, Write as _};
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use gpuwarden_schema::config::Role;
+
+use crate::policy::Principal;
+
+/// `value`, displayed with `& < > " '` escaped for HTML text and quoted attributes.
+pub(crate) fn e<T: Display>(value: T) -> Escaped<T> {
+    Escaped(value)
+}
+
+/// A value whose `Display` is escaped; see [`e`].
+pub(crate) struct Escaped<T>(T);
+
+impl<T: Display> Display for Escaped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = Escaper(f);
+        write!(out, "{}", self.0)
+    }
+}
+
+struct Escaper<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for Escaper<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut last = 0;
+        for (i, c) in s.char_indices() {
+            let entity = match c {
+                '&' => "&amp;",
+                '<' => "&lt;",
+                '>' => "&gt;",
+                '"' => "&quot;",
+                '\'' => "&#39;",
+                _ => continue,
+            };
+            self.0.write_str(&s[last..i])?;
+            self.0.write_str(entity)?;
+            last = i + 1;
+        }
+        self.0.write_str(&s[last..])
+    }
+}
+
+/// Money as people read it: `$1,234.50`.
+pub(crate) fn usd(x: f64) -> String {
+    let negative = x < 0.0;
+    let cents = (x.abs() * 100.0).round() as u64;
+    let (whole, frac) = (cents / 100, cents % 100);
+    let digits = whole.to_string();
+    let mut grouped = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{}${grouped}.{frac:02}", if negative { "-" } else { "" })
+}
+
+/// A span of milliseconds in the two largest units: `2h 5m`, `3d 4h`, `45s`.
+pub(crate) fn span(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    let (d, h, m) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, m) => format!("{m}m"),
+        (0, h, 0) => format!("{h}h"),
+        (0, h, m) => format!("{h}h {m}m"),
+        (d, 0, _) => format!("{d}d"),
+        (d, h, _) => format!("{d}d {h}h"),
+    }
+}
+
+/// A time as UTC, to the minute: `2026-01-10 14:05 UTC`.
+pub(crate) fn at(ms: i64) -> String {
+    let text = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64),
+    )
+    .to_string();
+    // 2026-01-10T14:05:09Z
+    format!("{} {} UTC", &text[..10], &text[11..16])
+}
+
+/// Where a signed-in person is, for the navigation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tab {
+    Request,
+    Leases,
+    Team,
+    Admin,
+    Scorecard,
+    None,
+}
+
+/// The signed-in principal and the session's CSRF token, as a page needs them.
+pub(crate) struct Who<'a> {
+    pub(crate) principal: &'a Principal,
+    pub(crate) csrf: &'a str,
+}
+
+/// A whole page: `title`, the navigation for `who` (none before sign-in) with `tab` marked, and
+/// `body` (already escaped HTML), answered with `status` and the portal's security headers.
+pub(crate) fn page(
+    status: StatusCode,
+    title: &str,
+    who: Option<&Who<'_>>,
+    tab: Tab,
+    body: &str,
+) -> Response {
+    let mut nav = String::new();
+    if let Some(who) = who {
+        let p = who.principal;
+        let mut links: Vec<(Tab, &str, &str)> = Vec::new();
+        if p.role != Role::Viewer {
+            links.push((Tab::Request, "/ui/request", "Request GPUs"));
+        }
+        links.push((Tab::Leases, "/ui/leases", "My leases"));
+        links.push((Tab::Team, "/ui/team", "My team"));
+        if p.role == Role::Admin {
+            links.push((Tab::Admin, "/ui/admin", "Admin"));
+            links.push((Tab::Scorecard, "/ui/scorecard", "Scorecard"));
+        }
+        let _ = write!(nav, r#"<nav aria-label="Portal"><ul>"#);
+        for (t, href, label) in links {
+            let current = if t == tab {
+                r#" aria-current="page""#
+            } else {
+                ""
+            };
+            let _ = write!(nav, r#"<li><a href="{href}"{current}>{label}</a></li>"#);
+        }
+        let _ = write!(
+            nav,
+            r#"</ul><form method="post" action="/ui/signout" class="signout"><input type="hidden" name="csrf" value="{csrf}"><span class="who">{name} ({role})</span> <button type="submit">Sign out</button></form></nav>"#,
+            csrf = e(who.csrf),
+            name = e(&p.name),
+            role = role_name(p.role),
+        );
+    }
+    let html = format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · gpuwarden</title>
+<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">
+<link rel="stylesheet" href="/ui/static/portal.css">
+<script src="/ui/static/portal.js" defer></script>
+</head>
+<body>
+<header><a class="brand" href="/ui/">gpuwarden</a>{nav}</header>
+<main>
+<h1>{title}</h1>
+{body}
+</main>
+</body>
+</html>
+"#,
+        title = e(title),
+    );
+    let mut response = (status, html).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    secure_headers(headers);
+    response
+}
+
+/// The headers every portal answer carries: no inline script or style, no framing, no caching
+/// of pages that show a person's leases and spend, and no referrer sent to other sites (within
+/// the portal the browser then sends the page's `Origin` with a form, which sign-in checks; with
+/// `no-referrer` it would send `null`).
+pub(crate) fn secure_headers(headers: &mut axum::http::HeaderMap) {
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+}
+
+/// A role's name.
+pub(crate) fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Admin => "admin",
+        Role::Member => "member",
+        Role::Service => "service",
+        Role::Viewer => "viewer",
+    }
+}
+
+/// A paragraph saying something went wrong, for a screen reader too.
+pub(crate) fn alert(message: &str) -> String {
+    format!(r#"<p class="error" role="alert">{}</p>"#, e(message))
+}
+
+/// A paragraph saying something went right.
+pub(crate) fn notice(message: &str) -> String {
+    format!(r#"<p class="notice" role="status">{}</p>"#, e(message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_turns_markup_into_text() {
+        assert_eq!(
+            e(r#"<script>alert("x")</script> & 'y'"#).to_string(),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
+        assert_eq!(e("plain ü text").to_string(), "plain ü text");
+        assert_eq!(e("").to_string(), "");
+        // Through any Display, not only strings.
+        assert_eq!(e(format_args!("{}<", 1)).to_string(), "1&lt;");
+    }
+
+    #[test]
+    fn money_spans_and_times_read_as_people_write_them() {
+        assert_eq!(usd(412.0), "$412.00");
+        assert_eq!(usd(5000.0), "$5,000.00");
+        assert_eq!(usd(1_234_567.891), "$1,234,567.89");
+        assert_eq!(usd(-12.5), "-$12.50");
+        assert_eq!(span(45_000), "45s");
+        assert_eq!(span(2 * 3_600_000 + 5 * 60_000), "2h 5m");
+        assert_eq!(span(3 * 86_400_000 + 4 * 3_600_000), "3d 4h");
+        assert_eq!(span(-5), "0s");
+        assert_eq!(at(1_767_225_600_000), "2026-01-01 00:00 UTC");
+    }
+}

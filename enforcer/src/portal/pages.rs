@@ -1,0 +1,702 @@
+//! The body of each page, as escaped HTML: the sign-in form, the request form with its
+//! estimate and decision, the leases, the team, the admin's overview and the scorecard. Every
+//! value shown goes through [`e`]; numbers are formatted by [`super::html`].
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use axum::http::StatusCode;
+use gpuwarden_schema::config::Role;
+use gpuwarden_schema::{Action, ActionKind, Workload};
+use serde_json::{json, Value};
+
+use super::html::{alert, at, e, span, usd};
+use super::reasons::{explain, Context, Explained};
+use super::{Outcome, Portal, RequestForm, Signed};
+use crate::scorecard;
+use crate::service::ServiceError;
+use crate::store::{Lease, LeaseState};
+
+pub(super) fn signin(error: Option<&str>) -> String {
+    format!(
+        r#"{error}<form method="post" action="/ui/signin" class="card" id="signin">
+<p>Sign in with the API token an admin gave you. The portal keeps it only for this check: your browser then holds a session cookie, never the token.</p>
+<label for="token">API token</label>
+<input id="token" name="token" type="password" autocomplete="current-password" required>
+<button type="submit">Sign in</button>
+</form>"#,
+        error = error.map(alert).unwrap_or_default()
+    )
+}
+
+fn options(values: &[String], selected: &str) -> String {
+    let mut out = String::new();
+    for v in values {
+        let sel = if v == selected { " selected" } else { "" };
+        let _ = write!(out, r#"<option value="{v}"{sel}>{v}</option>"#, v = e(v));
+    }
+    out
+}
+
+/// What an estimate says: the price per hour and the most the lease may cost.
+fn estimate_text(outcome: &Outcome) -> String {
+    let est = outcome.admission.decision.estimate;
+    let per_gpu = if outcome.request.gpus > 0 {
+        est.usd_per_hour / f64::from(outcome.request.gpus)
+    } else {
+        0.0
+    };
+    match (est.max_usd, outcome.admission.decision.duration) {
+        (Some(max), Some(d)) => format!(
+            "{} GPU{} × {}/h = {}/h; up to {} for {}.",
+            outcome.request.gpus,
+            if outcome.request.gpus == 1 { "" } else { "s" },
+            usd(per_gpu),
+            usd(est.usd_per_hour),
+            usd(max),
+            span(d.as_millis() as i64)
+        ),
+        _ => format!(
+            "{}/h, with no end: it costs that for every hour it runs.",
+            usd(est.usd_per_hour)
+        ),
+    }
+}
+
+fn explained(portal: &Portal, signed: &Signed, outcome: &Outcome) -> Vec<Explained> {
+    let config = portal.service().config();
+    let teams = super::teams_of(portal, &signed.principal);
+    let ctx = Context {
+        config,
+        request: &outcome.request,
+        team: outcome.team.as_ref(),
+        teams: &teams,
+    };
+    explain(&outcome.admission.decision, &ctx)
+}
+
+/// The summary line of a decision.
+fn summary(outcome: &Outcome) -> String {
+    let decision = &outcome.admission.decision;
+    let estimate = estimate_text(outcome);
+    match (&outcome.admission.lease, decision.admitted()) {
+        (Some(lease), true) => format!(
+            "Admitted: lease {} holds {} GPU{} of {} on {}. {estimate}",
+            lease.id,
+            lease.gpu_count,
+            if lease.gpu_count == 1 { "" } else { "s" },
+            lease.gpu_model,
+            lease.substrate
+        ),
+        (None, true) => match &decision.placement {
+            Some(p) => format!(
+                "Would be admitted: {} on {}. {estimate}",
+                p.gpu_model, p.substrate
+            ),
+            None => format!("Would be admitted. {estimate}"),
+        },
+        _ => {
+            let n = decision.reasons.len();
+            let verb = if outcome.request.dry_run {
+                "Would be denied"
+            } else {
+                "Denied"
+            };
+            format!(
+                "{verb}: {n} reason{}. {estimate}",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+/// The script's answer for an estimate.
+pub(super) fn estimate_json(portal: &Portal, signed: &Signed, outcome: &Outcome) -> Value {
+    let reasons: Vec<Value> = explained(portal, signed, outcome)
+        .into_iter()
+        .map(|x| json!({"code": x.code.as_str(), "problem": x.problem, "fix": x.fix}))
+        .collect();
+    json!({
+        "decision": if outcome.admission.decision.admitted() { "admitted" } else { "denied" },
+        "summary": summary(outcome),
+        "usd_per_hour": outcome.admission.decision.estimate.usd_per_hour,
+        "max_usd": outcome.admission.decision.estimate.max_usd,
+        "reasons": reasons,
+    })
+}
+
+fn reasons_list(reasons: &[Explained]) -> String {
+    let mut out = String::from(r#"<ul id="estimate-reasons" class="reasons">"#);
+    for r in reasons {
+        let _ = write!(
+            out,
+            r#"<li data-code="{code}"><strong>{problem}</strong> <span class="fix">{fix}</span></li>"#,
+            code = r.code.as_str(),
+            problem = e(&r.problem),
+            fix = e(&r.fix)
+        );
+    }
+    out.push_str("</ul>");
+    out
+}
+
+pub(super) fn request(
+    portal: &Portal,
+    signed: &Signed,
+    form: &RequestForm,
+    models: &[String],
+    teams: &[String],
+    outcome: Option<&Result<Outcome, (StatusCode, String)>>,
+) -> String {
+    let config = portal.service().config();
+    let mut out = String::new();
+    // The decision of a submitted request, above the form.
+    let (summary_text, reasons, class) = match outcome {
+        Some(Ok(o)) => {
+            let class = if o.admission.decision.admitted() {
+                "admitted"
+            } else {
+                "denied"
+            };
+            (summary(o), explained(portal, signed, o), class)
+        }
+        Some(Err((_, why))) => (why.clone(), Vec::new(), "invalid"),
+        None => (
+            "Fill in the form to see what the lease would cost.".to_owned(),
+            Vec::new(),
+            "idle",
+        ),
+    };
+    if let Some(Ok(o)) = outcome {
+        if let (Some(lease), false) = (&o.admission.lease, o.request.dry_run) {
+            let _ = write!(
+                out,
+                r#"<p class="notice" role="status" id="decision">{}: see <a href="/ui/leases">My leases</a>.</p>"#,
+                e(format_args!("Lease {} admitted", lease.id))
+            );
+        }
+    }
+    let user_field = if signed.principal.role == Role::Member {
+        format!(
+            r#"<p class="field"><span class="label">User</span> <span id="user">{}</span></p>"#,
+            e(&signed.principal.name)
+        )
+    } else {
+        format!(
+            r#"<p class="field"><label for="user">User (a member of the team)</label><input id="user" name="user" value="{}" required></p>"#,
+            e(&form.user)
+        )
+    };
+    let workloads: Vec<String> = Workload::ALL
+        .iter()
+        .map(|w| w.as_str().to_owned())
+        .collect();
+    let mut workload_hints = String::new();
+    for w in Workload::ALL {
+        let p = config.workload(w);
+        let mut limits = Vec::new();
+        if let Some(max) = p.max_gpus {
+            limits.push(format!("up to {max} GPUs"));
+        }
+        if let Some(d) = p.max_duration {
+            limits.push(format!("at most {}", span(d.as_millis() as i64)));
+        }
+        if let Some(t) = p.idle_timeout {
+            limits.push(format!(
+                "{} after {} idle",
+                match p.on_idle {
+                    gpuwarden_schema::config::OnIdle::Alert => "alerts",
+                    gpuwarden_schema::config::OnIdle::Reclaim => "reclaimed",
+                    gpuwarden_schema::config::OnIdle::Resize => "shrunk",
+                },
+                span(t.as_millis() as i64)
+            ));
+        }
+        if !limits.is_empty() {
+            let _ = write!(workload_hints, "<li>{w}: {}</li>", e(limits.join(", ")));
+        }
+    }
+    let mut model_options = String::from(r#"<option value="">Any model the team may use</option>"#);
+    model_options.push_str(&options(models, &form.gpu_model));
+    let _ = write!(
+        out,
+        r#"<div class="columns">
+<form method="post" action="/ui/request" class="card" id="request-form">
+<input type="hidden" name="csrf" value="{csrf}">
+<input type="hidden" name="submission" value="{submission}">
+<p class="field"><label for="team">Team</label><select id="team" name="team">{teams}</select></p>
+{user_field}
+<p class="field"><label for="project">Project</label><input id="project" name="project" value="{project}" required placeholder="what the work is for, e.g. llm-finetune"></p>
+<p class="field"><label for="workload">Workload</label><select id="workload" name="workload">{workloads}</select></p>
+<p class="field"><label for="gpu_model">GPU model</label><select id="gpu_model" name="gpu_model">{models}</select></p>
+<p class="field"><label for="gpus">GPUs</label><input id="gpus" name="gpus" type="number" min="1" step="1" value="{gpus}" required></p>
+<p class="field"><label for="duration">Duration</label><input id="duration" name="duration" value="{duration}" placeholder="e.g. 30m, 2h, 1d" aria-describedby="duration-hint"><span id="duration-hint" class="hint">Empty: the workload's longest.</span></p>
+<p class="field"><label for="labels">Labels <span class="hint">(key=value, one a line; optional)</span></label><textarea id="labels" name="labels" rows="2">{labels}</textarea></p>
+<p class="buttons"><button type="submit" id="ask">Ask for GPUs</button> <button type="submit" name="check" value="1" id="check" class="secondary">Check cost</button></p>
+</form>
+<section class="card" aria-labelledby="estimate-title">
+<h2 id="estimate-title">Estimate and decision</h2>
+<div id="estimate" class="{class}" aria-live="polite"><p id="estimate-summary">{summary}</p>{reasons}</div>
+<h3>Workload limits</h3><ul class="hints">{hints}</ul>
+</section>
+</div>"#,
+        csrf = e(&signed.csrf),
+        submission = super::random_token(),
+        teams = options(teams, &form.team),
+        project = e(&form.project),
+        workloads = options(&workloads, &form.workload),
+        models = model_options,
+        gpus = e(&form.gpus),
+        duration = e(&form.duration),
+        labels = e(&form.labels),
+        summary = e(&summary_text),
+        reasons = reasons_list(&reasons),
+        hints = workload_hints,
+    );
+    out
+}
+
+fn open(lease: &Lease) -> bool {
+    matches!(
+        lease.state,
+        LeaseState::Granted | LeaseState::Active | LeaseState::Releasing
+    )
+}
+
+/// The idle warnings and idle alerts (a workload whose `on_idle` is `alert`, or a lease at its
+/// minimum size) among `actions`, by lease, newest first.
+fn warnings(actions: &[Action]) -> HashMap<String, Vec<&Action>> {
+    let mut out: HashMap<String, Vec<&Action>> = HashMap::new();
+    for a in actions {
+        if a.action == ActionKind::Alert && (a.reason == "idle_warning" || a.reason == "idle") {
+            if let Some(id) = &a.lease_id {
+                out.entry(id.clone()).or_default().push(a);
+            }
+        }
+    }
+    out
+}
+
+/// Durations an extension may offer for `lease`: those that keep it within its workload's
+/// `max_duration` (any for an admin).
+fn extensions(portal: &Portal, signed: &Signed, lease: &Lease) -> Vec<&'static str> {
+    let Some(expires_at) = lease.expires_at else {
+        return Vec::new();
+    };
+    let max = portal
+        .service()
+        .config()
+        .workload(lease.workload)
+        .max_duration;
+    [
+        ("30m", 1_800_000),
+        ("1h", 3_600_000),
+        ("2h", 7_200_000),
+        ("4h", 14_400_000),
+    ]
+    .into_iter()
+    .filter(|(_, ms)| {
+        signed.principal.role == Role::Admin
+            || max.is_none_or(|m| expires_at + ms - lease.granted_at <= m.as_millis() as i64)
+    })
+    .map(|(text, _)| text)
+    .collect()
+}
+
+fn labels(lease: &Lease) -> String {
+    lease
+        .labels
+        .iter()
+        .map(|(k, v)| format!(r#"<span class="label-pill">{}={}</span>"#, e(k), e(v)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, ServiceError> {
+    let service = portal.service();
+    let now = service.now();
+    let pricing = &service.config().pricing;
+    let p = &signed.principal;
+    let mut all = service.leases(p, None, None).await?;
+    if p.role == Role::Member {
+        all.retain(|l| l.user == p.name);
+    }
+    let (open_leases, ended): (Vec<Lease>, Vec<Lease>) = all.into_iter().partition(open);
+    // Every idle warning and alert of the open leases, however busy the rest of the fleet was.
+    let since = open_leases
+        .iter()
+        .map(|l| l.granted_at)
+        .min()
+        .unwrap_or(now);
+    let actions = service
+        .store()
+        .lease_actions(open_leases.iter().map(|l| l.id.clone()).collect(), since)
+        .await?;
+    let warned = warnings(&actions);
+    let mut out = String::new();
+    if open_leases.is_empty() {
+        out.push_str(r#"<p id="no-leases">No open leases."#);
+        if p.role != Role::Viewer {
+            out.push_str(r#" <a href="/ui/request">Request GPUs</a>."#);
+        }
+        out.push_str("</p>");
+    } else {
+        out.push_str(
+            r#"<table class="leases" id="open-leases"><caption>Open leases</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">Workload</th><th scope="col">State</th><th scope="col">GPUs</th><th scope="col">Age</th><th scope="col">Time left</th><th scope="col">Cost so far</th><th scope="col">Utilization</th><th scope="col">Idle warnings</th><th scope="col">Labels</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead><tbody>"#,
+        );
+        for lease in &open_leases {
+            let rate = pricing.usd_per_gpu_hour(&lease.gpu_model) * f64::from(lease.gpu_count);
+            let hours = (now - lease.granted_at).max(0) as f64 / 3_600_000.0;
+            let left = match lease.expires_at {
+                Some(end) => span(end - now),
+                None => "no end".to_owned(),
+            };
+            let util = match service.utilization(&lease.id) {
+                Some(u) if u.idle_ms > 0 => format!(
+                    "{:.0} %, idle for {} ({} ago)",
+                    u.util_pct,
+                    span(u.idle_ms),
+                    span(now - u.ts_ms)
+                ),
+                Some(u) => format!("{:.0} % ({} ago)", u.util_pct, span(now - u.ts_ms)),
+                None => "no signal yet".to_owned(),
+            };
+            let warning = match warned.get(&lease.id).and_then(|w| w.first()) {
+                Some(a) => format!("{}: {}", at(a.ts_ms), a.detail),
+                None => "none".to_owned(),
+            };
+            let writable = p.write_refusal(&lease.team, &lease.user).is_none()
+                && matches!(lease.state, LeaseState::Granted | LeaseState::Active);
+            let mut buttons = String::new();
+            if writable {
+                let _ = write!(
+                    buttons,
+                    r#"<form method="post" action="/ui/leases/{id}/release" class="inline"><input type="hidden" name="csrf" value="{csrf}"><button type="submit" class="danger" aria-label="Release lease {id}">Release</button></form>"#,
+                    id = e(&lease.id),
+                    csrf = e(&signed.csrf)
+                );
+                let choices = extensions(portal, signed, lease);
+                if !choices.is_empty() {
+                    let opts: Vec<String> = choices.iter().map(|c| (*c).to_owned()).collect();
+                    let _ = write!(
+                        buttons,
+                        r#"<form method="post" action="/ui/leases/{id}/extend" class="inline"><input type="hidden" name="csrf" value="{csrf}"><label class="sr-only" for="extend-{id}">Extend lease {id} by</label><select id="extend-{id}" name="duration">{opts}</select> <button type="submit" class="secondary">Extend</button></form>"#,
+                        id = e(&lease.id),
+                        csrf = e(&signed.csrf),
+                        opts = options(&opts, "1h")
+                    );
+                }
+            }
+            let _ = write!(
+                out,
+                r#"<tr data-lease="{id}"><td data-label="Lease"><code>{id}</code><br><span class="hint">{project}</span></td><td data-label="Team · user">{team} · {user}</td><td data-label="Workload">{workload}</td><td data-label="State" class="state">{state}</td><td data-label="GPUs">{count} × {model}<br><span class="hint">on {substrate}</span></td><td data-label="Age">{age}</td><td data-label="Time left">{left}</td><td data-label="Cost so far">{cost}<br><span class="hint">{rate}/h</span></td><td data-label="Utilization">{util}</td><td data-label="Idle warnings">{warning}</td><td data-label="Labels">{labels}</td><td data-label="Actions">{buttons}</td></tr>"#,
+                id = e(&lease.id),
+                project = e(&lease.project),
+                team = e(&lease.team),
+                user = e(&lease.user),
+                workload = lease.workload,
+                state = lease.state.as_str(),
+                count = lease.gpu_count,
+                model = e(&lease.gpu_model),
+                substrate = e(&lease.substrate),
+                age = span(now - lease.granted_at),
+                cost = usd(rate * hours),
+                rate = usd(rate),
+                util = e(&util),
+                warning = e(&warning),
+                labels = labels(lease),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    if !ended.is_empty() {
+        out.push_str(
+            r#"<table class="leases" id="ended-leases"><caption>Recently ended</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">Workload</th><th scope="col">GPUs</th><th scope="col">Ended</th><th scope="col">Why</th><th scope="col">Labels</th></tr></thead><tbody>"#,
+        );
+        for lease in ended.iter().take(10) {
+            let _ = write!(
+                out,
+                r#"<tr data-lease="{id}"><td data-label="Lease"><code>{id}</code></td><td data-label="Team · user">{team} · {user}</td><td data-label="Workload">{workload}</td><td data-label="GPUs">{count} × {model}</td><td data-label="Ended">{ended}</td><td data-label="Why" class="state">{why}</td><td data-label="Labels">{labels}</td></tr>"#,
+                id = e(&lease.id),
+                team = e(&lease.team),
+                user = e(&lease.user),
+                workload = lease.workload,
+                count = lease.gpu_count,
+                model = e(&lease.gpu_model),
+                ended = lease.released_at.map(at).unwrap_or_default(),
+                why = lease
+                    .release_reason
+                    .map(|r| r.as_str())
+                    .unwrap_or(lease.state.as_str()),
+                labels = labels(lease),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    Ok(out)
+}
+
+fn meter(id: &str, label: &str, value: f64, max: f64) -> String {
+    format!(
+        r#"<meter id="{id}" min="0" max="{max}" value="{value}" aria-label="{label}"></meter>"#,
+        id = e(id),
+        label = e(label),
+        max = max.max(0.0),
+        value = value.clamp(0.0, max.max(0.0)),
+    )
+}
+
+pub(super) async fn team(
+    portal: &Portal,
+    signed: &Signed,
+    name: &str,
+    teams: &[String],
+) -> Result<String, ServiceError> {
+    let service = portal.service();
+    let t = service.team(&signed.principal, name).await?;
+    let now = service.now();
+    let pricing = &service.config().pricing;
+    let leases = service
+        .leases(&signed.principal, Some(name.to_owned()), None)
+        .await?;
+    // Each open lease costs its price until it expires or the month ends, whichever comes
+    // first: a two-hour notebook adds two hours, not the rest of the month.
+    let (_, month_end) = gpuwarden_schema::calendar::month_of(now);
+    let still_to_spend: f64 = leases
+        .iter()
+        .filter(|l| open(l))
+        .map(|l| {
+            let until = l.expires_at.map_or(month_end, |at| at.min(month_end));
+            let hours = (until - now).max(0) as f64 / 3_600_000.0;
+            pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count) * hours
+        })
+        .sum();
+    let forecast = t.month_to_date_usd + still_to_spend;
+    let burn: f64 = leases
+        .iter()
+        .filter(|l| open(l))
+        .map(|l| pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count))
+        .sum();
+    let left = t.monthly_budget_usd - t.month_to_date_usd;
+    let status = if t.month_to_date_usd > t.monthly_budget_usd {
+        "over budget".to_owned()
+    } else if forecast > t.monthly_budget_usd {
+        format!(
+            "forecast over budget by {}",
+            usd(forecast - t.monthly_budget_usd)
+        )
+    } else {
+        "forecast within budget".to_owned()
+    };
+    let mut out = String::new();
+    if teams.len() > 1 {
+        out.push_str(r#"<nav aria-label="Teams" class="teams"><ul>"#);
+        for other in teams {
+            let current = if other == name {
+                r#" aria-current="page""#
+            } else {
+                ""
+            };
+            let _ = write!(
+                out,
+                r#"<li><a href="/ui/team?team={q}"{current}>{t}</a></li>"#,
+                q = e(super::query_value(other)),
+                t = e(other)
+            );
+        }
+        out.push_str("</ul></nav>");
+    }
+    if t.blocked {
+        out.push_str(&alert(&format!(
+            "Team {name}'s new requests are blocked (over its monthly budget, or by an admin)."
+        )));
+    }
+    let free = t.gpu_quota.saturating_sub(t.gpus_held);
+    let _ = write!(
+        out,
+        r#"<div class="columns">
+<section class="card" aria-labelledby="quota-title"><h2 id="quota-title">Quota</h2>
+<p id="quota"><strong>{held} of {quota} GPUs</strong> held in open leases; {free} free.</p>
+{quota_meter}
+</section>
+<section class="card" aria-labelledby="spend-title"><h2 id="spend-title">Spend this month</h2>
+<p id="spend"><strong>{mtd}</strong> of {budget} spent; {left} left.</p>
+{spend_meter}
+<p id="forecast">Month-end forecast: <strong>{forecast}</strong> ({status}): {still} more for the open leases until they expire or the month ends, at {burn}/h now.</p>
+</section>
+</div>"#,
+        held = t.gpus_held,
+        quota = t.gpu_quota,
+        quota_meter = meter(
+            "quota-meter",
+            "GPUs held of the quota",
+            f64::from(t.gpus_held),
+            f64::from(t.gpu_quota)
+        ),
+        mtd = usd(t.month_to_date_usd),
+        budget = usd(t.monthly_budget_usd),
+        left = usd(left.max(0.0)),
+        spend_meter = meter(
+            "spend-meter",
+            "Spent of the monthly budget",
+            t.month_to_date_usd,
+            t.monthly_budget_usd
+        ),
+        forecast = usd(forecast),
+        status = e(&status),
+        still = usd(still_to_spend),
+        burn = usd(burn),
+    );
+    out.push_str(r#"<section class="card" aria-labelledby="idle-title"><h2 id="idle-title">Idle cost this month</h2>"#);
+    match &portal.0.insights {
+        None => out.push_str(
+            r#"<p id="idle">Idle cost is read from the lake, and this enforcer runs without one.</p>"#,
+        ),
+        Some(insights) => match insights.team_idle(name, now, 5).await {
+            Err(why) => out.push_str(&alert(&format!("The lake could not be read: {why}"))),
+            Ok(idle) => {
+                let share = if idle.cost_usd > 0.0 {
+                    100.0 * idle.idle_cost_usd / idle.cost_usd
+                } else {
+                    0.0
+                };
+                let _ = write!(
+                    out,
+                    r#"<p id="idle"><strong>{}</strong> of {} paid for idle GPUs ({share:.1} %).</p>"#,
+                    usd(idle.idle_cost_usd),
+                    usd(idle.cost_usd)
+                );
+                if idle.top.is_empty() {
+                    out.push_str("<p>No lease had idle cost this month.</p>");
+                } else {
+                    out.push_str(r#"<table id="idle-leases"><caption>Leases with the highest idle cost</caption><thead><tr><th scope="col">Lease</th><th scope="col">User</th><th scope="col">Workload</th><th scope="col">Idle cost</th><th scope="col">Cost</th></tr></thead><tbody>"#);
+                    for l in &idle.top {
+                        let _ = write!(
+                            out,
+                            r#"<tr><td data-label="Lease"><code>{}</code></td><td data-label="User">{}</td><td data-label="Workload">{}</td><td data-label="Idle cost">{}</td><td data-label="Cost">{}</td></tr>"#,
+                            e(&l.lease_id),
+                            e(&l.user),
+                            e(&l.workload),
+                            usd(l.idle_cost_usd),
+                            usd(l.cost_usd)
+                        );
+                    }
+                    out.push_str("</tbody></table>");
+                }
+            }
+        },
+    }
+    out.push_str("</section>");
+    Ok(out)
+}
+
+fn actions_table(actions: &[Action]) -> String {
+    let mut out = String::from(
+        r#"<table id="actions"><caption>Recent actions (the audit trail)</caption><thead><tr><th scope="col">When</th><th scope="col">Action</th><th scope="col">Reason</th><th scope="col">Team</th><th scope="col">Lease</th><th scope="col">Outcome</th><th scope="col">Detail</th></tr></thead><tbody>"#,
+    );
+    for a in actions {
+        let _ = write!(
+            out,
+            r#"<tr><td data-label="When">{}</td><td data-label="Action">{}</td><td data-label="Reason">{}</td><td data-label="Team">{}</td><td data-label="Lease"><code>{}</code></td><td data-label="Outcome">{}</td><td data-label="Detail">{}</td></tr>"#,
+            at(a.ts_ms),
+            a.action.as_str(),
+            e(&a.reason),
+            e(a.team.as_deref().unwrap_or("")),
+            e(a.lease_id.as_deref().unwrap_or("")),
+            a.outcome.as_str(),
+            e(&a.detail)
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+pub(super) async fn admin(portal: &Portal, signed: &Signed) -> Result<String, ServiceError> {
+    let service = portal.service();
+    let mut out = String::from(
+        r#"<table id="teams"><caption>Every team</caption><thead><tr><th scope="col">Team</th><th scope="col">GPUs held</th><th scope="col">Spent this month</th><th scope="col">Blocked</th></tr></thead><tbody>"#,
+    );
+    let mut blocked = Vec::new();
+    for t in &service.config().teams {
+        let team = service.team(&signed.principal, &t.name).await?;
+        if team.blocked {
+            blocked.push(team.name.clone());
+        }
+        let _ = write!(
+            out,
+            r#"<tr data-team="{name}"><td data-label="Team"><a href="/ui/team?team={q}">{name}</a></td><td data-label="GPUs held">{held} of {quota}</td><td data-label="Spent this month">{mtd} of {budget}</td><td data-label="Blocked">{blocked}</td></tr>"#,
+            name = e(&team.name),
+            q = e(super::query_value(&team.name)),
+            held = team.gpus_held,
+            quota = team.gpu_quota,
+            mtd = usd(team.month_to_date_usd),
+            budget = usd(team.monthly_budget_usd),
+            blocked = if team.blocked { "yes" } else { "no" },
+        );
+    }
+    out.push_str("</tbody></table>");
+    let _ = write!(
+        out,
+        r#"<section class="card" aria-labelledby="blocked-title"><h2 id="blocked-title">Blocked teams</h2><p id="blocked">{}</p></section>"#,
+        if blocked.is_empty() {
+            "None.".to_owned()
+        } else {
+            e(blocked.join(", ")).to_string()
+        }
+    );
+    let actions = service.store().recent_actions(50, None).await?;
+    out.push_str(&actions_table(&actions));
+    out.push_str(r#"<p><a href="/ui/scorecard">The maturity scorecard</a></p>"#);
+    Ok(out)
+}
+
+pub(super) async fn scorecard(portal: &Portal) -> String {
+    let Some(insights) = &portal.0.insights else {
+        return alert(
+            "The scorecard reads the lake, and this enforcer runs without one; run `gpuwarden assess --config FILE` where the lake is.",
+        );
+    };
+    let evidence = match insights.evidence().await {
+        Ok(evidence) => evidence,
+        Err(why) => return alert(&format!("The lake could not be read: {why}")),
+    };
+    let card = scorecard::assess(portal.service().config(), &evidence);
+    let mut out = format!(
+        r#"<p id="average">Average <strong>{:.2}</strong> of 5: <strong class="band">{}</strong>{}.</p>"#,
+        card.average,
+        card.band.as_str(),
+        match card.as_of_ms {
+            Some(ms) => format!(
+                ", from the {} days of the lake up to {}",
+                scorecard::WINDOW_DAYS,
+                at(ms)
+            ),
+            None => ", from an empty lake".to_owned(),
+        }
+    );
+    out.push_str(r#"<table id="scorecard"><thead><tr><th scope="col">Capability</th><th scope="col">Score</th><th scope="col">Evidence</th><th scope="col">To raise it</th></tr></thead><tbody>"#);
+    for s in &card.scores {
+        let evidence: String = s
+            .evidence
+            .iter()
+            .map(|line| format!("<li>{}</li>", e(line)))
+            .collect();
+        let capability = serde_json::to_value(s.capability)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            r#"<tr data-capability="{capability}"><th scope="row">{title}</th><td data-label="Score" class="score"><span class="dots" aria-hidden="true">{dots}</span> <span class="value">{score}</span><span class="sr-only"> of 5</span></td><td data-label="Evidence"><ul>{evidence}</ul></td><td data-label="To raise it">{next}</td></tr>"#,
+            title = e(s.title),
+            dots = "●".repeat(s.score as usize) + &"○".repeat(5 - s.score as usize),
+            score = s.score,
+            next = e(s
+                .next
+                .as_deref()
+                .unwrap_or("Nothing: this is the top score.")),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
