@@ -1,13 +1,13 @@
-//! An S3-compatible server of a test's own, for the lake on object storage: the `s3s-fs` binary
-//! (crate s3s-fs, which `.ci/run` installs under /var/tmp/gpuwarden-s3s) serving a directory of
-//! the test on a port of 127.0.0.1 that the kernel picks, with one bucket made through the S3
-//! API. A test reaches it two ways: an `ObjectStore` for its own reads and writes, and the
-//! standard AWS environment variables for a `gpuwarden` process.
+//! An S3-compatible server of a test's own, for the lake on object storage:
+//! `gpuwarden-s3-test-server` (dev/s3-test-server: s3s-fs 0.14.1 behind a per-key lock, which
+//! `.ci/run` installs under /var/tmp/gpuwarden-s3s) serving a directory of the test on a port of
+//! 127.0.0.1 that the kernel picks, with one bucket made through the S3 API. A test reaches it two
+//! ways: an `ObjectStore` for its own reads and writes, and the standard AWS environment
+//! variables for a `gpuwarden` process.
 //!
-//! s3s-fs keeps each object as a file, `<root>/<bucket>/<key>`. Its conditional writes are checked
-//! before the write rather than atomically with it, so concurrent conditional writes to one key
-//! are not serialized: docs/ARCHITECTURE.md#the-lake-on-object-storage says what
-//! that means for the tests.
+//! It keeps each object as a file, `<root>/<bucket>/<key>`. s3s-fs alone checks a conditional
+//! write before writing, so concurrent conditional writes to one key could both succeed; the lock
+//! makes the check and the write one step (docs/ARCHITECTURE.md#the-lake-on-object-storage).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -23,27 +23,23 @@ pub const ACCESS_KEY: &str = "gpuwarden-test";
 pub const SECRET_KEY: &str = "gpuwarden-test-secret";
 pub const REGION: &str = "us-east-1";
 
-/// The version .ci/run installs; the newer ones need a newer Rust than the workspace's.
-pub const S3S_FS_VERSION: &str = "0.14.1";
-
-/// The server binary: GPUWARDEN_S3S_FS, else where .ci/run installs it. Missing, it fails the test
-/// that needs it, saying how to install it.
-pub fn s3s_fs_binary() -> PathBuf {
-    let path = std::env::var_os("GPUWARDEN_S3S_FS")
+/// The server binary: GPUWARDEN_S3_TEST_SERVER, else where .ci/run installs it. Missing, it fails
+/// the test that needs it, saying how to install it.
+pub fn server_binary() -> PathBuf {
+    let path = std::env::var_os("GPUWARDEN_S3_TEST_SERVER")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/gpuwarden-s3s/bin/s3s-fs"));
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/gpuwarden-s3s/bin/gpuwarden-s3-test-server"));
     assert!(
         path.is_file(),
         "the S3 server {} is missing: run `bash .ci/run`, or install it by hand:\n  \
-         CARGO_INSTALL_ROOT=/var/tmp/gpuwarden-s3s cargo install --locked \
-         s3s-fs@{S3S_FS_VERSION} --features binary",
+         cargo install --locked --root /var/tmp/gpuwarden-s3s --path dev/s3-test-server",
         path.display()
     );
     path
 }
 
-/// A running s3s-fs with one bucket; stopped when dropped.
+/// A running S3 server with one bucket; stopped when dropped.
 pub struct S3Server {
     child: Child,
     /// `http://127.0.0.1:<port>`.
@@ -54,18 +50,17 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts s3s-fs over `root` (made if missing) and creates `bucket` in it.
+    /// Starts the S3 server over `root` (made if missing) and creates `bucket` in it.
     pub fn start(root: &Path, bucket: &str) -> Self {
         std::fs::create_dir_all(root).unwrap();
-        let mut child = Command::new(s3s_fs_binary())
+        let mut child = Command::new(server_binary())
             .args(["--host", "127.0.0.1", "--port", "0"])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .arg(root)
-            .env("RUST_LOG", "s3s_fs=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("starts s3s-fs");
+            .expect("starts the S3 server");
         // The server logs its address once it listens. The thread reads its output to the end,
         // so that the server never blocks on a full pipe.
         let stdout = child.stdout.take().unwrap();
@@ -92,11 +87,11 @@ impl S3Server {
             Ok(Ok(endpoint)) => endpoint,
             Ok(Err(output)) => {
                 let status = child.wait().unwrap();
-                panic!("s3s-fs exited ({status}) before listening; its output:\n{output}")
+                panic!("the S3 server exited ({status}) before listening; its output:\n{output}")
             }
             Err(_) => {
                 let _ = child.kill();
-                panic!("s3s-fs did not say where it listens within 30 s")
+                panic!("the S3 server did not say where it listens within 30 s")
             }
         };
         let server = Self {
