@@ -1,15 +1,18 @@
 //! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
 //! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
 //! `gpuwarden ingest` and `gpuwarden sql` reaching the bucket through the standard AWS
-//! environment, and the commands that do not run on a bucket yet refusing it at start.
+//! environment, a role's lease object taken, renewed, taken over and raced for, and the commands
+//! that do not run on a bucket yet refusing it at start.
 
 mod support;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use gpuwarden_pipeline::lake::{Intent, LakeError};
+use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
 use support::s3::S3Server;
 
@@ -359,6 +362,153 @@ fn commands_that_do_not_run_on_a_bucket_yet_refuse_it_at_start() {
                 args[0]
             )),
             "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// A client of the lake `fleet/lake` in `server`'s bucket, as a process of its own would have:
+/// its own connections and IO threads.
+fn object_lake(server: &S3Server) -> gpuwarden_pipeline::store::ObjectLake {
+    use support::s3::{ACCESS_KEY, REGION, SECRET_KEY};
+    let s3 = gpuwarden_schema::config::S3Config {
+        endpoint: Some(server.endpoint.clone()),
+        region: Some(REGION.to_string()),
+        access_key_id: Some(ACCESS_KEY.to_string()),
+        secret_access_key: Some(SECRET_KEY.to_string()),
+        allow_http: Some(true),
+        ..Default::default()
+    };
+    gpuwarden_pipeline::store::ObjectLake::s3(&server.bucket, "fleet/lake", &s3).unwrap()
+}
+
+/// A role's lease, one holder after another: taken, refused to a second taker while it lasts,
+/// renewed, taken over once it expired, after which the deposed holder's renewal and release
+/// are refused; released, and taken again at once.
+#[test]
+fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let (a_lake, b_lake) = (object_lake(&server), object_lake(&server));
+
+    let mut a = Lease::try_take(&a_lake, "rollups", "a", TTL)
+        .unwrap()
+        .expect("a free lease is taken");
+    assert_eq!((a.holder(), a.generation()), ("a", 1));
+    assert!(a.remaining() > Duration::ZERO && a.remaining() <= TTL);
+    assert_eq!(
+        server.keys("fleet/lake/_leases"),
+        ["fleet/lake/_leases/rollups.json"]
+    );
+    assert!(
+        Lease::try_take(&b_lake, "rollups", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "taken while a's lease lasts"
+    );
+    // Another role is another lease.
+    let signals = Lease::try_take(&b_lake, "signals", "b", TTL)
+        .unwrap()
+        .expect("another role's lease is free");
+
+    // a renews in time: b is still refused after a's first expiry would have passed.
+    std::thread::sleep(TTL / 2);
+    assert_eq!(a.renew().unwrap(), Held::Kept);
+    std::thread::sleep(TTL * 2 / 3);
+    assert!(
+        Lease::try_take(&b_lake, "rollups", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "a renewed lease lasts from its renewal"
+    );
+
+    // a stops renewing (stuck, or cut off); once its lease has expired, b takes it over.
+    std::thread::sleep(TTL);
+    assert_eq!(a.remaining(), Duration::ZERO, "a counts its lease as ended");
+    let b = Lease::try_take(&b_lake, "rollups", "b", TTL)
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert_eq!((b.holder(), b.generation()), ("b", 2));
+    // a learns it was deposed at its next write, and writes nothing over b's lease.
+    assert_eq!(a.renew().unwrap(), Held::Deposed);
+    assert_eq!(a.remaining(), Duration::ZERO);
+    assert_eq!(a.release().unwrap(), Held::Deposed);
+    assert!(
+        Lease::try_take(&a_lake, "rollups", "a", TTL)
+            .unwrap()
+            .is_none(),
+        "b's lease stands after a's refused writes"
+    );
+
+    // b releases: the next taker need not wait for the expiry.
+    assert_eq!(b.release().unwrap(), Held::Kept);
+    let again = Lease::try_take(&a_lake, "rollups", "a", TTL)
+        .unwrap()
+        .expect("a released lease is taken at once");
+    assert_eq!(again.generation(), 3);
+    assert_eq!(again.release().unwrap(), Held::Kept);
+    assert_eq!(signals.release().unwrap(), Held::Kept);
+}
+
+/// Takers racing, truly concurrently and each through a client of its own, for one lease:
+/// exactly one wins each round, whether the lease is free (a create-only PUT) or released (a
+/// conditional replacement of the object, as for an expired one), and the object names the
+/// winner. The lease lasts long enough that no taker slowed by a loaded machine can outlast it
+/// and rightly take it over as a second winner.
+#[test]
+fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
+    const TAKERS: usize = 8;
+    const ROUNDS: usize = 20;
+    const TTL: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lakes: Vec<_> = (0..TAKERS).map(|_| object_lake(&server)).collect();
+    let race = |role: &str| -> Vec<Lease> {
+        let barrier = std::sync::Barrier::new(TAKERS);
+        std::thread::scope(|scope| {
+            let tries: Vec<_> = lakes
+                .iter()
+                .enumerate()
+                .map(|(i, lake)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        Lease::try_take(lake, role, &format!("taker-{i}"), TTL).unwrap()
+                    })
+                })
+                .collect();
+            tries
+                .into_iter()
+                .filter_map(|t| t.join().unwrap())
+                .collect()
+        })
+    };
+    let holder_in_store = |role: &str| -> String {
+        let body: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(server.object_path(&format!("fleet/lake/_leases/{role}.json"))).unwrap(),
+        )
+        .unwrap();
+        body["holder"].as_str().unwrap().to_string()
+    };
+    for round in 0..ROUNDS {
+        let role = format!("role-{round}");
+        let free = race(&role);
+        assert_eq!(free.len(), 1, "round {round}, free lease: {free:?}");
+        assert_eq!(holder_in_store(&role), free[0].holder(), "round {round}");
+
+        let won = free.into_iter().next().unwrap();
+        assert_eq!(won.release().unwrap(), Held::Kept);
+        let released = race(&role);
+        assert_eq!(
+            released.len(),
+            1,
+            "round {round}, released lease: {released:?}"
+        );
+        assert_eq!(released[0].generation(), 2, "round {round}");
+        assert_eq!(
+            holder_in_store(&role),
+            released[0].holder(),
+            "round {round}"
         );
     }
 }

@@ -5,7 +5,8 @@
 //! The lake is a directory, or a prefix of an S3 bucket ([`crate::store`]): the same layout, the
 //! same names, and for each operation below the directory's way or the object store's
 //! (docs/ARCHITECTURE.md#the-lake-on-object-storage). Locks, and with them the rollups,
-//! compaction and the signals publisher, are the directory's alone so far.
+//! compaction and the signals publisher, are the directory's alone so far: a bucket's
+//! counterpart, a lease object that expires, is [`crate::lease`], not yet taken here.
 //!
 //! Layout (docs/ARCHITECTURE.md#lake-layout):
 //! `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`. `<source>` is
@@ -383,8 +384,10 @@ impl Lake {
     /// [`Lake::try_lock`] of the same file in this one. The lock lasts as long as the returned
     /// value, and ends with the process however it ends, so a crash never leaves it taken.
     ///
-    /// A lake in an object store has no locks yet (leases with expiry are planned): the error
-    /// says so, and stops the one roller, compactor and signals publisher before they start.
+    /// A lake in an object store has no locks here yet: the error says so, and stops the one
+    /// roller, compactor and signals publisher before they start. Its lock will be a
+    /// [`crate::lease::Lease`], which its holders must renew and which they can lose, so it
+    /// waits until they renew it and commit conditionally.
     pub fn try_lock(&self, relative: &Path) -> Result<Option<LakeLock>, LakeError> {
         if let Some(objects) = &self.objects {
             return Err(LakeError::NotOnObjectStore {

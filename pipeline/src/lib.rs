@@ -20,6 +20,8 @@
 //!   through.
 //! - [`lake`] (uses `versions`, `store`): the lake's files, in a directory or an object store,
 //!   their partitions, marks and locks.
+//! - [`lease`] (uses `store`, `lake`'s `LakeError`): a role's lock on a lake in an object store,
+//!   as a lease object that expires.
 //! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
 //!   watermark, each host's clock skew.
 //! - [`buffer`] (uses `bounds`, `lake`): the raw tables and the rows waiting to be flushed to
@@ -47,6 +49,7 @@ pub mod files;
 pub mod governor;
 pub mod hot;
 pub mod lake;
+pub mod lease;
 pub mod listing;
 pub mod metrics;
 pub mod retention;

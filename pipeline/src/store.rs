@@ -30,8 +30,8 @@ use object_store::client::SpawnedReqwestConnector;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt as _, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-    WriteMultipart,
+    ObjectStoreExt as _, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    UpdateVersion, WriteMultipart,
 };
 
 use crate::lake::LakeError;
@@ -57,7 +57,9 @@ impl Drop for IoRuntime {
     }
 }
 
-/// The lake's prefix of a bucket, and the client that reaches it.
+/// The lake's prefix of a bucket, and the client that reaches it. A clone shares the client
+/// and its runtime.
+#[derive(Clone)]
 pub struct ObjectLake {
     store: Arc<dyn ObjectStore>,
     /// `s3://<bucket>`: the store's URL in a DataFusion session.
@@ -244,6 +246,60 @@ impl ObjectLake {
             Ok(bytes) => Ok(Some(bytes)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("reading", &key)(e)),
+        }
+    }
+
+    /// The object `relative` and the version it was read at (its ETag, and its version id where
+    /// the bucket keeps versions), or `None` when there is none: what a conditional
+    /// [`ObjectLake::put_if`] names to replace exactly this object.
+    pub fn get_versioned(
+        &self,
+        relative: &FsPath,
+    ) -> Result<Option<(Bytes, UpdateVersion)>, LakeError> {
+        let key = self.key(relative);
+        let k = key.clone();
+        match self.block(move |store| async move {
+            let got = store.get(&k).await?;
+            let version = UpdateVersion {
+                e_tag: got.meta.e_tag.clone(),
+                version: got.meta.version.clone(),
+            };
+            Ok((got.bytes().await?, version))
+        }) {
+            Ok(read) => Ok(Some(read)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("reading", &key)(e)),
+        }
+    }
+
+    /// Puts `bytes` as `relative` only if `mode` holds when the store writes it: `Create`, no
+    /// object there; `Update(v)`, the object there is still the version `v`. Returns the new
+    /// object's version, or `None` when the condition did not hold and nothing was written.
+    ///
+    /// A conditional PUT the client retried (a timeout, a 5xx) after the store had already
+    /// written it answers `None`: the caller may lose what it in fact won, never the reverse.
+    pub fn put_if(
+        &self,
+        relative: &FsPath,
+        bytes: Vec<u8>,
+        mode: PutMode,
+    ) -> Result<Option<UpdateVersion>, LakeError> {
+        let key = self.key(relative);
+        let k = key.clone();
+        match self.block(move |store| async move {
+            store
+                .put_opts(&k, PutPayload::from(bytes), PutOptions::from(mode))
+                .await
+        }) {
+            Ok(put) => Ok(Some(UpdateVersion {
+                e_tag: put.e_tag,
+                version: put.version,
+            })),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(None),
+            Err(e) => Err(self.error("writing", &key)(e)),
         }
     }
 
