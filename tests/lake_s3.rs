@@ -1,8 +1,8 @@
 //! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
 //! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
 //! `gpuwarden ingest` and `gpuwarden sql` reaching the bucket through the standard AWS
-//! environment, a role's lease object taken, renewed, taken over and raced for, and the commands
-//! that do not run on a bucket yet refusing it at start.
+//! environment, a role's lease object taken, renewed, handed over, taken over and raced for, and
+//! the commands that do not run on a bucket yet refusing it at start.
 
 mod support;
 
@@ -448,6 +448,63 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
     assert_eq!(again.generation(), 3);
     assert_eq!(again.release().unwrap(), Held::Kept);
     assert_eq!(signals.release().unwrap(), Held::Kept);
+}
+
+/// A lease handed over: refused to anyone else, taken up by the holder it names alone, a new
+/// generation; and a deposed holder's handover refused.
+#[test]
+fn a_lease_is_handed_over_to_the_holder_it_names() {
+    const TTL: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let (a_lake, b_lake, c_lake) = (
+        object_lake(&server),
+        object_lake(&server),
+        object_lake(&server),
+    );
+
+    let a = Lease::try_take(&a_lake, "compaction", "a", TTL)
+        .unwrap()
+        .expect("a free lease is taken");
+    assert_eq!(a.hand_over("b").unwrap(), Held::Kept);
+    assert!(
+        Lease::try_take(&c_lake, "compaction", "c", TTL)
+            .unwrap()
+            .is_none(),
+        "a lease handed over is not free"
+    );
+    assert!(
+        Lease::adopt(&c_lake, "compaction", "c", TTL)
+            .unwrap()
+            .is_none(),
+        "handed to b, not to c"
+    );
+    let mut b = Lease::adopt(&b_lake, "compaction", "b", TTL)
+        .unwrap()
+        .expect("b takes up the lease handed to it");
+    assert_eq!((b.holder(), b.generation()), ("b", 2));
+    assert!(b.remaining() > Duration::ZERO);
+    assert_eq!(b.renew().unwrap(), Held::Kept);
+    assert_eq!(b.release().unwrap(), Held::Kept);
+
+    // A holder deposed after its lease expired cannot hand the role on.
+    let short = Duration::from_millis(300);
+    let a = Lease::try_take(&a_lake, "compaction", "a", short)
+        .unwrap()
+        .expect("a released lease is taken");
+    std::thread::sleep(short + Duration::from_millis(100));
+    let c = Lease::try_take(&c_lake, "compaction", "c", TTL)
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert_eq!(c.generation(), 4);
+    assert_eq!(a.hand_over("b").unwrap(), Held::Deposed);
+    assert!(
+        Lease::adopt(&b_lake, "compaction", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "c holds it, handed to nobody"
+    );
+    assert_eq!(c.release().unwrap(), Held::Kept);
 }
 
 /// Takers racing, truly concurrently and each through a client of its own, for one lease:

@@ -5,8 +5,9 @@
 //! kernel drops the lock of a holder that died, so a lease that is not renewed ends by itself.
 //!
 //! Every write of the object is conditional, checked by the store with the write: taking a free
-//! role creates the object (`PutMode::Create`); renewing, releasing, and taking over an expired
-//! lease replace the very version that was read (`PutMode::Update` on its ETag). So of any
+//! role creates the object (`PutMode::Create`); renewing, releasing, handing over, taking up a
+//! lease handed over, and taking over an expired lease replace the very version that was read
+//! (`PutMode::Update` on its ETag). So of any
 //! number of takers one wins, and a holder whose renewal is refused knows another has taken the
 //! role since its last write: it was deposed. Every body differs from the one it replaces (a new
 //! expiry, or a new generation and holder), so an ETag never comes back.
@@ -90,18 +91,9 @@ impl Lease {
         ttl: Duration,
     ) -> Result<Option<Self>, LakeError> {
         let relative = Self::path(role);
-        let (generation, mode) = match objects.get_versioned(&relative)? {
+        let (generation, mode) = match Self::read(objects, &relative)? {
             None => (1, PutMode::Create),
-            Some((bytes, version)) => {
-                let old: Body = serde_json::from_slice(&bytes).map_err(|e| LakeError::Store {
-                    action: "reading the lease",
-                    key: objects.key(&relative).to_string(),
-                    lake: objects.display().to_string(),
-                    source: Box::new(object_store::Error::Generic {
-                        store: "S3",
-                        source: Box::new(e),
-                    }),
-                })?;
+            Some((old, version)) => {
                 if old.expires_at_ms > now_ms() {
                     return Ok(None);
                 }
@@ -125,6 +117,67 @@ impl Lease {
             ttl,
             valid_until: started + ttl,
         }))
+    }
+
+    /// Takes up the lease on `role` that its holder handed to `holder` ([`Lease::hand_over`]),
+    /// extending it to `ttl` from now: a conditional write on the version read, so of two
+    /// adopters under one name one wins. `Ok(None)` when the lease is not handed to `holder`,
+    /// has expired meanwhile (whoever wants it takes it over as usual), or the write was
+    /// refused. A holder's name must be its process's alone: a restarted process under its
+    /// old name would adopt its old lease as well.
+    pub fn adopt(
+        objects: &ObjectLake,
+        role: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Self>, LakeError> {
+        let relative = Self::path(role);
+        let Some((handed, version)) = Self::read(objects, &relative)? else {
+            return Ok(None);
+        };
+        if handed.holder != holder || handed.expires_at_ms <= now_ms() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let body = Body {
+            expires_at_ms: now_ms()
+                .saturating_add(ms(ttl))
+                .max(handed.expires_at_ms + 1),
+            ..handed
+        };
+        let Some(version) =
+            objects.put_if(&relative, Self::encode(&body), PutMode::Update(version))?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            objects: objects.clone(),
+            relative,
+            body,
+            version,
+            ttl,
+            valid_until: started + ttl,
+        }))
+    }
+
+    /// The lease object at `relative` and the version read, or `None` when there is none.
+    fn read(
+        objects: &ObjectLake,
+        relative: &Path,
+    ) -> Result<Option<(Body, UpdateVersion)>, LakeError> {
+        let Some((bytes, version)) = objects.get_versioned(relative)? else {
+            return Ok(None);
+        };
+        let body = serde_json::from_slice(&bytes).map_err(|e| LakeError::Store {
+            action: "reading the lease",
+            key: objects.key(relative).to_string(),
+            lake: objects.display().to_string(),
+            source: Box::new(object_store::Error::Generic {
+                store: "S3",
+                source: Box::new(e),
+            }),
+        })?;
+        Ok(Some((body, version)))
     }
 
     fn encode(body: &Body) -> Vec<u8> {
@@ -168,6 +221,19 @@ impl Lease {
     pub fn release(mut self) -> Result<Held, LakeError> {
         let mut body = self.body.clone();
         body.expires_at_ms = 0;
+        self.replace(body)
+    }
+
+    /// Hands the role to `to`, who takes the lease up with [`Lease::adopt`] before it expires, a
+    /// lease length from now (else anyone may take it over then): a new generation under the
+    /// new holder's name, written over the version this holder last wrote. [`Held::Deposed`]
+    /// when it was no longer this holder's to give.
+    pub fn hand_over(mut self, to: &str) -> Result<Held, LakeError> {
+        let body = Body {
+            holder: to.to_string(),
+            generation: self.body.generation + 1,
+            expires_at_ms: now_ms().saturating_add(ms(self.ttl)),
+        };
         self.replace(body)
     }
 
