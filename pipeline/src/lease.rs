@@ -7,10 +7,10 @@
 //! Every write of the object is conditional, checked by the store with the write: taking a free
 //! role creates the object (`PutMode::Create`); renewing, releasing, handing over, taking up a
 //! lease handed over, and taking over an expired lease replace the very version that was read
-//! (`PutMode::Update` on its ETag). So of any
-//! number of takers one wins, and a holder whose renewal is refused knows another has taken the
-//! role since its last write: it was deposed. Every body differs from the one it replaces (a new
-//! expiry, or a new generation and holder), so an ETag never comes back.
+//! (`PutMode::Update` on its ETag). So of any number of takers one wins, and a holder whose
+//! renewal is refused knows another has taken the role since its last write: it was deposed.
+//! Every body differs from the one it replaces (a new expiry, or a new generation and holder),
+//! so an ETag never comes back.
 //!
 //! Expiry is read against the wall clock of whoever reads it, so the holders' clocks must agree
 //! to well within a lease's length. A holder counts its own lease by its monotonic clock from
