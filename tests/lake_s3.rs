@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use gpuwarden_pipeline::lake::{Intent, LakeError};
+use gpuwarden_pipeline::lake::{Intent, Role};
 use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
 use support::s3::S3Server;
@@ -132,10 +132,7 @@ fn the_lake_keeps_its_contract_in_a_directory_and_in_an_s3_bucket() {
     let local = Lake::open(dir.path().join("lake")).unwrap();
     let root = local.root().to_path_buf();
     lake_contract(&local, &|file| root.join(file).is_file());
-    assert!(local
-        .try_lock(Path::new("rollups/.lock"))
-        .unwrap()
-        .is_some());
+    assert!(local.try_lock(Role::Rollups).unwrap().is_some());
 
     let server = S3Server::start(&dir.path().join("s3"), "lake");
     let config_file = dir.path().join("s3.toml");
@@ -159,15 +156,27 @@ fn the_lake_keeps_its_contract_in_a_directory_and_in_an_s3_bucket() {
         "{keys:?}"
     );
 
-    // No locks yet on a bucket: whatever needs one (the rollups, compaction, the signals
-    // publisher) is stopped before it starts, saying so.
-    match bucket.try_lock(Path::new("rollups/.lock")) {
-        Err(e @ LakeError::NotOnObjectStore { .. }) => {
-            let message = e.to_string();
-            assert!(message.contains("s3://lake/fleet/lake"), "{message}");
-        }
-        other => panic!("a lock on a bucket: {other:?}"),
-    }
+    // A role on a bucket is its lease object: one holder, renewed while held, released when
+    // dropped so that the next taker need not wait for it to expire.
+    let held = bucket
+        .try_lock(Role::Rollups)
+        .unwrap()
+        .expect("a free role");
+    assert_eq!(held.path(), Path::new("_leases/rollups.json"));
+    assert!(server
+        .object_path("fleet/lake/_leases/rollups.json")
+        .is_file());
+    assert!(bucket.try_lock(Role::Rollups).unwrap().is_none(), "held");
+    assert!(
+        bucket.try_lock(Role::Compaction).unwrap().is_some(),
+        "another role"
+    );
+    held.check("rolling up").unwrap();
+    drop(held);
+    assert!(
+        bucket.try_lock(Role::Rollups).unwrap().is_some(),
+        "released"
+    );
 }
 
 /// A file encoded locally goes up whole: one PUT when small, a multipart upload of 16 MiB parts
@@ -568,4 +577,97 @@ fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
             "round {round}"
         );
     }
+}
+
+/// A file the rollups replace whole gets a new name at each write in a bucket, since a key must
+/// never come back with other bytes (a query reads a file's footer and columns in separate
+/// requests). Readers show the latest version alone, even in a listing taken while an older one
+/// is still there; a query that listed a version reads it after it was replaced or removed,
+/// from what `_versions/` keeps, until that is swept.
+#[test]
+fn a_replaced_file_in_a_bucket_reads_as_listed_and_lists_as_its_latest_version() {
+    use object_store::ObjectStoreExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lake = server.lake("fleet", &dir.path().join("staging"));
+    let objects = lake.objects().unwrap().clone();
+    let hour = Path::new("rollups/team_hourly/date=2026-01-01/hour=00");
+    lake.write_replaceable(hour, "rollup", &batch(3), Role::Rollups)
+        .unwrap();
+    assert_eq!(count(&lake, "rollups/team_hourly"), 3);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx = datafusion::prelude::SessionContext::new();
+    lake.register_reader(&ctx);
+    let reader = ctx
+        .runtime_env()
+        .object_store(
+            datafusion::execution::object_store::ObjectStoreUrl::parse("s3://lake").unwrap(),
+        )
+        .unwrap();
+    let listed = |prefix: &str| -> Vec<String> {
+        runtime.block_on(async {
+            use futures::TryStreamExt as _;
+            let prefix = object_store::path::Path::from(prefix);
+            let mut names: Vec<String> = reader
+                .list(Some(&prefix))
+                .map_ok(|meta| meta.location.to_string())
+                .try_collect()
+                .await
+                .unwrap();
+            names.sort();
+            names
+        })
+    };
+    let first = "fleet/rollups/team_hourly/date=2026-01-01/hour=00/rollup.v0000000001.parquet";
+    assert_eq!(listed("fleet/rollups/team_hourly"), [first]);
+
+    // A query listed version 1; the next rollup replaces it with version 2.
+    lake.write_replaceable(hour, "rollup", &batch(5), Role::Rollups)
+        .unwrap();
+    let second = first.replace("v0000000001", "v0000000002");
+    assert_eq!(listed("fleet/rollups/team_hourly"), [second.clone()]);
+    assert!(!server.object_path(first).exists(), "version 1 is retired");
+    let read = |key: &str| -> Option<usize> {
+        runtime.block_on(async {
+            match reader.get(&object_store::path::Path::from(key)).await {
+                Ok(got) => Some(got.bytes().await.unwrap().len()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        })
+    };
+    let kept = std::fs::metadata(server.object_path(&format!(
+        "fleet/_versions/{}",
+        first.trim_start_matches("fleet/")
+    )))
+    .unwrap()
+    .len() as usize;
+    assert_eq!(read(first), Some(kept), "the listed version still reads");
+    assert_eq!(count(&lake, "rollups/team_hourly"), 5);
+
+    // A listing taken between the write of a new version and the retiring of the old shows
+    // the new one alone.
+    let third = first.replace("v0000000001", "v0000000003");
+    runtime
+        .block_on(server.store().put(
+            &object_store::path::Path::from(third.as_str()),
+            std::fs::read(server.object_path(&second)).unwrap().into(),
+        ))
+        .unwrap();
+    assert_eq!(listed("fleet/rollups/team_hourly"), [third]);
+
+    // Removing the file retires every version; swept, the kept versions are gone for good.
+    lake.remove_replaceable(hour, "rollup").unwrap();
+    assert!(listed("fleet/rollups/team_hourly").is_empty());
+    assert_eq!(
+        objects.sweep_versions(Duration::from_secs(600)).unwrap(),
+        0,
+        "too recent"
+    );
+    assert_eq!(objects.sweep_versions(Duration::ZERO).unwrap(), 3);
+    assert_eq!(read(first), None);
 }

@@ -415,9 +415,10 @@ impl Compactor {
     /// reached, [`rollup_watermark`]), never the wall clock: a lake of history, or a machine
     /// whose clock jumps ahead, loses nothing. Without one (no rollup has run) nothing is done.
     pub async fn run(&self, watermark: Option<i64>) -> Result<Maintenance, CompactError> {
-        let lock_path = Path::new(WORK_DIR).join(".lock");
-        let Some(_lock) = self.lake.try_lock(&lock_path)? else {
-            return Err(CompactError::Busy(self.lake.root().join(lock_path)));
+        let Some(_lock) = self.lake.try_lock(crate::lake::Role::Compaction)? else {
+            return Err(CompactError::Busy(
+                self.lake.lock_location(crate::lake::Role::Compaction),
+            ));
         };
         let mut maintenance = Maintenance::default();
         let Some(watermark) = watermark else {

@@ -248,6 +248,11 @@ impl Lease {
         self.body.generation
     }
 
+    /// How long the lease lasts after each renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// How long the lease lasts from now unless renewed, by this process's clock, counted from
     /// before its last write was sent; zero once expired or deposed.
     pub fn remaining(&self) -> Duration {

@@ -69,7 +69,13 @@ pub struct ObjectLake {
     /// `s3://bucket/prefix`, for messages.
     display: String,
     io: Arc<IoRuntime>,
+    /// How long a role's lease lasts unless renewed (`storage.s3.lease_ttl`).
+    lease_ttl: std::time::Duration,
 }
+
+/// Where an object the lake replaced or removed is kept for the queries that listed it,
+/// relative to the lake's root: `_versions/<its own relative key>`.
+pub const VERSIONS: &str = "_versions";
 
 impl fmt::Debug for ObjectLake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -147,7 +153,13 @@ impl ObjectLake {
             prefix,
             display,
             io,
+            lease_ttl: s3.lease_ttl(),
         })
+    }
+
+    /// How long a role's lease on this lake lasts unless its holder renews it.
+    pub fn lease_ttl(&self) -> std::time::Duration {
+        self.lease_ttl
     }
 
     /// `s3://bucket/prefix`.
@@ -325,6 +337,55 @@ impl ObjectLake {
         }
     }
 
+    /// Removes the object `relative` so that a query that listed it still reads it: copied
+    /// first to `_versions/<relative>` (a server-side copy), where
+    /// [`ObjectLake::sweep_versions`] deletes it [`crate::versions::RETAIN`] later, and read
+    /// from there by [`LakeReader`] when the original is gone. `false` when there was nothing.
+    /// Only objects that are never written again with other bytes are retired this way (raw
+    /// files, whose names are their offsets; rollup files, whose names are new at each write),
+    /// so a kept version is the version a query listed.
+    pub fn retire(&self, relative: &FsPath) -> Result<bool, LakeError> {
+        let key = self.key(relative);
+        let kept = self.key(&FsPath::new(VERSIONS).join(relative));
+        let (from, to) = (key.clone(), kept);
+        match self.block(move |store| async move { store.copy(&from, &to).await }) {
+            Ok(()) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(self.error("keeping a version of", &key)(e)),
+        }
+        self.delete(relative)?;
+        Ok(true)
+    }
+
+    /// Deletes the versions kept by [`ObjectLake::retire`] that were kept longer ago than
+    /// `retain` (by the store's clock, against this host's: they should agree to well within
+    /// it). Returns how many went.
+    pub fn sweep_versions(&self, retain: std::time::Duration) -> Result<usize, LakeError> {
+        let dir = self.key(FsPath::new(VERSIONS));
+        let d = dir.clone();
+        let listed: Vec<ObjectMeta> = self
+            .block(move |store| async move { store.list(Some(&d)).try_collect().await })
+            .map_err(self.error("listing", &dir))?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let cutoff = now_ms.saturating_sub(i64::try_from(retain.as_millis()).unwrap_or(i64::MAX));
+        let old: Vec<Path> = listed
+            .into_iter()
+            .filter(|meta| meta.last_modified.timestamp_millis() < cutoff)
+            .map(|meta| meta.location)
+            .collect();
+        let count = old.len();
+        for key in old {
+            let k = key.clone();
+            match self.block(move |store| async move { store.delete(&k).await }) {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.error("deleting", &key)(e)),
+            }
+        }
+        Ok(count)
+    }
+
     /// The objects under the directory `relative`, at any depth, as paths relative to it.
     pub fn list(&self, relative: &FsPath) -> Result<Vec<PathBuf>, LakeError> {
         let dir = self.key(relative);
@@ -365,6 +426,7 @@ impl ObjectLake {
     pub fn register(&self, ctx: &SessionContext) {
         let reader = LakeReader {
             inner: Arc::clone(&self.store),
+            prefix: self.prefix.clone(),
             display: self.display.clone(),
             _io: Arc::clone(&self.io),
         };
@@ -409,6 +471,8 @@ async fn upload(store: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result
 /// through unchanged. Holds the lake's runtime, which its client's connections live on.
 struct LakeReader {
     inner: Arc<dyn ObjectStore>,
+    /// The lake's prefix: a retired object's kept version is `<prefix>/_versions/<relative>`.
+    prefix: Path,
     display: String,
     _io: Arc<IoRuntime>,
 }
@@ -463,8 +527,26 @@ impl ObjectStore for LakeReader {
         self.inner.put_multipart_opts(location, opts).await
     }
 
+    /// A file removed since it was listed (retired: a compaction's input, a replaced rollup
+    /// file) is read from the version kept for this.
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
+        match self.inner.get_opts(location, options.clone()).await {
+            Err(object_store::Error::NotFound { path, source }) => {
+                let Some(relative) = location.prefix_match(&self.prefix) else {
+                    return Err(object_store::Error::NotFound { path, source });
+                };
+                let kept = relative.fold(self.prefix.clone().join(VERSIONS), |key, part| {
+                    key.join(part.as_ref())
+                });
+                match self.inner.get_opts(&kept, options).await {
+                    Err(object_store::Error::NotFound { .. }) => {
+                        Err(object_store::Error::NotFound { path, source })
+                    }
+                    found => found,
+                }
+            }
+            got => got,
+        }
     }
 
     fn delete_stream(

@@ -234,6 +234,7 @@ where
             None => (String::new(), location.to_owned()),
         }
     };
+    let listed = latest_versions(listed, |meta| dir_of(meta));
     let mut compacted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for meta in &listed {
         let (dir, name) = dir_of(meta);
@@ -269,6 +270,44 @@ where
             })
             .collect(),
     ))
+}
+
+/// A file the lake replaces whole under a new name at each write, in a bucket
+/// ([`crate::lake::Lake::write_replaceable`]): `<stem>.v<n:010>.parquet` as `(stem, n)`.
+pub(crate) fn replaceable_version(name: &str) -> Option<(&str, u64)> {
+    let base = name.strip_suffix(".parquet")?;
+    let (stem, version) = base.rsplit_once(".v")?;
+    if version.len() != 10 || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stem, version.parse().ok()?))
+}
+
+/// `listed` with only the latest version of each replaceable file of a directory: a listing
+/// taken between the write of a new version and the retiring of the older one has both.
+fn latest_versions(
+    listed: Vec<ObjectMeta>,
+    dir_of: impl Fn(&ObjectMeta) -> (String, String),
+) -> Vec<ObjectMeta> {
+    let mut latest: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for meta in &listed {
+        let (dir, name) = dir_of(meta);
+        if let Some((stem, n)) = replaceable_version(&name) {
+            let entry = latest.entry((dir, stem.to_owned())).or_insert(n);
+            *entry = (*entry).max(n);
+        }
+    }
+    if latest.is_empty() {
+        return listed;
+    }
+    listed
+        .into_iter()
+        .filter(|meta| {
+            let (dir, name) = dir_of(meta);
+            replaceable_version(&name)
+                .is_none_or(|(stem, n)| latest.get(&(dir, stem.to_owned())) == Some(&n))
+        })
+        .collect()
 }
 
 /// The manifest of the hour directory `dir` (a key of the local file system).

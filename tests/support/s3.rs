@@ -172,6 +172,22 @@ impl S3Server {
         )
     }
 
+    /// The lake under `prefix` of the bucket, reaching this server through its own settings (as
+    /// [`Self::storage_config`] writes them), staging its files under `staging`.
+    pub fn lake(&self, prefix: &str, staging: &Path) -> gpuwarden_pipeline::Lake {
+        let s3 = gpuwarden_schema::config::S3Config {
+            endpoint: Some(self.endpoint.clone()),
+            region: Some(REGION.into()),
+            access_key_id: Some(ACCESS_KEY.into()),
+            secret_access_key: Some(SECRET_KEY.into()),
+            allow_http: Some(true),
+            ..Default::default()
+        };
+        let objects = gpuwarden_pipeline::store::ObjectLake::s3(&self.bucket, prefix, &s3)
+            .expect("a client of the test server");
+        gpuwarden_pipeline::Lake::in_object_store(objects, staging).expect("the lake in the bucket")
+    }
+
     /// The keys of the bucket's objects under `prefix`, sorted, as the server keeps them.
     pub fn keys(&self, prefix: &str) -> Vec<String> {
         let bucket = self.root.join(&self.bucket);

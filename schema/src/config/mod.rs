@@ -214,9 +214,22 @@ pub struct S3Config {
     /// Allow an `http://` endpoint, unencrypted (`AWS_ALLOW_HTTP`): for a store on the same
     /// host or a test.
     pub allow_http: Option<bool>,
+    /// How long a role's lease on the lake lasts unless its holder renews it (every third of
+    /// it): the one process rolling up, compacting, or publishing signals. A process that dies
+    /// holding one gives its role up this long after its last renewal. Unset: 30 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub lease_ttl: Option<Duration>,
 }
 
+/// A role's lease on a lake in a bucket lasts this long unless `storage.s3.lease_ttl` says.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
 impl S3Config {
+    /// How long a role's lease lasts: `lease_ttl`, or [`DEFAULT_LEASE_TTL`].
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL)
+    }
+
     /// Whether any setting is given in the file.
     pub fn is_set(&self) -> bool {
         *self != Self::default()
@@ -233,6 +246,7 @@ impl std::fmt::Debug for S3Config {
             .field("secret_access_key", &set(&self.secret_access_key))
             .field("session_token", &set(&self.session_token))
             .field("allow_http", &self.allow_http)
+            .field("lease_ttl", &self.lease_ttl)
             .finish()
     }
 }

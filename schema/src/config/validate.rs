@@ -1061,6 +1061,18 @@ fn storage(config: &Config, report: Report<'_>) {
             format!("is set without `{missing}`: a credential is the two together"),
         );
     }
+    if let Some(ttl) = s3.lease_ttl {
+        if ttl < std::time::Duration::from_secs(3) {
+            report(
+                at(&["storage", "s3", "lease_ttl"]),
+                format!(
+                    "is {} ms: a lease is renewed every third of it, over the network, so it \
+                     must be at least 3s (30s is the default)",
+                    ttl.as_millis()
+                ),
+            );
+        }
+    }
     if s3.session_token.is_some() && s3.access_key_id.is_none() {
         report(
             at(&["storage", "s3", "session_token"]),
