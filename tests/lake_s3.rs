@@ -340,6 +340,59 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
         &env,
     ));
     assert_eq!(empty, "n\n0\n");
+
+    // Rolled up and then compacted, by the same commands, the bucket answers as the directory.
+    let rollups = "SELECT CAST(hour AS VARCHAR) AS hour, gpu_model, \
+                   round(observed_gpu_hours, 6) AS observed, round(cost_usd, 6) AS cost \
+                   FROM team_hourly ORDER BY 1, 2";
+    let answers = |config: &Path, env: &[(&'static str, String)]| -> (String, String) {
+        let c = config.to_str().unwrap();
+        let sql = |q: &str| {
+            ok(gpuwarden(
+                &["sql", "--config", c, "--format", "csv", q],
+                env,
+            ))
+        };
+        (sql(rollups), sql(query))
+    };
+    for (config, env) in [(&s3_config, &env[..]), (&dir_config, &[][..])] {
+        // The samples are of 2026-01-01, and --watermark is years later.
+        let mut text = std::fs::read_to_string(config).unwrap();
+        text.push_str("\n[pipeline.retention]\nsamples = \"forever\"\n");
+        std::fs::write(config, text).unwrap();
+        let c = config.to_str().unwrap();
+        let rolled = ok(gpuwarden(&["rollup", "--config", c], env));
+        assert!(rolled.contains("hours rolled up: 4"), "{rolled}");
+        let before = answers(config, env);
+        let compacted = ok(gpuwarden(
+            &[
+                "compact",
+                "--config",
+                c,
+                "--watermark",
+                "2030-01-01T00:00:00Z",
+            ],
+            env,
+        ));
+        assert!(compacted.contains("hours compacted: 3;"), "{compacted}");
+        assert_eq!(answers(config, env), before, "compaction changed no answer");
+    }
+    let (bucket_rollups, bucket_samples) = answers(&s3_config, &env);
+    assert_eq!(
+        (bucket_rollups.clone(), bucket_samples),
+        answers(&dir_config, &[])
+    );
+    assert_eq!(bucket_rollups.lines().count(), 5, "{bucket_rollups}");
+    let keys = server.keys("gw");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("gw/samples/") && k.contains("/compact-g1-0000.parquet")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&"gw/_leases/rollups.json".to_string()),
+        "{keys:?}"
+    );
 }
 
 /// The commands that need what is not built for a bucket yet refuse it before doing anything.
@@ -357,8 +410,6 @@ fn commands_that_do_not_run_on_a_bucket_yet_refuse_it_at_start() {
     .unwrap();
     let config = config.to_str().unwrap();
     for args in [
-        vec!["rollup", "--config", config],
-        vec!["compact", "--config", config],
         vec!["pipeline", "--config", config],
         vec!["up", "--config", config],
     ] {

@@ -315,6 +315,62 @@ impl ObjectLake {
         }
     }
 
+    /// The Parquet metadata (footer) of the object `relative`, read with a HEAD and a ranged GET
+    /// of its end (two when the footer is larger than the first guess), not the whole file.
+    /// (Bounded ranges, not suffix ranges: s3s-fs answers 500 to a suffix longer than the
+    /// object, which S3 answers with the whole object.)
+    pub fn parquet_metadata(
+        &self,
+        relative: &FsPath,
+    ) -> Result<parquet::file::metadata::ParquetMetaData, LakeError> {
+        const GUESS: u64 = 64 * 1024;
+        let key = self.key(relative);
+        let k = key.clone();
+        let size = self
+            .block(move |store| async move { store.head(&k).await })
+            .map_err(self.error("reading the footer of", &key))?
+            .size;
+        let suffix = |n: u64| {
+            let k = key.clone();
+            self.block(move |store| async move {
+                let options = GetOptions {
+                    range: Some(object_store::GetRange::Bounded(
+                        size.saturating_sub(n)..size,
+                    )),
+                    ..GetOptions::default()
+                };
+                store.get_opts(&k, options).await?.bytes().await
+            })
+            .map_err(self.error("reading the footer of", &key))
+        };
+        let parquet = |source| LakeError::Parquet {
+            path: relative.to_path_buf(),
+            source,
+        };
+        let mut tail = suffix(GUESS)?;
+        let footer_of = |tail: &Bytes| -> Result<usize, LakeError> {
+            let end: [u8; 8] = tail
+                .get(tail.len().saturating_sub(8)..)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| {
+                    parquet(parquet::errors::ParquetError::General(
+                        "shorter than a Parquet footer".into(),
+                    ))
+                })?;
+            let footer = parquet::file::metadata::FooterTail::try_new(&end).map_err(parquet)?;
+            Ok(footer.metadata_length())
+        };
+        let length = footer_of(&tail)?;
+        if length + 8 > tail.len() {
+            tail = suffix(length as u64 + 8)?;
+        }
+        let start = tail.len() - 8 - length;
+        parquet::file::metadata::ParquetMetaDataReader::decode_metadata(
+            &tail[start..tail.len() - 8],
+        )
+        .map_err(parquet)
+    }
+
     /// Whether the object `relative` exists.
     pub fn exists(&self, relative: &FsPath) -> Result<bool, LakeError> {
         let key = self.key(relative);
@@ -384,6 +440,21 @@ impl ObjectLake {
             }
         }
         Ok(count)
+    }
+
+    /// The objects right under the directory `relative` (not in its subdirectories): their
+    /// names and sizes.
+    pub fn list_dir(&self, relative: &FsPath) -> Result<Vec<(String, u64)>, LakeError> {
+        let dir = self.key(relative);
+        let d = dir.clone();
+        let listed = self
+            .block(move |store| async move { store.list_with_delimiter(Some(&d)).await })
+            .map_err(self.error("listing", &dir))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|meta| Some((meta.location.filename()?.to_string(), meta.size)))
+            .collect())
     }
 
     /// The objects under the directory `relative`, at any depth, as paths relative to it.
