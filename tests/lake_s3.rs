@@ -395,39 +395,6 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     );
 }
 
-/// The commands that need what is not built for a bucket yet refuse it before doing anything.
-#[test]
-fn commands_that_do_not_run_on_a_bucket_yet_refuse_it_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("s3.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\nlake = \"s3://lake/gw\"\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap();
-    for args in [
-        vec!["pipeline", "--config", config],
-        vec!["up", "--config", config],
-    ] {
-        let out = gpuwarden(&args, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(&format!(
-                "storage.lake is s3://lake/gw: `gpuwarden {}` does not run on a lake in an object store yet",
-                args[0]
-            )),
-            "{args:?}: {stderr}"
-        );
-    }
-}
-
-/// A client of the lake `fleet/lake` in `server`'s bucket, as a process of its own would have:
-/// its own connections and IO threads.
 fn object_lake(server: &S3Server) -> gpuwarden_pipeline::store::ObjectLake {
     use support::s3::{ACCESS_KEY, REGION, SECRET_KEY};
     let s3 = gpuwarden_schema::config::S3Config {

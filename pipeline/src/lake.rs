@@ -4,9 +4,9 @@
 //!
 //! The lake is a directory, or a prefix of an S3 bucket ([`crate::store`]): the same layout, the
 //! same names, and for each operation below the directory's way or the object store's
-//! (docs/ARCHITECTURE.md#the-lake-on-object-storage). Locks, and with them the rollups,
-//! compaction and the signals publisher, are the directory's alone so far: a bucket's
-//! counterpart, a lease object that expires, is [`crate::lease`], not yet taken here.
+//! (docs/ARCHITECTURE.md#the-lake-on-object-storage). A role (the one process rolling up,
+//! compacting or publishing signals) is an `flock` in a directory and a lease object that
+//! expires in a bucket ([`Lake::try_lock`], [`crate::lease`]).
 //!
 //! Layout (docs/ARCHITECTURE.md#lake-layout):
 //! `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`. `<source>` is
@@ -93,18 +93,6 @@ pub enum LakeError {
         /// The role ("rollups").
         role: &'static str,
         /// What was being done.
-        what: String,
-        /// The lake, `s3://bucket/prefix`.
-        lake: String,
-    },
-    /// What was asked is not built for a lake in an object store yet.
-    #[error(
-        "{what} does not run on a lake in an object store yet ({lake}): so far `gpuwarden \
-         ingest` writes to one and `gpuwarden sql` reads it; the rest is planned \
-         (docs/ARCHITECTURE.md#the-lake-on-object-storage)"
-    )]
-    NotOnObjectStore {
-        /// What was asked, for a person ("taking the rollups' lock").
         what: String,
         /// The lake, `s3://bucket/prefix`.
         lake: String,

@@ -38,7 +38,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = super::open_lake(&config, "compact", true)?;
+    let lake = super::open_lake(&config, "compact")?;
     let watermark = match args.watermark {
         Some(at) => Some(
             std::time::SystemTime::from(at)

@@ -74,7 +74,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         "only one input can be standard input"
     );
     let config = config::load(&args.config)?;
-    let lake = super::open_lake(&config, "ingest", true)?;
+    let lake = super::open_lake(&config, "ingest")?;
     let metrics = Arc::new(Metrics::default());
     let bounds = Bounds::backfill(&config.pipeline.clock);
     let threads = args

@@ -64,33 +64,23 @@ pub(crate) fn fresh_signing_key() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Where the lake `config` names is, for `gpuwarden <command>`. A lake in an object store is
-/// accepted only by the commands that run on one so far (`objects_ok`: `ingest`, `sql`); the
-/// others refuse it here, at start, saying what does run there.
+/// Where the lake `config` names is, for `gpuwarden <command>`: a directory or a prefix of a
+/// bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), or an error naming storage.lake.
 pub(crate) fn lake_location(
     config: &gpuwarden_schema::config::Config,
     command: &str,
-    objects_ok: bool,
 ) -> anyhow::Result<gpuwarden_schema::config::LakeLocation> {
-    let location = config
+    config
         .lake()
-        .map_err(|message| anyhow::anyhow!("storage.lake: {message}"))?;
-    anyhow::ensure!(
-        objects_ok || !location.is_object_store(),
-        "storage.lake is {location}: `gpuwarden {command}` does not run on a lake in an object \
-         store yet; so far `gpuwarden ingest` writes to one and `gpuwarden sql` reads it \
-         (docs/ARCHITECTURE.md#the-lake-on-object-storage)"
-    );
-    Ok(location)
+        .map_err(|message| anyhow::anyhow!("gpuwarden {command}: storage.lake: {message}"))
 }
 
 /// The lake `config` names, opened for `gpuwarden <command>` ([`lake_location`]).
 pub(crate) fn open_lake(
     config: &gpuwarden_schema::config::Config,
     command: &str,
-    objects_ok: bool,
 ) -> anyhow::Result<gpuwarden_pipeline::Lake> {
-    let location = lake_location(config, command, objects_ok)?;
+    let location = lake_location(config, command)?;
     gpuwarden_pipeline::Lake::from_config(config)
         .with_context(|| format!("opening the lake {location}"))
 }

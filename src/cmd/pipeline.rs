@@ -87,8 +87,8 @@ pub(crate) fn options(config: &config::Config, clock: Arc<dyn Clock>) -> IngestO
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    // Refused before anything connects (start opens the lake after Kafka).
-    super::lake_location(&config, "pipeline", false)?;
+    // A bad storage.lake is refused before anything connects (start opens the lake after Kafka).
+    super::lake_location(&config, "pipeline")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -152,7 +152,7 @@ pub(crate) async fn start(
     metrics_listen: SocketAddr,
     sql_listen: Option<SocketAddr>,
 ) -> anyhow::Result<Pipeline> {
-    let lake = super::open_lake(config, "pipeline", false)?;
+    let lake = super::open_lake(config, "pipeline")?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(metrics_listen)
         .await

@@ -28,7 +28,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = super::open_lake(&config, "rollup", true)?;
+    let lake = super::open_lake(&config, "rollup")?;
     let rollup = Rollup::new(lake, RollupOptions::from_config(&config));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

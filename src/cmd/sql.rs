@@ -71,7 +71,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
         (None, None) => unreachable!("clap requires a query or a file"),
     };
-    let lake = super::open_lake(&config, "sql", true)?;
+    let lake = super::open_lake(&config, "sql")?;
     let limits = &config.pipeline.sql_limits;
     let mut options = GovernorOptions::from_config(limits, &[]);
     if let Some(timeout) = args.timeout {

@@ -140,7 +140,7 @@ impl Stack {
         clock: Arc<dyn Clock>,
         listens: Listens,
     ) -> anyhow::Result<Stack> {
-        let lake = super::lake_location(&config, "up", false)?.to_string();
+        let lake = super::lake_location(&config, "up")?.to_string();
         let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
         let pipeline = super::pipeline::start(
             &config,

@@ -674,9 +674,14 @@ pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
 
 /// [`lake_i64`] over the lake that the config file `config` names (a directory or a bucket).
 pub fn config_lake_i64(config: &Path, query: &str) -> i64 {
+    try_config_lake_i64(config, query).unwrap_or_else(|e| panic!("{query}: {e}"))
+}
+
+/// [`config_lake_i64`], or the error.
+pub fn try_config_lake_i64(config: &Path, query: &str) -> Result<i64, String> {
     let config = gpuwarden_schema::config::load(config).unwrap_or_else(|e| panic!("{e}"));
-    let lake = gpuwarden_pipeline::Lake::from_config(&config).unwrap();
-    query_i64(&lake, query).unwrap_or_else(|e| panic!("{query}: {e}"))
+    let lake = gpuwarden_pipeline::Lake::from_config(&config).map_err(|e| e.to_string())?;
+    query_i64(&lake, query)
 }
 
 fn query_i64(lake: &gpuwarden_pipeline::Lake, query: &str) -> Result<i64, String> {
