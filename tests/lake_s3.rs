@@ -689,3 +689,104 @@ fn a_replaced_file_in_a_bucket_reads_as_listed_and_lists_as_its_latest_version()
     assert_eq!(objects.sweep_versions(Duration::ZERO).unwrap(), 3);
     assert_eq!(read(first), None);
 }
+
+/// A query that listed an hour's files before a compaction replaced them reads on from the
+/// versions kept for it: the compaction commits its manifest and retires every input between
+/// the query's first batch and its last, and the answer is still every row once.
+#[test]
+fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_files() {
+    use futures::StreamExt as _;
+    use gpuwarden_schema::Record as _;
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lake = server.lake("fleet", &dir.path().join("staging"));
+    let (files, per_file) = (12_i64, 4_000_i64);
+    for f in 0..files {
+        let rows: Vec<gpuwarden_schema::Sample> = (0..per_file)
+            .map(|i| {
+                let gpu = f * per_file + i;
+                gpuwarden_schema::Sample::from_json(
+                    format!(
+                        r#"{{"v":1,"ts_ms":{},"interval_ms":5000,"host":"h","gpu_uuid":"GPU-{gpu}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#,
+                        T0 + i % 720 * 5_000
+                    )
+                    .as_bytes(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let batch = gpuwarden_schema::Sample::to_record_batch(&rows).unwrap();
+        let name = Lake::file_name(
+            "samples",
+            T0,
+            "gpuwarden.samples-p0",
+            f * per_file,
+            (f + 1) * per_file - 1,
+        );
+        lake.write(&name, &batch, "samples", T0).unwrap();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx = runtime
+        .block_on(gpuwarden_pipeline::sql::context(&lake))
+        .unwrap();
+    let mut stream = runtime
+        .block_on(async {
+            ctx.sql("SELECT gpu_uuid, ts_ms FROM samples")
+                .await?
+                .execute_stream()
+                .await
+        })
+        .unwrap();
+    let first = runtime.block_on(stream.next()).unwrap().unwrap();
+    let mut rows = first.num_rows() as i64;
+    assert!(
+        rows < files * per_file,
+        "the query has more to read: {rows}"
+    );
+
+    // The compaction runs to its end while the query is between batches.
+    let compactor = gpuwarden_pipeline::Compactor::new(
+        lake.clone(),
+        gpuwarden_pipeline::CompactOptions {
+            retention: Vec::new(),
+            ..gpuwarden_pipeline::CompactOptions::default()
+        },
+    );
+    let done = runtime
+        .block_on(compactor.run(Some(T0 + 3 * HOUR)))
+        .unwrap();
+    assert_eq!(done.compacted.hours, 1);
+    assert_eq!(done.compacted.files_in, files as usize);
+    let listed = server.keys("fleet/samples");
+    assert!(
+        listed.iter().all(|k| !k.contains("gpuwarden.samples-p0")),
+        "the inputs are retired: {listed:?}"
+    );
+
+    while let Some(batch) = runtime.block_on(stream.next()) {
+        rows += batch
+            .unwrap_or_else(|e| panic!("the query failed after the compaction: {e}"))
+            .num_rows() as i64;
+    }
+    assert_eq!(rows, files * per_file, "every row once");
+    // A new query reads the compacted file alone, to the same rows.
+    let count = runtime
+        .block_on(async {
+            ctx.sql("SELECT count(DISTINCT gpu_uuid) FROM samples")
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    let count = count[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0);
+    assert_eq!(count, files * per_file);
+}

@@ -1380,7 +1380,12 @@ mod tests {
         let crashed = |compactor: &Compactor, generation| {
             let origin = Origin::new(generation, 1_800, &inputs, &BTreeSet::new());
             runtime
-                .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+                .block_on(compactor.rewrite(
+                    Table::Samples,
+                    &hour,
+                    hour.strip_prefix(lake.root()).unwrap(),
+                    &origin,
+                ))
                 .unwrap()
         };
         crashed(&compactor, 2);
@@ -1401,7 +1406,12 @@ mod tests {
         inputs_now.sort();
         let origin = Origin::new(3, 2_400, &inputs_now, &g2.superseded);
         runtime
-            .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+            .block_on(compactor.rewrite(
+                Table::Samples,
+                &hour,
+                hour.strip_prefix(lake.root()).unwrap(),
+                &origin,
+            ))
             .unwrap();
         fs::remove_file(hour.join(MANIFEST)).unwrap();
         let done = compact(&lake, CompactOptions::default());

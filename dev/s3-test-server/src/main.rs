@@ -3,8 +3,10 @@
 //! seen by every other write to that key through this server. s3s-fs alone checks, then writes
 //! (dev/s3-research/README.md). Writes made to the directory behind its back are not locked.
 //!
-//! `gpuwarden-s3-test-server [--host H] [--port P] --access-key K --secret-key S ROOT`, the
-//! arguments of `s3s-fs`; it prints `server is running at http://<address>` once it listens.
+//! `gpuwarden-s3-test-server [--host H] [--port P] [--request-log FILE] --access-key K
+//! --secret-key S ROOT`: the arguments of `s3s-fs`, and a file to append one line per request to
+//! (`<method> <path and query>`), for bench/lake-s3.sh to count requests by. It prints
+//! `server is running at http://<address>` once it listens.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -174,12 +176,14 @@ struct Args {
     access_key: String,
     secret_key: String,
     root: String,
+    request_log: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
     let mut host = "127.0.0.1".to_owned();
     let mut port = 0;
     let (mut access_key, mut secret_key, mut root) = (None, None, None);
+    let mut request_log = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -191,6 +195,7 @@ fn args() -> Result<Args, String> {
                     .map_err(|e| format!("--port: {e}"))?
             }
             "--access-key" => access_key = Some(value("--access-key")?),
+            "--request-log" => request_log = Some(value("--request-log")?),
             "--secret-key" => secret_key = Some(value("--secret-key")?),
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),
             other => root = Some(other.to_owned()),
@@ -202,6 +207,7 @@ fn args() -> Result<Args, String> {
         access_key: access_key.ok_or("--access-key is required")?,
         secret_key: secret_key.ok_or("--secret-key is required")?,
         root: root.ok_or("the root directory is required")?,
+        request_log,
     })
 }
 
@@ -212,7 +218,7 @@ async fn main() {
         Err(why) => {
             eprintln!(
                 "gpuwarden-s3-test-server: {why}\nusage: gpuwarden-s3-test-server [--host H] \
-                 [--port P] --access-key K --secret-key S ROOT"
+                 [--port P] [--request-log FILE] --access-key K --secret-key S ROOT"
             );
             std::process::exit(2);
         }
@@ -234,6 +240,21 @@ async fn main() {
         "server is running at http://{}",
         listener.local_addr().unwrap()
     );
+    let log = args.request_log.map(|path| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("--request-log {path}: {e}"));
+        Arc::new(Mutex::new(std::io::LineWriter::new(file)))
+    });
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        if let Some(log) = &log {
+            use std::io::Write as _;
+            let _ = writeln!(log.lock().unwrap(), "{} {}", req.method(), req.uri());
+        }
+        hyper::service::Service::call(&service, req)
+    });
     let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     loop {
         let Ok((socket, _)) = listener.accept().await else {
