@@ -1,8 +1,9 @@
 //! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
 //! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
-//! `gpuwarden ingest` and `gpuwarden sql` reaching the bucket through the standard AWS
-//! environment, a role's lease object taken, renewed, handed over, taken over and raced for, and
-//! the commands that do not run on a bucket yet refusing it at start.
+//! `gpuwarden ingest`, `sql`, `rollup` and `compact` reaching the bucket through the standard AWS
+//! environment and answering as on a directory, retention on a bucket, a role's lease object
+//! taken, renewed, handed over, taken over and raced for, replaced files read as listed, and a
+//! long query reading right while compaction replaces its files.
 
 mod support;
 
@@ -391,6 +392,44 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     );
     assert!(
         keys.contains(&"gw/_leases/rollups.json".to_string()),
+        "{keys:?}"
+    );
+
+    // Retention on a bucket: with samples kept a day, the watermark years later deletes every
+    // hour of them (retired to _versions/, as a replaced file); the rollups stay.
+    let mut text = std::fs::read_to_string(&s3_config).unwrap();
+    text = text.replace("samples = \"forever\"", "samples = \"1d\"");
+    std::fs::write(&s3_config, text).unwrap();
+    let c = s3_config.to_str().unwrap();
+    let expired = ok(gpuwarden(
+        &[
+            "compact",
+            "--config",
+            c,
+            "--watermark",
+            "2030-01-01T00:00:00Z",
+        ],
+        &env,
+    ));
+    assert!(
+        expired.contains("retention: samples: 3 hours deleted (3 files,"),
+        "{expired}"
+    );
+    let sql = |q: &str| {
+        ok(gpuwarden(
+            &["sql", "--config", c, "--format", "csv", q],
+            &env,
+        ))
+    };
+    assert_eq!(sql("SELECT count(*) AS n FROM samples"), "n\n0\n");
+    assert_eq!(sql(rollups), bucket_rollups, "the rollups stay");
+    let keys = server.keys("gw");
+    assert!(
+        !keys.iter().any(|k| k.starts_with("gw/samples/")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("gw/_versions/samples/")),
         "{keys:?}"
     );
 }

@@ -124,7 +124,7 @@ pub(crate) struct Listens {
 pub(crate) struct Stack {
     /// pipeline.shutdown_deadline: how long stopping may take.
     shutdown_deadline: std::time::Duration,
-    /// The lake (a directory: `up` runs the whole pipeline, which needs one so far).
+    /// The lake: a directory, or `s3://bucket/prefix`.
     pub(crate) lake: String,
     pub(crate) kafka: Arc<KafkaConnection>,
     pipeline: super::pipeline::Pipeline,
