@@ -22,8 +22,11 @@ SERVER="${GPUWARDEN_S3_TEST_SERVER:-/var/tmp/gpuwarden-s3s/bin/gpuwarden-s3-test
 rm -rf "$DIR"
 mkdir -p "$DIR/s3"
 echo "machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-cargo build -q --release --bin gpuwarden
-BIN="$CARGO_TARGET_DIR/release/gpuwarden"
+# LAKE_S3_BIN: another build of gpuwarden (a debug one counts the same requests, not the same time).
+if [ -n "${LAKE_S3_BIN:-}" ]; then BIN="$LAKE_S3_BIN"; else
+  cargo build -q --release --bin gpuwarden
+  BIN="$CARGO_TARGET_DIR/release/gpuwarden"
+fi
 python3 bench/gen_samples.py "$N" "$DIR/samples.jsonl"
 
 KEY=gpuwarden-bench SECRET=gpuwarden-bench-secret
