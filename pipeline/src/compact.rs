@@ -60,7 +60,10 @@ use crate::lake::{io, replace_durably, sync_dir, Lake, LakeError, LakeLock, Role
 /// The manifest of a compacted hour, in its directory.
 pub const MANIFEST: &str = "_compaction.json";
 
-/// Compacted files are named `compact-g<generation>-<n>.parquet`.
+/// Compacted files are named `compact-g<generation>-<n>.parquet`, and in a bucket
+/// `compact-g<generation>-<n>-l<lease>.parquet`, where `<lease>` is the generation of the
+/// compaction role's lease that wrote it: a holder that lost the role while uploading can then
+/// never overwrite the next holder's outputs of the same hour, and what it left is a leftover.
 const OUTPUT_PREFIX: &str = "compact-g";
 
 const HOUR_MS: i64 = 3_600_000;
@@ -488,6 +491,8 @@ impl Compactor {
         // files, so a file listed here that is not in a journal read after is committed.
         let files = self.files(&relative_dir)?;
         let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
+        // What the listing found is acted on only while the role is still this process's.
+        lock.check("placing an hour's compacted files")?;
         let manifest = self.account_for_outputs(
             table,
             hour,
@@ -497,6 +502,7 @@ impl Compactor {
             &mut report,
         )?;
         let mut shown = Vec::new();
+        lock.check("removing what earlier compactions left")?;
         for name in &names {
             if Manifest::concerns(name) && !manifest.outputs.contains(name) {
                 // An output of a compaction that crashed before its commit, or of a generation
@@ -532,7 +538,9 @@ impl Compactor {
             rows += self.footer(&relative_dir.join(name))?.0;
         }
         let origin = Origin::new(generation, rows, &inputs, &manifest.superseded);
-        let written = self.rewrite(table, &dir, &relative_dir, &origin).await?;
+        let written = self
+            .rewrite(table, &dir, &relative_dir, &origin, lock.generation())
+            .await?;
         let wrote = written.iter().map(|(_, _, rows)| rows).sum();
         if wrote != rows {
             return Err(CompactError::RowsDiffer {
@@ -721,6 +729,7 @@ impl Compactor {
         dir: &Path,
         relative_dir: &Path,
         origin: &Origin,
+        lease: Option<u64>,
     ) -> Result<Vec<(String, u64, u64)>, CompactError> {
         let (inputs, generation): (Vec<&String>, u64) =
             (origin.inputs().collect(), origin.generation);
@@ -802,7 +811,11 @@ impl Compactor {
                 continue;
             }
             if current.is_none() {
-                let name = format!("{OUTPUT_PREFIX}{generation}-{:04}.parquet", written.len());
+                let lease = lease.map(|l| format!("-l{l}")).unwrap_or_default();
+                let name = format!(
+                    "{OUTPUT_PREFIX}{generation}-{:04}{lease}.parquet",
+                    written.len()
+                );
                 let tmp = dir.join(format!(".{name}.tmp"));
                 let file = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
                 let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
@@ -945,10 +958,18 @@ impl Compactor {
     }
 }
 
-/// The generation in a compacted file's name (`compact-g<generation>-<n>.parquet`).
+/// The generation in a compacted file's name (`compact-g<generation>-<n>.parquet`, or in a
+/// bucket `compact-g<generation>-<n>-l<lease>.parquet`).
 fn generation_of(name: &str) -> Option<u64> {
     let rest = name.strip_prefix(OUTPUT_PREFIX)?.strip_suffix(".parquet")?;
     let (generation, n) = rest.split_once('-')?;
+    let n = match n.split_once("-l") {
+        Some((n, lease)) => {
+            lease.parse::<u64>().ok()?;
+            n
+        }
+        None => n,
+    };
     n.parse::<u32>().ok()?;
     generation.parse().ok()
 }
@@ -1102,6 +1123,15 @@ mod tests {
 
     fn names(dir: &Path) -> Vec<String> {
         parquet_names(dir).unwrap()
+    }
+
+    #[test]
+    fn output_names_give_their_generation_with_or_without_the_lease() {
+        assert_eq!(generation_of("compact-g3-0000.parquet"), Some(3));
+        assert_eq!(generation_of("compact-g12-0007-l4.parquet"), Some(12));
+        assert_eq!(generation_of("compact-g12-0007-lx.parquet"), None);
+        assert_eq!(generation_of("compact-g12.parquet"), None);
+        assert_eq!(generation_of("samples-p0-o1-2.parquet"), None);
     }
 
     #[test]
@@ -1385,6 +1415,7 @@ mod tests {
                     &hour,
                     hour.strip_prefix(lake.root()).unwrap(),
                     &origin,
+                    None,
                 ))
                 .unwrap()
         };
@@ -1411,6 +1442,7 @@ mod tests {
                 &hour,
                 hour.strip_prefix(lake.root()).unwrap(),
                 &origin,
+                None,
             ))
             .unwrap();
         fs::remove_file(hour.join(MANIFEST)).unwrap();

@@ -194,6 +194,8 @@ enum Held {
 struct LeaseKeeper {
     shared: Arc<LeaseShared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The lease's generation: greater for every later holder of the role.
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -247,6 +249,16 @@ impl LakeLock {
     /// The lock file, or the lease object, relative to the lake's root.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The generation of the lease this holder took (a bucket's; `None` for a directory's
+    /// lock, which no other process can take while this one lives): a later holder of the
+    /// role always has a greater one, so names carrying it never collide between holders.
+    pub fn generation(&self) -> Option<u64> {
+        match &self.held {
+            Held::Lease(keeper) => Some(keeper.generation),
+            Held::File(_) => None,
+        }
     }
 
     /// `Ok` while the role is still this process's with time to spare (a third of its lease
@@ -557,6 +569,7 @@ impl Lake {
             else {
                 return Ok(None);
             };
+            let generation = lease.generation();
             let shared = Arc::new(LeaseShared {
                 lease: std::sync::Mutex::new(Some(lease)),
                 stop: std::sync::Mutex::new(false),
@@ -575,6 +588,7 @@ impl Lake {
                 held: Held::Lease(LeaseKeeper {
                     shared,
                     thread: Some(thread),
+                    generation,
                 }),
             }));
         }

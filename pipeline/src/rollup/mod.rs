@@ -245,13 +245,13 @@ fn clamp_seen(hosts: &mut BTreeMap<String, (i64, i64)>, now: i64) {
     }
 }
 
+/// Each host's latest sample time and when a rollup first saw it (on its clock).
+type Hosts = BTreeMap<String, (i64, i64)>;
+
 /// `_hosts.json`: each host's latest sample time and when a rollup first saw it; `None` when
 /// there is no file yet, or one that does not read (then every sample is read again). With the
 /// version read, for the write that replaces it.
-fn load_hosts(
-    lake: &Lake,
-    path: &Path,
-) -> Result<(Option<BTreeMap<String, (i64, i64)>>, StateVersion), RollupError> {
+fn load_hosts(lake: &Lake, path: &Path) -> Result<(Option<Hosts>, StateVersion), RollupError> {
     let (bytes, version) = match lake.read_state(path) {
         Ok(Some(read)) => read,
         Ok(None) => return Ok((None, StateVersion::default())),
@@ -516,7 +516,7 @@ impl Rollup {
         ctx: &SessionContext,
         path: &Path,
         marked: &[i64],
-    ) -> Result<(BTreeMap<String, (i64, i64)>, i64, StateVersion), RollupError> {
+    ) -> Result<(Hosts, i64, StateVersion), RollupError> {
         let (known, version) = load_hosts(&self.lake, path)?;
         let samples = Path::new(Table::Samples.name());
         let dirs: Vec<PathBuf> = match &known {
