@@ -6,7 +6,13 @@
 # run, with the same release binary. Prints each phase's seconds on both, their ratio (bucket /
 # directory), and the S3 requests each phase sent, by method, with the requests per hour of data.
 #
-#   bench/lake-s3.sh [SAMPLES]     default 1,440,000: 2,000 GPUs sampled every 5 s for an hour
+#   bench/lake-s3.sh [SAMPLES] [STEADY_MINUTES]
+#
+# SAMPLES defaults to 1,440,000: 2,000 GPUs sampled every 5 s for an hour. With STEADY_MINUTES
+# (default 0: skipped) it then runs `gpuwarden up` on the example config (its simulated fleet of
+# 32 GPUs, the embedded broker, 6 partitions, a flush a minute, rollups every minute) with the
+# lake in the bucket for that long, and reports the requests per hour of steady-state running,
+# counted from its second minute on (the first holds the start).
 #
 # The server is s3s-fs on the same disk: the ratio is what the S3 protocol and the lake's object
 # store code cost over a local file system, not a remote store's latency (for that, multiply the
@@ -16,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/gpuwarden-target}"
 N="${1:-1440000}"
+STEADY="${2:-0}"
 DIR="${LAKE_S3_DIR:-/var/tmp/lake-s3-bench}"
 SERVER="${GPUWARDEN_S3_TEST_SERVER:-/var/tmp/gpuwarden-s3s/bin/gpuwarden-s3-test-server}"
 [ -x "$SERVER" ] || { echo "the S3 server $SERVER is missing: cargo install --locked --root /var/tmp/gpuwarden-s3s --path dev/s3-test-server" >&2; exit 1; }
@@ -78,3 +85,31 @@ for phase in ingest rollup compact; do
   printf '{"phase": "%s", "samples": %s, "hours_of_data": %s, "directory_s": %.2f, "s3_s": %.2f, "ratio_s3_vs_directory": %.2f, "s3_requests": %s, "s3_requests_per_hour_of_data": %.0f, "by_method": "%s"}\n' \
     "$phase" "$N" "$hours" "$d" "$s" "$(echo "$s / $d" | bc -l)" "$r" "$(echo "$r / $hours" | bc -l)" "$methods"
 done
+
+[ "$STEADY" -gt 0 ] || exit 0
+python3 - "$DIR" "$ENDPOINT" "$KEY" "$SECRET" <<'PY'
+import sys
+d, endpoint, key, secret = sys.argv[1:5]
+s = open("examples/gpuwarden.toml").read()
+storage = (f'data_dir = "{d}/steady"\nlake = "s3://lake/steady"\n\n[storage.s3]\nendpoint = "{endpoint}"\n'
+           f'allow_http = true\nregion = "us-east-1"\naccess_key_id = "{key}"\nsecret_access_key = "{secret}"\n')
+assert 'data_dir = "gpuwarden-data"\n' in s
+s = s.replace('data_dir = "gpuwarden-data"\n', storage, 1)
+for old, new in [('127.0.0.1:9400', '127.0.0.1:29400'), ('127.0.0.1:9401', '127.0.0.1:29401'),
+                 ('127.0.0.1:5433', '127.0.0.1:25433'), ('127.0.0.1:8080', '127.0.0.1:28080')]:
+    s = s.replace(old, new)
+open(f"{d}/steady.toml", "w").write(s)
+PY
+export GPUWARDEN_SIGNING_KEY="${GPUWARDEN_SIGNING_KEY:-$(openssl rand -hex 32)}"
+export GPUWARDEN_SQL_PASSWORD="${GPUWARDEN_SQL_PASSWORD:-$(openssl rand -hex 16)}"
+"$BIN" up --config "$DIR/steady.toml" > "$DIR/up.out" 2> "$DIR/up.log" &
+UP_PID=$!
+trap 'kill $UP_PID 2>/dev/null || true; kill $SERVER_PID 2>/dev/null || true' EXIT
+sleep 60
+from=$(requests)
+sleep $((STEADY * 60))
+to=$(requests)
+kill -TERM $UP_PID; wait $UP_PID || true
+methods=$(sed -n "$((from + 1)),${to}p" "$DIR/requests.log" | cut -d' ' -f1 | sort | uniq -c | awk '{printf "%s=%s,", $2, $1}')
+printf '{"phase": "steady", "minutes": %s, "s3_requests": %s, "s3_requests_per_hour": %.0f, "by_method": "%s"}\n' \
+  "$STEADY" "$((to - from))" "$(echo "($to - $from) * 60 / $STEADY" | bc -l)" "${methods%,}"

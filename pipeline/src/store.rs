@@ -445,12 +445,8 @@ impl ObjectLake {
     /// The objects right under the directory `relative` (not in its subdirectories): their
     /// names and sizes.
     pub fn list_dir(&self, relative: &FsPath) -> Result<Vec<(String, u64)>, LakeError> {
-        let dir = self.key(relative);
-        let d = dir.clone();
-        let listed = self
-            .block(move |store| async move { store.list_with_delimiter(Some(&d)).await })
-            .map_err(self.error("listing", &dir))?;
-        Ok(listed
+        Ok(self
+            .list_with_delimiter(relative)?
             .objects
             .into_iter()
             .filter_map(|meta| Some((meta.location.filename()?.to_string(), meta.size)))
@@ -480,16 +476,20 @@ impl ObjectLake {
     /// The names of the "directories" right under `relative` (the common prefixes of a listing
     /// with the `/` delimiter).
     pub fn subdirs(&self, relative: &FsPath) -> Result<Vec<String>, LakeError> {
-        let dir = self.key(relative);
-        let d = dir.clone();
-        let listed = self
-            .block(move |store| async move { store.list_with_delimiter(Some(&d)).await })
-            .map_err(self.error("listing", &dir))?;
-        Ok(listed
+        Ok(self
+            .list_with_delimiter(relative)?
             .common_prefixes
             .into_iter()
             .filter_map(|p| Some(p.filename()?.to_string()))
             .collect())
+    }
+
+    /// One level of the directory `relative`: a listing with the `/` delimiter.
+    fn list_with_delimiter(&self, relative: &FsPath) -> Result<ListResult, LakeError> {
+        let dir = self.key(relative);
+        let d = dir.clone();
+        self.block(move |store| async move { store.list_with_delimiter(Some(&d)).await })
+            .map_err(self.error("listing", &dir))
     }
 
     /// Serves the lake's objects to `ctx`'s tables at `s3://<bucket>`, read through
