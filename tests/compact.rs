@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{eventually, ingest_samples, lake_i64, Broker};
+use support::s3::S3Server;
+use support::{config_lake_i64, eventually, ingest_samples, lake_i64, Broker};
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
@@ -98,19 +99,108 @@ fn sorted_dirs(dir: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// Where a test's lake keeps its files: a directory, or a prefix of a bucket of the tests' S3
+/// server, which keeps each object as a file under its key (so the same layout on disk, read
+/// to count files; a file changed behind the lake's back is changed through S3).
+enum Files<'a> {
+    Dir(PathBuf),
+    Bucket(&'a S3Server, &'static str),
+}
+
+impl Files<'_> {
+    /// The lake's layout on disk.
+    fn root(&self) -> PathBuf {
+        match self {
+            Self::Dir(dir) => dir.clone(),
+            Self::Bucket(server, prefix) => server.object_path(prefix),
+        }
+    }
+
+    /// Replaces the file `relative` of the lake with `bytes`, or removes it (`None`).
+    fn set(&self, relative: &Path, bytes: Option<&[u8]>) {
+        match (self, bytes) {
+            (Self::Dir(dir), Some(bytes)) => std::fs::write(dir.join(relative), bytes).unwrap(),
+            (Self::Dir(dir), None) => std::fs::remove_file(dir.join(relative)).unwrap(),
+            (Self::Bucket(server, prefix), bytes) => {
+                use object_store::ObjectStoreExt as _;
+                let key =
+                    object_store::path::Path::from(format!("{prefix}/{}", relative.display()));
+                let store = server.store();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                match bytes {
+                    Some(bytes) => {
+                        runtime
+                            .block_on(store.put(&key, bytes.to_vec().into()))
+                            .unwrap();
+                    }
+                    None => runtime.block_on(store.delete(&key)).unwrap(),
+                }
+            }
+        }
+    }
+}
+
+/// `gpuwarden compact`'s output. A bucket's compaction role stays with a killed run until its
+/// lease expires (the tests' `lease_ttl` is 3 s): a run that finds it held (exit 2) is tried
+/// again until then.
+fn compact_output(config: &Path, crash_at: Option<&str>) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut command = compact(config);
+        if let Some(step) = crash_at {
+            command.env("GPUWARDEN_COMPACT_CRASH_AT", step);
+        }
+        let out = command.output().unwrap();
+        if out.status.code() != Some(2) || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let config = storage_config(dir.path(), KEEP);
-    let lake = dir.path().join("data/lake");
+    killed_at_any_step(
+        dir.path(),
+        &config,
+        &Files::Dir(dir.path().join("data/lake")),
+    );
+}
+
+/// The same in a bucket: outputs uploaded, the manifest a conditional PUT, inputs retired.
+#[test]
+fn a_compaction_in_a_bucket_killed_at_any_step_leaves_every_row_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}lease_ttl = \"3s\"\n{KEEP}",
+            server.storage_config(&dir.path().join("data"), "fleet")
+        ),
+    )
+    .unwrap();
+    killed_at_any_step(dir.path(), &config, &Files::Bucket(&server, "fleet"));
+}
+
+fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
+    let config = config.to_path_buf();
+    let lake = files.root();
+    let figures = || config_lake_i64(&config, FIGURES);
     for part in 0..3 {
         ingest_samples(
             &config,
-            &dir.path().join(format!("part{part}.jsonl")),
+            &dir.join(format!("part{part}.jsonl")),
             &lines(part * 4..part * 4 + 4, 2),
         );
     }
-    let mut expected = lake_i64(&lake, FIGURES);
+    let mut expected = figures();
     assert_eq!(expected / 1_000_000_000, 3 * 4 * 1_440);
     let first = files_per_hour(&lake);
     assert!(first.iter().all(|&n| n >= 3), "{first:?}");
@@ -119,31 +209,24 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
         .into_iter()
         .enumerate()
     {
-        let out = compact(&config)
-            .env("GPUWARDEN_COMPACT_CRASH_AT", step)
-            .output()
-            .unwrap();
+        let out = compact_output(&config, Some(step));
         assert_eq!(
             out.status.signal(),
             Some(9),
             "{step}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(
-            lake_i64(&lake, FIGURES),
-            expected,
-            "after a crash at {step}"
-        );
+        assert_eq!(figures(), expected, "after a crash at {step}");
         // Late data for every hour: the next compaction has work again.
         ingest_samples(
             &config,
-            &dir.path().join(format!("late{late}.jsonl")),
+            &dir.join(format!("late{late}.jsonl")),
             &lines(100 + late * 2..102 + late * 2, 2),
         );
-        expected = lake_i64(&lake, FIGURES);
+        expected = figures();
     }
 
-    let out = compact(&config).output().unwrap();
+    let out = compact_output(&config, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -151,16 +234,16 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("hours compacted: 2"), "{stdout}");
-    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
 
     // The same input ingested again rewrites files whose rows the compacted files hold: they
     // stay hidden, and the next compaction removes them.
-    ingest_samples(&config, &dir.path().join("part0.jsonl"), &lines(0..4, 2));
-    assert_eq!(lake_i64(&lake, FIGURES), expected);
-    let out = compact(&config).output().unwrap();
+    ingest_samples(&config, &dir.join("part0.jsonl"), &lines(0..4, 2));
+    assert_eq!(figures(), expected);
+    let out = compact_output(&config, None);
     assert!(out.status.success());
-    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
 
     // A lost manifest hides its hour's compacted file until the next compaction, which tells
@@ -170,27 +253,27 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
         .iter()
         .flat_map(|date| sorted_dirs(date))
         .collect();
-    std::fs::remove_file(hours[0].join("_compaction.json")).unwrap();
-    assert!(lake_i64(&lake, FIGURES) < expected);
-    let out = compact(&config).output().unwrap();
+    let first_hour = hours[0]
+        .strip_prefix(&lake)
+        .unwrap()
+        .join("_compaction.json");
+    files.set(&first_hour, None);
+    assert!(figures() < expected);
+    let out = compact_output(&config, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
         stdout.contains("lost manifests rebuilt from their compacted files: 1"),
         "{stdout}"
     );
-    assert_eq!(lake_i64(&lake, FIGURES), expected);
+    assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
 
     // A damaged manifest skips its hour, says so and fails the command; the other hour's late
     // data is compacted all the same.
-    std::fs::write(hours[0].join("_compaction.json"), "{\"generation\":").unwrap();
-    ingest_samples(
-        &config,
-        &dir.path().join("late-last.jsonl"),
-        &lines(300..302, 2),
-    );
-    let out = compact(&config).output().unwrap();
+    files.set(&first_hour, Some(b"{\"generation\":"));
+    ingest_samples(&config, &dir.join("late-last.jsonl"), &lines(300..302, 2));
+    let out = compact_output(&config, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");

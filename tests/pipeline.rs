@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use support::{eventually, lake_i64, parquet_files, start_pipeline, Broker};
+use support::s3::S3Server;
+use support::{config_lake_i64, eventually, lake_i64, parquet_files, start_pipeline, Broker};
 
 const T0: i64 = 1_767_225_600_000;
 
@@ -167,6 +168,171 @@ fn a_pipeline_killed_mid_run_loses_nothing_and_duplicates_nothing() {
     );
 }
 
+/// The pid in a role's lease object (`<host>/<pid>/<start>`), and its generation.
+fn role_holder(server: &S3Server, role: &str) -> Option<(u32, u64)> {
+    let bytes = std::fs::read(server.object_path(&format!("fleet/_leases/{role}.json"))).ok()?;
+    let lease: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let pid = lease["holder"].as_str()?.split('/').nth(1)?.parse().ok()?;
+    Some((pid, lease["generation"].as_u64()?))
+}
+
+/// Two pipeline processes (on machines of their own, as far as the lake goes: each its own
+/// data dir) in one consumer group share a lake in a bucket. Each writes its partitions'
+/// files; one holds the rollups and one the signals publisher, by their lease objects. The one
+/// rolling up is killed mid-run: its partitions and its roles move to the other within a bound
+/// (the session timeout, 6 s, and `lease_ttl`, 3 s, plus a rollup period), and in the end every
+/// sample is in the lake once and rolled up once.
+#[test]
+fn two_pipelines_share_a_bucket_and_one_killed_leaves_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let configs: Vec<std::path::PathBuf> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            let home = dir.path().join(name);
+            std::fs::create_dir_all(&home).unwrap();
+            let base = std::fs::read_to_string(config(&home, &broker.bootstrap)).unwrap();
+            let path = home.join("gpuwarden.toml");
+            // The [storage] of `config` is replaced by the bucket's.
+            let base = base.split("\n[storage]").next().unwrap().to_string();
+            std::fs::write(
+                &path,
+                format!(
+                    "{base}\n{}lease_ttl = \"3s\"\n\n[pipeline]\nflush_rows = 500\n\
+                     flush_age = \"300ms\"\nclock.max_age = \"3650d\"\nrollup_every = \"1s\"\n",
+                    server.storage_config(&home.join("data"), "fleet")
+                ),
+            )
+            .unwrap();
+            path
+        })
+        .collect();
+    let lake_files = server.object_path("fleet/samples");
+    let distinct = || {
+        support::try_config_lake_i64(
+            &configs[0],
+            "SELECT count(DISTINCT (gpu_uuid, ts_ms)) FROM samples",
+        )
+        .unwrap_or(0)
+    };
+
+    // In steps of 64 samples (one per GPU), so that each batch continues the last.
+    let mut produced: usize = 8_960;
+    produce_samples(&broker.bootstrap, 0, produced);
+    let (a, running_a) = start_pipeline(&configs[0]);
+    let (b, running_b) = start_pipeline(&configs[1]);
+    let mut processes = vec![(a, running_a), (b, running_b)];
+    // Both in the group and both writing before the kill: each has written samples.
+    let mut last_batch = Instant::now();
+    eventually("both pipelines writing", Duration::from_secs(90), || {
+        let written: Vec<bool> = processes
+            .iter()
+            .map(|(_, running)| {
+                let (_, metrics) =
+                    support::http_get(&support::metrics_address(running), "/metrics");
+                metrics.lines().any(|l| {
+                    l.starts_with("gpuwarden_pipeline_records_written_total{table=\"samples\"}")
+                        && !l.ends_with(" 0")
+                })
+            })
+            .collect();
+        if written.iter().all(|w| *w) {
+            Ok(())
+        } else {
+            // More records, now and then, keep both busy until the group has settled on both.
+            if last_batch.elapsed() > Duration::from_millis(500) {
+                produce_samples(&broker.bootstrap, produced / 64, 640);
+                produced += 640;
+                last_batch = Instant::now();
+            }
+            Err(format!("writing: {written:?}"))
+        }
+    });
+    produce_samples(&broker.bootstrap, produced / 64, 8_960);
+    produced += 8_960;
+    let n = produced;
+    let (roller, first_generation) = eventually("a roller", Duration::from_secs(30), || {
+        role_holder(&server, "rollups").ok_or_else(|| "no rollups lease yet".to_string())
+    });
+    assert!(parquet_files(&lake_files) >= 2);
+    let victim = processes
+        .iter()
+        .position(|(p, _)| p.pid() == roller)
+        .expect("the roller is one of the two");
+    let (killed, _) = processes.remove(victim);
+    Command::new("kill")
+        .args(["-KILL", &killed.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(killed);
+    let killed_at = Instant::now();
+    let (survivor, running) = processes.pop().unwrap();
+
+    let moved = eventually(
+        "the rollups role moved",
+        Duration::from_secs(60),
+        || match role_holder(&server, "rollups") {
+            Some((pid, generation)) if pid == survivor.pid() => Ok(generation),
+            other => Err(format!("held by {other:?}")),
+        },
+    );
+    let took = killed_at.elapsed();
+    assert!(moved > first_generation, "a new generation: {moved}");
+    println!("the rollups role moved to the survivor {took:?} after the kill");
+    eventually(
+        "the signals role with the survivor",
+        Duration::from_secs(60),
+        || match role_holder(&server, "signals") {
+            Some((pid, _)) if pid == survivor.pid() => Ok(()),
+            other => Err(format!("held by {other:?}")),
+        },
+    );
+    eventually("every sample, once", Duration::from_secs(120), || {
+        let seen = distinct();
+        if seen == n as i64 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{seen} of {n} samples; log:\n{}",
+                survivor.log.join("\n")
+            ))
+        }
+    });
+    // The survivor rolls up what both wrote: every sample counted once.
+    eventually("every sample rolled up", Duration::from_secs(60), || {
+        let rolled = support::try_config_lake_i64(
+            &configs[1],
+            "SELECT CAST(sum(samples) AS BIGINT) FROM gpu_hourly",
+        )
+        .unwrap_or(0);
+        if rolled == n as i64 {
+            Ok(())
+        } else {
+            Err(format!("{rolled} of {n} samples rolled up"))
+        }
+    });
+    let (code, metrics) = support::http_get(&support::metrics_address(&running), "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("gpuwarden_pipeline_signals_leader 1"),
+        "{metrics}"
+    );
+    let (status, log) = survivor.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}\n{}", log.join("\n"));
+    // Released on the way out: the next process need not wait for the lease to expire.
+    let lease: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(server.object_path("fleet/_leases/rollups.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(lease["expires_at_ms"], 0, "{lease}");
+    assert_eq!(
+        support::config_lake_i64(&configs[0], "SELECT count(*) FROM samples"),
+        n as i64,
+        "no raw duplicates either"
+    );
+}
+
 /// Sends `count` samples of 64 GPUs, the first at `T0 + first * 5 s` (per GPU).
 fn produce_samples(bootstrap: &str, first: usize, count: usize) {
     support::produce(
@@ -288,7 +454,38 @@ fn a_pipeline_killed_and_restarted_at_once_reads_again_within_seconds() {
 fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config = storage_config(dir.path());
-    let input = dir.path().join("export.jsonl");
+    ingest_backfills(dir.path(), &config);
+}
+
+/// The same backfill into a lake in an S3 bucket (the tests' s3s-fs), through the same binary.
+#[test]
+fn ingest_backfills_into_a_lake_in_s3_as_into_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "gpuwarden"),
+    )
+    .unwrap();
+    ingest_backfills(dir.path(), &config);
+    let keys = server.keys("gpuwarden");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("gpuwarden/samples/date=2026-01-01/hour=00/file-samples-")),
+        "{keys:?}"
+    );
+    assert!(
+        !dir.path().join("data/lake").exists(),
+        "nothing of the lake is on local disk"
+    );
+    let staged = support::files_under(&dir.path().join("data/lake-staging"));
+    assert!(staged.is_empty(), "uploaded files are not kept: {staged:?}");
+}
+
+/// `gpuwarden ingest` of four files, bad lines included, twice, into the lake `config` names.
+fn ingest_backfills(dir: &Path, config: &Path) {
+    let input = dir.join("export.jsonl");
     let mut lines: Vec<String> = (0..2_500)
         .map(|i| sample(i % 10, T0 + (i / 10) as i64 * 5_000))
         .collect();
@@ -299,7 +496,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     );
     lines.insert(200, String::new());
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let leases = dir.path().join("leases.jsonl");
+    let leases = dir.join("leases.jsonl");
     std::fs::write(
         &leases,
         r#"{"v":1,"ts_ms":1767225600000,"event":"granted","lease_id":"l-1","team":"research","user":"alice","project":"p","workload":"training","substrate":"sim","gpu_model":"NVIDIA A100-SXM4-80GB","gpu_count":1,"gpu_uuids":["GPU-0001"]}"#,
@@ -307,7 +504,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
     .unwrap();
     // The enforcer's audit trail and the pipeline's signals, as they travel on their topics:
     // one line of each breaks its contract.
-    let actions = dir.path().join("actions.jsonl");
+    let actions = dir.join("actions.jsonl");
     std::fs::write(
         &actions,
         [
@@ -318,7 +515,7 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         .join("\n"),
     )
     .unwrap();
-    let signals = dir.path().join("signals.jsonl");
+    let signals = dir.join("signals.jsonl");
     std::fs::write(
         &signals,
         [
@@ -376,37 +573,42 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "points at how to see why: {stdout}"
     );
 
-    let lake = dir.path().join("data/lake");
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM lease_events"), 1);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_500
+    );
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM lease_events"),
+        1
+    );
+    assert_eq!(
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM quarantine WHERE field = 'util_gpu_pct' AND \"offset\" = 101"
         ),
         1,
         "line numbers locate bad lines"
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine WHERE reason LIKE 'malformed JSON%' AND \"offset\" = 8"), 1);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM quarantine WHERE reason LIKE 'malformed JSON%' AND \"offset\" = 8"), 1);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM actions WHERE action = 'reclaim' AND reason = 'idle' AND lease_id = 'l-1'"
         ),
         1
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM actions"), 2);
     assert_eq!(
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             "SELECT count(*) FROM signals WHERE (kind = 'team_spend' AND burn_usd_per_hour = 2.6) \
              OR (kind = 'gpu_unattributed' AND gpu_uuid = 'GPU-0003')"
         ),
         2
     );
     let quarantined = |topic: &str, field: &str, line: i64| {
-        lake_i64(
-            &lake,
+        config_lake_i64(
+            config,
             &format!(
                 "SELECT count(*) FROM quarantine WHERE topic = 'file:{}' AND field = '{field}' AND \"offset\" = {line}",
                 topic
@@ -418,10 +620,16 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
 
     // The same file again rewrites the same files: nothing is counted twice.
     assert!(run().status.success());
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_500);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM actions"), 2);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM signals"), 2);
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM quarantine"), 4);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_500
+    );
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM actions"), 2);
+    assert_eq!(config_lake_i64(config, "SELECT count(*) FROM signals"), 2);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM quarantine"),
+        4
+    );
 
     // Standard input works too ("-"), through the same decoder and quarantine.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -450,7 +658,10 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 2_501);
+    assert_eq!(
+        config_lake_i64(config, "SELECT count(*) FROM samples"),
+        2_501
+    );
 
     let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["ingest", "--config", config.to_str().unwrap()])
@@ -464,6 +675,25 @@ fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
 fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config = storage_config(dir.path());
+    sql_queries(dir.path(), &config);
+}
+
+/// The same queries over a lake in an S3 bucket (the tests' s3s-fs).
+#[test]
+fn sql_queries_a_lake_in_s3_as_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "gpuwarden"),
+    )
+    .unwrap();
+    sql_queries(dir.path(), &config);
+}
+
+/// `gpuwarden sql` in each format before and after an ingest into the lake `config` names.
+fn sql_queries(dir: &Path, config: &Path) {
     let sql = |format: &str, query: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
             .args([
@@ -496,7 +726,7 @@ fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
         "(reason) 0 rows"
     );
 
-    let input = dir.path().join("s.jsonl");
+    let input = dir.join("s.jsonl");
     std::fs::write(
         &input,
         format!("{}\n{}\nnot json\n", sample(1, T0), sample(2, T0 + 5_000)),

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use support::s3::S3Server;
 use support::{
     eventually, ingest_samples, sql_threads_busy, start_pipeline_with_sql, until_sql_threads_busy,
     Psql, Running,
@@ -40,38 +41,56 @@ fn samples(from_minute: i64, n: i64) -> String {
 
 /// A pipeline on the embedded broker, serving SQL on a free port.
 struct Endpoint {
-    dir: tempfile::TempDir,
     config: PathBuf,
     pipeline: Running,
     port: u16,
+    /// The S3 server of a lake in a bucket; dropped after the pipeline.
+    _server: Option<S3Server>,
+    dir: tempfile::TempDir,
 }
 
 impl Endpoint {
     fn start(pipeline_section: &str) -> Self {
+        Self::start_on(pipeline_section, false)
+    }
+
+    /// [`Endpoint::start`] with the lake in a bucket of an S3 server of its own when `bucket`.
+    fn start_on(pipeline_section: &str, bucket: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("gpuwarden.toml");
+        let server = bucket.then(|| S3Server::start(&dir.path().join("s3"), "lake"));
+        let data = dir.path().join("data");
+        let storage = match &server {
+            Some(server) => server.storage_config(&data, "sql"),
+            None => format!("[storage]\ndata_dir = \"{}\"\n", data.display()),
+        };
         std::fs::write(
             &config,
             format!(
-                "[kafka]\nbrokers = \"embedded\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_age = \"300ms\"\n{pipeline_section}\n",
-                dir.path().join("data").display()
+                "[kafka]\nbrokers = \"embedded\"\n\n{storage}\n[pipeline]\nflush_age = \"300ms\"\n{pipeline_section}\n"
             ),
         )
         .unwrap();
         ingest_samples(&config, &dir.path().join("first.jsonl"), &samples(0, 90));
         let (pipeline, port) = start_pipeline_with_sql(&config);
         Self {
-            dir,
             config,
             pipeline,
             port,
+            _server: server,
+            dir,
         }
     }
 
     fn with_users() -> Self {
-        Self::start(&format!(
-            "[[pipeline.sql_users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"
-        ))
+        Self::with_users_on(false)
+    }
+
+    fn with_users_on(bucket: bool) -> Self {
+        Self::start_on(
+            &format!("[[pipeline.sql_users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n"),
+            bucket,
+        )
     }
 
     /// psql as `user`.
@@ -93,7 +112,16 @@ impl Endpoint {
 
 #[test]
 fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
-    let endpoint = Endpoint::with_users();
+    reads_the_lake_and_files_written_after_the_start(Endpoint::with_users());
+}
+
+/// The same with the lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage).
+#[test]
+fn psql_reads_a_lake_in_a_bucket_and_sees_files_written_after_the_start() {
+    reads_the_lake_and_files_written_after_the_start(Endpoint::with_users_on(true));
+}
+
+fn reads_the_lake_and_files_written_after_the_start(endpoint: Endpoint) {
     // 8 GPUs x 90 minutes; GPU g at g x 10 %: 90 x (0 + 10 + ... + 70) = 25,200.
     assert_eq!(
         endpoint.one("SELECT count(*), sum(util_gpu_pct), count(DISTINCT gpu_uuid) FROM samples"),

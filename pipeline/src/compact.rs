@@ -55,12 +55,15 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::Table;
-use crate::lake::{io, replace_durably, sync_dir, Lake, LakeError};
+use crate::lake::{io, replace_durably, sync_dir, Lake, LakeError, LakeLock, Role, StateVersion};
 
 /// The manifest of a compacted hour, in its directory.
 pub const MANIFEST: &str = "_compaction.json";
 
-/// Compacted files are named `compact-g<generation>-<n>.parquet`.
+/// Compacted files are named `compact-g<generation>-<n>.parquet`, and in a bucket
+/// `compact-g<generation>-<n>-l<lease>.parquet`, where `<lease>` is the generation of the
+/// compaction role's lease that wrote it: a holder that lost the role while uploading can then
+/// never overwrite the next holder's outputs of the same hour, and what it left is a leftover.
 const OUTPUT_PREFIX: &str = "compact-g";
 
 const HOUR_MS: i64 = 3_600_000;
@@ -83,15 +86,17 @@ impl Manifest {
     /// The manifest of the hour directory `dir`; the empty one when it has none.
     pub fn read(dir: &Path) -> std::io::Result<Self> {
         match fs::read(dir.join(MANIFEST)) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                std::io::Error::new(
-                    ErrorKind::InvalidData,
-                    format!("{}: unreadable ({e})", dir.join(MANIFEST).display()),
-                )
-            }),
+            Ok(bytes) => Self::parse(&bytes, &dir.join(MANIFEST).display().to_string()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(Self::default()),
             Err(e) => Err(e),
         }
+    }
+
+    /// A manifest from its bytes; `at` names where they were read, for the error.
+    pub fn parse(bytes: &[u8], at: &str) -> std::io::Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            std::io::Error::new(ErrorKind::InvalidData, format!("{at}: unreadable ({e})"))
+        })
     }
 
     /// Whether the Parquet file `name` of the hour is part of its table.
@@ -413,33 +418,40 @@ impl Compactor {
     /// reached, [`rollup_watermark`]), never the wall clock: a lake of history, or a machine
     /// whose clock jumps ahead, loses nothing. Without one (no rollup has run) nothing is done.
     pub async fn run(&self, watermark: Option<i64>) -> Result<Maintenance, CompactError> {
-        let lock_path = Path::new(WORK_DIR).join(".lock");
-        let Some(_lock) = self.lake.try_lock(&lock_path)? else {
-            return Err(CompactError::Busy(self.lake.root().join(lock_path)));
+        let Some(lock) = self.lake.try_lock(Role::Compaction)? else {
+            return Err(CompactError::Busy(
+                self.lake.lock_location(Role::Compaction),
+            ));
         };
         let mut maintenance = Maintenance::default();
         let Some(watermark) = watermark else {
             return Ok(maintenance);
         };
         for (table, kept) in &self.options.retention {
+            lock.check("deleting hours past their retention")?;
             maintenance.expired.push(crate::retention::expire(
                 &self.lake, *table, *kept, watermark,
             )?);
         }
         if self.options.enabled {
-            maintenance.compacted = self.compact(watermark).await?;
+            maintenance.compacted = self.compact(watermark, &lock).await?;
         }
         Ok(maintenance)
     }
 
-    async fn compact(&self, watermark: i64) -> Result<CompactReport, CompactError> {
+    async fn compact(
+        &self,
+        watermark: i64,
+        lock: &LakeLock,
+    ) -> Result<CompactReport, CompactError> {
         let mut report = CompactReport::default();
         for table in Table::ALL {
-            for hour in self.lake.hours(table.name()) {
+            for hour in self.lake.hours(table.name())? {
                 if hour + HOUR_MS + self.options.lateness_ms > watermark {
                     break;
                 }
-                match self.hour(table, hour).await {
+                lock.check("compacting an hour")?;
+                match self.hour(table, hour, lock).await {
                     Ok(hour_report) => report.add(&hour_report),
                     // An hour that needs an operator does not hold the others back.
                     Err(e) => match e.skips_hour() {
@@ -461,28 +473,36 @@ impl Compactor {
         Ok(report)
     }
 
-    /// Compacts one hour of `table` if it needs it. The caller holds the compaction lock.
-    async fn hour(&self, table: Table, hour: i64) -> Result<CompactReport, CompactError> {
+    /// Compacts one hour of `table` if it needs it. The caller holds the compaction role.
+    async fn hour(
+        &self,
+        table: Table,
+        hour: i64,
+        lock: &LakeLock,
+    ) -> Result<CompactReport, CompactError> {
+        // Where the outputs are written: the hour itself in a directory, its staging directory
+        // (uploaded from there) in a bucket.
         let dir = self.lake.hour_dir(table.name(), hour);
         let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
-        let manifest = match Manifest::read(&dir) {
-            Ok(manifest) => manifest,
-            Err(e) if e.kind() == ErrorKind::InvalidData => {
-                return Err(CompactError::ManifestDamaged {
-                    path: dir.join(MANIFEST),
-                    reason: e.to_string(),
-                })
-            }
-            Err(e) => return Err(io("reading the manifest of", &dir)(e).into()),
-        };
+        let (manifest, mut version) = self.read_manifest(&relative_dir)?;
         let mut report = CompactReport::default();
 
         // List first, then read the flush journals: a flush's journal is written before its
         // files, so a file listed here that is not in a journal read after is committed.
-        let names = parquet_names(&dir)?;
-        let manifest =
-            self.account_for_outputs(table, hour, &dir, manifest, &names, &mut report)?;
+        let files = self.files(&relative_dir)?;
+        let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
+        // What the listing found is acted on only while the role is still this process's.
+        lock.check("placing an hour's compacted files")?;
+        let manifest = self.account_for_outputs(
+            table,
+            hour,
+            &relative_dir,
+            (manifest, &mut version),
+            &names,
+            &mut report,
+        )?;
         let mut shown = Vec::new();
+        lock.check("removing what earlier compactions left")?;
         for name in &names {
             if Manifest::concerns(name) && !manifest.outputs.contains(name) {
                 // An output of a compaction that crashed before its commit, or of a generation
@@ -515,10 +535,12 @@ impl Compactor {
         let generation = manifest.generation + 1;
         let mut rows = 0;
         for name in &inputs {
-            rows += footer(&dir.join(name))?.0;
+            rows += self.footer(&relative_dir.join(name))?.0;
         }
         let origin = Origin::new(generation, rows, &inputs, &manifest.superseded);
-        let written = self.rewrite(table, &dir, &origin).await?;
+        let written = self
+            .rewrite(table, &dir, &relative_dir, &origin, lock.generation())
+            .await?;
         let wrote = written.iter().map(|(_, _, rows)| rows).sum();
         if wrote != rows {
             return Err(CompactError::RowsDiffer {
@@ -534,12 +556,13 @@ impl Compactor {
             outputs: written.iter().map(|(name, _, _)| name.clone()).collect(),
             superseded: origin.superseded(),
         };
-        let bytes_in: u64 = inputs
+        let bytes_in: u64 = files
             .iter()
-            .filter_map(|name| fs::metadata(dir.join(name)).ok())
-            .map(|m| m.len())
+            .filter(|(name, _)| inputs.contains(name))
+            .map(|(_, size)| size)
             .sum();
-        next.write(&dir)?;
+        lock.check("committing a compaction")?;
+        self.write_manifest(&relative_dir, &next, &mut version)?;
         crash_point("manifest-written");
 
         for (i, name) in inputs.iter().enumerate() {
@@ -586,10 +609,11 @@ impl Compactor {
         table: Table,
         hour: i64,
         dir: &Path,
-        manifest: Manifest,
+        (manifest, version): (Manifest, &mut StateVersion),
         names: &[String],
         report: &mut CompactReport,
     ) -> Result<Manifest, CompactError> {
+        let dir = &self.shown_dir(dir);
         if let Some(missing) = manifest.outputs.iter().find(|o| !names.contains(o)) {
             // Under the compaction lock nothing else commits: the manifest is not this hour's
             // (restored from a backup newer than the files), and the files it does not name
@@ -626,7 +650,7 @@ impl Compactor {
             let mut origin: Option<Origin> = None;
             let mut rows = 0;
             for name in &outputs {
-                let (file_rows, recorded) = footer(&dir.join(name))?;
+                let (file_rows, recorded) = self.footer(&relative_dir.join(name))?;
                 rows += file_rows;
                 let Some(recorded) = recorded.filter(|o| o.generation == generation) else {
                     return Err(CompactError::Unaccounted {
@@ -676,7 +700,7 @@ impl Compactor {
                 outputs: outputs.into_iter().cloned().collect(),
                 superseded: origin.superseded(),
             };
-            rebuilt.write(dir)?;
+            self.write_manifest(&relative_dir, &rebuilt, version)?;
             if matches!(table, Table::Samples | Table::LeaseEvents) {
                 self.lake.mark_for_recompute(table.name(), hour)?;
             }
@@ -703,7 +727,9 @@ impl Compactor {
         &self,
         table: Table,
         dir: &Path,
+        relative_dir: &Path,
         origin: &Origin,
+        lease: Option<u64>,
     ) -> Result<Vec<(String, u64, u64)>, CompactError> {
         let (inputs, generation): (Vec<&String>, u64) =
             (origin.inputs().collect(), origin.generation);
@@ -724,11 +750,18 @@ impl Compactor {
             SessionConfig::new().with_target_partitions(2),
             runtime,
         );
+        self.lake.register_reader(&ctx);
         let urls = inputs
             .iter()
-            .map(|name| ListingTableUrl::parse(dir.join(name).display().to_string()))
+            .map(|name| {
+                ListingTableUrl::parse(match self.lake.objects() {
+                    Some(objects) => format!("{}{name}", objects.dir_url(relative_dir)),
+                    None => dir.join(name).display().to_string(),
+                })
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(query)?;
+        fs::create_dir_all(dir).map_err(io("creating", dir))?;
         let schema = table.schema();
         let config = ListingTableConfig::new_with_multi_paths(urls)
             .with_listing_options(
@@ -778,7 +811,11 @@ impl Compactor {
                 continue;
             }
             if current.is_none() {
-                let name = format!("{OUTPUT_PREFIX}{generation}-{:04}.parquet", written.len());
+                let lease = lease.map(|l| format!("-l{l}")).unwrap_or_default();
+                let name = format!(
+                    "{OUTPUT_PREFIX}{generation}-{:04}{lease}.parquet",
+                    written.len()
+                );
                 let tmp = dir.join(format!(".{name}.tmp"));
                 let file = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
                 let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
@@ -800,43 +837,139 @@ impl Compactor {
                 >= self.options.target_file_bytes
             {
                 let (name, tmp, writer, rows) = current.take().expect("opened above");
-                written.push(finish(dir, name, tmp, writer, rows)?);
+                written.push(self.finish(dir, relative_dir, name, tmp, writer, rows)?);
             }
         }
         if let Some((name, tmp, writer, rows)) = current.take() {
-            written.push(finish(dir, name, tmp, writer, rows)?);
+            written.push(self.finish(dir, relative_dir, name, tmp, writer, rows)?);
         }
-        sync_dir(dir)?;
+        if self.lake.objects().is_none() {
+            sync_dir(dir)?;
+        }
         Ok(written)
+    }
+
+    /// Closes a compacted file and puts it in the hour, hidden until the manifest names it:
+    /// renamed into its directory, or uploaded to the bucket (and the local file removed).
+    fn finish(
+        &self,
+        dir: &Path,
+        relative_dir: &Path,
+        name: String,
+        tmp: PathBuf,
+        writer: ArrowWriter<fs::File>,
+        rows: u64,
+    ) -> Result<(String, u64, u64), CompactError> {
+        let file = writer
+            .into_inner()
+            .map_err(|source| CompactError::Parquet {
+                path: tmp.clone(),
+                source,
+            })?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
+        let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
+        drop(file);
+        if let Some(objects) = self.lake.objects() {
+            objects.put_file(&relative_dir.join(&name), &tmp)?;
+            fs::remove_file(&tmp).map_err(io("removing", &tmp))?;
+        } else {
+            let path = dir.join(&name);
+            fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        }
+        Ok((name, bytes, rows))
+    }
+
+    /// Where the hour `relative_dir` is, for messages: its directory, or its URL in the bucket.
+    fn shown_dir(&self, relative_dir: &Path) -> PathBuf {
+        match self.lake.objects() {
+            Some(objects) => PathBuf::from(objects.dir_url(relative_dir)),
+            None => self.lake.root().join(relative_dir),
+        }
+    }
+
+    /// The hour's manifest (the empty one when it has none) and the version read.
+    fn read_manifest(&self, relative_dir: &Path) -> Result<(Manifest, StateVersion), CompactError> {
+        let relative = relative_dir.join(MANIFEST);
+        let path = self.shown_dir(relative_dir).join(MANIFEST);
+        let damaged = |e: std::io::Error| CompactError::ManifestDamaged {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        match self.lake.read_state(&relative)? {
+            None => Ok((Manifest::default(), StateVersion::default())),
+            Some((bytes, version)) => Manifest::parse(&bytes, &path.display().to_string())
+                .map(|manifest| (manifest, version))
+                .map_err(damaged),
+        }
+    }
+
+    /// Writes the hour's manifest: the commit of a compaction. In a directory, renamed into
+    /// place; in a bucket, a conditional PUT on the version read, refused (as
+    /// [`LakeError::Deposed`]) when another process wrote it since.
+    fn write_manifest(
+        &self,
+        relative_dir: &Path,
+        manifest: &Manifest,
+        version: &mut StateVersion,
+    ) -> Result<(), CompactError> {
+        if self.lake.objects().is_none() {
+            return Ok(manifest.write(&self.lake.root().join(relative_dir))?);
+        }
+        let bytes = serde_json::to_vec(manifest).expect("a manifest serializes");
+        self.lake.write_state(
+            &relative_dir.join(MANIFEST),
+            bytes,
+            version,
+            Role::Compaction,
+        )?;
+        Ok(())
+    }
+
+    /// The hour's Parquet files (not temporaries): names, sorted, and sizes.
+    fn files(&self, relative_dir: &Path) -> Result<Vec<(String, u64)>, LakeError> {
+        let mut files = match self.lake.objects() {
+            Some(objects) => objects
+                .list_dir(relative_dir)?
+                .into_iter()
+                .filter(|(name, _)| name.ends_with(".parquet") && !name.starts_with('.'))
+                .collect(),
+            None => {
+                let dir = self.lake.root().join(relative_dir);
+                let mut files = Vec::new();
+                for name in parquet_names(&dir)? {
+                    let size = fs::metadata(dir.join(&name)).map_or(0, |m| m.len());
+                    files.push((name, size));
+                }
+                files
+            }
+        };
+        files.sort_unstable();
+        Ok(files)
+    }
+
+    /// A Parquet file's rows, and the compaction it records, if it is a compacted file.
+    fn footer(&self, relative: &Path) -> Result<(u64, Option<Origin>), CompactError> {
+        match self.lake.objects() {
+            Some(objects) => Ok(origin_of(
+                objects.parquet_metadata(relative)?.file_metadata(),
+            )),
+            None => footer(&self.lake.root().join(relative)),
+        }
     }
 }
 
-/// Closes a compacted file and renames it into the hour (hidden until the manifest names it).
-fn finish(
-    dir: &Path,
-    name: String,
-    tmp: PathBuf,
-    writer: ArrowWriter<fs::File>,
-    rows: u64,
-) -> Result<(String, u64, u64), CompactError> {
-    let file = writer
-        .into_inner()
-        .map_err(|source| CompactError::Parquet {
-            path: tmp.clone(),
-            source,
-        })?;
-    file.sync_all().map_err(io("syncing", &tmp))?;
-    let bytes = file.metadata().map_err(io("reading", &tmp))?.len();
-    drop(file);
-    let path = dir.join(&name);
-    fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
-    Ok((name, bytes, rows))
-}
-
-/// The generation in a compacted file's name (`compact-g<generation>-<n>.parquet`).
+/// The generation in a compacted file's name (`compact-g<generation>-<n>.parquet`, or in a
+/// bucket `compact-g<generation>-<n>-l<lease>.parquet`).
 fn generation_of(name: &str) -> Option<u64> {
     let rest = name.strip_prefix(OUTPUT_PREFIX)?.strip_suffix(".parquet")?;
     let (generation, n) = rest.split_once('-')?;
+    let n = match n.split_once("-l") {
+        Some((n, lease)) => {
+            lease.parse::<u64>().ok()?;
+            n
+        }
+        None => n,
+    };
     n.parse::<u32>().ok()?;
     generation.parse().ok()
 }
@@ -850,14 +983,18 @@ fn footer(path: &Path) -> Result<(u64, Option<Origin>), CompactError> {
     };
     let file = fs::File::open(path).map_err(io("opening", path))?;
     let reader = SerializedFileReader::new(file).map_err(parquet)?;
-    let meta = reader.metadata().file_metadata();
+    Ok(origin_of(reader.metadata().file_metadata()))
+}
+
+/// The rows a Parquet file's metadata declares, and the compaction it records.
+fn origin_of(meta: &parquet::file::metadata::FileMetaData) -> (u64, Option<Origin>) {
     let origin = meta
         .key_value_metadata()
         .into_iter()
         .flatten()
         .find(|kv| kv.key == ORIGIN_KEY)
         .and_then(|kv| serde_json::from_str(kv.value.as_deref()?).ok());
-    Ok((u64::try_from(meta.num_rows()).unwrap_or(0), origin))
+    (u64::try_from(meta.num_rows()).unwrap_or(0), origin)
 }
 
 /// The Parquet files of an hour directory, by name.
@@ -881,7 +1018,13 @@ fn parquet_names(dir: &Path) -> Result<Vec<String>, LakeError> {
 
 /// Removes the temporary files a crashed compaction left in `dir` (never an ingest flush's).
 fn remove_temporaries(dir: &Path) -> Result<(), LakeError> {
-    for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // A bucket's hour with nothing staged.
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io("listing", dir)(e)),
+    };
+    for entry in entries {
         let entry = entry.map_err(io("listing", dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if (name.starts_with(&format!(".{OUTPUT_PREFIX}")) || name == format!(".{MANIFEST}.tmp"))
@@ -905,11 +1048,8 @@ pub fn rollup_watermark(lake: &Lake) -> Option<i64> {
     struct State {
         watermark: Option<i64>,
     }
-    let path = lake
-        .root()
-        .join(crate::rollup::tables::DIR)
-        .join("_state.json");
-    let bytes = fs::read(path).ok()?;
+    let path = Path::new(crate::rollup::tables::DIR).join("_state.json");
+    let (bytes, _) = lake.read_state(&path).ok()??;
     serde_json::from_slice::<State>(&bytes).ok()?.watermark
 }
 
@@ -983,6 +1123,15 @@ mod tests {
 
     fn names(dir: &Path) -> Vec<String> {
         parquet_names(dir).unwrap()
+    }
+
+    #[test]
+    fn output_names_give_their_generation_with_or_without_the_lease() {
+        assert_eq!(generation_of("compact-g3-0000.parquet"), Some(3));
+        assert_eq!(generation_of("compact-g12-0007-l4.parquet"), Some(12));
+        assert_eq!(generation_of("compact-g12-0007-lx.parquet"), None);
+        assert_eq!(generation_of("compact-g12.parquet"), None);
+        assert_eq!(generation_of("samples-p0-o1-2.parquet"), None);
     }
 
     #[test]
@@ -1222,7 +1371,7 @@ mod tests {
         outputs.sort();
         assert_eq!(names(&hour), outputs);
         // The rollups may have read the hour without its outputs: they read it again.
-        assert_eq!(lake.marked_hours("samples"), [T0]);
+        assert_eq!(lake.marked_hours("samples").unwrap(), [T0]);
 
         // Lost again, with late data meanwhile: rebuilt, then compacted with the late rows.
         fs::remove_file(hour.join(MANIFEST)).unwrap();
@@ -1261,7 +1410,13 @@ mod tests {
         let crashed = |compactor: &Compactor, generation| {
             let origin = Origin::new(generation, 1_800, &inputs, &BTreeSet::new());
             runtime
-                .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+                .block_on(compactor.rewrite(
+                    Table::Samples,
+                    &hour,
+                    hour.strip_prefix(lake.root()).unwrap(),
+                    &origin,
+                    None,
+                ))
                 .unwrap()
         };
         crashed(&compactor, 2);
@@ -1282,7 +1437,13 @@ mod tests {
         inputs_now.sort();
         let origin = Origin::new(3, 2_400, &inputs_now, &g2.superseded);
         runtime
-            .block_on(compactor.rewrite(Table::Samples, &hour, &origin))
+            .block_on(compactor.rewrite(
+                Table::Samples,
+                &hour,
+                hour.strip_prefix(lake.root()).unwrap(),
+                &origin,
+                None,
+            ))
             .unwrap();
         fs::remove_file(hour.join(MANIFEST)).unwrap();
         let done = compact(&lake, CompactOptions::default());
@@ -1428,8 +1589,8 @@ mod tests {
         assert_eq!(done.expired[0].hours, 2);
         assert_eq!(done.expired[0].files, 2);
         assert!(done.expired[0].bytes > 0);
-        assert_eq!(lake.hours("samples"), [T0 + 2 * HOUR_MS]);
-        assert_eq!(lake.marked_hours("samples"), [T0 + 2 * HOUR_MS]);
+        assert_eq!(lake.hours("samples").unwrap(), [T0 + 2 * HOUR_MS]);
+        assert_eq!(lake.marked_hours("samples").unwrap(), [T0 + 2 * HOUR_MS]);
         assert_eq!(query(&lake, "SELECT count(*) FROM samples"), 40);
     }
 }

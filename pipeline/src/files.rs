@@ -727,7 +727,7 @@ impl Sequencer {
                 .expect("files are open");
             self.close(oldest)?;
         }
-        let dir = self.lake.hour_dir(table.name(), hour);
+        let dir = self.lake.staging_dir(table.name(), hour);
         std::fs::create_dir_all(&dir).map_err(|source| LakeError::Io {
             action: "creating",
             path: dir.clone(),
@@ -1174,7 +1174,7 @@ mod tests {
             .sum();
         assert!(row_groups > 3, "{row_groups} row groups");
         assert_eq!(
-            lake.marked_hours("samples"),
+            lake.marked_hours("samples").unwrap(),
             hours,
             "every hour is rolled up again"
         );

@@ -32,7 +32,6 @@
 //!   window starts again from the window's first sample.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,8 +55,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bounds::{arrival_of_message, Bounds, FleetWatermark, OutOfBounds};
 use crate::consume::Throttle;
-use crate::lake::{Lake, LakeError};
-use crate::listing::register_dir;
+use crate::lake::{Lake, LakeError, LakeLock};
 use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
 use crate::rollup::{RollupTable, UNALLOCATED};
@@ -378,12 +376,12 @@ pub async fn month_to_date(
     let (start, end) = month_of(ts_ms);
     let ctx = SessionContext::new();
     // The rollups may replace a file this query has listed.
-    crate::versions::VersionedFs::register(&ctx, lake.root());
+    lake.register_reader(&ctx);
     let table = RollupTable::TeamHourly;
-    register_dir(
+    lake.register_dirs(
         &ctx,
         table.name(),
-        &lake.root().join(table.dir()),
+        &[std::path::PathBuf::from(table.dir())],
         table.schema(),
     )?;
     let sql = format!(
@@ -430,9 +428,19 @@ pub fn run(
         .map_err(SignalsError::Runtime)?;
     let mut standing_by = false;
     while !stop.load(Ordering::SeqCst) {
-        let Some(lock) = lake.try_lock(Path::new(LOCK))? else {
+        let taken = match lake.try_lock(crate::lake::Role::Signals) {
+            Ok(taken) => taken,
+            // A bucket out of reach for a while: the role is tried again, as a held one is.
+            Err(e @ LakeError::Store { .. }) => {
+                tracing::warn!(error = %e, "cannot reach the lake to take the signals role; trying again");
+                sleep_unless_stopped(options.lock_retry, &stop);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(lock) = taken else {
             if !standing_by {
-                tracing::debug!(lock = %lake.root().join(LOCK).display(), "another pipeline publishes signals for this lake; standing by");
+                tracing::debug!(lake = %lake.location(), "another pipeline publishes signals for this lake; standing by");
                 standing_by = true;
             }
             sleep_unless_stopped(options.lock_retry, &stop);
@@ -446,12 +454,15 @@ pub fn run(
         );
         metrics.set_signals_leader(true);
         let result = Publisher::start(client, &lake, &options, &metrics, &stop)
-            .map(|publisher| publisher.map(|p| p.run(&runtime, &stop)));
+            .map(|publisher| publisher.map(|p| p.run(&runtime, &stop, &lock)));
         metrics.set_signals_leader(false);
         metrics.set_window_samples(0);
         metrics.set_window_bytes(0);
         drop(lock);
-        return result.map(|_| ());
+        result?;
+        // Stopped, or the role was lost (a lease on a bucket that lapsed): the latter stands
+        // by again, and takes the role back when it is free.
+        standing_by = false;
     }
     Ok(())
 }
@@ -676,9 +687,15 @@ impl<'a> Publisher<'a> {
         Ok(())
     }
 
-    fn run(mut self, runtime: &tokio::runtime::Runtime, stop: &AtomicBool) {
+    /// Publishes until `stop` is set or `lock` is lost (its lease on a bucket lapsed or was
+    /// taken over): then another process publishes, and this one stops before its next signal.
+    fn run(mut self, runtime: &tokio::runtime::Runtime, stop: &AtomicBool, lock: &LakeLock) {
         let mut last_check = Instant::now();
         while !stop.load(Ordering::SeqCst) {
+            if let Err(e) = lock.check("publishing signals") {
+                tracing::warn!(error = %e, "this pipeline stops publishing signals");
+                break;
+            }
             let full = self.poll() == POLL_BATCH;
             self.producer.poll(Duration::ZERO);
             for (host, skew_ms, ts_ms) in self.window.take_skewed() {

@@ -2,6 +2,12 @@
 //! never leaves half of one, which hours must be rolled up again, and the flush journal that
 //! lets a restarted pipeline remove files whose Kafka offsets were never committed.
 //!
+//! The lake is a directory, or a prefix of an S3 bucket ([`crate::store`]): the same layout, the
+//! same names, and for each operation below the directory's way or the object store's
+//! (docs/ARCHITECTURE.md#the-lake-on-object-storage). A role (the one process rolling up,
+//! compacting or publishing signals) is an `flock` in a directory and a lease object that
+//! expires in a bucket ([`Lake::try_lock`], [`crate::lease`]).
+//!
 //! Layout (docs/ARCHITECTURE.md#lake-layout):
 //! `<lake>/<table>/date=YYYY-MM-DD/hour=HH/<source>-o<first>-<last>.parquet`. `<source>` is
 //! `<topic>-p<partition>` for Kafka and `file-<table>-<name>` for `gpuwarden ingest`;
@@ -21,6 +27,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
+use crate::store::ObjectLake;
 use crate::versions::Versions;
 
 /// Rows per Parquet row group: large enough to compress well, small enough to prune by.
@@ -31,12 +38,16 @@ const HOUR_MS: i64 = 3_600_000;
 /// The raw tables the rollups are computed from; writing to one of them marks the hour.
 pub const ROLLUP_INPUTS: [&str; 2] = ["samples", "lease_events"];
 
-/// The lake under a root directory (`<data_dir>/lake`).
+/// The lake: a root directory (`<data_dir>/lake`), or a prefix of an object store.
 #[derive(Debug, Clone)]
 pub struct Lake {
+    /// The lake itself when it is a directory; for a lake in an object store, the local
+    /// directory where files are encoded before they are uploaded (see [`Lake::root`]).
     root: PathBuf,
     /// Where replaced files are kept for the queries that listed them.
     versions: Arc<Versions>,
+    /// The object store the lake is in, if it is in one.
+    objects: Option<Arc<ObjectLake>>,
 }
 
 /// A lake operation that failed.
@@ -59,6 +70,32 @@ pub enum LakeError {
         path: PathBuf,
         /// The encoder's error.
         source: parquet::errors::ParquetError,
+    },
+    /// The object store refused or failed a request, after its client's own retries (an
+    /// external system: retried again later where the caller retries, e.g. ingest's writers).
+    #[error("{action} {key} in {lake}: {source}")]
+    Store {
+        /// What was being done.
+        action: &'static str,
+        /// The object's key (empty for the store as a whole).
+        key: String,
+        /// The lake, `s3://bucket/prefix`.
+        lake: String,
+        /// The store's error (boxed: it is large, and every lake result carries the size).
+        source: Box<object_store::Error>,
+    },
+    /// This process no longer holds the role it was working under: its lease on the lake
+    /// expired without a renewal, or another process took the role over, or a conditional
+    /// write found an object written by another holder since this one read it. Its work stops
+    /// there, uncommitted; the holder now does it.
+    #[error("{what} in {lake}: this process no longer holds the {role} role (its lease lapsed or another process took it over)")]
+    Deposed {
+        /// The role ("rollups").
+        role: &'static str,
+        /// What was being done.
+        what: String,
+        /// The lake, `s3://bucket/prefix`.
+        lake: String,
     },
 }
 
@@ -102,19 +139,199 @@ pub fn parse_hour_partition(date: &str, hour: &str) -> Option<i64> {
     Some(days_from_civil(y, m, d) * 86_400_000 + hour * HOUR_MS)
 }
 
-/// An exclusive lock on a file of the lake ([`Lake::try_lock`]), released when dropped.
+/// A role that one process at a time holds on a lake ([`Lake::try_lock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Rolling up (`rollups/.lock`, `_leases/rollups.json`).
+    Rollups,
+    /// Compacting and deleting past retention (`_compaction/.lock`, `_leases/compaction.json`).
+    Compaction,
+    /// Computing and publishing signals (`signals.lock`, `_leases/signals.json`).
+    Signals,
+}
+
+impl Role {
+    /// Its name, as in its lease object's.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rollups => "rollups",
+            Self::Compaction => "compaction",
+            Self::Signals => "signals",
+        }
+    }
+
+    /// Its lock file in a directory lake, relative to the root.
+    pub fn lock_file(self) -> PathBuf {
+        match self {
+            Self::Rollups => Path::new("rollups").join(".lock"),
+            Self::Compaction => Path::new("_compaction").join(".lock"),
+            Self::Signals => PathBuf::from("signals.lock"),
+        }
+    }
+}
+
+/// A role held on a lake ([`Lake::try_lock`]), given up when dropped. In a directory it is an
+/// `flock` on the role's lock file, which the kernel drops with the process. In a bucket it is
+/// the role's [`crate::lease::Lease`], renewed every third of its length by a thread of its own
+/// while held and released when dropped; a holder that dies gives the role up when the lease
+/// expires. A lease can be lost (renewals failing until it expires, or another process taking
+/// the role over meanwhile): the holder asks [`LakeLock::check`] before each step it commits,
+/// and its commits are conditional writes ([`Lake::write_state`]) besides.
 #[derive(Debug)]
 pub struct LakeLock {
-    _file: File,
     path: PathBuf,
+    held: Held,
+}
+
+#[derive(Debug)]
+enum Held {
+    File(#[allow(dead_code)] File),
+    Lease(LeaseKeeper),
+}
+
+/// The thread renewing a held lease, and what it found.
+#[derive(Debug)]
+struct LeaseKeeper {
+    shared: Arc<LeaseShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The lease's generation: greater for every later holder of the role.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct LeaseShared {
+    lease: std::sync::Mutex<Option<crate::lease::Lease>>,
+    /// Set to stop the renewals; the condition variable wakes the thread for it.
+    stop: std::sync::Mutex<bool>,
+    wake: std::sync::Condvar,
+    /// Set once a renewal was refused: another process holds the role.
+    deposed: std::sync::atomic::AtomicBool,
+    role: Role,
+    lake: String,
+}
+
+impl LeaseShared {
+    /// Renews every third of the lease's length until stopped or deposed. A failed renewal
+    /// (the store unreachable) is retried at the next turn: the lease stays valid until it
+    /// expires, which [`LakeLock::check`] tells by its own clock.
+    fn keep(&self, ttl: std::time::Duration) {
+        let every = ttl / 3;
+        loop {
+            let stop = self.stop.lock().expect("not poisoned");
+            let (stop, _) = self
+                .wake
+                .wait_timeout_while(stop, every, |stop| !*stop)
+                .expect("not poisoned");
+            if *stop {
+                return;
+            }
+            drop(stop);
+            let mut lease = self.lease.lock().expect("not poisoned");
+            let Some(held) = lease.as_mut() else { return };
+            match held.renew() {
+                Ok(crate::lease::Held::Kept) => {}
+                Ok(crate::lease::Held::Deposed) => {
+                    tracing::warn!(role = self.role.name(), lake = %self.lake, "another process took this process's role over: its lease had lapsed");
+                    self.deposed
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    *lease = None;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(role = self.role.name(), lake = %self.lake, error = %e, remaining_ms = held.remaining().as_millis() as u64, "could not renew this process's lease on its role; retrying");
+                }
+            }
+        }
+    }
 }
 
 impl LakeLock {
-    /// The lock file.
+    /// The lock file, or the lease object, relative to the lake's root.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The generation of the lease this holder took (a bucket's; `None` for a directory's
+    /// lock, which no other process can take while this one lives): a later holder of the
+    /// role always has a greater one, so names carrying it never collide between holders.
+    pub fn generation(&self) -> Option<u64> {
+        match &self.held {
+            Held::Lease(keeper) => Some(keeper.generation),
+            Held::File(_) => None,
+        }
+    }
+
+    /// `Ok` while the role is still this process's with time to spare (a third of its lease
+    /// at least; always, for a directory's lock): the holder asks before each step it commits.
+    /// [`LakeError::Deposed`] once it is not, naming `what` was about to be done.
+    pub fn check(&self, what: &str) -> Result<(), LakeError> {
+        let Held::Lease(keeper) = &self.held else {
+            return Ok(());
+        };
+        let shared = &keeper.shared;
+        let lease = shared.lease.lock().expect("not poisoned");
+        let spare = lease
+            .as_ref()
+            .is_some_and(|lease| lease.remaining() >= lease.ttl() / 3);
+        if spare && !shared.deposed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        Err(LakeError::Deposed {
+            role: shared.role.name(),
+            what: what.to_string(),
+            lake: shared.lake.clone(),
+        })
+    }
 }
+
+impl Drop for LakeLock {
+    fn drop(&mut self) {
+        let Held::Lease(keeper) = &mut self.held else {
+            return;
+        };
+        *keeper.shared.stop.lock().expect("not poisoned") = true;
+        keeper.shared.wake.notify_all();
+        if let Some(thread) = keeper.thread.take() {
+            let _ = thread.join();
+        }
+        let lease = keeper.shared.lease.lock().expect("not poisoned").take();
+        if let Some(lease) = lease {
+            // Released, the next holder need not wait out the expiry; failing to release costs
+            // only that wait.
+            if let Err(e) = lease.release() {
+                tracing::warn!(role = keeper.shared.role.name(), lake = %keeper.shared.lake, error = %e, "could not release this process's lease; the role passes on when it expires");
+            }
+        }
+    }
+}
+
+/// This process's name as a lease holder: host, process id and start time, so that a restarted
+/// process never takes itself for its predecessor.
+fn holder_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "host".into());
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        format!("{host}/{}/{started:x}", std::process::id())
+    })
+    .clone()
+}
+
+/// What a state object ([`Lake::read_state`]) was read at, for the conditional write that
+/// replaces it ([`Lake::write_state`]): its version in a bucket (none there yet: create it);
+/// nothing in a directory, where the one lock holder writes it alone.
+#[derive(Debug, Clone, Default)]
+pub struct StateVersion(Option<object_store::UpdateVersion>);
 
 /// What a flush is about to write, recorded before the first file is written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,12 +352,60 @@ impl Lake {
         let root = root.into();
         fs::create_dir_all(&root).map_err(io("creating", &root))?;
         let versions = Arc::new(Versions::of(&root));
-        Ok(Self { root, versions })
+        Ok(Self {
+            root,
+            versions,
+            objects: None,
+        })
     }
 
-    /// The lake's root directory.
+    /// The lake in `objects`, whose files are encoded under the local directory `staging`
+    /// (created if missing) before they are uploaded.
+    pub fn in_object_store(
+        objects: ObjectLake,
+        staging: impl Into<PathBuf>,
+    ) -> Result<Self, LakeError> {
+        let mut lake = Self::open(staging)?;
+        lake.objects = Some(Arc::new(objects));
+        Ok(lake)
+    }
+
+    /// The lake the config names (`storage.lake`, `[storage.s3]`): a directory, or a prefix of
+    /// an S3 bucket staged under `<data_dir>/lake-staging`.
+    pub fn from_config(config: &gpuwarden_schema::config::Config) -> Result<Self, LakeError> {
+        use gpuwarden_schema::config::LakeLocation;
+        let location = config.lake().map_err(|message| LakeError::Io {
+            action: "reading storage.lake",
+            path: PathBuf::from(config.storage.lake.clone().unwrap_or_default()),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
+        })?;
+        match location {
+            LakeLocation::Directory(dir) => Self::open(dir),
+            LakeLocation::S3 { bucket, prefix } => Self::in_object_store(
+                ObjectLake::s3(&bucket, &prefix, &config.storage.s3)?,
+                config.storage.data_dir.join("lake-staging"),
+            ),
+        }
+    }
+
+    /// The lake's root directory when it is a directory. For a lake in an object store, the
+    /// local directory its files are encoded in before they are uploaded: nothing there is part
+    /// of the lake.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The object store the lake is in; `None` for a directory.
+    pub fn objects(&self) -> Option<&ObjectLake> {
+        self.objects.as_deref()
+    }
+
+    /// `s3://bucket/prefix`, or the directory.
+    pub fn location(&self) -> String {
+        match &self.objects {
+            Some(objects) => objects.display().to_string(),
+            None => self.root.display().to_string(),
+        }
     }
 
     /// The directory of one table's hour.
@@ -166,6 +431,14 @@ impl Lake {
         table: &str,
         hour_ms: i64,
     ) -> Result<u64, LakeError> {
+        if let Some(objects) = &self.objects {
+            // One PUT publishes the whole file: no temporary object, nothing to rename.
+            let bytes = encode(batch, relative)?;
+            let size = bytes.len() as u64;
+            objects.put(relative, bytes)?;
+            self.marked_if_input(table, hour_ms)?;
+            return Ok(size);
+        }
         let path = self.root.join(relative);
         let dir = path
             .parent()
@@ -200,9 +473,10 @@ impl Lake {
         Ok(bytes)
     }
 
-    /// Puts the finished, synced file `tmp` (in the hour directory of `relative`) in place as
-    /// `relative`: the replaced file is kept for the queries that listed it, the rename and the
-    /// directory are synced, and a table the rollups read has its hour marked.
+    /// Puts the finished, synced file `tmp` (in [`Lake::staging_dir`] of its hour) in place as
+    /// `relative`: in a directory, the replaced file is kept for the queries that listed it and
+    /// the rename and the directory are synced; in an object store, the file is uploaded and
+    /// then removed. A table the rollups read has its hour marked.
     pub(crate) fn install(
         &self,
         tmp: &Path,
@@ -210,15 +484,32 @@ impl Lake {
         table: &str,
         hour_ms: i64,
     ) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            objects.put_file(relative, tmp)?;
+            fs::remove_file(tmp).map_err(io("removing", tmp))?;
+            return self.marked_if_input(table, hour_ms);
+        }
         let path = self.root.join(relative);
         // A query that listed the file being replaced reads it on from its kept version.
         self.retire(&path);
         fs::rename(tmp, &path).map_err(io("renaming into", &path))?;
         sync_dir(path.parent().expect("lake files live in an hour directory"))?;
+        self.marked_if_input(table, hour_ms)
+    }
+
+    /// Marks the hour of a write to a table the rollups read.
+    fn marked_if_input(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
         if ROLLUP_INPUTS.contains(&table) {
             self.mark_for_recompute(table, hour_ms)?;
         }
         Ok(())
+    }
+
+    /// The local directory where a file of `table`'s hour is encoded: its hour directory in a
+    /// directory lake (so the rename is within one directory), the same path under the staging
+    /// directory for a lake in an object store.
+    pub fn staging_dir(&self, table: &str, hour_ms: i64) -> PathBuf {
+        self.hour_dir(table, hour_ms)
     }
 
     /// Keeps the file at `path`, about to be replaced or removed, for the queries that listed
@@ -230,9 +521,18 @@ impl Lake {
         }
     }
 
-    /// The hours of `table` that have a directory, ascending.
-    pub fn hours(&self, table: &str) -> Vec<i64> {
+    /// The hours of `table` that have a directory (in an object store: an object), ascending.
+    pub fn hours(&self, table: &str) -> Result<Vec<i64>, LakeError> {
         let mut hours = Vec::new();
+        if let Some(objects) = &self.objects {
+            for date in objects.subdirs(Path::new(table))? {
+                for hour in objects.subdirs(&Path::new(table).join(&date))? {
+                    hours.extend(parse_hour_partition(&date, &hour));
+                }
+            }
+            hours.sort_unstable();
+            return Ok(hours);
+        }
         for date in fs::read_dir(self.root.join(table))
             .into_iter()
             .flatten()
@@ -249,21 +549,59 @@ impl Lake {
             }
         }
         hours.sort_unstable();
-        hours
+        Ok(hours)
     }
 
-    /// Takes the exclusive lock on `<lake>/<relative>` (an advisory `flock`, created if missing)
-    /// without waiting. `Ok(None)` when another holder has it: another process, or another
-    /// [`Lake::try_lock`] of the same file in this one. The lock lasts as long as the returned
-    /// value, and ends with the process however it ends, so a crash never leaves it taken.
-    pub fn try_lock(&self, relative: &Path) -> Result<Option<LakeLock>, LakeError> {
-        let path = self.root.join(relative);
+    /// Takes `role` on this lake without waiting; `Ok(None)` when another holder has it
+    /// (another process, or another [`Lake::try_lock`] of the same role in this one).
+    ///
+    /// In a directory it is an exclusive `flock` on the role's lock file (created if missing),
+    /// which lasts as long as the returned value and ends with the process however it ends, so
+    /// a crash never leaves it taken. In a bucket it is the role's lease object
+    /// (`_leases/<role>.json`, [`crate::lease::Lease`]) for `storage.s3.lease_ttl`, renewed
+    /// while held and released when dropped; after a crash the role is free once the lease
+    /// expires.
+    pub fn try_lock(&self, role: Role) -> Result<Option<LakeLock>, LakeError> {
+        if let Some(objects) = &self.objects {
+            let ttl = objects.lease_ttl();
+            let Some(lease) =
+                crate::lease::Lease::try_take(objects, role.name(), &holder_name(), ttl)?
+            else {
+                return Ok(None);
+            };
+            let generation = lease.generation();
+            let shared = Arc::new(LeaseShared {
+                lease: std::sync::Mutex::new(Some(lease)),
+                stop: std::sync::Mutex::new(false),
+                wake: std::sync::Condvar::new(),
+                deposed: std::sync::atomic::AtomicBool::new(false),
+                role,
+                lake: objects.display().to_string(),
+            });
+            let keeping = Arc::clone(&shared);
+            let thread = std::thread::Builder::new()
+                .name(format!("lease-{}", role.name()))
+                .spawn(move || keeping.keep(ttl))
+                .map_err(io("starting the lease thread of", Path::new(role.name())))?;
+            return Ok(Some(LakeLock {
+                path: crate::lease::Lease::path(role.name()),
+                held: Held::Lease(LeaseKeeper {
+                    shared,
+                    thread: Some(thread),
+                    generation,
+                }),
+            }));
+        }
+        let path = self.root.join(role.lock_file());
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(io("creating", dir))?;
         }
         let file = File::create(&path).map_err(io("creating", &path))?;
         match file.try_lock() {
-            Ok(()) => Ok(Some(LakeLock { _file: file, path })),
+            Ok(()) => Ok(Some(LakeLock {
+                path,
+                held: Held::File(file),
+            })),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
             Err(fs::TryLockError::Error(source)) => Err(LakeError::Io {
                 action: "locking",
@@ -273,8 +611,204 @@ impl Lake {
         }
     }
 
+    /// Where `role` is held on this lake, for messages: its lock file, or its lease object's URL.
+    pub fn lock_location(&self, role: Role) -> PathBuf {
+        match &self.objects {
+            Some(objects) => PathBuf::from(format!(
+                "{}/{}",
+                objects.display(),
+                crate::lease::Lease::path(role.name()).display()
+            )),
+            None => self.root.join(role.lock_file()),
+        }
+    }
+
+    /// A small state object of the lake (`rollups/_state.json`, …) and the version read, for
+    /// [`Lake::write_state`]; `None` when there is none.
+    pub fn read_state(
+        &self,
+        relative: &Path,
+    ) -> Result<Option<(Vec<u8>, StateVersion)>, LakeError> {
+        if let Some(objects) = &self.objects {
+            return Ok(objects
+                .get_versioned(relative)?
+                .map(|(bytes, version)| (bytes.to_vec(), StateVersion(Some(version)))));
+        }
+        let path = self.root.join(relative);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some((bytes, StateVersion::default()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading", &path)(e)),
+        }
+    }
+
+    /// Replaces the state object `relative` with `bytes`, atomically. In a bucket the write is
+    /// conditional on `version` (what [`Lake::read_state`] read, or the last write here; none:
+    /// that there is no object yet) and updates it: written by another process since, the
+    /// state is not this one's to write, and [`LakeError::Deposed`] says so for `role`.
+    pub fn write_state(
+        &self,
+        relative: &Path,
+        bytes: Vec<u8>,
+        version: &mut StateVersion,
+        role: Role,
+    ) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            let mode = match &version.0 {
+                Some(v) => object_store::PutMode::Update(v.clone()),
+                None => object_store::PutMode::Create,
+            };
+            let Some(written) = objects.put_if(relative, bytes, mode)? else {
+                return Err(LakeError::Deposed {
+                    role: role.name(),
+                    what: format!(
+                        "writing {} (another process wrote it since)",
+                        relative.display()
+                    ),
+                    lake: objects.display().to_string(),
+                });
+            };
+            version.0 = Some(written);
+            return Ok(());
+        }
+        let path = self.root.join(relative);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        replace_durably(&tmp, &path, &bytes)
+    }
+
+    /// Serves the lake's files to `ctx` the way its own readers must see them: each hour as its
+    /// compaction manifest says, one version of a rollup file, and a file replaced or removed
+    /// since a query listed it as the version it listed.
+    pub fn register_reader(&self, ctx: &datafusion::prelude::SessionContext) {
+        match &self.objects {
+            Some(objects) => objects.register(ctx),
+            None => crate::versions::VersionedFs::register(ctx, &self.root),
+        }
+    }
+
+    /// Registers the Parquet files under the lake's directories `dirs` (relative to its root)
+    /// as the table `name` of `ctx`, which [`Lake::register_reader`] serves. In a directory
+    /// lake, directories that do not exist are left out; none at all make an empty table.
+    pub fn register_dirs(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        name: &str,
+        dirs: &[PathBuf],
+        schema: arrow_schema::SchemaRef,
+    ) -> Result<(), datafusion::error::DataFusionError> {
+        match &self.objects {
+            Some(objects) => {
+                let urls: Vec<String> = dirs.iter().map(|d| objects.dir_url(d)).collect();
+                if urls.is_empty() {
+                    crate::listing::register_dirs(ctx, name, &[], schema)
+                } else {
+                    crate::listing::register_urls(ctx, name, &urls, schema)
+                }
+            }
+            None => {
+                let existing: Vec<PathBuf> = dirs
+                    .iter()
+                    .map(|d| self.root.join(d))
+                    .filter(|d| d.is_dir())
+                    .collect();
+                crate::listing::register_dirs(ctx, name, &existing, schema)
+            }
+        }
+    }
+
+    /// Writes `batch` as the one file of the directory `dir` that each write replaces whole (a
+    /// rollup hour, the leases): `<dir>/<stem>.parquet` in a directory, where the replaced file
+    /// is kept for the queries that listed it; in a bucket, where an object's key must never
+    /// come back with other bytes, a new name each time, `<stem>.v<n:010>.parquet` with `n`
+    /// one more than the latest there, created only if no other process created it first
+    /// ([`LakeError::Deposed`] for `role` then), after which the older ones are retired.
+    /// Readers show the latest version alone ([`crate::versions::shown`]).
+    pub fn write_replaceable(
+        &self,
+        dir: &Path,
+        stem: &str,
+        batch: &RecordBatch,
+        role: Role,
+    ) -> Result<u64, LakeError> {
+        let Some(objects) = &self.objects else {
+            return self.write(&dir.join(format!("{stem}.parquet")), batch, "", 0);
+        };
+        let older = self.versions_of(objects, dir, stem)?;
+        let next = older.last().map_or(1, |(n, _)| n + 1);
+        let relative = dir.join(format!("{stem}.v{next:010}.parquet"));
+        let bytes = encode(batch, &relative)?;
+        let size = bytes.len() as u64;
+        if objects
+            .put_if(&relative, bytes, object_store::PutMode::Create)?
+            .is_none()
+        {
+            return Err(LakeError::Deposed {
+                role: role.name(),
+                what: format!(
+                    "writing {} (another process wrote it first)",
+                    relative.display()
+                ),
+                lake: objects.display().to_string(),
+            });
+        }
+        for (_, name) in older {
+            objects.retire(&dir.join(name))?;
+        }
+        Ok(size)
+    }
+
+    /// Removes the file [`Lake::write_replaceable`] keeps in `dir` (every version of it, in a
+    /// bucket), if there is one.
+    pub fn remove_replaceable(&self, dir: &Path, stem: &str) -> Result<(), LakeError> {
+        let Some(objects) = &self.objects else {
+            self.remove(&dir.join(format!("{stem}.parquet")))?;
+            return Ok(());
+        };
+        for (_, name) in self.versions_of(objects, dir, stem)? {
+            objects.retire(&dir.join(name))?;
+        }
+        Ok(())
+    }
+
+    /// The versions of `<dir>/<stem>.v<n>.parquet` in a bucket, oldest first.
+    fn versions_of(
+        &self,
+        objects: &ObjectLake,
+        dir: &Path,
+        stem: &str,
+    ) -> Result<Vec<(u64, String)>, LakeError> {
+        let mut versions: Vec<(u64, String)> = objects
+            .list(dir)?
+            .into_iter()
+            .filter_map(|name| {
+                let name = name.to_str()?.to_string();
+                let (s, n) = crate::versions::replaceable_version(&name)?;
+                (s == stem).then_some((n, name))
+            })
+            .collect();
+        versions.sort();
+        Ok(versions)
+    }
+
+    /// Deletes what the lake keeps of replaced and removed files once no query can still read
+    /// it ([`crate::versions::RETAIN`]): in a bucket, the `_versions/` objects; a directory
+    /// prunes its own as it goes. Returns how many went.
+    pub fn sweep_versions(&self) -> Result<usize, LakeError> {
+        match &self.objects {
+            Some(objects) => objects.sweep_versions(crate::versions::RETAIN),
+            None => Ok(0),
+        }
+    }
+
     /// Removes a file written by [`Lake::write`], if it exists.
     pub fn remove(&self, relative: &Path) -> Result<bool, LakeError> {
+        if let Some(objects) = &self.objects {
+            // Kept for the queries that listed it, as in a directory.
+            return objects.retire(relative);
+        }
         let path = self.root.join(relative);
         self.retire(&path);
         match fs::remove_file(&path) {
@@ -292,6 +826,9 @@ impl Lake {
     /// Records that an hour of `table` received data the rollups have not seen yet. The mark is
     /// a file, so it survives restarts until a rollup has consumed it.
     pub fn mark_for_recompute(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.put(&Self::mark(table, hour_ms), Vec::new());
+        }
         let dir = self.root.join("_recompute").join(table);
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
         let mark = dir.join(hour_ms.to_string());
@@ -302,20 +839,37 @@ impl Lake {
         Ok(())
     }
 
+    /// The mark of `table`'s hour, relative to the lake root.
+    fn mark(table: &str, hour_ms: i64) -> PathBuf {
+        Path::new("_recompute")
+            .join(table)
+            .join(hour_ms.to_string())
+    }
+
     /// Hours of `table` marked for recomputation (start of hour, ms).
-    pub fn marked_hours(&self, table: &str) -> Vec<i64> {
-        let dir = self.root.join("_recompute").join(table);
-        let mut hours: Vec<i64> = fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
+    pub fn marked_hours(&self, table: &str) -> Result<Vec<i64>, LakeError> {
+        let relative = Path::new("_recompute").join(table);
+        let mut hours: Vec<i64> = match &self.objects {
+            Some(objects) => objects
+                .list(&relative)?
+                .iter()
+                .filter_map(|mark| mark.to_str()?.parse().ok())
+                .collect(),
+            None => fs::read_dir(self.root.join(relative))
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect(),
+        };
         hours.sort_unstable();
-        hours
+        Ok(hours)
     }
 
     /// Clears the recompute mark of an hour (the rollup consumed it).
     pub fn clear_mark(&self, table: &str, hour_ms: i64) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.delete(&Self::mark(table, hour_ms));
+        }
         let mark = self
             .root
             .join("_recompute")
@@ -328,14 +882,21 @@ impl Lake {
         }
     }
 
+    /// A source's flush journal, relative to the lake root.
+    fn intent(source: &str) -> PathBuf {
+        Path::new("_ingest").join(format!("{source}.intent.json"))
+    }
+
     fn intent_path(&self, source: &str) -> PathBuf {
-        self.root
-            .join("_ingest")
-            .join(format!("{source}.intent.json"))
+        self.root.join(Self::intent(source))
     }
 
     /// Records a flush's files before they are written.
     pub fn write_intent(&self, intent: &Intent) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            let json = serde_json::to_vec(intent).expect("an intent serializes");
+            return objects.put(&Self::intent(&intent.source), json);
+        }
         let path = self.intent_path(&intent.source);
         let dir = path.parent().unwrap().to_path_buf();
         fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
@@ -348,6 +909,9 @@ impl Lake {
 
     /// Forgets a flush whose offsets are committed.
     pub fn clear_intent(&self, source: &str) -> Result<(), LakeError> {
+        if let Some(objects) = &self.objects {
+            return objects.delete(&Self::intent(source));
+        }
         let path = self.intent_path(source);
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
@@ -359,8 +923,30 @@ impl Lake {
     /// The files of every flush not committed yet (each source's flush journal), relative to
     /// the lake root: a restart may delete them, so compaction leaves them alone.
     pub fn pending_files(&self) -> Result<std::collections::HashSet<PathBuf>, LakeError> {
-        let dir = self.root.join("_ingest");
         let mut files = std::collections::HashSet::new();
+        if let Some(objects) = &self.objects {
+            for name in objects.list(Path::new("_ingest"))? {
+                let Some(source) = name
+                    .to_str()
+                    .and_then(|name| name.strip_suffix(".intent.json"))
+                else {
+                    continue;
+                };
+                let journal = Self::intent(source);
+                // Gone since the listing: committed and cleared meanwhile.
+                let Some(bytes) = objects.get(&journal)? else {
+                    continue;
+                };
+                match serde_json::from_slice::<Intent>(&bytes) {
+                    Ok(intent) => files.extend(intent.files),
+                    Err(e) => {
+                        tracing::warn!(key = %objects.key(&journal), error = %e, "unreadable flush journal");
+                    }
+                }
+            }
+            return Ok(files);
+        }
+        let dir = self.root.join("_ingest");
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(files),
@@ -390,8 +976,15 @@ impl Lake {
     /// files were removed.
     pub fn recover(&self, source: &str, committed: Option<i64>) -> Result<usize, LakeError> {
         let path = self.intent_path(source);
-        let Ok(bytes) = fs::read(&path) else {
-            return Ok(0);
+        let bytes = match &self.objects {
+            Some(objects) => match objects.get(&Self::intent(source))? {
+                Some(bytes) => bytes.to_vec(),
+                None => return Ok(0),
+            },
+            None => match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(_) => return Ok(0),
+            },
         };
         let Ok(intent) = serde_json::from_slice::<Intent>(&bytes) else {
             tracing::warn!(path = %path.display(), "unreadable flush journal; removing it");
@@ -400,6 +993,14 @@ impl Lake {
         let mut removed = 0;
         if committed.is_none_or(|next| next <= intent.last) {
             for file in &intent.files {
+                if let Some(objects) = &self.objects {
+                    // Nothing half-written to remove: an object is put whole or not at all.
+                    if objects.exists(file)? {
+                        objects.delete(file)?;
+                        removed += 1;
+                    }
+                    continue;
+                }
                 let full = self.root.join(file);
                 // A crash mid-write leaves the temporary file; readers skip it, but remove it.
                 let tmp = full.with_file_name(format!(
@@ -427,6 +1028,19 @@ impl Lake {
 }
 
 /// How every Parquet file of the lake is encoded: zstd, page statistics, dictionaries for text.
+/// `batch` as the bytes of a Parquet file of the lake (`relative` names it in errors).
+fn encode(batch: &RecordBatch, relative: &Path) -> Result<Vec<u8>, LakeError> {
+    let parquet = |source| LakeError::Parquet {
+        path: relative.to_path_buf(),
+        source,
+    };
+    let props = writer_properties(&batch.schema(), ROW_GROUP_ROWS).build();
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).map_err(parquet)?;
+    writer.write(batch).map_err(parquet)?;
+    writer.into_inner().map_err(parquet)
+}
+
 pub(crate) fn writer_properties(
     schema: &arrow_schema::Schema,
     row_group_rows: usize,
@@ -480,12 +1094,24 @@ mod tests {
     fn a_lock_has_one_holder_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path()).unwrap();
-        let name = Path::new("rollups/.lock");
-        let held = lake.try_lock(name).unwrap().expect("a free lock is taken");
-        assert_eq!(held.path(), dir.path().join(name));
-        assert!(lake.try_lock(name).unwrap().is_none(), "held elsewhere");
+        let held = lake
+            .try_lock(Role::Rollups)
+            .unwrap()
+            .expect("a free lock is taken");
+        assert_eq!(held.path(), dir.path().join("rollups/.lock"));
+        assert!(
+            lake.try_lock(Role::Rollups).unwrap().is_none(),
+            "held elsewhere"
+        );
+        assert!(
+            lake.try_lock(Role::Signals).unwrap().is_some(),
+            "another role"
+        );
         drop(held);
-        assert!(lake.try_lock(name).unwrap().is_some(), "free again");
+        assert!(
+            lake.try_lock(Role::Rollups).unwrap().is_some(),
+            "free again"
+        );
     }
 
     #[test]
@@ -561,7 +1187,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            lake.marked_hours("signals").is_empty(),
+            lake.marked_hours("signals").unwrap().is_empty(),
             "no rollup reads signals"
         );
         for (first, last) in [(0, 2), (0, 2), (3, 5)] {
@@ -572,9 +1198,9 @@ mod tests {
                 0,
             )
             .unwrap();
-            assert_eq!(lake.marked_hours("samples"), vec![0]);
+            assert_eq!(lake.marked_hours("samples").unwrap(), vec![0]);
             lake.clear_mark("samples", 0).unwrap();
-            assert!(lake.marked_hours("samples").is_empty());
+            assert!(lake.marked_hours("samples").unwrap().is_empty());
         }
         let names: Vec<String> = std::fs::read_dir(lake.hour_dir("samples", 0))
             .unwrap()

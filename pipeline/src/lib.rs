@@ -15,7 +15,13 @@
 //! A module uses only modules above it in this list, never one below it:
 //!
 //! - [`versions`]: keeps the lake files a query listed readable while they are replaced.
-//! - [`lake`] (uses `versions`): the files on disk, their partitions, marks and locks.
+//! - [`store`] (uses `versions`; its errors are `lake`'s `LakeError`): a lake in an
+//!   S3-compatible object store: its client, keys, requests, and the reader DataFusion lists it
+//!   through.
+//! - [`lake`] (uses `versions`, `store`): the lake's files, in a directory or an object store,
+//!   their partitions, marks and locks.
+//! - [`lease`] (uses `store`, `lake`'s `LakeError`): a role's lock on a lake in an object store,
+//!   as a lease object that expires.
 //! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
 //!   watermark, each host's clock skew.
 //! - [`buffer`] (uses `bounds`, `lake`): the raw tables and the rows waiting to be flushed to
@@ -30,7 +36,7 @@
 //! - [`hot`] (`consume`, `lake`, `listing`, `metrics`, `rollup`, `signals`, `versions`): the
 //!   signals loop.
 //! - [`governor`]: runs the queries people submit on threads of their own, under their limits.
-//! - [`sql`] (`buffer`, `governor`, `lake`, `listing`, `rollup`, `versions`): the session over
+//! - [`sql`] (`buffer`, `governor`, `lake`, `listing`, `rollup`, `store`, `versions`): the session over
 //!   every table.
 //! - [`endpoint`] (`governor`): serves the session it is handed to Postgres clients.
 
@@ -43,12 +49,14 @@ pub mod files;
 pub mod governor;
 pub mod hot;
 pub mod lake;
+pub mod lease;
 pub mod listing;
 pub mod metrics;
 pub mod retention;
 pub mod rollup;
 pub mod signals;
 pub mod sql;
+pub mod store;
 pub mod versions;
 mod writer;
 

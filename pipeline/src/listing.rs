@@ -27,9 +27,25 @@ pub fn register_dirs(
         ctx.register_table(name, Arc::new(empty))?;
         return Ok(());
     }
-    let urls = dirs
+    let urls: Vec<String> = dirs
         .iter()
-        .map(|dir| ListingTableUrl::parse(format!("{}/", dir.display())))
+        .map(|dir| format!("{}/", dir.display()))
+        .collect();
+    register_urls(ctx, name, &urls, schema)
+}
+
+/// Registers the Parquet files under every one of `urls` (directories, ending with `/`: local
+/// paths or URLs of a store registered with `ctx`, such as `s3://bucket/prefix/samples/`) as
+/// one table. A prefix with no objects is an empty table.
+pub fn register_urls(
+    ctx: &SessionContext,
+    name: &str,
+    urls: &[String],
+    schema: SchemaRef,
+) -> Result<(), DataFusionError> {
+    let urls = urls
+        .iter()
+        .map(ListingTableUrl::parse)
         .collect::<Result<Vec<_>, _>>()?;
     let options =
         ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");

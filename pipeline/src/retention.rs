@@ -61,38 +61,49 @@ pub fn expire(
         table: table.name(),
         ..Expired::default()
     };
-    for hour in lake.hours(table.name()) {
+    for hour in lake.hours(table.name())? {
         if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) > watermark {
             break;
         }
         let dir = lake.hour_dir(table.name(), hour);
         let relative = PathBuf::from(table.name()).join(hour_partition(hour));
         let (mut files, mut bytes) = (0, 0);
-        for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
-            let entry = entry.map_err(io("listing", &dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".parquet") && !name.starts_with('.') {
-                let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                if lake.remove(&relative.join(&name))? {
+        if let Some(objects) = lake.objects() {
+            // Retired like any replaced file: a query that listed one still reads it.
+            for (name, size) in objects.list_dir(&relative)? {
+                let parquet = name.ends_with(".parquet") && !name.starts_with('.');
+                if objects.retire(&relative.join(&name))? && parquet {
                     files += 1;
                     bytes += size;
                 }
-            } else {
-                match fs::remove_file(entry.path()) {
-                    Err(e) if e.kind() != ErrorKind::NotFound => {
-                        return Err(io("removing", &entry.path())(e));
+            }
+        } else {
+            for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
+                let entry = entry.map_err(io("listing", &dir))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".parquet") && !name.starts_with('.') {
+                    let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    if lake.remove(&relative.join(&name))? {
+                        files += 1;
+                        bytes += size;
                     }
-                    _ => {}
+                } else {
+                    match fs::remove_file(entry.path()) {
+                        Err(e) if e.kind() != ErrorKind::NotFound => {
+                            return Err(io("removing", &entry.path())(e));
+                        }
+                        _ => {}
+                    }
                 }
             }
-        }
-        match fs::remove_dir(&dir) {
-            Err(e) if e.kind() != ErrorKind::NotFound => return Err(io("removing", &dir)(e)),
-            _ => {}
-        }
-        if let Some(date) = dir.parent() {
-            // Only an empty day goes; the next hour may be in it.
-            let _ = fs::remove_dir(date);
+            match fs::remove_dir(&dir) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(io("removing", &dir)(e)),
+                _ => {}
+            }
+            if let Some(date) = dir.parent() {
+                // Only an empty day goes; the next hour may be in it.
+                let _ = fs::remove_dir(date);
+            }
         }
         // The marks of an hour with no samples left would make the rollups recompute it
         // from nothing.

@@ -19,7 +19,7 @@ use gpuwarden_schema::config::Config;
 use crate::buffer::Table;
 use crate::governor::Governor;
 use crate::lake::Lake;
-use crate::listing::register_dir;
+use crate::listing::{register_dir, register_urls};
 use crate::rollup::RollupTable;
 
 /// `lease_usage`: one row per lease, its identity and its measures over every hour.
@@ -68,6 +68,24 @@ async fn register_lake(
     // directory at every scan costs little next to reading the files.
     if let Some(listings) = ctx.runtime_env().cache_manager.get_list_files_cache() {
         listings.update_cache_limit(0);
+    }
+    if let Some(objects) = lake.objects() {
+        objects.register(&ctx);
+        let tables = Table::ALL
+            .iter()
+            .map(|t| (t.name(), t.name().to_string(), t.schema()))
+            .chain(
+                RollupTable::ALL
+                    .iter()
+                    .map(|t| (t.name(), t.dir(), t.schema())),
+            );
+        for (name, dir, schema) in tables {
+            let url = objects.dir_url(std::path::Path::new(&dir));
+            register_urls(&ctx, name, &[url], schema)?;
+        }
+        ctx.sql(LEASE_USAGE).await?;
+        ctx.sql(CLOCK_SKEW).await?;
+        return Ok(ctx);
     }
     // The rollups replace files that a query may have listed and not yet read.
     crate::versions::VersionedFs::register(&ctx, lake.root());

@@ -212,12 +212,21 @@ fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Err
 }
 
 /// How many times a listing is taken again when compactions keep committing under it.
-const RELISTS: usize = 5;
+pub(crate) const RELISTS: usize = 5;
 
 /// The files of `listed` that are part of their tables: in an hour with a compaction manifest,
-/// the ones it shows ([`Manifest::shows`]). `None` when a manifest names an output the listing
-/// did not find: a compaction committed while the hour was listed, so it must be listed again.
-fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<ObjectMeta>>> {
+/// the ones it shows ([`Manifest::shows`]); `manifest` reads an hour's manifest given the hour
+/// directory's key. `None` when a manifest names an output the listing did not find: a
+/// compaction committed while the hour was listed, so it must be listed again. Shared by every
+/// store the lake is read through (a directory's [`VersionedFs`], an object store's reader).
+pub(crate) async fn shown<F, Fut>(
+    listed: Vec<ObjectMeta>,
+    manifest: F,
+) -> Result<Option<Vec<ObjectMeta>>>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Manifest>>,
+{
     let dir_of = |meta: &ObjectMeta| -> (String, String) {
         let location = meta.location.as_ref();
         match location.rsplit_once('/') {
@@ -225,6 +234,7 @@ fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<
             None => (String::new(), location.to_owned()),
         }
     };
+    let listed = latest_versions(listed, |meta| dir_of(meta));
     let mut compacted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for meta in &listed {
         let (dir, name) = dir_of(meta);
@@ -243,8 +253,7 @@ fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<
     }
     let mut manifests = BTreeMap::new();
     for (dir, names) in compacted {
-        let path = inner.path_to_filesystem(&Path::from(dir.as_str()))?;
-        let manifest = Manifest::read(&path).map_err(|e| error(&path, e))?;
+        let manifest = manifest(dir.clone()).await?;
         if !manifest.complete_in(names.iter().map(String::as_str)) {
             return Ok(None);
         }
@@ -263,9 +272,56 @@ fn shown(inner: &LocalFileSystem, listed: Vec<ObjectMeta>) -> Result<Option<Vec<
     ))
 }
 
-fn relisted(prefix: Option<&Path>) -> datafusion::object_store::Error {
+/// A file the lake replaces whole under a new name at each write, in a bucket
+/// ([`crate::lake::Lake::write_replaceable`]): `<stem>.v<n:010>.parquet` as `(stem, n)`.
+pub(crate) fn replaceable_version(name: &str) -> Option<(&str, u64)> {
+    let base = name.strip_suffix(".parquet")?;
+    let (stem, version) = base.rsplit_once(".v")?;
+    if version.len() != 10 || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stem, version.parse().ok()?))
+}
+
+/// `listed` with only the latest version of each replaceable file of a directory: a listing
+/// taken between the write of a new version and the retiring of the older one has both.
+fn latest_versions(
+    listed: Vec<ObjectMeta>,
+    dir_of: impl Fn(&ObjectMeta) -> (String, String),
+) -> Vec<ObjectMeta> {
+    let mut latest: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for meta in &listed {
+        let (dir, name) = dir_of(meta);
+        if let Some((stem, n)) = replaceable_version(&name) {
+            let entry = latest.entry((dir, stem.to_owned())).or_insert(n);
+            *entry = (*entry).max(n);
+        }
+    }
+    if latest.is_empty() {
+        return listed;
+    }
+    listed
+        .into_iter()
+        .filter(|meta| {
+            let (dir, name) = dir_of(meta);
+            replaceable_version(&name)
+                .is_none_or(|(stem, n)| latest.get(&(dir, stem.to_owned())) == Some(&n))
+        })
+        .collect()
+}
+
+/// The manifest of the hour directory `dir` (a key of the local file system).
+async fn local_manifest(inner: &LocalFileSystem, dir: String) -> Result<Manifest> {
+    let path = inner.path_to_filesystem(&Path::from(dir.as_str()))?;
+    Manifest::read(&path).map_err(|e| error(&path, e))
+}
+
+pub(crate) fn relisted(
+    store: &'static str,
+    prefix: Option<&Path>,
+) -> datafusion::object_store::Error {
     datafusion::object_store::Error::Generic {
-        store: "VersionedFs",
+        store,
         source: format!(
             "{}: compactions kept replacing files while it was listed {RELISTS} times; run the \
              query again",
@@ -346,13 +402,14 @@ impl ObjectStore for VersionedFs {
         let inner = Arc::clone(&self.inner);
         let prefix = prefix.cloned();
         futures::stream::once(async move {
+            let fs: &LocalFileSystem = &inner;
             for _ in 0..RELISTS {
                 let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
-                if let Some(shown) = shown(&inner, listed)? {
+                if let Some(shown) = shown(listed, |dir| local_manifest(fs, dir)).await? {
                     return Ok(shown);
                 }
             }
-            Err(relisted(prefix.as_ref()))
+            Err(relisted("VersionedFs", prefix.as_ref()))
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -363,12 +420,14 @@ impl ObjectStore for VersionedFs {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
         for _ in 0..RELISTS {
             let mut listed = self.inner.list_with_delimiter(prefix).await?;
-            if let Some(shown) = shown(&self.inner, std::mem::take(&mut listed.objects))? {
+            let objects = std::mem::take(&mut listed.objects);
+            let fs: &LocalFileSystem = &self.inner;
+            if let Some(shown) = shown(objects, |dir| local_manifest(fs, dir)).await? {
                 listed.objects = shown.into_iter().map(Self::name_version).collect();
                 return Ok(listed);
             }
         }
-        Err(relisted(prefix))
+        Err(relisted("VersionedFs", prefix))
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

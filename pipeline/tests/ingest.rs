@@ -187,7 +187,7 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
     running.wait_for_records(10, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(
-        lake.marked_hours("samples"),
+        lake.marked_hours("samples").unwrap(),
         vec![T0],
         "new data marks its hour for the rollups"
     );
@@ -204,7 +204,7 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
     running.wait_for_records(12, Duration::from_secs(30));
     running.stop();
     assert_eq!(
-        lake.marked_hours("samples"),
+        lake.marked_hours("samples").unwrap(),
         vec![T0, T0 + 7_200_000],
         "the late sample marks its hour again, the new one its own"
     );

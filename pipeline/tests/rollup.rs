@@ -16,6 +16,10 @@
 
 use std::collections::BTreeMap;
 
+#[path = "../../tests/support/s3.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod s3;
+
 use gpuwarden_pipeline::lake::hour_of;
 use gpuwarden_pipeline::{sql, Lake, Rollup, RollupOptions};
 use gpuwarden_schema::config::{GpuPrice, PricingConfig};
@@ -108,6 +112,23 @@ fn fixture(lake: &Lake) {
         event(0, "granted", "L1", "ml", 1, &["g1"]),
     ];
     put(lake, "lease_events", "fixture", &events, |e| e.ts_ms);
+}
+
+/// Runs `test` on a lake in a directory, then on one in a bucket of an S3 server of the test's
+/// own (docs/ARCHITECTURE.md#the-lake-on-object-storage): the rollups must give the same rows.
+fn on_each_lake(test: fn(Lake)) {
+    let dir = tempfile::tempdir().unwrap();
+    test(Lake::open(dir.path().join("lake")).unwrap());
+    let server = s3::S3Server::start(&dir.path().join("s3"), "lake");
+    test(server.lake("fleet", &dir.path().join("staging")));
+}
+
+/// A state file of the lake, as stored.
+fn state_file(lake: &Lake, relative: &str) -> Vec<u8> {
+    lake.read_state(std::path::Path::new(relative))
+        .unwrap()
+        .unwrap_or_else(|| panic!("{relative} is in the lake"))
+        .0
 }
 
 fn options() -> RollupOptions {
@@ -234,8 +255,10 @@ fn check(
 
 #[test]
 fn team_hourly_follows_every_definition() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(team_hourly_follows_every_definition_on);
+}
+
+fn team_hourly_follows_every_definition_on(lake: Lake) {
     fixture(&lake);
     let rt = rt();
     let report = rt
@@ -346,8 +369,10 @@ fn team_hourly_follows_every_definition() {
 
 #[test]
 fn gpu_hourly_lease_usage_and_leases() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(gpu_hourly_lease_usage_and_leases_on);
+}
+
+fn gpu_hourly_lease_usage_and_leases_on(lake: Lake) {
     fixture(&lake);
     let rt = rt();
     rt.block_on(Rollup::new(lake.clone(), options()).run())
@@ -440,8 +465,10 @@ fn gpu_hourly_lease_usage_and_leases() {
 
 #[test]
 fn focus_costs_has_every_mandatory_column_with_focus_types() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(focus_costs_has_every_mandatory_column_with_focus_types_on);
+}
+
+fn focus_costs_has_every_mandatory_column_with_focus_types_on(lake: Lake) {
     fixture(&lake);
     let rt = rt();
     rt.block_on(Rollup::new(lake.clone(), options()).run())
@@ -549,8 +576,10 @@ fn focus_costs_has_every_mandatory_column_with_focus_types() {
 
 #[test]
 fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(late_data_and_late_lease_events_recompute_their_hours_and_nothing_else_on);
+}
+
+fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else_on(lake: Lake) {
     fixture(&lake);
     let rt = rt();
     let rollup = Rollup::new(lake.clone(), options());
@@ -628,14 +657,17 @@ fn late_data_and_late_lease_events_recompute_their_hours_and_nothing_else() {
         "earlier T4 samples stay unallocated",
     );
     assert!(
-        lake.marked_hours("samples").is_empty() && lake.marked_hours("lease_events").is_empty()
+        lake.marked_hours("samples").unwrap().is_empty()
+            && lake.marked_hours("lease_events").unwrap().is_empty()
     );
 }
 
 #[test]
 fn an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable_on);
+}
+
+fn an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable_on(lake: Lake) {
     let rt = rt();
     let report = rt
         .block_on(Rollup::new(lake.clone(), options()).run())
@@ -657,8 +689,10 @@ fn an_empty_lake_rolls_up_to_nothing_and_tables_are_still_queryable() {
 
 #[test]
 fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(an_hour_with_allocation_and_no_samples_at_all_is_rolled_up_on);
+}
+
+fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up_on(lake: Lake) {
     put(
         &lake,
         "samples",
@@ -696,8 +730,10 @@ fn an_hour_with_allocation_and_no_samples_at_all_is_rolled_up() {
 /// hosts' times carry over from one run to the next in `_hosts.json`.
 #[test]
 fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_go() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_go_on);
+}
+
+fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_go_on(lake: Lake) {
     let rt = rt();
     let minutes = |host: &str, gpu: &str, from: i64, to: i64| -> Vec<Sample> {
         (from..=to)
@@ -759,8 +795,7 @@ fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_g
         "L allocated to the new watermark",
     );
     let hosts: BTreeMap<String, (i64, i64)> =
-        serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_hosts.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&state_file(&lake, "rollups/_hosts.json")).unwrap();
     assert_eq!(hosts["a"].0, H + 40 * MIN);
     assert_eq!(hosts["c"].0, H + 30 * MIN);
     assert!(!hosts.contains_key("wrong"), "{hosts:?}");
@@ -771,8 +806,14 @@ fn the_watermark_is_the_fleets_one_clock_cannot_drag_it_and_a_silent_host_lets_g
 /// whose state a wrong watermark once finalized into the future is put right.
 #[test]
 fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_most() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(
+        most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_most_on,
+    );
+}
+
+fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_most_on(
+    lake: Lake,
+) {
     let rt = rt();
     let clock = std::sync::Arc::new(gpuwarden_schema::ManualClock::new(H + 10 * MIN));
     let options = RollupOptions {
@@ -794,8 +835,13 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
     let damaged = json!({"hours": {
         (H + year).to_string(): true, (H + year + 60 * MIN).to_string(): true,
         (H + 2 * 60 * MIN).to_string(): true}, "pending": []});
-    std::fs::create_dir_all(dir.path().join("rollups")).unwrap();
-    std::fs::write(dir.path().join("rollups/_state.json"), damaged.to_string()).unwrap();
+    lake.write_state(
+        std::path::Path::new("rollups/_state.json"),
+        damaged.to_string().into_bytes(),
+        &mut Default::default(),
+        gpuwarden_pipeline::lake::Role::Rollups,
+    )
+    .unwrap();
     let report = rt.block_on(rollup.run()).unwrap();
     assert_eq!(report.watermark, Some(H + 10 * MIN));
     assert_eq!(
@@ -803,9 +849,7 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
         "H − 1h (where the samples at minute 0 began), H, and the three hours wrongly final: \
          computed again"
     );
-    let state: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("rollups/_state.json")).unwrap())
-            .unwrap();
+    let state: Value = serde_json::from_slice(&state_file(&lake, "rollups/_state.json")).unwrap();
     assert_eq!(
         state["hours"]
             .as_object()
@@ -846,8 +890,10 @@ fn most_of_the_fleet_falling_silent_holds_the_watermark_for_the_idle_timeout_at_
 /// ago that was, and one host's later export does not move the watermark past the others.
 #[test]
 fn hosts_seen_by_the_last_run_are_not_silent_however_far_apart_the_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(hosts_seen_by_the_last_run_are_not_silent_however_far_apart_the_runs_on);
+}
+
+fn hosts_seen_by_the_last_run_are_not_silent_however_far_apart_the_runs_on(lake: Lake) {
     let rt = rt();
     let clock = std::sync::Arc::new(gpuwarden_schema::ManualClock::new(H + 65 * MIN));
     let rollup = Rollup::new(
@@ -920,8 +966,10 @@ fn lease_hourly(rt: &tokio::runtime::Runtime, lake: &Lake) -> BTreeMap<(i64, Str
 /// grant, a resize that adds a GPU, a resize that takes one away, a release and hour edges.
 #[test]
 fn attribution_splits_intervals_at_grants_resizes_releases_and_hours() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path()).unwrap();
+    on_each_lake(attribution_splits_intervals_at_grants_resizes_releases_and_hours_on);
+}
+
+fn attribution_splits_intervals_at_grants_resizes_releases_and_hours_on(lake: Lake) {
     let five = |gpu: &str, k: i64, util: f64, power: Option<f64>, lease: Option<&str>| {
         let mut s = sample(gpu, H100, "h1", 0, util, power, lease);
         s.ts_ms = H + k * 5 * MIN;

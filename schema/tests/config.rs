@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpuwarden_schema::config::{self, CollectorSource, ConfigError, EnforcerMode, OnIdle};
+use gpuwarden_schema::config::{
+    self, CollectorSource, ConfigError, EnforcerMode, LakeLocation, OnIdle,
+};
 use gpuwarden_schema::Workload;
 
 fn errors(text: &str) -> Vec<ConfigError> {
@@ -51,7 +53,12 @@ fn the_shipped_example_is_valid() {
         2.6
     );
     assert_eq!(config.substrates[0].hosts.len(), 3);
-    assert_eq!(config.lake_dir(), PathBuf::from("gpuwarden-data/lake"));
+    assert_eq!(
+        config.lake(),
+        Ok(LakeLocation::Directory(PathBuf::from(
+            "gpuwarden-data/lake"
+        )))
+    );
 }
 
 #[test]
@@ -892,4 +899,115 @@ fn consumer_group_membership_defaults_to_static_and_names_the_field_at_fault() {
     assert!(find(&errs, "kafka.group_instance_id")
         .message
         .contains("only with static_membership = true"));
+}
+
+#[test]
+fn the_lake_is_a_directory_or_an_s3_prefix() {
+    let lake = |text: &str| {
+        config::parse("test.toml", text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .lake()
+            .unwrap()
+    };
+    let s3 = |bucket: &str, prefix: &str| LakeLocation::S3 {
+        bucket: bucket.into(),
+        prefix: prefix.into(),
+    };
+    assert_eq!(
+        lake("[storage]\ndata_dir = \"/srv/gw\""),
+        LakeLocation::Directory(PathBuf::from("/srv/gw/lake"))
+    );
+    assert_eq!(
+        lake("[storage]\nlake = \"/mnt/shared/lake\""),
+        LakeLocation::Directory(PathBuf::from("/mnt/shared/lake"))
+    );
+    assert_eq!(
+        lake("[storage]\nlake = \"file:///mnt/shared/lake\""),
+        LakeLocation::Directory(PathBuf::from("/mnt/shared/lake"))
+    );
+    assert_eq!(
+        lake("[storage]\nlake = \"s3://gw-lake\""),
+        s3("gw-lake", "")
+    );
+    assert_eq!(
+        lake("[storage]\nlake = \"s3://gw-lake/prod/lake/\""),
+        s3("gw-lake", "prod/lake")
+    );
+    let config = config::parse(
+        "test.toml",
+        "[storage]\nlake = \"s3://gw-lake/prod\"\n[storage.s3]\nendpoint = \"http://127.0.0.1:9000\"\n\
+         allow_http = true\nregion = \"us-east-1\"\naccess_key_id = \"k\"\nsecret_access_key = \"s\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        config.storage.s3.endpoint.as_deref(),
+        Some("http://127.0.0.1:9000")
+    );
+    assert_eq!(config.lake().unwrap().to_string(), "s3://gw-lake/prod");
+    let shown = format!("{:?}", config.storage.s3);
+    assert!(
+        !shown.contains("\"s\""),
+        "the secret stays out of Debug: {shown}"
+    );
+}
+
+#[test]
+fn a_lake_that_cannot_be_reached_is_reported_at_its_field() {
+    for (value, expected) in [
+        (
+            "gs://bucket/lake",
+            "`gs://` is not a lake this build can reach",
+        ),
+        (
+            "s3://Upper_Case/lake",
+            "`Upper_Case` is not an S3 bucket name",
+        ),
+        ("s3://", "`` is not an S3 bucket name"),
+        ("s3://gw-lake/a//b", "is not a key prefix"),
+        ("s3://gw-lake/a/../b", "is not a key prefix"),
+        ("file://host/lake", "names a host or a relative path"),
+        ("", "is empty"),
+    ] {
+        let found = errors(&format!("[storage]\nlake = \"{value}\"\n"));
+        let error = find(&found, "storage.lake");
+        assert!(
+            error.message.contains(expected),
+            "{value}: {}",
+            error.message
+        );
+        assert_eq!(error.line, Some(2), "{value}");
+    }
+
+    // A bad URL does not hide the S3 settings' own mistakes.
+    let found =
+        errors("[storage]\nlake = \"s3://Bad_Bucket\"\n[storage.s3]\nendpoint = \"minio:9000\"\n");
+    assert!(find(&found, "storage.lake")
+        .message
+        .contains("`Bad_Bucket`"));
+    assert!(find(&found, "storage.s3.endpoint")
+        .message
+        .contains("not an http:// or https:// URL"));
+
+    let found = errors("[storage]\nlake = \"/srv/lake\"\n[storage.s3]\nregion = \"eu-west-1\"\n");
+    assert!(find(&found, "storage.s3")
+        .message
+        .contains("applies to an `s3://` storage.lake"));
+
+    let found = errors(
+        "[storage]\nlake = \"s3://gw-lake\"\n[storage.s3]\nendpoint = \"http://minio:9000\"\n\
+         access_key_id = \"k\"\nsession_token = \"\"\n",
+    );
+    assert!(find(&found, "storage.s3.endpoint")
+        .message
+        .contains("set `allow_http = true`"));
+    assert!(find(&found, "storage.s3.access_key_id")
+        .message
+        .contains("without `secret_access_key`"));
+    assert!(find(&found, "storage.s3.session_token")
+        .message
+        .contains("is empty"));
+    let found = errors("[storage]\nlake = \"s3://gw-lake\"\n[storage.s3]\nbucket = \"x\"\n");
+    assert!(find(&found, "storage.s3.bucket")
+        .message
+        .contains("unknown"));
 }

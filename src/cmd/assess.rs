@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use datafusion::prelude::SessionContext;
 use datafusion::scalar::ScalarValue;
 use gpuwarden_enforcer::portal::insights::{IdleLease, Insights, TeamIdle};
@@ -44,7 +43,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(&config, "assess")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use gpuwarden_pipeline::compact::{rollup_watermark, CompactError, SkipReason};
-use gpuwarden_pipeline::{CompactOptions, Compactor, Lake};
+use gpuwarden_pipeline::{CompactOptions, Compactor};
 use gpuwarden_schema::config;
 
 /// Compact the final hours of the lake's raw tables, and delete the hours past retention.
@@ -38,7 +38,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(&config, "compact")?;
     let watermark = match args.watermark {
         Some(at) => Some(
             std::time::SystemTime::from(at)

@@ -299,7 +299,7 @@ Ctrl-C stops it."#,
         api = stack.api(),
         collector = stack.collector_metrics(),
         pipeline = stack.pipeline_metrics(),
-        lake = stack.lake.display(),
+        lake = stack.lake,
         config = config.display(),
     );
 }

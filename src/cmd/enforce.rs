@@ -295,8 +295,7 @@ pub(crate) async fn start(
     let reloads = tls.clone();
     // The portal reads idle cost and the scorecard's evidence from the lake under the data dir
     // (the pipeline's, where it runs beside the enforcer; an empty one elsewhere).
-    let lake = gpuwarden_pipeline::Lake::open(config.lake_dir())
-        .with_context(|| format!("opening the lake {}", config.lake_dir().display()))?;
+    let lake = super::open_lake(&config, "enforce")?;
     let insights: Arc<dyn gpuwarden_enforcer::portal::Insights> =
         Arc::new(super::assess::LakeInsights::new(lake));
     let app = gpuwarden_enforcer::portal::app(AppState::new(service), Some(insights)).merge(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::files::{self, IngestOptions};
-use gpuwarden_pipeline::{Lake, Metrics, Table};
+use gpuwarden_pipeline::{Metrics, Table};
 use gpuwarden_schema::config;
 
 /// Load JSON-lines files into the lake (backfill, or trying gpuwarden on exported data).
@@ -31,7 +31,7 @@ use gpuwarden_schema::config;
 /// Example: gpuwarden ingest -c gw.toml --samples s.jsonl --lease-events l.jsonl --actions a.jsonl
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (for storage.data_dir and pipeline.clock).
+    /// The config file (for storage.lake or storage.data_dir, and pipeline.clock).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// JSON lines of Sample records ("-" for standard input).
@@ -74,7 +74,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         "only one input can be standard input"
     );
     let config = config::load(&args.config)?;
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(&config, "ingest")?;
     let metrics = Arc::new(Metrics::default());
     let bounds = Bounds::backfill(&config.pipeline.clock);
     let threads = args

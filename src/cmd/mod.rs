@@ -64,6 +64,27 @@ pub(crate) fn fresh_signing_key() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Where the lake `config` names is, for `gpuwarden <command>`: a directory or a prefix of a
+/// bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), or an error naming storage.lake.
+pub(crate) fn lake_location(
+    config: &gpuwarden_schema::config::Config,
+    command: &str,
+) -> anyhow::Result<gpuwarden_schema::config::LakeLocation> {
+    config
+        .lake()
+        .map_err(|message| anyhow::anyhow!("gpuwarden {command}: storage.lake: {message}"))
+}
+
+/// The lake `config` names, opened for `gpuwarden <command>` ([`lake_location`]).
+pub(crate) fn open_lake(
+    config: &gpuwarden_schema::config::Config,
+    command: &str,
+) -> anyhow::Result<gpuwarden_pipeline::Lake> {
+    let location = lake_location(config, command)?;
+    gpuwarden_pipeline::Lake::from_config(config)
+        .with_context(|| format!("opening the lake {location}"))
+}
+
 pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args),

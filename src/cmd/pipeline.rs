@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::{
-    consume, hot, CompactOptions, Compactor, IngestOptions, Lake, Metrics, Rollup, RollupOptions,
+    consume, hot, CompactOptions, Compactor, IngestOptions, Metrics, Rollup, RollupOptions,
     SignalsOptions,
 };
 use gpuwarden_schema::kafka::GroupMembership;
@@ -87,6 +87,8 @@ pub(crate) fn options(config: &config::Config, clock: Arc<dyn Clock>) -> IngestO
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
+    // A bad storage.lake is refused before anything connects (start opens the lake after Kafka).
+    super::lake_location(&config, "pipeline")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -150,7 +152,7 @@ pub(crate) async fn start(
     metrics_listen: SocketAddr,
     sql_listen: Option<SocketAddr>,
 ) -> anyhow::Result<Pipeline> {
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(config, "pipeline")?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(metrics_listen)
         .await

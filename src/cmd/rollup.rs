@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use gpuwarden_pipeline::{Lake, Rollup, RollupOptions};
+use gpuwarden_pipeline::{Rollup, RollupOptions};
 use gpuwarden_schema::config;
 
 /// Compute the rollups (gpu_hourly, lease_hourly, team_hourly, focus_costs, leases) once.
@@ -28,7 +28,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(&config, "rollup")?;
     let rollup = Rollup::new(lake, RollupOptions::from_config(&config));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

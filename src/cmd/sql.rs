@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use gpuwarden_pipeline::governor::{self, Governor, GovernorOptions};
-use gpuwarden_pipeline::{sql, Lake};
+use gpuwarden_pipeline::sql;
 use gpuwarden_schema::config;
 
 /// Run SQL over the lake.
@@ -27,7 +27,7 @@ use gpuwarden_schema::config;
 ///   gpuwarden sql -c gw.toml --format csv -f query.sql > out.csv
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (for storage.data_dir).
+    /// The config file (for storage.lake or storage.data_dir).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// Output format.
@@ -71,7 +71,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
         (None, None) => unreachable!("clap requires a query or a file"),
     };
-    let lake = Lake::open(config.lake_dir()).context("opening the lake")?;
+    let lake = super::open_lake(&config, "sql")?;
     let limits = &config.pipeline.sql_limits;
     let mut options = GovernorOptions::from_config(limits, &[]);
     if let Some(timeout) = args.timeout {

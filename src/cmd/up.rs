@@ -101,7 +101,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             sql = %stack.sql().map_or_else(|| "off".to_string(), |a| a.to_string()),
             pipeline_metrics = %format!("http://{}/metrics", stack.pipeline_metrics()),
             collector_metrics = %format!("http://{}/metrics", stack.collector_metrics()),
-            lake = %stack.lake.display(),
+            lake = %stack.lake,
             kafka = %stack.kafka.bootstrap,
             speed,
             "gpuwarden up"
@@ -124,7 +124,8 @@ pub(crate) struct Listens {
 pub(crate) struct Stack {
     /// pipeline.shutdown_deadline: how long stopping may take.
     shutdown_deadline: std::time::Duration,
-    pub(crate) lake: PathBuf,
+    /// The lake: a directory, or `s3://bucket/prefix`.
+    pub(crate) lake: String,
     pub(crate) kafka: Arc<KafkaConnection>,
     pipeline: super::pipeline::Pipeline,
     enforcer: super::enforce::Enforcer,
@@ -139,6 +140,7 @@ impl Stack {
         clock: Arc<dyn Clock>,
         listens: Listens,
     ) -> anyhow::Result<Stack> {
+        let lake = super::lake_location(&config, "up")?.to_string();
         let kafka = Arc::new(KafkaConnection::open(&config).context("connecting to Kafka")?);
         let pipeline = super::pipeline::start(
             &config,
@@ -180,7 +182,7 @@ impl Stack {
         };
         Ok(Stack {
             shutdown_deadline: config.pipeline.shutdown_deadline,
-            lake: config.lake_dir(),
+            lake,
             kafka,
             pipeline,
             enforcer,

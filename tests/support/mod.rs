@@ -2,7 +2,8 @@
 //! process, read its JSON logs as they come, stop it with a signal; ask its SQL endpoint with
 //! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
 //! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does; `pki`
-//! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster.
+//! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster; `s3`
+//! starts an S3-compatible server.
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
@@ -15,6 +16,7 @@ pub mod kube_api;
 pub mod libvirtd;
 pub mod pki;
 pub mod prometheus;
+pub mod s3;
 pub mod slurm;
 
 use std::fmt::Display;
@@ -666,13 +668,29 @@ pub fn lake_i64(lake: &Path, query: &str) -> i64 {
 
 /// [`lake_i64`], or the error (e.g. a table whose files are being replaced right now).
 pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
+    let lake = gpuwarden_pipeline::Lake::open(lake).map_err(|e| e.to_string())?;
+    query_i64(&lake, query)
+}
+
+/// [`lake_i64`] over the lake that the config file `config` names (a directory or a bucket).
+pub fn config_lake_i64(config: &Path, query: &str) -> i64 {
+    try_config_lake_i64(config, query).unwrap_or_else(|e| panic!("{query}: {e}"))
+}
+
+/// [`config_lake_i64`], or the error.
+pub fn try_config_lake_i64(config: &Path, query: &str) -> Result<i64, String> {
+    let config = gpuwarden_schema::config::load(config).unwrap_or_else(|e| panic!("{e}"));
+    let lake = gpuwarden_pipeline::Lake::from_config(&config).map_err(|e| e.to_string())?;
+    query_i64(&lake, query)
+}
+
+fn query_i64(lake: &gpuwarden_pipeline::Lake, query: &str) -> Result<i64, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let lake = gpuwarden_pipeline::Lake::open(lake).map_err(|e| e.to_string())?;
     let (_, batches) = runtime
-        .block_on(gpuwarden_pipeline::sql::query(&lake, query))
+        .block_on(gpuwarden_pipeline::sql::query(lake, query))
         .map_err(|e| e.to_string())?;
     let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else {
         return Err("no rows".into());
@@ -688,6 +706,24 @@ pub fn try_lake_i64(lake: &Path, query: &str) -> Result<i64, String> {
         )
         .value(0),
     )
+}
+
+/// The files under a directory, at any depth (none when it does not exist).
+pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
 }
 
 /// Counts the Parquet files under a directory, recursively.

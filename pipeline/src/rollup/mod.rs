@@ -61,17 +61,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds::FleetWatermark;
 use crate::buffer::Table;
-use crate::lake::{hour_partition, Lake, LakeError};
-use crate::listing::{register_dir, register_dirs};
+use crate::lake::{hour_partition, Lake, LakeError, LakeLock, Role, StateVersion};
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
 use leases::Leases;
 pub use tables::RollupTable;
 
 const HOUR_MS: i64 = 3_600_000;
-
-/// The lock file of the one process rolling up a lake, relative to the rollups' directory.
-const LOCK: &str = ".lock";
 
 /// Where an hour computed in parts keeps them, relative to the rollups' directory.
 const TMP: &str = "_tmp";
@@ -249,40 +245,52 @@ fn clamp_seen(hosts: &mut BTreeMap<String, (i64, i64)>, now: i64) {
     }
 }
 
+/// Each host's latest sample time and when a rollup first saw it (on its clock).
+type Hosts = BTreeMap<String, (i64, i64)>;
+
 /// `_hosts.json`: each host's latest sample time and when a rollup first saw it; `None` when
-/// there is no file yet, or one that does not read (then every sample is read again).
-fn load_hosts(path: &Path) -> Option<BTreeMap<String, (i64, i64)>> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+/// there is no file yet, or one that does not read (then every sample is read again). With the
+/// version read, for the write that replaces it.
+fn load_hosts(lake: &Lake, path: &Path) -> Result<(Option<Hosts>, StateVersion), RollupError> {
+    let (bytes, version) = match lake.read_state(path) {
+        Ok(Some(read)) => read,
+        Ok(None) => return Ok((None, StateVersion::default())),
+        Err(e @ LakeError::Store { .. }) => return Err(e.into()),
         Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read the hosts' latest times; reading every sample again");
-            }
-            return None;
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the hosts' latest times; reading every sample again");
+            return Ok((None, StateVersion::default()));
         }
     };
     match serde_json::from_slice(&bytes) {
-        Ok(hosts) => Some(hosts),
+        Ok(hosts) => Ok((Some(hosts), version)),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "the hosts' latest times do not read; reading every sample again");
-            None
+            Ok((None, version))
         }
     }
 }
 
-fn save_hosts(path: &Path, hosts: &BTreeMap<String, (i64, i64)>) -> Result<(), RollupError> {
-    let err = |e: std::io::Error| RollupError::State {
-        path: path.to_owned(),
-        message: e.to_string(),
-    };
-    let tmp = path.with_extension("json.tmp");
-    let file = std::fs::File::create(&tmp).map_err(err)?;
-    let mut writer = std::io::BufWriter::new(&file);
-    serde_json::to_writer(&mut writer, hosts).expect("host times serialize");
-    std::io::Write::flush(&mut writer).map_err(err)?;
-    drop(writer);
-    file.sync_all().map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+fn save_hosts(
+    lake: &Lake,
+    path: &Path,
+    hosts: &BTreeMap<String, (i64, i64)>,
+    version: &mut StateVersion,
+) -> Result<(), RollupError> {
+    let bytes = serde_json::to_vec(hosts).expect("host times serialize");
+    lake.write_state(path, bytes, version, Role::Rollups)
+        .map_err(|e| state_error(path, e))
+}
+
+/// A failed write of a state file: a lost role stays [`LakeError::Deposed`], for the caller to
+/// tell from a broken lake.
+fn state_error(path: &Path, e: LakeError) -> RollupError {
+    match e {
+        e @ LakeError::Deposed { .. } => RollupError::Lake(e),
+        e => RollupError::State {
+            path: path.to_owned(),
+            message: e.to_string(),
+        },
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -300,30 +308,32 @@ struct State {
 }
 
 impl State {
-    fn load(path: &Path) -> Result<Self, RollupError> {
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RollupError::State {
-                path: path.to_owned(),
-                message: format!("unreadable ({e}); delete it to recompute every hour"),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(RollupError::State {
-                path: path.to_owned(),
-                message: e.to_string(),
-            }),
+    fn load(lake: &Lake, path: &Path) -> Result<(Self, StateVersion), RollupError> {
+        match lake.read_state(path) {
+            Ok(Some((bytes, version))) => serde_json::from_slice(&bytes)
+                .map(|state| (state, version))
+                .map_err(|e| RollupError::State {
+                    path: path.to_owned(),
+                    message: format!("unreadable ({e}); delete it to recompute every hour"),
+                }),
+            Ok(None) => Ok((Self::default(), StateVersion::default())),
+            Err(e) => Err(state_error(path, e)),
         }
     }
 
-    fn save(&self, path: &Path) -> Result<(), RollupError> {
-        let err = |e: std::io::Error| RollupError::State {
-            path: path.to_owned(),
-            message: e.to_string(),
-        };
-        let tmp = path.with_extension("json.tmp");
-        let file = std::fs::File::create(&tmp).map_err(err)?;
-        serde_json::to_writer(&file, self).expect("the state serializes");
-        file.sync_all().map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+    /// Saves the state, if `lock` still holds the role: a process that lost it stops here,
+    /// and its write (conditional on the version it read, in a bucket) is refused besides.
+    fn save(
+        &self,
+        lake: &Lake,
+        path: &Path,
+        version: &mut StateVersion,
+        lock: &LakeLock,
+    ) -> Result<(), RollupError> {
+        lock.check("saving the rollups' state")?;
+        let bytes = serde_json::to_vec(self).expect("the state serializes");
+        lake.write_state(path, bytes, version, Role::Rollups)
+            .map_err(|e| state_error(path, e))
     }
 }
 
@@ -353,23 +363,24 @@ impl Rollup {
             path: self.dir(),
             source,
         })?;
-        let Some(lock) = self.lake.try_lock(&Path::new(tables::DIR).join(LOCK))? else {
-            return Err(RollupError::Busy(self.dir().join(LOCK)));
+        let Some(lock) = self.lake.try_lock(Role::Rollups)? else {
+            return Err(RollupError::Busy(self.lake.lock_location(Role::Rollups)));
         };
 
         let ctx = SessionContext::new();
         // Reads each hour as its compaction manifest says, and a file replaced meanwhile as
         // the version it listed.
-        crate::versions::VersionedFs::register(&ctx, self.lake.root());
+        self.lake.register_reader(&ctx);
         let leases = Leases::from_events(self.lease_events(&ctx).await?);
-        let sample_hours = self.lake.hours(Table::Samples.name());
-        let marked_samples = self.lake.marked_hours(Table::Samples.name());
-        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name());
-        let hosts_path = self.dir().join("_hosts.json");
-        let (hosts, now) = self.hosts(&ctx, &hosts_path, &marked_samples).await?;
+        let sample_hours = self.lake.hours(Table::Samples.name())?;
+        let marked_samples = self.lake.marked_hours(Table::Samples.name())?;
+        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name())?;
+        let hosts_path = Path::new(tables::DIR).join("_hosts.json");
+        let (hosts, now, mut hosts_version) =
+            self.hosts(&ctx, &hosts_path, &marked_samples).await?;
         let ceiling = now.saturating_add(self.options.max_skew_ms);
-        let state_path = self.dir().join("_state.json");
-        let mut state = State::load(&state_path)?;
+        let state_path = Path::new(tables::DIR).join("_state.json");
+        let (mut state, mut version) = State::load(&self.lake, &state_path)?;
         // A host is seen only when a run reads its new samples: one run apart is not silence.
         let since_last_run = state
             .last_run
@@ -382,6 +393,7 @@ impl Rollup {
         let lease_max = leases.max_ts().filter(|ts| *ts <= ceiling || fleet.ahead);
         let previous = state.watermark.filter(|ts| *ts <= ceiling || fleet.ahead);
         let watermark = fleet.watermark.max(lease_max).max(previous);
+        lock.check("writing the leases")?;
         self.write_leases(&leases)?;
         let Some(watermark) = watermark else {
             return Ok(Report {
@@ -416,9 +428,9 @@ impl Rollup {
             (is_final && watermark < hour + HOUR_MS + self.options.lateness_ms).then_some(hour)
         }));
         state.pending.clone_from(&todo);
-        state.save(&state_path)?;
+        state.save(&self.lake, &state_path, &mut version, &lock)?;
         // The hosts' times are saved before the marks they were read from are cleared.
-        save_hosts(&hosts_path, &fleet.kept)?;
+        save_hosts(&self.lake, &hosts_path, &fleet.kept, &mut hosts_version)?;
         for &hour in &marked_samples {
             self.lake.clear_mark(Table::Samples.name(), hour)?;
         }
@@ -437,6 +449,7 @@ impl Rollup {
         let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
         for (done, &hour) in todo.iter().enumerate() {
             let is_final = watermark >= hour + HOUR_MS + self.options.lateness_ms;
+            lock.check("rolling up an hour")?;
             report.team_rows += self.hour(&ctx, &leases, hour, watermark, is_final).await?;
             report.hours += 1;
             report.final_hours += usize::from(is_final);
@@ -448,7 +461,7 @@ impl Rollup {
             }
             state.pending.remove(&hour);
             if last_save.elapsed() > Duration::from_secs(5) {
-                state.save(&state_path)?;
+                state.save(&self.lake, &state_path, &mut version, &lock)?;
                 last_save = Instant::now();
             }
             if last_log.elapsed() > Duration::from_secs(5) {
@@ -461,7 +474,18 @@ impl Rollup {
                 last_log = Instant::now();
             }
         }
-        state.save(&state_path)?;
+        state.save(&self.lake, &state_path, &mut version, &lock)?;
+        // What rollups and compactions replaced in a bucket is kept for the queries that
+        // listed it, and deleted here once none can still be reading it.
+        match self.lake.sweep_versions() {
+            Ok(0) => {}
+            Ok(swept) => {
+                tracing::debug!(swept, "deleted replaced lake files no query can still read")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete replaced lake files; the next run tries again")
+            }
+        }
         report.elapsed = started.elapsed();
         drop(lock);
         Ok(report)
@@ -469,10 +493,10 @@ impl Rollup {
 
     async fn lease_events(&self, ctx: &SessionContext) -> Result<Vec<LeaseEvent>, RollupError> {
         let name = Table::LeaseEvents.name();
-        register_dir(
+        self.lake.register_dirs(
             ctx,
             name,
-            &self.lake.root().join(name),
+            &[PathBuf::from(name)],
             Table::LeaseEvents.schema(),
         )?;
         let batches = ctx.table(name).await?.collect().await?;
@@ -492,26 +516,19 @@ impl Rollup {
         ctx: &SessionContext,
         path: &Path,
         marked: &[i64],
-    ) -> Result<(BTreeMap<String, (i64, i64)>, i64), RollupError> {
-        let known = load_hosts(path);
+    ) -> Result<(Hosts, i64, StateVersion), RollupError> {
+        let (known, version) = load_hosts(&self.lake, path)?;
+        let samples = Path::new(Table::Samples.name());
         let dirs: Vec<PathBuf> = match &known {
             Some(_) => marked
                 .iter()
-                .map(|&hour| self.lake.hour_dir(Table::Samples.name(), hour))
-                .filter(|dir| dir.is_dir())
+                .map(|&hour| samples.join(hour_partition(hour)))
                 .collect(),
-            None => {
-                let all = self.lake.root().join(Table::Samples.name());
-                std::fs::create_dir_all(&all).map_err(|source| LakeError::Io {
-                    action: "creating",
-                    path: all.clone(),
-                    source,
-                })?;
-                vec![all]
-            }
+            None => vec![samples.to_path_buf()],
         };
         let mut hosts = known.unwrap_or_default();
-        register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
+        self.lake
+            .register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
         let batches = ctx
             .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
             .await?
@@ -548,16 +565,16 @@ impl Rollup {
                 }
             }
         }
-        Ok((hosts, now))
+        Ok((hosts, now, version))
     }
 
     fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
-        let dir = RollupTable::Leases.dir();
-        let relative = Path::new(&dir).join("leases.parquet");
+        let dir = PathBuf::from(RollupTable::Leases.dir());
         if leases.is_empty() {
-            self.lake.remove(&relative)?;
+            self.lake.remove_replaceable(&dir, "leases")?;
         } else {
-            self.lake.write(&relative, &leases.to_batch()?, &dir, 0)?;
+            self.lake
+                .write_replaceable(&dir, "leases", &leases.to_batch()?, Role::Rollups)?;
         }
         Ok(())
     }
@@ -575,11 +592,11 @@ impl Rollup {
         // are at most an hour), so the hour's time is in its own files and the next hour's.
         let dirs: Vec<PathBuf> = [hour, hour + HOUR_MS]
             .into_iter()
-            .map(|h| self.lake.hour_dir(Table::Samples.name(), h))
-            .filter(|dir| dir.is_dir())
+            .map(|h| Path::new(Table::Samples.name()).join(hour_partition(h)))
             .collect();
         replace(ctx, "hour_samples", None)?;
-        register_dirs(ctx, "hour_samples", &dirs, Table::Samples.schema())?;
+        self.lake
+            .register_dirs(ctx, "hour_samples", &dirs, Table::Samples.schema())?;
         replace(
             ctx,
             "hour_owners",
@@ -688,18 +705,16 @@ impl Rollup {
         batches: &[RecordBatch],
         constants: &[(&str, ScalarValue)],
     ) -> Result<usize, RollupError> {
-        let dir = table.dir();
-        let relative = Path::new(&dir)
-            .join(hour_partition(hour))
-            .join("rollup.parquet");
+        let dir = Path::new(&table.dir()).join(hour_partition(hour));
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         if rows == 0 {
-            self.lake.remove(&relative)?;
+            self.lake.remove_replaceable(&dir, "rollup")?;
             return Ok(0);
         }
         let batch = concat_batches(&batches[0].schema(), batches)?;
         let batch = conform(&table.schema(), &batch, constants)?;
-        self.lake.write(&relative, &batch, &dir, hour)?;
+        self.lake
+            .write_replaceable(&dir, "rollup", &batch, Role::Rollups)?;
         Ok(rows)
     }
 }

@@ -101,9 +101,14 @@ impl Config {
             .unwrap_or_else(|| self.storage.data_dir.join("enforcer.db"))
     }
 
-    /// The Parquet lake: `<data_dir>/lake`.
-    pub fn lake_dir(&self) -> PathBuf {
-        self.storage.data_dir.join("lake")
+    /// Where the Parquet lake is: `storage.lake`, else the directory `<data_dir>/lake`. A config
+    /// that [`load`] accepted has a valid `storage.lake`; on one that it did not check, an invalid
+    /// one is reported here.
+    pub fn lake(&self) -> Result<LakeLocation, String> {
+        match &self.storage.lake {
+            None => Ok(LakeLocation::Directory(self.storage.data_dir.join("lake"))),
+            Some(lake) => LakeLocation::parse(lake),
+        }
     }
 }
 
@@ -167,16 +172,175 @@ impl KafkaConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Root of everything gpuwarden writes: the lake, the enforcer's database.
+    /// Root of everything gpuwarden writes on this machine: the lake (unless `lake` puts it
+    /// elsewhere), the enforcer's database, the slots of static group membership.
     pub data_dir: PathBuf,
+    /// Where the Parquet lake is: a directory (`/srv/lake` or `file:///srv/lake`), or a bucket
+    /// and prefix of an S3-compatible object store (`s3://bucket/prefix`, reached as `s3` says).
+    /// Unset: `<data_dir>/lake`.
+    pub lake: Option<String>,
+    /// `[storage.s3]`: how an `s3://` lake is reached.
+    pub s3: S3Config,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("gpuwarden-data"),
+            lake: None,
+            s3: S3Config::default(),
         }
     }
+}
+
+/// `[storage.s3]`: the endpoint, region and credentials of an `s3://` lake. Each one left unset
+/// comes from the standard AWS environment variable in brackets, and then from the instance's
+/// role (EC2 instance metadata, ECS task role, EKS web identity), as AWS's own tools find them.
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Config {
+    /// The store's URL, for stores other than AWS: MinIO, Ceph, R2, … (`AWS_ENDPOINT_URL`).
+    /// Unset: AWS S3 in `region`.
+    pub endpoint: Option<String>,
+    /// The region requests are signed for (`AWS_REGION`, `AWS_DEFAULT_REGION`); stores that
+    /// have none accept `us-east-1`.
+    pub region: Option<String>,
+    /// The access key (`AWS_ACCESS_KEY_ID`); `${ENV}` keeps it out of the file.
+    pub access_key_id: Option<String>,
+    /// The secret key (`AWS_SECRET_ACCESS_KEY`); `${ENV}` keeps it out of the file.
+    pub secret_access_key: Option<String>,
+    /// A temporary credential's session token (`AWS_SESSION_TOKEN`).
+    pub session_token: Option<String>,
+    /// Allow an `http://` endpoint, unencrypted (`AWS_ALLOW_HTTP`): for a store on the same
+    /// host or a test.
+    pub allow_http: Option<bool>,
+    /// How long a role's lease on the lake lasts unless its holder renews it (every third of
+    /// it): the one process rolling up, compacting, or publishing signals. A process that dies
+    /// holding one gives its role up this long after its last renewal. Unset: 30 s.
+    #[serde(default, deserialize_with = "duration::optional")]
+    pub lease_ttl: Option<Duration>,
+}
+
+/// A role's lease on a lake in a bucket lasts this long unless `storage.s3.lease_ttl` says.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+impl S3Config {
+    /// How long a role's lease lasts: `lease_ttl`, or [`DEFAULT_LEASE_TTL`].
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL)
+    }
+
+    /// Whether any setting is given in the file.
+    pub fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |k: &Option<String>| k.as_ref().map(|_| "<set>");
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &set(&self.secret_access_key))
+            .field("session_token", &set(&self.session_token))
+            .field("allow_http", &self.allow_http)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish()
+    }
+}
+
+/// Where the lake is ([`Config::lake`]), read from `storage.lake`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LakeLocation {
+    /// A directory of the local (or a shared) filesystem.
+    Directory(PathBuf),
+    /// Under `prefix` (no leading or trailing `/`; empty for the whole bucket) in an S3 bucket.
+    S3 {
+        /// The bucket's name.
+        bucket: String,
+        /// The key prefix every object of the lake starts with, then `/`.
+        prefix: String,
+    },
+}
+
+impl LakeLocation {
+    /// Reads `storage.lake`: a path, `file://` and an absolute path, or `s3://bucket[/prefix]`.
+    /// The error is a sentence about the value, for the config's report.
+    pub fn parse(lake: &str) -> Result<Self, String> {
+        const FORMS: &str =
+            "storage.lake takes a directory (`/srv/lake`, `file:///srv/lake`) or `s3://BUCKET/PREFIX`";
+        if lake.trim().is_empty() {
+            return Err(format!("is empty; {FORMS}"));
+        }
+        let Some((scheme, rest)) = lake.split_once("://") else {
+            return Ok(Self::Directory(PathBuf::from(lake)));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "file" => {
+                if !rest.starts_with('/') {
+                    return Err(format!(
+                        "`{lake}` names a host or a relative path; a file URL is `file://` \
+                         followed by an absolute path, `file:///srv/lake`"
+                    ));
+                }
+                Ok(Self::Directory(PathBuf::from(rest)))
+            }
+            "s3" | "s3a" => {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                if !valid_bucket(bucket) {
+                    return Err(format!(
+                        "`{bucket}` is not an S3 bucket name (3 to 63 lowercase letters, \
+                         digits, `.` and `-`, starting and ending with a letter or digit); {FORMS}"
+                    ));
+                }
+                let prefix = prefix.trim_matches('/');
+                if prefix.split('/').any(|part| {
+                    part == "." || part == ".." || (part.is_empty() && !prefix.is_empty())
+                }) || prefix.contains(['?', '#', '\\'])
+                {
+                    return Err(format!(
+                        "`{prefix}` is not a key prefix the lake can live under: no empty, \
+                         `.` or `..` parts, `?`, `#` or `\\`"
+                    ));
+                }
+                Ok(Self::S3 {
+                    bucket: bucket.to_string(),
+                    prefix: prefix.to_string(),
+                })
+            }
+            other => Err(format!(
+                "`{other}://` is not a lake this build can reach; {FORMS} (S3-compatible \
+                 stores such as MinIO or Ceph are `s3://` with `storage.s3.endpoint`)"
+            )),
+        }
+    }
+
+    /// Whether the lake is in an object store rather than a directory.
+    pub fn is_object_store(&self) -> bool {
+        !matches!(self, Self::Directory(_))
+    }
+}
+
+impl std::fmt::Display for LakeLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Directory(dir) => write!(f, "{}", dir.display()),
+            Self::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
+            Self::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+        }
+    }
+}
+
+/// S3's rules for a bucket created today (the older, laxer names are not accepted here).
+fn valid_bucket(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (3..=63).contains(&name.len())
+        && name.chars().all(|c| alnum(c) || c == '.' || c == '-')
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && !name.contains("..")
 }
 
 /// Where the collector reads GPUs from.

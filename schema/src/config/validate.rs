@@ -43,6 +43,7 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
     login_limits(&config.pipeline.login_limits, "pipeline", report);
     tls(config, report);
     signing(config, report);
+    storage(config, report);
     if config.enforcer.max_request_bytes < 1024 {
         report(
             at(&["enforcer", "max_request_bytes"]),
@@ -994,6 +995,89 @@ fn workloads(config: &Config, report: Report<'_>) {
                 );
             }
         }
+    }
+}
+
+/// `storage.lake` and `[storage.s3]`: a lake location gpuwarden can reach, and S3 settings only
+/// where the lake is in S3.
+fn storage(config: &Config, report: Report<'_>) {
+    let s3 = &config.storage.s3;
+    match config.lake() {
+        // The S3 settings are checked too: the lake was meant to be in a bucket, or a typo
+        // in its URL should not hide the other mistakes.
+        Err(message) => report(at(&["storage", "lake"]), message),
+        Ok(location) if !location.is_object_store() => {
+            if s3.is_set() {
+                report(
+                    at(&["storage", "s3"]),
+                    format!(
+                        "is set, but the lake is the directory {location}: `[storage.s3]` \
+                         applies to an `s3://` storage.lake"
+                    ),
+                );
+            }
+            return;
+        }
+        Ok(_) => {}
+    }
+    if let Some(endpoint) = &s3.endpoint {
+        let http = endpoint.starts_with("http://");
+        if !http && !endpoint.starts_with("https://") {
+            report(
+                at(&["storage", "s3", "endpoint"]),
+                format!("\"{endpoint}\" is not an http:// or https:// URL"),
+            );
+        } else if http && s3.allow_http != Some(true) {
+            report(
+                at(&["storage", "s3", "endpoint"]),
+                format!(
+                    "\"{endpoint}\" is plain HTTP: set `allow_http = true` to send the lake's \
+                     data and signed requests unencrypted, or use https://"
+                ),
+            );
+        }
+    }
+    for (field, value) in [
+        ("access_key_id", &s3.access_key_id),
+        ("secret_access_key", &s3.secret_access_key),
+        ("session_token", &s3.session_token),
+        ("region", &s3.region),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            report(
+                at(&["storage", "s3", field]),
+                "is empty; leave it out to take it from the environment".into(),
+            );
+        }
+    }
+    if s3.access_key_id.is_some() != s3.secret_access_key.is_some() {
+        let (given, missing) = if s3.access_key_id.is_some() {
+            ("access_key_id", "secret_access_key")
+        } else {
+            ("secret_access_key", "access_key_id")
+        };
+        report(
+            at(&["storage", "s3", given]),
+            format!("is set without `{missing}`: a credential is the two together"),
+        );
+    }
+    if let Some(ttl) = s3.lease_ttl {
+        if ttl < std::time::Duration::from_secs(3) {
+            report(
+                at(&["storage", "s3", "lease_ttl"]),
+                format!(
+                    "is {} ms: a lease is renewed every third of it, over the network, so it \
+                     must be at least 3s (30s is the default)",
+                    ttl.as_millis()
+                ),
+            );
+        }
+    }
+    if s3.session_token.is_some() && s3.access_key_id.is_none() {
+        report(
+            at(&["storage", "s3", "session_token"]),
+            "is set without `access_key_id` and `secret_access_key`, which it belongs to".into(),
+        );
     }
 }
 

@@ -1,0 +1,862 @@
+//! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
+//! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
+//! `gpuwarden ingest`, `sql`, `rollup` and `compact` reaching the bucket through the standard AWS
+//! environment and answering as on a directory, retention on a bucket, a role's lease object
+//! taken, renewed, handed over, taken over and raced for, replaced files read as listed, and a
+//! long query reading right while compaction replaces its files.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use gpuwarden_pipeline::lake::{Intent, Role};
+use gpuwarden_pipeline::lease::{Held, Lease};
+use gpuwarden_pipeline::Lake;
+use support::s3::S3Server;
+
+const HOUR: i64 = 3_600_000;
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+
+fn batch(rows: i64) -> RecordBatch {
+    let ids: Vec<String> = (0..rows).map(|i| format!("row-{i}")).collect();
+    RecordBatch::try_from_iter([
+        (
+            "ts_ms",
+            std::sync::Arc::new(Int64Array::from_iter_values((0..rows).map(|i| T0 + i)))
+                as ArrayRef,
+        ),
+        ("id", std::sync::Arc::new(StringArray::from(ids)) as _),
+    ])
+    .unwrap()
+}
+
+fn count(lake: &Lake, dir: &str) -> usize {
+    // The raw tables have fixed schemas; a table of test rows is read as files directly.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let url = match lake.objects() {
+            Some(objects) => {
+                objects.register(&ctx);
+                objects.dir_url(Path::new(dir))
+            }
+            None => format!("{}/", lake.root().join(dir).display()),
+        };
+        let df = ctx
+            .read_parquet(url, datafusion::prelude::ParquetReadOptions::default())
+            .await
+            .unwrap();
+        df.count().await.unwrap()
+    })
+}
+
+/// What every lake does, wherever it is: `exists` says whether a file (relative to the lake's
+/// root) is in the lake, looked at from outside it.
+fn lake_contract(lake: &Lake, exists: &dyn Fn(&Path) -> bool) {
+    let a = Lake::file_name("samples", T0, "t-p0", 10, 19);
+    let b = Lake::file_name("samples", T0 + HOUR, "t-p0", 10, 19);
+    let c = Lake::file_name("signals", T0, "t-p0", 10, 19);
+
+    // A flush: journalled, written, then its files are what recovery looks at.
+    lake.write_intent(&Intent {
+        source: "t-p0".into(),
+        first: 10,
+        last: 19,
+        files: vec![a.clone(), b.clone(), c.clone()],
+    })
+    .unwrap();
+    let pending = lake.pending_files().unwrap();
+    assert_eq!(pending.len(), 3, "{pending:?}");
+    for (file, table, hour, rows) in [
+        (&a, "samples", T0, 3),
+        (&b, "samples", T0 + HOUR, 4),
+        (&c, "signals", T0, 5),
+    ] {
+        let bytes = lake.write(file, &batch(rows), table, hour).unwrap();
+        assert!(bytes > 0);
+        assert!(exists(file), "{}", file.display());
+    }
+    assert_eq!(lake.hours("samples").unwrap(), [T0, T0 + HOUR]);
+    assert_eq!(lake.hours("signals").unwrap(), [T0]);
+    assert_eq!(lake.hours("actions").unwrap(), Vec::<i64>::new());
+    assert_eq!(count(lake, "samples"), 7, "every row of the table's files");
+
+    // Writes to the rollups' inputs mark their hours; other tables' do not.
+    assert_eq!(lake.marked_hours("samples").unwrap(), [T0, T0 + HOUR]);
+    assert!(lake.marked_hours("signals").unwrap().is_empty());
+    lake.clear_mark("samples", T0).unwrap();
+    lake.clear_mark("samples", T0).unwrap();
+    assert_eq!(lake.marked_hours("samples").unwrap(), [T0 + HOUR]);
+
+    // Written again (a replay of the same offsets): the same file, not another one.
+    lake.write(&a, &batch(3), "samples", T0).unwrap();
+    assert_eq!(count(lake, "samples"), 7);
+
+    // Committed past the flush: the journal goes, the files stay.
+    assert_eq!(lake.recover("t-p0", Some(20)).unwrap(), 0);
+    assert!(lake.pending_files().unwrap().is_empty());
+    assert!(exists(&a) && exists(&b) && exists(&c));
+
+    // Journalled again and committed only up to 15: the flush's files are removed.
+    lake.write_intent(&Intent {
+        source: "t-p0".into(),
+        first: 10,
+        last: 19,
+        files: vec![a.clone(), b.clone()],
+    })
+    .unwrap();
+    assert_eq!(lake.recover("t-p0", Some(15)).unwrap(), 2);
+    assert!(!exists(&a) && !exists(&b) && exists(&c));
+    assert_eq!(
+        lake.recover("t-p0", Some(15)).unwrap(),
+        0,
+        "the journal is gone"
+    );
+    assert_eq!(count(lake, "signals"), 5);
+
+    // Removing reports whether there was a file.
+    assert!(lake.remove(&c).unwrap());
+    assert!(!lake.remove(&c).unwrap());
+    assert!(!exists(&c));
+}
+
+#[test]
+fn the_lake_keeps_its_contract_in_a_directory_and_in_an_s3_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Lake::open(dir.path().join("lake")).unwrap();
+    let root = local.root().to_path_buf();
+    lake_contract(&local, &|file| root.join(file).is_file());
+    assert!(local.try_lock(Role::Rollups).unwrap().is_some());
+
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config_file = dir.path().join("s3.toml");
+    std::fs::write(
+        &config_file,
+        server.storage_config(&dir.path().join("data"), "fleet/lake"),
+    )
+    .unwrap();
+    let config = gpuwarden_schema::config::load(&config_file).unwrap_or_else(|e| panic!("{e}"));
+    let bucket = Lake::from_config(&config).unwrap();
+    assert_eq!(bucket.location(), "s3://lake/fleet/lake");
+    lake_contract(&bucket, &|file| {
+        server
+            .object_path(&format!("fleet/lake/{}", file.display()))
+            .is_file()
+    });
+    // Outside the prefix nothing was written.
+    let keys = server.keys("");
+    assert!(
+        keys.iter().all(|k| k.starts_with("fleet/lake/")),
+        "{keys:?}"
+    );
+
+    // A role on a bucket is its lease object: one holder, renewed while held, released when
+    // dropped so that the next taker need not wait for it to expire.
+    let held = bucket
+        .try_lock(Role::Rollups)
+        .unwrap()
+        .expect("a free role");
+    assert_eq!(held.path(), Path::new("_leases/rollups.json"));
+    assert!(server
+        .object_path("fleet/lake/_leases/rollups.json")
+        .is_file());
+    assert!(bucket.try_lock(Role::Rollups).unwrap().is_none(), "held");
+    assert!(
+        bucket.try_lock(Role::Compaction).unwrap().is_some(),
+        "another role"
+    );
+    held.check("rolling up").unwrap();
+    drop(held);
+    assert!(
+        bucket.try_lock(Role::Rollups).unwrap().is_some(),
+        "released"
+    );
+}
+
+/// A file encoded locally goes up whole: one PUT when small, a multipart upload of 16 MiB parts
+/// when larger (an ingest file holds up to 4 Mi rows), and either way the object is the file.
+#[test]
+fn files_are_uploaded_whole_in_one_put_or_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config_file = dir.path().join("s3.toml");
+    std::fs::write(
+        &config_file,
+        server.storage_config(&dir.path().join("data"), "gw"),
+    )
+    .unwrap();
+    let config = gpuwarden_schema::config::load(&config_file).unwrap_or_else(|e| panic!("{e}"));
+    let lake = Lake::from_config(&config).unwrap();
+    let objects = lake.objects().expect("a lake in a bucket");
+    for (name, size) in [("small", 100_000), ("large", 2 * 16 * 1024 * 1024 + 12_345)] {
+        let bytes: Vec<u8> = (0..size).map(|i: usize| (i * 131 % 251) as u8).collect();
+        let local = dir.path().join(name);
+        std::fs::write(&local, &bytes).unwrap();
+        let relative = Path::new("samples").join(format!("{name}.parquet"));
+        assert_eq!(objects.put_file(&relative, &local).unwrap(), size as u64);
+        let stored =
+            std::fs::read(server.object_path(&format!("gw/samples/{name}.parquet"))).unwrap();
+        assert!(stored == bytes, "{name}: the object is the file");
+    }
+}
+
+fn sample(gpu: usize, ts_ms: i64) -> String {
+    serde_json::json!({
+        "v": 1, "ts_ms": ts_ms, "interval_ms": 5000, "host": format!("node-{}", gpu / 4),
+        "gpu_uuid": format!("GPU-{gpu:04}"), "gpu_model": "NVIDIA A100-SXM4-80GB",
+        "util_gpu_pct": (gpu * 7 % 100) as f64, "mem_used_bytes": 1u64 << 30,
+        "mem_total_bytes": 85899345920u64
+    })
+    .to_string()
+}
+
+fn gpuwarden(args: &[&str], env: &[(&'static str, String)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+    command.args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("AWS_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    command.output().unwrap()
+}
+
+fn ok(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `storage.lake = "s3://…"` and nothing else: the endpoint, region and credentials come from
+/// the standard AWS environment variables, as on a machine with an instance role they come from
+/// it. `gpuwarden sql` answers from the bucket what it answers from a directory.
+#[test]
+fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let data = dir.path().join("data");
+    let s3_config = dir.path().join("s3.toml");
+    std::fs::write(
+        &s3_config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"s3://lake/gw\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let dir_config = dir.path().join("dir.toml");
+    std::fs::write(
+        &dir_config,
+        format!("[storage]\ndata_dir = \"{}\"\n", data.display()),
+    )
+    .unwrap();
+    let input = dir.path().join("samples.jsonl");
+    let lines: Vec<String> = (0..3 * 720)
+        .map(|i| sample(i % 12, T0 + (i / 12) as i64 * 60_000))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let env = server.env();
+
+    for config in [&s3_config, &dir_config] {
+        let config = config.to_str().unwrap();
+        let ingest = [
+            "ingest",
+            "--config",
+            config,
+            "--samples",
+            input.to_str().unwrap(),
+        ];
+        let out = ok(gpuwarden(&ingest, &env));
+        assert!(
+            out.contains("2160 samples records read, 2160 written"),
+            "{out}"
+        );
+        // Twice: the same files again, nothing counted twice.
+        ok(gpuwarden(&ingest, &env));
+    }
+    let keys = server.keys("gw");
+    let hours: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("gw/samples/") && k.ends_with(".parquet"))
+        .collect();
+    assert_eq!(hours.len(), 3, "one file per hour: {keys:?}");
+    assert!(
+        keys.contains(&format!("gw/_recompute/samples/{}", T0 + HOUR)),
+        "the rollups will find the hours marked: {keys:?}"
+    );
+
+    let query = "SELECT date_trunc('hour', to_timestamp_millis(ts_ms)) AS hour, count(*) AS n, \
+                 count(DISTINCT gpu_uuid) AS gpus, round(avg(util_gpu_pct), 3) AS util \
+                 FROM samples GROUP BY 1 ORDER BY 1";
+    let from_bucket = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            s3_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            query,
+        ],
+        &env,
+    ));
+    let from_dir = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            dir_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            query,
+        ],
+        &[],
+    ));
+    assert_eq!(from_bucket, from_dir);
+    assert_eq!(from_bucket.lines().count(), 4, "{from_bucket}");
+    assert!(
+        from_bucket.lines().nth(1).unwrap().contains(",720,12,"),
+        "{from_bucket}"
+    );
+    // Tables nothing has written yet are empty, not errors.
+    let empty = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            s3_config.to_str().unwrap(),
+            "--format",
+            "csv",
+            "SELECT (SELECT count(*) FROM team_hourly) + (SELECT count(*) FROM leases) AS n",
+        ],
+        &env,
+    ));
+    assert_eq!(empty, "n\n0\n");
+
+    // Rolled up and then compacted, by the same commands, the bucket answers as the directory.
+    let rollups = "SELECT CAST(hour AS VARCHAR) AS hour, gpu_model, \
+                   round(observed_gpu_hours, 6) AS observed, round(cost_usd, 6) AS cost \
+                   FROM team_hourly ORDER BY 1, 2";
+    let answers = |config: &Path, env: &[(&'static str, String)]| -> (String, String) {
+        let c = config.to_str().unwrap();
+        let sql = |q: &str| {
+            ok(gpuwarden(
+                &["sql", "--config", c, "--format", "csv", q],
+                env,
+            ))
+        };
+        (sql(rollups), sql(query))
+    };
+    for (config, env) in [(&s3_config, &env[..]), (&dir_config, &[][..])] {
+        // The samples are of 2026-01-01, and --watermark is years later.
+        let mut text = std::fs::read_to_string(config).unwrap();
+        text.push_str("\n[pipeline.retention]\nsamples = \"forever\"\n");
+        std::fs::write(config, text).unwrap();
+        let c = config.to_str().unwrap();
+        let rolled = ok(gpuwarden(&["rollup", "--config", c], env));
+        assert!(rolled.contains("hours rolled up: 4"), "{rolled}");
+        let before = answers(config, env);
+        let compacted = ok(gpuwarden(
+            &[
+                "compact",
+                "--config",
+                c,
+                "--watermark",
+                "2030-01-01T00:00:00Z",
+            ],
+            env,
+        ));
+        assert!(compacted.contains("hours compacted: 3;"), "{compacted}");
+        assert_eq!(answers(config, env), before, "compaction changed no answer");
+    }
+    let (bucket_rollups, bucket_samples) = answers(&s3_config, &env);
+    assert_eq!(
+        (bucket_rollups.clone(), bucket_samples),
+        answers(&dir_config, &[])
+    );
+    assert_eq!(bucket_rollups.lines().count(), 5, "{bucket_rollups}");
+    let keys = server.keys("gw");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("gw/samples/") && k.contains("/compact-g1-0000-l1.parquet")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&"gw/_leases/rollups.json".to_string()),
+        "{keys:?}"
+    );
+
+    // Retention on a bucket: with samples kept a day, the watermark years later deletes every
+    // hour of them (retired to _versions/, as a replaced file); the rollups stay.
+    let mut text = std::fs::read_to_string(&s3_config).unwrap();
+    text = text.replace("samples = \"forever\"", "samples = \"1d\"");
+    std::fs::write(&s3_config, text).unwrap();
+    let c = s3_config.to_str().unwrap();
+    let expired = ok(gpuwarden(
+        &[
+            "compact",
+            "--config",
+            c,
+            "--watermark",
+            "2030-01-01T00:00:00Z",
+        ],
+        &env,
+    ));
+    assert!(
+        expired.contains("retention: samples: 3 hours deleted (3 files,"),
+        "{expired}"
+    );
+    let sql = |q: &str| {
+        ok(gpuwarden(
+            &["sql", "--config", c, "--format", "csv", q],
+            &env,
+        ))
+    };
+    assert_eq!(sql("SELECT count(*) AS n FROM samples"), "n\n0\n");
+    assert_eq!(sql(rollups), bucket_rollups, "the rollups stay");
+    let keys = server.keys("gw");
+    assert!(
+        !keys.iter().any(|k| k.starts_with("gw/samples/")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("gw/_versions/samples/")),
+        "{keys:?}"
+    );
+}
+
+fn object_lake(server: &S3Server) -> gpuwarden_pipeline::store::ObjectLake {
+    use support::s3::{ACCESS_KEY, REGION, SECRET_KEY};
+    let s3 = gpuwarden_schema::config::S3Config {
+        endpoint: Some(server.endpoint.clone()),
+        region: Some(REGION.to_string()),
+        access_key_id: Some(ACCESS_KEY.to_string()),
+        secret_access_key: Some(SECRET_KEY.to_string()),
+        allow_http: Some(true),
+        ..Default::default()
+    };
+    gpuwarden_pipeline::store::ObjectLake::s3(&server.bucket, "fleet/lake", &s3).unwrap()
+}
+
+/// A role's lease, one holder after another: taken, refused to a second taker while it lasts,
+/// renewed, taken over once it expired, after which the deposed holder's renewal and release
+/// are refused; released, and taken again at once.
+#[test]
+fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let (a_lake, b_lake) = (object_lake(&server), object_lake(&server));
+
+    let mut a = Lease::try_take(&a_lake, "rollups", "a", TTL)
+        .unwrap()
+        .expect("a free lease is taken");
+    assert_eq!((a.holder(), a.generation()), ("a", 1));
+    assert!(a.remaining() > Duration::ZERO && a.remaining() <= TTL);
+    assert_eq!(
+        server.keys("fleet/lake/_leases"),
+        ["fleet/lake/_leases/rollups.json"]
+    );
+    assert!(
+        Lease::try_take(&b_lake, "rollups", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "taken while a's lease lasts"
+    );
+    // Another role is another lease.
+    let signals = Lease::try_take(&b_lake, "signals", "b", TTL)
+        .unwrap()
+        .expect("another role's lease is free");
+
+    // a renews in time: b is still refused after a's first expiry would have passed.
+    std::thread::sleep(TTL / 2);
+    assert_eq!(a.renew().unwrap(), Held::Kept);
+    std::thread::sleep(TTL * 2 / 3);
+    assert!(
+        Lease::try_take(&b_lake, "rollups", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "a renewed lease lasts from its renewal"
+    );
+
+    // a stops renewing (stuck, or cut off); once its lease has expired, b takes it over.
+    std::thread::sleep(TTL);
+    assert_eq!(a.remaining(), Duration::ZERO, "a counts its lease as ended");
+    let b = Lease::try_take(&b_lake, "rollups", "b", TTL)
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert_eq!((b.holder(), b.generation()), ("b", 2));
+    // a learns it was deposed at its next write, and writes nothing over b's lease.
+    assert_eq!(a.renew().unwrap(), Held::Deposed);
+    assert_eq!(a.remaining(), Duration::ZERO);
+    assert_eq!(a.release().unwrap(), Held::Deposed);
+    assert!(
+        Lease::try_take(&a_lake, "rollups", "a", TTL)
+            .unwrap()
+            .is_none(),
+        "b's lease stands after a's refused writes"
+    );
+
+    // b releases: the next taker need not wait for the expiry.
+    assert_eq!(b.release().unwrap(), Held::Kept);
+    let again = Lease::try_take(&a_lake, "rollups", "a", TTL)
+        .unwrap()
+        .expect("a released lease is taken at once");
+    assert_eq!(again.generation(), 3);
+    assert_eq!(again.release().unwrap(), Held::Kept);
+    assert_eq!(signals.release().unwrap(), Held::Kept);
+}
+
+/// A lease handed over: refused to anyone else, taken up by the holder it names alone, a new
+/// generation; and a deposed holder's handover refused.
+#[test]
+fn a_lease_is_handed_over_to_the_holder_it_names() {
+    const TTL: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let (a_lake, b_lake, c_lake) = (
+        object_lake(&server),
+        object_lake(&server),
+        object_lake(&server),
+    );
+
+    let a = Lease::try_take(&a_lake, "compaction", "a", TTL)
+        .unwrap()
+        .expect("a free lease is taken");
+    assert_eq!(a.hand_over("b").unwrap(), Held::Kept);
+    assert!(
+        Lease::try_take(&c_lake, "compaction", "c", TTL)
+            .unwrap()
+            .is_none(),
+        "a lease handed over is not free"
+    );
+    assert!(
+        Lease::adopt(&c_lake, "compaction", "c", TTL)
+            .unwrap()
+            .is_none(),
+        "handed to b, not to c"
+    );
+    let mut b = Lease::adopt(&b_lake, "compaction", "b", TTL)
+        .unwrap()
+        .expect("b takes up the lease handed to it");
+    assert_eq!((b.holder(), b.generation()), ("b", 2));
+    assert!(b.remaining() > Duration::ZERO);
+    assert_eq!(b.renew().unwrap(), Held::Kept);
+    assert_eq!(b.release().unwrap(), Held::Kept);
+
+    // A holder deposed after its lease expired cannot hand the role on.
+    let short = Duration::from_millis(300);
+    let a = Lease::try_take(&a_lake, "compaction", "a", short)
+        .unwrap()
+        .expect("a released lease is taken");
+    std::thread::sleep(short + Duration::from_millis(100));
+    let c = Lease::try_take(&c_lake, "compaction", "c", TTL)
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert_eq!(c.generation(), 4);
+    assert_eq!(a.hand_over("b").unwrap(), Held::Deposed);
+    assert!(
+        Lease::adopt(&b_lake, "compaction", "b", TTL)
+            .unwrap()
+            .is_none(),
+        "c holds it, handed to nobody"
+    );
+    assert_eq!(c.release().unwrap(), Held::Kept);
+}
+
+/// Takers racing, truly concurrently and each through a client of its own, for one lease:
+/// exactly one wins each round, whether the lease is free (a create-only PUT) or released (a
+/// conditional replacement of the object, as for an expired one), and the object names the
+/// winner. The lease lasts long enough that no taker slowed by a loaded machine can outlast it
+/// and rightly take it over as a second winner.
+#[test]
+fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
+    const TAKERS: usize = 8;
+    const ROUNDS: usize = 20;
+    const TTL: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lakes: Vec<_> = (0..TAKERS).map(|_| object_lake(&server)).collect();
+    let race = |role: &str| -> Vec<Lease> {
+        let barrier = std::sync::Barrier::new(TAKERS);
+        std::thread::scope(|scope| {
+            let tries: Vec<_> = lakes
+                .iter()
+                .enumerate()
+                .map(|(i, lake)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        Lease::try_take(lake, role, &format!("taker-{i}"), TTL).unwrap()
+                    })
+                })
+                .collect();
+            tries
+                .into_iter()
+                .filter_map(|t| t.join().unwrap())
+                .collect()
+        })
+    };
+    let holder_in_store = |role: &str| -> String {
+        let body: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(server.object_path(&format!("fleet/lake/_leases/{role}.json"))).unwrap(),
+        )
+        .unwrap();
+        body["holder"].as_str().unwrap().to_string()
+    };
+    // Never two winners. No winner at all is what a taker's win looks like when its client
+    // retried the PUT after the store had written it (a 5xx or a timeout on a loaded machine):
+    // the retry is refused and the taker answers that it lost (`ObjectLake::put_if`); the store
+    // then names a taker that holds nothing, and the role is free again once the lease expires.
+    // That is allowed, seldom: at most a quarter of the races.
+    let mut lost = 0;
+    for round in 0..ROUNDS {
+        let role = format!("role-{round}");
+        let free = race(&role);
+        assert!(free.len() <= 1, "round {round}, free lease: {free:?}");
+        let Some(won) = free.into_iter().next() else {
+            assert!(
+                holder_in_store(&role).starts_with("taker-"),
+                "round {round}"
+            );
+            lost += 1;
+            continue;
+        };
+        assert_eq!(holder_in_store(&role), won.holder(), "round {round}");
+
+        assert_eq!(won.release().unwrap(), Held::Kept);
+        let released = race(&role);
+        assert!(
+            released.len() <= 1,
+            "round {round}, released lease: {released:?}"
+        );
+        let Some(won) = released.first() else {
+            // A taker's replacement did land: the generation moved on.
+            let body: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(server.object_path(&format!("fleet/lake/_leases/{role}.json")))
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(body["generation"], 2, "round {round}: {body}");
+            lost += 1;
+            continue;
+        };
+        assert_eq!(won.generation(), 2, "round {round}");
+        assert_eq!(holder_in_store(&role), won.holder(), "round {round}");
+    }
+    println!(
+        "{lost} of {} races won and lost to a client retry",
+        2 * ROUNDS
+    );
+    assert!(
+        lost <= ROUNDS / 2,
+        "{lost} of {} races had no winner",
+        2 * ROUNDS
+    );
+}
+
+/// A file the rollups replace whole gets a new name at each write in a bucket, since a key must
+/// never come back with other bytes (a query reads a file's footer and columns in separate
+/// requests). Readers show the latest version alone, even in a listing taken while an older one
+/// is still there; a query that listed a version reads it after it was replaced or removed,
+/// from what `_versions/` keeps, until that is swept.
+#[test]
+fn a_replaced_file_in_a_bucket_reads_as_listed_and_lists_as_its_latest_version() {
+    use object_store::ObjectStoreExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lake = server.lake("fleet", &dir.path().join("staging"));
+    let objects = lake.objects().unwrap().clone();
+    let hour = Path::new("rollups/team_hourly/date=2026-01-01/hour=00");
+    lake.write_replaceable(hour, "rollup", &batch(3), Role::Rollups)
+        .unwrap();
+    assert_eq!(count(&lake, "rollups/team_hourly"), 3);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx = datafusion::prelude::SessionContext::new();
+    lake.register_reader(&ctx);
+    let reader = ctx
+        .runtime_env()
+        .object_store(
+            datafusion::execution::object_store::ObjectStoreUrl::parse("s3://lake").unwrap(),
+        )
+        .unwrap();
+    let listed = |prefix: &str| -> Vec<String> {
+        runtime.block_on(async {
+            use futures::TryStreamExt as _;
+            let prefix = object_store::path::Path::from(prefix);
+            let mut names: Vec<String> = reader
+                .list(Some(&prefix))
+                .map_ok(|meta| meta.location.to_string())
+                .try_collect()
+                .await
+                .unwrap();
+            names.sort();
+            names
+        })
+    };
+    let first = "fleet/rollups/team_hourly/date=2026-01-01/hour=00/rollup.v0000000001.parquet";
+    assert_eq!(listed("fleet/rollups/team_hourly"), [first]);
+
+    // A query listed version 1; the next rollup replaces it with version 2.
+    lake.write_replaceable(hour, "rollup", &batch(5), Role::Rollups)
+        .unwrap();
+    let second = first.replace("v0000000001", "v0000000002");
+    assert_eq!(
+        listed("fleet/rollups/team_hourly"),
+        std::slice::from_ref(&second)
+    );
+    assert!(!server.object_path(first).exists(), "version 1 is retired");
+    let read = |key: &str| -> Option<usize> {
+        runtime.block_on(async {
+            match reader.get(&object_store::path::Path::from(key)).await {
+                Ok(got) => Some(got.bytes().await.unwrap().len()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        })
+    };
+    let kept = std::fs::metadata(server.object_path(&format!(
+        "fleet/_versions/{}",
+        first.trim_start_matches("fleet/")
+    )))
+    .unwrap()
+    .len() as usize;
+    assert_eq!(read(first), Some(kept), "the listed version still reads");
+    assert_eq!(count(&lake, "rollups/team_hourly"), 5);
+
+    // A listing taken between the write of a new version and the retiring of the old shows
+    // the new one alone.
+    let third = first.replace("v0000000001", "v0000000003");
+    runtime
+        .block_on(server.store().put(
+            &object_store::path::Path::from(third.as_str()),
+            std::fs::read(server.object_path(&second)).unwrap().into(),
+        ))
+        .unwrap();
+    assert_eq!(listed("fleet/rollups/team_hourly"), [third]);
+
+    // Removing the file retires every version; swept, the kept versions are gone for good.
+    lake.remove_replaceable(hour, "rollup").unwrap();
+    assert!(listed("fleet/rollups/team_hourly").is_empty());
+    assert_eq!(
+        objects.sweep_versions(Duration::from_secs(600)).unwrap(),
+        0,
+        "too recent"
+    );
+    assert_eq!(objects.sweep_versions(Duration::ZERO).unwrap(), 3);
+    assert_eq!(read(first), None);
+}
+
+/// A query that listed an hour's files before a compaction replaced them reads on from the
+/// versions kept for it: the compaction commits its manifest and retires every input between
+/// the query's first batch and its last, and the answer is still every row once.
+#[test]
+fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_files() {
+    use futures::StreamExt as _;
+    use gpuwarden_schema::Record as _;
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lake = server.lake("fleet", &dir.path().join("staging"));
+    let (files, per_file) = (12_i64, 4_000_i64);
+    for f in 0..files {
+        let rows: Vec<gpuwarden_schema::Sample> = (0..per_file)
+            .map(|i| {
+                let gpu = f * per_file + i;
+                gpuwarden_schema::Sample::from_json(
+                    format!(
+                        r#"{{"v":1,"ts_ms":{},"interval_ms":5000,"host":"h","gpu_uuid":"GPU-{gpu}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#,
+                        T0 + i % 720 * 5_000
+                    )
+                    .as_bytes(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let batch = gpuwarden_schema::Sample::to_record_batch(&rows).unwrap();
+        let name = Lake::file_name(
+            "samples",
+            T0,
+            "gpuwarden.samples-p0",
+            f * per_file,
+            (f + 1) * per_file - 1,
+        );
+        lake.write(&name, &batch, "samples", T0).unwrap();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx = runtime
+        .block_on(gpuwarden_pipeline::sql::context(&lake))
+        .unwrap();
+    let mut stream = runtime
+        .block_on(async {
+            ctx.sql("SELECT gpu_uuid, ts_ms FROM samples")
+                .await?
+                .execute_stream()
+                .await
+        })
+        .unwrap();
+    let first = runtime.block_on(stream.next()).unwrap().unwrap();
+    let mut rows = first.num_rows() as i64;
+    assert!(
+        rows < files * per_file,
+        "the query has more to read: {rows}"
+    );
+
+    // The compaction runs to its end while the query is between batches.
+    let compactor = gpuwarden_pipeline::Compactor::new(
+        lake.clone(),
+        gpuwarden_pipeline::CompactOptions {
+            retention: Vec::new(),
+            ..gpuwarden_pipeline::CompactOptions::default()
+        },
+    );
+    let done = runtime
+        .block_on(compactor.run(Some(T0 + 3 * HOUR)))
+        .unwrap();
+    assert_eq!(done.compacted.hours, 1);
+    assert_eq!(done.compacted.files_in, files as usize);
+    let listed = server.keys("fleet/samples");
+    assert!(
+        listed.iter().all(|k| !k.contains("gpuwarden.samples-p0")),
+        "the inputs are retired: {listed:?}"
+    );
+
+    while let Some(batch) = runtime.block_on(stream.next()) {
+        rows += batch
+            .unwrap_or_else(|e| panic!("the query failed after the compaction: {e}"))
+            .num_rows() as i64;
+    }
+    assert_eq!(rows, files * per_file, "every row once");
+    // A new query reads the compacted file alone, to the same rows.
+    let count = runtime
+        .block_on(async {
+            ctx.sql("SELECT count(DISTINCT gpu_uuid) FROM samples")
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    let count = count[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0);
+    assert_eq!(count, files * per_file);
+}
