@@ -781,10 +781,9 @@ impl Lake {
         stem: &str,
     ) -> Result<Vec<(u64, String)>, LakeError> {
         let mut versions: Vec<(u64, String)> = objects
-            .list(dir)?
+            .list_dir(dir)?
             .into_iter()
-            .filter_map(|name| {
-                let name = name.to_str()?.to_string();
+            .filter_map(|(name, _)| {
                 let (s, n) = crate::versions::replaceable_version(&name)?;
                 (s == stem).then_some((n, name))
             })
@@ -1027,7 +1026,6 @@ impl Lake {
     }
 }
 
-/// How every Parquet file of the lake is encoded: zstd, page statistics, dictionaries for text.
 /// `batch` as the bytes of a Parquet file of the lake (`relative` names it in errors).
 fn encode(batch: &RecordBatch, relative: &Path) -> Result<Vec<u8>, LakeError> {
     let parquet = |source| LakeError::Parquet {
@@ -1041,6 +1039,7 @@ fn encode(batch: &RecordBatch, relative: &Path) -> Result<Vec<u8>, LakeError> {
     writer.into_inner().map_err(parquet)
 }
 
+/// How every Parquet file of the lake is encoded: zstd, page statistics, dictionaries for text.
 pub(crate) fn writer_properties(
     schema: &arrow_schema::Schema,
     row_group_rows: usize,

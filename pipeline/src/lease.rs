@@ -65,7 +65,8 @@ pub struct Lease {
     valid_until: Instant,
 }
 
-fn now_ms() -> i64 {
+/// The wall clock, in ms since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

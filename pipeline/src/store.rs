@@ -422,10 +422,8 @@ impl ObjectLake {
         let listed: Vec<ObjectMeta> = self
             .block(move |store| async move { store.list(Some(&d)).try_collect().await })
             .map_err(self.error("listing", &dir))?;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let cutoff = now_ms.saturating_sub(i64::try_from(retain.as_millis()).unwrap_or(i64::MAX));
+        let cutoff = crate::lease::now_ms()
+            .saturating_sub(i64::try_from(retain.as_millis()).unwrap_or(i64::MAX));
         let old: Vec<Path> = listed
             .into_iter()
             .filter(|meta| meta.last_modified.timestamp_millis() < cutoff)
