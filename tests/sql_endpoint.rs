@@ -449,7 +449,16 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
 
 #[test]
 fn psql_reads_the_rollups_through_grafana_time_macros() {
-    let endpoint = Endpoint::with_users();
+    reads_the_rollups_through_grafana_time_macros(Endpoint::with_users());
+}
+
+/// The same with the lake, and so the rollups, in an S3 bucket.
+#[test]
+fn psql_reads_the_rollups_in_a_bucket_through_grafana_time_macros() {
+    reads_the_rollups_through_grafana_time_macros(Endpoint::with_users_on(true));
+}
+
+fn reads_the_rollups_through_grafana_time_macros(endpoint: Endpoint) {
     // The pipeline rolls up at start: 90 minutes of 8 GPUs at 0, 10, …, 70 %, all unallocated
     // at the default $2 per GPU-hour. Each sample covers the minute before it, so the first
     // (at 10:00) lie in 9:00's hour, the rest in a final 10:00 hour and 29 minutes of an open one.
@@ -578,7 +587,18 @@ fn error_of(psql: &Psql, sql: &str) -> String {
 
 #[test]
 fn each_limit_ends_a_query_with_its_sqlstate_and_names_the_setting() {
-    let endpoint = Endpoint::start(
+    each_limit_ends_a_query_on(false);
+}
+
+/// The same with the lake in an S3 bucket: a query ended by a limit is ended while it reads
+/// objects, and the connection and the pipeline go on.
+#[test]
+fn each_limit_ends_a_query_over_a_bucket_with_its_sqlstate_and_names_the_setting() {
+    each_limit_ends_a_query_on(true);
+}
+
+fn each_limit_ends_a_query_on(bucket: bool) {
+    let endpoint = Endpoint::start_on(
         r#"
 [pipeline.sql_limits]
 max_connections = 4
@@ -603,6 +623,7 @@ name = "solo"
 password = "solo-pw"
 max_queries = 1
 "#,
+        bucket,
     );
     let pid = endpoint.pipeline.pid();
     let user = |name: &str| endpoint.psql(name, Some(&format!("{name}-pw")));

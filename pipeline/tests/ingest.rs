@@ -8,15 +8,30 @@ use std::time::Duration;
 use gpuwarden_pipeline::{IngestOptions, Lake};
 use gpuwarden_schema::kafka::EmbeddedBroker;
 use gpuwarden_schema::topics;
+use support::s3::on_each_lake;
 use support::{options, produce, sample_json, sql_i64, sql_pairs, Running};
 
 const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
+/// How many files the lake holds for one table's hour, in its directory or under its prefix.
+fn files_in_hour(lake: &Lake, table: &str, hour_ms: i64) -> usize {
+    let dir = lake.hour_dir(table, hour_ms);
+    match lake.objects() {
+        Some(objects) => objects
+            .list_dir(dir.strip_prefix(lake.root()).unwrap())
+            .unwrap()
+            .len(),
+        None => std::fs::read_dir(dir).unwrap().count(),
+    }
+}
+
 #[test]
 fn every_invalid_case_is_quarantined_with_its_reason_while_valid_records_arrive() {
+    on_each_lake(every_invalid_case_is_quarantined_with_its_reason_while_valid_records_arrive_on);
+}
+
+fn every_invalid_case_is_quarantined_with_its_reason_while_valid_records_arrive_on(lake: Lake) {
     let broker = EmbeddedBroker::start(2).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path().join("lake")).unwrap();
 
     let valid = |i: i64| sample_json("GPU-ok", T0 + i * 5_000, 50.0);
     let mut bad = serde_json::json!({});
@@ -88,7 +103,7 @@ fn every_invalid_case_is_quarantined_with_its_reason_while_valid_records_arrive(
         expected_bad - 1
     )));
 
-    let root = lake.root();
+    let root = &lake;
     assert_eq!(sql_i64(root, "SELECT count(*) FROM samples"), n_valid);
     assert_eq!(
         sql_i64(root, "SELECT count(*) FROM quarantine"),
@@ -123,10 +138,12 @@ fn every_invalid_case_is_quarantined_with_its_reason_while_valid_records_arrive(
 
 #[test]
 fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow() {
+    on_each_lake(backpressure_holds_memory_under_the_bound_while_the_disk_is_slow_on);
+}
+
+fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow_on(lake: Lake) {
     // The mock broker keeps at most 5 MB per partition: 12,000 samples over 4 partitions fit.
     let broker = EmbeddedBroker::start(4).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path().join("lake")).unwrap();
     let n = 12_000;
     let records: Vec<(String, Vec<u8>)> = (0..n)
         .map(|i| {
@@ -164,10 +181,10 @@ fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow() {
     assert!(metrics
         .render()
         .contains(&format!("gpuwarden_pipeline_buffered_bytes_limit {limit}")));
-    assert_eq!(sql_i64(lake.root(), "SELECT count(*) FROM samples"), n);
+    assert_eq!(sql_i64(&lake, "SELECT count(*) FROM samples"), n);
     assert_eq!(
         sql_i64(
-            lake.root(),
+            &lake,
             "SELECT count(DISTINCT (gpu_uuid, ts_ms)) FROM samples"
         ),
         n
@@ -176,9 +193,11 @@ fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow() {
 
 #[test]
 fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
+    on_each_lake(late_samples_go_to_a_new_file_and_mark_their_hour_again_on);
+}
+
+fn late_samples_go_to_a_new_file_and_mark_their_hour_again_on(lake: Lake) {
     let broker = EmbeddedBroker::start(1).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path().join("lake")).unwrap();
     let first: Vec<(String, Vec<u8>)> = (0..10)
         .map(|i| ("g".into(), sample_json("GPU-late", T0 + i * 5_000, 10.0)))
         .collect();
@@ -208,11 +227,12 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
         vec![T0, T0 + 7_200_000],
         "the late sample marks its hour again, the new one its own"
     );
-    let files = std::fs::read_dir(lake.hour_dir("samples", T0))
-        .unwrap()
-        .count();
-    assert_eq!(files, 2, "the late sample is in a file of its own");
-    assert_eq!(sql_i64(lake.root(), "SELECT count(*) FROM samples"), 12);
+    assert_eq!(
+        files_in_hour(&lake, "samples", T0),
+        2,
+        "the late sample is in a file of its own"
+    );
+    assert_eq!(sql_i64(&lake, "SELECT count(*) FROM samples"), 12);
 }
 
 /// With a signing key, lease events (and signals and actions) count only when signed with it,
@@ -221,12 +241,14 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
 /// Samples carry no signature and are taken as they are.
 #[test]
 fn with_a_signing_key_only_signed_lease_events_reach_the_lake() {
+    on_each_lake(with_a_signing_key_only_signed_lease_events_reach_the_lake_on);
+}
+
+fn with_a_signing_key_only_signed_lease_events_reach_the_lake_on(lake: Lake) {
     use gpuwarden_schema::signing::{SigningKeys, HEADER};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 
     let broker = EmbeddedBroker::start(1).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let lake = Lake::open(dir.path().join("lake")).unwrap();
     let keys = SigningKeys::new(Some(b"ingest-test-signing-key-0123456789abcdef"), None);
     let intruder = SigningKeys::new(Some(b"not-the-key-the-pipeline-has-0123456789"), None);
     let event = |lease: &str| {
@@ -280,7 +302,7 @@ fn with_a_signing_key_only_signed_lease_events_reach_the_lake() {
     let running = Running::start(broker.bootstrap_servers(), "sig-test", &lake, options);
     running.wait_for_records(5, Duration::from_secs(30));
     let metrics = running.stop();
-    let root = lake.root();
+    let root = &lake;
     assert_eq!(sql_i64(root, "SELECT count(*) FROM samples"), 1);
     let kept = sql_pairs(root, "SELECT lease_id, event FROM lease_events");
     assert_eq!(kept, [("L-signed".to_string(), "granted".to_string())]);

@@ -24,6 +24,7 @@ use gpuwarden_pipeline::lake::hour_of;
 use gpuwarden_pipeline::{sql, Lake, Rollup, RollupOptions};
 use gpuwarden_schema::config::{GpuPrice, PricingConfig};
 use gpuwarden_schema::{LeaseEvent, Record, Sample};
+use s3::on_each_lake;
 use serde_json::{json, Value};
 
 const H: i64 = 1_795_996_800_000; // 2026-11-30T00:00:00Z
@@ -112,15 +113,6 @@ fn fixture(lake: &Lake) {
         event(0, "granted", "L1", "ml", 1, &["g1"]),
     ];
     put(lake, "lease_events", "fixture", &events, |e| e.ts_ms);
-}
-
-/// Runs `test` on a lake in a directory, then on one in a bucket of an S3 server of the test's
-/// own (docs/ARCHITECTURE.md#the-lake-on-object-storage): the rollups must give the same rows.
-fn on_each_lake(test: fn(Lake)) {
-    let dir = tempfile::tempdir().unwrap();
-    test(Lake::open(dir.path().join("lake")).unwrap());
-    let server = s3::S3Server::start(&dir.path().join("s3"), "lake");
-    test(server.lake("fleet", &dir.path().join("staging")));
 }
 
 /// A state file of the lake, as stored.

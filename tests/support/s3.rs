@@ -6,8 +6,9 @@
 //! variables for a `gpuwarden` process.
 //!
 //! It keeps each object as a file, `<root>/<bucket>/<key>`. s3s-fs alone checks a conditional
-//! write before writing, so concurrent conditional writes to one key could both succeed; the lock
-//! makes the check and the write one step (docs/ARCHITECTURE.md#the-lake-on-object-storage).
+//! write before writing, so concurrent conditional writes to one key could both succeed, and a GET
+//! reads the body and the ETag in two steps; the lock makes each request see one version of the
+//! key (docs/ARCHITECTURE.md#the-lake-on-object-storage).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -223,4 +224,13 @@ impl Drop for S3Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `test` on a lake in a directory, then on one in a bucket of an S3 server of the test's
+/// own (docs/ARCHITECTURE.md#the-lake-on-object-storage): the test's checks must hold on both.
+pub fn on_each_lake(test: fn(gpuwarden_pipeline::Lake)) {
+    let dir = tempfile::tempdir().unwrap();
+    test(gpuwarden_pipeline::Lake::open(dir.path().join("lake")).unwrap());
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    test(server.lake("fleet", &dir.path().join("staging")));
 }

@@ -1,7 +1,11 @@
 //! The S3 server of gpuwarden's lake-on-S3 tests: s3s-fs 0.14.1 (a directory served over the S3
-//! API) behind a per-key lock, so that a conditional write's check and its write are one step as
-//! seen by every other write to that key through this server. s3s-fs alone checks, then writes
-//! (dev/s3-research/README.md). Writes made to the directory behind its back are not locked.
+//! API) behind a per-key read-write lock, so that each request sees one version of a key, as S3
+//! promises. s3s-fs alone does two things in two steps (dev/s3-research/README.md): a conditional
+//! write checks the ETag, then writes; a GET opens the file, then reads the ETag kept beside it,
+//! so a write landing in between answers the old body with the new ETag, and a conditional write
+//! on that ETag then succeeds over a version its writer never read. Writes (put, complete
+//! multipart, copy, delete) hold a key's lock exclusively; GET and HEAD share it. Writes made to
+//! the directory behind the server's back are not locked.
 //!
 //! `gpuwarden-s3-test-server [--host H] [--port P] [--request-log FILE] --access-key K
 //! --secret-key S ROOT`: the arguments of `s3s-fs`, and a file to append one line per request to
@@ -14,22 +18,33 @@ use async_trait::async_trait;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
 use s3s_fs::FileSystem;
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+
+/// A lock per (bucket, key) ever requested.
+type KeyLocks = HashMap<(String, String), Arc<RwLock<()>>>;
 
 struct Locked {
     fs: FileSystem,
-    locks: Mutex<HashMap<(String, String), Arc<AsyncMutex<()>>>>,
+    locks: Mutex<KeyLocks>,
 }
 
 impl Locked {
-    async fn lock(&self, bucket: &str, key: &str) -> OwnedMutexGuard<()> {
-        let m = {
-            let mut map = self.locks.lock().unwrap();
-            map.entry((bucket.to_owned(), key.to_owned()))
-                .or_default()
-                .clone()
-        };
-        m.lock_owned().await
+    fn lock_of(&self, bucket: &str, key: &str) -> Arc<RwLock<()>> {
+        let mut map = self.locks.lock().unwrap();
+        map.entry((bucket.to_owned(), key.to_owned()))
+            .or_default()
+            .clone()
+    }
+
+    /// The key's lock, held alone: for a request that changes the key.
+    async fn lock(&self, bucket: &str, key: &str) -> OwnedRwLockWriteGuard<()> {
+        self.lock_of(bucket, key).write_owned().await
+    }
+
+    /// The key's lock, shared with other readers: for a request that reads the key's body or
+    /// ETag, so that both come from one version.
+    async fn read_lock(&self, bucket: &str, key: &str) -> OwnedRwLockReadGuard<()> {
+        self.lock_of(bucket, key).read_owned().await
     }
 }
 
@@ -57,6 +72,9 @@ impl S3 for Locked {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        // The body streams from the file opened under the lock: a later rename over the key
+        // leaves it as it was.
+        let _g = self.read_lock(&req.input.bucket, &req.input.key).await;
         self.fs.get_object(req).await
     }
     async fn head_bucket(
@@ -69,6 +87,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let _g = self.read_lock(&req.input.bucket, &req.input.key).await;
         self.fs.head_object(req).await
     }
     async fn list_buckets(

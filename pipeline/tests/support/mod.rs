@@ -3,7 +3,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::Path;
+#[path = "../../../tests/support/s3.rs"]
+pub mod s3;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -137,20 +139,19 @@ pub fn options() -> IngestOptions {
 }
 
 /// Runs `query` over the lake's raw tables, registered as `gpuwarden sql` registers them.
-pub fn sql(lake: &Path, query: &str) -> Vec<RecordBatch> {
+pub fn sql(lake: &Lake, query: &str) -> Vec<RecordBatch> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let lake = Lake::open(lake).unwrap();
     runtime
-        .block_on(gpuwarden_pipeline::sql::query(&lake, query))
+        .block_on(gpuwarden_pipeline::sql::query(lake, query))
         .unwrap_or_else(|e| panic!("{query}: {e}"))
         .1
 }
 
 /// The single integer a query returns.
-pub fn sql_i64(lake: &Path, query: &str) -> i64 {
+pub fn sql_i64(lake: &Lake, query: &str) -> i64 {
     let batches = sql(lake, query);
     let column = datafusion::arrow::compute::cast(
         batches[0].column(0),
@@ -161,7 +162,7 @@ pub fn sql_i64(lake: &Path, query: &str) -> i64 {
 }
 
 /// Every row of a two-string-column query.
-pub fn sql_pairs(lake: &Path, query: &str) -> Vec<(String, String)> {
+pub fn sql_pairs(lake: &Lake, query: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for batch in sql(lake, query) {
         let utf8 = |i: usize| {
