@@ -286,6 +286,136 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     assert_eq!(files_per_hour(&lake)[1], 1);
 }
 
+/// Whether the process `pid` is stopped (by SIGSTOP), as /proc says.
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state == 'T')
+        })
+        .unwrap_or(false)
+}
+
+/// `gpuwarden compact` with `GPUWARDEN_COMPACT_STOP_AT=before-commit`, once it has stopped
+/// itself there: after its last check of the lease, before its commit. Started again while a
+/// run that holds the role refuses it (exit 2), until the lease that run held lapses.
+fn stopped_before_commit(config: &Path) -> std::process::Child {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut child = compact(config)
+            .env("GPUWARDEN_COMPACT_STOP_AT", "before-commit")
+            .spawn()
+            .unwrap();
+        loop {
+            if is_stopped(child.id()) {
+                return child;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                assert!(
+                    status.code() == Some(2) && Instant::now() < deadline,
+                    "{status}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "never stopped before its commit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The output of `child`, which must exit within a minute: a child still running then (or
+/// stopped again) is killed and the test fails with what it wrote.
+fn finished(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        let stopped_again = started.elapsed() > Duration::from_secs(1) && is_stopped(child.id());
+        if started.elapsed() > Duration::from_secs(60) || stopped_again {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn resume(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-CONT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Two holders of a bucket's compaction role, one after the other, each stopped between its
+/// last check of the lease and its commit. The first was stopped past its lease; the second
+/// took the role over, found the first's outputs of the hour uncommitted, and removed them (its
+/// own hold every row), after fencing the hour's manifest. Resumed, the first's commit, which
+/// would have named the removed files, is refused, and it says it lost the role; the second's
+/// commit lands, and every row is there exactly once.
+#[test]
+fn a_compactor_paused_past_its_lease_cannot_commit_over_the_one_that_took_its_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}lease_ttl = \"3s\"\n{KEEP}",
+            server.storage_config(&dir.path().join("data"), "fleet")
+        ),
+    )
+    .unwrap();
+    for part in 0..3 {
+        ingest_samples(
+            &config,
+            &dir.path().join(format!("part{part}.jsonl")),
+            &lines(part * 4..part * 4 + 4, 2),
+        );
+    }
+    let figures = || config_lake_i64(&config, FIGURES);
+    let expected = figures();
+
+    let first = stopped_before_commit(&config);
+    let second = stopped_before_commit(&config);
+    resume(&first);
+    let out = finished(first, "the first, resumed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no longer holds the compaction role"),
+        "{stderr}"
+    );
+    assert_eq!(figures(), expected, "after the first's refused commit");
+
+    resume(&second);
+    let out = finished(second, "the second, resumed");
+    // Its commit lands; it may then find its own lease too short to go on (it was stopped too).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || stderr.contains("no longer holds the compaction role"),
+        "{stderr}"
+    );
+    assert_eq!(figures(), expected, "after the second's commit");
+    let out = compact_output(&config, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(figures(), expected);
+    assert_eq!(files_per_hour(&server.object_path("fleet")), [1, 1]);
+}
+
 #[test]
 fn a_compaction_killed_at_random_times_leaves_every_row_exactly_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,9 @@
 //! manifest, `_compaction.json`:
 //!
 //! - `outputs`: the files of the current generation;
-//! - `superseded`: the names of the ingest files whose rows the outputs hold.
+//! - `superseded`: the names of the ingest files whose rows the outputs hold;
+//! - `fenced_by` (in a bucket, when set): the lease generation of the compactor that last fenced
+//!   the hour against an older holder's late commit ([`Compactor::fence`]).
 //!
 //! A reader ([`Manifest::shows`], applied by [`crate::versions::VersionedFs`] to every listing)
 //! reads an hour as its manifest says: the current outputs, and every other file that is not a
@@ -80,6 +82,11 @@ pub struct Manifest {
     pub outputs: Vec<String>,
     /// Ingest files whose rows the outputs hold.
     pub superseded: BTreeSet<String>,
+    /// In a bucket: the generation of the compaction role's lease whose holder last fenced the
+    /// hour, before removing outputs another holder wrote and never committed
+    /// ([`Compactor::fence`]). Readers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_by: Option<u64>,
 }
 
 impl Manifest {
@@ -390,13 +397,23 @@ fn sort_columns(table: Table) -> &'static [&'static str] {
     }
 }
 
-/// A crash injected at a named step, for the tests that prove a crash anywhere loses nothing:
-/// `GPUWARDEN_COMPACT_CRASH_AT=<step>` kills the process with SIGKILL when it gets there.
-fn crash_point(step: &str) {
+/// A fault injected at a named step, for the tests that prove a crash or a pause anywhere loses
+/// nothing: `GPUWARDEN_COMPACT_CRASH_AT=<step>` kills the process with SIGKILL when it gets
+/// there; `GPUWARDEN_COMPACT_STOP_AT=<step>` stops it with SIGSTOP the first time it gets
+/// there (a holder paused past its lease: the test resumes it with SIGCONT).
+fn fault_point(step: &str) {
+    use rustix::process::{getpid, kill_process, Signal};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static STOPPED: AtomicBool = AtomicBool::new(false);
     if std::env::var("GPUWARDEN_COMPACT_CRASH_AT").is_ok_and(|at| at == step) {
         tracing::warn!(step, "GPUWARDEN_COMPACT_CRASH_AT: killing the process");
-        let _ =
-            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        let _ = kill_process(getpid(), Signal::KILL);
+    }
+    if std::env::var("GPUWARDEN_COMPACT_STOP_AT").is_ok_and(|at| at == step)
+        && !STOPPED.swap(true, Ordering::SeqCst)
+    {
+        tracing::warn!(step, "GPUWARDEN_COMPACT_STOP_AT: stopping the process");
+        let _ = kill_process(getpid(), Signal::STOP);
     }
 }
 
@@ -496,9 +513,9 @@ impl Compactor {
         let manifest = self.account_for_outputs(
             table,
             hour,
-            &relative_dir,
             (manifest, &mut version),
             &names,
+            lock.generation(),
             &mut report,
         )?;
         let mut shown = Vec::new();
@@ -549,12 +566,13 @@ impl Compactor {
                 wrote,
             });
         }
-        crash_point("outputs-written");
+        fault_point("outputs-written");
 
         let next = Manifest {
             generation,
             outputs: written.iter().map(|(name, _, _)| name.clone()).collect(),
             superseded: origin.superseded(),
+            fenced_by: None,
         };
         let bytes_in: u64 = files
             .iter()
@@ -562,13 +580,14 @@ impl Compactor {
             .map(|(_, size)| size)
             .sum();
         lock.check("committing a compaction")?;
+        fault_point("before-commit");
         self.write_manifest(&relative_dir, &next, &mut version)?;
-        crash_point("manifest-written");
+        fault_point("manifest-written");
 
         for (i, name) in inputs.iter().enumerate() {
             self.lake.remove(&relative_dir.join(name))?;
             if i == 0 {
-                crash_point("inputs-removing");
+                fault_point("inputs-removing");
             }
         }
         report.hours = 1;
@@ -603,17 +622,20 @@ impl Compactor {
     /// it without them). Newest generation first: a crashed run may follow a lost commit.
     /// Outputs that fit neither (no record, as written before the record existed; or fewer
     /// rows than recorded while inputs are gone) are [`CompactError::Unaccounted`]: rows may
-    /// exist nowhere else, so nothing is deleted. Returns the manifest to go on with.
+    /// exist nowhere else, so nothing is deleted. In a bucket, a crashed run's outputs are
+    /// removed only once the hour is fenced against its holder ([`Compactor::fence`]; `lease`
+    /// is this holder's lease generation). Returns the manifest to go on with.
     fn account_for_outputs(
         &self,
         table: Table,
         hour: i64,
-        dir: &Path,
-        (manifest, version): (Manifest, &mut StateVersion),
+        (mut manifest, version): (Manifest, &mut StateVersion),
         names: &[String],
+        lease: Option<u64>,
         report: &mut CompactReport,
     ) -> Result<Manifest, CompactError> {
-        let dir = &self.shown_dir(dir);
+        let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
+        let dir = &self.shown_dir(&relative_dir);
         if let Some(missing) = manifest.outputs.iter().find(|o| !names.contains(o)) {
             // Under the compaction lock nothing else commits: the manifest is not this hour's
             // (restored from a backup newer than the files), and the files it does not name
@@ -644,7 +666,6 @@ impl Compactor {
                 unnamed.entry(generation).or_default().push(name);
             }
         }
-        let relative_dir = PathBuf::from(table.name()).join(crate::lake::hour_partition(hour));
         let present: BTreeSet<&str> = names.iter().map(String::as_str).collect();
         for (generation, outputs) in unnamed.into_iter().rev() {
             let mut origin: Option<Origin> = None;
@@ -677,7 +698,11 @@ impl Compactor {
             }
             let origin = origin.expect("a generation listed has outputs");
             if origin.inputs().all(|i| present.contains(i.as_str())) {
-                // A compaction that crashed before its commit: its inputs hold every row.
+                // A compaction that crashed before its commit (or whose holder lost the role
+                // before it): its inputs hold every row.
+                if let Some(lease) = lease {
+                    manifest = self.fence(&relative_dir, manifest, version, lease)?;
+                }
                 for name in outputs {
                     report.leftovers_removed +=
                         usize::from(self.lake.remove(&relative_dir.join(name))?);
@@ -699,6 +724,7 @@ impl Compactor {
                 generation,
                 outputs: outputs.into_iter().cloned().collect(),
                 superseded: origin.superseded(),
+                fenced_by: None,
             };
             self.write_manifest(&relative_dir, &rebuilt, version)?;
             if matches!(table, Table::Samples | Table::LeaseEvents) {
@@ -923,6 +949,33 @@ impl Compactor {
             Role::Compaction,
         )?;
         Ok(())
+    }
+
+    /// Fences the hour in a bucket against a holder of the compaction role that lost it while
+    /// compacting the hour and has not noticed yet (paused, say, between its last check of the
+    /// lease and its commit): rewrites `manifest` as read, marked with this holder's `lease`
+    /// generation, conditional on `version`. That holder's commit is a write conditional on the
+    /// version it read, the same or an older one, so once this lands its commit is refused, and
+    /// its outputs may be removed without leaving a manifest that names files no longer there.
+    /// If its commit landed first, this write is refused ([`LakeError::Deposed`]): nothing is
+    /// removed, and the next run reads the hour as that commit left it.
+    fn fence(
+        &self,
+        relative_dir: &Path,
+        manifest: Manifest,
+        version: &mut StateVersion,
+        lease: u64,
+    ) -> Result<Manifest, CompactError> {
+        if manifest.fenced_by == Some(lease) {
+            // Fenced by this holder already: a body written again would keep its ETag.
+            return Ok(manifest);
+        }
+        let fenced = Manifest {
+            fenced_by: Some(lease),
+            ..manifest
+        };
+        self.write_manifest(relative_dir, &fenced, version)?;
+        Ok(fenced)
     }
 
     /// The hour's Parquet files (not temporaries): names, sorted, and sizes.
@@ -1295,6 +1348,7 @@ mod tests {
             superseded: [a.file_name(), b.file_name()]
                 .map(|n| n.unwrap().to_string_lossy().into_owned())
                 .into(),
+            fenced_by: None,
         }
         .write(&hour)
         .unwrap();
@@ -1486,6 +1540,7 @@ mod tests {
             generation: 1,
             outputs: vec!["compact-g1-0000.parquet".into()],
             superseded: BTreeSet::new(),
+            fenced_by: None,
         }
         .write(&hour)
         .unwrap();
