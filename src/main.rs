@@ -43,10 +43,66 @@ fn main() -> ExitCode {
     match cmd::run(cli.command) {
         Ok(code) => code,
         Err(err) => {
-            // `{:#}` prints the whole chain: "reading config: opening file: No such file…".
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_text(&err));
             tracing::debug!(error = ?err, "command failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined with ": ", as anyhow's `{:#}` joins them ("reading config:
+/// opening file: No such file…"), leaving out a cause whose text the error it caused already
+/// holds: object_store's errors, and the lake's around them, write their source into their own
+/// message, and the whole chain printed as it is said the same failed request three times over.
+fn chain_text(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut parent = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if parent.is_empty() || !parent.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        parent = text;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_text;
+
+    /// An error that writes its source into its own message, as object_store's do.
+    #[derive(Debug)]
+    struct Repeats(std::io::Error);
+
+    impl std::fmt::Display for Repeats {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "request failed: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn leaf(text: &str) -> std::io::Error {
+        std::io::Error::other(text.to_string())
+    }
+
+    #[test]
+    fn a_cause_already_said_by_its_parent_is_said_once() {
+        let err =
+            anyhow::Error::new(Repeats(leaf("connection refused"))).context("reading the lake");
+        assert_eq!(
+            chain_text(&err),
+            "reading the lake: request failed: connection refused"
+        );
+        let err = anyhow::Error::new(leaf("no such file")).context("opening the config");
+        assert_eq!(chain_text(&err), "opening the config: no such file");
     }
 }
