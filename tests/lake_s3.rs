@@ -239,6 +239,153 @@ fn ok(out: std::process::Output) -> String {
     stdout
 }
 
+/// The README's DuckDB query ("Reading the lake directly from DuckDB or Trino"), as written
+/// there, run by DuckDB with its httpfs extension against a lake in a bucket, answers what
+/// `gpuwarden sql` answers: also while an hour holds two versions of its rollup file (as after
+/// a crash between a write and the retiring of the older version), which the query must not
+/// count twice. Only the extension's loading and the secret's endpoint and keys are the test's
+/// own: DuckDB cannot download the extension here, and takes it from its PyPI package.
+#[test]
+fn duckdb_reads_the_rollups_in_a_bucket_as_the_readme_says() {
+    let python = support::venv_python(
+        "DuckDB with httpfs",
+        "import duckdb, duckdb_extension_httpfs",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // The README's bucket and prefix.
+    let server = S3Server::start(&dir.path().join("s3"), "gpuwarden-lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "prod"),
+    )
+    .unwrap();
+    let c = config.to_str().unwrap();
+    let input = dir.path().join("samples.jsonl");
+    let lines: Vec<String> = (0..3 * 720)
+        .map(|i| sample(i % 12, T0 + (i / 12) as i64 * 60_000))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    ok(gpuwarden(
+        &[
+            "ingest",
+            "--config",
+            c,
+            "--samples",
+            input.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let rolled = ok(gpuwarden(&["rollup", "--config", c], &[]));
+    assert!(rolled.contains("hours rolled up: 4"), "{rolled}");
+
+    // An older version of a whole hour's rollup file (the second hour: the first holds one
+    // minute) left beside the latest.
+    let latest = server
+        .keys("prod/rollups/team_hourly/")
+        .into_iter()
+        .filter(|k| k.ends_with(".parquet"))
+        .nth(1)
+        .expect("team_hourly files");
+    let stale = latest.replace(
+        &latest[latest.rfind(".v").unwrap()..],
+        ".v0000000000.parquet",
+    );
+    assert_ne!(stale, latest);
+    std::fs::copy(server.object_path(&latest), dir.path().join("copy")).unwrap();
+    {
+        use object_store::ObjectStoreExt as _;
+        let bytes = std::fs::read(dir.path().join("copy")).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(server.store().put(
+                &object_store::path::Path::from(stale.as_str()),
+                bytes.into(),
+            ))
+            .unwrap();
+    }
+
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let duckdb = readme
+        .split("-- DuckDB\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n-- Trino").next())
+        .expect("README.md has the DuckDB example");
+    let host = server.endpoint.trim_start_matches("http://");
+    let secret_at = duckdb
+        .find("CREATE SECRET")
+        .expect("the example creates a secret");
+    let secret_end = secret_at + duckdb[secret_at..].find(");").unwrap() + 2;
+    let script = format!(
+        "{}CREATE SECRET (TYPE s3, KEY_ID '{}', SECRET '{}', REGION '{}', ENDPOINT '{host}', \
+         URL_STYLE 'path', USE_SSL false);{}",
+        &duckdb[..secret_at].replace("INSTALL httpfs; LOAD httpfs;", ""),
+        support::s3::ACCESS_KEY,
+        support::s3::SECRET_KEY,
+        support::s3::REGION,
+        &duckdb[secret_end..],
+    );
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import glob, os, sys, duckdb, duckdb_extension_httpfs as h\n\
+             c = duckdb.connect()\n\
+             c.sql(\"LOAD '%s'\" % glob.glob(os.path.join(os.path.dirname(h.__file__), \
+             'extensions', '*', 'httpfs.duckdb_extension'))[0])\n\
+             *setup, query = [s for s in sys.argv[1].split(';') if s.strip()]\n\
+             [c.sql(s) for s in setup]\n\
+             [print('%s,%s' % row) for row in c.sql(query).fetchall()]",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let from_duckdb = ok(out);
+    let from_gpuwarden = ok(gpuwarden(
+        &[
+            "sql",
+            "--config",
+            c,
+            "--format",
+            "csv",
+            "SELECT team, round(sum(cost_usd), 2) AS cost_usd FROM team_hourly GROUP BY team \
+             ORDER BY 2 DESC",
+        ],
+        &[],
+    ));
+    let rows = |text: &str| -> Vec<(String, f64)> {
+        text.lines()
+            .filter(|l| !l.starts_with("team,"))
+            .map(|l| {
+                let (team, cost) = l.rsplit_once(',').unwrap();
+                (team.to_string(), cost.parse().unwrap())
+            })
+            .collect()
+    };
+    let (duck, ours) = (rows(&from_duckdb), rows(&from_gpuwarden));
+    assert!(
+        !ours.is_empty() && ours.iter().all(|(_, cost)| *cost > 0.0),
+        "{from_gpuwarden}"
+    );
+    assert_eq!(
+        duck.len(),
+        ours.len(),
+        "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
+    );
+    for ((team_d, cost_d), (team_o, cost_o)) in duck.iter().zip(&ours) {
+        assert_eq!(
+            team_d, team_o,
+            "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
+        );
+        assert!(
+            (cost_d - cost_o).abs() < 0.006,
+            "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
+        );
+    }
+}
+
 /// `storage.lake = "s3://…"` and nothing else: the endpoint, region and credentials come from
 /// the standard AWS environment variables, as on a machine with an instance role they come from
 /// it. `gpuwarden sql` answers from the bucket what it answers from a directory.
