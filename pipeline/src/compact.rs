@@ -115,12 +115,17 @@ impl Manifest {
         }
     }
 
-    /// Whether `listed` (the names a listing of the hour found) holds every current output: if
-    /// not, a compaction committed while the hour was listed, and it must be listed again.
-    pub fn complete_in<'a>(&self, listed: impl IntoIterator<Item = &'a str> + Clone) -> bool {
+    /// A current output that `listed` (the names a listing of the hour found) lacks, if any: a
+    /// compaction committed while the hour was listed, and it must be listed again (or the file
+    /// is gone, and the hour damaged).
+    pub fn missing_in<'a>(
+        &self,
+        listed: impl IntoIterator<Item = &'a str> + Clone,
+    ) -> Option<&str> {
         self.outputs
             .iter()
-            .all(|output| listed.clone().into_iter().any(|name| name == output))
+            .find(|output| !listed.clone().into_iter().any(|name| name == *output))
+            .map(String::as_str)
     }
 
     /// Whether a directory entry named `name` concerns compaction (a manifest or an output):
@@ -1355,9 +1360,12 @@ mod tests {
         assert_eq!(query(&lake, FIGURES), expected);
 
         // A manifest whose output a listing did not see is read again, not half-read.
-        assert!(!Manifest::read(&hour)
-            .unwrap()
-            .complete_in(["compact-g1-0000.parquet"]));
+        assert_eq!(
+            Manifest::read(&hour)
+                .unwrap()
+                .missing_in(["compact-g1-0000.parquet"]),
+            Some("compact-g1-0001.parquet")
+        );
 
         // The next compaction finishes the job: the inputs go, the rows stay.
         let done = compact(&lake, CompactOptions::default());
@@ -1548,6 +1556,20 @@ mod tests {
         let done = compact(&lake, small.clone());
         assert_eq!(done.compacted.skipped, [0, 1]);
         assert_eq!(names(&hour), before);
+        // A query says which file the manifest names and the hour lacks, not only to try again.
+        let error = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(crate::sql::query(&lake, "SELECT count(*) FROM samples"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(&format!(
+                "/{MANIFEST} names compact-g1-0000.parquet, which 5 listings in a row did not find"
+            )) && error.contains("`gpuwarden compact` says what to restore"),
+            "{error}"
+        );
 
         // A compacted file that records nothing (written before the record existed) is kept.
         let dir = tempfile::tempdir().unwrap();

@@ -629,15 +629,17 @@ impl ObjectStore for LakeReader {
         let inner = Arc::clone(&self.inner);
         let prefix = prefix.cloned();
         futures::stream::once(async move {
+            let mut unlisted = None;
             for _ in 0..crate::versions::RELISTS {
                 let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
                 let store = Arc::clone(&inner);
                 let read = move |dir: String| read_manifest(Arc::clone(&store), dir);
-                if let Some(shown) = crate::versions::shown(listed, read).await? {
-                    return Ok(shown);
+                match crate::versions::shown(listed, read).await? {
+                    Ok(shown) => return Ok(shown),
+                    Err(missing) => unlisted = Some(missing),
                 }
             }
-            Err(crate::versions::relisted("S3", prefix.as_ref()))
+            Err(crate::versions::relisted("S3", prefix.as_ref(), unlisted))
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -645,18 +647,20 @@ impl ObjectStore for LakeReader {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let mut unlisted = None;
         for _ in 0..crate::versions::RELISTS {
             let mut listed = self.inner.list_with_delimiter(prefix).await?;
             let store = Arc::clone(&self.inner);
             let read = move |dir: String| read_manifest(Arc::clone(&store), dir);
-            if let Some(shown) =
-                crate::versions::shown(std::mem::take(&mut listed.objects), read).await?
-            {
-                listed.objects = shown;
-                return Ok(listed);
+            match crate::versions::shown(std::mem::take(&mut listed.objects), read).await? {
+                Ok(shown) => {
+                    listed.objects = shown;
+                    return Ok(listed);
+                }
+                Err(missing) => unlisted = Some(missing),
             }
         }
-        Err(crate::versions::relisted("S3", prefix))
+        Err(crate::versions::relisted("S3", prefix, unlisted))
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

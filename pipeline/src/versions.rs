@@ -39,7 +39,7 @@ use datafusion::prelude::SessionContext;
 use futures::stream::{BoxStream, StreamExt as _, TryStreamExt as _};
 use gpuwarden_schema::clock::wall_now_s;
 
-use crate::compact::Manifest;
+use crate::compact::{Manifest, MANIFEST};
 
 /// How long a replaced or removed lake file stays readable by queries that listed it.
 pub const RETAIN: Duration = Duration::from_secs(10 * 60);
@@ -214,15 +214,24 @@ fn error(path: &FsPath, source: std::io::Error) -> datafusion::object_store::Err
 /// How many times a listing is taken again when compactions keep committing under it.
 pub(crate) const RELISTS: usize = 5;
 
+/// An output an hour's compaction manifest names that a listing of the hour did not find.
+#[derive(Debug)]
+pub(crate) struct Unlisted {
+    /// The hour directory's key.
+    dir: String,
+    /// The output's name.
+    output: String,
+}
+
 /// The files of `listed` that are part of their tables: in an hour with a compaction manifest,
 /// the ones it shows ([`Manifest::shows`]); `manifest` reads an hour's manifest given the hour
-/// directory's key. `None` when a manifest names an output the listing did not find: a
+/// directory's key. [`Unlisted`] when a manifest names an output the listing did not find: a
 /// compaction committed while the hour was listed, so it must be listed again. Shared by every
 /// store the lake is read through (a directory's [`VersionedFs`], an object store's reader).
 pub(crate) async fn shown<F, Fut>(
     listed: Vec<ObjectMeta>,
     manifest: F,
-) -> Result<Option<Vec<ObjectMeta>>>
+) -> Result<std::result::Result<Vec<ObjectMeta>, Unlisted>>
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Manifest>>,
@@ -243,7 +252,7 @@ where
         }
     }
     if compacted.is_empty() {
-        return Ok(Some(listed));
+        return Ok(Ok(listed));
     }
     for meta in &listed {
         let (dir, name) = dir_of(meta);
@@ -254,22 +263,21 @@ where
     let mut manifests = BTreeMap::new();
     for (dir, names) in compacted {
         let manifest = manifest(dir.clone()).await?;
-        if !manifest.complete_in(names.iter().map(String::as_str)) {
-            return Ok(None);
+        if let Some(output) = manifest.missing_in(names.iter().map(String::as_str)) {
+            let output = output.to_owned();
+            return Ok(Err(Unlisted { dir, output }));
         }
         manifests.insert(dir, manifest);
     }
-    Ok(Some(
-        listed
-            .into_iter()
-            .filter(|meta| {
-                let (dir, name) = dir_of(meta);
-                manifests
-                    .get(&dir)
-                    .is_none_or(|manifest| manifest.shows(&name))
-            })
-            .collect(),
-    ))
+    Ok(Ok(listed
+        .into_iter()
+        .filter(|meta| {
+            let (dir, name) = dir_of(meta);
+            manifests
+                .get(&dir)
+                .is_none_or(|manifest| manifest.shows(&name))
+        })
+        .collect()))
 }
 
 /// A file the lake replaces whole under a new name at each write, in a bucket
@@ -316,18 +324,28 @@ async fn local_manifest(inner: &LocalFileSystem, dir: String) -> Result<Manifest
     Manifest::read(&path).map_err(|e| error(&path, e))
 }
 
+/// The error of a listing of `prefix` that found, each of the [`RELISTS`] times it was taken,
+/// an output a manifest names missing (`unlisted`, the last time).
 pub(crate) fn relisted(
     store: &'static str,
     prefix: Option<&Path>,
+    unlisted: Option<Unlisted>,
 ) -> datafusion::object_store::Error {
-    datafusion::object_store::Error::Generic {
-        store,
-        source: format!(
+    let what = match unlisted {
+        Some(Unlisted { dir, output }) => format!(
+            "{dir}/{MANIFEST} names {output}, which {RELISTS} listings in a row did not find: \
+             either compactions kept committing while the query listed the lake (run it again), \
+             or the file is gone and the hour damaged (`gpuwarden compact` says what to restore)"
+        ),
+        None => format!(
             "{}: compactions kept replacing files while it was listed {RELISTS} times; run the \
              query again",
             prefix.map_or("the lake", |p| p.as_ref())
-        )
-        .into(),
+        ),
+    };
+    datafusion::object_store::Error::Generic {
+        store,
+        source: what.into(),
     }
 }
 
@@ -403,13 +421,15 @@ impl ObjectStore for VersionedFs {
         let prefix = prefix.cloned();
         futures::stream::once(async move {
             let fs: &LocalFileSystem = &inner;
+            let mut unlisted = None;
             for _ in 0..RELISTS {
                 let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
-                if let Some(shown) = shown(listed, |dir| local_manifest(fs, dir)).await? {
-                    return Ok(shown);
+                match shown(listed, |dir| local_manifest(fs, dir)).await? {
+                    Ok(shown) => return Ok(shown),
+                    Err(missing) => unlisted = Some(missing),
                 }
             }
-            Err(relisted("VersionedFs", prefix.as_ref()))
+            Err(relisted("VersionedFs", prefix.as_ref(), unlisted))
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -418,16 +438,20 @@ impl ObjectStore for VersionedFs {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let mut unlisted = None;
         for _ in 0..RELISTS {
             let mut listed = self.inner.list_with_delimiter(prefix).await?;
             let objects = std::mem::take(&mut listed.objects);
             let fs: &LocalFileSystem = &self.inner;
-            if let Some(shown) = shown(objects, |dir| local_manifest(fs, dir)).await? {
-                listed.objects = shown.into_iter().map(Self::name_version).collect();
-                return Ok(listed);
+            match shown(objects, |dir| local_manifest(fs, dir)).await? {
+                Ok(shown) => {
+                    listed.objects = shown.into_iter().map(Self::name_version).collect();
+                    return Ok(listed);
+                }
+                Err(missing) => unlisted = Some(missing),
             }
         }
-        Err(relisted("VersionedFs", prefix))
+        Err(relisted("VersionedFs", prefix, unlisted))
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
