@@ -143,6 +143,33 @@ impl Files<'_> {
     }
 }
 
+/// A lake under `fleet` of a bucket of an S3 server of the test's own, with samples kept forever
+/// and `lease_ttl = "3s"` (a killed run's role is free 3 s later), and the config reaching it.
+fn bucket_lake(dir: &Path) -> (S3Server, PathBuf) {
+    let server = S3Server::start(&dir.join("s3"), "lake");
+    let config = dir.join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}lease_ttl = \"3s\"\n{KEEP}",
+            server.storage_config(&dir.join("data"), "fleet")
+        ),
+    )
+    .unwrap();
+    (server, config)
+}
+
+/// Three sources' samples, 4 GPUs each over 2 hours: three files in each hour.
+fn ingest_parts(dir: &Path, config: &Path) {
+    for part in 0..3 {
+        ingest_samples(
+            config,
+            &dir.join(format!("part{part}.jsonl")),
+            &lines(part * 4..part * 4 + 4, 2),
+        );
+    }
+}
+
 /// `gpuwarden compact`'s output. A bucket's compaction role stays with a killed run until its
 /// lease expires (the tests' `lease_ttl` is 3 s): a run that finds it held (exit 2) is tried
 /// again until then.
@@ -176,16 +203,7 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
 #[test]
 fn a_compaction_in_a_bucket_killed_at_any_step_leaves_every_row_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let server = S3Server::start(&dir.path().join("s3"), "lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}lease_ttl = \"3s\"\n{KEEP}",
-            server.storage_config(&dir.path().join("data"), "fleet")
-        ),
-    )
-    .unwrap();
+    let (server, config) = bucket_lake(dir.path());
     killed_at_any_step(dir.path(), &config, &Files::Bucket(&server, "fleet"));
 }
 
@@ -193,13 +211,7 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     let config = config.to_path_buf();
     let lake = files.root();
     let figures = || config_lake_i64(&config, FIGURES);
-    for part in 0..3 {
-        ingest_samples(
-            &config,
-            &dir.join(format!("part{part}.jsonl")),
-            &lines(part * 4..part * 4 + 4, 2),
-        );
-    }
+    ingest_parts(dir, &config);
     let mut expected = figures();
     assert_eq!(expected / 1_000_000_000, 3 * 4 * 1_440);
     let first = files_per_hour(&lake);
@@ -365,23 +377,8 @@ fn resume(child: &std::process::Child) {
 #[test]
 fn a_compactor_paused_past_its_lease_cannot_commit_over_the_one_that_took_its_role() {
     let dir = tempfile::tempdir().unwrap();
-    let server = S3Server::start(&dir.path().join("s3"), "lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}lease_ttl = \"3s\"\n{KEEP}",
-            server.storage_config(&dir.path().join("data"), "fleet")
-        ),
-    )
-    .unwrap();
-    for part in 0..3 {
-        ingest_samples(
-            &config,
-            &dir.path().join(format!("part{part}.jsonl")),
-            &lines(part * 4..part * 4 + 4, 2),
-        );
-    }
+    let (server, config) = bucket_lake(dir.path());
+    ingest_parts(dir.path(), &config);
     let figures = || config_lake_i64(&config, FIGURES);
     let expected = figures();
 
