@@ -629,17 +629,11 @@ impl ObjectStore for LakeReader {
         let inner = Arc::clone(&self.inner);
         let prefix = prefix.cloned();
         futures::stream::once(async move {
-            let mut unlisted = None;
-            for _ in 0..crate::versions::RELISTS {
-                let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
-                let store = Arc::clone(&inner);
-                let read = move |dir: String| read_manifest(Arc::clone(&store), dir);
-                match crate::versions::shown(listed, read).await? {
-                    Ok(shown) => return Ok(shown),
-                    Err(missing) => unlisted = Some(missing),
-                }
-            }
-            Err(crate::versions::relisted("S3", prefix.as_ref(), unlisted))
+            let (store, prefix) = (&inner, prefix.as_ref());
+            let list = move || async move { Ok((store.list(prefix).try_collect().await?, ())) };
+            let read = |dir: String| read_manifest(Arc::clone(store), dir);
+            let shown = crate::versions::list_shown("S3", prefix, list, read).await;
+            shown.map(|(shown, ())| shown)
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -647,20 +641,15 @@ impl ObjectStore for LakeReader {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let mut unlisted = None;
-        for _ in 0..crate::versions::RELISTS {
-            let mut listed = self.inner.list_with_delimiter(prefix).await?;
-            let store = Arc::clone(&self.inner);
-            let read = move |dir: String| read_manifest(Arc::clone(&store), dir);
-            match crate::versions::shown(std::mem::take(&mut listed.objects), read).await? {
-                Ok(shown) => {
-                    listed.objects = shown;
-                    return Ok(listed);
-                }
-                Err(missing) => unlisted = Some(missing),
-            }
-        }
-        Err(crate::versions::relisted("S3", prefix, unlisted))
+        let store = &self.inner;
+        let list = move || async move {
+            let mut listed = store.list_with_delimiter(prefix).await?;
+            Ok((std::mem::take(&mut listed.objects), listed))
+        };
+        let read = |dir: String| read_manifest(Arc::clone(store), dir);
+        let (shown, mut listed) = crate::versions::list_shown("S3", prefix, list, read).await?;
+        listed.objects = shown;
+        Ok(listed)
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

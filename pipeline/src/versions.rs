@@ -216,19 +216,47 @@ pub(crate) const RELISTS: usize = 5;
 
 /// An output an hour's compaction manifest names that a listing of the hour did not find.
 #[derive(Debug)]
-pub(crate) struct Unlisted {
+struct Unlisted {
     /// The hour directory's key.
     dir: String,
     /// The output's name.
     output: String,
 }
 
+/// A listing of the lake as its readers see it, shared by every store the lake is read through
+/// (a directory's [`VersionedFs`], an object store's reader): `list` lists, answering the
+/// objects and whatever else the listing carries (a delimiter listing's common prefixes, handed
+/// back as they are), and only the objects [`shown`] shows are kept. While a manifest names an
+/// output the listing missed (a compaction committed meanwhile), the lake is listed again, up to
+/// [`RELISTS`] times, and then the listing fails ([`relisted`]).
+pub(crate) async fn list_shown<T, L, LFut, F, Fut>(
+    store: &'static str,
+    prefix: Option<&Path>,
+    list: L,
+    manifest: F,
+) -> Result<(Vec<ObjectMeta>, T)>
+where
+    L: Fn() -> LFut,
+    LFut: std::future::Future<Output = Result<(Vec<ObjectMeta>, T)>>,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Manifest>>,
+{
+    let mut unlisted = None;
+    for _ in 0..RELISTS {
+        let (listed, rest) = list().await?;
+        match shown(listed, &manifest).await? {
+            Ok(shown) => return Ok((shown, rest)),
+            Err(missing) => unlisted = Some(missing),
+        }
+    }
+    Err(relisted(store, prefix, unlisted))
+}
+
 /// The files of `listed` that are part of their tables: in an hour with a compaction manifest,
 /// the ones it shows ([`Manifest::shows`]); `manifest` reads an hour's manifest given the hour
 /// directory's key. [`Unlisted`] when a manifest names an output the listing did not find: a
-/// compaction committed while the hour was listed, so it must be listed again. Shared by every
-/// store the lake is read through (a directory's [`VersionedFs`], an object store's reader).
-pub(crate) async fn shown<F, Fut>(
+/// compaction committed while the hour was listed, so it must be listed again.
+async fn shown<F, Fut>(
     listed: Vec<ObjectMeta>,
     manifest: F,
 ) -> Result<std::result::Result<Vec<ObjectMeta>, Unlisted>>
@@ -326,7 +354,7 @@ async fn local_manifest(inner: &LocalFileSystem, dir: String) -> Result<Manifest
 
 /// The error of a listing of `prefix` that found, each of the [`RELISTS`] times it was taken,
 /// an output a manifest names missing (`unlisted`, the last time).
-pub(crate) fn relisted(
+fn relisted(
     store: &'static str,
     prefix: Option<&Path>,
     unlisted: Option<Unlisted>,
@@ -421,15 +449,10 @@ impl ObjectStore for VersionedFs {
         let prefix = prefix.cloned();
         futures::stream::once(async move {
             let fs: &LocalFileSystem = &inner;
-            let mut unlisted = None;
-            for _ in 0..RELISTS {
-                let listed: Vec<ObjectMeta> = inner.list(prefix.as_ref()).try_collect().await?;
-                match shown(listed, |dir| local_manifest(fs, dir)).await? {
-                    Ok(shown) => return Ok(shown),
-                    Err(missing) => unlisted = Some(missing),
-                }
-            }
-            Err(relisted("VersionedFs", prefix.as_ref(), unlisted))
+            let prefix = prefix.as_ref();
+            let list = move || async move { Ok((fs.list(prefix).try_collect().await?, ())) };
+            let shown = list_shown("VersionedFs", prefix, list, |dir| local_manifest(fs, dir));
+            shown.await.map(|(shown, ())| shown)
         })
         .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
         .try_flatten()
@@ -438,20 +461,15 @@ impl ObjectStore for VersionedFs {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let mut unlisted = None;
-        for _ in 0..RELISTS {
-            let mut listed = self.inner.list_with_delimiter(prefix).await?;
-            let objects = std::mem::take(&mut listed.objects);
-            let fs: &LocalFileSystem = &self.inner;
-            match shown(objects, |dir| local_manifest(fs, dir)).await? {
-                Ok(shown) => {
-                    listed.objects = shown.into_iter().map(Self::name_version).collect();
-                    return Ok(listed);
-                }
-                Err(missing) => unlisted = Some(missing),
-            }
-        }
-        Err(relisted("VersionedFs", prefix, unlisted))
+        let fs: &LocalFileSystem = &self.inner;
+        let list = move || async move {
+            let mut listed = fs.list_with_delimiter(prefix).await?;
+            Ok((std::mem::take(&mut listed.objects), listed))
+        };
+        let (shown, mut listed) =
+            list_shown("VersionedFs", prefix, list, |dir| local_manifest(fs, dir)).await?;
+        listed.objects = shown.into_iter().map(Self::name_version).collect();
+        Ok(listed)
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
