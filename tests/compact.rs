@@ -298,15 +298,9 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     assert_eq!(files_per_hour(&lake)[1], 1);
 }
 
-/// Whether the process `pid` is stopped (by SIGSTOP), as /proc says.
+/// Whether the process `pid` is stopped (by SIGSTOP).
 fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            Some(state == 'T')
-        })
-        .unwrap_or(false)
+    support::process_state(pid) == Some('T')
 }
 
 /// `gpuwarden compact` with `GPUWARDEN_COMPACT_STOP_AT=before-commit`, once it has stopped

@@ -386,12 +386,7 @@ fn local_pid(dir: &Path, id: &str) -> i32 {
 
 fn alive(pid: i32) -> bool {
     // A zombie (exited, not yet reaped by whoever inherited it) is not alive.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-        })
-        .unwrap_or(false)
+    support::process_state(pid as u32).is_some_and(|state| state != 'Z')
 }
 
 /// Waits (up to 10 s) until `pid` is alive no more.

@@ -588,6 +588,14 @@ pub fn ingest_samples(config: &Path, file: &Path, lines: &str) {
     );
 }
 
+/// The state of process `pid` as /proc/<pid>/stat gives it (`R` running, `S` sleeping, `T`
+/// stopped, `Z` a zombie, …); `None` once it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (2nd field) is in parentheses and may hold anything; the state follows it.
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// CPU time, in clock ticks, the SQL query threads (`gpuwarden-sql`) of process `pid` have used
 /// so far.
 pub fn sql_threads_cpu(pid: u32) -> u64 {
