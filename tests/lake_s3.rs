@@ -60,9 +60,30 @@ fn count(lake: &Lake, dir: &str) -> usize {
 /// What every lake does, wherever it is: `exists` says whether a file (relative to the lake's
 /// root) is in the lake, looked at from outside it.
 fn lake_contract(lake: &Lake, exists: &dyn Fn(&Path) -> bool) {
-    let a = Lake::file_name("samples", T0, "t-p0", 10, 19);
-    let b = Lake::file_name("samples", T0 + HOUR, "t-p0", 10, 19);
-    let c = Lake::file_name("signals", T0, "t-p0", 10, 19);
+    let a = Lake::file_name(
+        "samples",
+        T0,
+        "t-p0",
+        10,
+        19,
+        gpuwarden_pipeline::buffer::ContentDigest(0),
+    );
+    let b = Lake::file_name(
+        "samples",
+        T0 + HOUR,
+        "t-p0",
+        10,
+        19,
+        gpuwarden_pipeline::buffer::ContentDigest(0),
+    );
+    let c = Lake::file_name(
+        "signals",
+        T0,
+        "t-p0",
+        10,
+        19,
+        gpuwarden_pipeline::buffer::ContentDigest(0),
+    );
 
     // A flush: journalled, written, then its files are what recovery looks at.
     lake.write_intent(&Intent {
@@ -243,8 +264,9 @@ fn ok(out: std::process::Output) -> String {
 /// there, run by DuckDB with its httpfs extension against a lake in a bucket, answers what
 /// `gpuwarden sql` answers: also while an hour holds two versions of its rollup file (as after
 /// a crash between a write and the retiring of the older version), which the query must not
-/// count twice. Only the extension's loading and the secret's endpoint and keys are the test's
-/// own: DuckDB cannot download the extension here, and takes it from its PyPI package.
+/// count twice. DuckDB cannot download the extension here: it is loaded from its PyPI package,
+/// found by the README's command for a machine without internet access. Only the secret's
+/// endpoint, keys and `USE_SSL false` (the tests' server is plain HTTP) are the test's own.
 #[test]
 fn duckdb_reads_the_rollups_in_a_bucket_as_the_readme_says() {
     let python = support::venv_python(
@@ -328,17 +350,32 @@ fn duckdb_reads_the_rollups_in_a_bucket_as_the_readme_says() {
         support::s3::REGION,
         &duckdb[secret_end..],
     );
+    // The extension's file, found by the README's own command for a machine without internet.
+    let finder = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("python3 -c \"import duckdb_extension_httpfs"))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("README.md says how to find the httpfs extension's file");
+    let extension = ok(Command::new(&python)
+        .args(["-c", &format!("import duckdb_extension_httpfs{finder}")])
+        .output()
+        .unwrap());
+    let extension = extension.trim();
+    assert!(
+        extension.ends_with("httpfs.duckdb_extension"),
+        "{extension}"
+    );
     let out = Command::new(&python)
         .args([
             "-c",
-            "import glob, os, sys, duckdb, duckdb_extension_httpfs as h\n\
+            "import sys, duckdb\n\
              c = duckdb.connect()\n\
-             c.sql(\"LOAD '%s'\" % glob.glob(os.path.join(os.path.dirname(h.__file__), \
-             'extensions', '*', 'httpfs.duckdb_extension'))[0])\n\
+             c.sql(\"LOAD '%s'\" % sys.argv[2])\n\
              *setup, query = [s for s in sys.argv[1].split(';') if s.strip()]\n\
              [c.sql(s) for s in setup]\n\
              [print('%s,%s' % row) for row in c.sql(query).fetchall()]",
             &script,
+            extension,
         ])
         .output()
         .unwrap();
@@ -939,6 +976,7 @@ fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_file
             "gpuwarden.samples-p0",
             f * per_file,
             (f + 1) * per_file - 1,
+            gpuwarden_pipeline::buffer::ContentDigest(0),
         );
         lake.write(&name, &batch, "samples", T0).unwrap();
     }

@@ -348,6 +348,40 @@ fn produce_samples(bootstrap: &str, first: usize, count: usize) {
     );
 }
 
+/// A broker that starts again empty (the embedded one of `gpuwarden up`, a restarted `gpuwarden
+/// broker`, a topic deleted and created again) numbers its offsets from 0 again: the files of the
+/// new records, though they hold the same partitions' same offsets in the same hour, must not
+/// replace the files of the records before.
+#[test]
+fn a_broker_started_again_from_offset_zero_replaces_no_file_of_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("data/lake");
+    for round in 0..2 {
+        let broker_dir = dir.path().join(format!("broker-{round}"));
+        std::fs::create_dir_all(&broker_dir).unwrap();
+        let broker = Broker::start(&broker_dir);
+        let config = config(dir.path(), &broker.bootstrap);
+        // The same keys in the same order, so the same partitions and offsets; other times.
+        produce_samples(&broker.bootstrap, round * 10, 640);
+        let (pipeline, _) = start_pipeline(&config);
+        let want = 640 * (round as i64 + 1);
+        eventually(
+            "the round's samples",
+            Duration::from_secs(60),
+            || match distinct_samples(&lake) {
+                n if n == want => Ok(()),
+                n => Err(format!(
+                    "{n} of {want} samples; log:\n{}",
+                    pipeline.log.join("\n")
+                )),
+            },
+        );
+        let (status, _) = pipeline.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{status}");
+    }
+    assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 1_280);
+}
+
 /// Distinct samples in the lake; 0 while recovery leaves no file to read.
 fn distinct_samples(lake: &Path) -> i64 {
     support::try_lake_i64(
@@ -669,6 +703,107 @@ fn ingest_backfills(dir: &Path, config: &Path) {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to ingest"));
+}
+
+/// Two exports with the same base name and line count for the same hour, and two reads of
+/// standard input, each keep their rows: a file is named after what it holds, not only where it
+/// came from. The same content ingested again stays idempotent. On a directory and a bucket.
+#[test]
+fn ingests_of_other_content_under_the_same_name_add_and_the_same_content_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    ingests_by_content(dir.path(), &storage_config(dir.path()));
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let config = dir.path().join("s3.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("s3-data"), "gpuwarden"),
+    )
+    .unwrap();
+    ingests_by_content(dir.path(), &config);
+}
+
+fn ingests_by_content(dir: &Path, config: &Path) {
+    let export = |gpu: usize| -> String {
+        (0..30)
+            .map(|i| sample(gpu, T0 + i * 5_000) + "\n")
+            .collect()
+    };
+    let ingest = |args: &[&str], stdin: Option<&str>| -> String {
+        use std::io::Write as _;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args(["ingest", "--config", config.to_str().unwrap()])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let gpus = || {
+        config_lake_i64(
+            config,
+            "SELECT count(DISTINCT gpu_uuid) * 1000 + count(*) FROM samples",
+        )
+    };
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for (d, gpu) in [(&a, 1), (&b, 2)] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("late.jsonl"), export(gpu)).unwrap();
+    }
+    let (a, b) = (a.join("late.jsonl"), b.join("late.jsonl"));
+
+    let out = ingest(&["--samples", a.to_str().unwrap()], None);
+    assert!(out.contains("30 written"), "{out}");
+    assert_eq!(gpus(), 1_030);
+    let out = ingest(&["--samples", b.to_str().unwrap()], None);
+    assert!(out.contains("30 written"), "{out}");
+    assert_eq!(gpus(), 2_060, "b/late.jsonl adds to a/late.jsonl");
+    // The same content again, from either path or from standard input's twin below, replaces.
+    ingest(&["--samples", a.to_str().unwrap()], None);
+    ingest(&["--samples", b.to_str().unwrap()], None);
+    assert_eq!(gpus(), 2_060, "the same files again count once");
+
+    // Two different reads of standard input, each of one GPU's 30 samples.
+    let out = ingest(&["--samples", "-"], Some(&export(3)));
+    assert!(
+        out.contains("stdin: 30 samples records read, 30 written"),
+        "{out}"
+    );
+    ingest(&["--samples", "-"], Some(&export(4)));
+    assert_eq!(gpus(), 4_120, "the second read of standard input adds");
+    ingest(&["--samples", "-"], Some(&export(3)));
+    assert_eq!(gpus(), 4_120, "the same standard input again counts once");
+    // Compaction keeps it so: a superseded name is the same content, never other content.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["compact", "--config", config.to_str().unwrap()])
+        .args(["--watermark", "2026-01-02T00:00:00Z"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(gpus(), 4_120, "compaction changes no count");
+    ingest(&["--samples", b.to_str().unwrap()], None);
+    std::fs::write(&b, export(5)).unwrap();
+    ingest(&["--samples", b.to_str().unwrap()], None);
+    assert_eq!(
+        gpus(),
+        5_150,
+        "after compaction, the same content is hidden and new content under the old name shows"
+    );
 }
 
 #[test]

@@ -287,6 +287,7 @@ fn main() {
                     &format!("gpuwarden.samples-p{p}"),
                     first,
                     offsets[p] - 1,
+                    gpuwarden_pipeline::buffer::ContentDigest(0),
                 );
                 lake.write(&name, &batch, "samples", hour_ms).unwrap();
             }

@@ -1,7 +1,9 @@
 //! Rows waiting to be written: decoded straight from message bytes into per-table, per-hour
 //! Arrow builders (samples) or record lists (the low-volume tables), with bad records turned
 //! into quarantine rows. One [`SourceBuffer`] holds one Kafka partition's (or one file chunk's)
-//! rows between flushes, with the offset range they came from.
+//! rows between flushes, with the offset range they came from and a digest of the records'
+//! bytes: a lake file is named after both, so that the same records written again replace their
+//! file and other records never do (docs/ARCHITECTURE.md#atomic-and-idempotent-writes).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field, Schema};
 use gpuwarden_schema::sample_row::{SampleBuilder, SampleCapacity, SampleRow};
 use gpuwarden_schema::{topics, Action, DecodeError, LeaseEvent, Record, Signal};
+use sha2::{Digest as _, Sha256};
 
 use crate::bounds::{Bounds, Direction, HostSkews, OutOfBounds};
 use crate::lake::hour_of;
@@ -212,6 +215,8 @@ pub struct Sealed {
     pub first: i64,
     /// Last offset (or line) included.
     pub last: i64,
+    /// What the records were: see [`ContentDigest`].
+    pub digest: ContentDigest,
     /// The batches.
     pub batches: Vec<(Table, i64, RecordBatch)>,
     /// About how much memory they hold.
@@ -225,9 +230,42 @@ pub struct SourceBuffer {
     sizes: BTreeMap<i64, SampleCapacity>,
     first: Option<i64>,
     last: i64,
+    digest: Sha256,
     rows: usize,
     bytes: usize,
     started: Option<Instant>,
+}
+
+/// The first 64 bits of the SHA-256 of the records a buffer took, each as its offset (or line
+/// number), its length and its bytes, in the order taken. Two sources' records that share a name
+/// and an offset range (two exports called `late.jsonl`, two reads of standard input, a topic
+/// recreated or a broker restarted from offset 0) differ here, so their files do too; the same
+/// records read again give the same digest, so a replay rewrites its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContentDigest(pub u64);
+
+impl ContentDigest {
+    /// The digest of a sequence of digests (a file made of several chunks' rows), in order.
+    pub fn of_parts(parts: &[ContentDigest]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update(part.0.to_le_bytes());
+        }
+        Self::finish(hasher)
+    }
+
+    fn finish(hasher: Sha256) -> Self {
+        let hash = hasher.finalize();
+        Self(u64::from_be_bytes(
+            hash[..8].try_into().expect("SHA-256 is 32 bytes"),
+        ))
+    }
+}
+
+impl std::fmt::Display for ContentDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
 }
 
 impl std::fmt::Debug for SourceBuffer {
@@ -247,6 +285,7 @@ impl Default for SourceBuffer {
             sizes: BTreeMap::new(),
             first: None,
             last: -1,
+            digest: Sha256::new(),
             rows: 0,
             bytes: 0,
             started: None,
@@ -278,10 +317,7 @@ impl SourceBuffer {
         arrival: &Arrival<'_>,
         skews: Option<&mut HostSkews>,
     ) -> Outcome {
-        self.first.get_or_insert(offset);
-        self.last = self.last.max(offset);
-        self.started.get_or_insert_with(Instant::now);
-        self.rows += 1;
+        self.took(offset, payload);
         let (field, reason, outcome) = match self.decode(table, payload, arrival, skews) {
             Ok(()) => return Outcome::Accepted(table),
             Err(Refusal::Invalid(err)) => (
@@ -310,11 +346,19 @@ impl SourceBuffer {
     /// Buffers a quarantine row for the record at `row.offset`, refused before decoding (its
     /// signature did not check out), keeping the offsets as [`Self::add`] does.
     pub fn refuse(&mut self, row: QuarantineRow) {
-        self.first.get_or_insert(row.offset);
-        self.last = self.last.max(row.offset);
+        self.took(row.offset, &row.raw);
+        self.quarantine(row);
+    }
+
+    /// Counts the record at `offset` in the range, the digest and the rows.
+    fn took(&mut self, offset: i64, payload: &[u8]) {
+        self.first.get_or_insert(offset);
+        self.last = self.last.max(offset);
         self.started.get_or_insert_with(Instant::now);
         self.rows += 1;
-        self.quarantine(row);
+        self.digest.update(offset.to_le_bytes());
+        self.digest.update((payload.len() as u64).to_le_bytes());
+        self.digest.update(payload);
     }
 
     /// Buffers a quarantine row for a record refused before decoding (e.g. an unknown topic).
@@ -445,10 +489,67 @@ impl SourceBuffer {
         let sealed = Sealed {
             first,
             last: self.last,
+            digest: ContentDigest::finish(std::mem::take(&mut self.digest)),
             batches,
             bytes: self.bytes,
         };
         *self = Self::default();
         Ok(Some(sealed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sealed(payloads: &[(i64, &str)]) -> Sealed {
+        let bounds = Bounds::none();
+        let arrival = Arrival {
+            ms: 0,
+            bounds: &bounds,
+        };
+        let mut buffer = SourceBuffer::default();
+        for (offset, payload) in payloads {
+            buffer.add(
+                Table::Samples,
+                payload.as_bytes(),
+                "t",
+                0,
+                *offset,
+                &arrival,
+                None,
+            );
+        }
+        buffer.seal().unwrap().unwrap()
+    }
+
+    fn sample(gpu: &str) -> String {
+        format!(
+            r#"{{"v":1,"ts_ms":1000,"interval_ms":1000,"host":"h","gpu_uuid":"{gpu}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
+        )
+    }
+
+    #[test]
+    fn the_digest_names_the_records_not_only_their_offsets() {
+        let (a, b) = (sample("GPU-a"), sample("GPU-b"));
+        let first = sealed(&[(0, &a), (1, "not json")]);
+        assert_eq!(
+            first.digest,
+            sealed(&[(0, &a), (1, "not json")]).digest,
+            "the same records again: the same digest"
+        );
+        for other in [
+            sealed(&[(0, &b), (1, "not json")]),
+            sealed(&[(0, &a), (1, "not json!")]),
+            sealed(&[(1, &a), (2, "not json")]),
+            sealed(&[(0, &a)]),
+        ] {
+            assert_ne!(other.digest, first.digest, "{other:?}");
+        }
+        // A record's bytes cannot shift into its neighbour's unnoticed.
+        assert_ne!(
+            sealed(&[(0, "ab"), (1, "c")]).digest,
+            sealed(&[(0, "a"), (1, "bc")]).digest
+        );
     }
 }

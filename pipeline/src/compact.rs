@@ -10,7 +10,7 @@
 //! - `outputs`: the files of the current generation;
 //! - `superseded`: the names of the ingest files whose rows the outputs hold;
 //! - `fenced_by` (in a bucket, when set): the lease generation of the compactor that last fenced
-//!   the hour against an older holder's late commit ([`Compactor::fence`]).
+//!   the hour against an older holder's late commit (`Compactor::fence`).
 //!
 //! A reader ([`Manifest::shows`], applied by [`crate::versions::VersionedFs`] to every listing)
 //! reads an hour as its manifest says: the current outputs, and every other file that is not a
@@ -21,10 +21,10 @@
 //! crashed one left. A reader lists the hour before it reads the manifest; if the manifest names
 //! an output the listing missed (a compaction committed while it listed), it lists again.
 //!
-//! Each output also records its compaction in its Parquet metadata ([`Origin`]): outputs no
+//! Each output also records its compaction in its Parquet metadata (`Origin`): outputs no
 //! manifest names are either a crashed run's (every file it read is still there) or a committed
 //! run's whose manifest was lost since (some are gone), and in the second case the manifest is
-//! rebuilt from them rather than the rows deleted ([`Compactor::account_for_outputs`]). An hour
+//! rebuilt from them rather than the rows deleted (`Compactor::account_for_outputs`). An hour
 //! whose manifest is damaged, or whose outputs cannot be placed, is logged, counted and skipped;
 //! the other hours are compacted.
 //!
@@ -84,7 +84,7 @@ pub struct Manifest {
     pub superseded: BTreeSet<String>,
     /// In a bucket: the generation of the compaction role's lease whose holder last fenced the
     /// hour, before removing outputs another holder wrote and never committed
-    /// ([`Compactor::fence`]). Readers ignore it.
+    /// (`Compactor::fence`). Readers ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_by: Option<u64>,
 }
@@ -292,7 +292,7 @@ pub enum CompactError {
         reason: String,
     },
     /// The hour holds compacted files no manifest names and that cannot be placed (see
-    /// [`Compactor::account_for_outputs`]): the hour is skipped, and nothing in it deleted.
+    /// `Compactor::account_for_outputs`): the hour is skipped, and nothing in it deleted.
     #[error("{dir}: {detail}; the hour is left as it is until an operator decides")]
     Unaccounted {
         /// The hour directory.
@@ -1139,7 +1139,14 @@ mod tests {
     }
 
     fn write(lake: &Lake, name: &str, rows: &[Sample]) -> PathBuf {
-        let relative = Lake::file_name("samples", T0, name, 0, rows.len() as i64);
+        let relative = Lake::file_name(
+            "samples",
+            T0,
+            name,
+            0,
+            rows.len() as i64,
+            crate::buffer::ContentDigest(0),
+        );
         lake.write(
             &relative,
             &Sample::to_record_batch(rows).unwrap(),
@@ -1378,7 +1385,14 @@ mod tests {
     }
 
     fn write_at(lake: &Lake, hour: i64, name: &str, rows: &[Sample]) -> PathBuf {
-        let relative = Lake::file_name("samples", hour, name, 0, rows.len() as i64);
+        let relative = Lake::file_name(
+            "samples",
+            hour,
+            name,
+            0,
+            rows.len() as i64,
+            crate::buffer::ContentDigest(0),
+        );
         lake.write(
             &relative,
             &Sample::to_record_batch(rows).unwrap(),
@@ -1639,6 +1653,7 @@ mod tests {
                 "t-p0",
                 hour * 100,
                 hour * 100 + 9,
+                crate::buffer::ContentDigest(0),
             );
             lake.write(
                 &relative,

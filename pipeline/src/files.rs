@@ -8,13 +8,19 @@
 //! the file's hidden temporary; a finished file is synced and renamed into place, so a reader
 //! never sees half of one.
 //!
-//! A file is named after the input and the line range of the chunks whose rows of that hour it
-//! holds (`file-<table>-<name>-o<first>-<last>`): the files of one hour hold disjoint ranges.
-//! Where a file ends depends only on the input and `chunk_lines` (never on threads, timing or
-//! the memory budget), so ingesting the same input again, or again after a crash, rewrites the
-//! same files instead of adding rows twice. For the same reason an ingest that fails to read
-//! its input, or whose decoder fails, finishes no more files: the ones it would finish early
-//! would cover a shorter range than a complete run's.
+//! A file is named after the input, the line range of the chunks whose rows of that hour it
+//! holds and the digest of those chunks' lines (`file-<table>-<name>-o<first>-<last>-h<digest>`):
+//! the files of one hour and input hold disjoint ranges, and another input of the same name
+//! (another export called `late.jsonl`, another read of standard input) gets other names, never
+//! replacing the first's files. Where a file ends depends only on the input and `chunk_lines`
+//! (never on threads, timing or the memory budget), so ingesting the same input again, or again
+//! after a crash, rewrites the same files instead of adding rows twice. For the same reason an
+//! ingest that fails to read its input, or whose decoder fails, finishes no more files: the ones
+//! it would finish early would cover a shorter range than a complete run's.
+//!
+//! A file is written as a hidden temporary of its own (the name's digest is known only at its
+//! end), locked while it is written: the temporaries a crashed run left behind are unlocked, and
+//! the next run that starts the same file removes them.
 //!
 //! Memory: at most [`IN_FLIGHT_CHUNKS`] per thread chunks are read and not yet taken by the
 //! sequencer; rows waiting for their row group to fill are held up to the memory budget, past
@@ -40,7 +46,7 @@ use parquet::errors::ParquetError;
 use parquet::file::writer::SerializedFileWriter;
 
 use crate::bounds::{Bounds, Direction};
-use crate::buffer::{Arrival, Outcome, SourceBuffer, Table};
+use crate::buffer::{Arrival, ContentDigest, Outcome, SourceBuffer, Table};
 use crate::lake::{Lake, LakeError, ROW_GROUP_ROWS};
 use crate::metrics::Metrics;
 
@@ -165,11 +171,13 @@ type HourBatches = Vec<(Table, i64, RecordBatch)>;
 
 /// What the sequencer hears.
 enum Msg {
-    /// A chunk decoded into per-(table, hour) batches; `first..=last` are its lines.
+    /// A chunk decoded into per-(table, hour) batches; `first..=last` are its lines, `digest`
+    /// their digest.
     Decoded {
         seq: u64,
         first: i64,
         last: i64,
+        digest: ContentDigest,
         batches: HourBatches,
     },
     /// A row group of file `file` encoded.
@@ -340,6 +348,7 @@ fn ingest_blocks(
                     seq,
                     first: sealed.first,
                     last: sealed.last,
+                    digest: sealed.digest,
                     batches: sealed.batches,
                 };
                 if msg_tx.send(decoded).is_err() {
@@ -512,6 +521,8 @@ struct OpenFile {
     /// The first line of the first chunk and the last of the last chunk it holds rows of.
     first: i64,
     last: i64,
+    /// The digests of the chunks it holds rows of, in input order.
+    parts: Vec<ContentDigest>,
     /// Rows given to it, written or waiting.
     rows: usize,
     /// Rows waiting for their row group.
@@ -609,7 +620,7 @@ impl Sequencer {
         inbox: &mpsc::Receiver<Msg>,
         credits: &mpsc::SyncSender<()>,
     ) -> Result<(), FileError> {
-        let mut waiting: BTreeMap<u64, (i64, i64, HourBatches)> = BTreeMap::new();
+        let mut waiting: BTreeMap<u64, Taken> = BTreeMap::new();
         let mut next = 0u64;
         let mut end: Option<(u64, bool)> = None;
         loop {
@@ -642,11 +653,20 @@ impl Sequencer {
                     seq,
                     first,
                     last,
+                    digest,
                     batches,
                 } => {
-                    waiting.insert(seq, (first, last, batches));
-                    while let Some((first, last, batches)) = waiting.remove(&next) {
-                        self.take(next, first, last, batches)?;
+                    waiting.insert(
+                        seq,
+                        Taken {
+                            first,
+                            last,
+                            digest,
+                            batches,
+                        },
+                    );
+                    while let Some(chunk) = waiting.remove(&next) {
+                        self.take(next, chunk)?;
                         next += 1;
                         let _ = credits.send(());
                     }
@@ -657,14 +677,14 @@ impl Sequencer {
         }
     }
 
-    /// Takes chunk `seq` (lines `first..=last`), in input order.
-    fn take(
-        &mut self,
-        seq: u64,
-        first: i64,
-        last: i64,
-        batches: HourBatches,
-    ) -> Result<(), FileError> {
+    /// Takes chunk `seq`, in input order.
+    fn take(&mut self, seq: u64, chunk: Taken) -> Result<(), FileError> {
+        let Taken {
+            first,
+            last,
+            digest,
+            batches,
+        } = chunk;
         let mut touched = Vec::with_capacity(batches.len());
         for (table, hour, batch) in batches {
             let id = match self.open.get(&(table, hour)) {
@@ -677,6 +697,7 @@ impl Sequencer {
             }
             let bytes = batch.num_rows() * file.row_bytes;
             file.last = last;
+            file.parts.push(digest);
             file.used = seq;
             file.rows += batch.num_rows();
             file.pending_rows += batch.num_rows();
@@ -733,17 +754,13 @@ impl Sequencer {
             path: dir.clone(),
             source,
         })?;
-        // Named after where its range starts, so a re-run after a crash reuses it.
-        let tmp = dir.join(format!(".{}-o{first:020}.tmp", self.source));
+        let id = self.next_id;
+        self.next_id += 1;
+        let (tmp, out) = create_temporary(&dir, &format!(".{}-o{first:020}-", self.source), id)?;
         let parquet = |source| LakeError::Parquet {
             path: tmp.clone(),
             source,
         };
-        let out = File::create(&tmp).map_err(|source| LakeError::Io {
-            action: "creating",
-            path: tmp.clone(),
-            source,
-        })?;
         let (writer, factory) = ArrowWriter::try_new(
             out,
             Arc::clone(&schema),
@@ -751,8 +768,6 @@ impl Sequencer {
         )
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(parquet)?;
-        let id = self.next_id;
-        self.next_id += 1;
         self.files.insert(
             id,
             OpenFile {
@@ -760,6 +775,7 @@ impl Sequencer {
                 hour,
                 first,
                 last: first,
+                parts: Vec::new(),
                 rows: 0,
                 pending: Vec::new(),
                 pending_rows: 0,
@@ -883,6 +899,7 @@ impl Sequencer {
             &self.source,
             file.first,
             file.last,
+            ContentDigest::of_parts(&file.parts),
         );
         let io = |action: &'static str, path: &Path| {
             let path = path.to_path_buf();
@@ -941,6 +958,70 @@ impl Sequencer {
             }),
         }
     }
+}
+
+/// A decoded chunk waiting for its turn in input order.
+struct Taken {
+    first: i64,
+    last: i64,
+    digest: ContentDigest,
+    batches: HourBatches,
+}
+
+/// Creates and locks a new temporary `<prefix>p<pid>-<id>-<attempt>.tmp` in `dir` for a file being
+/// written, after removing the temporaries with the same prefix that no process holds: what an
+/// earlier run of the same input left when it died. The lock (`flock`) is the process's until
+/// the file is closed or the process ends, so a run beside this one keeps its own.
+fn create_temporary(dir: &Path, prefix: &str, id: u64) -> Result<(PathBuf, File), LakeError> {
+    use rustix::fs::{flock, FlockOperation};
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LakeError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
+        let entry = entry.map_err(io("listing", dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with(prefix) && name.ends_with(".tmp")) {
+            continue;
+        }
+        let Ok(stale) = File::open(entry.path()) else {
+            continue;
+        };
+        if flock(&stale, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(file = %entry.path().display(), "removed the temporary of an ingest that stopped")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("removing", &entry.path())(e)),
+            }
+        }
+    }
+    for attempt in 0u32.. {
+        let tmp = dir.join(format!(
+            "{prefix}p{}-{id}-{attempt}.tmp",
+            std::process::id()
+        ));
+        let out = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io("creating", &tmp))?;
+        flock(&out, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| io("locking", &tmp)(e.into()))?;
+        // Another run's sweep may have taken it for a dead run's between its creation and the
+        // lock, and removed it: then take another.
+        if std::os::unix::fs::MetadataExt::nlink(&out.metadata().map_err(io("reading", &tmp))?) > 0
+        {
+            return Ok((tmp, out));
+        }
+    }
+    unreachable!("the attempts go on until one holds")
 }
 
 fn trim(line: &[u8]) -> &[u8] {
@@ -1159,7 +1240,15 @@ mod tests {
                 name.starts_with("file-samples-export.jsonl-o00000000000000000001-"),
                 "{name}"
             );
-            assert!(name.ends_with("-00000000000000006000.parquet"), "{name}");
+            let digest = name
+                .strip_suffix(".parquet")
+                .and_then(|n| n.split_once("-00000000000000006000-h"))
+                .map(|(_, digest)| digest)
+                .unwrap_or_else(|| panic!("{name}"));
+            assert!(
+                digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{name}"
+            );
         }
         // Spilling made many row groups: the rows are all there regardless.
         let row_groups: usize = walk(&dir.path().join("samples"))
@@ -1267,8 +1356,11 @@ mod tests {
             if i % 3 == 0 {
                 let full = dir.path().join(path);
                 let name = path.file_name().unwrap().to_str().unwrap();
-                let tmp = full
-                    .with_file_name(format!(".{}.tmp", &name[..name.rfind("-o").unwrap() + 22]));
+                // As a run that died would leave it: a temporary no process holds.
+                let tmp = full.with_file_name(format!(
+                    ".{}-p1-0.tmp",
+                    &name[..name.rfind("-o").unwrap() + 22]
+                ));
                 std::fs::rename(&full, &tmp).unwrap();
                 std::fs::write(&tmp, b"PAR1 half").unwrap();
                 gone += 1;

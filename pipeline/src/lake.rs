@@ -27,6 +27,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
+use crate::buffer::ContentDigest;
 use crate::store::ObjectLake;
 use crate::versions::Versions;
 
@@ -414,11 +415,21 @@ impl Lake {
     }
 
     /// The path of a file of `source` covering `first..=last` in one table's hour, relative to
-    /// the lake root.
-    pub fn file_name(table: &str, hour_ms: i64, source: &str, first: i64, last: i64) -> PathBuf {
+    /// the lake root, whose records' digest is `digest`: the same records from the same place
+    /// get the same name, and nothing else does.
+    pub fn file_name(
+        table: &str,
+        hour_ms: i64,
+        source: &str,
+        first: i64,
+        last: i64,
+        digest: ContentDigest,
+    ) -> PathBuf {
         PathBuf::from(table)
             .join(hour_partition(hour_ms))
-            .join(format!("{source}-o{first:020}-{last:020}.parquet"))
+            .join(format!(
+                "{source}-o{first:020}-{last:020}-h{digest}.parquet"
+            ))
     }
 
     /// Writes `batch` to `relative` atomically: a temporary file, fsync, rename, fsync of the
@@ -1133,8 +1144,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path()).unwrap();
         let files = vec![
-            Lake::file_name("samples", 0, "t-p0", 10, 19),
-            Lake::file_name("samples", 3_600_000, "t-p0", 10, 19),
+            Lake::file_name("samples", 0, "t-p0", 10, 19, ContentDigest(0)),
+            Lake::file_name("samples", 3_600_000, "t-p0", 10, 19, ContentDigest(0)),
         ];
         let write = |lake: &Lake| {
             lake.write_intent(&Intent {
@@ -1179,7 +1190,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path()).unwrap();
         lake.write(
-            &Lake::file_name("signals", 0, "s", 0, 2),
+            &Lake::file_name("signals", 0, "s", 0, 2, ContentDigest(0)),
             &batch(),
             "signals",
             0,
@@ -1191,7 +1202,7 @@ mod tests {
         );
         for (first, last) in [(0, 2), (0, 2), (3, 5)] {
             lake.write(
-                &Lake::file_name("samples", 0, "s", first, last),
+                &Lake::file_name("samples", 0, "s", first, last, ContentDigest(0)),
                 &batch(),
                 "samples",
                 0,
@@ -1227,11 +1238,18 @@ mod tests {
     }
 
     #[test]
-    fn file_names_sort_by_offset_and_name_their_source() {
-        let name = Lake::file_name("samples", 0, "gpuwarden.samples-p3", 10, 99);
+    fn file_names_sort_by_offset_and_name_their_source_and_content() {
+        let name = Lake::file_name(
+            "samples",
+            0,
+            "gpuwarden.samples-p3",
+            10,
+            99,
+            ContentDigest(0xab),
+        );
         assert_eq!(
             name,
-            PathBuf::from("samples/date=1970-01-01/hour=00/gpuwarden.samples-p3-o00000000000000000010-00000000000000000099.parquet")
+            PathBuf::from("samples/date=1970-01-01/hour=00/gpuwarden.samples-p3-o00000000000000000010-00000000000000000099-h00000000000000ab.parquet")
         );
     }
 }

@@ -260,7 +260,8 @@ mod tests {
             )
             .unwrap();
             let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
-            let relative = Lake::file_name("samples", 0, "test", n, n);
+            let relative =
+                Lake::file_name("samples", 0, "test", n, n, crate::buffer::ContentDigest(0));
             lake.write(&relative, &batch, "samples", 0).unwrap();
         };
         write(0);

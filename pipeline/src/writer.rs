@@ -162,7 +162,9 @@ fn write(
     let files: Vec<PathBuf> = s
         .batches
         .iter()
-        .map(|(table, hour, _)| Lake::file_name(table.name(), *hour, &job.source, s.first, s.last))
+        .map(|(table, hour, _)| {
+            Lake::file_name(table.name(), *hour, &job.source, s.first, s.last, s.digest)
+        })
         .collect();
     if job.journal {
         lake.write_intent(&Intent {

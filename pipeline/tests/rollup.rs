@@ -80,7 +80,14 @@ fn put<R: Record + Clone>(
     }
     for (hour, rows) in by_hour {
         let batch = R::to_record_batch(&rows).unwrap();
-        let file = Lake::file_name(table, hour, source, 0, rows.len() as i64);
+        let file = Lake::file_name(
+            table,
+            hour,
+            source,
+            0,
+            rows.len() as i64,
+            gpuwarden_pipeline::buffer::ContentDigest(0),
+        );
         lake.write(&file, &batch, table, hour).unwrap();
     }
 }

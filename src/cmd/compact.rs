@@ -26,8 +26,8 @@ use gpuwarden_schema::config;
 /// gpuwarden compact -c gw.toml
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (storage.data_dir, pipeline.compaction, pipeline.retention,
-    /// pipeline.lateness).
+    /// The config file (storage.lake or storage.data_dir, pipeline.compaction,
+    /// pipeline.retention, pipeline.lateness).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// Take this event time (RFC 3339, e.g. 2026-12-01T00:00:00Z) as the watermark instead of

@@ -23,9 +23,13 @@ use gpuwarden_schema::config;
 /// History of any age is accepted; a record dated more than pipeline.clock.max_skew (default 5m)
 /// ahead of the time it is read comes from a wrong clock and is quarantined too.
 /// Records in any time order give one file per table and hour (up to 4 Mi rows a file), kept
-/// in place until compaction merges the hour with the pipeline's files. Ingesting the same file
-/// again, or again after a crash, rewrites the same files, so nothing is counted twice. Prints how
-/// many records were written and quarantined; run `gpuwarden rollup` afterwards to roll new
+/// in place until compaction merges the hour with the pipeline's files. A file is named after
+/// the input's base name ("stdin" for standard input), the lines it holds and a digest of those
+/// lines: the same content under the same base name ingested again, or again after a crash,
+/// rewrites the same files, so nothing is counted twice; other content never replaces a file,
+/// even under the same name (two exports called late.jsonl add up), so a corrected export
+/// ingested again adds its rows beside the first one's. Prints how many records were written
+/// and quarantined; run `gpuwarden rollup` afterwards to roll new
 /// samples and lease events up.
 ///
 /// Example: gpuwarden ingest -c gw.toml --samples s.jsonl --lease-events l.jsonl --actions a.jsonl

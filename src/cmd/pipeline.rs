@@ -23,9 +23,11 @@ use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 /// Consume Kafka into the Parquet lake, roll it up, and publish signals for the enforcer.
 ///
 /// Reads gpuwarden.samples, .leases, .signals and .actions in the consumer group
-/// pipeline.group_id, writes them to <storage.data_dir>/lake/<table>/date=…/hour=…/ as Parquet
-/// (zstd), and commits offsets only after the files are durable, so a crash loses nothing and a
-/// replay rewrites the same files. Records that do not decode or validate go to the quarantine
+/// pipeline.group_id, writes them to <lake>/<table>/date=…/hour=…/ as Parquet (zstd), <lake>
+/// being storage.lake (a directory or an S3 prefix) or, unset, <storage.data_dir>/lake, and
+/// commits offsets only after the files are durable, so a crash loses nothing and a replay
+/// rewrites the same files (a file is named after its partition, offsets and a digest of its
+/// records, so records that reuse offsets, after a broker started again empty, add files). Records that do not decode or validate go to the quarantine
 /// table with the reason, and so do those whose time a host's wrong clock set: more than
 /// pipeline.clock.max_skew (5m) ahead of their arrival, or, for samples, more than
 /// pipeline.clock.max_age (1d) behind it. Each host's measured clock skew is on /metrics; a host

@@ -11,7 +11,8 @@ use gpuwarden_schema::config;
 ///
 /// Reads the lake's samples and lease events and writes, for every hour with samples or leases
 /// that is not final yet or has received data since it was last computed, its rows in
-/// <storage.data_dir>/lake/rollups/<table>/date=…/hour=…/. The watermark is the time the fleet
+/// <lake>/rollups/<table>/date=…/hour=…/, where <lake> is storage.lake (a directory or an S3
+/// prefix) or, unset, <storage.data_dir>/lake. The watermark is the time the fleet
 /// as a whole has reached: the earliest latest sample among hosts no more than
 /// pipeline.clock.idle_timeout behind the median host (one host's wrong clock does not move it);
 /// an hour is final once the watermark passes its end plus pipeline.lateness. Running it again computes only what changed, so it is safe to run from
@@ -21,7 +22,7 @@ use gpuwarden_schema::config;
 ///   gpuwarden ingest -c gw.toml --samples samples.jsonl && gpuwarden rollup -c gw.toml
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (storage.data_dir, pricing, pipeline.lateness).
+    /// The config file (storage.lake or storage.data_dir, pricing, pipeline.lateness).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
 }
