@@ -1,6 +1,10 @@
 //! The `gpuwarden` binary: the command line and nothing else. Each subcommand is a module under
 //! `cmd/` with its own clap `Args`; the work itself lives in the library crates.
 
+// The doc comments of the subcommands' clap `Args` are their `--help` text, written for a
+// terminal: `<lake>/rollups/<table>/` and `[[teams]]` are what an operator reads there, not
+// HTML tags or intra-doc links.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 mod cmd;
 mod logging;
 

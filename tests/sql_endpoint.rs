@@ -1,6 +1,7 @@
 //! The SQL endpoint of `gpuwarden pipeline` as analysts and Grafana use it: the real psql
 //! over TCP, password authentication, a read-only session, files written after the start
-//! visible to the next query, and the queries Grafana's PostgreSQL data source sends.
+//! visible to the next query, the queries Grafana's PostgreSQL data source sends, and those
+//! JDBC tools (pgjdbc's DatabaseMetaData, Metabase, DBeaver) send to discover the tables.
 
 mod support;
 
@@ -393,10 +394,32 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
     let in_public = endpoint.query(&grafana_tables_in("public"));
     assert!(in_public.contains(&"samples".to_string()), "{in_public:?}");
 
-    // The builder asks for the columns of the name the table list gave.
+    // The builder asks for the columns of the name the table list gave, and picks each one's
+    // kind (number, text, time) from its Postgres type name (sqlUtil.ts's getFieldConfig).
     let listed = tables.iter().find(|t| t.ends_with("samples")).unwrap();
     let columns = endpoint.query(&grafana_columns(listed));
-    for column in ["ts_ms|Int64", "gpu_uuid|Utf8", "util_gpu_pct|Float64"] {
+    for column in [
+        "ts_ms|bigint",
+        "gpu_uuid|text",
+        "util_gpu_pct|double precision",
+    ] {
+        assert!(
+            columns.iter().any(|c| c == column),
+            "{column} in {columns:?}"
+        );
+    }
+    assert_eq!(columns.len(), 21, "{columns:?}");
+    // datafusion-postgres 0.19 replaces the search_path subquery of these queries with '' (a
+    // token-level blacklist in its parser), so the list names every table with its schema
+    // (`public.team_hourly`), and only such a name finds its columns.
+    let listed = tables.iter().find(|t| t.ends_with("team_hourly")).unwrap();
+    let columns = endpoint.query(&grafana_columns(listed));
+    for column in [
+        "hour|timestamp with time zone",
+        "team|text",
+        "cost_usd|double precision",
+        "final|boolean",
+    ] {
         assert!(
             columns.iter().any(|c| c == column),
             "{column} in {columns:?}"
@@ -445,6 +468,255 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
         r#"SELECT floor((ts_ms/1000)/3600)*3600 AS "time", count(*) FROM samples WHERE ts_ms/1000 >= 1795996800 AND ts_ms/1000 <= 1796083200 GROUP BY 1 ORDER BY 1"#,
     );
     assert_eq!(rows, ["1796032800.0|480", "1796036400.0|240"]);
+}
+
+// What JDBC tools (DBeaver, Metabase, IntelliJ, Tableau…) send to list schemas, tables and
+// columns: pgjdbc 42.7's PgDatabaseMetaData, getSchemas(), getTables(null, "public", "%",
+// {"TABLE", "VIEW"}) and getColumns(null, "public", "samples", "%"). pgjdbc binds the patterns
+// as parameters (`LIKE ?`); psql 15 cannot bind, so they are written in as literals.
+const PGJDBC_SCHEMAS: &str = r#"SELECT nspname AS "TABLE_SCHEM", current_database() AS "TABLE_CATALOG" FROM pg_catalog.pg_namespace  WHERE nspname <> 'pg_toast' AND (nspname !~ '^pg_temp_'  OR nspname = (pg_catalog.current_schemas(true))[1]) AND (nspname !~ '^pg_toast_temp_'  OR nspname = replace((pg_catalog.current_schemas(true))[1], 'pg_temp_', 'pg_toast_temp_'))  ORDER BY "TABLE_SCHEM""#;
+const PGJDBC_TABLES: &str = r#"SELECT current_database() AS "TABLE_CAT", n.nspname AS "TABLE_SCHEM", c.relname AS "TABLE_NAME",  CASE n.nspname ~ '^pg_' OR n.nspname = 'information_schema'  WHEN true THEN CASE  WHEN n.nspname = 'pg_catalog' OR n.nspname = 'information_schema' THEN CASE c.relkind   WHEN 'r' THEN 'SYSTEM TABLE'   WHEN 'v' THEN 'SYSTEM VIEW'   WHEN 'i' THEN 'SYSTEM INDEX'   ELSE NULL   END  WHEN n.nspname = 'pg_toast' THEN CASE c.relkind   WHEN 'r' THEN 'SYSTEM TOAST TABLE'   WHEN 'i' THEN 'SYSTEM TOAST INDEX'   ELSE NULL   END  ELSE CASE c.relkind   WHEN 'r' THEN 'TEMPORARY TABLE'   WHEN 'p' THEN 'TEMPORARY TABLE'   WHEN 'i' THEN 'TEMPORARY INDEX'   WHEN 'S' THEN 'TEMPORARY SEQUENCE'   WHEN 'v' THEN 'TEMPORARY VIEW'   ELSE NULL   END  END  WHEN false THEN CASE c.relkind  WHEN 'r' THEN 'TABLE'  WHEN 'p' THEN 'PARTITIONED TABLE'  WHEN 'i' THEN 'INDEX'  WHEN 'P' then 'PARTITIONED INDEX'  WHEN 'S' THEN 'SEQUENCE'  WHEN 'v' THEN 'VIEW'  WHEN 'c' THEN 'TYPE'  WHEN 'f' THEN 'FOREIGN TABLE'  WHEN 'm' THEN 'MATERIALIZED VIEW'  ELSE NULL  END  ELSE NULL  END  AS "TABLE_TYPE", d.description AS "REMARKS",  '' as "TYPE_CAT", '' as "TYPE_SCHEM", '' as "TYPE_NAME", '' AS "SELF_REFERENCING_COL_NAME", '' AS "REF_GENERATION"  FROM pg_catalog.pg_namespace n, pg_catalog.pg_class c  LEFT JOIN pg_catalog.pg_description d ON (c.oid = d.objoid AND d.objsubid = 0  and d.classoid = 'pg_class'::regclass)  WHERE c.relnamespace = n.oid  AND n.nspname LIKE 'public' AND c.relname LIKE '%' AND (false  OR ( c.relkind = 'r' AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema' )  OR ( c.relkind = 'v' AND n.nspname <> 'pg_catalog' AND n.nspname <> 'information_schema' ) )  ORDER BY "TABLE_TYPE","TABLE_SCHEM","TABLE_NAME" "#;
+const PGJDBC_COLUMNS: &str = r#"SELECT * FROM (SELECT current_database() AS current_database, n.nspname,c.relname,a.attname,a.atttypid,a.attnotnull  OR (t.typtype = 'd' AND t.typnotnull) AS attnotnull,a.atttypmod,a.attlen,t.typtypmod,row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum) AS attnum, nullif(a.attidentity, '') as attidentity,nullif(a.attgenerated, '') as attgenerated,pg_catalog.pg_get_expr(def.adbin, def.adrelid) AS adsrc,dsc.description,t.typbasetype,t.typtype  FROM pg_catalog.pg_namespace n  JOIN pg_catalog.pg_class c ON (c.relnamespace = n.oid)  JOIN pg_catalog.pg_attribute a ON (a.attrelid=c.oid)  JOIN pg_catalog.pg_type t ON (a.atttypid = t.oid)  LEFT JOIN pg_catalog.pg_attrdef def ON (a.attrelid=def.adrelid AND a.attnum = def.adnum)  LEFT JOIN pg_catalog.pg_description dsc ON (c.oid=dsc.objoid AND a.attnum = dsc.objsubid)  LEFT JOIN pg_catalog.pg_class dc ON (dc.oid=dsc.classoid AND dc.relname='pg_class')  LEFT JOIN pg_catalog.pg_namespace dn ON (dc.relnamespace=dn.oid AND dn.nspname='pg_catalog')  WHERE c.relkind in ('r','p','v','f','m') and a.attnum > 0 AND NOT a.attisdropped  AND n.nspname LIKE 'public' AND c.relname LIKE 'samples') c WHERE true  AND attname LIKE '%' ORDER BY nspname,c.relname,attnum "#;
+
+// Metabase's sync (src/metabase/driver/postgres.clj, v0.5x): describe-database's tables
+// (get-tables-sql for the schemas to sync, with the current user's table privileges), and
+// describe-fields-sql for a table, as HoneySQL writes them with their parameters inlined.
+const METABASE_TABLES: &str = r#"SELECT "n"."nspname" AS "schema", "c"."relname" AS "name", CASE "c"."relkind" WHEN 'r' THEN 'TABLE' WHEN 'p' THEN 'PARTITIONED TABLE' WHEN 'v' THEN 'VIEW' WHEN 'f' THEN 'FOREIGN TABLE' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE NULL END AS "type", "d"."description" AS "description", "stat"."n_live_tup" AS "estimated_row_count" FROM "pg_catalog"."pg_class" AS "c" INNER JOIN "pg_catalog"."pg_namespace" AS "n" ON "c"."relnamespace" = "n"."oid" LEFT JOIN "pg_catalog"."pg_description" AS "d" ON ("c"."oid" = "d"."objoid") AND ("d"."objsubid" = 0) AND ("d"."classoid" = 'pg_class'::regclass) LEFT JOIN "pg_stat_user_tables" AS "stat" ON ("n"."nspname" = "stat"."schemaname") AND ("c"."relname" = "stat"."relname") WHERE ("c"."relnamespace" = "n"."oid") AND ("n"."nspname" !~ '^pg_') AND ("n"."nspname" <> 'information_schema') AND c.relkind in ('r', 'p', 'v', 'f', 'm') AND ("n"."nspname" IN ('public')) ORDER BY "type" ASC, "schema" ASC, "name" ASC"#;
+const METABASE_PRIVILEGES: &str = r#"with table_privileges as (
+ select
+   NULL as role,
+   t.schemaname as schema,
+   t.objectname as table,
+   pg_catalog.has_any_column_privilege(current_user, '"' || replace(t.schemaname, '"', '""') || '"' || '.' || '"' || replace(t.objectname, '"', '""') || '"',  'update') as update,
+   pg_catalog.has_any_column_privilege(current_user, '"' || replace(t.schemaname, '"', '""') || '"' || '.' || '"' || replace(t.objectname, '"', '""') || '"',  'select') as select,
+   pg_catalog.has_any_column_privilege(current_user, '"' || replace(t.schemaname, '"', '""') || '"' || '.' || '"' || replace(t.objectname, '"', '""') || '"',  'insert') as insert,
+   pg_catalog.has_table_privilege(     current_user, '"' || replace(t.schemaname, '"', '""') || '"' || '.' || '"' || replace(t.objectname, '"', '""') || '"',  'delete') as delete
+ from (
+   select schemaname, tablename as objectname from pg_catalog.pg_tables
+   union
+   select schemaname, viewname as objectname from pg_catalog.pg_views
+   union
+   select schemaname, matviewname as objectname from pg_catalog.pg_matviews
+ ) t
+ where t.schemaname !~ '^pg_'
+   and t.schemaname <> 'information_schema'
+   and pg_catalog.has_schema_privilege(current_user, t.schemaname, 'usage')
+)
+select t.*
+from table_privileges t"#;
+const METABASE_FIELDS: &str = r#"SELECT "c"."column_name" AS "name", CASE WHEN "c"."udt_schema" IN ('public', 'pg_catalog') THEN FORMAT('%s', "c"."udt_name") ELSE FORMAT('"%s"."%s"', "c"."udt_schema", "c"."udt_name") END AS "database-type", "c"."ordinal_position" - 1 AS "database-position", "c"."table_schema" AS "table-schema", "c"."table_name" AS "table-name", "pk"."column_name" IS NOT NULL AS "pk?", COL_DESCRIPTION(CAST(CAST(FORMAT('%I.%I', CAST("c"."table_schema" AS TEXT), CAST("c"."table_name" AS TEXT)) AS REGCLASS) AS OID), "c"."ordinal_position") AS "field-comment", (("column_default" IS NULL) OR (LOWER("column_default") = 'null')) AND ("is_nullable" = 'NO') AND NOT ((("column_default" IS NOT NULL) AND ("column_default" LIKE '%nextval(%')) OR ("is_identity" <> 'NO')) AS "database-required", (("column_default" IS NOT NULL) AND ("column_default" LIKE '%nextval(%')) OR ("is_identity" <> 'NO') AS "database-is-auto-increment" FROM "information_schema"."columns" AS "c" LEFT JOIN (SELECT "tc"."table_schema", "tc"."table_name", "kc"."column_name" FROM "information_schema"."table_constraints" AS "tc" INNER JOIN "information_schema"."key_column_usage" AS "kc" ON ("tc"."constraint_name" = "kc"."constraint_name") AND ("tc"."table_schema" = "kc"."table_schema") AND ("tc"."table_name" = "kc"."table_name") WHERE "tc"."constraint_type" = 'PRIMARY KEY') AS "pk" ON ("c"."table_schema" = "pk"."table_schema") AND ("c"."table_name" = "pk"."table_name") AND ("c"."column_name" = "pk"."column_name") WHERE c.table_schema !~ '^information_schema|catalog_history|pg_' AND ("c"."table_schema" IN ('public')) AND ("c"."table_name" IN ('team_hourly')) UNION ALL SELECT "pa"."attname" AS "name", CASE WHEN "ptn"."nspname" IN ('public', 'pg_catalog') THEN FORMAT('%s', "pt"."typname") ELSE FORMAT('"%s"."%s"', "ptn"."nspname", "pt"."typname") END AS "database-type", "pa"."attnum" - 1 AS "database-position", "pn"."nspname" AS "table-schema", "pc"."relname" AS "table-name", FALSE AS "pk?", NULL AS "field-comment", FALSE AS "database-required", FALSE AS "database-is-auto-increment" FROM "pg_catalog"."pg_class" AS "pc" INNER JOIN "pg_catalog"."pg_namespace" AS "pn" ON "pn"."oid" = "pc"."relnamespace" INNER JOIN "pg_catalog"."pg_attribute" AS "pa" ON "pa"."attrelid" = "pc"."oid" INNER JOIN "pg_catalog"."pg_type" AS "pt" ON "pt"."oid" = "pa"."atttypid" INNER JOIN "pg_catalog"."pg_namespace" AS "ptn" ON "ptn"."oid" = "pt"."typnamespace" WHERE ("pc"."relkind" = 'm') AND ("pa"."attnum" >= 1) AND ("pn"."nspname" IN ('public')) AND ("pc"."relname" IN ('team_hourly')) ORDER BY "table-schema" ASC, "table-name" ASC, "database-position" ASC"#;
+
+// DBeaver's PostgreSQL plugin (plugins/org.jkiss.dbeaver.ext.postgresql, model/PostgreDatabase
+// and PostgreSchema): the database, its schemas, a schema's tables and a table's columns, with
+// the name and oids it binds written in.
+const DBEAVER_DATABASE: &str =
+    "SELECT db.oid,db.* FROM pg_catalog.pg_database db WHERE datname='gpuwarden'";
+const DBEAVER_SCHEMAS: &str = "SELECT n.oid,n.*,d.description FROM pg_catalog.pg_namespace n\n\
+    LEFT OUTER JOIN pg_catalog.pg_description d ON d.objoid=n.oid AND d.objsubid=0 AND d.classoid='pg_namespace'::regclass\n \
+    ORDER BY nspname";
+
+fn dbeaver_tables(schema_oid: &str) -> String {
+    format!(
+        "SELECT c.oid,c.*,d.description,pg_catalog.pg_get_expr(c.relpartbound, c.oid) as partition_expr,  pg_catalog.pg_get_partkeydef(c.oid) as partition_key \n\
+         FROM pg_catalog.pg_class c\n\
+         LEFT OUTER JOIN pg_catalog.pg_description d ON d.objoid=c.oid AND d.objsubid=0 AND d.classoid='pg_class'::regclass\n\
+         WHERE c.relnamespace={schema_oid} AND c.relkind not in ('i','I','c')"
+    )
+}
+
+fn dbeaver_columns(table_oid: &str) -> String {
+    format!(
+        "SELECT c.relname,a.*,pg_catalog.pg_get_expr(ad.adbin, ad.adrelid, true) as def_value,dsc.description,dep.objid\n\
+         FROM pg_catalog.pg_attribute a\n\
+         INNER JOIN pg_catalog.pg_class c ON (a.attrelid=c.oid)\n\
+         LEFT OUTER JOIN pg_catalog.pg_attrdef ad ON (a.attrelid=ad.adrelid AND a.attnum = ad.adnum)\n\
+         LEFT OUTER JOIN pg_catalog.pg_description dsc ON (c.oid=dsc.objoid AND a.attnum = dsc.objsubid)\n\
+         LEFT OUTER JOIN pg_depend dep on dep.refobjid = a.attrelid AND dep.deptype = 'i' and dep.refobjsubid = a.attnum and dep.classid = dep.refclassid\n\
+         WHERE NOT a.attisdropped AND c.relkind not in ('i','I','c') AND c.oid={table_oid}\n\
+         ORDER BY a.attnum"
+    )
+}
+
+/// The lake's relations in the `public` schema, as (name, kind): its tables (the config's
+/// `teams` and `workloads` too) and its two views.
+const LAKE_RELATIONS: [(&str, &str); 14] = [
+    ("actions", "TABLE"),
+    ("focus_costs", "TABLE"),
+    ("gpu_hourly", "TABLE"),
+    ("lease_events", "TABLE"),
+    ("lease_hourly", "TABLE"),
+    ("leases", "TABLE"),
+    ("quarantine", "TABLE"),
+    ("samples", "TABLE"),
+    ("signals", "TABLE"),
+    ("team_hourly", "TABLE"),
+    ("teams", "TABLE"),
+    ("workloads", "TABLE"),
+    ("clock_skew", "VIEW"),
+    ("lease_usage", "VIEW"),
+];
+
+/// The values of `columns` in each row of `answer`, joined with `|`; NULL as the empty string.
+fn pick(answer: &support::Answer, columns: &[&str]) -> Vec<String> {
+    let at: Vec<usize> = columns
+        .iter()
+        .map(|name| {
+            answer
+                .columns
+                .iter()
+                .position(|c| c == name)
+                .unwrap_or_else(|| panic!("no column {name} in {:?}", answer.columns))
+        })
+        .collect();
+    answer
+        .rows
+        .iter()
+        .map(|row| {
+            at.iter()
+                .map(|&i| row[i].clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect()
+}
+
+#[test]
+fn jdbc_metabase_and_dbeaver_discover_the_tables_and_their_columns() {
+    let endpoint = Endpoint::with_users();
+    let psql = endpoint.psql(USER, Some(PASSWORD));
+    let answer = |sql: &str| {
+        psql.answer(sql)
+            .unwrap_or_else(|e| panic!("{e}\n--- for ---\n{sql}"))
+    };
+    let relations = |kinds: [&str; 2]| -> Vec<String> {
+        LAKE_RELATIONS
+            .iter()
+            .map(|(name, kind)| {
+                let kind = if *kind == "TABLE" { kinds[0] } else { kinds[1] };
+                format!("{name}|{kind}")
+            })
+            .collect()
+    };
+    // The database clients connect to (postgres://…/gpuwarden) is the one they are told of.
+    assert_eq!(endpoint.one("SELECT current_database()"), "gpuwarden");
+
+    // pgjdbc.
+    assert_eq!(
+        pick(&answer(PGJDBC_SCHEMAS), &["TABLE_SCHEM", "TABLE_CATALOG"]),
+        [
+            "information_schema|gpuwarden",
+            "pg_catalog|gpuwarden",
+            "public|gpuwarden"
+        ]
+    );
+    let tables = answer(PGJDBC_TABLES);
+    assert_eq!(
+        pick(&tables, &["TABLE_NAME", "TABLE_TYPE"]),
+        relations(["TABLE", "VIEW"])
+    );
+    assert!(pick(&tables, &["TABLE_CAT", "TABLE_SCHEM"])
+        .iter()
+        .all(|t| t == "gpuwarden|public"));
+    // Type oids: 20 int8, 25 text, 701 float8; NOT NULL as the lake's schema says.
+    let columns = pick(
+        &answer(PGJDBC_COLUMNS),
+        &["relname", "attname", "atttypid", "attnotnull", "attnum"],
+    );
+    assert_eq!(columns.len(), 21, "{columns:?}");
+    assert_eq!(
+        columns[..7],
+        [
+            "samples|v|20|t|1",
+            "samples|ts_ms|20|t|2",
+            "samples|interval_ms|20|t|3",
+            "samples|host|25|t|4",
+            "samples|gpu_uuid|25|t|5",
+            "samples|gpu_model|25|t|6",
+            "samples|util_gpu_pct|701|t|7",
+        ]
+    );
+    assert!(
+        columns.contains(&"samples|lease_id|25|f|19".to_string()),
+        "{columns:?}"
+    );
+
+    // Metabase.
+    assert_eq!(
+        pick(&answer(METABASE_TABLES), &["name", "type"]),
+        relations(["TABLE", "VIEW"])
+    );
+    let mut readable = pick(&answer(METABASE_PRIVILEGES), &["schema", "table", "select"]);
+    readable.sort();
+    let mut expected: Vec<String> = LAKE_RELATIONS
+        .iter()
+        .map(|(name, _)| format!("public|{name}|t"))
+        .collect();
+    expected.sort();
+    assert_eq!(readable, expected);
+    let fields = pick(
+        &answer(METABASE_FIELDS),
+        &[
+            "name",
+            "database-type",
+            "database-position",
+            "pk?",
+            "database-required",
+            "database-is-auto-increment",
+        ],
+    );
+    assert_eq!(
+        fields,
+        [
+            "hour|timestamptz|0|f|t|f",
+            "team|text|1|f|t|f",
+            "gpu_model|text|2|f|t|f",
+            "allocated_gpu_hours|float8|3|f|t|f",
+            "observed_gpu_hours|float8|4|f|t|f",
+            "busy_gpu_hours|float8|5|f|t|f",
+            "idle_gpu_hours|float8|6|f|t|f",
+            "utilization_pct|float8|7|f|f|f",
+            "cost_usd|float8|8|f|t|f",
+            "idle_cost_usd|float8|9|f|t|f",
+            "energy_kwh|float8|10|f|t|f",
+            "final|bool|11|f|t|f",
+        ]
+    );
+
+    // DBeaver.
+    assert_eq!(pick(&answer(DBEAVER_DATABASE), &["datname"]), ["gpuwarden"]);
+    let schemas = answer(DBEAVER_SCHEMAS);
+    assert_eq!(
+        pick(&schemas, &["nspname"]),
+        ["information_schema", "pg_catalog", "public"]
+    );
+    let public = pick(&schemas, &["nspname", "oid"])
+        .into_iter()
+        .find_map(|s| s.strip_prefix("public|").map(str::to_string))
+        .unwrap();
+    let tables = answer(&dbeaver_tables(&public));
+    let mut listed = pick(&tables, &["relname", "relkind"]);
+    listed.sort();
+    let mut expected = relations(["r", "v"]);
+    expected.sort();
+    assert_eq!(listed, expected);
+    let samples = pick(&tables, &["relname", "oid"])
+        .into_iter()
+        .find_map(|t| t.strip_prefix("samples|").map(str::to_string))
+        .unwrap();
+    let columns = pick(
+        &answer(&dbeaver_columns(&samples)),
+        &["relname", "attname", "atttypid", "attnum", "attnotnull"],
+    );
+    assert_eq!(columns.len(), 21, "{columns:?}");
+    assert_eq!(
+        columns[..4],
+        [
+            "samples|v|20|1|t",
+            "samples|ts_ms|20|2|t",
+            "samples|interval_ms|20|3|t",
+            "samples|host|25|4|t",
+        ]
+    );
 }
 
 #[test]

@@ -22,7 +22,7 @@
 //!
 //! With a TLS acceptor (`[pipeline.sql_tls]`), pgwire answers a client's SSLRequest (and direct
 //! TLS, ALPN `postgresql`) with it, and a client that logs in without TLS is refused with 28000
-//! ([`RequireTls`]): passwords and results never cross the network in the clear. Cancel
+//! (`RequireTls`): passwords and results never cross the network in the clear. Cancel
 //! requests, which carry no password and which libpq sends unencrypted, are still honoured.
 
 use std::collections::hash_map::RandomState;
@@ -81,6 +81,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::governor::{self, Governor, Reason, Session};
 use crate::Metrics;
+
+mod catalog;
 
 /// Why the endpoint could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -300,9 +302,10 @@ impl Drop for Server {
 /// `max_connections`. Each connection runs in its own [`Session`], for the governor that runs
 /// `ctx`'s queries. With `tls`, a client that does not use it cannot log in.
 ///
-/// The session is first given what Postgres clients query besides the lake: `information_schema`,
-/// `pg_catalog`, and functions such as `current_setting`. Tables registered in `ctx` are served
-/// as they are, so a table that lists its files at every scan shows new files to the next query.
+/// The session is first given what Postgres clients query besides the lake: `information_schema`
+/// shaped as Postgres's, `pg_catalog`, and functions such as `current_setting` and `format`.
+/// Tables registered in `ctx` are served as they are, so a table that lists its files at every
+/// scan shows new files to the next query.
 pub async fn serve(
     listener: TcpListener,
     ctx: Arc<SessionContext>,
@@ -429,12 +432,7 @@ fn hooks() -> Vec<Arc<dyn QueryHook>> {
 
 /// Gives the session what Postgres clients query besides the lake's tables.
 fn prepare(ctx: &SessionContext) -> Result<(), EndpointError> {
-    ctx.state_ref()
-        .write()
-        .config_mut()
-        .options_mut()
-        .catalog
-        .information_schema = true;
+    catalog::register(ctx).map_err(EndpointError::Session)?;
     let catalog = ctx
         .state()
         .config()
@@ -1160,6 +1158,58 @@ mod tests {
             "SET application_name = 'x'",
         ] {
             assert!(parser.parse_sql(&client, sql, &[]).await.is_ok(), "{sql}");
+        }
+    }
+
+    // pgjdbc binds the patterns of its DatabaseMetaData queries (getColumns: `LIKE ?`) and
+    // DBeaver the oids of its lookups, through the extended protocol, which psql 15 cannot
+    // speak: each is planned, and its parameters typed as those clients send them.
+    #[tokio::test]
+    async fn jdbc_metadata_queries_are_planned_with_their_parameters() {
+        use datafusion_postgres::pgwire::api::stmt::QueryParser as _;
+        use datafusion_postgres::pgwire::api::Type;
+        let ctx = Arc::new(SessionContext::new());
+        prepare(&ctx).unwrap();
+        let service = DfSessionService::new_with_hooks(ctx, hooks());
+        let parser = service.query_parser();
+        let client = datafusion_postgres::testing::MockClient::new();
+        let pgjdbc_columns = "SELECT * FROM (SELECT current_database() AS current_database, \
+            n.nspname,c.relname,a.attname,a.atttypid,a.attnotnull  OR (t.typtype = 'd' AND \
+            t.typnotnull) AS attnotnull,a.atttypmod,a.attlen,t.typtypmod,row_number() OVER \
+            (PARTITION BY a.attrelid ORDER BY a.attnum) AS attnum, nullif(a.attidentity, '') as \
+            attidentity,nullif(a.attgenerated, '') as attgenerated,\
+            pg_catalog.pg_get_expr(def.adbin, def.adrelid) AS adsrc,dsc.description,\
+            t.typbasetype,t.typtype  FROM pg_catalog.pg_namespace n  JOIN pg_catalog.pg_class c \
+            ON (c.relnamespace = n.oid)  JOIN pg_catalog.pg_attribute a ON (a.attrelid=c.oid)  \
+            JOIN pg_catalog.pg_type t ON (a.atttypid = t.oid)  LEFT JOIN pg_catalog.pg_attrdef def \
+            ON (a.attrelid=def.adrelid AND a.attnum = def.adnum)  LEFT JOIN \
+            pg_catalog.pg_description dsc ON (c.oid=dsc.objoid AND a.attnum = dsc.objsubid)  LEFT \
+            JOIN pg_catalog.pg_class dc ON (dc.oid=dsc.classoid AND dc.relname='pg_class')  LEFT \
+            JOIN pg_catalog.pg_namespace dn ON (dc.relnamespace=dn.oid AND dn.nspname='pg_catalog')  \
+            WHERE c.relkind in ('r','p','v','f','m') and a.attnum > 0 AND NOT a.attisdropped  AND \
+            n.nspname LIKE $1 AND c.relname LIKE $2) c WHERE true  AND attname LIKE $3 ORDER BY \
+            nspname,c.relname,attnum ";
+        let dbeaver_tables = "SELECT c.oid,c.*,d.description,\
+            pg_catalog.pg_get_expr(c.relpartbound, c.oid) as partition_expr,  \
+            pg_catalog.pg_get_partkeydef(c.oid) as partition_key \nFROM pg_catalog.pg_class c\n\
+            LEFT OUTER JOIN pg_catalog.pg_description d ON d.objoid=c.oid AND d.objsubid=0 AND \
+            d.classoid='pg_class'::regclass\nWHERE c.relnamespace=$1 AND c.relkind not in \
+            ('i','I','c')";
+        for (sql, expected) in [
+            (pgjdbc_columns, vec![Type::TEXT, Type::TEXT, Type::TEXT]),
+            // An oid, as in Postgres (which names it `oid` rather than `regnamespace`).
+            (dbeaver_tables, vec![Type::REGNAMESPACE]),
+        ] {
+            let statement = match parser.parse_sql(&client, sql, &[]).await {
+                Ok(Some(statement)) => statement,
+                Ok(None) => panic!("nothing planned for {sql}"),
+                Err(e) => panic!("{sql}: {}", ErrorInfo::from(e).message),
+            };
+            assert_eq!(
+                parser.get_parameter_types(&statement).unwrap(),
+                expected,
+                "{sql}"
+            );
         }
     }
 

@@ -736,7 +736,7 @@ impl Lake {
     /// come back with other bytes, a new name each time, `<stem>.v<n:010>.parquet` with `n`
     /// one more than the latest there, created only if no other process created it first
     /// ([`LakeError::Deposed`] for `role` then), after which the older ones are retired.
-    /// Readers show the latest version alone ([`crate::versions::list_shown`]).
+    /// Readers show the latest version alone (`versions::list_shown`).
     pub fn write_replaceable(
         &self,
         dir: &Path,

@@ -56,8 +56,22 @@ GROUP BY host"#;
 /// limits: it is for the pipeline's own queries; what people submit goes through
 /// [`context_with_config`].
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
-    register_lake(SessionContext::new(), lake).await
+    register_lake(SessionContext::new_with_config(session_config()), lake).await
 }
+
+/// What every session over the lake is configured with: `information_schema` (`tables`,
+/// `columns`, `views`, `df_settings`, …), where people and tools look for the tables and their
+/// columns, and which `SHOW TABLES` and `SHOW COLUMNS` read; and the catalog named as the
+/// database clients connect to (`postgres://…/gpuwarden`), which `current_database()`,
+/// `pg_database` and `table_catalog` give back.
+fn session_config() -> SessionConfig {
+    SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema(CATALOG, "public")
+}
+
+/// The name of the sessions' one catalog.
+const CATALOG: &str = "gpuwarden";
 
 async fn register_lake(
     ctx: SessionContext,
@@ -203,7 +217,7 @@ pub async fn context_with_config(
     config: &Config,
     governor: &Arc<Governor>,
 ) -> Result<SessionContext, DataFusionError> {
-    let ctx = register_lake(governor.context(SessionConfig::new()), lake).await?;
+    let ctx = register_lake(governor.context(session_config()), lake).await?;
     register_config(&ctx, config)?;
     Ok(ctx)
 }

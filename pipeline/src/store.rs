@@ -6,12 +6,12 @@
 //! are writer threads, the ingest's finishing threads and query threads, each with its own
 //! runtime or none, and the HTTP client's pooled connections must outlive whichever of them
 //! happened to open one. The lake's synchronous methods hand a request to that runtime and wait
-//! for its answer ([`ObjectLake::block`]); the stores handed to DataFusion run their requests
+//! for its answer (`ObjectLake::block`); the stores handed to DataFusion run their requests
 //! there too, through object_store's `SpawnedReqwestConnector`.
 //!
 //! Publication needs no temporary object: a PUT (or the completion of a multipart upload) makes
 //! the whole object visible at once, and a file's name is its source and range, so a replay puts
-//! the same object again. A reader of the lake sees it through [`LakeReader`], which applies
+//! the same object again. A reader of the lake sees it through `LakeReader`, which applies
 //! each hour's compaction manifest to a listing as `VersionedFs` does for a directory.
 
 use std::fmt;
@@ -221,7 +221,7 @@ impl ObjectLake {
         .map_err(self.error("writing", &key))
     }
 
-    /// Uploads the local file `path` as `relative`: one PUT up to [`PART_BYTES`], a multipart
+    /// Uploads the local file `path` as `relative`: one PUT up to `PART_BYTES`, a multipart
     /// upload above. The object appears when the upload completes, whole. A failed upload is
     /// aborted, so that no parts are left to pay for, except when its last part fails
     /// (`WriteMultipart::finish` aborts only a failed completion): those parts wait for the
@@ -396,7 +396,7 @@ impl ObjectLake {
     /// Removes the object `relative` so that a query that listed it still reads it: copied
     /// first to `_versions/<relative>` (a server-side copy), where
     /// [`ObjectLake::sweep_versions`] deletes it [`crate::versions::RETAIN`] later, and read
-    /// from there by [`LakeReader`] when the original is gone. `false` when there was nothing.
+    /// from there by `LakeReader` when the original is gone. `false` when there was nothing.
     /// Only objects that are never written again with other bytes are retired this way (raw
     /// files, whose names are their offsets; rollup files, whose names are new at each write),
     /// so a kept version is the version a query listed.
@@ -491,7 +491,7 @@ impl ObjectLake {
     }
 
     /// Serves the lake's objects to `ctx`'s tables at `s3://<bucket>`, read through
-    /// [`LakeReader`].
+    /// `LakeReader`.
     pub fn register(&self, ctx: &SessionContext) {
         let reader = LakeReader {
             inner: Arc::clone(&self.store),

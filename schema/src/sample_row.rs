@@ -1,7 +1,7 @@
 //! The pipeline's hot path for samples: a [`SampleRow`] borrows its strings from the message
 //! bytes (no allocation unless a string has escapes), is checked by the same rules as
-//! [`Sample`](crate::Sample), and is appended straight to the Arrow builders of a
-//! [`SampleBuilder`], whose batches have exactly [`Sample`](crate::Sample)'s lake schema.
+//! [`Sample`], and is appended straight to the Arrow builders of a
+//! [`SampleBuilder`], whose batches have exactly [`Sample`]'s lake schema.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use gpuwarden_pipeline::governor::{self, Governor, GovernorOptions};
 use gpuwarden_pipeline::sql;
@@ -14,8 +16,9 @@ use gpuwarden_schema::config;
 /// Every table of the lake is registered under its name, empty ones too. Raw: samples,
 /// lease_events, signals, actions, quarantine. Rollups (see `gpuwarden rollup`): gpu_hourly,
 /// lease_hourly, team_hourly, focus_costs (FOCUS 1.2), leases (one row per lease, its current
-/// state), and the view lease_usage. The dialect is DataFusion's, close to PostgreSQL's;
-/// FOCUS columns are case-sensitive: SELECT "BilledCost" FROM focus_costs.
+/// state), and the view lease_usage. SHOW TABLES, DESCRIBE <table> and information_schema
+/// (tables, columns) list them. The dialect is DataFusion's, close to PostgreSQL's; FOCUS
+/// columns are case-sensitive: SELECT "BilledCost" FROM focus_costs.
 ///
 /// The query runs under the limits of [pipeline.sql_limits] (statement_timeout, query_memory),
 /// as it would through the SQL endpoint: past its timeout it is canceled, and past its memory
@@ -56,9 +59,10 @@ pub(crate) struct Args {
 enum Format {
     /// An aligned table for people.
     Table,
-    /// CSV with a header line; lists and structs as the table writes them (`[GPU-1, GPU-2]`).
+    /// CSV with a header line (alone when there are no rows); lists and structs as the table
+    /// writes them (`[GPU-1, GPU-2]`).
     Csv,
-    /// One JSON object per row.
+    /// One JSON object per row (nothing when there are no rows).
     Json,
 }
 
@@ -107,13 +111,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         Format::Csv => {
+            // The header even for no rows, as psql --csv and DuckDB print it: whatever reads
+            // the output finds its columns either way.
+            let empty = [RecordBatch::new_empty(Arc::clone(&schema))];
+            let batches = if batches.is_empty() {
+                &empty[..]
+            } else {
+                &batches[..]
+            };
             let mut writer = datafusion::arrow::csv::WriterBuilder::new()
                 .with_header(true)
                 .build(out);
-            for batch in &batches {
+            for batch in batches {
                 writer.write(&nested_as_text(batch)?)?;
             }
         }
+        // JSON lines: one object per row, so no rows is no line.
         Format::Json => {
             let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(out);
             for batch in &batches {
@@ -128,12 +141,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// `batch` with its nested columns (lists such as `leases.gpu_uuids`, structs, maps), which
 /// CSV cannot hold, written as the text the table format shows (`[GPU-1, GPU-2]`).
 fn nested_as_text(
-    batch: &datafusion::arrow::record_batch::RecordBatch,
-) -> Result<datafusion::arrow::record_batch::RecordBatch, datafusion::arrow::error::ArrowError> {
+    batch: &RecordBatch,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
     use datafusion::arrow::array::{Array, ArrayRef, StringArray};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-    use std::sync::Arc;
     if !batch.columns().iter().any(|c| c.data_type().is_nested()) {
         return Ok(batch.clone());
     }
@@ -152,5 +164,5 @@ fn nested_as_text(
             columns.push(Arc::clone(column));
         }
     }
-    datafusion::arrow::record_batch::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }

@@ -5,7 +5,7 @@
 //!
 //! - **Its own threads.** Queries run on a runtime that runs nothing else, its threads at a lower
 //!   CPU priority (nice +10) than the rest of the process. Every operator of a plan yields its
-//!   thread at least every [`exec::SLICE`], so queries share the threads with each other, and a
+//!   thread at least every `exec::SLICE`, so queries share the threads with each other, and a
 //!   canceled query lets go of them within one slice.
 //! - **Limits per user.** A statement timeout, a memory pool per query (operators that can spill
 //!   to disk do), and a maximum of queries running at once, per user and in all; a query over a

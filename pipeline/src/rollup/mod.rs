@@ -15,7 +15,7 @@
 //!    allocation from its own time onward, never before);
 //! 3. computes each hour with SQL over that hour's sample files and the next hour's (whose
 //!    first samples' intervals began in it) and rewrites the hour's files atomically. An hour
-//!    of more than `part_rows` samples is computed in parts split by GPU ([`parts`]), so
+//!    of more than `part_rows` samples is computed in parts split by GPU (`parts`), so
 //!    memory follows a part, not the hour, and never the lake. An hour is `final` once the
 //!    watermark has passed its end plus `pipeline.lateness`; until then every run refreshes it.
 //!

@@ -1,9 +1,9 @@
 //! The samples the signals read, kept per GPU and per time bucket (one minute by default) with
 //! only the columns the signals use, deduplicated as they arrive.
 //!
-//! Each GPU holds its buckets in time order. A bucket keeps one [`Point`] per distinct `ts_ms`
+//! Each GPU holds its buckets in time order. A bucket keeps one `Point` per distinct `ts_ms`
 //! (its offset in the bucket, `interval_ms`, `util_gpu_pct`, `mem_used_bytes` and an index into
-//! the bucket's few (lease named, host) pairs), 32 bytes, and a cached [`Summary`] of its points:
+//! the bucket's few (lease named, host) pairs), 32 bytes, and a cached `Summary` of its points:
 //! the interval-weighted sums, the largest `mem_used_bytes`, and the first, last, last busy and
 //! first-idle-after-last-busy times that idle runs need. The signals read the summary of a bucket
 //! whose points all name the same lease and whose minute no lease segment starts or ends in (the
