@@ -3,13 +3,18 @@
 //! `gpuwarden demo` on a free port. Each test starts its own chromedriver and its own enforcer.
 //!
 //! - a member signs in, watches the estimate follow the GPU count, is admitted within quota and
-//!   refused over it (with the reason in words), sees a label holding `<script>` as text, and
-//!   releases the lease; a wrong token is refused; signing out ends the session;
+//!   refused over it (with the reason in words and the model priced), sees a label holding
+//!   `<script>` as text and the lease's id and model on one line at 1280 px, and releases the
+//!   lease, which the admin's audit trail shows as hers; a wrong token is refused; signing out
+//!   ends the session;
+//! - on a phone (375 px, emulated: headless Chromium makes no window narrower than 500 px) a
+//!   denial is told in the first screen, above the form;
 //! - a viewer has no request form, a member cannot see another team, only admins see the admin
 //!   pages;
 //! - the demo's scorecard, after a run, scores runtime enforcement from its reclaims, as
-//!   `gpuwarden assess` does; every page is photographed at desktop (1280 px) and phone (375 px)
-//!   widths into `$CARGO_TARGET_TMPDIR/portal-shots/`.
+//!   `gpuwarden assess` does; its pages say the clock is simulated (60×); every page is
+//!   photographed at desktop (1280 px) and phone (375 px) widths into
+//!   `$CARGO_TARGET_TMPDIR/portal-shots/`.
 //!
 //! Every page load is checked for JavaScript errors in the browser's log.
 
@@ -145,7 +150,9 @@ impl Chromedriver {
         Self { child, url }
     }
 
-    /// A new headless Chromium session in a window `width` CSS pixels wide.
+    /// A new headless Chromium session whose page is `width` CSS pixels wide: a window that
+    /// wide, or, below the 500 px headless Chromium makes any window at least, a phone's screen
+    /// emulated over it.
     async fn browser(&self, width: u32) -> Browser {
         let options = json!({
             "binary": "/usr/bin/chromium",
@@ -165,7 +172,9 @@ impl Chromedriver {
             .connect(&self.url)
             .await
             .expect("a Chromium session");
-        Browser { client, width }
+        let browser = Browser { client, width };
+        browser.viewport(SCREEN_HEIGHT).await;
+        browser
     }
 }
 
@@ -200,12 +209,61 @@ impl WebDriverCompatibleCommand for BrowserLog {
     }
 }
 
+/// A DevTools command through chromedriver (`POST /session/{id}/goog/cdp/execute`).
+#[derive(Debug)]
+struct Cdp(&'static str, Value);
+
+impl WebDriverCompatibleCommand for Cdp {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!(
+            "session/{}/goog/cdp/execute",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (axum::http::Method, Option<String>) {
+        (
+            axum::http::Method::POST,
+            Some(json!({"cmd": self.0, "params": self.1}).to_string()),
+        )
+    }
+}
+
+/// The height of the browser's screen, CSS pixels: what a page shows before scrolling.
+const SCREEN_HEIGHT: u32 = 900;
+
+/// Headless Chromium makes no window narrower than this; a phone's width is emulated.
+const NARROWEST_WINDOW: u32 = 500;
+
 struct Browser {
     client: Client,
     width: u32,
 }
 
 impl Browser {
+    /// Makes the page `self.width` by `height` CSS pixels: the window, or below
+    /// [`NARROWEST_WINDOW`] an emulated phone's screen (with its viewport meta tag honoured).
+    async fn viewport(&self, height: u32) {
+        if self.width >= NARROWEST_WINDOW {
+            self.client
+                .set_window_size(self.width, height)
+                .await
+                .unwrap();
+            return;
+        }
+        self.client
+            .issue_cmd(Cdp(
+                "Emulation.setDeviceMetricsOverride",
+                json!({"width": self.width, "height": height, "deviceScaleFactor": 1, "mobile": true}),
+            ))
+            .await
+            .unwrap();
+    }
+
     async fn goto(&self, base: &str, path: &str) {
         self.client
             .goto(&format!("http://{base}{path}"))
@@ -309,6 +367,72 @@ impl Browser {
         self.no_js_errors().await;
     }
 
+    /// How many lines each element `css` picks takes (its client rectangles: one per line box
+    /// an inline element spans).
+    async fn lines(&self, css: &str) -> Vec<u64> {
+        let counts = self
+            .client
+            .execute(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.getClientRects().length);",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap();
+        counts
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect()
+    }
+
+    /// Whether all of element `css` is in the window as the page opened, without scrolling.
+    async fn in_first_screen(&self, css: &str) -> bool {
+        self.client
+            .execute(
+                "const r = document.querySelector(arguments[0]).getBoundingClientRect(); \
+                 return window.scrollY === 0 && r.top >= 0 && r.bottom <= window.innerHeight;",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap()
+            == json!(true)
+    }
+
+    /// Whether element `css` is in the window where it is scrolled to now.
+    async fn in_first_screen_scrolled(&self, css: &str) -> bool {
+        self.client
+            .execute(
+                "const r = document.querySelector(arguments[0]).getBoundingClientRect(); \
+                 return r.top >= 0 && r.bottom <= window.innerHeight;",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap()
+            == json!(true)
+    }
+
+    /// Whether every element `css` picks shows all its content without scrolling sideways.
+    async fn fit(&self, css: &str) -> bool {
+        self.client
+            .execute(
+                "return Array.from(document.querySelectorAll(arguments[0])).every(e => e.scrollWidth <= e.clientWidth);",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap()
+            == json!(true)
+    }
+
+    /// The texts of every element `css` picks.
+    async fn texts(&self, css: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for element in self.client.find_all(Locator::Css(css)).await.unwrap() {
+            out.push(element.text().await.unwrap());
+        }
+        out
+    }
+
     async fn path(&self) -> String {
         self.client.current_url().await.unwrap().path().to_string()
     }
@@ -340,13 +464,18 @@ impl Browser {
         self.click("form.signout button").await;
     }
 
-    /// A screenshot of the whole page, `name-<width>.png` in `dir`: the window is made as tall
-    /// as the page (plus what the window itself takes).
+    /// A screenshot of the whole page, `name-<width>.png` in `dir`: the window (or emulated
+    /// screen) is made as tall as the page (plus what the window itself takes), then put back.
     async fn shoot(&self, dir: &Path, name: &str) {
+        let frame = if self.width >= NARROWEST_WINDOW {
+            "window.outerHeight - window.innerHeight"
+        } else {
+            "0"
+        };
         let height = self
             .client
             .execute(
-                "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight;",
+                &format!("return document.documentElement.scrollHeight + {frame};"),
                 vec![],
             )
             .await
@@ -354,11 +483,9 @@ impl Browser {
             .as_u64()
             .unwrap_or(900)
             .clamp(600, 6000) as u32;
-        self.client
-            .set_window_size(self.width, height)
-            .await
-            .unwrap();
+        self.viewport(height).await;
         let png = self.client.screenshot().await.unwrap();
+        self.viewport(SCREEN_HEIGHT).await;
         std::fs::write(dir.join(format!("{name}-{}.png", self.width)), png).unwrap();
         // No page is wider than the window: nothing to scroll sideways on a phone.
         let fits = self
@@ -418,6 +545,21 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
     assert_eq!(format!("{:?}", session.same_site()), "Some(Strict)");
     assert!(!session.value().contains(ADA));
     assert_eq!(b.text("#user").await, "ada");
+    // Only the workloads the config defines are offered; the clock is real, so not named.
+    let workloads: Vec<String> = {
+        let mut out = Vec::new();
+        for option in b
+            .client
+            .find_all(Locator::Css("#workload option"))
+            .await
+            .unwrap()
+        {
+            out.push(option.attr("value").await.unwrap().unwrap_or_default());
+        }
+        out
+    };
+    assert_eq!(workloads, ["training"]);
+    assert!(!b.exists("#clock").await);
 
     // The estimate follows the GPU count: $4 a GPU-hour, for 2 h.
     b.fill("project", "llm").await;
@@ -467,8 +609,29 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
         json!("undefined")
     );
     assert!(b.text("#open-leases").await.contains("2 × NVIDIA H100"));
+    // At a desktop's width the lease id and the model name read on one line each.
+    assert_eq!(b.lines("#open-leases code.id").await, [1]);
+    assert_eq!(b.lines("#open-leases .model").await, [1]);
+    assert!(
+        b.fit(".table-wrap").await,
+        "the leases table is wider than the page"
+    );
     let team = api_json(&base, "GET", "/v1/teams/ml", ADA, None);
     assert_eq!(team["gpus_held"], 2, "{team}");
+    let lease_id = api_json(&base, "GET", "/v1/leases?state=active", ADA, None)[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The team page says where each figure comes from: the enforcer counts spend up to now,
+    // the lake (empty here) has no idle cost yet, rather than "$0.00 of $0.00".
+    b.goto(&base, "/ui/team").await;
+    let source = b.text("#spend-source").await;
+    assert!(
+        source.starts_with("Counted by the enforcer up to now"),
+        "{source}"
+    );
+    let idle = b.text("#idle").await;
+    assert!(idle.contains("The lake holds no data yet"), "{idle}");
 
     // Over quota (2 held + 3 > 4): refused, every reason in words, nothing created.
     b.goto(&base, "/ui/request").await;
@@ -477,6 +640,16 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
     b.click("#ask").await;
     let summary = b.text("#estimate-summary").await;
     assert!(summary.starts_with("Denied: 1 reason"), "{summary}");
+    // The denial names the model it priced, as an admission does.
+    assert!(
+        summary.contains("3 GPUs of NVIDIA H100 80GB HBM3 × $4.00/h"),
+        "{summary}"
+    );
+    let decision = b.text("#decision").await;
+    assert!(
+        decision.starts_with("Denied: The team has 2 of 4 GPUs free"),
+        "{decision}"
+    );
     let reason = b
         .text("#estimate-reasons li[data-code='quota_exceeded']")
         .await;
@@ -493,7 +666,11 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
     b.click("#open-leases button.danger").await;
     assert!(b.text("p.notice").await.contains("released"));
     assert!(b.exists("#no-leases").await);
-    assert!(b.text("#ended-leases").await.contains("user"));
+    assert!(
+        b.text("#ended-leases").await.contains("released by ada"),
+        "{}",
+        b.text("#ended-leases").await
+    );
     let team = api_json(&base, "GET", "/v1/teams/ml", ADA, None);
     assert_eq!(team["gpus_held"], 0, "{team}");
 
@@ -502,6 +679,70 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
     assert_eq!(b.path().await, "/ui/signin");
     b.goto(&base, "/ui/request").await;
     assert_eq!(b.path().await, "/ui/signin");
+
+    // The audit trail shows ada's release as hers, not as a reclaim the system took.
+    b.sign_in(&base, ROOT).await;
+    b.goto(&base, "/ui/admin").await;
+    let row = format!("#actions tr[data-lease='{lease_id}']");
+    let actions = b.texts(&format!("{row} td.action")).await;
+    assert!(
+        actions.contains(&"release".to_string()) && !actions.contains(&"reclaim".to_string()),
+        "{}",
+        b.text("#actions").await
+    );
+    let rows = b.texts(&row).await;
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("release") && r.contains("by ada, its holder")),
+        "{rows:?}"
+    );
+    b.client.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_phone_a_denial_is_told_at_the_top_of_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_enforcer, base) = start_enforcer(&write_config(dir.path()));
+    let driver = Chromedriver::start();
+    let b = driver.browser(375).await;
+    b.sign_in(&base, ADA).await;
+    let width = b
+        .client
+        .execute("return window.innerWidth;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(width, json!(375), "a phone's width");
+    b.fill("project", "llm").await;
+    b.fill("gpus", "5").await;
+    b.click("#ask").await;
+    // The estimate, with every reason, is below the form, out of the first screen; the notice
+    // at the top says the request was denied and why, as an admission's says it was admitted.
+    assert!(!b.in_first_screen("#estimate").await);
+    assert!(b.in_first_screen("#decision").await);
+    let decision = b.text("#decision").await;
+    assert!(
+        decision.starts_with(
+            "Denied: The team has 4 of 4 GPUs free (0 held in open leases); you asked for 5."
+        ),
+        "{decision}"
+    );
+    // Its link leads to the reasons.
+    b.client
+        .find(Locator::Css("#decision a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(b.in_first_screen_scrolled("#estimate-title").await);
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("portal-shots");
+    std::fs::create_dir_all(&shots).unwrap();
+    b.client
+        .execute("window.scrollTo(0, 0);", vec![])
+        .await
+        .unwrap();
+    let png = b.client.screenshot().await.unwrap();
+    std::fs::write(shots.join("request-denied-first-screen-375.png"), png).unwrap();
     b.client.close().await.unwrap();
 }
 
@@ -690,14 +931,38 @@ async fn the_demo_s_scorecard_scores_its_reclaims_as_assess_does_and_every_page_
         b.text_until("#estimate-summary", |t| t.contains("3 GPUs"))
             .await;
         b.shoot(&shots, "request").await;
+        // The demo's clock runs at 60× from a day ago: every signed-in page says so.
+        let clock = b.text("#clock").await;
+        assert!(clock.contains("runs at 60× real time"), "{clock}");
         b.fill("gpus", "40").await;
         b.click("#ask").await;
-        assert!(b.text("#estimate-summary").await.starts_with("Denied"));
+        let summary = b.text("#estimate-summary").await;
+        assert!(summary.starts_with("Denied"), "{summary}");
+        // Forty fit nowhere: the price names the model it assumed.
+        assert!(
+            summary.contains("40 GPUs of ")
+                && summary.ends_with("priced as the dearest model the request could get."),
+            "{summary}"
+        );
+        assert!(b.text("#decision").await.starts_with("Denied"));
+        assert!(b.in_first_screen("#decision").await, "{width} px");
         b.shoot(&shots, "request-denied").await;
         b.goto(&base, "/ui/leases").await;
+        if width == 1280 {
+            let lines = b.lines("code.id").await;
+            assert!(lines.iter().all(|&n| n == 1), "{lines:?}");
+            let lines = b.lines(".model").await;
+            assert!(lines.iter().all(|&n| n == 1), "{lines:?}");
+            assert!(
+                b.fit(".table-wrap").await,
+                "a leases table is wider than the page"
+            );
+        }
         b.shoot(&shots, "leases").await;
         b.goto(&base, "/ui/team").await;
         assert!(b.text("#spend").await.contains("spent"));
+        let idle = b.text("#idle-source").await;
+        assert!(idle.contains("whose data reach"), "{idle}");
         b.shoot(&shots, "team").await;
         b.sign_out().await;
         b.sign_in(&base, "demo-admin-token").await;

@@ -253,9 +253,12 @@ pub fn assess(config: &Config, evidence: &Evidence) -> Scorecard {
 fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
     let mut l = Ladder::new();
     let days = WINDOW_DAYS;
-    let policies: Vec<(Workload, _)> = Workload::ALL
+    // The workloads the config defines: a kind it leaves out has no policy of its own to score
+    // (and the portal does not offer it).
+    let policies: Vec<(Workload, _)> = config
+        .workloads
         .iter()
-        .map(|&w| (w, config.workload(w)))
+        .map(|(&w, p)| (w, p.clone()))
         .collect();
     match capability {
         Capability::GpuAwareProvisioning => {
@@ -374,15 +377,33 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
                 "give people tokens of their own ([[tokens]] with role = \"member\") instead of sharing an admin's",
             );
             let listed = config.teams.iter().all(|t| !t.members.is_empty());
-            let capped = policies.iter().all(|(_, p)| p.max_gpus.is_some());
+            let uncapped: Vec<&str> = policies
+                .iter()
+                .filter(|(_, p)| p.max_gpus.is_none())
+                .map(|(w, _)| w.as_str())
+                .collect();
+            let capped = !policies.is_empty() && uncapped.is_empty();
             l.step(
                 listed && capped,
                 format!(
-                    "every team lists its members: {}; every workload caps GPUs per lease: {}",
+                    "every team lists its members: {}; every workload defined caps GPUs per lease: {}",
                     yes(listed),
-                    yes(capped)
+                    if policies.is_empty() {
+                        "no [workloads.*] defined".to_owned()
+                    } else if capped {
+                        format!(
+                            "yes ({})",
+                            policies
+                                .iter()
+                                .map(|(w, _)| w.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    } else {
+                        format!("no ({} without max_gpus)", uncapped.join(", "))
+                    }
                 ),
-                "list each team's members and set max_gpus on every [workloads.*]",
+                "list each team's members and set max_gpus on every [workloads.*] the config defines",
             );
             let denied = e.actions_of("deny");
             l.step(
@@ -555,6 +576,13 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
         }
         Capability::IntegrationExtensibility => {
             let integrations = integrations(config);
+            // Only what is not configured yet is worth suggesting.
+            let missing: Vec<&str> = INTEGRATIONS
+                .iter()
+                .filter(|(_, _, on)| !on(config))
+                .map(|(_, add, _)| *add)
+                .collect();
+            let raise = format!("add one more integration: {}", or_list(&missing));
             for n in 1..=4 {
                 l.step(
                     integrations.len() >= n,
@@ -566,7 +594,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
                             integrations.join(", ")
                         }
                     ),
-                    "add one more integration: external Kafka brokers, SQL users for the SQL endpoint, alert webhooks, a webhook substrate, a Slurm submit hook or a Kubernetes admission webhook",
+                    &raise,
                 );
             }
             l.evidence.dedup();
@@ -575,29 +603,58 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
     l.done(capability)
 }
 
-/// The integrations other systems use to read or drive gpuwarden, as configured.
+/// An integration: its name once configured, what to add to configure it, and whether a config
+/// does.
+type Integration = (&'static str, &'static str, fn(&Config) -> bool);
+
+/// The integrations other systems use to read or drive gpuwarden.
+const INTEGRATIONS: [Integration; 6] = [
+    (
+        "Kafka topics on shared brokers",
+        "external Kafka brokers",
+        |c| c.kafka.brokers != "embedded",
+    ),
+    (
+        "SQL endpoint users",
+        "SQL users for the SQL endpoint",
+        |c| !c.pipeline.sql_users.is_empty() || c.pipeline.sql_allow_anonymous,
+    ),
+    ("alert webhooks", "alert webhooks", |c| {
+        !c.enforcer.alert_webhooks.is_empty()
+    }),
+    ("webhook substrate", "a webhook substrate", |c| {
+        has_driver(c, "webhook")
+    }),
+    ("Slurm submit hook", "a Slurm submit hook", |c| {
+        has_driver(c, "slurm")
+    }),
+    (
+        "Kubernetes admission webhook",
+        "a Kubernetes admission webhook",
+        |c| has_driver(c, "kubernetes"),
+    ),
+];
+
+fn has_driver(config: &Config, kind: &str) -> bool {
+    config.substrates.iter().any(|s| s.driver.as_str() == kind)
+}
+
+/// The integrations `config` sets up.
 fn integrations(config: &Config) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if config.kafka.brokers != "embedded" {
-        out.push("Kafka topics on shared brokers");
+    INTEGRATIONS
+        .iter()
+        .filter(|(_, _, on)| on(config))
+        .map(|(name, _, _)| *name)
+        .collect()
+}
+
+/// `a, b or c`.
+fn or_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
     }
-    if !config.pipeline.sql_users.is_empty() || config.pipeline.sql_allow_anonymous {
-        out.push("SQL endpoint users");
-    }
-    if !config.enforcer.alert_webhooks.is_empty() {
-        out.push("alert webhooks");
-    }
-    let driver = |kind: &str| config.substrates.iter().any(|s| s.driver.as_str() == kind);
-    if driver("webhook") {
-        out.push("webhook substrate");
-    }
-    if driver("slurm") {
-        out.push("Slurm submit hook");
-    }
-    if driver("kubernetes") {
-        out.push("Kubernetes admission webhook");
-    }
-    out
 }
 
 fn yes(b: bool) -> &'static str {
@@ -760,6 +817,83 @@ mod tests {
         assert_eq!(Band::of(3.0), Band::Transitional);
         assert_eq!(Band::of(4.5), Band::Advanced);
         assert_eq!(Band::of(5.0), Band::Optimized);
+    }
+
+    #[test]
+    fn governance_counts_only_the_workloads_the_config_defines() {
+        let mut config = config();
+        config.tokens.push(TokenConfig {
+            name: "ada".into(),
+            sha256: "0".repeat(64),
+            role: Role::Member,
+            teams: vec!["ml".into()],
+        });
+        // No [workloads.*] at all: nothing caps a lease.
+        let s = of(
+            &assess(&config, &Evidence::default()),
+            Capability::QuotaAndAccessGovernance,
+        )
+        .clone();
+        assert_eq!(s.score, 3, "{s:?}");
+        assert!(s.evidence[2].contains("no [workloads.*] defined"), "{s:?}");
+        // Training and inference defined, both capped: the kinds left out do not count.
+        for w in [Workload::Training, Workload::Inference] {
+            config.workloads.insert(
+                w,
+                WorkloadPolicy {
+                    max_gpus: Some(8),
+                    ..WorkloadPolicy::default()
+                },
+            );
+        }
+        let s = of(
+            &assess(&config, &Evidence::default()),
+            Capability::QuotaAndAccessGovernance,
+        )
+        .clone();
+        assert_eq!(s.score, 4, "{s:?}");
+        assert!(
+            s.evidence[2].ends_with("caps GPUs per lease: yes (training, inference)"),
+            "{s:?}"
+        );
+        // A defined one without a cap is named.
+        config
+            .workloads
+            .insert(Workload::Notebook, WorkloadPolicy::default());
+        let s = of(
+            &assess(&config, &Evidence::default()),
+            Capability::QuotaAndAccessGovernance,
+        )
+        .clone();
+        assert_eq!(s.score, 3);
+        assert!(
+            s.evidence[2].ends_with("no (notebook without max_gpus)"),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn integration_advice_names_only_what_is_not_configured() {
+        let mut config = config();
+        config.pipeline.sql_allow_anonymous = true;
+        config
+            .enforcer
+            .alert_webhooks
+            .push("http://127.0.0.1:1/hook".into());
+        let card = assess(&config, &Evidence::default());
+        let s = of(&card, Capability::IntegrationExtensibility);
+        assert_eq!(s.score, 3);
+        assert_eq!(
+            s.evidence,
+            ["integrations configured: SQL endpoint users, alert webhooks"]
+        );
+        let next = s.next.as_deref().unwrap();
+        assert_eq!(
+            next,
+            "add one more integration: external Kafka brokers, a webhook substrate, a Slurm \
+             submit hook or a Kubernetes admission webhook"
+        );
+        assert!(!next.contains("SQL") && !next.contains("alert"), "{next}");
     }
 
     #[test]

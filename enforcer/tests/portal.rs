@@ -282,13 +282,26 @@ async fn estimates_hold_nothing_requests_need_the_csrf_token_and_labels_are_esca
         let page = post(&app, "/ui/estimate", Some(&session), &fields).await;
         assert_eq!(page.status, StatusCode::OK, "{}", page.body);
         let answer: Value = serde_json::from_str(&page.body).unwrap();
-        // Placed, an H100 costs $4 a GPU-hour; nine fit nowhere, so no model is placed and the
-        // default price ($2) applies, as the policy prices a request it cannot place.
+        // Placed, an H100 costs $4 a GPU-hour. Nine fit nowhere, so no model is placed: the
+        // estimate prices the dearest model the request could get (the H100 again, and says
+        // so), not the default price ($2), so asking for more never looks cheaper per GPU.
         let n = gpus.parse::<f64>().unwrap();
-        let per_hour = if gpus == "9" { 2.0 * n } else { 4.0 * n };
-        assert_eq!(answer["usd_per_hour"], per_hour, "{answer}");
+        assert_eq!(answer["usd_per_hour"], 4.0 * n, "{answer}");
+        assert_eq!(answer["gpu_model"], "NVIDIA H100 80GB HBM3", "{answer}");
+        let summary = answer["summary"].as_str().unwrap();
+        assert!(
+            summary.contains(&format!("{gpus} GPU"))
+                && summary.contains(" of NVIDIA H100 80GB HBM3 × $4.00/h"),
+            "{summary}"
+        );
         if gpus == "9" {
             assert_eq!(answer["decision"], "denied");
+            assert!(
+                summary.ends_with(
+                    "Nothing could be placed: priced as the dearest model the request could get."
+                ),
+                "{summary}"
+            );
             let codes: Vec<&str> = answer["reasons"]
                 .as_array()
                 .unwrap()
@@ -342,6 +355,86 @@ async fn estimates_hold_nothing_requests_need_the_csrf_token_and_labels_are_esca
     let page = post(&app, "/ui/request", Some(&session), &fields).await;
     assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(page.body.contains("project: "), "{}", page.body);
+}
+
+#[tokio::test]
+async fn a_resized_lease_costs_what_it_held_over_time_and_a_denial_is_told_at_the_top() {
+    let h = Enforcer::new(config(), 8, NOW);
+    let app = app_of(&h);
+    let (status, lease) = call(
+        &h.app,
+        Method::POST,
+        "/v1/admission",
+        Some("ada"),
+        Some(
+            serde_json::json!({
+                "team": "ml", "user": "ada", "project": "llm", "workload": "training",
+                "gpus": 2, "duration": "4h"
+            })
+            .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lease}");
+    let id = lease["lease"]["id"].as_str().unwrap().to_owned();
+    // 2 GPUs for an hour, then 4 for an hour: 6 GPU-hours at $4 = $24, not 4 × 2 h = $32.
+    h.clock.advance(Duration::from_secs(3600));
+    let (status, resized) = call(
+        &h.app,
+        Method::POST,
+        &format!("/v1/leases/{id}/resize"),
+        Some("ada"),
+        Some(r#"{"gpus": 4}"#.to_owned()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{resized}");
+    assert_eq!(resized["decision"], "admitted", "{resized}");
+    h.clock.advance(Duration::from_secs(3600));
+    let session = sign_in(&app, "tok-ada").await;
+    let page = get(&app, "/ui/leases", Some(&session)).await.body;
+    let cost = page
+        .split(r#"<td data-label="Cost so far" class="cost">"#)
+        .nth(1)
+        .and_then(|rest| rest.split("</td>").next())
+        .unwrap_or_else(|| panic!("no cost cell in {page}"));
+    assert_eq!(
+        cost, r#"$24.00<br><span class="hint">$16.00/h now</span>"#,
+        "{page}"
+    );
+
+    // A denial is said above the form, where a phone shows it without scrolling, with its
+    // first reason; the form and the estimate below it keep every reason.
+    let form = get(&app, "/ui/request", Some(&session)).await.body;
+    let fields = [
+        ("csrf", csrf(&form)),
+        ("submission", "s1".to_owned()),
+        ("team", "ml".to_owned()),
+        ("project", "llm".to_owned()),
+        ("workload", "training".to_owned()),
+        ("gpus", "2".to_owned()),
+        ("duration", "2h".to_owned()),
+    ];
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let page = post(&app, "/ui/request", Some(&session), &fields).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let notice = page
+        .body
+        .find(r#"id="decision""#)
+        .expect("a decision notice");
+    assert!(
+        notice < page.body.find(r#"id="request-form""#).unwrap(),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains(
+            r##"role="alert" id="decision"><strong>Denied</strong>: The team has 0 of 4 GPUs free (4 held in open leases); you asked for 2. <a href="#estimate-title">"##
+        ),
+        "{}",
+        page.body
+    );
+    // The form offers only the workloads the config defines.
+    assert!(page.body.contains(r#"<select id="workload" name="workload"><option value="training" selected>training</option></select>"#), "{}", page.body);
 }
 
 /// The lease ids listed on a leases page, in its order.

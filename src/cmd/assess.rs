@@ -32,8 +32,8 @@ use serde_json::{Map, Value};
 ///   gpuwarden assess --config gpuwarden.toml --json | jq '.scores[] | {capability, score}'
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The config file (its [[teams]], [workloads.*], [[substrates]], [[tokens]] and the lake
-    /// under storage.data_dir).
+    /// The config file (its [[teams]], [workloads.*], [[substrates]], [[tokens]] and the lake:
+    /// storage.lake, or <storage.data_dir>/lake).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// Print the scorecard as one JSON object (scores, evidence, next steps, average, band).
@@ -125,21 +125,26 @@ fn text_of(row: &Map<String, Value>, column: &str) -> String {
         .to_owned()
 }
 
-/// The scorecard's evidence: the lake's [`WINDOW_DAYS`] up to its watermark (the latest sample
-/// or lease event, as the queries of `queries/` take "now").
-pub(crate) async fn gather(lake: &Lake) -> anyhow::Result<Evidence> {
-    let ctx = sql::context(lake).await?;
-    let watermark = rows(
-        &ctx,
+/// The lake's watermark: its latest sample or lease event, as the queries of `queries/` take
+/// "now"; none for an empty lake.
+async fn watermark(ctx: &SessionContext) -> anyhow::Result<Option<i64>> {
+    let found = rows(
+        ctx,
         "SELECT max(ts_ms) AS w FROM (SELECT ts_ms FROM samples UNION ALL SELECT ts_ms FROM lease_events)",
         Vec::new(),
     )
     .await?;
-    let Some(w) = watermark
+    Ok(found
         .first()
         .and_then(|r| r.get("w"))
-        .and_then(Value::as_i64)
-    else {
+        .and_then(Value::as_i64))
+}
+
+/// The scorecard's evidence: the lake's [`WINDOW_DAYS`] up to its watermark (the latest sample
+/// or lease event, as the queries of `queries/` take "now").
+pub(crate) async fn gather(lake: &Lake) -> anyhow::Result<Evidence> {
+    let ctx = sql::context(lake).await?;
+    let Some(w) = watermark(&ctx).await? else {
         return Ok(Evidence::default());
     };
     let from = w - WINDOW_DAYS * 86_400_000;
@@ -230,7 +235,10 @@ async fn team_idle(lake: &Lake, team: &str, now_ms: i64, limit: usize) -> anyhow
     let (start, end) = gpuwarden_schema::calendar::month_of(now_ms);
     let month =
         format!("hour >= to_timestamp_millis({start}) AND hour < to_timestamp_millis({end})");
-    let mut idle = TeamIdle::default();
+    let mut idle = TeamIdle {
+        as_of_ms: watermark(&ctx).await?,
+        ..TeamIdle::default()
+    };
     for row in rows(
         &ctx,
         &format!(

@@ -939,6 +939,7 @@ mod tests {
             estimate: Estimate {
                 usd_per_hour: 0.0,
                 max_usd: None,
+                gpu_model: None,
             },
             placement: None,
             duration: None,

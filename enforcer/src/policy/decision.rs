@@ -84,13 +84,17 @@ pub struct Reason {
 }
 
 /// What the lease would cost, priced as the lake prices GPU-hours.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Estimate {
     /// Price of one GPU-hour of the model × GPUs.
     pub usd_per_hour: f64,
     /// Cost over the requested duration (or the workload's `max_duration`); null when the lease
     /// has no end, in which case the budget check counts one hour.
     pub max_usd: Option<f64>,
+    /// The GPU model priced: the one placed; when nothing could be placed, the dearest model the
+    /// request could be placed on (else the model asked for); null when no model fits and the
+    /// default price was used.
+    pub gpu_model: Option<String>,
 }
 
 /// Where an admitted lease goes.

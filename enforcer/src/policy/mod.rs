@@ -101,6 +101,7 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placeme
         estimate: Estimate {
             usd_per_hour: 0.0,
             max_usd: None,
+            gpu_model: None,
         },
         placement: None,
         duration,
@@ -241,16 +242,25 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placeme
         &policy.substrates,
         &model_allowed,
     );
-    // Price what would be placed; without a placement, the model asked for (or the default).
-    let priced_model = placement
-        .as_ref()
-        .map(|p| p.gpu_model.clone())
-        .or_else(|| req.gpu_model.clone())
-        .unwrap_or_default();
-    let usd_per_hour = config.pricing.usd_per_gpu_hour(&priced_model) * f64::from(req.gpus);
+    // Price what would be placed. Without a placement, the dearest model the request could be
+    // placed on once GPUs free up (else the model asked for, else the default price): never
+    // cheaper per GPU than what a smaller request would be placed on.
+    let priced_model = match &placement {
+        Some(p) => Some(p.gpu_model.clone()),
+        None => dearest_fitting(req, snapshot, &policy.substrates, &model_allowed)
+            .map(str::to_owned)
+            .or_else(|| req.gpu_model.clone()),
+    };
+    let per_gpu = priced_model
+        .as_deref()
+        .map_or(config.pricing.default_usd_per_gpu_hour, |m| {
+            config.pricing.usd_per_gpu_hour(m)
+        });
+    let usd_per_hour = per_gpu * f64::from(req.gpus);
     decision.estimate = Estimate {
         usd_per_hour,
         max_usd: duration.map(|d| usd_per_hour * hours(d)),
+        gpu_model: priced_model,
     };
 
     if let Some(t) = team {
@@ -312,6 +322,7 @@ pub fn evaluate_resize(
         estimate: Estimate {
             usd_per_hour,
             max_usd: lease.remaining.map(|d| usd_per_hour * hours(d)),
+            gpu_model: Some(lease.gpu_model.clone()),
         },
         placement: None,
         duration: lease.remaining,
@@ -526,6 +537,35 @@ fn fitting_models<'a>(
     out
 }
 
+/// The dearest of the models a request could be placed on (those of its candidate substrates
+/// that match its model and the team's), whatever is free now; the first listed of equal price.
+fn dearest_fitting<'a>(
+    req: &AdmissionRequest,
+    snapshot: &'a Snapshot,
+    preference: &[String],
+    model_allowed: &dyn Fn(&str) -> bool,
+) -> Option<&'a str> {
+    let pricing = &snapshot.config.pricing;
+    let fits = |m: &str| req.gpu_model.as_deref().is_none_or(|w| matches(m, w)) && model_allowed(m);
+    let mut dearest: Option<(&'a str, f64)> = None;
+    for sub in candidate_substrates(req, snapshot, preference) {
+        let index = sub.fleet();
+        let named: Vec<&'a str> = index
+            .models
+            .iter()
+            .map(|m| sub.inventory.gpus[m.first].model.as_str())
+            .collect();
+        let pooled = sub.inventory.pooled.iter().map(|(m, _)| m.as_str());
+        for model in named.into_iter().chain(pooled).filter(|m| fits(m)) {
+            let price = pricing.usd_per_gpu_hour(model);
+            if dearest.is_none_or(|(_, p)| price > p) {
+                dearest = Some((model, price));
+            }
+        }
+    }
+    dearest.map(|(model, _)| model)
+}
+
 fn free_gpus(
     snapshot: &Snapshot,
     placements: &mut Placements,
@@ -728,6 +768,40 @@ mod tests {
         // 2 × $4/h, for 2 h.
         assert_eq!(d.estimate.usd_per_hour, 8.0);
         assert_eq!(d.estimate.max_usd, Some(16.0));
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_placed_is_priced_at_the_dearest_model_it_could_get() {
+        // ml may use H100 only: 6 named on sim, 8 pooled; 12 fit nowhere. Priced at H100's
+        // $4, not the $1 default: asking for more never looks cheaper per GPU.
+        let mut r = request(Workload::Batch, 12);
+        let d = decide(&r, &snapshot());
+        assert_eq!(codes(&d), vec![ReasonCode::NoCapacity]);
+        assert_eq!(d.estimate.gpu_model.as_deref(), Some(H100));
+        assert_eq!(d.estimate.usd_per_hour, 48.0);
+        assert_eq!(d.estimate.max_usd, Some(96.0));
+        // A team that may use any model: the dearest of H100 ($4) and A100 ($2.50).
+        let mut snap = snapshot();
+        Arc::make_mut(&mut snap.config).teams[0]
+            .allowed_models
+            .clear();
+        let d = decide(&r, &snap);
+        assert_eq!(d.estimate.gpu_model.as_deref(), Some(H100));
+        assert_eq!(d.estimate.usd_per_hour, 48.0);
+        // Asked for A100: the A100 it names, at its price.
+        r.admission.gpu_model = Some("a100".into());
+        let d = decide(&r, &snap);
+        assert_eq!(d.estimate.gpu_model.as_deref(), Some(A100));
+        assert_eq!(d.estimate.usd_per_hour, 30.0);
+        // A model no substrate has: priced by its name (here the default), and named.
+        r.admission.gpu_model = Some("B200".into());
+        let d = decide(&r, &snap);
+        assert_eq!(d.estimate.gpu_model.as_deref(), Some("B200"));
+        assert_eq!(d.estimate.usd_per_hour, 12.0);
+        // Placed: the placed model, named in full.
+        let d = decide(&request(Workload::Batch, 2), &snap);
+        assert!(d.admitted(), "{:?}", d.reasons);
+        assert_eq!(d.estimate.gpu_model.as_deref(), Some(H100));
     }
 
     #[test]

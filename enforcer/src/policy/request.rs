@@ -31,7 +31,8 @@ impl Principal {
 
     /// Why the principal may not change leases of `team` for `user`, or `None` when it may.
     /// Admins act for anyone; members for themselves in their teams; services for anyone in
-    /// their teams (membership of the user is checked by [`evaluate`]); viewers never write.
+    /// their teams (membership of the user is checked by [`evaluate`](super::evaluate));
+    /// viewers never write.
     pub fn write_refusal(&self, team: &str, user: &str) -> Option<String> {
         match self.role {
             Role::Admin => None,
@@ -158,7 +159,7 @@ pub struct Request {
     pub admission: AdmissionRequest,
 }
 
-/// A lease as [`evaluate_resize`] sees it.
+/// A lease as [`evaluate_resize`](super::evaluate_resize) sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Holding {
     /// The lease's team.

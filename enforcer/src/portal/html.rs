@@ -103,10 +103,12 @@ pub(crate) enum Tab {
     None,
 }
 
-/// The signed-in principal and the session's CSRF token, as a page needs them.
+/// The signed-in principal and the session's CSRF token, as a page needs them, and what to say
+/// about the enforcer's clock ([`clock_note`]).
 pub(crate) struct Who<'a> {
     pub(crate) principal: &'a Principal,
     pub(crate) csrf: &'a str,
+    pub(crate) clock: Option<&'a str>,
 }
 
 /// A whole page: `title`, the navigation for `who` (none before sign-in) with `tab` marked, and
@@ -119,6 +121,10 @@ pub(crate) fn page(
     body: &str,
 ) -> Response {
     let mut nav = String::new();
+    let clock = who
+        .and_then(|w| w.clock)
+        .map(|note| format!(r#"<p class="clock" id="clock" role="note">{}</p>"#, e(note)))
+        .unwrap_or_default();
     if let Some(who) = who {
         let p = who.principal;
         let mut links: Vec<(Tab, &str, &str)> = Vec::new();
@@ -162,7 +168,7 @@ pub(crate) fn page(
 <body>
 <header><a class="brand" href="/ui/">gpuwarden</a>{nav}</header>
 <main>
-<h1>{title}</h1>
+{clock}<h1>{title}</h1>
 {body}
 </main>
 </body>
@@ -204,6 +210,38 @@ pub(crate) fn secure_headers(headers: &mut axum::http::HeaderMap) {
     headers
         .entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
+}
+
+/// What the pages say about the enforcer's clock when it is not the wall clock (`--speed` or
+/// `--start` of `gpuwarden up`, the demo, a test's hand-set clock), given its `speed` (event ms
+/// per wall ms), its reading `now_ms` and the wall clock's `wall_ms`: every time and span the
+/// pages show is on it, and without a word a person reads times in the future. None for a
+/// clock that keeps real time.
+pub(crate) fn clock_note(speed: f64, now_ms: i64, wall_ms: i64) -> Option<String> {
+    let reads = at(now_ms);
+    if speed <= 0.0 || !speed.is_finite() {
+        return Some(format!(
+            "Simulated time: the enforcer's clock is set by hand and reads {reads}; every time on \
+             these pages is on that clock."
+        ));
+    }
+    if speed != 1.0 {
+        // An hour of simulated time, in real time.
+        let hour = span((3_600_000.0 / speed).round() as i64);
+        return Some(format!(
+            "Simulated time: the enforcer's clock runs at {speed}× real time (an hour every \
+             {hour}) and reads {reads}; every time, age and cost on these pages is on that clock."
+        ));
+    }
+    let drift = now_ms - wall_ms;
+    (drift.abs() > 60_000).then(|| {
+        format!(
+            "Simulated time: the enforcer's clock reads {reads}, {} {} real time; every time on \
+             these pages is on that clock.",
+            span(drift.abs()),
+            if drift > 0 { "ahead of" } else { "behind" }
+        )
+    })
 }
 
 /// A role's name.
@@ -253,5 +291,23 @@ mod tests {
         assert_eq!(span(3 * 86_400_000 + 4 * 3_600_000), "3d 4h");
         assert_eq!(span(-5), "0s");
         assert_eq!(at(1_767_225_600_000), "2026-01-01 00:00 UTC");
+    }
+
+    #[test]
+    fn a_clock_that_is_not_real_time_is_named_with_its_speed() {
+        let now = 1_767_225_600_000;
+        assert_eq!(clock_note(1.0, now, now + 5_000), None);
+        assert_eq!(
+            clock_note(60.0, now, now).as_deref(),
+            Some(
+                "Simulated time: the enforcer's clock runs at 60× real time (an hour every 1m) \
+                 and reads 2026-01-01 00:00 UTC; every time, age and cost on these pages is on \
+                 that clock."
+            )
+        );
+        let ahead = clock_note(1.0, now, now - 3 * 3_600_000).unwrap();
+        assert!(ahead.contains("3h ahead of real time"), "{ahead}");
+        let still = clock_note(0.0, now, now).unwrap();
+        assert!(still.contains("set by hand"), "{still}");
     }
 }

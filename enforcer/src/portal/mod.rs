@@ -11,13 +11,13 @@
 //! maps, in this process's memory, to the principal and an expiry; never the token. Every form
 //! that changes something carries the session's CSRF token, compared in constant time, and the
 //! sign-in form (which has no session yet) is refused when its `Origin` is another site's. Pages
-//! escape every value they show ([`html::e`]); the one script ([`ASSET_JS`]) only refreshes the
+//! escape every value they show (`html::e`); the one script ([`ASSET_JS`]) only refreshes the
 //! estimate, through `POST /ui/estimate`, a dry-run admission: decided by the same policy with
 //! the same reasons, creating no lease and holding no quota. Pages work without it.
 //!
-//! - [`html`]: escaping, the layout, formats;
-//! - [`reasons`]: a decision's reasons in words, with what would make them pass;
-//! - [`pages`]: each page's body;
+//! - `html`: escaping, the layout, formats;
+//! - `reasons`: a decision's reasons in words, with what would make them pass;
+//! - `pages`: each page's body;
 //! - [`insights`]: what the pages read from the lake, through the binary.
 
 mod html;
@@ -253,11 +253,13 @@ fn random_token() -> String {
     )
 }
 
-/// A signed-in person: the session's principal and CSRF token.
+/// A signed-in person: the session's principal and CSRF token, and what the pages say about the
+/// enforcer's clock when it is simulated.
 struct Signed {
     id: String,
     principal: Principal,
     csrf: String,
+    clock: Option<String>,
 }
 
 impl Signed {
@@ -265,6 +267,7 @@ impl Signed {
         Who {
             principal: &self.principal,
             csrf: &self.csrf,
+            clock: self.clock.as_deref(),
         }
     }
 
@@ -297,6 +300,14 @@ impl FromRequestParts<Portal> for Signed {
                 id,
                 principal: s.principal,
                 csrf: s.csrf,
+                clock: {
+                    let clock = portal.service().clock();
+                    html::clock_note(
+                        clock.speed(),
+                        clock.now_ms(),
+                        gpuwarden_schema::clock::wall_now_ms(),
+                    )
+                },
             }),
             None => Err(see_other("/ui/signin")),
         }
@@ -583,7 +594,10 @@ async fn request_page(
             .or_else(|| teams_of(&portal, &signed.principal).into_iter().next())
             .unwrap_or_default(),
         project: String::new(),
-        workload: "training".into(),
+        workload: pages::offered_workloads(portal.service().config())
+            .first()
+            .map(|w| w.as_str().to_owned())
+            .unwrap_or_default(),
         gpus: "1".into(),
         duration: "2h".into(),
         ..RequestForm::default()

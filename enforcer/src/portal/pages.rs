@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use axum::http::StatusCode;
-use gpuwarden_schema::config::Role;
-use gpuwarden_schema::{Action, ActionKind, Workload};
+use gpuwarden_schema::config::{Config, Role};
+use gpuwarden_schema::{Action, ActionKind, LeaseEvent, LeaseEventKind, ReleaseReason, Workload};
 use serde_json::{json, Value};
 
 use super::html::{alert, at, e, span, usd};
+use super::insights::TeamIdle;
 use super::reasons::{explain, Context, Explained};
 use super::{Outcome, Portal, RequestForm, Signed};
 use crate::scorecard;
@@ -38,26 +39,43 @@ fn options(values: &[String], selected: &str) -> String {
     out
 }
 
-/// What an estimate says: the price per hour and the most the lease may cost.
+/// What an estimate says: the GPUs and the model priced, the price per hour and the most the
+/// lease may cost; and, when nothing was placed, which model the price assumed.
 fn estimate_text(outcome: &Outcome) -> String {
-    let est = outcome.admission.decision.estimate;
-    let per_gpu = if outcome.request.gpus > 0 {
-        est.usd_per_hour / f64::from(outcome.request.gpus)
+    let decision = &outcome.admission.decision;
+    let est = &decision.estimate;
+    let n = outcome.request.gpus;
+    let per_gpu = if n > 0 {
+        est.usd_per_hour / f64::from(n)
     } else {
         0.0
     };
-    match (est.max_usd, outcome.admission.decision.duration) {
+    let gpus = format!("{n} GPU{}", if n == 1 { "" } else { "s" });
+    let what = match &est.gpu_model {
+        Some(model) => format!("{gpus} of {model}"),
+        None => gpus,
+    };
+    let priced = match (&decision.placement, &est.gpu_model) {
+        (Some(_), _) => "",
+        (None, Some(m)) if outcome.request.gpu_model.as_deref() == Some(m.as_str()) => {
+            " Nothing could be placed: priced as the model asked for."
+        }
+        (None, Some(_)) => {
+            " Nothing could be placed: priced as the dearest model the request could get."
+        }
+        (None, None) => " No GPU model fits the request: priced at the default price.",
+    };
+    match (est.max_usd, decision.duration) {
         (Some(max), Some(d)) => format!(
-            "{} GPU{} × {}/h = {}/h; up to {} for {}.",
-            outcome.request.gpus,
-            if outcome.request.gpus == 1 { "" } else { "s" },
+            "{what} × {}/h = {}/h; up to {} for {}.{priced}",
             usd(per_gpu),
             usd(est.usd_per_hour),
             usd(max),
             span(d.as_millis() as i64)
         ),
         _ => format!(
-            "{}/h, with no end: it costs that for every hour it runs.",
+            "{what} × {}/h = {}/h, with no end: it costs that for every hour it runs.{priced}",
+            usd(per_gpu),
             usd(est.usd_per_hour)
         ),
     }
@@ -121,6 +139,7 @@ pub(super) fn estimate_json(portal: &Portal, signed: &Signed, outcome: &Outcome)
         "summary": summary(outcome),
         "usd_per_hour": outcome.admission.decision.estimate.usd_per_hour,
         "max_usd": outcome.admission.decision.estimate.max_usd,
+        "gpu_model": outcome.admission.decision.estimate.gpu_model,
         "reasons": reasons,
     })
 }
@@ -138,6 +157,65 @@ fn reasons_list(reasons: &[Explained]) -> String {
     }
     out.push_str("</ul>");
     out
+}
+
+/// The decision in one line at the top of the page, where it is seen at once: on a phone the
+/// form is taller than the screen and the estimate below it is out of sight. A lease admitted
+/// says where it is; a denial says the first reason and leads to all of them.
+fn decision_notice(
+    outcome: &Result<Outcome, (StatusCode, String)>,
+    reasons: &[Explained],
+) -> String {
+    let o = match outcome {
+        Ok(o) => o,
+        Err((_, why)) => {
+            return format!(
+                r#"<p class="error" role="alert" id="decision">Nothing was asked: {}</p>"#,
+                e(why)
+            )
+        }
+    };
+    if let (Some(lease), false) = (&o.admission.lease, o.request.dry_run) {
+        return format!(
+            r#"<p class="notice" role="status" id="decision">{}: see <a href="/ui/leases">My leases</a>.</p>"#,
+            e(format_args!("Lease {} admitted", lease.id))
+        );
+    }
+    if o.admission.decision.admitted() {
+        return format!(
+            r#"<p class="notice" role="status" id="decision">{}</p>"#,
+            e(summary(o))
+        );
+    }
+    let verb = if o.request.dry_run {
+        "Would be denied"
+    } else {
+        "Denied"
+    };
+    let first = reasons
+        .first()
+        .map(|r| format!(": {}", r.problem))
+        .unwrap_or_else(|| ".".to_owned());
+    let more = match reasons.len() {
+        0 | 1 => String::new(),
+        n => format!(" ({} more reason{})", n - 1, if n == 2 { "" } else { "s" }),
+    };
+    let role = if o.request.dry_run { "status" } else { "alert" };
+    format!(
+        r##"<p class="error" role="{role}" id="decision"><strong>{verb}</strong>{first}{more} <a href="#estimate-title">Every reason, and what would make it pass</a></p>"##,
+        first = e(first),
+        more = e(more),
+    )
+}
+
+/// The kinds of work the request form offers: those the config defines (`[workloads.*]`), or
+/// every kind when it defines none.
+pub(super) fn offered_workloads(config: &Config) -> Vec<Workload> {
+    if config.workloads.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        config.workloads.keys().copied().collect()
+    }
 }
 
 pub(super) fn request(
@@ -167,14 +245,8 @@ pub(super) fn request(
             "idle",
         ),
     };
-    if let Some(Ok(o)) = outcome {
-        if let (Some(lease), false) = (&o.admission.lease, o.request.dry_run) {
-            let _ = write!(
-                out,
-                r#"<p class="notice" role="status" id="decision">{}: see <a href="/ui/leases">My leases</a>.</p>"#,
-                e(format_args!("Lease {} admitted", lease.id))
-            );
-        }
+    if let Some(outcome) = outcome {
+        out.push_str(&decision_notice(outcome, &reasons));
     }
     let user_field = if signed.principal.role == Role::Member {
         format!(
@@ -187,12 +259,10 @@ pub(super) fn request(
             e(&form.user)
         )
     };
-    let workloads: Vec<String> = Workload::ALL
-        .iter()
-        .map(|w| w.as_str().to_owned())
-        .collect();
+    let offered = offered_workloads(config);
+    let workloads: Vec<String> = offered.iter().map(|w| w.as_str().to_owned()).collect();
     let mut workload_hints = String::new();
-    for w in Workload::ALL {
+    for w in offered {
         let p = config.workload(w);
         let mut limits = Vec::new();
         if let Some(max) = p.max_gpus {
@@ -303,13 +373,18 @@ fn extensions(portal: &Portal, signed: &Signed, lease: &Lease) -> Vec<&'static s
     .collect()
 }
 
+/// A lease's labels as pills on a line of their own (nothing without labels).
 fn labels(lease: &Lease) -> String {
-    lease
+    if lease.labels.is_empty() {
+        return String::new();
+    }
+    let pills = lease
         .labels
         .iter()
         .map(|(k, v)| format!(r#"<span class="label-pill">{}={}</span>"#, e(k), e(v)))
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    format!(r#"<span class="labels">{pills}</span>"#)
 }
 
 pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, ServiceError> {
@@ -328,11 +403,10 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
         .map(|l| l.granted_at)
         .min()
         .unwrap_or(now);
-    let actions = service
-        .store()
-        .lease_actions(open_leases.iter().map(|l| l.id.clone()).collect(), since)
-        .await?;
+    let ids: std::collections::HashSet<String> = open_leases.iter().map(|l| l.id.clone()).collect();
+    let actions = service.store().lease_actions(ids.clone(), since).await?;
     let warned = warnings(&actions);
+    let sizes = sizes(&service.store().lease_events(ids, since).await?);
     let mut out = String::new();
     if open_leases.is_empty() {
         out.push_str(r#"<p id="no-leases">No open leases."#);
@@ -342,13 +416,19 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
         out.push_str("</p>");
     } else {
         out.push_str(
-            r#"<table class="leases" id="open-leases"><caption>Open leases</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">Workload</th><th scope="col">State</th><th scope="col">GPUs</th><th scope="col">Age</th><th scope="col">Time left</th><th scope="col">Cost so far</th><th scope="col">Utilization</th><th scope="col">Idle warnings</th><th scope="col">Labels</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead><tbody>"#,
+            r#"<div class="table-wrap"><table class="leases" id="open-leases"><caption>Open leases</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">GPUs</th><th scope="col">State</th><th scope="col">Age · time left</th><th scope="col">Cost so far</th><th scope="col">Utilization · idle warnings</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead><tbody>"#,
         );
         for lease in &open_leases {
-            let rate = pricing.usd_per_gpu_hour(&lease.gpu_model) * f64::from(lease.gpu_count);
-            let hours = (now - lease.granted_at).max(0) as f64 / 3_600_000.0;
+            let price = pricing.usd_per_gpu_hour(&lease.gpu_model);
+            let rate = price * f64::from(lease.gpu_count);
+            let held = gpu_hours(
+                lease.granted_at,
+                now,
+                lease.gpu_count,
+                sizes.get(&lease.id).map_or(&[][..], Vec::as_slice),
+            );
             let left = match lease.expires_at {
-                Some(end) => span(end - now),
+                Some(end) => format!("{} left", span(end - now)),
                 None => "no end".to_owned(),
             };
             let util = match service.utilization(&lease.id) {
@@ -362,8 +442,12 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
                 None => "no signal yet".to_owned(),
             };
             let warning = match warned.get(&lease.id).and_then(|w| w.first()) {
-                Some(a) => format!("{}: {}", at(a.ts_ms), a.detail),
-                None => "none".to_owned(),
+                Some(a) => format!(
+                    r#"<br><span class="warning">Idle warning, {}: {}</span>"#,
+                    at(a.ts_ms),
+                    e(&a.detail)
+                ),
+                None => String::new(),
             };
             let writable = p.write_refusal(&lease.team, &lease.user).is_none()
                 && matches!(lease.state, LeaseState::Granted | LeaseState::Active);
@@ -389,7 +473,7 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
             }
             let _ = write!(
                 out,
-                r#"<tr data-lease="{id}"><td data-label="Lease"><code>{id}</code><br><span class="hint">{project}</span></td><td data-label="Team · user">{team} · {user}</td><td data-label="Workload">{workload}</td><td data-label="State" class="state">{state}</td><td data-label="GPUs">{count} × {model}<br><span class="hint">on {substrate}</span></td><td data-label="Age">{age}</td><td data-label="Time left">{left}</td><td data-label="Cost so far">{cost}<br><span class="hint">{rate}/h</span></td><td data-label="Utilization">{util}</td><td data-label="Idle warnings">{warning}</td><td data-label="Labels">{labels}</td><td data-label="Actions">{buttons}</td></tr>"#,
+                r#"<tr data-lease="{id}"><td data-label="Lease"><code class="id">{id}</code><br><span class="hint">{workload} · {project}</span>{labels}</td><td data-label="Team · user">{team} · {user}</td><td data-label="GPUs"><span class="model">{count} × {model}</span><br><span class="hint">on {substrate}</span></td><td data-label="State" class="state">{state}</td><td data-label="Age · time left" class="nowrap">{age}<br><span class="hint">{left}</span></td><td data-label="Cost so far" class="cost">{cost}<br><span class="hint">{rate}/h now</span></td><td data-label="Utilization · idle warnings">{util}{warning}</td><td data-label="Actions" class="actions">{buttons}</td></tr>"#,
                 id = e(&lease.id),
                 project = e(&lease.project),
                 team = e(&lease.team),
@@ -400,40 +484,88 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
                 model = e(&lease.gpu_model),
                 substrate = e(&lease.substrate),
                 age = span(now - lease.granted_at),
-                cost = usd(rate * hours),
+                cost = usd(price * held),
                 rate = usd(rate),
                 util = e(&util),
-                warning = e(&warning),
                 labels = labels(lease),
             );
         }
-        out.push_str("</tbody></table>");
+        out.push_str("</tbody></table></div>");
     }
     if !ended.is_empty() {
         out.push_str(
-            r#"<table class="leases" id="ended-leases"><caption>Recently ended</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">Workload</th><th scope="col">GPUs</th><th scope="col">Ended</th><th scope="col">Why</th><th scope="col">Labels</th></tr></thead><tbody>"#,
+            r#"<div class="table-wrap"><table class="leases" id="ended-leases"><caption>Recently ended</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">GPUs</th><th scope="col">Ended</th><th scope="col">Why</th></tr></thead><tbody>"#,
         );
         for lease in ended.iter().take(10) {
+            let why = match lease.release_reason {
+                Some(reason) => ended_why(reason, &lease.user),
+                None => lease.state.as_str().to_owned(),
+            };
             let _ = write!(
                 out,
-                r#"<tr data-lease="{id}"><td data-label="Lease"><code>{id}</code></td><td data-label="Team · user">{team} · {user}</td><td data-label="Workload">{workload}</td><td data-label="GPUs">{count} × {model}</td><td data-label="Ended">{ended}</td><td data-label="Why" class="state">{why}</td><td data-label="Labels">{labels}</td></tr>"#,
+                r#"<tr data-lease="{id}"><td data-label="Lease"><code class="id">{id}</code><br><span class="hint">{workload} · {project}</span>{labels}</td><td data-label="Team · user">{team} · {user}</td><td data-label="GPUs"><span class="model">{count} × {model}</span></td><td data-label="Ended" class="nowrap">{ended}</td><td data-label="Why" class="state">{why}</td></tr>"#,
                 id = e(&lease.id),
+                project = e(&lease.project),
                 team = e(&lease.team),
                 user = e(&lease.user),
                 workload = lease.workload,
                 count = lease.gpu_count,
                 model = e(&lease.gpu_model),
                 ended = lease.released_at.map(at).unwrap_or_default(),
-                why = lease
-                    .release_reason
-                    .map(|r| r.as_str())
-                    .unwrap_or(lease.state.as_str()),
+                why = e(why),
                 labels = labels(lease),
             );
         }
-        out.push_str("</tbody></table>");
+        out.push_str("</tbody></table></div>");
     }
     Ok(out)
+}
+
+/// Why a lease ended, in words: who ended it, or which rule.
+fn ended_why(reason: ReleaseReason, user: &str) -> String {
+    match reason {
+        ReleaseReason::User => format!("released by {user}"),
+        ReleaseReason::Admin => "ended by an admin".to_owned(),
+        ReleaseReason::Expired => "expired: its time was up".to_owned(),
+        ReleaseReason::Idle => "reclaimed: idle".to_owned(),
+        ReleaseReason::Budget => "reclaimed: the team's budget ran out".to_owned(),
+        ReleaseReason::Failed => "failed on its substrate".to_owned(),
+    }
+}
+
+/// Each lease's GPU counts over time from its `granted` and `resized` events: (from when, how
+/// many), oldest first.
+fn sizes(events: &[LeaseEvent]) -> HashMap<String, Vec<(i64, u32)>> {
+    let mut out: HashMap<String, Vec<(i64, u32)>> = HashMap::new();
+    for ev in events {
+        if matches!(ev.event, LeaseEventKind::Granted | LeaseEventKind::Resized) {
+            out.entry(ev.lease_id.clone())
+                .or_default()
+                .push((ev.ts_ms, ev.gpu_count));
+        }
+    }
+    for sizes in out.values_mut() {
+        sizes.sort_by_key(|&(ts, _)| ts);
+    }
+    out
+}
+
+/// The GPU-hours a lease granted at `granted_at` has held by `now`, each GPU count of `sizes`
+/// (oldest first, from [`sizes`]) counted from its time until the next; before the first,
+/// the first. Without any, the lease counts at `current` throughout: a resized lease costs what
+/// it held when, not its present size times its age.
+fn gpu_hours(granted_at: i64, now: i64, current: u32, sizes: &[(i64, u32)]) -> f64 {
+    let mut count = sizes.first().map_or(current, |&(_, n)| n);
+    let mut from = granted_at;
+    let mut gpu_ms: i128 = 0;
+    for &(ts, n) in sizes {
+        let ts = ts.clamp(granted_at, now.max(granted_at));
+        gpu_ms += i128::from(ts - from) * i128::from(count);
+        from = ts;
+        count = n;
+    }
+    gpu_ms += i128::from((now - from).max(0)) * i128::from(count);
+    gpu_ms as f64 / 3_600_000.0
 }
 
 fn meter(id: &str, label: &str, value: f64, max: f64) -> String {
@@ -516,6 +648,7 @@ pub(super) async fn team(
 <p id="spend"><strong>{mtd}</strong> of {budget} spent; {left} left.</p>
 {spend_meter}
 <p id="forecast">Month-end forecast: <strong>{forecast}</strong> ({status}): {still} more for the open leases until they expire or the month ends, at {burn}/h now.</p>
+<p class="hint" id="spend-source">Counted by the enforcer up to now ({now}): the pipeline's latest month-to-date figure plus what open leases have cost since. Budgets are checked against this.</p>
 </section>
 </div>"#,
         held = t.gpus_held,
@@ -539,6 +672,7 @@ pub(super) async fn team(
         status = e(&status),
         still = usd(still_to_spend),
         burn = usd(burn),
+        now = at(now),
     );
     out.push_str(r#"<section class="card" aria-labelledby="idle-title"><h2 id="idle-title">Idle cost this month</h2>"#);
     match &portal.0.insights {
@@ -548,17 +682,7 @@ pub(super) async fn team(
         Some(insights) => match insights.team_idle(name, now, 5).await {
             Err(why) => out.push_str(&alert(&format!("The lake could not be read: {why}"))),
             Ok(idle) => {
-                let share = if idle.cost_usd > 0.0 {
-                    100.0 * idle.idle_cost_usd / idle.cost_usd
-                } else {
-                    0.0
-                };
-                let _ = write!(
-                    out,
-                    r#"<p id="idle"><strong>{}</strong> of {} paid for idle GPUs ({share:.1} %).</p>"#,
-                    usd(idle.idle_cost_usd),
-                    usd(idle.cost_usd)
-                );
+                out.push_str(&idle_summary(&idle, t.month_to_date_usd));
                 if idle.top.is_empty() {
                     out.push_str("<p>No lease had idle cost this month.</p>");
                 } else {
@@ -583,17 +707,67 @@ pub(super) async fn team(
     Ok(out)
 }
 
-fn actions_table(actions: &[Action]) -> String {
+/// The idle card's lines: the lake's idle cost of the month, and where it comes from. It is
+/// read from the pipeline's hourly rollups, which reach only as far as the lake's data, while
+/// the spend card beside it (`enforcer_spend`) is the enforcer's own count up to now: the page
+/// says so, rather than show two figures of the same month that disagree without a word.
+fn idle_summary(idle: &TeamIdle, enforcer_spend: f64) -> String {
+    let Some(as_of) = idle.as_of_ms else {
+        return r#"<p id="idle">The lake holds no data yet: idle cost is known once the pipeline's hourly rollups have run over the collector's samples.</p>"#.to_owned();
+    };
+    let source = format!(
+        "From the lake's hourly rollups, whose data reach {}. The spend beside it ({}) is the \
+         enforcer's own count up to now, so the two differ by what the rollups have not reached \
+         yet.",
+        at(as_of),
+        usd(enforcer_spend)
+    );
+    if idle.cost_usd <= 0.0 {
+        return format!(
+            r#"<p id="idle">The rollups have priced none of this team's GPU-hours this month yet.</p><p class="hint" id="idle-source">{}</p>"#,
+            e(source)
+        );
+    }
+    let share = 100.0 * idle.idle_cost_usd / idle.cost_usd;
+    format!(
+        r#"<p id="idle"><strong>{}</strong> of {} paid for idle GPUs ({share:.1} %).</p><p class="hint" id="idle-source">{}</p>"#,
+        usd(idle.idle_cost_usd),
+        usd(idle.cost_usd),
+        e(source)
+    )
+}
+
+/// How the audit trail shows an action: its kind and reason as a person reads them. A lease
+/// that its holder (`holder`, when known) or an admin ended is stored as a `reclaim`, like those
+/// the rules take back, but it is the person's release, and reads as one.
+fn action_words(a: &Action, holder: Option<&str>) -> (String, String) {
+    match (a.action, a.reason.as_str()) {
+        (ActionKind::Reclaim, "user") => (
+            "release".to_owned(),
+            match holder {
+                Some(user) => format!("by {user}, its holder"),
+                None => "by its holder".to_owned(),
+            },
+        ),
+        (ActionKind::Reclaim, "admin") => ("release".to_owned(), "by an admin".to_owned()),
+        (kind, reason) => (kind.as_str().to_owned(), reason.to_owned()),
+    }
+}
+
+fn actions_table(actions: &[Action], holders: &HashMap<String, String>) -> String {
     let mut out = String::from(
         r#"<table id="actions"><caption>Recent actions (the audit trail)</caption><thead><tr><th scope="col">When</th><th scope="col">Action</th><th scope="col">Reason</th><th scope="col">Team</th><th scope="col">Lease</th><th scope="col">Outcome</th><th scope="col">Detail</th></tr></thead><tbody>"#,
     );
     for a in actions {
+        let holder = a.lease_id.as_ref().and_then(|id| holders.get(id));
+        let (action, reason) = action_words(a, holder.map(String::as_str));
         let _ = write!(
             out,
-            r#"<tr><td data-label="When">{}</td><td data-label="Action">{}</td><td data-label="Reason">{}</td><td data-label="Team">{}</td><td data-label="Lease"><code>{}</code></td><td data-label="Outcome">{}</td><td data-label="Detail">{}</td></tr>"#,
+            r#"<tr data-lease="{}"><td data-label="When" class="nowrap">{}</td><td data-label="Action" class="action">{}</td><td data-label="Reason">{}</td><td data-label="Team">{}</td><td data-label="Lease"><code class="id">{}</code></td><td data-label="Outcome">{}</td><td data-label="Detail">{}</td></tr>"#,
+            e(a.lease_id.as_deref().unwrap_or("")),
             at(a.ts_ms),
-            a.action.as_str(),
-            e(&a.reason),
+            e(action),
+            e(reason),
             e(a.team.as_deref().unwrap_or("")),
             e(a.lease_id.as_deref().unwrap_or("")),
             a.outcome.as_str(),
@@ -638,7 +812,21 @@ pub(super) async fn admin(portal: &Portal, signed: &Signed) -> Result<String, Se
         }
     );
     let actions = service.store().recent_actions(50, None).await?;
-    out.push_str(&actions_table(&actions));
+    // Who held each lease a person released, to name them.
+    let mut holders = HashMap::new();
+    for id in actions
+        .iter()
+        .filter(|a| a.action == ActionKind::Reclaim && a.reason == "user")
+        .filter_map(|a| a.lease_id.as_ref())
+    {
+        if holders.contains_key(id) {
+            continue;
+        }
+        if let Some(lease) = service.store().lease(id).await? {
+            holders.insert(id.clone(), lease.user);
+        }
+    }
+    out.push_str(&actions_table(&actions, &holders));
     out.push_str(r#"<p><a href="/ui/scorecard">The maturity scorecard</a></p>"#);
     Ok(out)
 }
@@ -692,4 +880,152 @@ pub(super) async fn scorecard(portal: &Portal) -> String {
     }
     out.push_str("</tbody></table>");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: i64 = 3_600_000;
+
+    #[test]
+    fn a_resized_lease_costs_what_it_held_when_not_its_size_times_its_age() {
+        // 2 GPUs for an hour, then 4 for an hour: 6 GPU-hours, not 4 × 2.
+        let sizes = [(0, 2), (H, 4)];
+        assert_eq!(gpu_hours(0, 2 * H, 4, &sizes), 6.0);
+        // Shrunk back to 1 for the third hour.
+        assert_eq!(gpu_hours(0, 3 * H, 1, &[(0, 2), (H, 4), (2 * H, 1)]), 7.0);
+        // No events (an outbox that no longer holds them): the present size throughout.
+        assert_eq!(gpu_hours(0, 2 * H, 4, &[]), 8.0);
+        // A grant recorded after the lease's time (a hold bound later) changes nothing before.
+        assert_eq!(gpu_hours(0, 2 * H, 3, &[(H / 2, 3)]), 6.0);
+        // A clock before the grant counts nothing.
+        assert_eq!(gpu_hours(H, 0, 3, &[(H, 3)]), 0.0);
+    }
+
+    #[test]
+    fn sizes_are_read_from_grants_and_resizes_in_time_order() {
+        let event = |ts_ms, event, gpu_count| LeaseEvent {
+            v: Default::default(),
+            ts_ms,
+            event,
+            lease_id: "l1".into(),
+            team: "ml".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: Workload::Training,
+            substrate: "sim".into(),
+            gpu_model: "H100".into(),
+            gpu_count,
+            gpu_uuids: Vec::new(),
+            labels: None,
+            reason: None,
+        };
+        // Newest first, as the store reads them.
+        let got = sizes(&[
+            event(2 * H, LeaseEventKind::Released, 4),
+            event(H, LeaseEventKind::Resized, 4),
+            event(0, LeaseEventKind::Granted, 2),
+        ]);
+        assert_eq!(got["l1"], [(0, 2), (H, 4)]);
+    }
+
+    fn action(kind: ActionKind, reason: &str) -> Action {
+        Action {
+            v: Default::default(),
+            ts_ms: 0,
+            action: kind,
+            lease_id: Some("l1".into()),
+            team: Some("ml".into()),
+            reason: reason.into(),
+            policy: None,
+            driver: None,
+            outcome: gpuwarden_schema::Outcome::Ok,
+            detail: "released (user)".into(),
+        }
+    }
+
+    #[test]
+    fn a_person_s_release_reads_as_theirs_not_as_a_reclaim() {
+        let words = |kind, reason, holder| {
+            let (a, r) = action_words(&action(kind, reason), holder);
+            format!("{a}: {r}")
+        };
+        assert_eq!(
+            words(ActionKind::Reclaim, "user", Some("ada")),
+            "release: by ada, its holder"
+        );
+        assert_eq!(
+            words(ActionKind::Reclaim, "user", None),
+            "release: by its holder"
+        );
+        assert_eq!(
+            words(ActionKind::Reclaim, "admin", None),
+            "release: by an admin"
+        );
+        // What the rules take back stays a reclaim.
+        assert_eq!(words(ActionKind::Reclaim, "idle", None), "reclaim: idle");
+        assert_eq!(
+            words(ActionKind::Deny, "quota_exceeded", None),
+            "deny: quota_exceeded"
+        );
+        let table = actions_table(
+            &[action(ActionKind::Reclaim, "user")],
+            &HashMap::from([("l1".to_owned(), "ada".to_owned())]),
+        );
+        assert!(table.contains(r#"<td data-label="Action" class="action">release</td><td data-label="Reason">by ada, its holder</td>"#), "{table}");
+        assert_eq!(ended_why(ReleaseReason::User, "ada"), "released by ada");
+    }
+
+    #[test]
+    fn the_idle_card_says_where_its_figures_come_from_and_why_they_lag() {
+        let empty = idle_summary(&TeamIdle::default(), 0.61);
+        assert!(empty.contains("The lake holds no data yet"), "{empty}");
+        assert!(!empty.contains("$0.00 of $0.00"), "{empty}");
+        let unpriced = idle_summary(
+            &TeamIdle {
+                as_of_ms: Some(1_767_225_600_000),
+                ..TeamIdle::default()
+            },
+            0.61,
+        );
+        assert!(
+            unpriced.contains("The rollups have priced none of this team's GPU-hours"),
+            "{unpriced}"
+        );
+        assert!(
+            unpriced.contains("whose data reach 2026-01-01 00:00 UTC. The spend beside it ($0.61) is the enforcer&#39;s own count up to now"),
+            "{unpriced}"
+        );
+        let priced = idle_summary(
+            &TeamIdle {
+                as_of_ms: Some(1_767_225_600_000),
+                idle_cost_usd: 1.0,
+                cost_usd: 4.0,
+                top: Vec::new(),
+            },
+            5.0,
+        );
+        assert!(
+            priced.contains("<strong>$1.00</strong> of $4.00 paid for idle GPUs (25.0 %)"),
+            "{priced}"
+        );
+        assert!(priced.contains("id=\"idle-source\""), "{priced}");
+    }
+
+    #[test]
+    fn the_form_offers_only_the_workloads_the_config_defines() {
+        let mut config = Config::default();
+        assert_eq!(offered_workloads(&config), Workload::ALL);
+        config
+            .workloads
+            .insert(Workload::Notebook, Default::default());
+        config
+            .workloads
+            .insert(Workload::Training, Default::default());
+        assert_eq!(
+            offered_workloads(&config),
+            [Workload::Training, Workload::Notebook]
+        );
+    }
 }

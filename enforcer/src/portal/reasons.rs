@@ -275,6 +275,7 @@ mod tests {
             estimate: Estimate {
                 usd_per_hour,
                 max_usd: Some(max_usd),
+                gpu_model: None,
             },
             placement: None,
             duration: None,
