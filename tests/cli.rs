@@ -70,6 +70,39 @@ fn check_config_reports_every_error_with_its_line_and_exits_1() {
     assert!(out.stdout.is_empty(), "errors go to stderr");
 }
 
+/// A libvirt substrate checked by a binary built without the `libvirt` feature fails the check
+/// on the substrate's `driver` line, naming the substrate and the rebuild it needs, as `enforce`
+/// would refuse it at start; a binary built with the feature accepts it. (This test runs the
+/// binary built with the tests' own features: `cargo test` checks the first, `cargo test
+/// --features libvirt` the second.)
+#[test]
+fn check_config_fails_a_libvirt_substrate_unless_the_binary_has_the_libvirt_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vms.toml");
+    std::fs::write(
+        &file,
+        "[[substrates]]\nname = \"vm-host-1\"\ndriver = \"libvirt\"\n[substrates.libvirt]\n\
+         domain_template = \"/etc/gpuwarden/vm.xml\"\n",
+    )
+    .unwrap();
+    let out = gpuwarden(&["check-config", file.to_str().unwrap()]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    if cfg!(feature = "libvirt") {
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert!(stdout.contains(": ok ("), "{stdout}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    let expected = format!(
+        "{}:3:10: error: substrates[0].driver: substrate vm-host-1 cannot run here: this \
+         gpuwarden was built without the libvirt driver; build it with `cargo build --release \
+         --features libvirt` (needs libvirt's headers: Debian's libvirt-dev)",
+        file.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
 #[test]
 fn check_config_on_a_missing_file_fails_with_a_reason() {
     let out = gpuwarden(&["check-config", "/nonexistent/gpuwarden.toml"]);
@@ -136,6 +169,83 @@ fn json_log_format_writes_one_json_object_per_line() {
     );
 }
 
+/// Text logs as a log collector, a file or `grep` gets them: stderr is a pipe or a file, not a
+/// terminal, so no ANSI colour escapes.
+#[test]
+fn text_logs_to_a_pipe_or_a_file_carry_no_colour_escapes() {
+    let command = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+        command
+            .args(["check-config", "/nonexistent.toml"])
+            .env("RUST_LOG", "gpuwarden=debug")
+            .env_remove("NO_COLOR")
+            .env_remove("GPUWARDEN_LOG_FORMAT");
+        command
+    };
+    let piped = text(&command().output().unwrap().stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stderr.log");
+    let status = command()
+        .stderr(std::fs::File::create(&file).unwrap())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    let filed = std::fs::read_to_string(&file).unwrap();
+    for (to, stderr) in [("a pipe", piped), ("a file", filed)] {
+        let logged: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("checking configuration"))
+            .collect();
+        assert_eq!(logged.len(), 1, "stderr to {to}:\n{stderr}");
+        assert!(
+            logged[0].contains(" DEBUG gpuwarden::cmd::check_config: checking configuration file=/nonexistent.toml"),
+            "stderr to {to}: {:?}",
+            logged[0]
+        );
+        assert!(!stderr.contains('\u{1b}'), "stderr to {to}: {stderr:?}");
+    }
+}
+
+/// On a terminal (a pseudo-terminal from util-linux's `script`) text logs are coloured, unless
+/// `NO_COLOR` is set to something.
+#[test]
+fn text_logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
+    let on_terminal = |no_color: Option<&str>| {
+        let mut command = Command::new("script");
+        command
+            .args(["-q", "-e", "-c"])
+            .arg(format!(
+                "'{}' check-config /nonexistent.toml",
+                env!("CARGO_BIN_EXE_gpuwarden")
+            ))
+            .arg("/dev/null")
+            .env("RUST_LOG", "gpuwarden=debug")
+            .env_remove("GPUWARDEN_LOG_FORMAT")
+            .stdin(std::process::Stdio::null());
+        match no_color {
+            Some(value) => command.env("NO_COLOR", value),
+            None => command.env_remove("NO_COLOR"),
+        };
+        let out = command.output().expect("script (util-linux) is installed");
+        let terminal = text(&out.stdout);
+        assert!(terminal.contains("checking configuration"), "{terminal}");
+        terminal
+    };
+    let coloured = on_terminal(None);
+    assert!(
+        coloured.contains("\u{1b}[34mDEBUG\u{1b}[0m"),
+        "{coloured:?}"
+    );
+    assert!(
+        on_terminal(Some("")).contains('\u{1b}'),
+        "an empty NO_COLOR is unset"
+    );
+    for value in ["1", "0"] {
+        let plain = on_terminal(Some(value));
+        assert!(!plain.contains('\u{1b}'), "NO_COLOR={value}: {plain:?}");
+    }
+}
+
 /// `up` on a machine without NVML: the pipeline and the enforcer it started first stop again,
 /// and it exits 1 with the collector's error, instead of hanging with the enforcer's threads.
 #[test]
@@ -189,4 +299,124 @@ fn check_config_sums_the_largest_quotas_without_overflow() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("8589934590 GPUs of quota"), "{stdout}");
+}
+
+/// `gpuwarden sql` over an empty lake in `dir`: its output, its error output, and whether it
+/// succeeded.
+fn sql_on_empty_lake(dir: &std::path::Path, args: &[&str]) -> (String, String, bool) {
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!("[storage]\ndata_dir = \"{}\"\n", dir.join("data").display()),
+    )
+    .unwrap();
+    let mut all = vec!["sql", "--config", config.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = gpuwarden(&all);
+    (text(&out.stdout), text(&out.stderr), out.status.success())
+}
+
+/// No rows: CSV still has its header (as `psql --csv` and DuckDB print it), JSON lines has no
+/// line, and the table names the columns.
+#[test]
+fn sql_prints_the_header_of_an_empty_result_as_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let query = "SELECT lease_id, team, gpu_uuids FROM leases";
+    let (csv, stderr, ok) = sql_on_empty_lake(dir.path(), &["--format", "csv", query]);
+    assert!(ok, "{stderr}");
+    assert_eq!(csv, "lease_id,team,gpu_uuids\n");
+    // No batch at all (a filter that is always false): the header all the same.
+    let (csv, _, ok) = sql_on_empty_lake(
+        dir.path(),
+        &["--format", "csv", "SELECT * FROM quarantine WHERE false"],
+    );
+    assert!(ok);
+    assert_eq!(csv, "ts_ms,topic,partition,offset,field,reason,raw\n");
+    let (json, _, ok) = sql_on_empty_lake(dir.path(), &["--format", "json", query]);
+    assert!(ok);
+    assert_eq!(json, "");
+    let (table, _, ok) = sql_on_empty_lake(dir.path(), &[query]);
+    assert!(ok);
+    assert_eq!(table.trim(), "(lease_id, team, gpu_uuids) 0 rows");
+}
+
+/// information_schema lists the lake's tables and their columns, SHOW TABLES reads it, and a
+/// query of it runs under the same limits as any other.
+#[test]
+fn sql_lists_the_lakes_tables_and_columns_in_information_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tables, stderr, ok) = sql_on_empty_lake(
+        dir.path(),
+        &[
+            "--format",
+            "csv",
+            "SELECT table_catalog, table_name, table_type FROM information_schema.tables \
+             WHERE table_schema = 'public' ORDER BY table_name",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let expected: Vec<String> = [
+        ("actions", "BASE TABLE"),
+        ("clock_skew", "VIEW"),
+        ("focus_costs", "BASE TABLE"),
+        ("gpu_hourly", "BASE TABLE"),
+        ("lease_events", "BASE TABLE"),
+        ("lease_hourly", "BASE TABLE"),
+        ("lease_usage", "VIEW"),
+        ("leases", "BASE TABLE"),
+        ("quarantine", "BASE TABLE"),
+        ("samples", "BASE TABLE"),
+        ("signals", "BASE TABLE"),
+        ("team_hourly", "BASE TABLE"),
+        ("teams", "BASE TABLE"),
+        ("workloads", "BASE TABLE"),
+    ]
+    .iter()
+    .map(|(name, kind)| format!("gpuwarden,{name},{kind}"))
+    .collect();
+    assert_eq!(
+        tables.lines().collect::<Vec<_>>(),
+        std::iter::once("table_catalog,table_name,table_type")
+            .chain(expected.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+    );
+
+    let (columns, stderr, ok) = sql_on_empty_lake(
+        dir.path(),
+        &[
+            "--format",
+            "csv",
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns \
+             WHERE table_name = 'team_hourly' ORDER BY ordinal_position LIMIT 3",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        columns,
+        "column_name,data_type,is_nullable\nhour,\"Timestamp(ms, \"\"UTC\"\")\",NO\n\
+         team,Utf8,NO\ngpu_model,Utf8,NO\n"
+    );
+
+    let (shown, stderr, ok) = sql_on_empty_lake(dir.path(), &["--format", "csv", "SHOW TABLES"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        shown.contains("gpuwarden,public,lease_usage,VIEW"),
+        "{shown}"
+    );
+
+    // Four copies of the ~200 columns cross-joined: far past a second, stopped at it.
+    let (_, stderr, ok) = sql_on_empty_lake(
+        dir.path(),
+        &[
+            "--timeout",
+            "1s",
+            "SELECT count(*) FROM information_schema.columns a, information_schema.columns b, \
+             information_schema.columns c, information_schema.columns d",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("statement timeout (1s, --timeout)") && stderr.contains("57014"),
+        "{stderr}"
+    );
 }

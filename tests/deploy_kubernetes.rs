@@ -426,9 +426,17 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
             .any(|v| v.name == data && v.persistent_volume_claim.is_some()),
         "the lease store is on a persistent volume"
     );
-    for probe in [&enforcer.readiness_probe, &enforcer.liveness_probe] {
+    // Ready once it can decide, alive while it serves (gpuwarden_enforcer::api's routes).
+    for (probe, path) in [
+        (&enforcer.readiness_probe, "/readyz"),
+        (&enforcer.liveness_probe, "/healthz"),
+    ] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
-        assert_eq!(get.path.as_deref(), Some("/healthz"));
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert!(
+            gpuwarden_enforcer::api::openapi_json().contains(&format!("\"{path}\"")),
+            "the enforcer's API serves {path}"
+        );
         assert_eq!(
             get.scheme.as_deref(),
             Some(if config.enforcer.tls.is_some() {

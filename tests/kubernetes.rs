@@ -36,8 +36,12 @@ fn nodes() -> Vec<Value> {
 /// Teams: `ml` (quota 16, namespace `ml-research`), `vision` (A100 only), `lean` ($1 a month),
 /// `burst` (quota 16, for the concurrent reviews).
 fn write_config(dir: &Path, api: &KubeApi, ca: &Ca) -> PathBuf {
+    write_config_for(dir, &api.kubeconfig(dir), ca)
+}
+
+/// [`write_config`] with `kubeconfig` naming the API server.
+fn write_config_for(dir: &Path, kubeconfig: &Path, ca: &Ca) -> PathBuf {
     let leaf = ca.server("webhook");
-    let kubeconfig = api.kubeconfig(dir);
     let path = dir.join("gpuwarden.toml");
     let team = |name: &str, members: &str, quota: u32, budget: f64, models: &str| {
         format!(
@@ -257,6 +261,18 @@ fn start(dir: &Path) -> (Running, Webhook, String, KubeApi) {
         api,
         api_server,
     )
+}
+
+/// `GET {api}{path}` without a token: status and body.
+async fn get_text(api: &str, path: &str) -> (u16, String) {
+    let client = gpuwarden_enforcer::outbound::http_client();
+    let request = hyper::Request::get(format!("{api}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// A call to the enforcer's API with the admin token.
@@ -522,6 +538,100 @@ fn a_pods_lease_follows_the_pod_it_was_admitted_for() {
                 .await["allowed"],
             true
         );
+    });
+    drop(enforcer);
+}
+
+/// With the API server unreachable from the start, the enforcer serves but is not ready, and a
+/// GPU pod is refused as the failure it is (503, saying what happened and what to do), never
+/// with a bare HTTP 500; once the API server answers, it becomes ready and admits.
+#[test]
+fn while_the_api_server_is_unreachable_the_enforcer_is_not_ready_and_says_why_pods_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    // Where the API server will be: nothing listens there yet.
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let kubeconfig = support::kube_api::kubeconfig_for(&format!("http://{address}"), dir.path());
+    let ca = Ca::new(dir.path(), "webhook-ca");
+    let config = write_config_for(dir.path(), &kubeconfig, &ca);
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let line = enforcer.wait_for_log(
+        "kubernetes admission webhook running",
+        Duration::from_secs(60),
+    );
+    let url = line["url"].as_str().unwrap().to_owned();
+    let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = line["api"].as_str().unwrap().to_owned();
+    let webhook = Webhook {
+        client: http_client_with_tls(client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap()),
+        url,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _api_server = runtime.block_on(async {
+        // Alive, not ready, and saying why.
+        assert_eq!(get_text(&api, "/healthz").await, (200, "ok\n".to_owned()));
+        let (status, why) = get_text(&api, "/readyz").await;
+        eprintln!("/readyz answers {status}: {why}");
+        assert_eq!(status, 503, "{why}");
+        assert!(
+            why.starts_with(
+                "not ready: substrate k8s: the cluster's nodes have not been listed yet (listing \
+                 the nodes: "
+            ) && why.ends_with(
+                "); check that the enforcer reaches the Kubernetes API server and may list nodes\n"
+            ),
+            "{why}"
+        );
+
+        // A GPU pod: an AdmissionReview refusing it with 503, in words its creator can act on.
+        let pod = PodReview::new("ml-research", "oidc:ada@example.com", Some("2"));
+        let refused = webhook.review(&pod).await;
+        assert_eq!(refused["allowed"], false, "{refused}");
+        assert_eq!(refused["status"]["code"], 503, "{refused}");
+        assert_eq!(
+            refused["status"]["reason"], "ServiceUnavailable",
+            "{refused}"
+        );
+        let text = message(&refused);
+        eprintln!("the pod's creator reads: {text}");
+        assert!(
+            text.starts_with(
+                "gpuwarden: this pod was not created because gpuwarden cannot check GPU capacity \
+                 right now: it cannot reach the Kubernetes API (substrate k8s: listing the nodes: "
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "This is not a policy decision: try again in a minute. If it keeps happening, ask \
+                 your cluster administrator to check the gpuwarden enforcer's log and its access \
+                 to the Kubernetes API server."
+            ),
+            "{text}"
+        );
+        // A pod without GPUs is none of gpuwarden's business, API server or not.
+        let plain = webhook
+            .review(&PodReview::new("ml-research", "ada", None))
+            .await;
+        assert_eq!(plain["allowed"], true, "{plain}");
+
+        // The API server comes up where the kubeconfig points: ready, and the pod is admitted.
+        let api_server = KubeApi::start_at(nodes(), &address);
+        let mut last = (0, String::new());
+        for _ in 0..600 {
+            last = get_text(&api, "/readyz").await;
+            if last.0 == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(last, (200, "ready\n".to_owned()));
+        let admitted = webhook.review(&pod).await;
+        assert_eq!(admitted["allowed"], true, "{admitted}");
+        api_server
     });
     drop(enforcer);
 }

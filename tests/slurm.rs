@@ -611,7 +611,17 @@ fn jobs_over_quota_budget_model_or_for_a_blocked_team_are_rejected_at_sbatch_wit
         log.join("\n")
     );
     let stderr = sbatch(&["--gres=gpu:h100:1", "--wrap", "true"]).unwrap_err();
-    assert!(stderr.contains("gpuwarden is unavailable"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "gpuwarden: this GPU job was not submitted: gpuwarden's admission service is \
+             unreachable at"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Batch job submission failed: Requested operation is presently disabled"),
+        "{stderr}"
+    );
     sbatch(&["--wrap", "true"]).expect("a CPU job needs no admission");
 }
 

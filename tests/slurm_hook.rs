@@ -206,7 +206,8 @@ fn with_the_enforcer_unreachable_gpu_jobs_are_rejected_and_cpu_jobs_pass() {
     needs_root!();
     let user = TestAccount::create("unr");
     let dir = tempfile::tempdir().unwrap();
-    let conf = hook_conf(dir.path(), &closed_port_url(), "");
+    let url = closed_port_url();
+    let conf = hook_conf(dir.path(), &url, "");
     let cluster = cluster_with_hook(dir.path(), &conf);
 
     let error = cluster
@@ -215,8 +216,19 @@ fn with_the_enforcer_unreachable_gpu_jobs_are_rejected_and_cpu_jobs_pass() {
             &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
         )
         .expect_err("a GPU job without an answer is rejected");
-    assert!(
-        error.contains("sbatch: error: gpuwarden is unavailable"),
+    // What happened, where, and what to do; then Slurm's own line with an error code that says
+    // something (not "Unspecified error").
+    assert_eq!(
+        error.lines().collect::<Vec<_>>(),
+        [
+            format!(
+                "sbatch: error: gpuwarden: this GPU job was not submitted: gpuwarden's admission \
+                 service is unreachable at {url} (connection refused). Try again in a few \
+                 minutes; if it keeps failing, contact your cluster administrator."
+            )
+            .as_str(),
+            "sbatch: error: Batch job submission failed: Requested operation is presently disabled",
+        ],
         "{error}"
     );
     cluster
@@ -273,7 +285,14 @@ fn an_enforcer_that_never_answers_fails_the_call_at_the_timeout() {
         .expect_err("no answer is a failure, and failure rejects");
     let took = started.elapsed();
     eprintln!("sbatch against a silent enforcer (timeout = 1 s) took {took:?}");
-    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(
+        error.contains(&format!(
+            "gpuwarden's admission service is unreachable at {} (timeout)",
+            enforcer.url
+        )),
+        "{error}"
+    );
+    assert!(error.contains("presently disabled"), "{error}");
     assert!(took < Duration::from_secs(10), "sbatch took {took:?}");
     let log = cluster.hook_log();
     assert!(
@@ -510,7 +529,15 @@ fn an_answer_the_hook_cannot_read_is_a_failure() {
             &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
         )
         .expect_err("an unreadable answer rejects");
-    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(
+        error.contains(&format!(
+            "sbatch: error: gpuwarden: this GPU job was not submitted: gpuwarden's admission \
+             service at {} could not decide on it (the answer's first line is neither admit nor \
+             deny). Try again in a few minutes",
+            enforcer.url
+        )),
+        "{error}"
+    );
     assert!(!error.contains("not the protocol"), "{error}");
     enforcer.answer("admit\ntime_limit=soon\n");
     let error = cluster
@@ -519,7 +546,10 @@ fn an_answer_the_hook_cannot_read_is_a_failure() {
             &["--gres=gpu:h100:1", "--hold", "--wrap", "true"],
         )
         .expect_err("a time_limit that is not a number rejects");
-    assert!(error.contains("gpuwarden is unavailable"), "{error}");
+    assert!(
+        error.contains("could not decide on it (time_limit is not a number)"),
+        "{error}"
+    );
     assert_eq!(enforcer.seen().len(), 2);
     let log = cluster.hook_log();
     assert!(

@@ -15,7 +15,12 @@
 --
 -- Failure is explicit: a call that fails (connection refused, timeout, a status other than 200,
 -- an answer it cannot read) and any Lua error in this file follow `on_unavailable` (reject by
--- default), never Slurm's own rule for a failing script, which lets the job through.
+-- default), never Slurm's own rule for a failing script, which lets the job through. A rejected
+-- user is told what happened and what to do, e.g. with the enforcer down:
+--   sbatch: error: gpuwarden: this GPU job was not submitted: gpuwarden's admission service is
+--     unreachable at http://127.0.0.1:8080 (connection refused). Try again in a few minutes; if
+--     it keeps failing, contact your cluster administrator.
+--   sbatch: error: Batch job submission failed: Requested operation is presently disabled
 --
 -- Each decision is one line in slurmctld's log, with the call's latency in milliseconds:
 --   gpuwarden: submit decision=admit reason=answer user=alice uid=1001 latency_ms=1.07
@@ -38,6 +43,14 @@ end
 -- submission failed: Access/permission denied". scontrol update (22.05) prints only the latter,
 -- the message stays in slurmctld's log.
 local DENIED = slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+
+-- What a job gets when gpuwarden could not decide on it (and on_unavailable is reject): sbatch
+-- prints the message given with log_user, then "Batch job submission failed: Requested
+-- operation is presently disabled" (ESLURM_DISABLED, 2037 in every Slurm since 2.x; the Lua
+-- plugin does not export it). Not slurm.ERROR, which sbatch shows as "Unspecified error"; and
+-- none of the codes sbatch retries by itself (EAGAIN, ESLURM_ERROR_ON_DESC_TO_RECORD_COPY,
+-- ESLURM_NODES_BUSY), which would hold the user's sbatch for minutes, asking again each time.
+local UNAVAILABLE = slurm.ESLURM_DISABLED or 2037
 
 local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
 local SHAPE_FIELDS = { "min_nodes", "max_nodes", "num_tasks", "ntasks_per_node",
@@ -205,7 +218,8 @@ local function exchange(sock, request)
    return status, body, close
 end
 
--- POSTs `body` to `url`; returns the parsed answer or nil and why the call failed.
+-- POSTs `body` to `url`; returns the parsed answer, or nil, why the call failed, and whether
+-- the enforcer could not be reached at all (connection refused, a timeout, a connection cut).
 local function call(url, body)
    local host, port, path = string.match(url, "^http://([^/:]+):?(%d*)(/.*)$")
    if host == nil then return nil, "url must be http://host[:port]/…, not " .. url end
@@ -224,7 +238,7 @@ local function call(url, body)
          local ok, err = sock:connect(host, port)
          if ok == nil then
             sock:close()
-            return nil, tostring(err)
+            return nil, tostring(err), true
          end
          sock:setoption("tcp-nodelay", true)
          CONN = sock
@@ -236,9 +250,9 @@ local function call(url, body)
       -- A kept connection the enforcer had closed meanwhile: the request never reached it, so
       -- it is sent again once on a new one. Anything else (a timeout) is a failed call: the
       -- enforcer may have acted on it, and asking twice could admit twice.
-      if not (kept and unseen) then return nil, tostring(answer) end
+      if not (kept and unseen) then return nil, tostring(answer), true end
    end
-   if status == nil then return nil, tostring(answer) end
+   if status == nil then return nil, tostring(answer), true end
    if close then drop_connection() end
    -- 400 or 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number
    -- out of range). That is the job's fault, not an outage: it is denied, whatever
@@ -259,9 +273,32 @@ local function one_line(s)
    return (string.gsub(tostring(s), "[%c]", " "))
 end
 
--- Applies the answer to the job (or the failure to it); returns slurm.SUCCESS or slurm.ERROR.
--- `what` is "submit" or "modify", `who` a few words naming the job for the log line.
-local function decide(what, who, job_desc, answer, failure, started)
+-- What the user is told when gpuwarden could not decide on the job: what did not happen, why,
+-- and what to do. `what` is "submit" or "modify"; `failure` the reason; `unreachable` whether
+-- the enforcer could not be reached at all; `hook_failed` a Lua error in this file.
+local function unavailable_message(what, failure, unreachable, hook_failed)
+   local outcome = what == "modify" and "this change to the job was not made"
+      or "this GPU job was not submitted"
+   if CONF == nil or hook_failed then
+      return string.format("gpuwarden: %s: gpuwarden's Slurm hook %s. Contact your cluster "
+         .. "administrator (slurmctld's log says what is wrong).", outcome,
+         hook_failed and "failed on it" or "is not configured correctly on this cluster")
+   end
+   local why
+   if unreachable then
+      why = string.format("gpuwarden's admission service is unreachable at %s (%s)", CONF.url,
+         one_line(failure))
+   else
+      why = string.format("gpuwarden's admission service at %s could not decide on it (%s)",
+         CONF.url, one_line(failure))
+   end
+   return string.format("gpuwarden: %s: %s. Try again in a few minutes; if it keeps failing, "
+      .. "contact your cluster administrator.", outcome, why)
+end
+
+-- Applies the answer to the job (or the failure to it); returns slurm.SUCCESS, DENIED or
+-- UNAVAILABLE. `what` is "submit" or "modify", `who` a few words naming the job for the log line.
+local function decide(what, who, job_desc, answer, failure, unreachable, hook_failed, started)
    local latency = elapsed_ms(started)
    if answer == nil then
       local admit = CONF ~= nil and CONF.on_unavailable == "admit"
@@ -269,9 +306,8 @@ local function decide(what, who, job_desc, answer, failure, started)
       slurm.log_error("gpuwarden: %s decision=%s reason=unavailable %s latency_ms=%s error=%s",
          what, decision, who, latency, one_line(failure))
       if admit then return slurm.SUCCESS end
-      slurm.log_user("%s", "gpuwarden is unavailable, so GPU jobs cannot be admitted now; "
-         .. "try again later or ask your administrator")
-      return slurm.ERROR
+      slurm.log_user("%s", unavailable_message(what, failure, unreachable, hook_failed))
+      return UNAVAILABLE
    end
    if answer.decision == "deny" then
       slurm.log_info("gpuwarden: %s decision=deny reason=answer %s latency_ms=%s message=%s",
@@ -290,12 +326,13 @@ end
 -- is a failed call and follows on_unavailable.
 local function guarded(what, who, job_desc, url_field, body_fn)
    local started = socket.gettime()
-   local ok, answer, failure = pcall(function()
+   local ok, answer, failure, unreachable = pcall(function()
       if CONF == nil then return nil, CONF_ERROR end
       return call(CONF[url_field], body_fn())
    end)
-   if not ok then answer, failure = nil, "Lua error: " .. tostring(answer) end
-   return decide(what, who, job_desc, answer, failure, started)
+   local hook_failed = not ok
+   if hook_failed then answer, failure = nil, "Lua error: " .. tostring(answer) end
+   return decide(what, who, job_desc, answer, failure, unreachable, hook_failed, started)
 end
 
 local function asks_gpu(tres)
@@ -390,9 +427,8 @@ end
 local function failed(what, err)
    slurm.log_error("gpuwarden: %s Lua error: %s", what, one_line(err))
    if CONF ~= nil and CONF.on_unavailable == "admit" then return slurm.SUCCESS end
-   slurm.log_user("%s", "gpuwarden's Slurm hook failed, so GPU jobs cannot be admitted now; "
-      .. "ask your administrator")
-   return slurm.ERROR
+   slurm.log_user("%s", unavailable_message(what, err, false, true))
+   return UNAVAILABLE
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)

@@ -156,12 +156,12 @@ fn whole<E: serde::de::Error>(number: &serde_json::Number) -> Result<u64, E> {
     }
 }
 
-/// A required whole number (see [`whole`]).
+/// A required whole number (see `whole`).
 pub fn whole_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     whole(&serde_json::Number::deserialize(d)?)
 }
 
-/// An optional whole number (see [`whole`]); null is none.
+/// An optional whole number (see `whole`); null is none.
 pub fn optional_whole<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     Option::<serde_json::Number>::deserialize(d)?
         .map(|n| whole(&n))

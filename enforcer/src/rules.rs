@@ -23,8 +23,8 @@
 //! Every step is an Action in the store's outbox (and so on `gpuwarden.actions` and in the lake).
 //! Steps are idempotent: a lease is reclaimed once (a releasing or ended lease is left alone),
 //! a warning or alert is recorded once per idle run (marks in the store, so a restart does not
-//! repeat it), and a signal older than one already handled for its lease, or about a lease that
-//! has ended, is ignored. A reclaim the substrate does not confirm is retried with a doubling
+//! repeat it), and a signal no newer than one already handled for its lease (the store keeps
+//! that time, so a restart does not forget it), or about a lease that has ended, is ignored. A reclaim the substrate does not confirm is retried with a doubling
 //! backoff; after [`RECLAIM_ATTEMPTS`] the lease is marked failed and an alert raised. With
 //! `enforcer.mode = "dry_run"` each step is recorded once with outcome `dry_run` and nothing is
 //! changed or sent. A lease an admin exempted is left to run until its exemption ends.
@@ -199,8 +199,6 @@ pub struct Rules {
     service: Service,
     alerts: Alerts,
     principal: Principal,
-    /// Lease → time of the newest `lease_utilization` handled.
-    seen: Arc<Mutex<HashMap<String, i64>>>,
     /// Lease → event time its size last changed by autoscale.
     scaled: Arc<Mutex<HashMap<String, i64>>>,
 }
@@ -223,7 +221,6 @@ impl Rules {
                 role: Role::Admin,
                 teams: Vec::new(),
             },
-            seen: Arc::default(),
             scaled: Arc::default(),
         }
     }
@@ -367,12 +364,14 @@ impl Rules {
             // Ended, or being released: nothing more to do, whatever the signal says.
             return Ok(());
         }
+        // Only a signal newer than every one handled for this lease, in this run or an earlier
+        // one: an old idle signal replayed after a restart must not reclaim a lease busy since.
+        if !store
+            .note_utilization_signal(lease_id, util.ts_ms)
+            .applied()
+            .await?
         {
-            let mut seen = lock(&self.seen);
-            if seen.get(lease_id).is_some_and(|&t| t >= util.ts_ms) {
-                return Ok(());
-            }
-            seen.insert(lease_id.to_owned(), util.ts_ms);
+            return Ok(());
         }
         self.service.note_utilization(
             lease_id,

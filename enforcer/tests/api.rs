@@ -93,7 +93,7 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
     assert_eq!(body["reasons"], json!([]));
     assert_eq!(
         body["estimate"],
-        json!({"usd_per_hour": 8.0, "max_usd": 16.0})
+        json!({"usd_per_hour": 8.0, "max_usd": 16.0, "gpu_model": "NVIDIA H100 80GB HBM3"})
     );
     let lease = &body["lease"];
     assert_eq!(lease["state"], "active");
@@ -766,6 +766,9 @@ async fn health_and_the_committed_openapi_document() {
     let h = harness();
     let (s, b) = call(&h.app, Method::GET, "/healthz", None, None).await;
     assert_eq!((s, b), (StatusCode::OK, Value::String("ok\n".into())));
+    // Its one substrate has what admission decides from.
+    let (s, b) = call(&h.app, Method::GET, "/readyz", None, None).await;
+    assert_eq!((s, b), (StatusCode::OK, Value::String("ready\n".into())));
 
     let response = h
         .app
@@ -805,6 +808,7 @@ async fn health_and_the_committed_openapi_document() {
         "/v1/leases/{id}/resize",
         "/v1/teams/{team}",
         "/healthz",
+        "/readyz",
     ] {
         assert!(doc["paths"].get(path).is_some(), "{path} missing");
     }

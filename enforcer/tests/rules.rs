@@ -661,6 +661,8 @@ async fn only_an_admin_exempts_a_lease_and_an_exempt_lease_is_not_reclaimed() {
         .find(|a| a["reason"] == "exempt")
         .unwrap();
     assert_eq!(exempt["action"], "alert");
+    // Named as the rules name the policy they exempt it from.
+    assert_eq!(exempt["policy"], "workloads.notebook", "{exempt}");
     let detail = exempt["detail"].as_str().unwrap();
     assert!(
         detail.contains("root") && detail.contains("demo rehearsal"),
@@ -671,6 +673,62 @@ async fn only_an_admin_exempts_a_lease_and_an_exempt_lease_is_not_reclaimed() {
     h.advance(80 * MIN);
     h.utilization(&notebook, 0.0, 125 * MIN).await;
     assert_eq!(h.state_of(&notebook).await, LeaseState::Released);
+}
+
+/// A `lease_utilization` signal about `lease` at `ts_ms`, idle for `idle_ms`.
+fn utilization_at(lease: &str, ts_ms: i64, util_pct: f64, idle_ms: i64) -> Signal {
+    Signal {
+        v: V1,
+        ts_ms,
+        window_ms: 15 * MIN,
+        body: SignalBody::LeaseUtilization {
+            lease_id: lease.into(),
+            team: "ml".into(),
+            util_pct,
+            idle_ms,
+            gpus_active: if idle_ms > 0 { 0 } else { 2 },
+            gpus_total: 2,
+            mem_used_max_bytes: 0,
+        },
+    }
+}
+
+/// An old idle signal replayed after the enforcer restarted (anyone who can write the topic can
+/// replay a signed record) is as old as it was before the restart: ignored, not a reclaim of a
+/// lease that has been busy since.
+#[tokio::test]
+async fn an_old_idle_signal_replayed_after_a_restart_does_not_reclaim_a_busy_lease() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let training = h.admit("training", 2, "8h").await;
+    h.advance(45 * MIN);
+    // Idle for 40 minutes five minutes ago, busy now: signals handled newest first (the older
+    // one delayed in Kafka, or replayed).
+    let busy = utilization_at(&training, h.clock_now(), 95.0, 0);
+    let idle = utilization_at(&training, h.clock_now() - 5 * MIN, 0.0, 40 * MIN);
+    h.rules.on_signal(&busy).await.unwrap();
+    h.rules.on_signal(&idle).await.unwrap();
+    assert_eq!(h.state_of(&training).await, LeaseState::Active);
+
+    let h = Harness {
+        enforcer: h.enforcer.restart(),
+        alerts: h.alerts,
+    };
+    h.rules.on_signal(&idle).await.unwrap();
+    assert_eq!(h.state_of(&training).await, LeaseState::Active);
+    assert_eq!(
+        h.actions_of(&training).await,
+        owned(&[("admit", "admitted", "ok")])
+    );
+    assert_eq!(
+        h.driver.calls.lock().unwrap().len(),
+        1,
+        "only the provision"
+    );
+    // A newer one is acted on as ever.
+    h.advance(MIN);
+    let idle_now = utilization_at(&training, h.clock_now(), 0.0, 31 * MIN);
+    h.rules.on_signal(&idle_now).await.unwrap();
+    assert_eq!(h.state_of(&training).await, LeaseState::Released);
 }
 
 #[tokio::test]

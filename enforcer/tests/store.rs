@@ -309,13 +309,13 @@ fn leases_and_quota_survive_a_restart() {
     let path = dir.path().join("enforcer.db");
     let config = config(4);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 4);
+    assert_eq!(store.schema_version().wait().unwrap(), 5);
     assert!(admit(&store, &config, 3, 8));
     let before = store.leases(&LeaseFilter::default()).wait().unwrap();
     drop(store);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 4);
+    assert_eq!(store.schema_version().wait().unwrap(), 5);
     let after = store.leases(&LeaseFilter::default()).wait().unwrap();
     assert_eq!(before, after);
     assert_eq!(after[0].gpu_count, 3);
@@ -535,4 +535,173 @@ fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
             .wait(),
         Err(StoreError::InvalidTransition { .. })
     ));
+}
+
+/// Every outbox row: (id, key, published_at), in id order, read from the file.
+fn outbox_rows(path: &Path) -> Vec<(i64, String, Option<i64>)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT id, key, published_at FROM outbox ORDER BY id")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+fn fleet_alert(ts_ms: i64, reason: &str) -> gpuwarden_schema::Action {
+    gpuwarden_enforcer::store::audit::Audit::fleet(gpuwarden_schema::ActionKind::Alert, reason).at(
+        ts_ms,
+        gpuwarden_schema::Outcome::Ok,
+        "",
+    )
+}
+
+#[test]
+fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublished_rows_never() {
+    const DAY: i64 = 86_400_000;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let prune = |store: &Store, before: i64, batch: usize| {
+        runtime.block_on(store.prune_outbox(before, batch)).unwrap()
+    };
+    let OneLease {
+        dir: _dir,
+        path,
+        config,
+        store,
+        id: open_lease,
+    } = one_lease();
+    // A lease admitted and released: its four rows (granted, admit, released, reclaim).
+    assert!(admit(&store, &config, 1, 8));
+    let ended = store
+        .open_leases()
+        .unwrap()
+        .into_iter()
+        .find(|l| l.id != open_lease)
+        .unwrap()
+        .id;
+    store
+        .transition(&ended, LeaseState::Released, NOW, ReleaseReason::User, "")
+        .wait()
+        .unwrap();
+    for reason in ["unpublished", "recent", "old-1", "old-2", "old-3", "newest"] {
+        store
+            .record_action(&fleet_alert(NOW, reason))
+            .wait()
+            .unwrap();
+    }
+    let rows = store.outbox_pending(100).wait().unwrap();
+    assert_eq!(rows.len(), 12);
+    let id_of = |reason: &str| {
+        rows.iter()
+            .find(|r| r.payload.contains(&format!("\"reason\":\"{reason}\"")))
+            .unwrap()
+            .id
+    };
+    let (unpublished, recent) = (id_of("unpublished"), id_of("recent"));
+    // Kafka acknowledged every row but one on day 1, and `recent` on day 30.
+    let long_ago: Vec<i64> = rows
+        .iter()
+        .map(|r| r.id)
+        .filter(|&i| i != unpublished && i != recent)
+        .collect();
+    store
+        .outbox_mark_published(&long_ago, NOW + DAY)
+        .wait()
+        .unwrap();
+    store
+        .outbox_mark_published(&[recent], NOW + 30 * DAY)
+        .wait()
+        .unwrap();
+
+    // A week's retention on day 31, two rows per commit: the ended lease's four rows and the
+    // three old alerts go.
+    let before = store.commit_stats();
+    let deleted = prune(&store, NOW + 24 * DAY, 2);
+    assert_eq!(deleted, 7);
+    assert!(
+        store.commit_stats().commits >= before.commits + 4,
+        "seven rows two at a time are four commits"
+    );
+    // (A fleet alert's key is its reason.)
+    let kept: Vec<String> = outbox_rows(&path)
+        .into_iter()
+        .map(|(_, key, published)| {
+            let state = if published.is_some() {
+                "published"
+            } else {
+                "pending"
+            };
+            format!("{key} {state}")
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            // The open lease's grant and admission: the portal shows its history.
+            format!("{open_lease} published"),
+            format!("{open_lease} published"),
+            "unpublished pending".to_owned(),
+            "recent published".to_owned(),
+            // The newest row stays, so that outbox ids keep growing.
+            "newest published".to_owned(),
+        ]
+    );
+    assert_eq!(store.outbox_pending(100).wait().unwrap()[0].id, unpublished);
+    // Nothing more to do until the retention passes the rest.
+    assert_eq!(prune(&store, NOW + 24 * DAY, 2), 0);
+    // With no retention at all, `recent` goes too; a row Kafka never acknowledged stays,
+    // however old.
+    assert_eq!(prune(&store, i64::MAX, 100), 1);
+    let left: Vec<i64> = outbox_rows(&path)
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(left.len(), 4);
+    assert!(left.contains(&unpublished), "{left:?}");
+    // New rows still come after the newest kept.
+    store
+        .record_action(&fleet_alert(NOW, "later"))
+        .wait()
+        .unwrap();
+    let pending = store.outbox_pending(100).wait().unwrap();
+    assert_eq!(pending.len(), 2);
+    assert!(pending[1].id > id_of("newest"), "{pending:?}");
+}
+
+#[test]
+fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease() {
+    let OneLease {
+        dir: _dir,
+        path,
+        store,
+        id,
+        ..
+    } = one_lease();
+    assert!(store.note_utilization_signal(&id, NOW + 10).wait().unwrap());
+    assert!(!store.note_utilization_signal(&id, NOW + 10).wait().unwrap());
+    assert!(!store.note_utilization_signal(&id, NOW + 5).wait().unwrap());
+    assert!(!store
+        .note_utilization_signal("no-such-lease", NOW + 10)
+        .wait()
+        .unwrap());
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert!(
+        !store.note_utilization_signal(&id, NOW + 5).wait().unwrap(),
+        "a signal older than one handled before the restart is still old"
+    );
+    assert!(store.note_utilization_signal(&id, NOW + 11).wait().unwrap());
+    store
+        .transition(&id, LeaseState::Released, NOW + 12, ReleaseReason::User, "")
+        .wait()
+        .unwrap();
+    assert!(!store.note_utilization_signal(&id, NOW + 20).wait().unwrap());
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let kept: i64 = conn
+        .query_row("SELECT count(*) FROM lease_signals", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(kept, 0, "an ended lease's signal time is forgotten");
 }

@@ -786,6 +786,56 @@ driver = \"slurm\"
 }
 
 #[test]
+fn the_outbox_is_kept_a_week_after_publishing_unless_told_otherwise() {
+    let retention = |text: &str| {
+        config::parse("e.toml", text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .enforcer
+            .outbox_retention
+    };
+    assert_eq!(retention(""), Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(
+        retention("[enforcer]\noutbox_retention = \"36h\"\n"),
+        Some(Duration::from_secs(36 * 3600))
+    );
+    assert_eq!(
+        retention("[enforcer]\noutbox_retention = \"forever\"\n"),
+        None
+    );
+    let errs = errors("[enforcer]\noutbox_retention = \"a week\"\n");
+    assert!(find(&errs, "enforcer.outbox_retention")
+        .message
+        .contains("or \"forever\""));
+}
+
+/// A build without a driver (`gpuwarden check-config` asks the enforcer which it has) reports a
+/// substrate of that kind on its `driver` line, naming the substrate and what to do.
+#[test]
+fn a_substrate_whose_driver_this_build_lacks_is_an_error_on_its_driver_line() {
+    let text = "[[substrates]]\nname = \"gpus\"\ndriver = \"simulated\"\n\
+                hosts = [{ prefix = \"h\", count = 1, gpus = 8, gpu_model = \"H100\" }]\n\n\
+                [[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\n[substrates.libvirt]\n\
+                domain_template = \"/etc/gpuwarden/vm.xml\"\n";
+    let without_libvirt = |kind: config::DriverKind| {
+        (kind == config::DriverKind::Libvirt).then(|| "rebuild with `--features libvirt`".into())
+    };
+    let errs = match config::parse_for_build("vm.toml", text, without_libvirt) {
+        Ok(_) => panic!("a libvirt substrate was accepted by a build without libvirt"),
+        Err(e) => e.errors,
+    };
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let error = find(&errs, "substrates[1].driver");
+    assert_eq!((error.line, error.column), (Some(8), Some(10)));
+    assert_eq!(
+        error.message,
+        "substrate vms cannot run here: rebuild with `--features libvirt`"
+    );
+    // A build that has every driver accepts it, as `parse` does.
+    assert!(config::parse_for_build("vm.toml", text, |_| None).is_ok());
+    assert!(config::parse("vm.toml", text).is_ok());
+}
+
+#[test]
 fn libvirt_settings_have_defaults_and_are_checked_field_by_field() {
     let substrate = |settings: &str| {
         format!(
@@ -1010,4 +1060,50 @@ fn a_lake_that_cannot_be_reached_is_reported_at_its_field() {
     assert!(find(&found, "storage.s3.bucket")
         .message
         .contains("unknown"));
+}
+
+/// Every TOML block of README.md is a config, or a part of one, that gpuwarden accepts as it is
+/// written there (with its `${…}` references set): a new user copies them. A part that maps to
+/// the README's teams without defining them (research, serving) is checked beside those two.
+#[test]
+fn every_toml_block_of_the_readme_is_a_valid_config() {
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    for (name, value) in [
+        (
+            "GPUWARDEN_SIGNING_KEY",
+            "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        ),
+        (
+            "GPUWARDEN_OLD_SIGNING_KEY",
+            "1f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        ),
+        ("MINIO_ACCESS_KEY", "minio"),
+        ("MINIO_SECRET_KEY", "minio-secret"),
+    ] {
+        std::env::set_var(name, value);
+    }
+    let mut blocks = 0;
+    let mut rest = readme.as_str();
+    while let Some(start) = rest.find("```toml\n") {
+        let line = readme[..readme.len() - rest.len() + start].lines().count() + 1;
+        let body = &rest[start + "```toml\n".len()..];
+        let end = body.find("```").expect("a TOML block ends");
+        let block = &body[..end];
+        let text = if block.contains("[[teams]]") {
+            block.to_string()
+        } else {
+            format!(
+                "{block}\n[[teams]]\nname = \"research\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n\
+                 [[teams]]\nname = \"serving\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n"
+            )
+        };
+        if let Err(e) = config::parse("README.md", &text) {
+            panic!("README.md's TOML block at line {line}:\n{e}");
+        }
+        blocks += 1;
+        rest = &body[end..];
+    }
+    assert!(blocks >= 7, "{blocks} TOML blocks");
 }

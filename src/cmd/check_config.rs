@@ -9,9 +9,10 @@ use gpuwarden_schema::config::{self, Config};
 /// Check a config file, reporting every error with its line, column and field.
 ///
 /// Reads the file as `collect`, `pipeline` and `enforce` would: TOML syntax, `${ENV}`
-/// substitution, unknown keys, types, durations ("30s", "5m", "1h30m"), and the rules across
-/// sections (team and substrate names that must exist, ranges, driver settings). Prints every
-/// error as FILE:LINE:COLUMN with the field path, and exits 1 if there is any.
+/// substitution, unknown keys, types, durations ("30s", "5m", "1h30m"), the rules across
+/// sections (team and substrate names that must exist, ranges, driver settings), and whether
+/// this build has every substrate's driver (libvirt needs a build with `--features libvirt`).
+/// Prints every error as FILE:LINE:COLUMN with the field path, and exits 1 if there is any.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file to check.
@@ -21,7 +22,9 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     tracing::debug!(file = %args.file.display(), "checking configuration");
-    match config::load(&args.file) {
+    // What this binary can run, not only what the file says: `enforce` refuses a substrate
+    // whose driver was compiled out, so the check does too.
+    match config::load_for_build(&args.file, gpuwarden_enforcer::drivers::missing_driver) {
         Ok(config) => {
             println!("{}: ok ({})", args.file.display(), summary(&config));
             Ok(ExitCode::SUCCESS)

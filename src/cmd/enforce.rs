@@ -47,6 +47,11 @@ const FLUSH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
 /// How long a client has to finish its TLS handshake, so that idle sockets cannot pile up.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often (wall time) published outbox rows past `enforcer.outbox_retention` are deleted,
+/// and how many per commit.
+const PRUNE_EVERY: Duration = Duration::from_secs(10 * 60);
+const PRUNE_BATCH: usize = 1_000;
+
 /// Serve the admission API and enforce leases.
 ///
 /// Opens the lease store (enforcer.database, or <data_dir>/enforcer.db), builds a driver for every
@@ -93,6 +98,8 @@ pub(crate) struct Enforcer {
     stop_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     ticking: tokio::task::JoinHandle<()>,
+    /// Deletes published outbox rows past `enforcer.outbox_retention` (none: kept forever).
+    pruning: Option<tokio::task::JoinHandle<()>>,
     /// The watchers of the Slurm substrates' queues and the Kubernetes substrates' pods.
     slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The Kubernetes substrates' admission webhooks.
@@ -212,6 +219,15 @@ pub(crate) async fn start(
         tick,
         stop_rx.clone(),
     ));
+    let pruning = config.enforcer.outbox_retention.map(|retention| {
+        tokio::spawn(prune_loop(
+            store.clone(),
+            clock.clone(),
+            retention,
+            PRUNE_EVERY,
+            stop_rx.clone(),
+        ))
+    });
     // Each Slurm substrate's queue, followed into its leases, read once before the API answers
     // its submit hook.
     gpuwarden_enforcer::slurm::watch::prime(&service, Duration::from_secs(10)).await;
@@ -335,6 +351,7 @@ pub(crate) async fn start(
         stop_tx,
         server,
         ticking,
+        pruning,
         slurm_watchers,
         webhooks,
         kueue_controllers,
@@ -356,6 +373,9 @@ impl Enforcer {
             let _ = tokio::time::timeout(Duration::from_secs(5), webhook).await;
         }
         self.ticking.abort();
+        if let Some(pruning) = self.pruning {
+            pruning.abort();
+        }
         for watcher in self
             .slurm_watchers
             .into_iter()
@@ -470,6 +490,35 @@ async fn rules_loop(
     }
 }
 
+/// Every `every` (the first time one `every` after the start): deletes the outbox rows Kafka
+/// acknowledged more than `retention` ago by `clock` (the time the publisher marks them with),
+/// in batches of [`PRUNE_BATCH`]. Without it `enforcer.db` grows with every record ever sent.
+async fn prune_loop(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    retention: Duration,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stopped(&mut stop) => return,
+        }
+        let before = clock.now_ms().saturating_sub(retention_ms);
+        match store.prune_outbox(before, PRUNE_BATCH).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                rows = n,
+                retention = %humantime::format_duration(retention),
+                "deleted published outbox rows past enforcer.outbox_retention"
+            ),
+            Err(e) => tracing::warn!(error = %e, "pruning the outbox failed; tried again later"),
+        }
+    }
+}
+
 /// The TLS tests' CAs and certificates, made with the openssl command line.
 #[cfg(test)]
 #[path = "../../tests/support/pki.rs"]
@@ -526,6 +575,56 @@ mod tests {
         stop.send(true).unwrap();
         let ended = tokio::time::timeout(std::time::Duration::from_secs(10), server).await;
         assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    }
+
+    /// The pruning timer deletes the rows Kafka acknowledged longer ago than the retention and
+    /// leaves the others, and stops when told to.
+    #[tokio::test]
+    async fn the_outbox_is_pruned_on_a_timer() {
+        use gpuwarden_enforcer::store::audit::Audit;
+        use gpuwarden_enforcer::store::Store;
+        use gpuwarden_schema::{ActionKind, ManualClock, Outcome};
+        const DAY: i64 = 86_400_000;
+        const NOW: i64 = 100 * DAY;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
+        for reason in ["old", "pending", "recent", "newest"] {
+            let alert = Audit::fleet(ActionKind::Alert, reason).at(NOW - 30 * DAY, Outcome::Ok, "");
+            store.record_action(&alert).await.unwrap();
+        }
+        let rows = store.outbox_pending(10).await.unwrap();
+        let [old, _, recent, newest] = [0, 1, 2, 3].map(|i| rows[i].id);
+        store
+            .outbox_mark_published(&[old, newest], NOW - 30 * DAY)
+            .await
+            .unwrap();
+        store
+            .outbox_mark_published(&[recent], NOW - DAY)
+            .await
+            .unwrap();
+        let (stop, stopping) = watch::channel(false);
+        let pruning = tokio::spawn(super::prune_loop(
+            store.clone(),
+            std::sync::Arc::new(ManualClock::new(NOW)),
+            std::time::Duration::from_secs(7 * 86_400),
+            std::time::Duration::from_millis(10),
+            stopping,
+        ));
+        let mut left = Vec::new();
+        for _ in 0..500 {
+            left = store.recent_actions(10, None).await.unwrap();
+            if left.len() < 4 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let reasons: Vec<&str> = left.iter().map(|a| a.reason.as_str()).collect();
+        assert_eq!(reasons, ["newest", "recent", "pending"]);
+        stop.send(true).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), pruning)
+            .await
+            .expect("the timer stops when told to")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -379,6 +379,13 @@ async fn evict_pod(
 impl KubeApi {
     /// Starts the server with `nodes` (Node objects).
     pub fn start(nodes: Vec<Value>) -> Self {
+        Self::start_at(nodes, "127.0.0.1:0")
+    }
+
+    /// Starts the server with `nodes` on `address` (an API server coming back where a kubeconfig
+    /// already points).
+    pub fn start_at(nodes: Vec<Value>, address: &str) -> Self {
+        let address = address.to_owned();
         let cluster: Shared = Arc::new(Mutex::new(Cluster {
             nodes,
             resource_version: 100,
@@ -420,7 +427,7 @@ impl KubeApi {
                         axum::routing::patch(scale_deployment),
                     )
                     .with_state(shared);
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let listener = tokio::net::TcpListener::bind(&address).await.unwrap();
                 tx.send(format!("http://{}", listener.local_addr().unwrap()))
                     .unwrap();
                 axum::serve(listener, app).await.unwrap();
@@ -434,19 +441,7 @@ impl KubeApi {
 
     /// A kubeconfig file in `dir` that points at this server.
     pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
-                 users:\n- name: gpuwarden\n  user:\n    token: test-token\n\
-                 contexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuwarden\n\
-                 current-context: test\n",
-                self.url
-            ),
-        )
-        .unwrap();
-        path
+        kubeconfig_for(&self.url, dir)
     }
 
     /// Stores `pod` as the API server does once admission allowed it (ADDED).
@@ -501,6 +496,22 @@ impl KubeApi {
     pub fn seen(&self) -> Vec<Seen> {
         self.cluster.lock().unwrap().seen.clone()
     }
+}
+
+/// A kubeconfig file in `dir` that points at the API server `url` (`http://host:port`).
+pub fn kubeconfig_for(url: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n\
+             users:\n- name: gpuwarden\n  user:\n    token: test-token\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuwarden\n\
+             current-context: test\n"
+        ),
+    )
+    .unwrap();
+    path
 }
 
 /// A GPU node as NVIDIA's GPU feature discovery and device plugin leave it.

@@ -59,7 +59,7 @@ pub enum ApiError {
     /// A substrate driver failed; retrying may help (503).
     #[error("{0}")]
     Substrate(String),
-    /// A bug or a store failure (500); the detail is logged (by [`log_failures`]), not sent.
+    /// A bug or a store failure (500); the detail is logged (by `log_failures`), not sent.
     #[error("internal error: {0}")]
     Internal(String),
 }

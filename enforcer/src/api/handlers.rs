@@ -3,7 +3,7 @@
 //! documents it in the OpenAPI document ([`super::openapi`]).
 
 use axum::extract::{Path, Query, State};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -233,6 +233,24 @@ fn hook_answer(answer: &crate::slurm::Answer) -> Response {
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving", body = String)))]
 pub(super) async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// Readiness: whether the enforcer can decide admissions, i.e. every substrate's driver has what
+/// it decides from (a Kubernetes cluster: its nodes and pods listed once). Once ready it stays
+/// so while a substrate's API is away, deciding on what it last read.
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, description = "Ready to decide admissions", body = String),
+    (status = 503, description = "Not ready yet: what is missing, per substrate", body = String),
+))]
+pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    match state.service.readiness().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
 }
 
 /// Any path the API does not have: a 404 in the API's one error shape.

@@ -1,21 +1,22 @@
-//! The enforcer's HTTP API (axum): admission, leases, teams, health and the OpenAPI document.
+//! The enforcer's HTTP API (axum): admission, leases, teams, health (`/healthz`: serving;
+//! `/readyz`: able to decide) and the OpenAPI document.
 //!
 //! This layer only translates between HTTP and the [`Service`]: it authenticates the bearer
-//! token to a [`Principal`] ([`extract`]), decodes the body with [`ApiJson`] (whose rejections
-//! share [`ApiError`]'s one JSON shape), calls the service ([`handlers`]), and maps its answer to
-//! the API's bodies ([`types`]) and its [`crate::service::ServiceError`] to a status
-//! ([`error`]). A denial is a decision, answered with 200; 4xx is for malformed requests (naming
+//! token to a [`Principal`] (`extract`), decodes the body with [`ApiJson`] (whose rejections
+//! share [`ApiError`]'s one JSON shape), calls the service (`handlers`), and maps its answer to
+//! the API's bodies (`types`) and its [`crate::service::ServiceError`] to a status
+//! (`error`). A denial is a decision, answered with 200; 4xx is for malformed requests (naming
 //! the field), authentication (401), authorization (403), names that do not exist (404),
 //! changes the lease's state does not allow (409) and a source address or token locked out
 //! after too many failed logins (429, with `Retry-After`); 503 is a substrate that did not
-//! confirm, 500 the enforcer's own failure (logged with the request by [`error::log_failures`]).
+//! confirm, 500 the enforcer's own failure (logged with the request by `error::log_failures`).
 //! The binary serves the router with connect info, so that failed logins are counted per source
 //! address.
 //!
-//! - [`error`]: the error shape and the status of each failure;
-//! - [`extract`]: the caller (bearer tokens) and JSON bodies;
-//! - [`handlers`]: one function per operation;
-//! - [`types`]: the API's own bodies;
+//! - `error`: the error shape and the status of each failure;
+//! - `extract`: the caller (bearer tokens) and JSON bodies;
+//! - `handlers`: one function per operation;
+//! - `types`: the API's own bodies;
 //! - [`openapi`]: the OpenAPI document.
 
 mod error;
@@ -90,6 +91,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/slurm/{substrate}/submit", post(handlers::slurm_submit))
         .route("/v1/slurm/{substrate}/modify", post(handlers::slurm_modify))
         .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
         .route("/openapi.json", get(handlers::openapi_document))
         .fallback(handlers::no_route)
         .layer(axum::middleware::from_fn(error::log_failures))

@@ -191,7 +191,7 @@ impl utoipa::Modify for FieldRules {
         title = "gpuwarden enforcer",
         description = "Admission and leases for GPU fleets: a denial is a 200 decision with every reason."
     ),
-    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, exempt_lease, get_team, slurm_submit, slurm_modify, healthz),
+    paths(admission, list_leases, get_lease, release_lease, extend_lease, resize_lease, exempt_lease, get_team, slurm_submit, slurm_modify, healthz, readyz),
     components(schemas(
         AdmissionRequest, AdmissionResponse, DecisionKind, Reason, policy::ReasonCode, Estimate,
         Lease, LeaseState, ExtendRequest, ExemptRequest, ResizeRequest, TeamView, ErrorBody, ErrorDetail,

@@ -176,6 +176,8 @@ pub struct KubernetesDriver {
     kept: Mutex<Option<(Instant, Arc<Inventory>)>>,
     /// One reader of the nodes at a time.
     reading: tokio::sync::Mutex<()>,
+    /// The pod watcher has listed every pod once (see [`KubernetesDriver::pods_listed`]).
+    pods_listed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for KubernetesDriver {
@@ -238,7 +240,16 @@ impl KubernetesDriver {
             deployment_template,
             kept: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
+            pods_listed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Told by the pod watcher once it has listed every pod and followed them into their
+    /// leases: from then on the leases the policy counts are the cluster's, and they stay
+    /// followed (the watcher lists again after a failure) whatever happens to the API server.
+    pub fn pods_listed(&self) {
+        self.pods_listed
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The substrate's settings.
@@ -917,6 +928,32 @@ impl Driver for KubernetesDriver {
 
     fn kubernetes(&self) -> Option<&KubernetesDriver> {
         Some(self)
+    }
+
+    /// Ready once the nodes have been listed (the capacity admission checks; kept when a later
+    /// read fails) and the pod watcher has listed the pods: from then on the webhook can decide,
+    /// even while the API server is away.
+    async fn readiness(&self) -> Result<(), String> {
+        if let Err(e) = self.inventory().await {
+            // The caller names the substrate.
+            let why = match e {
+                DriverError::Unavailable { message, .. }
+                | DriverError::Rejected { message, .. } => message,
+                other => other.to_string(),
+            };
+            return Err(format!(
+                "the cluster's nodes have not been listed yet ({why}); check that the enforcer \
+                 reaches the Kubernetes API server and may list nodes"
+            ));
+        }
+        if !self.pods_listed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(
+                "the pod watcher has not listed the cluster's pods yet; check that the \
+                 enforcer may list and watch pods"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 

@@ -212,6 +212,12 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     fn kubernetes(&self) -> Option<&KubernetesDriver> {
         None
     }
+    /// Whether the driver has what admission to its substrate decides from, or what it still
+    /// lacks, for a person (the enforcer's `/readyz`). Most drivers are ready once built; a
+    /// Kubernetes cluster's is once its nodes and pods have been listed.
+    async fn readiness(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Where drivers may keep state that must outlive the process (local: its children's pids).
@@ -251,12 +257,32 @@ fn libvirt_driver(
     context: &DriverContext,
 ) -> Result<Box<dyn Driver>, DriverError> {
     let _ = context;
-    Err(config_error(
-        config,
-        "driver",
-        "this gpuwarden was built without the libvirt driver; build it with \
-         `cargo build --release --features libvirt` (needs libvirt's headers: Debian's libvirt-dev)",
-    ))
+    Err(config_error(config, "driver", NO_LIBVIRT))
+}
+
+/// Why a build without the `libvirt` feature cannot run a libvirt substrate, and how to get one
+/// that can.
+const NO_LIBVIRT: &str = "this gpuwarden was built without the libvirt driver; build it with \
+    `cargo build --release --features libvirt` (needs libvirt's headers: Debian's libvirt-dev)";
+
+/// Why this build cannot run a substrate of driver `kind`, and how to get one that can; none
+/// when it can. `gpuwarden check-config` reports it on the substrate's `driver` line, as
+/// [`build`] would refuse the substrate when the enforcer starts.
+pub fn missing_driver(kind: DriverKind) -> Option<String> {
+    missing_from(kind, cfg!(feature = "libvirt"))
+}
+
+/// [`missing_driver`] for a build with (`libvirt`) or without the libvirt driver.
+fn missing_from(kind: DriverKind, libvirt: bool) -> Option<String> {
+    match kind {
+        DriverKind::Libvirt if !libvirt => Some(NO_LIBVIRT.to_owned()),
+        DriverKind::Simulated
+        | DriverKind::Local
+        | DriverKind::Webhook
+        | DriverKind::Slurm
+        | DriverKind::Kubernetes
+        | DriverKind::Libvirt => None,
+    }
 }
 
 fn config_error(
@@ -312,4 +338,40 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
         file.sync_all()?;
     }
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build without the `libvirt` feature lacks only the libvirt driver, and says how to get
+    /// it; one with the feature lacks none. (Tests are built with the feature or without it;
+    /// the function that decides is checked both ways.)
+    #[test]
+    fn a_build_lacks_the_libvirt_driver_only_without_the_feature() {
+        let all = [
+            DriverKind::Simulated,
+            DriverKind::Local,
+            DriverKind::Webhook,
+            DriverKind::Slurm,
+            DriverKind::Kubernetes,
+            DriverKind::Libvirt,
+        ];
+        for kind in all {
+            assert_eq!(missing_from(kind, true), None, "{kind:?}");
+        }
+        for kind in &all[..5] {
+            assert_eq!(missing_from(*kind, false), None, "{kind:?}");
+        }
+        let why = missing_from(DriverKind::Libvirt, false).unwrap();
+        assert!(
+            why.contains("built without the libvirt driver")
+                && why.contains("cargo build --release --features libvirt"),
+            "{why}"
+        );
+        assert_eq!(
+            missing_driver(DriverKind::Libvirt).is_none(),
+            cfg!(feature = "libvirt")
+        );
+    }
 }

@@ -18,9 +18,12 @@
 //! remembers where the pod is, and the answer carries the estimate as a warning, which
 //! `kubectl` prints. Denied, the answer is `allowed: false` with `status.code` 403 and every
 //! reason in `status.message`, which `kubectl` prints as the error. Mistakes a person can fix
-//! (a namespace without a team, an unknown workload, a user who is not a member) are denials;
-//! only what the enforcer itself cannot do (its store failed) is an error (HTTP 500), which the
-//! API server treats by the webhook's `failurePolicy`. A body that is not an `AdmissionReview`
+//! (a namespace without a team, an unknown workload, a user who is not a member) are denials.
+//! When the cluster's nodes have never been read and the API server does not answer, the pod
+//! is refused with `status.code` 503 and a message saying so (try again; what the administrator
+//! should look at), whatever `failurePolicy` says: the enforcer answered. Only what the enforcer
+//! itself cannot do (its store failed) is an error (HTTP 500), which the API server treats by
+//! the webhook's `failurePolicy`. A body that is not an `AdmissionReview`
 //! of `admission.k8s.io/v1` is refused with 400 and a message naming what is wrong, which the
 //! API server logs.
 //!
@@ -109,6 +112,23 @@ fn deny(request: &Review<DynamicObject>, message: String) -> AdmissionResponse {
     let mut response = AdmissionResponse::from(request).deny(message);
     response.result.code = 403;
     response.result.reason = "Forbidden".into();
+    response.result.status = Some(kube::core::response::StatusSummary::Failure);
+    response
+}
+
+/// A refusal because gpuwarden cannot decide now (it has never read the cluster's nodes, and
+/// the API server does not answer): `allowed: false` with `status.code` 503, in words the pod's
+/// creator can act on and an administrator can follow up. An answer rather than an HTTP error,
+/// which the API server would report as "failed calling webhook" with no word of why.
+fn unavailable(request: &Review<DynamicObject>, why: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request).deny(format!(
+        "gpuwarden: this pod was not created because gpuwarden cannot check GPU capacity right \
+         now: it cannot reach the Kubernetes API ({why}). This is not a policy decision: try \
+         again in a minute. If it keeps happening, ask your cluster administrator to check the \
+         gpuwarden enforcer's log and its access to the Kubernetes API server."
+    ));
+    response.result.code = 503;
+    response.result.reason = "ServiceUnavailable".into();
     response.result.status = Some(kube::core::response::StatusSummary::Failure);
     response
 }
@@ -265,7 +285,10 @@ async fn answer(
     // Its model: the one it pins, else the cluster's only one.
     let inventory = match driver.inventory().await {
         Ok(inventory) => inventory,
-        Err(e) => return Err(ReviewError::Unavailable(e.to_string())),
+        Err(e) => {
+            tracing::error!(substrate = %substrate, error = %e, "cannot check GPU pods: the cluster's nodes cannot be read from the Kubernetes API; GPU pods are refused (503) until they can");
+            return Ok(unavailable(request, &e.to_string()));
+        }
     };
     let model = match model_of(spec, &ask, settings, &inventory) {
         Ok(model) => model,

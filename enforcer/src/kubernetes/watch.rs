@@ -89,6 +89,7 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
                 if let Some(seen) = listed.take() {
                     forget_missing(&service, kubernetes, &substrate, &seen).await;
                 }
+                kubernetes.pods_listed();
             }
             Event::Apply(pod) => {
                 if let Some(id) = lease_of(kubernetes, &pod) {

@@ -508,6 +508,22 @@ impl Service {
         self.inner.drivers.get(name).cloned()
     }
 
+    /// Whether every substrate's driver has what admission decides from (see
+    /// [`Driver::readiness`]), or, one sentence per substrate, what is missing.
+    pub async fn readiness(&self) -> Result<(), String> {
+        let mut missing = Vec::new();
+        for (name, driver) in &self.inner.drivers {
+            if let Err(why) = driver.readiness().await {
+                missing.push(format!("substrate {name}: {why}"));
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing.join("; "))
+        }
+    }
+
     fn driver(&self, lease: &Lease) -> Result<Arc<dyn Driver>, ServiceError> {
         self.inner
             .drivers
@@ -885,6 +901,7 @@ impl Service {
                 estimate: policy::Estimate {
                     usd_per_hour: 0.0,
                     max_usd: None,
+                    gpu_model: Some(lease.gpu_model.clone()),
                 },
                 placement: None,
                 duration: None,
@@ -933,6 +950,7 @@ impl Service {
                         usd_per_hour: config.pricing.usd_per_gpu_hour(&lease.gpu_model)
                             * f64::from(gpus),
                         max_usd: None,
+                        gpu_model: Some(lease.gpu_model.clone()),
                     },
                     placement: Some(policy::Placement {
                         substrate: lease.substrate.clone(),

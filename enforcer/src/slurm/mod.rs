@@ -4,7 +4,7 @@
 //!
 //! The hook (`deploy/slurm/job_submit.lua`) runs inside slurmctld, one submission at a time,
 //! and sends Slurm's raw fields; everything that decides lives here, configured in
-//! `[substrates.slurm]`: the GPUs a job asks for ([`jobs::GpuRequest`]), its team (from its
+//! `[substrates.slurm]`: the GPUs a job asks for (`jobs::GpuRequest`), its team (from its
 //! account or partition), its user (the Slurm user), its workload and project (from its wckey,
 //! comment or job name, as `<workload>[:<project>]`), its model (from the GRES type). An
 //! admitted job is recorded as a hold (its job id does not exist yet) and answered with the

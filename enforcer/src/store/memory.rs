@@ -1,7 +1,8 @@
 //! What admission reads, kept in memory: the open leases and what they hold ([`Held`]), the
-//! latest spend per team, the blocked teams, exemptions and rule marks ([`Memory`]), and the
-//! exact sums ([`Accruals`]) from which a team's month-to-date spend is read without walking its
-//! leases. [`load`] fills it from the file when the store opens.
+//! latest spend per team, the blocked teams, exemptions, rule marks and the newest utilization
+//! signal handled per lease ([`Memory`]), and the exact sums ([`Accruals`]) from which a team's
+//! month-to-date spend is read without walking its leases. [`load`] fills it from the file when
+//! the store opens.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -29,6 +30,9 @@ pub(super) struct Memory {
     /// Steps of the runtime rules already taken (see
     /// [`Store::record_once`](super::Store::record_once)).
     pub(super) marks: HashSet<String>,
+    /// Open lease → the time of the newest `lease_utilization` signal handled for it (see
+    /// [`Store::note_utilization_signal`](super::Store::note_utilization_signal)).
+    pub(super) signals: HashMap<String, i64>,
 }
 
 /// What the open leases hold, by team and by substrate.
@@ -342,6 +346,16 @@ pub(super) fn load(conn: &Connection) -> Result<Memory, StoreError> {
             let (lease, until) = row?;
             if memory.open.contains_key(&lease) {
                 memory.exempt.insert(lease, until);
+            }
+        }
+    }
+    {
+        let mut stmt = conn.prepare("SELECT lease_id, ts_ms FROM lease_signals")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (lease, ts_ms) = row?;
+            if memory.open.contains_key(&lease) {
+                memory.signals.insert(lease, ts_ms);
             }
         }
     }

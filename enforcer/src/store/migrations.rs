@@ -104,6 +104,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP TABLE outbox;
     ALTER TABLE outbox_v4 RENAME TO outbox;
     CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL;",
+    // 5: the time of the newest `lease_utilization` signal the rules handled for each open
+    // lease, so that an older one replayed after a restart is ignored as it was before.
+    "CREATE TABLE lease_signals (
+        lease_id TEXT PRIMARY KEY,
+        ts_ms INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// Brings the database's schema up to date, in one transaction; refuses one written by a newer
@@ -188,7 +194,10 @@ mod tests {
         }
 
         let store = Store::open(&path).unwrap();
-        assert_eq!(store.schema_version().wait().unwrap(), 4);
+        assert_eq!(
+            store.schema_version().wait().unwrap(),
+            MIGRATIONS.len() as i64
+        );
         let open = store.open_leases().unwrap();
         assert_eq!(open.len(), 1);
         assert_eq!(open[0], *lease("lease-open", LeaseState::Active, 3));

@@ -3,7 +3,8 @@
 //!
 //! Every lease change writes its `LeaseEvent` (and, for admissions, its `Action`) to the outbox in
 //! the same transaction, so the topics can never miss or invent a change; the publisher reads
-//! [`Store::outbox_pending`] and marks rows with [`Store::outbox_mark_published`].
+//! [`Store::outbox_pending`] and marks rows with [`Store::outbox_mark_published`], and the
+//! enforcer's timer deletes published rows past their retention with [`Store::prune_outbox`].
 //!
 //! One process owns a database at a time (an exclusive lock on `<database>.lock`), and it keeps
 //! what admission reads in memory: the open leases, the latest spend per team, the blocked teams.
@@ -65,7 +66,7 @@ pub use writer::{CommitStats, Pending};
 use audit::Audit;
 use memory::{load, Memory};
 use migrations::migrate;
-use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS};
+use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS, OPEN};
 use writer::{checkpoint_loop, lock, outbox, write_loop, Op, Queue};
 
 /// The id prefix of a hold: a granted lease whose substrate has not named it yet (a Slurm job
@@ -340,6 +341,7 @@ impl Store {
                         estimate: crate::policy::Estimate {
                             usd_per_hour,
                             max_usd: None,
+                            gpu_model: Some(open.gpu_model.clone()),
                         },
                         placement: Some(crate::policy::Placement {
                             substrate: open.substrate.clone(),
@@ -529,6 +531,9 @@ impl Store {
             } else {
                 memory.take(&lease.id);
                 memory.exempt.remove(&lease.id);
+                if memory.signals.remove(&lease.id).is_some() {
+                    ops.push(Op::ForgetSignal(lease.id.clone()));
+                }
             }
             Change::Write(lease, ops)
         })
@@ -908,10 +913,9 @@ impl Store {
                     std::time::UNIX_EPOCH + Duration::from_millis(until_ms.max(0) as u64)
                 )
             );
-            // Its policy is named by the workload alone (`training`), not `workloads.training`
-            // as the rules name it.
+            // The policy it exempts from, named as the rules name it: `workloads.<workload>`.
             let record = Audit::lease(ActionKind::Alert, &lease, "exempt")
-                .under_policy(lease.workload.as_str().into())
+                .under_workload_policy(lease.workload)
                 .at(now_ms, Outcome::Ok, detail);
             let ops = vec![
                 Op::Exempt {
@@ -930,6 +934,26 @@ impl Store {
     /// When the lease's exemption from the runtime rules ends, if it has one.
     pub fn exempt_until(&self, id: &str) -> Option<i64> {
         lock(&self.inner.memory).exempt.get(id).copied()
+    }
+
+    /// Takes a `lease_utilization` signal of `ts_ms` about lease `id` as the newest handled for
+    /// it, unless the lease is not open or one as new was handled before, in this run or an
+    /// earlier one: the answer says whether to act on it. The time is kept in the file until
+    /// the lease ends, so an old signal replayed after a restart is ignored as it would have
+    /// been before. The time is queued ahead of whatever acting on the signal writes, so it is
+    /// committed no later than any of that: awaiting [`Pending::applied`] is enough.
+    pub fn note_utilization_signal(&self, id: &str, ts_ms: i64) -> Pending<bool> {
+        self.mutate(|memory| {
+            if memory.open(id).is_none() || memory.signals.get(id).is_some_and(|&t| t >= ts_ms) {
+                return Change::Unchanged(false);
+            }
+            memory.signals.insert(id.to_owned(), ts_ms);
+            let keep = Op::Signal {
+                lease_id: id.to_owned(),
+                ts_ms,
+            };
+            Change::Write(true, vec![keep])
+        })
     }
 
     /// Up to `limit` unpublished outbox rows, oldest first.
@@ -997,7 +1021,27 @@ impl Store {
         lease_ids: std::collections::HashSet<String>,
         since_ms: i64,
     ) -> Pending<Vec<Action>> {
-        use gpuwarden_schema::Record as _;
+        self.lease_records(lease_ids, since_ms)
+    }
+
+    /// The LeaseEvents of any of `lease_ids` recorded at or after `since_ms`, newest first, read
+    /// as [`Store::lease_actions`] reads Actions: a lease's grant and resizes, the GPUs it held
+    /// over time.
+    pub fn lease_events(
+        &self,
+        lease_ids: std::collections::HashSet<String>,
+        since_ms: i64,
+    ) -> Pending<Vec<gpuwarden_schema::LeaseEvent>> {
+        self.lease_records(lease_ids, since_ms)
+    }
+
+    /// The outbox's records of topic `R` keyed by any of `lease_ids`, recorded at or after
+    /// `since_ms`, newest first; a row that does not read as an `R` is skipped.
+    fn lease_records<R: gpuwarden_schema::Record + Send + 'static>(
+        &self,
+        lease_ids: std::collections::HashSet<String>,
+        since_ms: i64,
+    ) -> Pending<Vec<R>> {
         self.read(move |conn| {
             let mut out = Vec::new();
             if lease_ids.is_empty() {
@@ -1006,7 +1050,7 @@ impl Store {
             let mut stmt = conn.prepare_cached(
                 "SELECT key, payload, created_at FROM outbox WHERE topic = ?1 ORDER BY id DESC",
             )?;
-            let mut rows = stmt.query([Action::TOPIC])?;
+            let mut rows = stmt.query([R::TOPIC])?;
             while let Some(row) = rows.next()? {
                 if row.get::<_, i64>(2)? < since_ms {
                     break;
@@ -1014,8 +1058,8 @@ impl Store {
                 if !lease_ids.contains(&row.get::<_, String>(0)?) {
                     continue;
                 }
-                if let Ok(action) = Action::from_json(row.get::<_, String>(1)?.as_bytes()) {
-                    out.push(action);
+                if let Ok(record) = R::from_json(row.get::<_, String>(1)?.as_bytes()) {
+                    out.push(record);
                 }
             }
             Ok(out)
@@ -1030,6 +1074,47 @@ impl Store {
                 .query_row([], |r| r.get(0))?;
             Ok(n as usize)
         })
+    }
+
+    /// Deletes outbox rows Kafka acknowledged before `published_before_ms`, `batch` rows per
+    /// commit (so admissions are not held behind one long delete), and returns how many went.
+    /// Never deleted: a row not yet published, a row of a lease still open (the portal reads a
+    /// lease's history from the outbox), and the newest row (outbox ids are rowids, which only
+    /// grow while the newest row is kept).
+    pub async fn prune_outbox(
+        &self,
+        published_before_ms: i64,
+        batch: usize,
+    ) -> Result<usize, StoreError> {
+        let batch = batch.max(1);
+        let mut deleted = 0;
+        loop {
+            let ids: Vec<i64> = self
+                .read(move |conn| {
+                    let mut stmt = conn.prepare_cached(&format!(
+                        "SELECT id FROM outbox WHERE published_at < ?1 \
+                         AND id < (SELECT max(id) FROM outbox) \
+                         AND NOT EXISTS (SELECT 1 FROM leases \
+                             WHERE leases.id = outbox.key AND leases.{OPEN}) \
+                         ORDER BY id LIMIT ?2"
+                    ))?;
+                    let ids = stmt
+                        .query_map(rusqlite::params![published_before_ms, batch as i64], |r| {
+                            r.get(0)
+                        })?;
+                    Ok(ids.collect::<Result<_, _>>()?)
+                })
+                .await?;
+            let n = ids.len();
+            if n > 0 {
+                self.mutate(|_| Change::Write((), vec![Op::DeletePublished(ids)]))
+                    .await?;
+            }
+            deleted += n;
+            if n < batch {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// Marks outbox rows as published (once Kafka has acknowledged them). It changes nothing in

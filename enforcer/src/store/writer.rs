@@ -71,6 +71,12 @@ pub(super) enum Op {
     },
     /// Marks a rule's step taken.
     Mark { key: String, at: i64 },
+    /// Keeps the time of the newest utilization signal handled for a lease.
+    Signal { lease_id: String, ts_ms: i64 },
+    /// Forgets an ended lease's utilization signal time.
+    ForgetSignal(String),
+    /// Deletes published outbox rows.
+    DeletePublished(Vec<i64>),
     /// A lease row a later one in the same batch replaced.
     Nothing,
 }
@@ -563,6 +569,26 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
         Op::Mark { key, at } => {
             tx.prepare_cached("INSERT OR IGNORE INTO rule_marks (key, at) VALUES (?1, ?2)")?
                 .execute(params![key, at])?;
+        }
+        Op::Signal { lease_id, ts_ms } => {
+            tx.prepare_cached(
+                "INSERT INTO lease_signals (lease_id, ts_ms) VALUES (?1, ?2) \
+                 ON CONFLICT (lease_id) DO UPDATE SET ts_ms = excluded.ts_ms \
+                 WHERE excluded.ts_ms > lease_signals.ts_ms",
+            )?
+            .execute(params![lease_id, ts_ms])?;
+        }
+        Op::ForgetSignal(lease_id) => {
+            tx.prepare_cached("DELETE FROM lease_signals WHERE lease_id = ?1")?
+                .execute([lease_id])?;
+        }
+        Op::DeletePublished(ids) => {
+            // Never a row Kafka has not acknowledged, whoever asked.
+            let mut stmt =
+                tx.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND published_at IS NOT NULL")?;
+            for id in ids {
+                stmt.execute([id])?;
+            }
         }
         Op::DeleteLease(id) => {
             tx.prepare_cached("DELETE FROM leases WHERE id = ?1")?

@@ -72,6 +72,33 @@ impl Enforcer {
     }
 }
 
+impl Enforcer {
+    /// The enforcer stopped and started again on the same store file, driver and clock: what it
+    /// knows after a restart is what the store kept.
+    pub(crate) fn restart(self) -> Self {
+        let Self {
+            app,
+            service,
+            rules,
+            clock,
+            driver,
+            _dir,
+        } = self;
+        let config = service.config().clone();
+        // One store owns the file at a time: every handle on the old one goes first.
+        drop((app, rules, service));
+        let (service, rules, app) = assemble(config, _dir.path(), driver.clone(), clock.clone());
+        Self {
+            app,
+            service,
+            rules,
+            clock,
+            driver,
+            _dir,
+        }
+    }
+}
+
 /// The store in `dir`, the service the API and the rules share, the rules and the router, put
 /// together as `gpuwarden enforce` does. The one place in the tests that knows how.
 fn assemble(

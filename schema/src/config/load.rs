@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use toml::Value;
 
-use super::{validate, Config};
+use super::{validate, Config, DriverKind};
 use crate::lease::Workload;
 
 /// One problem in a config file.
@@ -83,6 +83,21 @@ impl fmt::Display for ConfigErrors {
 
 /// Reads and checks the config file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    load_for_build(path, |_| None)
+}
+
+/// Checks config `text`; `file` names it in messages.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    parse_for_build(file, text, |_| None)
+}
+
+/// [`load`] for a build of gpuwarden that may lack some drivers: `missing` says why this build
+/// cannot run a driver kind, and how to get one that can (none when it can). A `[[substrates]]`
+/// entry of such a kind is an error on its `driver` line, as `enforce` would refuse it at start.
+pub fn load_for_build(
+    path: &Path,
+    missing: impl Fn(DriverKind) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
         file: file.clone(),
@@ -94,11 +109,15 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         }],
         source: String::new(),
     })?;
-    parse(&file, &text)
+    parse_for_build(&file, &text, missing)
 }
 
-/// Checks config `text`; `file` names it in messages.
-pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+/// [`parse`] with [`load_for_build`]'s check of the drivers this build has.
+pub fn parse_for_build(
+    file: &str,
+    text: &str,
+    missing: impl Fn(DriverKind) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
     let mut ctx = Context::new(file, text);
     let config = ctx.parse_all();
     if ctx.errors.is_empty() {
@@ -106,6 +125,16 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             validate::check(&config, &mut |path: FieldPath, message| {
                 ctx.report_at(&path, Site::Value, message)
             });
+            for (i, substrate) in config.substrates.iter().enumerate() {
+                if let Some(why) = missing(substrate.driver) {
+                    let path = [key("substrates"), Seg::Index(i), key("driver")];
+                    ctx.report_at(
+                        &path,
+                        Site::Value,
+                        format!("substrate {} cannot run here: {why}", substrate.name),
+                    );
+                }
+            }
             if ctx.errors.is_empty() {
                 return Ok(config);
             }

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use crate::lease::Workload;
 
 pub use duration::parse as parse_duration;
-pub use load::{load, parse, ConfigError, ConfigErrors};
+pub use load::{load, load_for_build, parse, parse_for_build, ConfigError, ConfigErrors};
 pub use size::parse as parse_size;
 
 /// The whole configuration file.
@@ -897,6 +897,11 @@ pub struct EnforcerConfig {
     /// Serve the API over plain HTTP on an address other than loopback. Tokens then cross the
     /// network in the clear: off unless set.
     pub insecure_plaintext: bool,
+    /// How long outbox rows are kept once Kafka has acknowledged them (the records themselves
+    /// live on in the topics and the lake); `"forever"` keeps them. Rows of leases still open are
+    /// kept whatever their age: the portal reads a lease's history from them.
+    #[serde(deserialize_with = "duration::or_forever")]
+    pub outbox_retention: Option<Duration>,
 }
 
 impl Default for EnforcerConfig {
@@ -910,6 +915,7 @@ impl Default for EnforcerConfig {
             login_limits: LoginLimits::default(),
             tls: None,
             insecure_plaintext: false,
+            outbox_retention: Some(Duration::from_secs(7 * 86_400)),
         }
     }
 }

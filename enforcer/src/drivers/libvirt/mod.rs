@@ -14,7 +14,7 @@
 //!   every `poll`.
 //! - **Provision**: free devices of the lease's model are picked (those no defined domain of
 //!   gpuwarden's and no running domain holds), one at a time per host, and the domain template
-//!   is filled for the lease ([`xml::render`]): one `<hostdev>` per device, the lease in
+//!   is filled for the lease (`xml::render`): one `<hostdev>` per device, the lease in
 //!   gpuwarden's `<metadata>` element and in the SMBIOS OEM strings (`gpuwarden.lease_id=<id>`,
 //!   which the collector inside the guest reads); it is defined as `gpuwarden-<lease id>` and
 //!   started. A domain of that name that is the lease's (its metadata says so) is started if it
