@@ -47,7 +47,7 @@ use parquet::file::writer::SerializedFileWriter;
 
 use crate::bounds::{Bounds, Direction};
 use crate::buffer::{Arrival, ContentDigest, Outcome, SourceBuffer, Table};
-use crate::lake::{Lake, LakeError, ROW_GROUP_ROWS};
+use crate::lake::{io, Lake, LakeError, ROW_GROUP_ROWS};
 use crate::metrics::Metrics;
 
 /// What an ingest of one input did.
@@ -901,14 +901,6 @@ impl Sequencer {
             file.last,
             ContentDigest::of_parts(&file.parts),
         );
-        let io = |action: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| LakeError::Io {
-                action,
-                path,
-                source,
-            }
-        };
         let out = file
             .writer
             .into_inner()
@@ -974,14 +966,6 @@ struct Taken {
 /// the file is closed or the process ends, so a run beside this one keeps its own.
 fn create_temporary(dir: &Path, prefix: &str, id: u64) -> Result<(PathBuf, File), LakeError> {
     use rustix::fs::{flock, FlockOperation};
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LakeError::Io {
-            action,
-            path,
-            source,
-        }
-    };
     for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
         let entry = entry.map_err(io("listing", dir))?;
         let name = entry.file_name();
