@@ -924,8 +924,10 @@ impl Sequencer {
         self.finishing.push_back(std::thread::spawn(move || {
             out.sync_all().map_err(io("syncing", &tmp))?;
             let bytes = out.metadata().map_err(io("reading", &tmp))?.len();
-            drop(out);
+            // The lock stays held until the file is in place (renamed, or uploaded and
+            // removed): another run starting the same file would take it for a dead run's.
             lake.install(&tmp, &relative, table, hour)?;
+            drop(out);
             metrics.written(table, rows, bytes);
             tracing::debug!(file = %relative.display(), rows, bytes, "ingest file written");
             Ok(())
@@ -970,7 +972,12 @@ fn create_temporary(dir: &Path, prefix: &str, id: u64) -> Result<(PathBuf, File)
         let entry = entry.map_err(io("listing", dir))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !(name.starts_with(prefix) && name.ends_with(".tmp")) {
+        // `<prefix minus its dash>.tmp` is how gpuwarden named them before they had names of
+        // their own.
+        let older = prefix
+            .strip_suffix('-')
+            .is_some_and(|p| name.strip_suffix(".tmp") == Some(p));
+        if !(older || name.starts_with(prefix) && name.ends_with(".tmp")) {
             continue;
         }
         let Ok(stale) = File::open(entry.path()) else {
@@ -991,11 +998,12 @@ fn create_temporary(dir: &Path, prefix: &str, id: u64) -> Result<(PathBuf, File)
             "{prefix}p{}-{id}-{attempt}.tmp",
             std::process::id()
         ));
-        let out = File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io("creating", &tmp))?;
+        let out = match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(out) => out,
+            // Another ingest in this process (the same pid) has this one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io("creating", &tmp)(e)),
+        };
         flock(&out, FlockOperation::NonBlockingLockExclusive)
             .map_err(|e| io("locking", &tmp)(e.into()))?;
         // Another run's sweep may have taken it for a dead run's between its creation and the
@@ -1340,17 +1348,19 @@ mod tests {
             if i % 3 == 0 {
                 let full = dir.path().join(path);
                 let name = path.file_name().unwrap().to_str().unwrap();
-                // As a run that died would leave it: a temporary no process holds.
+                // As a run that died would leave it: a temporary no process holds (named as
+                // an older gpuwarden named them, every other time).
                 let tmp = full.with_file_name(format!(
-                    ".{}-p1-0.tmp",
-                    &name[..name.rfind("-o").unwrap() + 22]
+                    ".{}{}.tmp",
+                    &name[..name.rfind("-o").unwrap() + 22],
+                    if gone % 2 == 0 { "-p1-0" } else { "" }
                 ));
                 std::fs::rename(&full, &tmp).unwrap();
                 std::fs::write(&tmp, b"PAR1 half").unwrap();
                 gone += 1;
             }
         }
-        assert!(gone > 0);
+        assert!(gone >= 2, "both kinds of leftover");
         ingest_text(
             &lake,
             &text,
@@ -1367,6 +1377,34 @@ mod tests {
             .filter(|p| p.extension().is_some_and(|x| x == "tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    /// Two ingests of other content under one name at once (two `late.jsonl`, in parallel):
+    /// neither takes the other's temporaries for a dead run's, and both keep every row.
+    #[test]
+    fn two_ingests_of_one_name_at_once_keep_both() {
+        let (text, _) = shuffled_samples(12, 60);
+        let other = text.replace("\"GPU-", "\"GPU-b");
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let lake = Lake::open(dir.path()).unwrap();
+            std::thread::scope(|scope| {
+                for text in [&text, &other] {
+                    let lake = lake.clone();
+                    scope.spawn(move || ingest_text(&lake, text, options(10, 2, 1 << 20)));
+                }
+            });
+            let rows: Vec<_> = sample_files(dir.path()).into_values().flatten().collect();
+            let mut distinct = rows.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!((rows.len(), distinct.len()), (2 * 720, 2 * 720));
+            let leftovers: Vec<_> = walk_all(&dir.path().join("samples"))
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|x| x == "tmp"))
+                .collect();
+            assert!(leftovers.is_empty(), "{leftovers:?}");
+        }
     }
 
     fn walk_all(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
