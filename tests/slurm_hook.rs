@@ -287,7 +287,8 @@ fn an_enforcer_that_never_answers_fails_the_call_at_the_timeout() {
     eprintln!("sbatch against a silent enforcer (timeout = 1 s) took {took:?}");
     assert!(
         error.contains(&format!(
-            "gpuwarden's admission service is unreachable at {} (timeout)",
+            "gpuwarden: this GPU job was not submitted: gpuwarden's admission service at {} \
+             did not answer in time (timeout)",
             enforcer.url
         )),
         "{error}"

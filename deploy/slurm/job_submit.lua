@@ -218,8 +218,10 @@ local function exchange(sock, request)
    return status, body, close
 end
 
--- POSTs `body` to `url`; returns the parsed answer, or nil, why the call failed, and whether
--- the enforcer could not be reached at all (connection refused, a timeout, a connection cut).
+-- POSTs `body` to `url`; returns the parsed answer, or nil, why the call failed, and how the
+-- enforcer failed to answer: "unreachable" (no connection could be made: refused, no route, a
+-- connect timeout), "no_answer" (it was reached, but the call timed out or the connection was
+-- cut before a whole answer came), or nil (it answered, with an error or something unreadable).
 local function call(url, body)
    local host, port, path = string.match(url, "^http://([^/:]+):?(%d*)(/.*)$")
    if host == nil then return nil, "url must be http://host[:port]/…, not " .. url end
@@ -238,7 +240,7 @@ local function call(url, body)
          local ok, err = sock:connect(host, port)
          if ok == nil then
             sock:close()
-            return nil, tostring(err), true
+            return nil, tostring(err), "unreachable"
          end
          sock:setoption("tcp-nodelay", true)
          CONN = sock
@@ -250,9 +252,9 @@ local function call(url, body)
       -- A kept connection the enforcer had closed meanwhile: the request never reached it, so
       -- it is sent again once on a new one. Anything else (a timeout) is a failed call: the
       -- enforcer may have acted on it, and asking twice could admit twice.
-      if not (kept and unseen) then return nil, tostring(answer), true end
+      if not (kept and unseen) then return nil, tostring(answer), "no_answer" end
    end
-   if status == nil then return nil, tostring(answer), true end
+   if status == nil then return nil, tostring(answer), "no_answer" end
    if close then drop_connection() end
    -- 400 or 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number
    -- out of range). That is the job's fault, not an outage: it is denied, whatever
@@ -274,9 +276,9 @@ local function one_line(s)
 end
 
 -- What the user is told when gpuwarden could not decide on the job: what did not happen, why,
--- and what to do. `what` is "submit" or "modify"; `failure` the reason; `unreachable` whether
--- the enforcer could not be reached at all; `hook_failed` a Lua error in this file.
-local function unavailable_message(what, failure, unreachable, hook_failed)
+-- and what to do. `what` is "submit" or "modify"; `failure` the reason; `unanswered` how the
+-- enforcer failed to answer (see `call`); `hook_failed` a Lua error in this file.
+local function unavailable_message(what, failure, unanswered, hook_failed)
    local outcome = what == "modify" and "this change to the job was not made"
       or "this GPU job was not submitted"
    if CONF == nil or hook_failed then
@@ -285,9 +287,14 @@ local function unavailable_message(what, failure, unreachable, hook_failed)
          hook_failed and "failed on it" or "is not configured correctly on this cluster")
    end
    local why
-   if unreachable then
+   if unanswered == "unreachable" then
       why = string.format("gpuwarden's admission service is unreachable at %s (%s)", CONF.url,
          one_line(failure))
+   elseif unanswered == "no_answer" then
+      -- It was reached: not "unreachable", which sends an administrator to the network.
+      why = string.format("gpuwarden's admission service at %s did not answer in time (%s)",
+         CONF.url, failure == "timeout" and "timeout"
+            or "the connection was cut: " .. one_line(failure))
    else
       why = string.format("gpuwarden's admission service at %s could not decide on it (%s)",
          CONF.url, one_line(failure))
@@ -298,7 +305,7 @@ end
 
 -- Applies the answer to the job (or the failure to it); returns slurm.SUCCESS, DENIED or
 -- UNAVAILABLE. `what` is "submit" or "modify", `who` a few words naming the job for the log line.
-local function decide(what, who, job_desc, answer, failure, unreachable, hook_failed, started)
+local function decide(what, who, job_desc, answer, failure, unanswered, hook_failed, started)
    local latency = elapsed_ms(started)
    if answer == nil then
       local admit = CONF ~= nil and CONF.on_unavailable == "admit"
@@ -306,7 +313,7 @@ local function decide(what, who, job_desc, answer, failure, unreachable, hook_fa
       slurm.log_error("gpuwarden: %s decision=%s reason=unavailable %s latency_ms=%s error=%s",
          what, decision, who, latency, one_line(failure))
       if admit then return slurm.SUCCESS end
-      slurm.log_user("%s", unavailable_message(what, failure, unreachable, hook_failed))
+      slurm.log_user("%s", unavailable_message(what, failure, unanswered, hook_failed))
       return UNAVAILABLE
    end
    if answer.decision == "deny" then
@@ -326,13 +333,13 @@ end
 -- is a failed call and follows on_unavailable.
 local function guarded(what, who, job_desc, url_field, body_fn)
    local started = socket.gettime()
-   local ok, answer, failure, unreachable = pcall(function()
+   local ok, answer, failure, unanswered = pcall(function()
       if CONF == nil then return nil, CONF_ERROR end
       return call(CONF[url_field], body_fn())
    end)
    local hook_failed = not ok
    if hook_failed then answer, failure = nil, "Lua error: " .. tostring(answer) end
-   return decide(what, who, job_desc, answer, failure, unreachable, hook_failed, started)
+   return decide(what, who, job_desc, answer, failure, unanswered, hook_failed, started)
 end
 
 local function asks_gpu(tres)

@@ -25,6 +25,8 @@ pub struct Metrics {
     login_keys_evicted: AtomicU64,
     /// Signals read, by [`Verdict::ALL`].
     signals: [AtomicU64; Verdict::ALL.len()],
+    /// `lease_utilization` signals refused for a time too far ahead of the enforcer's clock.
+    signals_future: AtomicU64,
 }
 
 impl Metrics {
@@ -62,6 +64,17 @@ impl Metrics {
     pub fn count_signal(&self, verdict: Verdict) {
         let i = Verdict::ALL.iter().position(|v| *v == verdict).unwrap_or(0);
         self.signals[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one `lease_utilization` signal refused, dated more than `pipeline.clock.max_skew`
+    /// ahead of the enforcer's clock.
+    pub fn count_future_signal(&self) {
+        self.signals_future.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `lease_utilization` signals refused so far for a time too far ahead.
+    pub fn future_signals(&self) -> u64 {
+        self.signals_future.load(Ordering::Relaxed)
     }
 
     /// Counts one request answered 429 because its source or token was locked out.
@@ -179,6 +192,15 @@ impl Metrics {
                 get(c)
             );
         }
+        out.push_str(
+            "# HELP gpuwarden_enforcer_signals_future_total lease_utilization signals refused for a time more than pipeline.clock.max_skew ahead of the enforcer's clock.\n",
+        );
+        out.push_str("# TYPE gpuwarden_enforcer_signals_future_total counter\n");
+        let _ = writeln!(
+            out,
+            "gpuwarden_enforcer_signals_future_total {}",
+            get(&self.signals_future)
+        );
         out
     }
 }

@@ -24,8 +24,11 @@
 //! Steps are idempotent: a lease is reclaimed once (a releasing or ended lease is left alone),
 //! a warning or alert is recorded once per idle run (marks in the store, so a restart does not
 //! repeat it), and a signal no newer than one already handled for its lease (the store keeps
-//! that time, so a restart does not forget it), or about a lease that has ended, is ignored. A reclaim the substrate does not confirm is retried with a doubling
-//! backoff; after [`RECLAIM_ATTEMPTS`] the lease is marked failed and an alert raised. With
+//! that time, so a restart does not forget it), or about a lease that has ended, is ignored; a
+//! `lease_utilization` signal dated more than `pipeline.clock.max_skew` ahead of the enforcer's
+//! clock is refused (logged, counted in `gpuwarden_enforcer_signals_future_total`, not kept). A
+//! reclaim the substrate does not confirm is retried with a doubling backoff; after
+//! [`RECLAIM_ATTEMPTS`] the lease is marked failed and an alert raised. With
 //! `enforcer.mode = "dry_run"` each step is recorded once with outcome `dry_run` and nothing is
 //! changed or sent. A lease an admin exempted is left to run until its exemption ends.
 
@@ -58,6 +61,13 @@ pub const REFUSED_SIGNAL_ALERT_MS: i64 = 10 * 60 * 1000;
 /// Utilization within this fraction of the target leaves an inference lease as it is (as
 /// Kubernetes' horizontal autoscaler does), so noise does not resize it back and forth.
 pub const AUTOSCALE_TOLERANCE: f64 = 0.1;
+
+/// How far ahead of the enforcer's clock a `lease_utilization` signal may be dated and still be
+/// acted on: `pipeline.clock.max_skew` (default 5 min), the pipeline's own bound on a record's
+/// time ahead of its arrival.
+pub fn max_ahead_ms(config: &gpuwarden_schema::config::Config) -> i64 {
+    i64::try_from(config.pipeline.clock.max_skew.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// What a lease's utilization calls for, decided from the signal, the lease and its policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -364,10 +374,27 @@ impl Rules {
             // Ended, or being released: nothing more to do, whatever the signal says.
             return Ok(());
         }
+        // A signal dated more than pipeline.clock.max_skew ahead of the enforcer's clock (a
+        // clock ahead, a forged time) is refused, neither acted on nor kept as the newest: kept,
+        // it would shut out every true signal about the lease until real time caught up.
+        let now = self.service.now();
+        let ceiling = now.saturating_add(max_ahead_ms(self.service.config()));
+        if util.ts_ms > ceiling {
+            self.metrics().count_future_signal();
+            tracing::warn!(
+                lease_id,
+                signal_ts_ms = util.ts_ms,
+                now_ms = now,
+                "refused a lease_utilization signal dated {} ahead of the enforcer's clock (more \
+                 than pipeline.clock.max_skew); nothing was done on it",
+                span(util.ts_ms - now)
+            );
+            return Ok(());
+        }
         // Only a signal newer than every one handled for this lease, in this run or an earlier
         // one: an old idle signal replayed after a restart must not reclaim a lease busy since.
         if !store
-            .note_utilization_signal(lease_id, util.ts_ms)
+            .note_utilization_signal(lease_id, util.ts_ms, ceiling)
             .applied()
             .await?
         {

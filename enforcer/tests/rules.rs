@@ -731,6 +731,40 @@ async fn an_old_idle_signal_replayed_after_a_restart_does_not_reclaim_a_busy_lea
     assert_eq!(h.state_of(&training).await, LeaseState::Released);
 }
 
+/// A signal dated more than pipeline.clock.max_skew (5 min) ahead of the enforcer's clock is
+/// refused and counted, and not kept as the lease's newest: the true signals after it, dated
+/// before it, are acted on as ever, also after a restart.
+#[tokio::test]
+async fn a_signal_dated_past_max_skew_ahead_is_refused_and_does_not_shut_out_true_ones() {
+    let h = harness(EnforcerMode::Enforce).await;
+    let training = h.admit("training", 2, "8h").await;
+    h.advance(45 * MIN);
+    let ahead = utilization_at(&training, h.clock_now() + 6 * MIN, 95.0, 0);
+    h.rules.on_signal(&ahead).await.unwrap();
+    assert_eq!(h.rules.metrics().future_signals(), 1);
+    assert!(h
+        .rules
+        .metrics()
+        .render()
+        .contains("gpuwarden_enforcer_signals_future_total 1\n"));
+    // Within the bound it is taken: a clock a little ahead is not refused.
+    let near = utilization_at(&training, h.clock_now() + 5 * MIN, 95.0, 0);
+    h.rules.on_signal(&near).await.unwrap();
+    assert_eq!(h.rules.metrics().future_signals(), 1);
+
+    let h = Harness {
+        enforcer: h.enforcer.restart(),
+        alerts: h.alerts,
+    };
+    h.rules.on_signal(&ahead).await.unwrap();
+    assert_eq!(h.state_of(&training).await, LeaseState::Active);
+    // The true signals catch up with the one near the bound, and are acted on after it.
+    h.advance(6 * MIN);
+    let idle_now = utilization_at(&training, h.clock_now(), 0.0, 31 * MIN);
+    h.rules.on_signal(&idle_now).await.unwrap();
+    assert_eq!(h.state_of(&training).await, LeaseState::Released);
+}
+
 #[tokio::test]
 async fn a_busy_gpu_no_lease_holds_is_alerted_once_an_hour() {
     let h = harness(EnforcerMode::Enforce).await;

@@ -669,6 +669,9 @@ fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublishe
     assert!(pending[1].id > id_of("newest"), "{pending:?}");
 }
 
+/// A ceiling no signal time in these tests reaches.
+const FAR: i64 = i64::MAX;
+
 #[test]
 fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease() {
     let OneLease {
@@ -678,30 +681,105 @@ fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_le
         id,
         ..
     } = one_lease();
-    assert!(store.note_utilization_signal(&id, NOW + 10).wait().unwrap());
-    assert!(!store.note_utilization_signal(&id, NOW + 10).wait().unwrap());
-    assert!(!store.note_utilization_signal(&id, NOW + 5).wait().unwrap());
+    assert!(store
+        .note_utilization_signal(&id, NOW + 10, FAR)
+        .wait()
+        .unwrap());
     assert!(!store
-        .note_utilization_signal("no-such-lease", NOW + 10)
+        .note_utilization_signal(&id, NOW + 10, FAR)
+        .wait()
+        .unwrap());
+    assert!(!store
+        .note_utilization_signal(&id, NOW + 5, FAR)
+        .wait()
+        .unwrap());
+    assert!(!store
+        .note_utilization_signal("no-such-lease", NOW + 10, FAR)
         .wait()
         .unwrap());
     drop(store);
 
     let store = Store::open(&path).unwrap();
     assert!(
-        !store.note_utilization_signal(&id, NOW + 5).wait().unwrap(),
+        !store
+            .note_utilization_signal(&id, NOW + 5, FAR)
+            .wait()
+            .unwrap(),
         "a signal older than one handled before the restart is still old"
     );
-    assert!(store.note_utilization_signal(&id, NOW + 11).wait().unwrap());
+    assert!(store
+        .note_utilization_signal(&id, NOW + 11, FAR)
+        .wait()
+        .unwrap());
     store
         .transition(&id, LeaseState::Released, NOW + 12, ReleaseReason::User, "")
         .wait()
         .unwrap();
-    assert!(!store.note_utilization_signal(&id, NOW + 20).wait().unwrap());
+    assert!(!store
+        .note_utilization_signal(&id, NOW + 20, FAR)
+        .wait()
+        .unwrap());
     drop(store);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let kept: i64 = conn
         .query_row("SELECT count(*) FROM lease_signals", [], |r| r.get(0))
         .unwrap();
     assert_eq!(kept, 0, "an ended lease's signal time is forgotten");
+}
+
+/// A kept signal time past the clock's ceiling (the clock moved back since it was handled, as
+/// `gpuwarden up --start` on an existing database does) no longer shuts out the signals dated
+/// before it, in this run or after a restart; a signal past the ceiling is never taken.
+#[test]
+fn a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks() {
+    let OneLease {
+        dir: _dir,
+        path,
+        store,
+        id,
+        ..
+    } = one_lease();
+    let ceiling = NOW + 5 * 60_000;
+    assert!(
+        !store
+            .note_utilization_signal(&id, ceiling + 1, ceiling)
+            .wait()
+            .unwrap(),
+        "a time past the ceiling is not taken"
+    );
+    assert!(store
+        .note_utilization_signal(&id, NOW, ceiling)
+        .wait()
+        .unwrap());
+    // Handled while the clock read a day later; then the clock moved back to NOW.
+    let day = 86_400_000;
+    assert!(store
+        .note_utilization_signal(&id, NOW + day, ceiling + day)
+        .wait()
+        .unwrap());
+    assert!(
+        store
+            .note_utilization_signal(&id, NOW + 10, ceiling)
+            .wait()
+            .unwrap(),
+        "a kept time past the ceiling does not shut out a signal of now"
+    );
+    assert!(!store
+        .note_utilization_signal(&id, NOW + 5, ceiling)
+        .wait()
+        .unwrap());
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert!(
+        !store
+            .note_utilization_signal(&id, NOW + 5, ceiling)
+            .wait()
+            .unwrap(),
+        "the lower time replaced the one past the ceiling in the file"
+    );
+    assert!(store
+        .note_utilization_signal(&id, NOW + 20, ceiling)
+        .wait()
+        .unwrap());
 }

@@ -116,21 +116,64 @@ fn deny(request: &Review<DynamicObject>, message: String) -> AdmissionResponse {
     response
 }
 
-/// A refusal because gpuwarden cannot decide now (it has never read the cluster's nodes, and
-/// the API server does not answer): `allowed: false` with `status.code` 503, in words the pod's
-/// creator can act on and an administrator can follow up. An answer rather than an HTTP error,
-/// which the API server would report as "failed calling webhook" with no word of why.
-fn unavailable(request: &Review<DynamicObject>, why: &str) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request).deny(format!(
-        "gpuwarden: this pod was not created because gpuwarden cannot check GPU capacity right \
-         now: it cannot reach the Kubernetes API ({why}). This is not a policy decision: try \
-         again in a minute. If it keeps happening, ask your cluster administrator to check the \
-         gpuwarden enforcer's log and its access to the Kubernetes API server."
-    ));
+/// A refusal because gpuwarden cannot decide now: `allowed: false` with `status.code` 503, in
+/// words the pod's creator can act on and an administrator can follow up. `cause` says why, as
+/// [`Unavailable`] words it. An answer rather than an HTTP error, which the API server would
+/// report as "failed calling webhook" with no word of why.
+fn unavailable(request: &Review<DynamicObject>, cause: Unavailable<'_>) -> AdmissionResponse {
+    let message = match cause {
+        Unavailable::ApiUnreachable(why) => format!(
+            "gpuwarden: this pod was not created because gpuwarden cannot check GPU capacity \
+             right now: it cannot reach the Kubernetes API ({why}). This is not a policy \
+             decision: try again in a minute. If it keeps happening, ask your cluster \
+             administrator to check the gpuwarden enforcer's log and its access to the \
+             Kubernetes API server."
+        ),
+        Unavailable::Substrate(why) => format!(
+            "gpuwarden: this pod was not created because gpuwarden could not record its GPU \
+             lease right now ({why}). This is not a policy decision: try again in a minute. If \
+             it keeps happening, ask your cluster administrator to check the gpuwarden \
+             enforcer's log."
+        ),
+    };
+    let mut response = AdmissionResponse::from(request).deny(message);
     response.result.code = 503;
     response.result.reason = "ServiceUnavailable".into();
     response.result.status = Some(kube::core::response::StatusSummary::Failure);
     response
+}
+
+/// Why gpuwarden cannot decide on a pod now, for [`unavailable`].
+#[derive(Debug, Clone, Copy)]
+enum Unavailable<'a> {
+    /// The cluster's nodes cannot be read: never listed, and the API server does not answer.
+    ApiUnreachable(&'a str),
+    /// Admission failed in the substrate's driver, or on a lease in a state it cannot take
+    /// (`ServiceError::Substrate`, `ServiceError::Conflict`): trying again may help.
+    Substrate(&'a str),
+}
+
+/// The answer to a review whose admission failed with `e`: a denial for what the request got
+/// wrong (`Forbidden`, `NotFound`, `Invalid`), a 503 refusal for what trying again may mend
+/// (`Substrate`, `Conflict`), and HTTP 500 for a failure of the enforcer itself (`Store`,
+/// `Bug`), where the API server applies `failurePolicy`.
+fn admit_failed(
+    request: &Review<DynamicObject>,
+    substrate: &str,
+    e: ServiceError,
+) -> Result<AdmissionResponse, ReviewError> {
+    match e {
+        ServiceError::Forbidden(_) | ServiceError::NotFound(_) | ServiceError::Invalid { .. } => {
+            Ok(deny(request, format!("gpuwarden: denied: {e}")))
+        }
+        ServiceError::Substrate(_) | ServiceError::Conflict(_) => {
+            tracing::error!(substrate = %substrate, error = %e, "cannot admit a GPU pod; it is refused (503)");
+            Ok(unavailable(request, Unavailable::Substrate(&e.to_string())))
+        }
+        ServiceError::Store(_) | ServiceError::Bug(_) => {
+            Err(ReviewError::Unavailable(e.to_string()))
+        }
+    }
 }
 
 async fn answer(
@@ -287,7 +330,10 @@ async fn answer(
         Ok(inventory) => inventory,
         Err(e) => {
             tracing::error!(substrate = %substrate, error = %e, "cannot check GPU pods: the cluster's nodes cannot be read from the Kubernetes API; GPU pods are refused (503) until they can");
-            return Ok(unavailable(request, &e.to_string()));
+            return Ok(unavailable(
+                request,
+                Unavailable::ApiUnreachable(&e.to_string()),
+            ));
         }
     };
     let model = match model_of(spec, &ask, settings, &inventory) {
@@ -330,12 +376,7 @@ async fn answer(
     };
     let admission = match service.admit_named(&principal, admission, &lease_id).await {
         Ok(admission) => admission,
-        Err(
-            e @ (ServiceError::Forbidden(_)
-            | ServiceError::NotFound(_)
-            | ServiceError::Invalid { .. }),
-        ) => return Ok(deny(request, format!("gpuwarden: denied: {e}"))),
-        Err(e) => return Err(ReviewError::Unavailable(e.to_string())),
+        Err(e) => return admit_failed(request, substrate, e),
     };
     let decision = &admission.decision;
     if !decision.admitted() {
@@ -517,8 +558,9 @@ pub(crate) fn team_of(
 
 /// The webhook's HTTP side for substrate `substrate`: `POST /validate` with an
 /// `AdmissionReview`, answered with one (200), or 400 for a body that is not one, 413 over
-/// [`MAX_REVIEW_BYTES`], 500 when the enforcer cannot decide. The binary serves it over TLS on
-/// `webhook_listen`.
+/// [`MAX_REVIEW_BYTES`], 500 when the enforcer itself fails (its store); a pod it cannot decide
+/// on for the cluster or the substrate is refused in a 200 answer with `status.code` 503. The
+/// binary serves it over TLS on `webhook_listen`.
 pub fn router(service: Service, substrate: String) -> axum::Router {
     use axum::extract::{DefaultBodyLimit, State};
     use axum::http::{header, StatusCode};
@@ -548,4 +590,71 @@ pub fn router(service: Service, substrate: String) -> axum::Router {
         .route("/validate", axum::routing::post(validate))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state((service, substrate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> Review<DynamicObject> {
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "r-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "train",
+                "namespace": "ml",
+                "operation": "CREATE",
+                "userInfo": {"username": "ada"},
+                "object": {"kind": "Pod", "apiVersion": "v1",
+                    "metadata": {"name": "train", "namespace": "ml", "uid": "p-1"}},
+                "dryRun": false
+            }
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    /// A substrate's failure, or a lease caught in a state it cannot take, is a 503 refusal
+    /// saying what happened; what the request got wrong is a 403 denial; the enforcer's own
+    /// failure (its store) is HTTP 500, for `failurePolicy`.
+    #[test]
+    fn an_admission_that_fails_is_answered_by_what_failed() {
+        let request = request();
+        for e in [
+            ServiceError::Substrate("no driver runs substrate k8s".into()),
+            ServiceError::Conflict("lease k8s-p-1 is releasing".into()),
+        ] {
+            let why = e.to_string();
+            let answer = admit_failed(&request, "k8s", e).unwrap();
+            assert!(!answer.allowed);
+            assert_eq!(answer.result.code, 503);
+            assert_eq!(answer.result.reason, "ServiceUnavailable");
+            assert!(
+                answer
+                    .result
+                    .message
+                    .contains(&format!("could not record its GPU lease right now ({why})")),
+                "{}",
+                answer.result.message
+            );
+            assert!(answer.result.message.contains("not a policy decision"));
+        }
+        let answer = admit_failed(&request, "k8s", ServiceError::Forbidden("no".into())).unwrap();
+        assert_eq!(answer.result.code, 403);
+        assert!(matches!(
+            admit_failed(
+                &request,
+                "k8s",
+                ServiceError::Store(crate::store::StoreError::Io("disk full".into()))
+            ),
+            Err(ReviewError::Unavailable(why)) if why.contains("disk full")
+        ));
+        assert!(matches!(
+            admit_failed(&request, "k8s", ServiceError::Bug("oops".into())),
+            Err(ReviewError::Unavailable(_))
+        ));
+    }
 }

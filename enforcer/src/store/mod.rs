@@ -942,9 +942,20 @@ impl Store {
     /// the lease ends, so an old signal replayed after a restart is ignored as it would have
     /// been before. The time is queued ahead of whatever acting on the signal writes, so it is
     /// committed no later than any of that: awaiting [`Pending::applied`] is enough.
-    pub fn note_utilization_signal(&self, id: &str, ts_ms: i64) -> Pending<bool> {
+    ///
+    /// No time later than `ceiling_ms` (the enforcer's now plus `pipeline.clock.max_skew`) is
+    /// trusted: a signal dated past it is not taken (the caller refuses it first), and a kept
+    /// time past it (the enforcer's clock moved back since, as `gpuwarden up --start` on an
+    /// existing database does) no longer shuts out the signals dated before it.
+    pub fn note_utilization_signal(&self, id: &str, ts_ms: i64, ceiling_ms: i64) -> Pending<bool> {
         self.mutate(|memory| {
-            if memory.open(id).is_none() || memory.signals.get(id).is_some_and(|&t| t >= ts_ms) {
+            if ts_ms > ceiling_ms
+                || memory.open(id).is_none()
+                || memory
+                    .signals
+                    .get(id)
+                    .is_some_and(|&t| t >= ts_ms && t <= ceiling_ms)
+            {
                 return Change::Unchanged(false);
             }
             memory.signals.insert(id.to_owned(), ts_ms);
@@ -1088,24 +1099,30 @@ impl Store {
     ) -> Result<usize, StoreError> {
         let batch = batch.max(1);
         let mut deleted = 0;
+        // Each batch's scan starts after the last id of the one before, so the rows kept (open
+        // leases', unpublished) are passed over once per run, not once per batch.
+        let mut after = i64::MIN;
         loop {
             let ids: Vec<i64> = self
                 .read(move |conn| {
                     let mut stmt = conn.prepare_cached(&format!(
-                        "SELECT id FROM outbox WHERE published_at < ?1 \
+                        "SELECT id FROM outbox WHERE id > ?3 AND published_at < ?1 \
                          AND id < (SELECT max(id) FROM outbox) \
                          AND NOT EXISTS (SELECT 1 FROM leases \
                              WHERE leases.id = outbox.key AND leases.{OPEN}) \
                          ORDER BY id LIMIT ?2"
                     ))?;
-                    let ids = stmt
-                        .query_map(rusqlite::params![published_before_ms, batch as i64], |r| {
-                            r.get(0)
-                        })?;
+                    let ids = stmt.query_map(
+                        rusqlite::params![published_before_ms, batch as i64, after],
+                        |r| r.get(0),
+                    )?;
                     Ok(ids.collect::<Result<_, _>>()?)
                 })
                 .await?;
             let n = ids.len();
+            if let Some(&last) = ids.last() {
+                after = last;
+            }
             if n > 0 {
                 self.mutate(|_| Change::Write((), vec![Op::DeletePublished(ids)]))
                     .await?;

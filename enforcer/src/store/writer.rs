@@ -571,10 +571,11 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
                 .execute(params![key, at])?;
         }
         Op::Signal { lease_id, ts_ms } => {
+            // The memory decided that it is the newest to keep (writes go in its order), even
+            // when lower than the one kept: that one was past the clock's ceiling.
             tx.prepare_cached(
                 "INSERT INTO lease_signals (lease_id, ts_ms) VALUES (?1, ?2) \
-                 ON CONFLICT (lease_id) DO UPDATE SET ts_ms = excluded.ts_ms \
-                 WHERE excluded.ts_ms > lease_signals.ts_ms",
+                 ON CONFLICT (lease_id) DO UPDATE SET ts_ms = excluded.ts_ms",
             )?
             .execute(params![lease_id, ts_ms])?;
         }
