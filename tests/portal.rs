@@ -623,7 +623,7 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
         .unwrap()
         .to_string();
     // The team page says where each figure comes from: the enforcer counts spend up to now,
-    // the lake (empty here) has no idle cost yet, rather than "$0.00 of $0.00".
+    // the lake's rollups (none here) have no idle cost yet, rather than "$0.00 of $0.00".
     b.goto(&base, "/ui/team").await;
     let source = b.text("#spend-source").await;
     assert!(
@@ -631,7 +631,7 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
         "{source}"
     );
     let idle = b.text("#idle").await;
-    assert!(idle.contains("The lake holds no data yet"), "{idle}");
+    assert!(idle.contains("hourly rollups have not run yet"), "{idle}");
 
     // Over quota (2 held + 3 > 4): refused, every reason in words, nothing created.
     b.goto(&base, "/ui/request").await;

@@ -254,7 +254,7 @@ fn score(capability: Capability, config: &Config, e: &Evidence) -> Score {
     let mut l = Ladder::new();
     let days = WINDOW_DAYS;
     // The workloads the config defines: a kind it leaves out has no policy of its own to score
-    // (and the portal does not offer it).
+    // (the portal does not offer it, and admission denies it: `workload_not_offered`).
     let policies: Vec<(Workload, _)> = config
         .workloads
         .iter()

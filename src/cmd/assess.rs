@@ -229,14 +229,20 @@ pub(crate) async fn gather(lake: &Lake) -> anyhow::Result<Evidence> {
 }
 
 /// A team's idle cost in the UTC month holding `now_ms`, with its `limit` leases of the
-/// highest idle cost.
+/// highest idle cost. How far its figures reach is the rollups' own watermark, read from their
+/// state file (`rollups/_state.json`), not a scan of the raw tables: the rollups may lag the
+/// latest sample, and the team page should not read all raw data on every render.
 async fn team_idle(lake: &Lake, team: &str, now_ms: i64, limit: usize) -> anyhow::Result<TeamIdle> {
+    let state = lake.clone();
+    let as_of_ms =
+        tokio::task::spawn_blocking(move || gpuwarden_pipeline::compact::rollup_watermark(&state))
+            .await?;
     let ctx = sql::context(lake).await?;
     let (start, end) = gpuwarden_schema::calendar::month_of(now_ms);
     let month =
         format!("hour >= to_timestamp_millis({start}) AND hour < to_timestamp_millis({end})");
     let mut idle = TeamIdle {
-        as_of_ms: watermark(&ctx).await?,
+        as_of_ms,
         ..TeamIdle::default()
     };
     for row in rows(
@@ -318,5 +324,23 @@ mod tests {
         assert!(out.contains("1/5  Runtime policy enforcement\n"), "{out}");
         assert!(out.contains("to raise it: set max_duration"), "{out}");
         assert!(out.ends_with("Average 1.00 of 5: reactive\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn the_idle_card_reaches_as_far_as_the_rollups_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let idle = team_idle(&lake, "ml", 1_767_225_600_000, 5).await.unwrap();
+        assert_eq!(idle.as_of_ms, None, "no rollups have run");
+        // The rollups' state names their watermark; the raw tables (empty here) are not read
+        // for it.
+        std::fs::create_dir_all(dir.path().join("rollups")).unwrap();
+        std::fs::write(
+            dir.path().join("rollups/_state.json"),
+            r#"{"hours": {}, "watermark": 1767229200000, "pending": []}"#,
+        )
+        .unwrap();
+        let idle = team_idle(&lake, "ml", 1_767_225_600_000, 5).await.unwrap();
+        assert_eq!(idle.as_of_ms, Some(1_767_229_200_000));
     }
 }

@@ -36,11 +36,14 @@ pub enum ReasonCode {
     ProgramNotAllowed,
     /// The lease's substrate cannot change a running lease's GPUs (Slurm).
     ResizeUnsupported,
+    /// The config defines `[workloads.*]` and not the kind asked for; with none defined, every
+    /// kind is offered.
+    WorkloadNotOffered,
 }
 
 impl ReasonCode {
     /// Every code, in a stable order.
-    pub const ALL: [ReasonCode; 12] = [
+    pub const ALL: [ReasonCode; 13] = [
         Self::NotMember,
         Self::WorkloadLimit,
         Self::ModelNotAllowed,
@@ -53,6 +56,7 @@ impl ReasonCode {
         Self::AccountPrivileged,
         Self::ProgramNotAllowed,
         Self::ResizeUnsupported,
+        Self::WorkloadNotOffered,
     ];
 
     /// The snake_case code used in JSON, actions and metrics.
@@ -70,6 +74,7 @@ impl ReasonCode {
             Self::AccountPrivileged => "account_privileged",
             Self::ProgramNotAllowed => "program_not_allowed",
             Self::ResizeUnsupported => "resize_unsupported",
+            Self::WorkloadNotOffered => "workload_not_offered",
         }
     }
 }

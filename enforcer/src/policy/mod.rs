@@ -123,6 +123,18 @@ pub fn evaluate(request: &Request, snapshot: &Snapshot, placements: &mut Placeme
         Some(_) => {}
     }
 
+    if !config.workloads.is_empty() && !config.workloads.contains_key(&req.workload) {
+        let offered: Vec<&str> = config.workloads.keys().map(|w| w.as_str()).collect();
+        decision.deny(
+            ReasonCode::WorkloadNotOffered,
+            format!(
+                "{} leases are not offered here; the config defines {}",
+                req.workload,
+                offered.join(", ")
+            ),
+        );
+    }
+
     if let Some(max) = policy.max_gpus {
         if req.gpus > max {
             decision.deny(
@@ -684,6 +696,10 @@ mod tests {
                 ..WorkloadPolicy::default()
             },
         );
+        // Batch is offered without limits; notebooks are not offered.
+        config
+            .workloads
+            .insert(Workload::Batch, WorkloadPolicy::default());
         config
     }
 
@@ -842,6 +858,24 @@ mod tests {
             teams: vec!["other".into()],
         };
         assert_eq!(codes(&decide(&r, &snapshot())), vec![ReasonCode::NotMember]);
+    }
+
+    #[test]
+    fn a_kind_the_config_does_not_define_is_not_offered_unless_it_defines_none() {
+        let d = decide(&request(Workload::Notebook, 1), &snapshot());
+        assert_eq!(codes(&d), vec![ReasonCode::WorkloadNotOffered]);
+        let m = &d.reasons[0].message;
+        assert!(
+            m.contains("notebook leases are not offered")
+                && m.contains("training, inference, batch"),
+            "{m}"
+        );
+        // A config without any [workloads.*] offers every kind, with the default policy.
+        let mut s = snapshot();
+        let mut config = (*s.config).clone();
+        config.workloads.clear();
+        s.config = Arc::new(config);
+        assert!(decide(&request(Workload::Notebook, 1), &s).admitted());
     }
 
     #[test]
@@ -1014,7 +1048,8 @@ mod tests {
         let mut got = codes(&d);
         got.sort();
         // The account codes stand in for no_capacity when every substrate refuses the user, so
-        // they are never reported with it; resize_unsupported is the service's, for resizes.
+        // they are never reported with it; resize_unsupported is the service's, for resizes;
+        // workload_not_offered is tested on its own (a kind not offered has no limits to break).
         let expected: Vec<ReasonCode> = ReasonCode::ALL
             .into_iter()
             .filter(|c| {
@@ -1022,6 +1057,7 @@ mod tests {
                     ReasonCode::AccountUnmapped,
                     ReasonCode::AccountPrivileged,
                     ReasonCode::ResizeUnsupported,
+                    ReasonCode::WorkloadNotOffered,
                 ]
                 .contains(c)
             })

@@ -24,9 +24,10 @@ pub struct IdleLease {
 /// A team's idle cost over one month.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TeamIdle {
-    /// How far the lake's data reach (its watermark: the latest sample or lease event), Unix
-    /// epoch milliseconds; none for an empty lake. The rollups price hours up to it, so the
-    /// figures below lag the enforcer's own count of spend by what came after.
+    /// How far the hourly rollups reach (the watermark of their last run, from
+    /// `rollups/_state.json`), Unix epoch milliseconds; none before they have run. The figures
+    /// below are priced up to it, so they lag the enforcer's own count of spend by what came
+    /// after.
     pub as_of_ms: Option<i64>,
     /// Idle cost of the team's GPU-hours in the month so far.
     pub idle_cost_usd: f64,

@@ -404,7 +404,16 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
         .min()
         .unwrap_or(now);
     let ids: std::collections::HashSet<String> = open_leases.iter().map(|l| l.id.clone()).collect();
-    let actions = service.store().lease_actions(ids.clone(), since).await?;
+    // The ended leases shown, whose `reclaim` Actions say who or what ended them: read in the
+    // same scan, back to the earliest of their ends.
+    let shown: Vec<&Lease> = ended.iter().take(10).collect();
+    let actions_since = shown
+        .iter()
+        .map(|l| l.released_at.unwrap_or(l.updated_at))
+        .fold(since, i64::min);
+    let mut asked = ids.clone();
+    asked.extend(shown.iter().map(|l| l.id.clone()));
+    let actions = service.store().lease_actions(asked, actions_since).await?;
     let warned = warnings(&actions);
     let sizes = sizes(&service.store().lease_events(ids, since).await?);
     let mut out = String::new();
@@ -496,9 +505,13 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
         out.push_str(
             r#"<div class="table-wrap"><table class="leases" id="ended-leases"><caption>Recently ended</caption><thead><tr><th scope="col">Lease</th><th scope="col">Team · user</th><th scope="col">GPUs</th><th scope="col">Ended</th><th scope="col">Why</th></tr></thead><tbody>"#,
         );
-        for lease in ended.iter().take(10) {
+        for lease in shown {
+            // Newest first: the Action of its end.
+            let reclaim = actions.iter().find(|a| {
+                a.action == ActionKind::Reclaim && a.lease_id.as_deref() == Some(&lease.id)
+            });
             let why = match lease.release_reason {
-                Some(reason) => ended_why(reason, &lease.user),
+                Some(reason) => ended_why(reason, reclaim.map(|a| a.detail.as_str())),
                 None => lease.state.as_str().to_owned(),
             };
             let _ = write!(
@@ -521,10 +534,46 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
     Ok(out)
 }
 
-/// Why a lease ended, in words: who ended it, or which rule.
-fn ended_why(reason: ReleaseReason, user: &str) -> String {
+/// Who or what ended a lease with reason `user`, read from its `reclaim` Action's detail. A
+/// release through the API or the portal records who asked (`Service::release_by`); a
+/// substrate's own ending records reason `user` too, with what happened as its detail (a Slurm
+/// job that completed or was cancelled, a deleted pod or Kueue Workload), and no person caused
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum UserEnding<'a> {
+    /// The holder asked (a member or an admin for their own lease).
+    Person(&'a str),
+    /// A service token, a front-end acting for the holder, asked.
+    Service(&'a str),
+    /// Released through the API or the portal before releases recorded who asked.
+    Unnamed,
+    /// Its substrate ended it: what happened (empty when it did not say).
+    Substrate(&'a str),
+}
+
+fn user_ending(detail: &str) -> UserEnding<'_> {
+    match detail.strip_prefix("released (user)") {
+        Some(rest) => match rest.strip_prefix(": asked by ") {
+            Some(who) => match who.strip_prefix("service ") {
+                Some(token) => UserEnding::Service(token),
+                None => UserEnding::Person(who),
+            },
+            None => UserEnding::Unnamed,
+        },
+        None => UserEnding::Substrate(detail),
+    }
+}
+
+/// Why a lease ended, in words: who ended it, or which rule, or what its substrate saw.
+/// `detail` is its `reclaim` Action's, when the audit trail still has it.
+fn ended_why(reason: ReleaseReason, detail: Option<&str>) -> String {
     match reason {
-        ReleaseReason::User => format!("released by {user}"),
+        ReleaseReason::User => match detail.map(user_ending) {
+            Some(UserEnding::Person(who)) => format!("released by {who}"),
+            Some(UserEnding::Service(token)) => format!("released by service {token}"),
+            Some(UserEnding::Substrate(what)) if !what.is_empty() => format!("ended: {what}"),
+            _ => "released".to_owned(),
+        },
         ReleaseReason::Admin => "ended by an admin".to_owned(),
         ReleaseReason::Expired => "expired: its time was up".to_owned(),
         ReleaseReason::Idle => "reclaimed: idle".to_owned(),
@@ -708,12 +757,12 @@ pub(super) async fn team(
 }
 
 /// The idle card's lines: the lake's idle cost of the month, and where it comes from. It is
-/// read from the pipeline's hourly rollups, which reach only as far as the lake's data, while
+/// read from the pipeline's hourly rollups, which reach only as far as their watermark, while
 /// the spend card beside it (`enforcer_spend`) is the enforcer's own count up to now: the page
 /// says so, rather than show two figures of the same month that disagree without a word.
 fn idle_summary(idle: &TeamIdle, enforcer_spend: f64) -> String {
     let Some(as_of) = idle.as_of_ms else {
-        return r#"<p id="idle">The lake holds no data yet: idle cost is known once the pipeline's hourly rollups have run over the collector's samples.</p>"#.to_owned();
+        return r#"<p id="idle">The lake's hourly rollups have not run yet: idle cost is known once the pipeline has rolled up the collector's samples.</p>"#.to_owned();
     };
     let source = format!(
         "From the lake's hourly rollups, whose data reach {}. The spend beside it ({}) is the \
@@ -738,29 +787,38 @@ fn idle_summary(idle: &TeamIdle, enforcer_spend: f64) -> String {
 }
 
 /// How the audit trail shows an action: its kind and reason as a person reads them. A lease
-/// that its holder (`holder`, when known) or an admin ended is stored as a `reclaim`, like those
-/// the rules take back, but it is the person's release, and reads as one.
-fn action_words(a: &Action, holder: Option<&str>) -> (String, String) {
+/// that its holder or an admin ended is stored as a `reclaim`, like those the rules take back,
+/// but it is the person's release, and reads as one; one its substrate ended (reason `user`
+/// too, see [`UserEnding`]) reads as what happened there.
+fn action_words(a: &Action) -> (String, String) {
     match (a.action, a.reason.as_str()) {
-        (ActionKind::Reclaim, "user") => (
-            "release".to_owned(),
-            match holder {
-                Some(user) => format!("by {user}, its holder"),
-                None => "by its holder".to_owned(),
-            },
-        ),
+        (ActionKind::Reclaim, "user") => match user_ending(&a.detail) {
+            UserEnding::Person(who) => ("release".to_owned(), format!("by {who}, its holder")),
+            UserEnding::Service(token) => ("release".to_owned(), format!("by service {token}")),
+            UserEnding::Unnamed => (
+                "release".to_owned(),
+                "through the API or the portal".to_owned(),
+            ),
+            UserEnding::Substrate(what) => (
+                "ended".to_owned(),
+                if what.is_empty() {
+                    "by its substrate".to_owned()
+                } else {
+                    what.to_owned()
+                },
+            ),
+        },
         (ActionKind::Reclaim, "admin") => ("release".to_owned(), "by an admin".to_owned()),
         (kind, reason) => (kind.as_str().to_owned(), reason.to_owned()),
     }
 }
 
-fn actions_table(actions: &[Action], holders: &HashMap<String, String>) -> String {
+fn actions_table(actions: &[Action]) -> String {
     let mut out = String::from(
         r#"<table id="actions"><caption>Recent actions (the audit trail)</caption><thead><tr><th scope="col">When</th><th scope="col">Action</th><th scope="col">Reason</th><th scope="col">Team</th><th scope="col">Lease</th><th scope="col">Outcome</th><th scope="col">Detail</th></tr></thead><tbody>"#,
     );
     for a in actions {
-        let holder = a.lease_id.as_ref().and_then(|id| holders.get(id));
-        let (action, reason) = action_words(a, holder.map(String::as_str));
+        let (action, reason) = action_words(a);
         let _ = write!(
             out,
             r#"<tr data-lease="{}"><td data-label="When" class="nowrap">{}</td><td data-label="Action" class="action">{}</td><td data-label="Reason">{}</td><td data-label="Team">{}</td><td data-label="Lease"><code class="id">{}</code></td><td data-label="Outcome">{}</td><td data-label="Detail">{}</td></tr>"#,
@@ -811,22 +869,9 @@ pub(super) async fn admin(portal: &Portal, signed: &Signed) -> Result<String, Se
             e(blocked.join(", ")).to_string()
         }
     );
+    // A release names who asked in its own detail: no lease is read to name its holder.
     let actions = service.store().recent_actions(50, None).await?;
-    // Who held each lease a person released, to name them.
-    let mut holders = HashMap::new();
-    for id in actions
-        .iter()
-        .filter(|a| a.action == ActionKind::Reclaim && a.reason == "user")
-        .filter_map(|a| a.lease_id.as_ref())
-    {
-        if holders.contains_key(id) {
-            continue;
-        }
-        if let Some(lease) = service.store().lease(id).await? {
-            holders.insert(id.clone(), lease.user);
-        }
-    }
-    out.push_str(&actions_table(&actions, &holders));
+    out.push_str(&actions_table(&actions));
     out.push_str(r#"<p><a href="/ui/scorecard">The maturity scorecard</a></p>"#);
     Ok(out)
 }
@@ -931,6 +976,10 @@ mod tests {
     }
 
     fn action(kind: ActionKind, reason: &str) -> Action {
+        with_detail(kind, reason, "released (user): asked by ada")
+    }
+
+    fn with_detail(kind: ActionKind, reason: &str, detail: &str) -> Action {
         Action {
             v: Default::default(),
             ts_ms: 0,
@@ -941,46 +990,80 @@ mod tests {
             policy: None,
             driver: None,
             outcome: gpuwarden_schema::Outcome::Ok,
-            detail: "released (user)".into(),
+            detail: detail.into(),
         }
     }
 
     #[test]
     fn a_person_s_release_reads_as_theirs_not_as_a_reclaim() {
-        let words = |kind, reason, holder| {
-            let (a, r) = action_words(&action(kind, reason), holder);
+        let words = |kind, reason| {
+            let (a, r) = action_words(&action(kind, reason));
             format!("{a}: {r}")
         };
         assert_eq!(
-            words(ActionKind::Reclaim, "user", Some("ada")),
+            words(ActionKind::Reclaim, "user"),
             "release: by ada, its holder"
         );
-        assert_eq!(
-            words(ActionKind::Reclaim, "user", None),
-            "release: by its holder"
-        );
-        assert_eq!(
-            words(ActionKind::Reclaim, "admin", None),
-            "release: by an admin"
-        );
+        assert_eq!(words(ActionKind::Reclaim, "admin"), "release: by an admin");
         // What the rules take back stays a reclaim.
-        assert_eq!(words(ActionKind::Reclaim, "idle", None), "reclaim: idle");
+        assert_eq!(words(ActionKind::Reclaim, "idle"), "reclaim: idle");
         assert_eq!(
-            words(ActionKind::Deny, "quota_exceeded", None),
+            words(ActionKind::Deny, "quota_exceeded"),
             "deny: quota_exceeded"
         );
-        let table = actions_table(
-            &[action(ActionKind::Reclaim, "user")],
-            &HashMap::from([("l1".to_owned(), "ada".to_owned())]),
-        );
+        let table = actions_table(&[action(ActionKind::Reclaim, "user")]);
         assert!(table.contains(r#"<td data-label="Action" class="action">release</td><td data-label="Reason">by ada, its holder</td>"#), "{table}");
-        assert_eq!(ended_why(ReleaseReason::User, "ada"), "released by ada");
+        assert_eq!(
+            ended_why(ReleaseReason::User, Some("released (user): asked by ada")),
+            "released by ada"
+        );
+    }
+
+    #[test]
+    fn an_ending_no_person_caused_is_not_worded_as_someone_s_release() {
+        let words = |detail| {
+            let (a, r) = action_words(&with_detail(ActionKind::Reclaim, "user", detail));
+            format!("{a}: {r}")
+        };
+        // A substrate's own ending records reason `user` too.
+        assert_eq!(
+            words("its Slurm job completed"),
+            "ended: its Slurm job completed"
+        );
+        assert_eq!(words("its pod was deleted"), "ended: its pod was deleted");
+        assert_eq!(words(""), "ended: by its substrate");
+        // A front-end's token, and a release from before releases said who asked.
+        assert_eq!(
+            words("released (user): asked by service portal"),
+            "release: by service portal"
+        );
+        assert_eq!(
+            words("released (user)"),
+            "release: through the API or the portal"
+        );
+        let why = |detail| ended_why(ReleaseReason::User, detail);
+        assert_eq!(
+            why(Some("its Slurm job was cancelled")),
+            "ended: its Slurm job was cancelled"
+        );
+        assert_eq!(
+            why(Some("its Workload was deleted")),
+            "ended: its Workload was deleted"
+        );
+        assert_eq!(
+            why(Some("released (user): asked by service kueue-front")),
+            "released by service kueue-front"
+        );
+        // Its Action no longer in the audit trail: said without naming anyone.
+        assert_eq!(why(None), "released");
+        assert_eq!(why(Some("released (user)")), "released");
+        assert_eq!(ended_why(ReleaseReason::Idle, None), "reclaimed: idle");
     }
 
     #[test]
     fn the_idle_card_says_where_its_figures_come_from_and_why_they_lag() {
         let empty = idle_summary(&TeamIdle::default(), 0.61);
-        assert!(empty.contains("The lake holds no data yet"), "{empty}");
+        assert!(empty.contains("hourly rollups have not run yet"), "{empty}");
         assert!(!empty.contains("$0.00 of $0.00"), "{empty}");
         let unpriced = idle_summary(
             &TeamIdle {

@@ -199,6 +199,18 @@ fn explain_one(reason: &Reason, decision: &Decision, ctx: &Context<'_>) -> Expla
             "The lease's substrate cannot change a running lease's GPUs.".to_owned(),
             "Release it and ask again with the GPUs you want.".to_owned(),
         ),
+        ReasonCode::WorkloadNotOffered => (
+            format!("{} leases are not offered here.", req.workload),
+            format!(
+                "Ask for one of: {}.",
+                ctx.config
+                    .workloads
+                    .keys()
+                    .map(|w| w.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
     };
     Explained {
         code: reason.code,
@@ -358,5 +370,21 @@ mod tests {
         assert!(got
             .iter()
             .all(|x| !x.problem.contains("policy's own words")));
+    }
+
+    #[test]
+    fn a_kind_not_offered_names_the_kinds_that_are() {
+        let config = config();
+        let mut req = request(1, 1);
+        req.workload = Workload::Batch;
+        let ctx = Context {
+            config: &config,
+            request: &req,
+            team: None,
+            teams: &[],
+        };
+        let got = explain(&decision(&[ReasonCode::WorkloadNotOffered], 1.0, 1.0), &ctx);
+        assert_eq!(got[0].problem, "batch leases are not offered here.");
+        assert_eq!(got[0].fix, "Ask for one of: notebook.");
     }
 }

@@ -620,7 +620,10 @@ impl Service {
     }
 
     /// Ends lease `id` for `principal`: reason `user`, or `admin` when an admin ends someone
-    /// else's lease. See [`Service::release`].
+    /// else's lease. See [`Service::release`]. The `reclaim` Action's detail says who asked
+    /// (`released (user): asked by ada`, `…: asked by service <token>` for a front-end acting
+    /// for the holder), since reason `user` is also what a substrate's own ending records (a
+    /// Slurm job that completed, a deleted pod), and the portal tells them apart by it.
     pub async fn release_by(&self, principal: &Principal, id: &str) -> Result<Lease, ServiceError> {
         let lease = self.lease_for_write(principal, id).await?;
         let reason = if principal.role == Role::Admin && principal.name != lease.user {
@@ -628,7 +631,11 @@ impl Service {
         } else {
             ReleaseReason::User
         };
-        self.release(id, reason).await
+        let why = match principal.role {
+            Role::Service => format!("asked by service {}", principal.name),
+            _ => format!("asked by {}", principal.name),
+        };
+        self.release_for(id, reason, &why).await
     }
 
     /// Ends a lease: `releasing`, the driver's reclaim, then `released` with a LeaseEvent in the
