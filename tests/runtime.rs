@@ -109,6 +109,10 @@ min_gpus = 1
 max_gpus = 4
 target_util_pct = 60.0
 
+# Offered, with no rule of its own: its lease only expires (a config that defines some
+# [workloads.*] offers only those).
+[workloads.batch]
+
 [enforcer]
 listen = "127.0.0.1:0"
 mode = "{mode}"
