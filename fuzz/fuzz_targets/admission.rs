@@ -93,7 +93,7 @@ fuzz_target!(|bytes: &[u8]| {
         "the same request decided twice differently"
     );
 
-    let estimate = decision.estimate;
+    let estimate = &decision.estimate;
     assert!(
         estimate.usd_per_hour.is_finite() && estimate.usd_per_hour >= 0.0,
         "{estimate:?}"
