@@ -677,6 +677,18 @@ mod tests {
 
     use super::*;
 
+    /// [`config`] with a token of a person, ada, a member of team ml.
+    fn config_with_member_token() -> Config {
+        let mut config = config();
+        config.tokens.push(TokenConfig {
+            name: "ada".into(),
+            sha256: "0".repeat(64),
+            role: Role::Member,
+            teams: vec!["ml".into()],
+        });
+        config
+    }
+
     fn config() -> Config {
         let mut config = Config::default();
         config.teams.push(TeamConfig {
@@ -821,13 +833,7 @@ mod tests {
 
     #[test]
     fn governance_counts_only_the_workloads_the_config_defines() {
-        let mut config = config();
-        config.tokens.push(TokenConfig {
-            name: "ada".into(),
-            sha256: "0".repeat(64),
-            role: Role::Member,
-            teams: vec!["ml".into()],
-        });
+        let mut config = config_with_member_token();
         // No [workloads.*] at all: nothing caps a lease.
         let s = of(
             &assess(&config, &Evidence::default()),
@@ -898,13 +904,7 @@ mod tests {
 
     #[test]
     fn self_service_and_governance_read_tokens_and_who_held_leases() {
-        let mut config = config();
-        config.tokens.push(TokenConfig {
-            name: "ada".into(),
-            sha256: "0".repeat(64),
-            role: Role::Member,
-            teams: vec!["ml".into()],
-        });
+        let config = config_with_member_token();
         let e = Evidence {
             users_with_leases: ["ada".into(), "bob".into()].into(),
             teams_with_leases: ["ml".into()].into(),
