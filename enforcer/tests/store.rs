@@ -1,9 +1,12 @@
-//! The lease store against a real SQLite file: admission is atomic under concurrency, leases and
-//! quota survive a restart, the outbox holds every change in order, and the state machine refuses
-//! invalid transitions.
+//! The lease store against each of its databases, a real SQLite file and a real PostgreSQL
+//! server (started by the tests, `support::pg`): admission is atomic under concurrency, leases
+//! and quota survive a restart, the outbox holds every change in order, and the state machine
+//! refuses invalid transitions. Each test of both runs once per database (`<test>::sqlite`,
+//! `<test>::postgres`); then what only one of them does: SQLite's one owner per file and lazy
+//! commits, PostgreSQL's replicas sharing one database.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +22,120 @@ use gpuwarden_schema::{ReleaseReason, Workload};
 mod support;
 
 use support::eventually;
+use support::pg::{self, Postgres};
+
+/// A database for a store, and how to look at what the store wrote in it.
+enum Db {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    Postgres {
+        url: String,
+    },
+}
+
+impl Db {
+    fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("enforcer.db");
+        Self::Sqlite { _dir: dir, path }
+    }
+
+    fn postgres() -> Self {
+        Self::Postgres {
+            url: pg::server().database(),
+        }
+    }
+
+    fn is_sqlite(&self) -> bool {
+        matches!(self, Self::Sqlite { .. })
+    }
+
+    /// Opens a store on the database (again).
+    fn open(&self) -> Store {
+        match self {
+            Self::Sqlite { path, .. } => Store::open(path).unwrap(),
+            Self::Postgres { url } => Store::open_postgres(url, None).unwrap(),
+        }
+    }
+
+    /// The schema version a new database is brought to.
+    fn latest_schema(&self) -> i64 {
+        if self.is_sqlite() {
+            5
+        } else {
+            1
+        }
+    }
+
+    /// Every outbox row: (id, key, published_at), in id order.
+    fn outbox_rows(&self) -> Vec<(i64, String, Option<i64>)> {
+        const SQL: &str = "SELECT id, key, published_at FROM outbox ORDER BY id";
+        match self {
+            Self::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).unwrap();
+                let mut stmt = conn.prepare(SQL).unwrap();
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .unwrap();
+                rows.collect::<Result<_, _>>().unwrap()
+            }
+            Self::Postgres { url } => Postgres::client(url)
+                .query(SQL, &[])
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        }
+    }
+
+    /// How many rows `table` holds.
+    fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        match self {
+            Self::Sqlite { path, .. } => rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(&sql, [], |r| r.get(0))
+                .unwrap(),
+            Self::Postgres { url } => Postgres::client(url).query_one(&sql, &[]).unwrap().get(0),
+        }
+    }
+}
+
+/// Runs each named test (a function of a [`Db`]) on SQLite and on PostgreSQL, as
+/// `<name>::sqlite` and `<name>::postgres`.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sqlite() {
+                    super::$name(super::Db::sqlite());
+                }
+
+                #[test]
+                fn postgres() {
+                    super::$name(super::Db::postgres());
+                }
+            }
+        )*
+    };
+}
+
+on_both!(
+    two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly,
+    two_hundred_concurrent_admissions_never_place_a_gpu_twice,
+    a_change_not_waited_on_is_still_committed_before_the_store_closes,
+    leases_and_quota_survive_a_restart,
+    the_outbox_holds_every_change_in_order_until_published,
+    invalid_transitions_are_refused,
+    expiry_spend_and_blocks,
+    exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease,
+    published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublished_rows_never,
+    the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease,
+    a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks,
+);
 
 const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
@@ -79,11 +196,12 @@ fn request(gpus: u32) -> Request {
 
 /// The policy as the API runs it inside the store's transaction, over one simulated substrate
 /// of `inventory_gpus` GPUs.
-fn decide<'a>(
-    req: &'a Request,
-    config: &'a Arc<Config>,
+fn decide(
+    req: &Request,
+    config: &Arc<Config>,
     inventory_gpus: u32,
-) -> impl FnOnce(Ledger) -> Decision + 'a {
+) -> impl FnOnce(Ledger) -> Decision + Send + 'static {
+    let (req, config) = (req.clone(), config.clone());
     move |ledger| {
         let mut sub = inventory(inventory_gpus);
         sub.busy = ledger.busy.get("sim").cloned().unwrap_or_default();
@@ -94,7 +212,7 @@ fn decide<'a>(
             blocked: ledger.blocked,
             substrates: vec![sub],
         };
-        evaluate(req, &snapshot, &mut Placements::default())
+        evaluate(&req, &snapshot, &mut Placements::default())
     }
 }
 
@@ -132,25 +250,21 @@ fn admit_without_waiting(store: &Store, config: &Arc<Config>) -> bool {
 
 /// A store in a new directory, holding one admitted lease of one GPU (quota 4).
 struct OneLease {
-    /// Removed when dropped: keep it for as long as the store is used.
-    dir: tempfile::TempDir,
-    path: std::path::PathBuf,
+    /// Its database (an SQLite file is removed when dropped: keep it while the store is used).
+    db: Db,
     config: Arc<Config>,
     store: Store,
     /// The lease.
     id: String,
 }
 
-fn one_lease() -> OneLease {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
+fn one_lease(db: Db) -> OneLease {
     let config = config(4);
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert!(admit(&store, &config, 1, 8));
     let id = store.open_leases().unwrap()[0].id.clone();
     OneLease {
-        dir,
-        path,
+        db,
         config,
         store,
         id,
@@ -170,9 +284,9 @@ fn open_gpus(store: &Store) -> Vec<String> {
 
 /// 200 threads admitting one GPU each at once through one store; (admitted, GPUs held after a
 /// reopen).
-fn concurrent(path: &Path, quota: u32, inventory_gpus: u32) -> (usize, u32) {
+fn concurrent(db: &Db, quota: u32, inventory_gpus: u32) -> (usize, u32) {
     let config = config(quota);
-    let store = Store::open(path).unwrap();
+    let store = db.open();
     let start = Arc::new(std::sync::Barrier::new(200));
     let threads: Vec<_> = (0..200)
         .map(|_| {
@@ -189,19 +303,16 @@ fn concurrent(path: &Path, quota: u32, inventory_gpus: u32) -> (usize, u32) {
         .filter(|a| *a)
         .count();
     drop(store);
-    let store = Store::open(path).unwrap();
+    let store = db.open();
     let held = store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"];
     (admitted, held)
 }
 
-#[test]
-fn two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
-    let (admitted, held) = concurrent(&path, 16, 64);
+fn two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly(db: Db) {
+    let (admitted, held) = concurrent(&db, 16, 64);
     assert_eq!(admitted, 16);
     assert_eq!(held, 16);
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     let gpus = open_gpus(&store);
     assert_eq!(gpus.len(), 16);
     // Denials are audited too: 16 admits + 16 grants + 184 denials.
@@ -211,19 +322,16 @@ fn two_hundred_concurrent_admissions_fill_a_quota_of_16_exactly() {
     );
 }
 
-#[test]
-fn two_hundred_concurrent_admissions_never_place_a_gpu_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
-    let (admitted, held) = concurrent(&path, 1000, 8);
+fn two_hundred_concurrent_admissions_never_place_a_gpu_twice(db: Db) {
+    let (admitted, held) = concurrent(&db, 1000, 8);
     assert_eq!((admitted, held), (8, 8));
-    let gpus = open_gpus(&Store::open(&path).unwrap());
+    let gpus = open_gpus(&db.open());
     let distinct: BTreeSet<&String> = gpus.iter().collect();
     assert_eq!(distinct.len(), 8, "{gpus:?}");
 }
 
 #[test]
-fn one_store_owns_a_database_at_a_time() {
+fn one_store_owns_an_sqlite_database_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("enforcer.db");
     let store = Store::open(&path).unwrap();
@@ -242,21 +350,17 @@ fn one_store_owns_a_database_at_a_time() {
     Store::open(&path).unwrap();
 }
 
-#[test]
-fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
-    let OneLease {
-        dir: _dir,
-        path,
-        store,
-        id,
-        ..
-    } = one_lease();
+fn a_change_not_waited_on_is_still_committed_before_the_store_closes(db: Db) {
+    let OneLease { db, store, id, .. } = one_lease(db);
     let pending = store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, "");
-    // Memory changes at once: the next call sees it before the commit is heard of.
-    assert_eq!(store.open_leases().unwrap()[0].state, LeaseState::Active);
+    if db.is_sqlite() {
+        // Memory changes at once: the next call sees it before the commit is heard of. (On
+        // PostgreSQL the change is decided on the writer's thread, in its transaction.)
+        assert_eq!(store.open_leases().unwrap()[0].state, LeaseState::Active);
+    }
     drop(pending);
     drop(store);
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     let lease = store.lease(&id).wait().unwrap().unwrap();
     assert_eq!(lease.state, LeaseState::Active);
     assert_eq!(lease.updated_at, NOW + 1);
@@ -267,12 +371,8 @@ fn a_change_not_waited_on_is_still_committed_before_the_store_closes() {
 #[test]
 fn changes_nobody_waits_for_are_committed_soon_or_with_the_next_one() {
     let OneLease {
-        dir: _dir,
-        config,
-        store,
-        id,
-        ..
-    } = one_lease();
+        config, store, id, ..
+    } = one_lease(Db::sqlite());
     let before = store.commit_stats();
     drop(store.transition(&id, LeaseState::Active, NOW + 1, ReleaseReason::User, ""));
     eventually(
@@ -303,19 +403,16 @@ fn changes_nobody_waits_for_are_committed_soon_or_with_the_next_one() {
     assert_eq!(after.writes, before.writes + 3, "{before:?} → {after:?}");
 }
 
-#[test]
-fn leases_and_quota_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("enforcer.db");
+fn leases_and_quota_survive_a_restart(db: Db) {
     let config = config(4);
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 5);
+    let store = db.open();
+    assert_eq!(store.schema_version().wait().unwrap(), db.latest_schema());
     assert!(admit(&store, &config, 3, 8));
     let before = store.leases(&LeaseFilter::default()).wait().unwrap();
     drop(store);
 
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().wait().unwrap(), 5);
+    let store = db.open();
+    assert_eq!(store.schema_version().wait().unwrap(), db.latest_schema());
     let after = store.leases(&LeaseFilter::default()).wait().unwrap();
     assert_eq!(before, after);
     assert_eq!(after[0].gpu_count, 3);
@@ -327,16 +424,14 @@ fn leases_and_quota_survive_a_restart() {
     // The quota still counts the lease from before the restart.
     assert!(!admit(&store, &config, 2, 8));
     assert!(admit(&store, &config, 1, 8));
-    assert!(
-        dir.path().join("enforcer.db-wal").exists(),
-        "not in WAL mode"
-    );
+    if let Db::Sqlite { path, .. } = &db {
+        let wal = PathBuf::from(format!("{}-wal", path.display()));
+        assert!(wal.exists(), "not in WAL mode");
+    }
 }
 
-#[test]
-fn the_outbox_holds_every_change_in_order_until_published() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("e.db")).unwrap();
+fn the_outbox_holds_every_change_in_order_until_published(db: Db) {
+    let store = db.open();
     let config = config(4);
     assert!(admit(&store, &config, 2, 8));
     assert!(!admit(&store, &config, 3, 8));
@@ -403,10 +498,8 @@ fn the_outbox_holds_every_change_in_order_until_published() {
     );
 }
 
-#[test]
-fn invalid_transitions_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("e.db")).unwrap();
+fn invalid_transitions_are_refused(db: Db) {
+    let store = db.open();
     assert!(admit(&store, &config(4), 1, 8));
     let id = store.leases(&LeaseFilter::default()).wait().unwrap()[0]
         .id
@@ -432,10 +525,8 @@ fn invalid_transitions_are_refused() {
     ));
 }
 
-#[test]
-fn expiry_spend_and_blocks() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("e.db")).unwrap();
+fn expiry_spend_and_blocks(db: Db) {
+    let store = db.open();
     let config = config(8);
     assert!(admit(&store, &config, 2, 8));
     assert!(store.due_for_expiry(NOW + 3_599_999).unwrap().is_empty());
@@ -480,15 +571,8 @@ fn expiry_spend_and_blocks() {
     let _ = ReasonCode::TeamBlocked;
 }
 
-#[test]
-fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
-    let OneLease {
-        dir: _dir,
-        path,
-        store,
-        id,
-        ..
-    } = one_lease();
+fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease(db: Db) {
+    let OneLease { db, store, id, .. } = one_lease(db);
     store
         .exempt(&id, NOW + 3_600_000, "root", "demo", NOW)
         .wait()
@@ -509,7 +593,7 @@ fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
     assert!(!store.record_once("warn:1", &warning).wait().unwrap());
     drop(store);
 
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert_eq!(store.exempt_until(&id), Some(NOW + 3_600_000));
     assert!(store.marked("warn:1"));
     assert!(!store.record_once("warn:1", &warning).wait().unwrap());
@@ -537,18 +621,6 @@ fn exemptions_and_rule_marks_survive_a_restart_and_end_with_the_lease() {
     ));
 }
 
-/// Every outbox row: (id, key, published_at), in id order, read from the file.
-fn outbox_rows(path: &Path) -> Vec<(i64, String, Option<i64>)> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT id, key, published_at FROM outbox ORDER BY id")
-        .unwrap();
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap();
-    rows.collect::<Result<_, _>>().unwrap()
-}
-
 fn fleet_alert(ts_ms: i64, reason: &str) -> gpuwarden_schema::Action {
     gpuwarden_enforcer::store::audit::Audit::fleet(gpuwarden_schema::ActionKind::Alert, reason).at(
         ts_ms,
@@ -557,20 +629,20 @@ fn fleet_alert(ts_ms: i64, reason: &str) -> gpuwarden_schema::Action {
     )
 }
 
-#[test]
-fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublished_rows_never() {
+fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublished_rows_never(
+    db: Db,
+) {
     const DAY: i64 = 86_400_000;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let prune = |store: &Store, before: i64, batch: usize| {
         runtime.block_on(store.prune_outbox(before, batch)).unwrap()
     };
     let OneLease {
-        dir: _dir,
-        path,
+        db,
         config,
         store,
         id: open_lease,
-    } = one_lease();
+    } = one_lease(db);
     // A lease admitted and released: its four rows (granted, admit, released, reclaim).
     assert!(admit(&store, &config, 1, 8));
     let ended = store
@@ -624,7 +696,8 @@ fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublishe
         "seven rows two at a time are four commits"
     );
     // (A fleet alert's key is its reason.)
-    let kept: Vec<String> = outbox_rows(&path)
+    let kept: Vec<String> = db
+        .outbox_rows()
         .into_iter()
         .map(|(_, key, published)| {
             let state = if published.is_some() {
@@ -653,10 +726,7 @@ fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublishe
     // With no retention at all, `recent` goes too; a row Kafka never acknowledged stays,
     // however old.
     assert_eq!(prune(&store, i64::MAX, 100), 1);
-    let left: Vec<i64> = outbox_rows(&path)
-        .into_iter()
-        .map(|(id, _, _)| id)
-        .collect();
+    let left: Vec<i64> = db.outbox_rows().into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(left.len(), 4);
     assert!(left.contains(&unpublished), "{left:?}");
     // New rows still come after the newest kept.
@@ -672,15 +742,8 @@ fn published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublishe
 /// A ceiling no signal time in these tests reaches.
 const FAR: i64 = i64::MAX;
 
-#[test]
-fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease() {
-    let OneLease {
-        dir: _dir,
-        path,
-        store,
-        id,
-        ..
-    } = one_lease();
+fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease(db: Db) {
+    let OneLease { db, store, id, .. } = one_lease(db);
     assert!(store
         .note_utilization_signal(&id, NOW + 10, FAR)
         .wait()
@@ -699,7 +762,7 @@ fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_le
         .unwrap());
     drop(store);
 
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert!(
         !store
             .note_utilization_signal(&id, NOW + 5, FAR)
@@ -720,25 +783,18 @@ fn the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_le
         .wait()
         .unwrap());
     drop(store);
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let kept: i64 = conn
-        .query_row("SELECT count(*) FROM lease_signals", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(kept, 0, "an ended lease's signal time is forgotten");
+    assert_eq!(
+        db.count("lease_signals"),
+        0,
+        "an ended lease's signal time is forgotten"
+    );
 }
 
 /// A kept signal time past the clock's ceiling (the clock moved back since it was handled, as
 /// `gpuwarden up --start` on an existing database does) no longer shuts out the signals dated
 /// before it, in this run or after a restart; a signal past the ceiling is never taken.
-#[test]
-fn a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks() {
-    let OneLease {
-        dir: _dir,
-        path,
-        store,
-        id,
-        ..
-    } = one_lease();
+fn a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks(db: Db) {
+    let OneLease { db, store, id, .. } = one_lease(db);
     let ceiling = NOW + 5 * 60_000;
     assert!(
         !store
@@ -770,7 +826,7 @@ fn a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks()
         .unwrap());
     drop(store);
 
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert!(
         !store
             .note_utilization_signal(&id, NOW + 5, ceiling)
@@ -782,4 +838,209 @@ fn a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks()
         .note_utilization_signal(&id, NOW + 20, ceiling)
         .wait()
         .unwrap());
+}
+
+// What only the PostgreSQL store does: several stores (enforcer replicas) on one database.
+
+/// Three replicas on one database, 600 one-GPU admissions at once spread over them against a
+/// quota of 16: exactly 16 are admitted, no GPU is placed twice, every replica counts all 16,
+/// and the team's spend is the sum of its leases' cost.
+#[test]
+fn three_replicas_admit_600_at_once_against_a_quota_of_16_exactly() {
+    let db = Db::postgres();
+    let replicas: Vec<Store> = (0..3).map(|_| db.open()).collect();
+    let config = config(16);
+    let start = Arc::new(std::sync::Barrier::new(600));
+    let threads: Vec<_> = (0..600)
+        .map(|i| {
+            let (store, config, start) = (replicas[i % 3].clone(), config.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                admit(&store, &config, 1, 64)
+            })
+        })
+        .collect();
+    let admitted: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 16);
+    let gpus = open_gpus(&replicas[0]);
+    assert_eq!(gpus.len(), 16);
+    assert_eq!(gpus.iter().collect::<BTreeSet<_>>().len(), 16, "{gpus:?}");
+    // An hour later each lease has cost one GPU-hour at the default price.
+    let hour = NOW + 3_600_000;
+    let leases = replicas[0].leases(&LeaseFilter::default()).wait().unwrap();
+    let expected: f64 = leases
+        .iter()
+        .filter(|l| l.state.is_open())
+        .map(|l| config.pricing.usd_per_gpu_hour(&l.gpu_model) * f64::from(l.gpu_count))
+        .sum();
+    assert!(expected > 0.0);
+    for (i, replica) in replicas.iter().enumerate() {
+        // Each one's memory follows the others' commits.
+        eventually(
+            &format!("replica {i} to count all 16 GPUs"),
+            Duration::from_secs(10),
+            || {
+                let ledger = replica.ledger(hour, &config.pricing).unwrap();
+                match ledger.held_gpus.get("ml") {
+                    Some(16) => Ok(ledger),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        );
+        let ledger = replica.ledger(hour, &config.pricing).unwrap();
+        assert!(
+            (ledger.spend_usd["ml"] - expected).abs() < 1e-6,
+            "replica {i}: {} ≠ {expected}",
+            ledger.spend_usd["ml"]
+        );
+        // And none admits more.
+        assert!(!admit(replica, &config, 1, 64));
+    }
+    // 16 grants and admissions, and every denial, audited once.
+    assert_eq!(db.count("outbox"), 16 * 2 + (600 - 16) + 3);
+}
+
+/// A lease admitted on one replica is at once visible, releasable and counted on another, and
+/// its GPUs are free for either once released.
+#[test]
+fn a_lease_admitted_on_one_replica_is_visible_releasable_and_counted_on_another() {
+    let db = Db::postgres();
+    let (a, b) = (db.open(), db.open());
+    let config = config(2);
+    assert!(admit(&a, &config, 2, 8));
+    let id = a.open_leases().unwrap()[0].id.clone();
+    // Seen by a read, and by the next decision, without waiting for b's memory to follow.
+    assert_eq!(
+        b.lease(&id).wait().unwrap().map(|l| l.state),
+        Some(LeaseState::Granted)
+    );
+    assert!(!admit(&b, &config, 1, 8), "b counts a's lease in the quota");
+    b.transition(
+        &id,
+        LeaseState::Released,
+        NOW + 1,
+        ReleaseReason::User,
+        "on b",
+    )
+    .wait()
+    .unwrap();
+    assert!(admit(&a, &config, 2, 8), "a knows b released it");
+    let err = a
+        .transition(&id, LeaseState::Active, NOW + 2, ReleaseReason::User, "")
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidTransition { .. }), "{err}");
+    // A block on one replica stops admissions on the other.
+    b.block_team("ml", "budget_exceeded", NOW + 3)
+        .wait()
+        .unwrap();
+    a.transition(
+        &a.open_leases().unwrap()[0].id,
+        LeaseState::Released,
+        NOW + 4,
+        ReleaseReason::User,
+        "",
+    )
+    .wait()
+    .unwrap();
+    assert!(!admit(&a, &config, 1, 8), "a sees b's block");
+}
+
+/// Replicas that start together on a new database migrate it once; one that finds a schema
+/// newer than it knows refuses to start, naming both versions.
+#[test]
+fn replicas_migrate_once_and_refuse_a_newer_schema() {
+    let db = Db::postgres();
+    let opened: Vec<_> = (0..4)
+        .map(|_| {
+            let Db::Postgres { url } = &db else {
+                unreachable!()
+            };
+            let url = url.clone();
+            std::thread::spawn(move || Store::open_postgres(&url, None).map(|_| ()))
+        })
+        .collect();
+    for o in opened {
+        o.join().unwrap().unwrap();
+    }
+    assert_eq!(db.open().schema_version().wait().unwrap(), 1);
+    let Db::Postgres { url } = &db else {
+        unreachable!()
+    };
+    Postgres::client(url)
+        .batch_execute("UPDATE schema_version SET version = 7")
+        .unwrap();
+    let err = Store::open_postgres(url, None).unwrap_err();
+    assert!(
+        matches!(err, StoreError::TooNew { found: 7, known: 1 }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the lease store is at schema version 7; this build knows up to 1"
+    );
+}
+
+/// PostgreSQL stopped under a store: every change fails as unavailable (nothing is reported
+/// done that is not committed), and once it is back the store recovers by itself, its memory
+/// what the database holds.
+#[test]
+fn a_store_answers_unavailable_while_postgres_is_down_and_recovers_without_a_restart() {
+    let server = Postgres::private();
+    let url = server.database();
+    let store = Store::open_postgres(&url, None).unwrap();
+    let config = config(8);
+    assert!(admit(&store, &config, 1, 8));
+    server.stop();
+    let req = request(1);
+    let err = store
+        .admit(
+            NOW,
+            &config.pricing,
+            &req.admission,
+            decide(&req, &config, 8),
+        )
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(matches!(
+        store.leases(&LeaseFilter::default()).wait(),
+        Err(StoreError::Unavailable(_))
+    ));
+    server.run();
+    eventually("the store to admit again", Duration::from_secs(30), || {
+        let req = request(1);
+        store
+            .admit(
+                NOW,
+                &config.pricing,
+                &req.admission,
+                decide(&req, &config, 8),
+            )
+            .wait()
+            .map_err(|e| e.to_string())
+    });
+    let held = store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"];
+    let rows = Postgres::client(&url)
+        .query_one("SELECT count(*) FROM leases", &[])
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!((held, rows), (2, 2), "memory is what was committed");
+}
+
+/// A database that cannot be reached when the store opens is reported as unavailable, with
+/// the URL but not its password.
+#[test]
+fn opening_an_unreachable_database_names_it_without_its_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://gpuwarden:s3cret@127.0.0.1:{port}/gpuwarden");
+    let err = Store::open_postgres(&url, None).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
 }

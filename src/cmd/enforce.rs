@@ -25,7 +25,7 @@ use gpuwarden_enforcer::kafka::outbox::{stopped, Publisher};
 use gpuwarden_enforcer::rules::Rules;
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
-use gpuwarden_schema::config;
+use gpuwarden_schema::config::{self, StoreLocation};
 use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::tls::ServerTls;
 use gpuwarden_schema::{Clock, SystemClock};
@@ -163,12 +163,20 @@ pub(crate) async fn start(
             })?;
         webhook_listeners.push((s.name.clone(), tls, listener));
     }
-    let database = config.enforcer_database();
-    if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let location = config.enforcer_store();
+    if let StoreLocation::Sqlite(database) = &location {
+        if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
     }
-    let store = Store::open(&database)
-        .with_context(|| format!("opening the lease store {}", database.display()))?;
+    let store = Store::open_at(&location).with_context(|| match &location {
+        StoreLocation::Sqlite(database) => {
+            format!("opening the lease store {}", database.display())
+        }
+        StoreLocation::Postgres { .. } => {
+            "opening the lease store in PostgreSQL (enforcer.store.url)".into()
+        }
+    })?;
     let mut built: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
     for substrate in &config.substrates {
         let context = DriverContext {
@@ -182,6 +190,7 @@ pub(crate) async fn start(
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
         built.insert(substrate.name.clone(), Arc::from(driver));
     }
+    let store_location = store.location().to_owned();
     let service = Service::new(config.clone(), store.clone(), built, clock.clone());
     let readopted = service
         .readopt()
@@ -331,7 +340,7 @@ pub(crate) async fn start(
     );
     tracing::info!(
         api = %url,
-        database = %database.display(),
+        store = %store_location,
         kafka = %kafka.bootstrap,
         "enforcer running"
     );

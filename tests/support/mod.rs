@@ -14,6 +14,8 @@ pub mod grafana;
 pub mod kube_api;
 #[cfg(feature = "libvirt")]
 pub mod libvirtd;
+#[path = "postgres.rs"]
+pub mod pg;
 pub mod pki;
 pub mod prometheus;
 pub mod s3;

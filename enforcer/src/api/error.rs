@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::service::ServiceError;
+use crate::store::StoreError;
 
 /// An API error: whose fault, a status, and one JSON shape `{error: {code, message, field?}}`.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,10 @@ pub enum ApiError {
     /// A substrate driver failed; retrying may help (503).
     #[error("{0}")]
     Substrate(String),
+    /// The lease store's database cannot be reached (503, with `Retry-After`); nothing was
+    /// decided. Another replica, or this one a moment later, may answer.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// A bug or a store failure (500); the detail is logged (by `log_failures`), not sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -76,7 +81,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Conflict(_) => StatusCode::CONFLICT,
-            Self::Substrate(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Substrate(_) | Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -93,6 +98,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::Conflict(_) => "conflict",
             Self::Substrate(_) => "substrate_unavailable",
+            Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
         }
     }
@@ -120,6 +126,10 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict(m) => Self::Conflict(m),
             ServiceError::Forbidden(m) => Self::Forbidden(m),
             ServiceError::Substrate(m) => Self::Substrate(m),
+            ServiceError::Store(StoreError::Unavailable(m)) => Self::StoreUnavailable(format!(
+                "the lease store's database cannot be reached; nothing was decided, try again \
+                 ({m})"
+            )),
             e @ (ServiceError::Store(_) | ServiceError::Bug(_)) => Self::Internal(e.to_string()),
         }
     }
@@ -144,7 +154,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable code: `malformed_json`, `invalid_field`, `unauthorized`,
     /// `too_many_failed_logins`, `forbidden`, `not_found`, `payload_too_large`, `conflict`,
-    /// `substrate_unavailable`, `internal`.
+    /// `substrate_unavailable`, `store_unavailable`, `internal`.
     pub code: String,
     /// For a person.
     pub message: String,
@@ -188,6 +198,11 @@ impl IntoResponse for ApiError {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            }
+            Self::StoreUnavailable(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             }
             _ => {}
         }

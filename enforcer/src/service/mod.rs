@@ -106,6 +106,14 @@ struct Inner {
     utilization: Mutex<std::collections::HashMap<String, LastUtilization>>,
 }
 
+impl Inner {
+    fn placements(&self) -> std::sync::MutexGuard<'_, policy::Placements> {
+        self.placements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 impl Service {
     /// The lifecycle over `store`, with one driver per `[[substrates]]` name (placement tries
     /// substrates in config order) and `clock` stamping every change.
@@ -255,10 +263,7 @@ impl Service {
     }
 
     fn placements(&self) -> std::sync::MutexGuard<'_, policy::Placements> {
-        self.inner
-            .placements
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.placements()
     }
 
     fn snapshot(
@@ -373,12 +378,14 @@ impl Service {
             principal: principal.clone(),
             admission: request.clone(),
         };
+        let inner = self.inner.clone();
+        let pricing = config.pricing.clone();
         let pending =
             self.inner
                 .store
-                .admit_as(now, &config.pricing, &request, admitted.clone(), |ledger| {
+                .admit_as(now, &pricing, &request, admitted.clone(), move |ledger| {
                     let snapshot = Self::snapshot(&config, ledger, subs);
-                    policy::evaluate(&policy_request, &snapshot, &mut self.placements())
+                    policy::evaluate(&policy_request, &snapshot, &mut inner.placements())
                 });
         // A hold is answered once memory has it, without waiting for its commit: the submit hook
         // asks under slurmctld's locks, where every fsync would stall the cluster's submissions.
@@ -950,8 +957,13 @@ impl Service {
         let (_, lease) = self
             .inner
             .store
-            .resize(id, now, &config.pricing, "observed", why, |_, lease| {
-                Decision {
+            .resize(
+                id,
+                now,
+                &config.pricing.clone(),
+                "observed",
+                why,
+                move |_, lease| Decision {
                     reasons: Vec::new(),
                     estimate: policy::Estimate {
                         usd_per_hour: config.pricing.usd_per_gpu_hour(&lease.gpu_model)
@@ -966,8 +978,8 @@ impl Service {
                         gpu_uuids: Vec::new(),
                     }),
                     duration: None,
-                }
-            })
+                },
+            )
             .await?;
         Ok(lease)
     }
@@ -989,19 +1001,20 @@ impl Service {
             .collect();
         let config = self.inner.config.clone();
         let now = self.now();
+        let inner = self.inner.clone();
         self.inner.store.resize(
             &lease.id,
             now,
-            &config.pricing,
+            &config.pricing.clone(),
             reason,
             why,
-            |ledger, lease| {
+            move |ledger, lease| {
                 let snapshot = Self::snapshot(&config, ledger, subs);
                 policy::evaluate_resize(
                     &lease.holding(now),
                     gpus,
                     &snapshot,
-                    &mut self.placements(),
+                    &mut inner.placements(),
                 )
             },
         )

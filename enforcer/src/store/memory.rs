@@ -33,6 +33,9 @@ pub(super) struct Memory {
     /// Open lease → the time of the newest `lease_utilization` signal handled for it (see
     /// [`Store::note_utilization_signal`](super::Store::note_utilization_signal)).
     pub(super) signals: HashMap<String, i64>,
+    /// The PostgreSQL store's `store_version` that memory is up to date with (see
+    /// `postgres::catch_up`); unused by SQLite's, whose memory is the only writer.
+    pub(super) version: i64,
 }
 
 /// What the open leases hold, by team and by substrate.

@@ -212,15 +212,14 @@ mod tests {
         let pending = store.outbox_pending(10).wait().unwrap();
         assert_eq!(pending.len(), 3);
         assert!(pending[2].id > pending[1].id, "{pending:?}");
-        let without_rowid: String = store
-            .read(|conn| {
-                Ok(conn.query_row(
-                    "SELECT sql FROM sqlite_master WHERE name = 'leases'",
-                    [],
-                    |r| r.get(0),
-                )?)
-            })
-            .wait()
+        drop(store);
+        let without_rowid: String = Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'leases'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert!(without_rowid.contains("WITHOUT ROWID"), "{without_rowid}");
     }

@@ -44,6 +44,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -54,8 +55,10 @@ use rusqlite::Connection;
 use crate::policy::{AdmissionRequest, Decision};
 
 pub mod audit;
+mod db;
 mod memory;
 mod migrations;
+mod postgres;
 mod rows;
 mod types;
 mod writer;
@@ -64,10 +67,10 @@ pub use types::{Lease, LeaseFilter, LeaseState, Ledger, OutboxRow, StoreError};
 pub use writer::{CommitStats, Pending};
 
 use audit::Audit;
+use db::Db;
 use memory::{load, Memory};
 use migrations::migrate;
-use rows::{get_lease, row_to_raw, ParseRaw, RawLease, COLUMNS, OPEN};
-use writer::{checkpoint_loop, lock, outbox, write_loop, Op, Queue};
+use writer::{checkpoint_loop, lock, outbox, write_loop, Deferred, Done, Job, Op, Queue};
 
 /// The id prefix of a hold: a granted lease whose substrate has not named it yet (a Slurm job
 /// admitted at submission, before Slurm gave it its job id). A hold counts like any open lease
@@ -97,31 +100,49 @@ pub struct Store {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("path", &self.inner.path)
+            .field("location", &self.inner.location)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner {
-    path: PathBuf,
-    /// What the policy reads, kept in step with the database: every change is applied here and
-    /// its writes queued to the writer while this lock is held (by [`Store::mutate`], the only
-    /// code that does both), so the writer commits changes in the order memory saw them.
-    memory: Mutex<Memory>,
+    /// The SQLite file, or the PostgreSQL URL without its password.
+    location: String,
+    /// What the policy reads, kept in step with the database. SQLite: every change is applied
+    /// here and its writes queued to the writer while this lock is held (by [`Store::mutate`],
+    /// the only code that does both), so the writer commits changes in the order memory saw
+    /// them. PostgreSQL: changed only by the writer thread, inside its transaction.
+    memory: Arc<Mutex<Memory>>,
+    /// Which database, and what only it needs.
+    backend: Backend,
     /// Jobs for the writer thread.
     queue: Arc<Queue>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The checkpointer thread, which stops when its sender is dropped.
     checkpointer: Mutex<Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
     /// Set (once) when a commit failed: memory is then ahead of the file, so the store refuses
-    /// every later call until the enforcer restarts and reloads from the file.
+    /// every later call until the enforcer restarts and reloads from the file. (SQLite only:
+    /// the PostgreSQL store reloads memory from the database itself.)
     broken: Arc<OnceLock<String>>,
-    /// Held (an exclusive lock on `<database>.lock`) for as long as the store is open.
-    _owner: File,
+}
+
+/// The database behind a store.
+enum Backend {
+    /// An SQLite file, held (an exclusive lock on `<database>.lock`) for as long as the store is
+    /// open.
+    Sqlite { _owner: File },
+    /// PostgreSQL, shared with other replicas; its listener thread.
+    Postgres(postgres::Threads),
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Backend::Postgres(threads) = &mut self.backend {
+            threads.stop.store(true, Ordering::Release);
+            if let Some(listener) = threads.listener.take() {
+                let _ = listener.join();
+            }
+        }
         if let Some((stop, checkpointer)) = lock(&self.checkpointer).take() {
             drop(stop);
             let _ = checkpointer.join();
@@ -147,6 +168,53 @@ enum Change<T> {
     /// Lease `id` is not open: the answer is why, read from the file once the lock is released
     /// (it does not exist, or it has ended; `to` is the state asked for, if any).
     NotOpen { id: String, to: Option<LeaseState> },
+}
+
+/// A change handed to the PostgreSQL writer, and the channel of its answer.
+struct Decide<T, F> {
+    change: F,
+    answer: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Deferred for Decide<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Memory) -> Change<T> + Send,
+{
+    fn run(self: Box<Self>, memory: &mut Memory, db: &mut dyn Db) -> Option<(Vec<Op>, Done)> {
+        let Self { change, answer } = *self;
+        let now = match change(memory) {
+            Change::Write(value, ops) => {
+                let done: Done = Box::new(move |committed: Result<(), StoreError>| {
+                    let _ = answer.send(committed.map(|()| value));
+                });
+                return Some((ops, done));
+            }
+            Change::Unchanged(value) => Ok(value),
+            Change::Refused(e) => Err(e),
+            Change::NotOpen { id, to } => Err(not_open(db, id, to)),
+        };
+        let _ = answer.send(now);
+        None
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.answer.send(Err(error));
+    }
+}
+
+/// Why lease `id`, not open, cannot change (to `to`, or at all): it does not exist, or it has
+/// ended.
+fn not_open(db: &mut dyn Db, id: String, to: Option<LeaseState>) -> StoreError {
+    match db.lease(&id) {
+        Err(e) => e,
+        Ok(None) => StoreError::NotFound(id),
+        Ok(Some(lease)) => StoreError::InvalidTransition {
+            id,
+            from: lease.state,
+            to: to.unwrap_or(lease.state),
+        },
+    }
 }
 
 impl Store {
@@ -214,15 +282,81 @@ impl Store {
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                path: path.to_owned(),
-                memory: Mutex::new(memory),
+                location: path.display().to_string(),
+                memory: Arc::new(Mutex::new(memory)),
+                backend: Backend::Sqlite { _owner: owner },
                 queue,
                 writer: Mutex::new(Some(writer)),
                 checkpointer: Mutex::new(Some((stop_checkpoints, checkpointer))),
                 broken,
-                _owner: owner,
             }),
         })
+    }
+
+    /// Opens the store where `location` says: an SQLite file ([`Store::open`]), or a
+    /// PostgreSQL database ([`Store::open_postgres`]).
+    pub fn open_at(location: &gpuwarden_schema::config::StoreLocation) -> Result<Self, StoreError> {
+        use gpuwarden_schema::config::StoreLocation;
+        match location {
+            StoreLocation::Sqlite(path) => Self::open(path),
+            StoreLocation::Postgres { url, password_file } => {
+                Self::open_postgres(url, password_file.as_deref())
+            }
+        }
+    }
+
+    /// Opens the store in the PostgreSQL database at `url` (libpq's URL form; the password in
+    /// `password_file`'s first line when given), which several stores (enforcer replicas) may
+    /// share: brings its schema up to date (once, whoever starts first), loads memory, and
+    /// starts the writer and the listener that follows the other replicas' commits. A database
+    /// that cannot be reached is [`StoreError::Unavailable`]; one migrated by a newer gpuwarden
+    /// is [`StoreError::TooNew`].
+    pub fn open_postgres(url: &str, password_file: Option<&Path>) -> Result<Self, StoreError> {
+        let target = postgres::Target::new(url, password_file)?;
+        let (client, memory) = postgres::open(&target)?;
+        let memory = Arc::new(Mutex::new(memory));
+        let queue = Arc::new(Queue::new());
+        let catch_up_queued = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (queue, memory) = (queue.clone(), memory.clone());
+            let writer = postgres::Writer::new(target.clone(), client, catch_up_queued.clone());
+            std::thread::Builder::new()
+                .name("lease-store".into())
+                .spawn(move || writer.run(&queue, &memory))
+                .map_err(|e| StoreError::Io(format!("cannot start the store's writer: {e}")))?
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = {
+            let (queue, stop, target) = (queue.clone(), stop.clone(), target.clone());
+            std::thread::Builder::new()
+                .name("lease-store-listen".into())
+                .spawn(move || postgres::listen(&target, &queue, &stop, &catch_up_queued))
+                .map_err(|e| StoreError::Io(format!("cannot start the store's listener: {e}")))?
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                location: target.shown().to_owned(),
+                memory,
+                backend: Backend::Postgres(postgres::Threads {
+                    stop,
+                    listener: Some(listener),
+                }),
+                queue,
+                writer: Mutex::new(Some(writer)),
+                checkpointer: Mutex::new(None),
+                broken: Arc::new(OnceLock::new()),
+            }),
+        })
+    }
+
+    /// Whether the store is in PostgreSQL (shared with other replicas).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.backend, Backend::Postgres(_))
+    }
+
+    /// Where the store is: the SQLite file, or the PostgreSQL URL without its password.
+    pub fn location(&self) -> &str {
+        &self.inner.location
     }
 
     fn check(&self) -> Result<(), StoreError> {
@@ -242,12 +376,21 @@ impl Store {
     /// never both pass a check that only one of them should (a quota, a GPU placed twice), and
     /// the writer commits changes in the order memory saw them. Every method that changes
     /// memory or the file goes through here; none takes the lock and queues by hand.
+    ///
+    /// On PostgreSQL the change runs on the writer's thread instead, inside the transaction that
+    /// holds the store's lock across every replica, on memory brought up to date with their
+    /// commits first: the same invariant, fleet-wide.
     fn mutate<T: Send + 'static>(
         &self,
-        change: impl FnOnce(&mut Memory) -> Change<T>,
+        change: impl FnOnce(&mut Memory) -> Change<T> + Send + 'static,
     ) -> Pending<T> {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
+        }
+        if self.is_shared() {
+            let (answer, heard) = tokio::sync::oneshot::channel();
+            let job = Job::Mutate(Box::new(Decide { change, answer }));
+            return self.inner.queue.asked(job, heard);
         }
         let mut memory = lock(&self.inner.memory);
         let pending = match change(&mut memory) {
@@ -267,20 +410,13 @@ impl Store {
     /// Why lease `id`, not open, cannot change (to `to`, or at all): it does not exist, or it
     /// has ended (read from the file).
     fn refuse_not_open<T: Send + 'static>(&self, id: String, to: Option<LeaseState>) -> Pending<T> {
-        self.read(move |conn| match get_lease(conn, &id)? {
-            None => Err(StoreError::NotFound(id)),
-            Some(lease) => Err(StoreError::InvalidTransition {
-                id,
-                from: lease.state,
-                to: to.unwrap_or(lease.state),
-            }),
-        })
+        self.read(move |db| Err(not_open(db, id, to)))
     }
 
-    /// Runs `query` on the writer's connection after every write queued so far.
+    /// Runs `query` on the writer's database after every write queued so far.
     fn read<T: Send + 'static>(
         &self,
-        query: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        query: impl FnOnce(&mut dyn Db) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
@@ -295,9 +431,7 @@ impl Store {
 
     /// The schema version of the open database.
     pub fn schema_version(&self) -> Pending<i64> {
-        self.read(
-            |conn| Ok(conn.query_row("SELECT version FROM schema_version", [], |r| r.get(0))?),
-        )
+        self.read(|db| db.schema_version())
     }
 
     /// The ledger as of `now_ms`.
@@ -316,7 +450,7 @@ impl Store {
         now_ms: i64,
         pricing: &PricingConfig,
         request: &AdmissionRequest,
-        decide: impl FnOnce(Ledger) -> Decision,
+        decide: impl FnOnce(Ledger) -> Decision + Send + 'static,
     ) -> Pending<(Decision, Option<Lease>)> {
         self.admit_as(now_ms, pricing, request, Admitted::Lease, decide)
     }
@@ -329,9 +463,11 @@ impl Store {
         pricing: &PricingConfig,
         request: &AdmissionRequest,
         admitted: Admitted,
-        decide: impl FnOnce(Ledger) -> Decision,
+        decide: impl FnOnce(Ledger) -> Decision + Send + 'static,
     ) -> Pending<(Decision, Option<Lease>)> {
-        self.mutate(|memory| {
+        let (pricing, request) = (pricing.clone(), request.clone());
+        self.mutate(move |memory| {
+            let (pricing, request) = (&pricing, &request);
             if let Admitted::Named(id) = &admitted {
                 if let Some(open) = memory.open(id) {
                     let usd_per_hour =
@@ -448,40 +584,20 @@ impl Store {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
         }
-        if let Some(lease) = lock(&self.inner.memory).open(id) {
-            return Pending::ready(Ok(Some(lease.clone())));
+        // Another replica may have changed it since memory last heard.
+        if !self.is_shared() {
+            if let Some(lease) = lock(&self.inner.memory).open(id) {
+                return Pending::ready(Ok(Some(lease.clone())));
+            }
         }
         let id = id.to_owned();
-        self.read(move |conn| get_lease(conn, &id))
+        self.read(move |db| db.lease(&id))
     }
 
     /// Leases matching `filter`, newest first.
     pub fn leases(&self, filter: &LeaseFilter) -> Pending<Vec<Lease>> {
         let filter = filter.clone();
-        self.read(move |conn| {
-            let mut sql = format!("SELECT {COLUMNS} FROM leases WHERE 1 = 1");
-            let mut args: Vec<String> = Vec::new();
-            if let Some(state) = filter.state {
-                sql.push_str(" AND state = ?");
-                args.push(state.as_str().into());
-            }
-            if let Some(teams) = &filter.teams {
-                if teams.is_empty() {
-                    sql.push_str(" AND 0 = 1");
-                } else {
-                    sql.push_str(&format!(
-                        " AND team IN ({})",
-                        vec!["?"; teams.len()].join(", ")
-                    ));
-                    args.extend(teams.iter().cloned());
-                }
-            }
-            sql.push_str(" ORDER BY granted_at DESC, id");
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), row_to_raw)?;
-            rows.map(|r| r.map_err(StoreError::from).and_then(RawLease::parse))
-                .collect()
-        })
+        self.read(move |db| db.leases(&filter))
     }
 
     /// Open leases, oldest grant first.
@@ -510,10 +626,12 @@ impl Store {
         &self,
         id: &str,
         to: Option<LeaseState>,
-        change: impl FnOnce(&mut Lease) -> Result<(), StoreError>,
-        records: impl FnOnce(&Lease) -> Vec<Op>,
+        change: impl FnOnce(&mut Lease) -> Result<(), StoreError> + Send + 'static,
+        records: impl FnOnce(&Lease) -> Vec<Op> + Send + 'static,
     ) -> Pending<Lease> {
-        self.mutate(|memory| {
+        let id = id.to_owned();
+        self.mutate(move |memory| {
+            let id = id.as_str();
             let Some(current) = memory.open(id) else {
                 return Change::NotOpen {
                     id: id.to_owned(),
@@ -554,7 +672,7 @@ impl Store {
         self.change_lease(
             id,
             Some(to),
-            |lease| {
+            move |lease| {
                 if !lease.state.can_become(to) {
                     return Err(StoreError::InvalidTransition {
                         id: lease.id.clone(),
@@ -574,7 +692,7 @@ impl Store {
                 }
                 Ok(())
             },
-            |lease| {
+            move |lease| {
                 if lease.state.is_open() {
                     return Vec::new();
                 }
@@ -607,7 +725,10 @@ impl Store {
         now_ms: i64,
         detail: &str,
     ) -> Pending<Lease> {
-        self.mutate(|memory| {
+        let (hold_id, lease_id, detail) =
+            (hold_id.to_owned(), lease_id.to_owned(), detail.to_owned());
+        self.mutate(move |memory| {
+            let (hold_id, lease_id) = (hold_id.as_str(), lease_id.as_str());
             if let (None, Some(lease)) = (memory.open(hold_id), memory.open(lease_id)) {
                 return Change::Unchanged(lease.clone());
             }
@@ -651,7 +772,8 @@ impl Store {
     /// with its `granted` LeaseEvent and an `admit` Action (reason `adopted`, `detail`); no
     /// policy decides. Adopting a lease id already open changes nothing.
     pub fn adopt(&self, lease: Lease, now_ms: i64, detail: &str) -> Pending<Lease> {
-        self.mutate(|memory| {
+        let detail = detail.to_owned();
+        self.mutate(move |memory| {
             if let Some(open) = memory.open(&lease.id) {
                 return Change::Unchanged(open.clone());
             }
@@ -671,7 +793,9 @@ impl Store {
     /// nothing is published, since it never became a lease. Forgetting a hold that is gone
     /// changes nothing.
     pub fn drop_hold(&self, hold_id: &str) -> Pending<()> {
-        self.mutate(|memory| {
+        let hold_id = hold_id.to_owned();
+        self.mutate(move |memory| {
+            let hold_id = hold_id.as_str();
             if !hold_id.starts_with(HOLD_PREFIX) || memory.open(hold_id).is_none() {
                 return Change::Unchanged(());
             }
@@ -686,7 +810,7 @@ impl Store {
         self.change_lease(
             id,
             None,
-            |lease| {
+            move |lease| {
                 lease.expires_at = Some(expires_at);
                 lease.updated_at = now_ms;
                 Ok(())
@@ -705,9 +829,12 @@ impl Store {
         pricing: &PricingConfig,
         reason: &str,
         why: &str,
-        decide: impl FnOnce(Ledger, &Lease) -> Decision,
+        decide: impl FnOnce(Ledger, &Lease) -> Decision + Send + 'static,
     ) -> Pending<(Decision, Lease)> {
-        self.mutate(|memory| {
+        let (id, pricing) = (id.to_owned(), pricing.clone());
+        let (reason, why) = (reason.to_owned(), why.to_owned());
+        self.mutate(move |memory| {
+            let (id, pricing, reason, why) = (id.as_str(), &pricing, reason.as_str(), why.as_str());
             let lease = match memory.open(id) {
                 Some(l) if l.state == LeaseState::Releasing => {
                     return Change::Refused(StoreError::InvalidTransition {
@@ -761,16 +888,17 @@ impl Store {
         detail: &str,
     ) -> Pending<Lease> {
         let detail = detail.to_owned();
+        let previous = previous.clone();
         self.change_lease(
             id,
             None,
-            |lease| {
+            move |lease| {
                 lease.gpu_uuids.clone_from(&previous.gpu_uuids);
                 lease.gpu_count = previous.gpu_count;
                 lease.updated_at = now_ms;
                 Ok(())
             },
-            |lease| {
+            move |lease| {
                 let failed = Audit::lease(ActionKind::Resize, lease, "substrate_failed").at(
                     now_ms,
                     Outcome::Failed,
@@ -795,7 +923,9 @@ impl Store {
     }
 
     fn set_blocked(&self, team: &str, reason: Option<&str>, now_ms: i64) -> Pending<()> {
-        self.mutate(|memory| {
+        let (team, reason) = (team.to_owned(), reason.map(str::to_owned));
+        self.mutate(move |memory| {
+            let (team, reason) = (team.as_str(), reason.as_deref());
             let changed = match reason {
                 Some(_) => memory.blocked.insert(team.to_owned()),
                 None => memory.blocked.remove(team),
@@ -841,7 +971,9 @@ impl Store {
         ts_ms: i64,
         pricing: &PricingConfig,
     ) -> Pending<()> {
-        self.mutate(|memory| {
+        let (team, pricing) = (team.to_owned(), pricing.clone());
+        self.mutate(move |memory| {
+            let (team, pricing) = (team.as_str(), &pricing);
             if memory.spend.get(team).is_some_and(|&(_, ts)| ts > ts_ms) {
                 return Change::Unchanged(());
             }
@@ -862,24 +994,20 @@ impl Store {
 
     /// Records an Action (it goes to Kafka through the outbox).
     pub fn record_action(&self, action: &Action) -> Pending<()> {
-        self.mutate(|_| Change::Write((), vec![outbox(action, action.ts_ms)]))
+        let row = outbox(action, action.ts_ms);
+        self.mutate(move |_| Change::Write((), vec![row]))
     }
 
     /// Records `action` unless a step under `key` was recorded before (in this run or an
     /// earlier one): the mark and the Action commit together. The answer says whether it was
     /// recorded now.
     pub fn record_once(&self, key: &str, action: &Action) -> Pending<bool> {
-        self.mutate(|memory| {
-            if !memory.marks.insert(key.to_owned()) {
+        let (key, at, row) = (key.to_owned(), action.ts_ms, outbox(action, action.ts_ms));
+        self.mutate(move |memory| {
+            if !memory.marks.insert(key.clone()) {
                 return Change::Unchanged(false);
             }
-            let ops = vec![
-                Op::Mark {
-                    key: key.to_owned(),
-                    at: action.ts_ms,
-                },
-                outbox(action, action.ts_ms),
-            ];
+            let ops = vec![Op::Mark { key, at }, row];
             Change::Write(true, ops)
         })
     }
@@ -899,7 +1027,9 @@ impl Store {
         reason: &str,
         now_ms: i64,
     ) -> Pending<Lease> {
-        self.mutate(|memory| {
+        let (id, by, reason) = (id.to_owned(), by.to_owned(), reason.to_owned());
+        self.mutate(move |memory| {
+            let (id, by, reason) = (id.as_str(), by.as_str(), reason.as_str());
             let Some(lease) = memory.open(id).cloned() else {
                 return Change::NotOpen {
                     id: id.to_owned(),
@@ -948,7 +1078,9 @@ impl Store {
     /// time past it (the enforcer's clock moved back since, as `gpuwarden up --start` on an
     /// existing database does) no longer shuts out the signals dated before it.
     pub fn note_utilization_signal(&self, id: &str, ts_ms: i64, ceiling_ms: i64) -> Pending<bool> {
-        self.mutate(|memory| {
+        let id = id.to_owned();
+        self.mutate(move |memory| {
+            let id = id.as_str();
             if ts_ms > ceiling_ms
                 || memory.open(id).is_none()
                 || memory
@@ -969,22 +1101,7 @@ impl Store {
 
     /// Up to `limit` unpublished outbox rows, oldest first.
     pub fn outbox_pending(&self, limit: usize) -> Pending<Vec<OutboxRow>> {
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT id, topic, key, payload, created_at FROM outbox \
-                 WHERE published_at IS NULL ORDER BY id LIMIT ?1",
-            )?;
-            let rows = stmt.query_map([limit as i64], |r| {
-                Ok(OutboxRow {
-                    id: r.get(0)?,
-                    topic: r.get(1)?,
-                    key: r.get(2)?,
-                    payload: r.get(3)?,
-                    created_at: r.get(4)?,
-                })
-            })?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        })
+        self.read(move |db| db.outbox_pending(limit))
     }
 
     /// The newest `limit` Actions recorded (the audit trail, as it went to the outbox),
@@ -993,19 +1110,13 @@ impl Store {
     pub fn recent_actions(&self, limit: usize, team: Option<&str>) -> Pending<Vec<Action>> {
         use gpuwarden_schema::Record as _;
         let team = team.map(str::to_owned);
-        self.read(move |conn| {
-            // Newest first over the outbox's rowid; a team's rows are picked out of the
-            // payload (the outbox keeps no team column), within a bounded scan.
-            let mut stmt = conn.prepare_cached(
-                "SELECT payload FROM outbox WHERE topic = ?1 ORDER BY id DESC LIMIT ?2",
-            )?;
+        self.read(move |db| {
+            // Newest first over the outbox's ids; a team's rows are picked out of the payload
+            // (the outbox keeps no team column), within a bounded scan.
             let scan = if team.is_some() { limit * 20 } else { limit };
-            let rows = stmt.query_map(rusqlite::params![Action::TOPIC, scan as i64], |r| {
-                r.get::<_, String>(0)
-            })?;
             let mut out = Vec::new();
-            for payload in rows {
-                let Ok(action) = Action::from_json(payload?.as_bytes()) else {
+            for payload in db.newest_payloads(Action::TOPIC, scan)? {
+                let Ok(action) = Action::from_json(payload.as_bytes()) else {
                     continue;
                 };
                 if team
@@ -1053,38 +1164,21 @@ impl Store {
         lease_ids: std::collections::HashSet<String>,
         since_ms: i64,
     ) -> Pending<Vec<R>> {
-        self.read(move |conn| {
-            let mut out = Vec::new();
+        self.read(move |db| {
             if lease_ids.is_empty() {
-                return Ok(out);
+                return Ok(Vec::new());
             }
-            let mut stmt = conn.prepare_cached(
-                "SELECT key, payload, created_at FROM outbox WHERE topic = ?1 ORDER BY id DESC",
-            )?;
-            let mut rows = stmt.query([R::TOPIC])?;
-            while let Some(row) = rows.next()? {
-                if row.get::<_, i64>(2)? < since_ms {
-                    break;
-                }
-                if !lease_ids.contains(&row.get::<_, String>(0)?) {
-                    continue;
-                }
-                if let Ok(record) = R::from_json(row.get::<_, String>(1)?.as_bytes()) {
-                    out.push(record);
-                }
-            }
-            Ok(out)
+            Ok(db
+                .keyed_payloads_since(R::TOPIC, &lease_ids, since_ms)?
+                .iter()
+                .filter_map(|payload| R::from_json(payload.as_bytes()).ok())
+                .collect())
         })
     }
 
     /// How many outbox rows wait to be published.
     pub fn outbox_pending_count(&self) -> Pending<usize> {
-        self.read(|conn| {
-            let n: i64 = conn
-                .prepare_cached("SELECT count(*) FROM outbox WHERE published_at IS NULL")?
-                .query_row([], |r| r.get(0))?;
-            Ok(n as usize)
-        })
+        self.read(|db| db.outbox_pending_count())
     }
 
     /// Deletes outbox rows Kafka acknowledged before `published_before_ms`, `batch` rows per
@@ -1104,27 +1198,14 @@ impl Store {
         let mut after = i64::MIN;
         loop {
             let ids: Vec<i64> = self
-                .read(move |conn| {
-                    let mut stmt = conn.prepare_cached(&format!(
-                        "SELECT id FROM outbox WHERE id > ?3 AND published_at < ?1 \
-                         AND id < (SELECT max(id) FROM outbox) \
-                         AND NOT EXISTS (SELECT 1 FROM leases \
-                             WHERE leases.id = outbox.key AND leases.{OPEN}) \
-                         ORDER BY id LIMIT ?2"
-                    ))?;
-                    let ids = stmt.query_map(
-                        rusqlite::params![published_before_ms, batch as i64, after],
-                        |r| r.get(0),
-                    )?;
-                    Ok(ids.collect::<Result<_, _>>()?)
-                })
+                .read(move |db| db.prunable(published_before_ms, batch, after))
                 .await?;
             let n = ids.len();
             if let Some(&last) = ids.last() {
                 after = last;
             }
             if n > 0 {
-                self.mutate(|_| Change::Write((), vec![Op::DeletePublished(ids)]))
+                self.mutate(move |_| Change::Write((), vec![Op::DeletePublished(ids)]))
                     .await?;
             }
             deleted += n;
@@ -1141,6 +1222,6 @@ impl Store {
             ids: ids.to_vec(),
             at: now_ms,
         };
-        self.mutate(|_| Change::Write((), vec![published]))
+        self.mutate(move |_| Change::Write((), vec![published]))
     }
 }

@@ -2,7 +2,7 @@
 //! one back.
 
 use gpuwarden_schema::Workload;
-use rusqlite::{Connection, OptionalExtension};
+
 use serde::Serialize;
 
 use super::types::{Lease, LeaseState, StoreError};
@@ -13,7 +13,7 @@ pub(super) const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
 /// insert every admission runs is built once, at compile time.
 macro_rules! lease_columns {
     () => {
-        "id, team, user, project, workload, substrate, gpu_model, gpu_count, gpu_uuids, labels, \
+        "id, team, \"user\", project, workload, substrate, gpu_model, gpu_count, gpu_uuids, labels, \
          state, granted_at, expires_at, updated_at, released_at, release_reason"
     };
 }
@@ -112,16 +112,4 @@ impl ParseRaw for RawLease {
             released_at,
         })
     }
-}
-
-/// One lease, open or not, from the file.
-pub(super) fn get_lease(conn: &Connection, id: &str) -> Result<Option<Lease>, StoreError> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM leases WHERE id = ?1"),
-        [id],
-        row_to_raw,
-    )
-    .optional()?
-    .map(ParseRaw::parse)
-    .transpose()
 }

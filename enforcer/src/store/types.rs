@@ -15,6 +15,13 @@ pub enum StoreError {
     /// SQLite failed (disk, lock timeout, corruption); the operation did not happen.
     #[error("the lease store failed: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL cannot be reached, or ended the session or transaction (the change did not
+    /// happen; trying again, on this replica or another, may help).
+    #[error("the lease store's database is unavailable: {0}")]
+    Unavailable(String),
+    /// PostgreSQL refused a statement (the change did not happen).
+    #[error("the lease store failed: {0}")]
+    Postgres(String),
     /// No lease has this id.
     #[error("there is no lease {0}")]
     NotFound(String),

@@ -13,6 +13,8 @@ use gpuwarden_schema::{Record, ReleaseReason};
 use rusqlite::{params, Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
+use super::db::{Db, Sqlite};
+use super::memory::Memory;
 use super::rows::{json, INSERT_LEASE};
 use super::types::{Lease, StoreError};
 
@@ -81,18 +83,82 @@ pub(super) enum Op {
     Nothing,
 }
 
-/// A query for the writer's connection.
-type Read = Box<dyn FnOnce(&Connection) + Send>;
+impl Op {
+    /// What of memory this write changes, as the key another replica refetches it by (see
+    /// `postgres::catch_up`): `l:<lease>`, `b:<team>` (blocked), `s:<team>` (spend),
+    /// `e:<lease>` (exemption), `m:<mark>`, `g:<lease>` (signal time). None for the outbox.
+    pub(super) fn changed(&self) -> Option<String> {
+        Some(match self {
+            Op::InsertLease(l) | Op::UpdateLease(l) => format!("l:{}", l.id),
+            Op::DeleteLease(id) => format!("l:{id}"),
+            Op::Block { team, .. } | Op::Unblock { team } => format!("b:{team}"),
+            Op::Spend { team, .. } => format!("s:{team}"),
+            Op::Exempt { lease_id, .. } => format!("e:{lease_id}"),
+            Op::Mark { key, .. } => format!("m:{key}"),
+            Op::Signal { lease_id, .. } | Op::ForgetSignal(lease_id) => format!("g:{lease_id}"),
+            Op::Outbox { .. } | Op::MarkPublished { .. } | Op::DeletePublished(_) | Op::Nothing => {
+                return None
+            }
+        })
+    }
+}
+
+/// A query for the writer's database, which answers its caller itself.
+pub(super) trait Query: Send {
+    /// Runs the query and answers.
+    fn run(self: Box<Self>, db: &mut dyn Db);
+    /// Answers that the query could not run.
+    fn fail(self: Box<Self>, error: StoreError);
+}
+
+/// Tells a change's caller how its commit went.
+pub(super) type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// A change decided on the writer's thread, inside its transaction (the PostgreSQL store, where
+/// memory is brought up to date with the other replicas' commits first; see `postgres.rs`).
+pub(super) trait Deferred: Send {
+    /// Decides and applies the change to `memory`; the rows that make the database follow, and
+    /// who to tell once they are committed, when it changed something (it answered already
+    /// when it did not).
+    fn run(self: Box<Self>, memory: &mut Memory, db: &mut dyn Db) -> Option<(Vec<Op>, Done)>;
+    /// Answers that the change could not be made.
+    fn fail(self: Box<Self>, error: StoreError);
+}
 
 /// What the writer is asked to do.
-enum Job {
-    /// Ops committed together; `done` hears once they are durable (or why not).
+pub(super) enum Job {
+    /// Ops committed together; `done` hears once they are durable (or why not). SQLite: the
+    /// change was decided and applied to memory by its caller.
     Write {
         ops: Vec<Op>,
         done: oneshot::Sender<Result<(), String>>,
     },
+    /// A change to decide in the writer's transaction (PostgreSQL).
+    Mutate(Box<dyn Deferred>),
     /// A query, run after every write queued before it.
-    Read(Read),
+    Read(Box<dyn Query>),
+    /// Another replica committed: bring memory up to date (PostgreSQL).
+    CatchUp,
+}
+
+/// A [`Query`] from a closure and the channel of its answer.
+struct Asked<T, F> {
+    query: F,
+    answer: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Query for Asked<T, F>
+where
+    T: Send,
+    F: FnOnce(&mut dyn Db) -> Result<T, StoreError> + Send,
+{
+    fn run(self: Box<Self>, db: &mut dyn Db) {
+        let _ = self.answer.send((self.query)(db));
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.answer.send(Err(error));
+    }
 }
 
 /// The writer's queue. Jobs are queued in the order memory saw their changes. The writer is woken
@@ -132,7 +198,7 @@ impl Queue {
         }
     }
 
-    fn push(&self, job: Job, wanted: bool) -> Result<(), StoreError> {
+    pub(super) fn push(&self, job: Job, wanted: bool) -> Result<(), StoreError> {
         let mut state = lock(&self.state);
         if state.closed {
             return Err(closed());
@@ -178,21 +244,34 @@ impl Queue {
         }
     }
 
-    /// Runs `query` on the writer's connection after every write queued so far.
+    /// Runs `query` on the writer's database after every write queued so far.
     pub(super) fn read<T: Send + 'static>(
         &self,
-        query: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        query: impl FnOnce(&mut dyn Db) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {
         let (answer, heard) = oneshot::channel();
-        let job = Job::Read(Box::new(move |conn| {
-            let _ = answer.send(query(conn));
-        }));
+        let job = Job::Read(Box::new(Asked { query, answer }));
+        self.asked(job, heard)
+    }
+
+    /// Queues `job`, whose caller hears through `heard`, and wakes the writer for it.
+    pub(super) fn asked<T>(
+        &self,
+        job: Job,
+        heard: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Pending<T> {
         match self.push(job, true) {
             Ok(()) => Pending {
                 state: PendingState::Read(heard),
             },
             Err(e) => Pending::ready(Err(e)),
         }
+    }
+
+    /// Counts a commit of `writes` changes.
+    pub(super) fn count_commit(&self, writes: u64) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(writes, Ordering::Relaxed);
     }
 
     /// How many transactions the writer has committed, and how many changes they carried.
@@ -205,7 +284,7 @@ impl Queue {
 
     /// The next batch, once someone waits for it, or it has waited [`LAZY_COMMIT`], or the
     /// store is closing; `None` when the store has closed and everything is committed.
-    fn next_batch(&self) -> Option<Vec<Job>> {
+    pub(super) fn next_batch(&self) -> Option<Vec<Job>> {
         let mut state = lock(&self.state);
         loop {
             if state.jobs.is_empty() {
@@ -352,16 +431,25 @@ pub(super) fn write_loop(mut conn: Connection, queue: &Queue, broken: &OnceLock<
             .iter()
             .filter(|j| matches!(j, Job::Write { .. }))
             .count() as u64;
+        // Only the PostgreSQL store's writer takes these.
+        let batch: Vec<Job> = batch
+            .into_iter()
+            .filter_map(|job| match job {
+                Job::Mutate(change) => {
+                    change.fail(StoreError::Io("a change went to the SQLite writer".into()));
+                    None
+                }
+                Job::CatchUp => None,
+                job => Some(job),
+            })
+            .collect();
         let mut waiting = Vec::with_capacity(batch.len());
         let result = match broken.get() {
             Some(why) => Err(why.clone()),
             None => run_batch(&mut conn, batch, &mut waiting).map_err(|e| e.to_string()),
         };
         match &result {
-            Ok(()) if writes > 0 => {
-                queue.commits.fetch_add(1, Ordering::Relaxed);
-                queue.writes.fetch_add(writes, Ordering::Relaxed);
-            }
+            Ok(()) if writes > 0 => queue.count_commit(writes),
             Ok(()) => {}
             Err(why) => {
                 if broken.set(why.clone()).is_ok() {
@@ -411,7 +499,8 @@ fn run_batch(
     let mut failed = None;
     for job in batch {
         match job {
-            Job::Read(query) => query(&tx),
+            Job::Read(query) => query.run(&mut Sqlite(&tx)),
+            Job::Mutate(_) | Job::CatchUp => {}
             Job::Write { ops, done } => {
                 waiting.push(done);
                 if failed.is_none() {
@@ -468,7 +557,7 @@ fn coalesce(batch: &mut [Job]) {
 fn op_at(batch: &mut [Job], job: usize, op: usize) -> &mut Op {
     match &mut batch[job] {
         Job::Write { ops, .. } => &mut ops[op],
-        Job::Read(_) => unreachable!("only writes were indexed"),
+        _ => unreachable!("only writes were indexed"),
     }
 }
 
@@ -636,7 +725,7 @@ mod tests {
             .iter()
             .flat_map(|j| match j {
                 Job::Write { ops, .. } => ops.iter().collect::<Vec<_>>(),
-                Job::Read(_) => Vec::new(),
+                _ => Vec::new(),
             })
             .filter_map(|op| match op {
                 Op::InsertLease(l) => Some(("insert", l.id.clone(), l.updated_at)),
@@ -661,7 +750,7 @@ mod tests {
                 outbox(),
             ]),
             write(vec![Op::UpdateLease(lease("b", LeaseState::Active, 2))]),
-            Job::Read(Box::new(|_| {})),
+            Job::CatchUp,
             write(vec![Op::UpdateLease(lease("a", LeaseState::Active, 3))]),
             write(vec![
                 Op::UpdateLease(lease("a", LeaseState::Released, 4)),

@@ -13,6 +13,8 @@ pub mod kube_api;
 #[cfg(feature = "libvirt")]
 #[path = "../../../tests/support/libvirtd.rs"]
 pub mod libvirtd;
+#[path = "../../../tests/support/postgres.rs"]
+pub mod pg;
 #[path = "../../../tests/support/slurm.rs"]
 pub mod slurm;
 

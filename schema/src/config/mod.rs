@@ -101,6 +101,30 @@ impl Config {
             .unwrap_or_else(|| self.storage.data_dir.join("enforcer.db"))
     }
 
+    /// Where the lease store lives: `[enforcer.store] url` when set (a `postgres://` URL, or
+    /// `sqlite:<path>` / a path), else the SQLite file of [`Config::enforcer_database`].
+    pub fn enforcer_store(&self) -> StoreLocation {
+        let store = &self.enforcer.store;
+        match store.url.as_deref() {
+            None => StoreLocation::Sqlite(self.enforcer_database()),
+            Some(url)
+                if StoreConfig::POSTGRES_SCHEMES
+                    .iter()
+                    .any(|s| url.starts_with(s)) =>
+            {
+                StoreLocation::Postgres {
+                    url: url.to_owned(),
+                    password_file: store.password_file.clone(),
+                }
+            }
+            Some(url) => {
+                let path = url.strip_prefix("sqlite:").unwrap_or(url);
+                let path = path.strip_prefix("//").unwrap_or(path);
+                StoreLocation::Sqlite(PathBuf::from(path))
+            }
+        }
+    }
+
     /// Where the Parquet lake is: `storage.lake`, else the directory `<data_dir>/lake`. A config
     /// that [`load`] accepted has a valid `storage.lake`; on one that it did not check, an invalid
     /// one is reported here.
@@ -902,6 +926,39 @@ pub struct EnforcerConfig {
     /// kept whatever their age: the portal reads a lease's history from them.
     #[serde(deserialize_with = "duration::or_forever")]
     pub outbox_retention: Option<Duration>,
+    /// `[enforcer.store]`: where the lease store lives, when not the SQLite file of `database`.
+    pub store: StoreConfig,
+}
+
+/// `[enforcer.store]`: the lease store's database. Unset, it is the embedded SQLite file of
+/// `enforcer.database` (one enforcer per file). A `postgres://` URL puts it in PostgreSQL, where
+/// several enforcer replicas share it.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite:<path>` (or a plain path), or `postgres://user@host:port/dbname?options` as libpq
+    /// reads it. A password is better kept in `password_file` than in the URL.
+    pub url: Option<String>,
+    /// A file holding the PostgreSQL user's password (its first line), read at start: a mounted
+    /// secret, kept out of the config file.
+    pub password_file: Option<PathBuf>,
+}
+
+/// Where the lease store lives, from `[enforcer.store]` and `enforcer.database`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// An SQLite file, owned by one enforcer.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database, shared by every replica: the URL, and the password file.
+    Postgres {
+        url: String,
+        password_file: Option<PathBuf>,
+    },
+}
+
+impl StoreConfig {
+    /// The scheme of a PostgreSQL URL (libpq accepts both).
+    pub const POSTGRES_SCHEMES: [&'static str; 2] = ["postgres://", "postgresql://"];
 }
 
 impl Default for EnforcerConfig {
@@ -916,6 +973,7 @@ impl Default for EnforcerConfig {
             tls: None,
             insecure_plaintext: false,
             outbox_retention: Some(Duration::from_secs(7 * 86_400)),
+            store: StoreConfig::default(),
         }
     }
 }

@@ -50,6 +50,7 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
             "must be at least 1024".into(),
         );
     }
+    store(&config.enforcer, report);
     for (i, url) in config.enforcer.alert_webhooks.iter().enumerate() {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             report(
@@ -57,6 +58,63 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
                 format!("\"{url}\" is not an http:// or https:// URL"),
             );
         }
+    }
+}
+
+fn store(enforcer: &super::EnforcerConfig, report: Report<'_>) {
+    let store = &enforcer.store;
+    let Some(url) = store.url.as_deref() else {
+        if store.password_file.is_some() {
+            report(
+                at(&["enforcer", "store", "password_file"]),
+                "is for a PostgreSQL store: set enforcer.store.url to its postgres:// URL".into(),
+            );
+        }
+        return;
+    };
+    let postgres = super::StoreConfig::POSTGRES_SCHEMES
+        .iter()
+        .any(|s| url.starts_with(s));
+    if postgres {
+        if enforcer.database.is_some() {
+            report(
+                at(&["enforcer", "database"]),
+                "names an SQLite file, but enforcer.store.url puts the store in PostgreSQL: \
+                 remove one of them"
+                    .into(),
+            );
+        }
+        return;
+    }
+    if url.contains("://") && !url.starts_with("sqlite://") {
+        report(
+            at(&["enforcer", "store", "url"]),
+            format!("\"{url}\" is neither a postgres:// (or postgresql://) URL nor sqlite:<path>"),
+        );
+        return;
+    }
+    if url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .is_empty()
+    {
+        report(
+            at(&["enforcer", "store", "url"]),
+            "sqlite: needs the database file's path, e.g. sqlite:/var/lib/gpuwarden/enforcer.db"
+                .into(),
+        );
+    }
+    if enforcer.database.is_some() {
+        report(
+            at(&["enforcer", "database"]),
+            "and enforcer.store.url both name the store: keep one".into(),
+        );
+    }
+    if store.password_file.is_some() {
+        report(
+            at(&["enforcer", "store", "password_file"]),
+            "is for a PostgreSQL store; an SQLite file has no password".into(),
+        );
     }
 }
 

@@ -1,0 +1,1096 @@
+//! The lease store on PostgreSQL, shared by several enforcer replicas.
+//!
+//! Each replica keeps the same memory as the SQLite store (what admission reads), but decides no
+//! change on stale memory: its writer thread takes every queued change into one transaction that
+//! first takes the store's one lock ([`LOCK_KEY`], `pg_advisory_xact_lock`), then brings memory
+//! up to date with what other replicas committed ([`catch_up`]), and only then runs the changes
+//! (the policy included) against memory, writes their rows, and commits. A replica's changes are
+//! answered only once that commit returns, so "admitted" means durable in PostgreSQL.
+//!
+//! Why one lock rather than row locks or SERIALIZABLE: an admission reads the whole fleet's
+//! holdings (placement picks among every team's free GPUs, a pooled substrate counts every
+//! team's leases), so any finer lock would still be taken by nearly every admission, and
+//! SERIALIZABLE would abort and retry the same conflicts. The lock is held for one transaction
+//! of many changes (group commit, as SQLite's writer does), so the cost of a commit, and of the
+//! lock's round trips, is shared by every change queued meanwhile.
+//!
+//! Every committed batch bumps `store_version` and records what of memory it changed in
+//! `store_changes` (the keys of [`Op::changed`]); `NOTIFY gpuwarden_store` tells the other
+//! replicas, whose listener thread queues a [`Job::CatchUp`], so their reads follow within
+//! milliseconds, and their next change catches up exactly under the lock in any case. A replica
+//! that finds the changes it missed pruned, or a database older than its memory, reloads memory
+//! whole.
+//!
+//! When PostgreSQL cannot be reached, or a commit fails, every caller in the batch hears
+//! [`StoreError::Unavailable`] (the API answers 503), memory is reloaded from the database before
+//! the next batch (it may hold the failed batch's changes), and the writer reconnects on the
+//! next job: no restart is needed. A commit whose answer was lost (the connection dropped during
+//! `COMMIT`) is reported as failed, though it may have landed; it is never reported as done.
+//!
+//! Each session sets `idle_in_transaction_session_timeout`, so a replica stopped inside its
+//! transaction (paused, partitioned) loses the lock after [`IDLE_IN_TRANSACTION`] instead of
+//! stopping every other replica, and its commit, when it wakes, fails.
+
+use std::collections::{BTreeSet, HashMap};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuwarden_schema::ReleaseReason;
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, GenericClient, NoTls, Statement, Transaction};
+
+use super::db::Db;
+use super::memory::Memory;
+use super::rows::{json, ParseRaw, RawLease, COLUMNS, OPEN};
+use super::types::{Lease, LeaseFilter, OutboxRow, StoreError};
+use super::writer::{lock, Done, Job, Op, Queue};
+
+/// The advisory lock every writing transaction takes ("gpuwarde" in ASCII).
+pub(super) const LOCK_KEY: i64 = 0x6770_7577_6172_6465;
+/// The channel a commit notifies.
+const CHANNEL: &str = "gpuwarden_store";
+/// How long PostgreSQL lets a session sit inside a transaction before it ends the session (and
+/// releases the store's lock): far above any batch's time, far below a client's patience.
+pub(super) const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+/// Longest wait for the store's lock (another replica holds it) before the batch fails.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a statement runs.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a connection takes to open when the URL sets no `connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How many versions of `store_changes` are kept for replicas catching up; one further behind
+/// reloads memory whole.
+const CHANGES_KEPT: i64 = 10_000;
+
+/// The schema's changes on PostgreSQL, in order; `schema_version` is how many have run. The same
+/// tables as SQLite's (`migrations.rs`), and the two tables that let replicas follow each other.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: the store as SQLite's migrations 1 to 5 leave it; the version and the changes of each
+    // commit, for the other replicas' memory.
+    r#"CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        team TEXT NOT NULL,
+        "user" TEXT NOT NULL,
+        project TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        substrate TEXT NOT NULL,
+        gpu_model TEXT NOT NULL,
+        gpu_count INTEGER NOT NULL,
+        gpu_uuids TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        granted_at BIGINT NOT NULL,
+        expires_at BIGINT,
+        updated_at BIGINT NOT NULL,
+        released_at BIGINT,
+        release_reason TEXT
+    );
+    CREATE INDEX leases_team ON leases (team);
+    CREATE INDEX leases_open ON leases (id) WHERE state IN ('granted', 'active', 'releasing');
+    CREATE TABLE outbox (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        topic TEXT NOT NULL,
+        key TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        published_at BIGINT
+    );
+    CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL;
+    CREATE INDEX outbox_topic ON outbox (topic, id);
+    CREATE TABLE blocked_teams (
+        team TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        blocked_at BIGINT NOT NULL
+    );
+    CREATE TABLE team_spend (
+        team TEXT PRIMARY KEY,
+        month_to_date_usd DOUBLE PRECISION NOT NULL,
+        burn_usd_per_hour DOUBLE PRECISION NOT NULL,
+        ts_ms BIGINT NOT NULL
+    );
+    CREATE TABLE exemptions (
+        lease_id TEXT PRIMARY KEY,
+        until_ms BIGINT NOT NULL,
+        granted_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at BIGINT NOT NULL
+    );
+    CREATE TABLE rule_marks (
+        key TEXT PRIMARY KEY,
+        at BIGINT NOT NULL
+    );
+    CREATE TABLE lease_signals (
+        lease_id TEXT PRIMARY KEY,
+        ts_ms BIGINT NOT NULL
+    );
+    CREATE TABLE store_version (version BIGINT NOT NULL);
+    INSERT INTO store_version (version) VALUES (0);
+    CREATE TABLE store_changes (
+        version BIGINT PRIMARY KEY,
+        keys TEXT NOT NULL
+    );"#,
+];
+
+/// How to reach the database: the URL's settings, with the password from `password_file`.
+#[derive(Clone)]
+pub(super) struct Target {
+    config: postgres::Config,
+    /// The URL without its password, for messages.
+    shown: String,
+}
+
+impl Target {
+    /// Reads `url` (libpq's URL form) and the password in `password_file`'s first line.
+    pub(super) fn new(
+        url: &str,
+        password_file: Option<&std::path::Path>,
+    ) -> Result<Self, StoreError> {
+        let mut config = postgres::Config::from_str(url).map_err(|e| {
+            StoreError::Io(format!("enforcer.store.url is not a PostgreSQL URL: {e}"))
+        })?;
+        if let Some(path) = password_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                StoreError::Io(format!(
+                    "enforcer.store.password_file: cannot read {}: {e}",
+                    path.display()
+                ))
+            })?;
+            config.password(text.lines().next().unwrap_or("").trim_end());
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.application_name("gpuwarden-enforcer");
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(10));
+        let shown = match url.split_once('@') {
+            Some((user, rest)) => match user.rsplit_once(':') {
+                Some((u, _)) if !u.ends_with('/') => format!("{u}:***@{rest}"),
+                _ => url.to_owned(),
+            },
+            None => url.to_owned(),
+        };
+        Ok(Self { config, shown })
+    }
+
+    /// A new session, with the store's timeouts set.
+    pub(super) fn connect(&self) -> Result<Client, StoreError> {
+        let mut client = self
+            .config
+            .connect(NoTls)
+            .map_err(|e| unavailable(&self.shown, &e))?;
+        client
+            .batch_execute(&format!(
+                "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}; \
+                 SET statement_timeout = {}",
+                IDLE_IN_TRANSACTION.as_millis(),
+                LOCK_TIMEOUT.as_millis(),
+                STATEMENT_TIMEOUT.as_millis()
+            ))
+            .map_err(|e| unavailable(&self.shown, &e))?;
+        Ok(client)
+    }
+
+    /// The URL, without its password.
+    pub(super) fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// A PostgreSQL failure as the store reports it: [`StoreError::Unavailable`] when the database
+/// could not be reached or the session ended (trying again may help), else
+/// [`StoreError::Postgres`].
+fn unavailable(target: &str, e: &postgres::Error) -> StoreError {
+    let code = e.code().map(|c| c.code().to_owned());
+    let reachable = e.as_db_error().is_some() && !e.is_closed();
+    match code.as_deref() {
+        // Connection exceptions, an administrator's or a crash's shutdown, a server starting,
+        // a lock not had in time, a session ended for sitting in its transaction.
+        Some(c) if c.starts_with("08") || c.starts_with("57P") || c == "55P03" || c == "25P03" => {
+            StoreError::Unavailable(format!("PostgreSQL at {target}: {e}"))
+        }
+        _ if !reachable => StoreError::Unavailable(format!("PostgreSQL at {target}: {e}")),
+        _ => StoreError::Postgres(format!("PostgreSQL at {target}: {e}")),
+    }
+}
+
+/// Brings the database's schema up to date, in one transaction under the store's lock, so
+/// replicas starting together migrate once; refuses one written by a newer gpuwarden, naming
+/// both versions.
+pub(super) fn migrate(client: &mut Client, target: &str) -> Result<(), StoreError> {
+    let fail = |e: postgres::Error| unavailable(target, &e);
+    let mut tx = client.transaction().map_err(fail)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+        .map_err(fail)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
+        .map_err(fail)?;
+    let version: i64 = match tx
+        .query_opt("SELECT version FROM schema_version", &[])
+        .map_err(fail)?
+    {
+        Some(row) => row.get(0),
+        None => {
+            tx.execute("INSERT INTO schema_version (version) VALUES (0)", &[])
+                .map_err(fail)?;
+            0
+        }
+    };
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(StoreError::TooNew {
+            found: version,
+            known,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.batch_execute(sql).map_err(fail)?;
+        tx.execute("UPDATE schema_version SET version = $1", &[&(i as i64 + 1)])
+            .map_err(fail)?;
+    }
+    tx.commit().map_err(fail)
+}
+
+/// A lease row as PostgreSQL gives it, as the SQLite reader's tuple.
+fn raw(row: &postgres::Row) -> RawLease {
+    let count: i32 = row.get(7);
+    (
+        (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+            row.get(6),
+            count.max(0) as u32,
+        ),
+        (
+            row.get(8),
+            row.get(9),
+            row.get(10),
+            row.get(11),
+            row.get(12),
+            row.get(13),
+            row.get(14),
+            row.get(15),
+        ),
+    )
+}
+
+/// Reads what memory holds, and the version it is at, from the database.
+fn load<C: GenericClient>(db: &mut C, target: &str) -> Result<Memory, StoreError> {
+    let fail = |e: postgres::Error| unavailable(target, &e);
+    let mut memory = Memory::default();
+    // One snapshot for all of it.
+    let mut tx = db.transaction().map_err(fail)?;
+    tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .map_err(fail)?;
+    memory.version = tx
+        .query_one("SELECT version FROM store_version", &[])
+        .map_err(fail)?
+        .get(0);
+    for row in tx
+        .query(&format!("SELECT {COLUMNS} FROM leases WHERE {OPEN}"), &[])
+        .map_err(fail)?
+    {
+        memory.put(raw(&row).parse()?);
+    }
+    for row in tx
+        .query("SELECT team, month_to_date_usd, ts_ms FROM team_spend", &[])
+        .map_err(fail)?
+    {
+        memory.spend.insert(row.get(0), (row.get(1), row.get(2)));
+    }
+    for row in tx
+        .query("SELECT team FROM blocked_teams", &[])
+        .map_err(fail)?
+    {
+        memory.blocked.insert(row.get(0));
+    }
+    for row in tx
+        .query("SELECT lease_id, until_ms FROM exemptions", &[])
+        .map_err(fail)?
+    {
+        let lease: String = row.get(0);
+        if memory.open(&lease).is_some() {
+            memory.exempt.insert(lease, row.get(1));
+        }
+    }
+    for row in tx
+        .query("SELECT lease_id, ts_ms FROM lease_signals", &[])
+        .map_err(fail)?
+    {
+        let lease: String = row.get(0);
+        if memory.open(&lease).is_some() {
+            memory.signals.insert(lease, row.get(1));
+        }
+    }
+    for row in tx.query("SELECT key FROM rule_marks", &[]).map_err(fail)? {
+        memory.marks.insert(row.get(0));
+    }
+    tx.commit().map_err(fail)?;
+    Ok(memory)
+}
+
+/// Brings `memory` up to what the database holds: refetches everything the commits since
+/// memory's version changed (from `store_changes`), or reloads it whole when those are pruned or
+/// the database is behind memory. Exact when run under the store's lock; otherwise memory may
+/// get ahead of its version on some keys, which the next catch-up refetches again.
+fn catch_up<C: GenericClient>(
+    db: &mut C,
+    memory: &Mutex<Memory>,
+    target: &str,
+) -> Result<(), StoreError> {
+    let fail = |e: postgres::Error| unavailable(target, &e);
+    let from = lock(memory).version;
+    let now: i64 = db
+        .query_one("SELECT version FROM store_version", &[])
+        .map_err(fail)?
+        .get(0);
+    if now == from {
+        return Ok(());
+    }
+    let changes = if now > from {
+        db.query(
+            "SELECT version, keys FROM store_changes WHERE version > $1 ORDER BY version",
+            &[&from],
+        )
+        .map_err(fail)?
+    } else {
+        Vec::new()
+    };
+    let complete = changes.first().map(|r| r.get::<_, i64>(0)) == Some(from + 1)
+        && changes.last().map(|r| r.get::<_, i64>(0)) == Some(now);
+    if !complete {
+        tracing::info!(
+            memory = from,
+            database = now,
+            "the lease store's memory is too far behind (or ahead of) PostgreSQL to catch up; reloading it"
+        );
+        let fresh = load(db, target)?;
+        *lock(memory) = fresh;
+        return Ok(());
+    }
+    let mut keys: BTreeSet<String> = BTreeSet::new();
+    for row in &changes {
+        let list: Vec<String> = serde_json::from_str(row.get::<_, &str>(1))
+            .map_err(|e| StoreError::Corrupt(format!("store_changes: {e}")))?;
+        keys.extend(list);
+    }
+    let of = |prefix: &str| -> Vec<String> {
+        keys.iter()
+            .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
+            .collect()
+    };
+    let (leases, blocked, spend) = (of("l:"), of("b:"), of("s:"));
+    let (exempt, marks, signals) = (of("e:"), of("m:"), of("g:"));
+    let lease_rows = db
+        .query(
+            &format!("SELECT {COLUMNS} FROM leases WHERE id = ANY($1)"),
+            &[&leases],
+        )
+        .map_err(fail)?;
+    let blocked_rows = db
+        .query(
+            "SELECT team FROM blocked_teams WHERE team = ANY($1)",
+            &[&blocked],
+        )
+        .map_err(fail)?;
+    let spend_rows = db
+        .query(
+            "SELECT team, month_to_date_usd, ts_ms FROM team_spend WHERE team = ANY($1)",
+            &[&spend],
+        )
+        .map_err(fail)?;
+    let exempt_rows = db
+        .query(
+            "SELECT lease_id, until_ms FROM exemptions WHERE lease_id = ANY($1)",
+            &[&exempt],
+        )
+        .map_err(fail)?;
+    let signal_rows = db
+        .query(
+            "SELECT lease_id, ts_ms FROM lease_signals WHERE lease_id = ANY($1)",
+            &[&signals],
+        )
+        .map_err(fail)?;
+    let mut fetched = Vec::with_capacity(lease_rows.len());
+    for row in &lease_rows {
+        fetched.push(raw(row).parse()?);
+    }
+    let mut memory = lock(memory);
+    let mut seen = BTreeSet::new();
+    for lease in fetched {
+        seen.insert(lease.id.clone());
+        if lease.state.is_open() {
+            memory.put(lease);
+        } else {
+            forget(&mut memory, &lease.id);
+        }
+    }
+    for id in leases.iter().filter(|id| !seen.contains(*id)) {
+        forget(&mut memory, id);
+    }
+    for team in &blocked {
+        memory.blocked.remove(team);
+    }
+    for row in &blocked_rows {
+        memory.blocked.insert(row.get(0));
+    }
+    for row in &spend_rows {
+        memory.spend.insert(row.get(0), (row.get(1), row.get(2)));
+    }
+    for id in &exempt {
+        memory.exempt.remove(id);
+    }
+    for row in &exempt_rows {
+        let id: String = row.get(0);
+        if memory.open(&id).is_some() {
+            memory.exempt.insert(id, row.get(1));
+        }
+    }
+    for id in &signals {
+        memory.signals.remove(id);
+    }
+    for row in &signal_rows {
+        let id: String = row.get(0);
+        if memory.open(&id).is_some() {
+            memory.signals.insert(id, row.get(1));
+        }
+    }
+    memory.marks.extend(marks);
+    memory.version = now;
+    Ok(())
+}
+
+/// Forgets an ended (or deleted) lease, and what memory kept about it.
+fn forget(memory: &mut Memory, id: &str) {
+    memory.take(id);
+    memory.exempt.remove(id);
+    memory.signals.remove(id);
+}
+
+/// Prepared statements of one session, by their SQL.
+#[derive(Default)]
+struct Statements(HashMap<&'static str, Statement>);
+
+impl Statements {
+    fn get(
+        &mut self,
+        tx: &mut Transaction<'_>,
+        sql: &'static str,
+    ) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.0.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = tx.prepare(sql)?;
+        self.0.insert(sql, s.clone());
+        Ok(s)
+    }
+}
+
+/// The insert of a lease row, with PostgreSQL's placeholders.
+const INSERT_LEASE: &str =
+    "INSERT INTO leases (id, team, \"user\", project, workload, substrate, gpu_model, gpu_count, \
+     gpu_uuids, labels, state, granted_at, expires_at, updated_at, released_at, release_reason) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+
+/// Carries `op` out in the writer's transaction.
+fn apply(
+    tx: &mut Transaction<'_>,
+    statements: &mut Statements,
+    op: &Op,
+) -> Result<(), postgres::Error> {
+    let gpus = |l: &Lease| l.gpu_count as i32;
+    let reason = |l: &Lease| l.release_reason.map(ReleaseReason::as_str);
+    match op {
+        Op::InsertLease(l) => {
+            let s = statements.get(tx, INSERT_LEASE)?;
+            tx.execute(
+                &s,
+                &[
+                    &l.id,
+                    &l.team,
+                    &l.user,
+                    &l.project,
+                    &l.workload.as_str(),
+                    &l.substrate,
+                    &l.gpu_model,
+                    &gpus(l),
+                    &json(&l.gpu_uuids),
+                    &json(&l.labels),
+                    &l.state.as_str(),
+                    &l.granted_at,
+                    &l.expires_at,
+                    &l.updated_at,
+                    &l.released_at,
+                    &reason(l),
+                ],
+            )?;
+        }
+        Op::UpdateLease(l) => {
+            let s = statements.get(
+                tx,
+                "UPDATE leases SET gpu_count = $2, gpu_uuids = $3, state = $4, expires_at = $5, \
+                 updated_at = $6, released_at = $7, release_reason = $8 WHERE id = $1",
+            )?;
+            tx.execute(
+                &s,
+                &[
+                    &l.id,
+                    &gpus(l),
+                    &json(&l.gpu_uuids),
+                    &l.state.as_str(),
+                    &l.expires_at,
+                    &l.updated_at,
+                    &l.released_at,
+                    &reason(l),
+                ],
+            )?;
+        }
+        Op::DeleteLease(id) => {
+            let s = statements.get(tx, "DELETE FROM leases WHERE id = $1")?;
+            tx.execute(&s, &[id])?;
+        }
+        Op::Outbox {
+            topic,
+            key,
+            payload,
+            created_at,
+        } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, $4)",
+            )?;
+            tx.execute(&s, &[topic, key, payload, created_at])?;
+        }
+        Op::Block { team, reason, at } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO blocked_teams (team, reason, blocked_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (team) DO NOTHING",
+            )?;
+            tx.execute(&s, &[team, reason, at])?;
+        }
+        Op::Unblock { team } => {
+            let s = statements.get(tx, "DELETE FROM blocked_teams WHERE team = $1")?;
+            tx.execute(&s, &[team])?;
+        }
+        Op::Spend {
+            team,
+            month_to_date_usd,
+            burn_usd_per_hour,
+            ts_ms,
+        } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO team_spend (team, month_to_date_usd, burn_usd_per_hour, ts_ms) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (team) DO UPDATE SET \
+                 month_to_date_usd = excluded.month_to_date_usd, \
+                 burn_usd_per_hour = excluded.burn_usd_per_hour, ts_ms = excluded.ts_ms \
+                 WHERE excluded.ts_ms >= team_spend.ts_ms",
+            )?;
+            tx.execute(&s, &[team, month_to_date_usd, burn_usd_per_hour, ts_ms])?;
+        }
+        Op::MarkPublished { ids, at } => {
+            let s = statements.get(
+                tx,
+                "UPDATE outbox SET published_at = $2 WHERE id = ANY($1) AND published_at IS NULL",
+            )?;
+            tx.execute(&s, &[ids, at])?;
+        }
+        Op::Exempt {
+            lease_id,
+            until_ms,
+            by,
+            reason,
+            at,
+        } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO exemptions (lease_id, until_ms, granted_by, reason, at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (lease_id) DO UPDATE SET \
+                 until_ms = excluded.until_ms, granted_by = excluded.granted_by, \
+                 reason = excluded.reason, at = excluded.at",
+            )?;
+            tx.execute(&s, &[lease_id, until_ms, by, reason, at])?;
+        }
+        Op::Mark { key, at } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO rule_marks (key, at) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+            )?;
+            tx.execute(&s, &[key, at])?;
+        }
+        Op::Signal { lease_id, ts_ms } => {
+            let s = statements.get(
+                tx,
+                "INSERT INTO lease_signals (lease_id, ts_ms) VALUES ($1, $2) \
+                 ON CONFLICT (lease_id) DO UPDATE SET ts_ms = excluded.ts_ms",
+            )?;
+            tx.execute(&s, &[lease_id, ts_ms])?;
+        }
+        Op::ForgetSignal(lease_id) => {
+            let s = statements.get(tx, "DELETE FROM lease_signals WHERE lease_id = $1")?;
+            tx.execute(&s, &[lease_id])?;
+        }
+        Op::DeletePublished(ids) => {
+            // Never a row Kafka has not acknowledged, whoever asked.
+            let s = statements.get(
+                tx,
+                "DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NOT NULL",
+            )?;
+            tx.execute(&s, &[ids])?;
+        }
+        Op::Nothing => {}
+    }
+    Ok(())
+}
+
+/// PostgreSQL's [`Db`]: the writer's session, or its transaction.
+pub(super) struct Pg<'a, C> {
+    db: &'a mut C,
+    target: &'a str,
+}
+
+impl<C: GenericClient> Pg<'_, C> {
+    fn fail(&self, e: postgres::Error) -> StoreError {
+        unavailable(self.target, &e)
+    }
+}
+
+impl<C: GenericClient> Db for Pg<'_, C> {
+    fn schema_version(&mut self) -> Result<i64, StoreError> {
+        let row = self
+            .db
+            .query_one("SELECT version FROM schema_version", &[])
+            .map_err(|e| self.fail(e))?;
+        Ok(row.get(0))
+    }
+
+    fn lease(&mut self, id: &str) -> Result<Option<Lease>, StoreError> {
+        let row = self
+            .db
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM leases WHERE id = $1"),
+                &[&id],
+            )
+            .map_err(|e| self.fail(e))?;
+        row.map(|r| raw(&r).parse()).transpose()
+    }
+
+    fn leases(&mut self, filter: &LeaseFilter) -> Result<Vec<Lease>, StoreError> {
+        let state = filter.state.map(|s| s.as_str().to_owned());
+        let teams: Option<Vec<String>> = filter.teams.as_ref().map(|t| t.to_vec());
+        let rows = self
+            .db
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM leases WHERE ($1::text IS NULL OR state = $1) \
+                     AND ($2::text[] IS NULL OR team = ANY($2)) ORDER BY granted_at DESC, id"
+                ),
+                &[&state, &teams],
+            )
+            .map_err(|e| self.fail(e))?;
+        rows.iter().map(|r| raw(r).parse()).collect()
+    }
+
+    fn outbox_pending(&mut self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        let rows = self
+            .db
+            .query(
+                "SELECT id, topic, key, payload, created_at FROM outbox \
+                 WHERE published_at IS NULL ORDER BY id LIMIT $1",
+                &[&(limit as i64)],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(rows
+            .iter()
+            .map(|r| OutboxRow {
+                id: r.get(0),
+                topic: r.get(1),
+                key: r.get(2),
+                payload: r.get(3),
+                created_at: r.get(4),
+            })
+            .collect())
+    }
+
+    fn outbox_pending_count(&mut self) -> Result<usize, StoreError> {
+        let row = self
+            .db
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                &[],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(row.get::<_, i64>(0) as usize)
+    }
+
+    fn newest_payloads(&mut self, topic: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .db
+            .query(
+                "SELECT payload FROM outbox WHERE topic = $1 ORDER BY id DESC LIMIT $2",
+                &[&topic, &(limit as i64)],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn keyed_payloads_since(
+        &mut self,
+        topic: &str,
+        keys: &std::collections::HashSet<String>,
+        since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        // Rows are appended in time order, so those since `since_ms` are the newest ones; the
+        // keys are then matched by the index on (topic, id) rather than by a scan.
+        let keys: Vec<&String> = keys.iter().collect();
+        let rows = self
+            .db
+            .query(
+                "SELECT payload FROM outbox WHERE topic = $1 AND key = ANY($2) AND id >= \
+                 coalesce((SELECT min(id) FROM outbox WHERE topic = $1 AND created_at >= $3), \
+                 (SELECT max(id) + 1 FROM outbox), 0) ORDER BY id DESC",
+                &[&topic, &keys, &since_ms],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn prunable(
+        &mut self,
+        published_before_ms: i64,
+        batch: usize,
+        after: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows = self
+            .db
+            .query(
+                &format!(
+                    "SELECT id FROM outbox WHERE id > $3 AND published_at < $1 \
+                     AND id < (SELECT max(id) FROM outbox) \
+                     AND NOT EXISTS (SELECT 1 FROM leases \
+                         WHERE leases.id = outbox.key AND leases.{OPEN}) \
+                     ORDER BY id LIMIT $2"
+                ),
+                &[&published_before_ms, &(batch as i64), &after],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+}
+
+/// The PostgreSQL writer's session, and whether memory must be reloaded before it is trusted.
+pub(super) struct Writer {
+    target: Target,
+    /// Set by the listener while a catch-up is queued; every batch catches up, so it is
+    /// cleared as each one starts.
+    catch_up_queued: Arc<AtomicBool>,
+    client: Option<Client>,
+    statements: Statements,
+    /// Memory may hold changes that were not committed (a batch failed): reload it first.
+    stale: bool,
+}
+
+impl Writer {
+    /// A writer over `client`, whose memory was just loaded from it.
+    pub(super) fn new(target: Target, client: Client, catch_up_queued: Arc<AtomicBool>) -> Self {
+        Self {
+            target,
+            catch_up_queued,
+            client: Some(client),
+            statements: Statements::default(),
+            stale: false,
+        }
+    }
+
+    /// The writer thread: runs each batch in one transaction under the store's lock, until the
+    /// queue closes.
+    pub(super) fn run(mut self, queue: &Queue, memory: &Mutex<Memory>) {
+        while let Some(batch) = queue.next_batch() {
+            self.batch(batch, queue, memory);
+        }
+    }
+
+    fn batch(&mut self, batch: Vec<Job>, queue: &Queue, memory: &Mutex<Memory>) {
+        self.catch_up_queued.store(false, Ordering::Release);
+        if let Err(e) = self.ready(memory) {
+            tracing::warn!(error = %e, "the lease store cannot reach PostgreSQL; answering 503 until it can");
+            fail_all(batch, &e);
+            return;
+        }
+        let shown = self.target.shown().to_owned();
+        let client = self.client.as_mut().expect("ready() connected");
+        let mut made = Made::default();
+        let writes = batch.iter().any(|j| matches!(j, Job::Mutate(_)));
+        let mut jobs = batch.into_iter();
+        let result = run_batch(
+            client,
+            &mut self.statements,
+            &shown,
+            writes,
+            &mut jobs,
+            memory,
+            &mut made,
+        );
+        let Made { answers, changes } = made;
+        match &result {
+            Ok(()) => {
+                if changes > 0 {
+                    queue.count_commit(changes);
+                }
+                for done in answers {
+                    done(Ok(()));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a lease store transaction failed; its changes were not made");
+                // Memory may hold the failed batch's changes.
+                self.stale = true;
+                if self.client.as_ref().is_none_or(Client::is_closed) {
+                    self.client = None;
+                }
+                for done in answers {
+                    done(Err(same(e)));
+                }
+                fail_all(jobs.collect(), e);
+            }
+        }
+    }
+
+    /// Connects if needed, and reloads memory if it may hold what was never committed.
+    fn ready(&mut self, memory: &Mutex<Memory>) -> Result<(), StoreError> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            self.client = Some(self.target.connect()?);
+            self.statements = Statements::default();
+            self.stale = true;
+        }
+        if self.stale {
+            let client = self.client.as_mut().expect("connected above");
+            match load(client, self.target.shown()) {
+                Ok(fresh) => {
+                    *lock(memory) = fresh;
+                    self.stale = false;
+                    tracing::info!("the lease store reloaded its memory from PostgreSQL");
+                }
+                Err(e) => {
+                    if client.is_closed() {
+                        self.client = None;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The changes a batch made, and whom to tell how its commit went.
+#[derive(Default)]
+struct Made {
+    answers: Vec<Done>,
+    changes: u64,
+}
+
+/// Runs one batch in one transaction: the lock (when it writes), memory caught up, each job,
+/// the rows, the version and its changes, the notification, the commit.
+fn run_batch(
+    client: &mut Client,
+    statements: &mut Statements,
+    target: &str,
+    writes: bool,
+    jobs: &mut std::vec::IntoIter<Job>,
+    memory: &Mutex<Memory>,
+    made: &mut Made,
+) -> Result<(), StoreError> {
+    let fail = |e: postgres::Error| unavailable(target, &e);
+    let mut tx = client.transaction().map_err(fail)?;
+    if writes {
+        let s = statements
+            .get(&mut tx, "SELECT pg_advisory_xact_lock($1)")
+            .map_err(fail)?;
+        tx.execute(&s, &[&LOCK_KEY]).map_err(fail)?;
+    }
+    catch_up(&mut tx, memory, target)?;
+    let mut ops: Vec<Op> = Vec::new();
+    // Every change this batch makes of memory, for the other replicas.
+    let mut keys = BTreeSet::new();
+    for job in jobs.by_ref() {
+        match job {
+            Job::Mutate(change) => {
+                let mut guard = lock(memory);
+                let mut db = Pg {
+                    db: &mut tx,
+                    target,
+                };
+                if let Some((rows, done)) = change.run(&mut guard, &mut db) {
+                    ops.extend(rows);
+                    made.answers.push(done);
+                    made.changes += 1;
+                }
+            }
+            Job::Read(query) => {
+                // Reads see the rows written before them in this transaction.
+                if let Err(e) = write_rows(&mut tx, statements, &ops, &mut keys) {
+                    let e = fail(e);
+                    query.fail(same(&e));
+                    return Err(e);
+                }
+                ops.clear();
+                query.run(&mut Pg {
+                    db: &mut tx,
+                    target,
+                });
+            }
+            Job::CatchUp => {}
+            Job::Write { done, .. } => {
+                let _ = done.send(Err("a change went to the PostgreSQL writer".into()));
+            }
+        }
+    }
+    write_rows(&mut tx, statements, &ops, &mut keys).map_err(fail)?;
+    if made.changes > 0 {
+        let version = lock(memory).version + 1;
+        let s = statements
+            .get(&mut tx, "UPDATE store_version SET version = $1")
+            .map_err(fail)?;
+        tx.execute(&s, &[&version]).map_err(fail)?;
+        let s = statements
+            .get(
+                &mut tx,
+                "INSERT INTO store_changes (version, keys) VALUES ($1, $2)",
+            )
+            .map_err(fail)?;
+        tx.execute(&s, &[&version, &json(&keys)]).map_err(fail)?;
+        if version % 1_000 == 0 {
+            tx.execute(
+                "DELETE FROM store_changes WHERE version <= $1",
+                &[&(version - CHANGES_KEPT)],
+            )
+            .map_err(fail)?;
+        }
+        let s = statements
+            .get(&mut tx, "SELECT pg_notify($1, $2)")
+            .map_err(fail)?;
+        tx.execute(&s, &[&CHANNEL, &version.to_string()])
+            .map_err(fail)?;
+        tx.commit().map_err(fail)?;
+        lock(memory).version = version;
+    } else {
+        tx.commit().map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Writes `ops` in the transaction, adding what of memory they change to `keys`.
+fn write_rows(
+    tx: &mut Transaction<'_>,
+    statements: &mut Statements,
+    ops: &[Op],
+    keys: &mut BTreeSet<String>,
+) -> Result<(), postgres::Error> {
+    for op in ops {
+        apply(tx, statements, op)?;
+        keys.extend(op.changed());
+    }
+    Ok(())
+}
+
+/// A copy of `e` for each caller of a failed batch.
+fn same(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        StoreError::TooNew { found, known } => StoreError::TooNew {
+            found: *found,
+            known: *known,
+        },
+        other => StoreError::Postgres(other.to_string()),
+    }
+}
+
+/// Answers every job of a batch that could not run.
+fn fail_all(batch: Vec<Job>, e: &StoreError) {
+    for job in batch {
+        match job {
+            Job::Mutate(change) => change.fail(same(e)),
+            Job::Read(query) => query.fail(same(e)),
+            Job::Write { done, .. } => {
+                let _ = done.send(Err(e.to_string()));
+            }
+            Job::CatchUp => {}
+        }
+    }
+}
+
+/// The listener thread: on every notification of another replica's commit, queues a catch-up
+/// (one at a time), until `stop` is set. Reconnects after a failure, and catches up then, in
+/// case a notification was missed.
+pub(super) fn listen(target: &Target, queue: &Queue, stop: &AtomicBool, pending: &AtomicBool) {
+    let mut backoff =
+        gpuwarden_schema::retry::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    while !stop.load(Ordering::Acquire) {
+        let mut client = match target.connect() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "the lease store's listener cannot reach PostgreSQL");
+                std::thread::sleep(backoff.next_pause());
+                continue;
+            }
+        };
+        if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
+            tracing::debug!(error = %e, "the lease store's listener could not LISTEN");
+            std::thread::sleep(backoff.next_pause());
+            continue;
+        }
+        backoff.reset();
+        wake(queue, pending);
+        while !stop.load(Ordering::Acquire) && !client.is_closed() {
+            let mut notifications = client.notifications();
+            let heard = match notifications
+                .timeout_iter(Duration::from_millis(250))
+                .next()
+            {
+                Ok(Some(_)) => true,
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the lease store's listener lost PostgreSQL");
+                    break;
+                }
+            };
+            // Every notification already here is answered by the one catch-up.
+            while let Ok(Some(_)) = notifications.iter().next() {}
+            if heard {
+                wake(queue, pending);
+            }
+        }
+    }
+}
+
+/// Queues a catch-up unless one is queued already.
+fn wake(queue: &Queue, pending: &AtomicBool) {
+    if !pending.swap(true, Ordering::AcqRel) && queue.push(Job::CatchUp, true).is_err() {
+        pending.store(false, Ordering::Release);
+    }
+}
+
+/// Opens the store's database: connects, migrates, loads memory.
+pub(super) fn open(target: &Target) -> Result<(Client, Memory), StoreError> {
+    let mut client = target.connect()?;
+    migrate(&mut client, target.shown())?;
+    let memory = load(&mut client, target.shown())?;
+    Ok((client, memory))
+}
+
+/// What the store keeps to stop its PostgreSQL threads.
+pub(super) struct Threads {
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) listener: Option<std::thread::JoinHandle<()>>,
+}
