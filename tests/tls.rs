@@ -167,7 +167,12 @@ fn the_api_serves_https_with_its_certificate_and_a_renewed_one_without_restart()
     // Trusted through the CA, by name and by address.
     let mut healthz = vec!["--cacert".to_string(), ca.to_string()];
     healthz.extend(localhost(&port, "/healthz"));
-    assert_eq!(curl_ok(&args(&healthz)), ("ok".to_string(), 200));
+    let (health, status) = curl_ok(&args(&healthz));
+    assert_eq!(
+        (health.lines().next(), status),
+        (Some("ok"), 200),
+        "{health}"
+    );
     let by_address = format!("https://127.0.0.1:{port}/healthz");
     assert_eq!(curl_ok(&["--cacert", ca, &by_address]).1, 200);
 

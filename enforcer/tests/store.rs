@@ -65,7 +65,7 @@ impl Db {
         if self.is_sqlite() {
             5
         } else {
-            1
+            2
         }
     }
 
@@ -963,7 +963,7 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
     for o in opened {
         o.join().unwrap().unwrap();
     }
-    assert_eq!(db.open().schema_version().wait().unwrap(), 1);
+    assert_eq!(db.open().schema_version().wait().unwrap(), 2);
     let Db::Postgres { url } = &db else {
         unreachable!()
     };
@@ -972,12 +972,12 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
         .unwrap();
     let err = Store::open_postgres(url, None).unwrap_err();
     assert!(
-        matches!(err, StoreError::TooNew { found: 7, known: 1 }),
+        matches!(err, StoreError::TooNew { found: 7, known: 2 }),
         "{err}"
     );
     assert_eq!(
         err.to_string(),
-        "the lease store is at schema version 7; this build knows up to 1"
+        "the lease store is at schema version 7; this build knows up to 2"
     );
 }
 
@@ -1043,4 +1043,124 @@ fn opening_an_unreachable_database_names_it_without_its_password() {
     let text = err.to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
     assert!(!text.contains("s3cret"), "{text}");
+}
+
+/// Leadership: one replica leads; only it changes anything through the leading view; a leader
+/// whose lease ran out in the database (paused, cut off) is refused by the fence inside the
+/// transaction even while it still believes it leads; the next leader has the next term; a
+/// leader that closes gives the leadership up at once.
+#[test]
+fn only_the_leader_changes_through_the_leading_view_and_a_deposed_one_is_fenced() {
+    let db = Db::postgres();
+    let Db::Postgres { url } = &db else {
+        unreachable!()
+    };
+    let config = config(8);
+    // A long lease: a and b renew every 100 s, so below a keeps believing it leads, and
+    // neither takes the lease back before c.
+    let lease = Duration::from_secs(300);
+    let (a, b) = (db.open(), db.open());
+    a.elect("a", lease).unwrap();
+    eventually("a to lead", Duration::from_secs(10), || {
+        if a.leadership().is_leader() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", a.leadership().leader()))
+        }
+    });
+    let (_, a_term) = a.leadership().leader();
+    b.elect("b", lease).unwrap();
+    eventually(
+        "b to see that a leads",
+        Duration::from_secs(10),
+        || match b.leadership().leader() {
+            (who, _) if who == "a" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    assert!(!b.leadership().is_leader());
+    a.leading()
+        .record_action(&fleet_alert(NOW, "by-a"))
+        .wait()
+        .unwrap();
+    let err = b
+        .leading()
+        .record_action(&fleet_alert(NOW, "by-b"))
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced(_)), "{err}");
+    assert!(err.to_string().contains("the leader is a"), "{err}");
+    // Admissions are every replica's.
+    assert!(admit(&b, &config, 1, 8));
+
+    // a's lease runs out in the database (as when a is stopped past it); c starts and takes
+    // over at once, with the next term.
+    Postgres::client(url)
+        .batch_execute("UPDATE leader SET expires_ms = 0")
+        .unwrap();
+    let c = db.open();
+    c.elect("c", Duration::from_secs(30)).unwrap();
+    eventually("c to lead", Duration::from_secs(10), || {
+        if c.leadership().is_leader() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", c.leadership().leader()))
+        }
+    });
+    assert_eq!(c.leadership().leader(), ("c".to_owned(), a_term + 1));
+    // a has not renewed since: it still believes it leads, and its changes are refused anyway.
+    assert!(a.leadership().is_leader());
+    let err = a
+        .leading()
+        .record_action(&fleet_alert(NOW, "by-a-after"))
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced(_)), "{err}");
+    assert!(err.to_string().contains("c holds term"), "{err}");
+    assert!(matches!(
+        a.leading().outbox_pending(10).wait(),
+        Err(StoreError::Fenced(_))
+    ));
+    c.leading()
+        .record_action(&fleet_alert(NOW, "by-c"))
+        .wait()
+        .unwrap();
+    let reasons: Vec<String> = db
+        .outbox_rows()
+        .into_iter()
+        .map(|(_, key, _)| key)
+        .filter(|k| k.starts_with("by-"))
+        .collect();
+    assert_eq!(reasons, ["by-a", "by-c"]);
+
+    // c closes and gives the leadership up: d, starting then, leads at once rather than
+    // after c's 30 s lease.
+    drop(c);
+    let d = db.open();
+    let asked = std::time::Instant::now();
+    d.elect("d", Duration::from_secs(3)).unwrap();
+    eventually("d to lead", Duration::from_secs(10), || {
+        if d.leadership().is_leader() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", d.leadership().leader()))
+        }
+    });
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    assert_eq!(d.leadership().leader(), ("d".to_owned(), a_term + 2));
+}
+
+/// On SQLite the one store leads, and its leading view changes what it is asked to.
+#[test]
+fn an_sqlite_store_always_leads() {
+    let db = Db::sqlite();
+    let store = db.open();
+    store.elect("solo", Duration::from_secs(5)).unwrap();
+    assert!(store.leadership().is_leader());
+    assert_eq!(store.leadership().leader().0, "solo");
+    store
+        .leading()
+        .record_action(&fleet_alert(NOW, "solo"))
+        .wait()
+        .unwrap();
 }

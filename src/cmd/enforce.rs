@@ -97,21 +97,15 @@ pub(crate) struct Enforcer {
     pub(crate) url: String,
     stop_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
-    ticking: tokio::task::JoinHandle<()>,
-    /// Deletes published outbox rows past `enforcer.outbox_retention` (none: kept forever).
-    pruning: Option<tokio::task::JoinHandle<()>>,
+    /// Starts and stops the leader's work as this replica gains and loses the leadership.
+    leading: tokio::task::JoinHandle<()>,
     /// The watchers of the Slurm substrates' queues and the Kubernetes substrates' pods.
     slurm_watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The Kubernetes substrates' admission webhooks.
     webhooks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-    /// The Kubernetes substrates' Kueue admission check controllers.
-    kueue_controllers: Vec<tokio::task::JoinHandle<()>>,
-    signals: tokio::task::JoinHandle<()>,
-    signals_stop: Arc<AtomicBool>,
     /// Held until the enforcer has stopped: with `brokers = "embedded"` the broker lives as long
     /// as its connection, and the publisher and the consumer only hold client settings.
     _kafka: Arc<KafkaConnection>,
-    publishing: tokio::task::JoinHandle<usize>,
 }
 
 /// Opens the lease store, builds the drivers, re-adopts open leases, and starts the API on
@@ -192,53 +186,48 @@ pub(crate) async fn start(
     }
     let store_location = store.location().to_owned();
     let service = Service::new(config.clone(), store.clone(), built, clock.clone());
-    let readopted = service
-        .readopt()
-        .await
-        .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
-    tracing::info!(
-        running = readopted.running,
-        failed = readopted.failed,
-        unknown = readopted.unknown,
-        "re-adopted open leases"
-    );
-
-    let signing = SigningKeys::from_config(&config.signing);
-    let publisher = Publisher::new(
-        &kafka.client("enforcer"),
-        store.clone(),
-        clock.clone(),
-        signing.clone(),
-    )
-    .context("creating the Kafka producer")?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let publishing =
-        tokio::spawn(publisher.run(kafka.topic_setup(), stop_rx.clone(), FLUSH_ON_SHUTDOWN));
-    let rules = Rules::new(
-        service.clone(),
-        Alerts::new(&config.enforcer.alert_webhooks),
-    );
+    // Leadership: on PostgreSQL the replicas elect one to do what must happen once; an SQLite
+    // store's one owner always leads.
+    let replica = config
+        .enforcer
+        .leader
+        .replica
+        .clone()
+        .unwrap_or_else(|| store.leadership().replica());
+    store
+        .elect(&replica, config.enforcer.leader.lease)
+        .context("joining the leader election")?;
+    let leader = LeaderContext {
+        config: config.clone(),
+        kafka: kafka.clone(),
+        clock: clock.clone(),
+        service: service.leading(),
+    };
     if service.dry_run() {
         tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
     }
-    let tick = clock.wall_for(TICK_EVENT_TIME).clamp(TICK_MIN, TICK_MAX);
-    let ticking = tokio::spawn(rules_loop(
-        service.clone(),
-        rules.clone(),
-        tick,
+    // A replica that leads from the start (always, on SQLite) re-adopts the open leases before
+    // its API answers.
+    let first = if store.leadership().is_leader() {
+        Some(leader.start().await?)
+    } else {
+        tracing::info!(
+            replica = %replica,
+            leader = %store.leadership().leader().0,
+            "another replica leads; this one serves the API and follows"
+        );
+        None
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let leading = tokio::spawn(lead(
+        leader,
+        first,
+        store.leadership().subscribe(),
         stop_rx.clone(),
     ));
-    let pruning = config.enforcer.outbox_retention.map(|retention| {
-        tokio::spawn(prune_loop(
-            store.clone(),
-            clock.clone(),
-            retention,
-            PRUNE_EVERY,
-            stop_rx.clone(),
-        ))
-    });
     // Each Slurm substrate's queue, followed into its leases, read once before the API answers
-    // its submit hook.
+    // its submit hook. Every replica reads it (the hook's answers need it); only the leader's
+    // changes are made (the watchers run on the leading view, fenced).
     gpuwarden_enforcer::slurm::watch::prime(&service, Duration::from_secs(10)).await;
     let mut slurm_watchers: Vec<_> = config
         .substrates
@@ -246,7 +235,7 @@ pub(crate) async fn start(
         .filter(|s| s.driver == gpuwarden_schema::config::DriverKind::Slurm)
         .map(|s| {
             tokio::spawn(gpuwarden_enforcer::slurm::watch::run(
-                service.clone(),
+                service.leading(),
                 s.name.clone(),
                 stop_rx.clone(),
             ))
@@ -260,31 +249,12 @@ pub(crate) async fn start(
             .filter(|s| s.driver == gpuwarden_schema::config::DriverKind::Kubernetes)
             .map(|s| {
                 tokio::spawn(gpuwarden_enforcer::kubernetes::watch::run(
-                    service.clone(),
+                    service.leading(),
                     s.name.clone(),
                     stop_rx.clone(),
                 ))
             }),
     );
-    let signals_stop = Arc::new(AtomicBool::new(false));
-    // Static membership: a restarted enforcer takes its signal partitions back at once.
-    let membership = gpuwarden_schema::kafka::GroupMembership::resolve(&config, "enforcer")
-        .context("choosing the signals consumer's group.instance.id")?;
-    let mut signals_client = kafka.client("enforcer");
-    membership.apply(&mut signals_client);
-    let signals = tokio::spawn({
-        let run = gpuwarden_enforcer::kafka::signals::run(
-            signals_client,
-            signing,
-            rules,
-            signals_stop.clone(),
-        );
-        async move {
-            // The id's slot stays reserved for as long as the consumer runs.
-            let _membership = membership;
-            run.await;
-        }
-    });
 
     // Each Kubernetes substrate's admission webhook, on the listener bound at the start.
     let mut webhooks = Vec::new();
@@ -303,20 +273,8 @@ pub(crate) async fn start(
         )));
         webhook_tls.push(tls);
     }
-    // Each Kubernetes substrate's Kueue admission check controller, where configured.
-    let kueue_controllers: Vec<_> = config
-        .substrates
-        .iter()
-        .filter(|s| s.kubernetes.as_ref().is_some_and(|k| k.kueue.is_some()))
-        .map(|s| {
-            tokio::spawn(gpuwarden_enforcer::kubernetes::kueue::run(
-                service.clone(),
-                s.name.clone(),
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
     let (metrics, store) = (service.metrics().clone(), service.store().clone());
+    let leadership = store.leadership().clone();
     let reloads = tls.clone();
     // The portal reads idle cost and the scorecard's evidence from the lake under the data dir
     // (the pipeline's, where it runs beside the enforcer; an empty one elsewhere).
@@ -326,6 +284,7 @@ pub(crate) async fn start(
     let app = gpuwarden_enforcer::portal::app(AppState::new(service), Some(insights)).merge(
         super::metrics_http::metrics_only(move || {
             let mut page = metrics.render_with(store.commit_stats());
+            render_leadership(&mut page, &leadership);
             let listeners: Vec<&ServerTls> = reloads.iter().chain(&webhook_tls).collect();
             if !listeners.is_empty() {
                 gpuwarden_schema::tls::render_reloads(&mut page, &listeners);
@@ -359,16 +318,231 @@ pub(crate) async fn start(
         url,
         stop_tx,
         server,
-        ticking,
-        pruning,
+        leading,
         slurm_watchers,
         webhooks,
-        kueue_controllers,
-        signals,
-        signals_stop,
-        publishing,
         _kafka: kafka,
     })
+}
+
+/// This replica's role and the leader it knows of, in Prometheus' text format.
+fn render_leadership(
+    page: &mut String,
+    leadership: &gpuwarden_enforcer::store::leader::Leadership,
+) {
+    use std::fmt::Write as _;
+    let (leader, term) = leadership.leader();
+    let label = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let _ = write!(
+        page,
+        "# HELP gpuwarden_enforcer_leader Whether this replica leads (does the runtime rules, expiry, watchers' changes and publishing).\n\
+         # TYPE gpuwarden_enforcer_leader gauge\n\
+         gpuwarden_enforcer_leader {}\n\
+         # HELP gpuwarden_enforcer_leader_term The leader's term (its fencing token), as this replica last read it.\n\
+         # TYPE gpuwarden_enforcer_leader_term gauge\n\
+         gpuwarden_enforcer_leader_term {term}\n\
+         # HELP gpuwarden_enforcer_replica_info This replica's name and the leader's.\n\
+         # TYPE gpuwarden_enforcer_replica_info gauge\n\
+         gpuwarden_enforcer_replica_info{{replica=\"{}\",leader=\"{}\"}} 1\n",
+        u8::from(leadership.is_leader()),
+        label(&leadership.replica()),
+        label(&leader),
+    );
+}
+
+/// What the leader's work needs: the leading (fenced) view of the service, and how to reach
+/// Kafka.
+struct LeaderContext {
+    config: Arc<config::Config>,
+    kafka: Arc<KafkaConnection>,
+    clock: Arc<dyn Clock>,
+    service: Service,
+}
+
+/// The work only the leader does, while it leads: re-adopting open leases, the runtime rules
+/// on signals and on the clock (expiry, budgets), outbox pruning and publishing, and the Kueue
+/// admission check controllers.
+struct LeaderWork {
+    stop_tx: watch::Sender<bool>,
+    ticking: tokio::task::JoinHandle<()>,
+    /// Deletes published outbox rows past `enforcer.outbox_retention` (none: kept forever).
+    pruning: Option<tokio::task::JoinHandle<()>>,
+    /// The Kubernetes substrates' Kueue admission check controllers.
+    kueue_controllers: Vec<tokio::task::JoinHandle<()>>,
+    signals: tokio::task::JoinHandle<()>,
+    signals_stop: Arc<AtomicBool>,
+    publishing: tokio::task::JoinHandle<usize>,
+}
+
+impl LeaderContext {
+    /// Starts the leader's work, once this replica leads.
+    async fn start(&self) -> anyhow::Result<LeaderWork> {
+        let (config, service, clock) = (&self.config, &self.service, &self.clock);
+        let readopted = service
+            .readopt()
+            .await
+            .map_err(|e| anyhow::anyhow!("re-adopting open leases: {e}"))?;
+        tracing::info!(
+            running = readopted.running,
+            failed = readopted.failed,
+            unknown = readopted.unknown,
+            "re-adopted open leases"
+        );
+        let signing = SigningKeys::from_config(&config.signing);
+        let publisher = Publisher::new(
+            &self.kafka.client("enforcer"),
+            service.store().clone(),
+            clock.clone(),
+            signing.clone(),
+        )
+        .context("creating the Kafka producer")?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let publishing = tokio::spawn(publisher.run(
+            self.kafka.topic_setup(),
+            stop_rx.clone(),
+            FLUSH_ON_SHUTDOWN,
+        ));
+        let rules = Rules::new(
+            service.clone(),
+            Alerts::new(&config.enforcer.alert_webhooks),
+        );
+        let tick = clock.wall_for(TICK_EVENT_TIME).clamp(TICK_MIN, TICK_MAX);
+        let ticking = tokio::spawn(rules_loop(
+            service.clone(),
+            rules.clone(),
+            tick,
+            stop_rx.clone(),
+        ));
+        let pruning = config.enforcer.outbox_retention.map(|retention| {
+            tokio::spawn(prune_loop(
+                service.store().clone(),
+                clock.clone(),
+                retention,
+                PRUNE_EVERY,
+                stop_rx.clone(),
+            ))
+        });
+        let signals_stop = Arc::new(AtomicBool::new(false));
+        // Static membership: a restarted enforcer takes its signal partitions back at once.
+        let membership = gpuwarden_schema::kafka::GroupMembership::resolve(config, "enforcer")
+            .context("choosing the signals consumer's group.instance.id")?;
+        let mut signals_client = self.kafka.client("enforcer");
+        membership.apply(&mut signals_client);
+        let signals = tokio::spawn({
+            let run = gpuwarden_enforcer::kafka::signals::run(
+                signals_client,
+                signing,
+                rules,
+                signals_stop.clone(),
+            );
+            async move {
+                // The id's slot stays reserved for as long as the consumer runs.
+                let _membership = membership;
+                run.await;
+            }
+        });
+        // Each Kubernetes substrate's Kueue admission check controller, where configured.
+        let kueue_controllers: Vec<_> = config
+            .substrates
+            .iter()
+            .filter(|s| s.kubernetes.as_ref().is_some_and(|k| k.kueue.is_some()))
+            .map(|s| {
+                tokio::spawn(gpuwarden_enforcer::kubernetes::kueue::run(
+                    service.clone(),
+                    s.name.clone(),
+                    stop_rx.clone(),
+                ))
+            })
+            .collect();
+        Ok(LeaderWork {
+            stop_tx,
+            ticking,
+            pruning,
+            kueue_controllers,
+            signals,
+            signals_stop,
+            publishing,
+        })
+    }
+}
+
+impl LeaderWork {
+    /// Stops the leader's work and flushes the outbox for a few seconds.
+    async fn stop(self) {
+        let _ = self.stop_tx.send(true);
+        self.ticking.abort();
+        if let Some(pruning) = self.pruning {
+            pruning.abort();
+        }
+        for controller in self.kueue_controllers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+        }
+        self.signals_stop.store(true, Ordering::SeqCst);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.signals).await;
+        match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), self.publishing).await {
+            Ok(Ok(left)) if left > 0 => tracing::warn!(
+                pending = left,
+                "outbox records not yet in Kafka; they are published on the next start"
+            ),
+            Ok(_) => tracing::info!("outbox flushed"),
+            Err(_) => tracing::warn!("the outbox publisher did not stop in time; pending records are published on the next start"),
+        }
+    }
+}
+
+/// Runs the leader's work while this replica leads: starts it when the replica becomes leader,
+/// stops it when it no longer is (another took over, or its lease ran out) or the enforcer
+/// stops. `first` is the work already started, when the replica led from the start.
+async fn lead(
+    context: LeaderContext,
+    first: Option<LeaderWork>,
+    mut leads: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut work = first;
+    loop {
+        match work.take() {
+            Some(running) => {
+                tokio::select! {
+                    changed = async { leads.wait_for(|l| !*l).await.map(|_| ()) } => {
+                        if changed.is_ok() {
+                            tracing::warn!("this replica no longer leads: stopping the runtime rules, expiry, Kueue checks and publishing");
+                        }
+                        running.stop().await;
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                    () = stopped(&mut stop) => {
+                        running.stop().await;
+                        return;
+                    }
+                }
+            }
+            None => {
+                tokio::select! {
+                    changed = async { leads.wait_for(|l| *l).await.map(|_| ()) } => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                    () = stopped(&mut stop) => return,
+                }
+                tracing::info!("this replica leads: starting the runtime rules, expiry, Kueue checks and publishing");
+                match context.start().await {
+                    Ok(started) => work = Some(started),
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "could not start the leader's work; trying again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Enforcer {
@@ -381,27 +555,12 @@ impl Enforcer {
         for webhook in self.webhooks {
             let _ = tokio::time::timeout(Duration::from_secs(5), webhook).await;
         }
-        self.ticking.abort();
-        if let Some(pruning) = self.pruning {
-            pruning.abort();
-        }
-        for watcher in self
-            .slurm_watchers
-            .into_iter()
-            .chain(self.kueue_controllers)
-        {
+        for watcher in self.slurm_watchers {
             let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
         }
-        self.signals_stop.store(true, Ordering::SeqCst);
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.signals).await;
-        match tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(1), self.publishing).await {
-            Ok(Ok(left)) if left > 0 => tracing::warn!(
-                pending = left,
-                "outbox records not yet in Kafka; they are published on the next start"
-            ),
-            Ok(_) => tracing::info!("outbox flushed"),
-            Err(_) => tracing::warn!("the outbox publisher did not stop in time; pending records are published on the next start"),
-        }
+        // The leader's work stops, flushing the outbox.
+        let _ =
+            tokio::time::timeout(FLUSH_ON_SHUTDOWN + Duration::from_secs(20), self.leading).await;
         tracing::info!("enforcer stopped");
     }
 }

@@ -229,10 +229,26 @@ fn hook_answer(answer: &crate::slurm::Answer) -> Response {
         .into_response()
 }
 
-/// Liveness: answers while the process serves.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving", body = String)))]
-pub(super) async fn healthz() -> &'static str {
-    "ok\n"
+/// Liveness: answers while the process serves, with this replica's role (`leader` or
+/// `follower`) and the leader it knows of, one `name: value` per line after `ok`.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving: `ok`, then the replica's role and the leader", body = String)))]
+pub(super) async fn healthz(State(state): State<AppState>) -> String {
+    let leadership = state.service.store().leadership();
+    let (leader, term) = leadership.leader();
+    let role = if leadership.is_leader() {
+        "leader"
+    } else {
+        "follower"
+    };
+    format!(
+        "ok\nreplica: {}\nrole: {role}\nleader: {}\nterm: {term}\n",
+        leadership.replica(),
+        if leader.is_empty() {
+            "unknown"
+        } else {
+            &leader
+        }
+    )
 }
 
 /// Readiness: whether the enforcer can decide admissions, i.e. every substrate's driver has what
@@ -243,6 +259,13 @@ pub(super) async fn healthz() -> &'static str {
     (status = 503, description = "Not ready yet: what is missing, per substrate", body = String),
 ))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    // A replica that cannot reach a shared store cannot admit: route no one to it.
+    let store = state.service.store();
+    if store.is_shared() {
+        if let Err(e) = store.schema_version().await {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response();
+        }
+    }
     match state.service.readiness().await {
         Ok(()) => "ready\n".into_response(),
         Err(why) => (

@@ -91,12 +91,13 @@ pub struct Readoption {
 #[derive(Debug, Clone)]
 pub struct Service {
     inner: Arc<Inner>,
+    /// The lease store; a [`Service::leading`] view's changes are fenced by the leadership.
+    store: Store,
 }
 
 #[derive(Debug)]
 struct Inner {
     config: Arc<Config>,
-    store: Store,
     drivers: BTreeMap<String, Arc<dyn Driver>>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -124,9 +125,9 @@ impl Service {
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
+            store: store.clone(),
             inner: Arc::new(Inner {
                 config,
-                store,
                 drivers,
                 clock,
                 metrics: Arc::new(Metrics::default()),
@@ -138,7 +139,18 @@ impl Service {
 
     /// The lease store.
     pub fn store(&self) -> &Store {
-        &self.inner.store
+        &self.store
+    }
+
+    /// This service for the work only the leader does (runtime rules, expiry, watchers,
+    /// reclaims): every change it makes is fenced by this replica's leadership (see
+    /// [`Store::leading`]), so a replica that lost it (paused past its lease, cut off) changes
+    /// nothing when it wakes.
+    pub fn leading(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            store: self.store.leading(),
+        }
     }
 
     /// The config the enforcer runs with.
@@ -176,7 +188,6 @@ impl Service {
             .unwrap_or_else(PoisonError::into_inner);
         if kept.len() >= UTILIZATIONS_KEPT && !kept.contains_key(id) {
             let open: std::collections::HashSet<String> = self
-                .inner
                 .store
                 .open_leases()
                 .unwrap_or_default()
@@ -381,8 +392,7 @@ impl Service {
         let inner = self.inner.clone();
         let pricing = config.pricing.clone();
         let pending =
-            self.inner
-                .store
+            self.store
                 .admit_as(now, &pricing, &request, admitted.clone(), move |ledger| {
                     let snapshot = Self::snapshot(&config, ledger, subs);
                     policy::evaluate(&policy_request, &snapshot, &mut inner.placements())
@@ -415,7 +425,6 @@ impl Service {
     ) -> Result<Lease, ServiceError> {
         let now = self.now();
         Ok(self
-            .inner
             .store
             .bind(hold_id, lease_id, state, now, detail)
             .await?)
@@ -423,20 +432,19 @@ impl Service {
 
     /// Forgets hold `hold_id`, whose work never reached its substrate (see [`Store::drop_hold`]).
     pub async fn drop_hold(&self, hold_id: &str) -> Result<(), ServiceError> {
-        Ok(self.inner.store.drop_hold(hold_id).await?)
+        Ok(self.store.drop_hold(hold_id).await?)
     }
 
     /// Records work its substrate runs without having asked admission (see [`Store::adopt`]).
     pub async fn adopt(&self, lease: Lease, detail: &str) -> Result<Lease, ServiceError> {
         let now = self.now();
-        Ok(self.inner.store.adopt(lease, now, detail).await?)
+        Ok(self.store.adopt(lease, now, detail).await?)
     }
 
     /// Marks an open lease `active`: its substrate started it.
     pub async fn activate(&self, id: &str) -> Result<Lease, ServiceError> {
         let now = self.now();
         Ok(self
-            .inner
             .store
             .transition(id, LeaseState::Active, now, ReleaseReason::User, "")
             .await?)
@@ -456,11 +464,7 @@ impl Service {
             ReleaseReason::Failed => LeaseState::Failed,
             _ => LeaseState::Released,
         };
-        Ok(self
-            .inner
-            .store
-            .transition(id, to, now, reason, detail)
-            .await?)
+        Ok(self.store.transition(id, to, now, reason, detail).await?)
     }
 
     /// Changes the GPUs of a lease whose substrate is changing them itself (a pending Slurm
@@ -559,7 +563,7 @@ impl Service {
             Ok(()) => {
                 let now = self.now();
                 // `granted` is on disk; if `active` is lost in a crash, re-adoption redoes it.
-                let store = &self.inner.store;
+                let store = &self.store;
                 Ok(store
                     .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
                     .applied()
@@ -570,8 +574,7 @@ impl Service {
                 tracing::warn!(lease_id = %id, error = %e, "provisioning failed");
                 let now = self.now();
                 let detail = e.to_string();
-                self.inner
-                    .store
+                self.store
                     .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
                     .await?;
                 Err(ServiceError::Substrate(format!(
@@ -602,13 +605,12 @@ impl Service {
             None => Some(principal.teams.clone()),
         };
         let filter = LeaseFilter { teams, state };
-        Ok(self.inner.store.leases(&filter).await?)
+        Ok(self.store.leases(&filter).await?)
     }
 
     /// Lease `id` as the store has it, whoever asks.
     async fn stored(&self, id: &str) -> Result<Lease, ServiceError> {
-        self.inner
-            .store
+        self.store
             .lease(id)
             .await?
             .ok_or_else(|| ServiceError::NotFound(format!("there is no lease {id}")))
@@ -664,7 +666,6 @@ impl Service {
         // process dies between the reclaim and that commit, the lease is still open on disk and
         // re-adoption finds it gone from its substrate and marks it failed.
         let lease = self
-            .inner
             .store
             .transition(id, LeaseState::Releasing, now, reason, "")
             .applied()
@@ -683,7 +684,6 @@ impl Service {
             detail.push_str(why);
         }
         Ok(self
-            .inner
             .store
             .transition(id, LeaseState::Released, now, reason, &detail)
             .await?)
@@ -694,7 +694,6 @@ impl Service {
     pub async fn fail(&self, id: &str, why: &str) -> Result<Lease, ServiceError> {
         let now = self.now();
         Ok(self
-            .inner
             .store
             .transition(id, LeaseState::Failed, now, ReleaseReason::Failed, why)
             .await?)
@@ -707,7 +706,7 @@ impl Service {
     /// again on the next start; `releasing` leases are left to a retried release.
     pub async fn readopt(&self) -> Result<Readoption, ServiceError> {
         let mut report = Readoption::default();
-        let open = self.inner.store.open_leases()?;
+        let open = self.store.open_leases()?;
         for lease in open {
             if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
                 continue;
@@ -736,8 +735,7 @@ impl Service {
             match status {
                 LeaseStatus::Running => {
                     if lease.state == LeaseState::Granted {
-                        self.inner
-                            .store
+                        self.store
                             .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
                             .await?;
                     }
@@ -751,8 +749,7 @@ impl Service {
                         _ => "gone from its substrate while the enforcer was down".to_string(),
                     };
                     tracing::warn!(lease_id = %lease.id, substrate = %lease.substrate, detail = %detail, "lease failed");
-                    self.inner
-                        .store
+                    self.store
                         .transition(&id, LeaseState::Failed, now, ReleaseReason::Failed, &detail)
                         .await?;
                     report.failed += 1;
@@ -767,11 +764,10 @@ impl Service {
     /// on the next call.
     pub async fn expire_due(&self) -> Result<usize, ServiceError> {
         let now = self.now();
-        let due = self.inner.store.due_for_expiry(now)?;
+        let due = self.store.due_for_expiry(now)?;
         let mut released = 0;
         for lease in due {
             if self
-                .inner
                 .store
                 .exempt_until(&lease.id)
                 .is_some_and(|until| until > now)
@@ -782,8 +778,7 @@ impl Service {
                 let record = Audit::lease(ActionKind::Reclaim, &lease, "expired")
                     .under_workload_policy(lease.workload)
                     .at(now, Outcome::DryRun, "past its end; would be reclaimed");
-                self.inner
-                    .store
+                self.store
                     .record_once(&format!("dry_run:expired:{}", lease.id), &record)
                     .await?;
                 continue;
@@ -842,7 +837,7 @@ impl Service {
             }
         }
         let now = self.now();
-        Ok(self.inner.store.extend(id, new_end, now).await?)
+        Ok(self.store.extend(id, new_end, now).await?)
     }
 
     /// Exempts a lease from the runtime rules (idle and duration) for `duration` from now. Admins
@@ -870,7 +865,6 @@ impl Service {
         let now = self.now();
         let until_ms = gpuwarden_schema::end_after(now, duration);
         Ok(self
-            .inner
             .store
             .exempt(id, until_ms, &principal.name, reason, now)
             .await?)
@@ -932,8 +926,7 @@ impl Service {
                 self.inner.metrics.count_driver_error();
                 tracing::warn!(lease_id = %id, error = %e, "resize failed on the substrate; putting the lease back");
                 let now = self.now();
-                self.inner
-                    .store
+                self.store
                     .undo_resize(id, &before, now, &e.to_string())
                     .await?;
                 return Err(ServiceError::Substrate(format!(
@@ -955,7 +948,6 @@ impl Service {
         let config = self.inner.config.clone();
         let now = self.now();
         let (_, lease) = self
-            .inner
             .store
             .resize(
                 id,
@@ -1002,7 +994,7 @@ impl Service {
         let config = self.inner.config.clone();
         let now = self.now();
         let inner = self.inner.clone();
-        self.inner.store.resize(
+        self.store.resize(
             &lease.id,
             now,
             &config.pricing.clone(),
@@ -1023,13 +1015,13 @@ impl Service {
     /// Blocks `team`'s new admissions for `reason` (`budget_exceeded`), with a `block` Action.
     pub async fn block_team(&self, team: &str, reason: &str) -> Result<(), ServiceError> {
         let now = self.now();
-        Ok(self.inner.store.block_team(team, reason, now).await?)
+        Ok(self.store.block_team(team, reason, now).await?)
     }
 
     /// Lifts `team`'s block, with an `unblock` Action.
     pub async fn unblock_team(&self, team: &str) -> Result<(), ServiceError> {
         let now = self.now();
-        Ok(self.inner.store.unblock_team(team, now).await?)
+        Ok(self.store.unblock_team(team, now).await?)
     }
 
     /// A team's quota, holdings, spend, budget and block.
@@ -1046,7 +1038,7 @@ impl Service {
             )));
         }
         let now = self.now();
-        let ledger = self.inner.store.ledger(now, &config.pricing)?;
+        let ledger = self.store.ledger(now, &config.pricing)?;
         Ok(Team {
             gpus_held: ledger.held_gpus.get(&t.name).copied().unwrap_or(0),
             month_to_date_usd: ledger.spend_usd.get(&t.name).copied().unwrap_or(0.0),

@@ -56,6 +56,7 @@ use crate::policy::{AdmissionRequest, Decision};
 
 pub mod audit;
 mod db;
+pub mod leader;
 mod memory;
 mod migrations;
 mod postgres;
@@ -95,6 +96,9 @@ pub enum Admitted {
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+    /// Every change and query of this view is fenced by the replica's leadership (see
+    /// [`Store::leading`]).
+    fenced: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -115,6 +119,8 @@ struct Inner {
     memory: Arc<Mutex<Memory>>,
     /// Which database, and what only it needs.
     backend: Backend,
+    /// Whether this replica leads (always, on SQLite).
+    leadership: Arc<leader::Leadership>,
     /// Jobs for the writer thread.
     queue: Arc<Queue>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -131,16 +137,21 @@ enum Backend {
     /// An SQLite file, held (an exclusive lock on `<database>.lock`) for as long as the store is
     /// open.
     Sqlite { _owner: File },
-    /// PostgreSQL, shared with other replicas; its listener thread.
-    Postgres(postgres::Threads),
+    /// PostgreSQL, shared with other replicas: its listener and elector threads, and how to
+    /// reach it (for the elector, started by [`Store::elect`]).
+    Postgres(postgres::Threads, postgres::Target),
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Backend::Postgres(threads) = &mut self.backend {
+        if let Backend::Postgres(threads, _) = &mut self.backend {
             threads.stop.store(true, Ordering::Release);
             if let Some(listener) = threads.listener.take() {
                 let _ = listener.join();
+            }
+            // The elector gives the leadership up as it stops, for a prompt failover.
+            if let Some(elector) = lock(&threads.elector).take() {
+                let _ = elector.join();
             }
         }
         if let Some((stop, checkpointer)) = lock(&self.checkpointer).take() {
@@ -168,6 +179,15 @@ enum Change<T> {
     /// Lease `id` is not open: the answer is why, read from the file once the lock is released
     /// (it does not exist, or it has ended; `to` is the state asked for, if any).
     NotOpen { id: String, to: Option<LeaseState> },
+}
+
+/// A replica's name when none is given: the host's name and the process id.
+fn default_replica() -> String {
+    format!(
+        "{}-{}",
+        rustix::system::uname().nodename().to_string_lossy(),
+        std::process::id()
+    )
 }
 
 /// A change handed to the PostgreSQL writer, and the channel of its answer.
@@ -281,10 +301,12 @@ impl Store {
                 })?
         };
         Ok(Self {
+            fenced: false,
             inner: Arc::new(Inner {
                 location: path.display().to_string(),
                 memory: Arc::new(Mutex::new(memory)),
                 backend: Backend::Sqlite { _owner: owner },
+                leadership: Arc::new(leader::Leadership::sole(&default_replica())),
                 queue,
                 writer: Mutex::new(Some(writer)),
                 checkpointer: Mutex::new(Some((stop_checkpoints, checkpointer))),
@@ -334,13 +356,19 @@ impl Store {
                 .map_err(|e| StoreError::Io(format!("cannot start the store's listener: {e}")))?
         };
         Ok(Self {
+            fenced: false,
             inner: Arc::new(Inner {
                 location: target.shown().to_owned(),
                 memory,
-                backend: Backend::Postgres(postgres::Threads {
-                    stop,
-                    listener: Some(listener),
-                }),
+                backend: Backend::Postgres(
+                    postgres::Threads {
+                        stop,
+                        listener: Some(listener),
+                        elector: Mutex::new(None),
+                    },
+                    target.clone(),
+                ),
+                leadership: Arc::new(leader::Leadership::new(&default_replica())),
                 queue,
                 writer: Mutex::new(Some(writer)),
                 checkpointer: Mutex::new(None),
@@ -351,7 +379,67 @@ impl Store {
 
     /// Whether the store is in PostgreSQL (shared with other replicas).
     pub fn is_shared(&self) -> bool {
-        matches!(self.inner.backend, Backend::Postgres(_))
+        matches!(self.inner.backend, Backend::Postgres(..))
+    }
+
+    /// Takes part in electing the leader as `replica`, with a lease of `lease` (renewed every
+    /// third of it; a leader that stops renewing is replaced within `lease`). On SQLite this
+    /// store's one owner leads, as `replica`. Called once, at start; a second call changes
+    /// nothing.
+    pub fn elect(&self, replica: &str, lease: Duration) -> Result<(), StoreError> {
+        match &self.inner.backend {
+            Backend::Sqlite { .. } => {
+                self.inner.leadership.lead_alone(replica);
+                Ok(())
+            }
+            Backend::Postgres(threads, target) => {
+                let mut elector = lock(&threads.elector);
+                if elector.is_some() {
+                    return Ok(());
+                }
+                self.inner.leadership.rename(replica);
+                *elector = Some(leader::spawn(
+                    target.clone(),
+                    self.inner.leadership.clone(),
+                    lease,
+                    threads.stop.clone(),
+                )?);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether this replica leads, and who does.
+    pub fn leadership(&self) -> &Arc<leader::Leadership> {
+        &self.inner.leadership
+    }
+
+    /// This store for the leader's work: each change and query is made only while this replica
+    /// leads, checked inside the transaction that makes it against the leader's lease (its term
+    /// is the fencing token), else refused with [`StoreError::Fenced`].
+    pub fn leading(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            fenced: true,
+        }
+    }
+
+    /// The fence this view's jobs carry: `Ok(None)` unfenced (or on SQLite, whose one owner
+    /// leads), the leader's fence, or why not.
+    fn fence(&self, what: &str) -> Result<Option<leader::Fence>, StoreError> {
+        if !self.fenced || !self.is_shared() {
+            return Ok(None);
+        }
+        match self.inner.leadership.fence() {
+            Some(fence) => Ok(Some(fence)),
+            None => Err(StoreError::Fenced(format!(
+                "{what} (the leader is {})",
+                match self.inner.leadership.leader() {
+                    (who, _) if who.is_empty() => "not known yet".to_owned(),
+                    (who, term) => format!("{who}, term {term}"),
+                }
+            ))),
+        }
     }
 
     /// Where the store is: the SQLite file, or the PostgreSQL URL without its password.
@@ -388,8 +476,12 @@ impl Store {
             return Pending::ready(Err(e));
         }
         if self.is_shared() {
+            let fence = match self.fence("change the lease store") {
+                Ok(fence) => fence,
+                Err(e) => return Pending::ready(Err(e)),
+            };
             let (answer, heard) = tokio::sync::oneshot::channel();
-            let job = Job::Mutate(Box::new(Decide { change, answer }));
+            let job = Job::Mutate(Box::new(Decide { change, answer }), fence);
             return self.inner.queue.asked(job, heard);
         }
         let mut memory = lock(&self.inner.memory);
@@ -421,7 +513,10 @@ impl Store {
         if let Err(e) = self.check() {
             return Pending::ready(Err(e));
         }
-        self.inner.queue.read(query)
+        match self.fence("read for the leader's work") {
+            Ok(fence) => self.inner.queue.read(fence, query),
+            Err(e) => Pending::ready(Err(e)),
+        }
     }
 
     /// How many transactions the writer has committed, and how many changes they carried.

@@ -42,6 +42,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 
 use super::db::Db;
+use super::leader::{self, Fence};
 use super::memory::Memory;
 use super::rows::{json, ParseRaw, RawLease, COLUMNS, OPEN};
 use super::types::{Lease, LeaseFilter, OutboxRow, StoreError};
@@ -131,6 +132,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
         version BIGINT PRIMARY KEY,
         keys TEXT NOT NULL
     );"#,
+    // 2: the leader's lease (see leader.rs): who holds it, its term (the fencing token), and
+    // when it runs out, on PostgreSQL's clock.
+    r#"CREATE TABLE leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        term BIGINT NOT NULL,
+        expires_ms BIGINT NOT NULL
+    );
+    INSERT INTO leader (id, holder, term, expires_ms) VALUES (1, '', 0, 0);"#,
 ];
 
 /// How to reach the database: the URL's settings, with the password from `password_file`.
@@ -826,7 +836,7 @@ impl Writer {
         let shown = self.target.shown().to_owned();
         let client = self.client.as_mut().expect("ready() connected");
         let mut made = Made::default();
-        let writes = batch.iter().any(|j| matches!(j, Job::Mutate(_)));
+        let writes = batch.iter().any(|j| matches!(j, Job::Mutate(..)));
         let mut jobs = batch.into_iter();
         let result = run_batch(
             client,
@@ -919,12 +929,47 @@ fn run_batch(
         tx.execute(&s, &[&LOCK_KEY]).map_err(fail)?;
     }
     catch_up(&mut tx, memory, target)?;
+    // The leader's lease as it stands now, if a job is fenced by it: the row is locked until
+    // the commit, so a new leader cannot be elected in between.
+    let fenced = jobs
+        .as_slice()
+        .iter()
+        .any(|j| matches!(j, Job::Mutate(_, Some(_)) | Job::Read(_, Some(_))));
+    let leader: Option<Fence> = if fenced {
+        tx.query_opt(&format!("{} FOR SHARE", leader::holder_sql()), &[])
+            .map_err(fail)?
+            .map(|r| Fence {
+                replica: r.get(0),
+                term: r.get(1),
+            })
+    } else {
+        None
+    };
+    let refused = |fence: &Option<Fence>, what: &str| -> Option<StoreError> {
+        let fence = fence.as_ref()?;
+        (leader.as_ref() != Some(fence)).then(|| {
+            StoreError::Fenced(format!(
+                "{what}: its term {} is not the leader's ({})",
+                fence.term,
+                leader
+                    .as_ref()
+                    .map_or("the lease has run out".to_owned(), |l| format!(
+                        "{} holds term {}",
+                        l.replica, l.term
+                    ))
+            ))
+        })
+    };
     let mut ops: Vec<Op> = Vec::new();
     // Every change this batch makes of memory, for the other replicas.
     let mut keys = BTreeSet::new();
     for job in jobs.by_ref() {
         match job {
-            Job::Mutate(change) => {
+            Job::Mutate(change, fence) => {
+                if let Some(e) = refused(&fence, "change the lease store") {
+                    change.fail(e);
+                    continue;
+                }
                 let mut guard = lock(memory);
                 let mut db = Pg {
                     db: &mut tx,
@@ -936,7 +981,11 @@ fn run_batch(
                     made.changes += 1;
                 }
             }
-            Job::Read(query) => {
+            Job::Read(query, fence) => {
+                if let Some(e) = refused(&fence, "read for the leader's work") {
+                    query.fail(e);
+                    continue;
+                }
                 // Reads see the rows written before them in this transaction.
                 if let Err(e) = write_rows(&mut tx, statements, &ops, &mut keys) {
                     let e = fail(e);
@@ -1008,6 +1057,7 @@ fn same(e: &StoreError) -> StoreError {
     match e {
         StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
         StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        StoreError::Fenced(m) => StoreError::Fenced(m.clone()),
         StoreError::TooNew { found, known } => StoreError::TooNew {
             found: *found,
             known: *known,
@@ -1020,8 +1070,8 @@ fn same(e: &StoreError) -> StoreError {
 fn fail_all(batch: Vec<Job>, e: &StoreError) {
     for job in batch {
         match job {
-            Job::Mutate(change) => change.fail(same(e)),
-            Job::Read(query) => query.fail(same(e)),
+            Job::Mutate(change, _) => change.fail(same(e)),
+            Job::Read(query, _) => query.fail(same(e)),
             Job::Write { done, .. } => {
                 let _ = done.send(Err(e.to_string()));
             }
@@ -1093,4 +1143,6 @@ pub(super) fn open(target: &Target) -> Result<(Client, Memory), StoreError> {
 pub(super) struct Threads {
     pub(super) stop: Arc<AtomicBool>,
     pub(super) listener: Option<std::thread::JoinHandle<()>>,
+    /// The leader elector, once [`Store::elect`](super::Store::elect) started it.
+    pub(super) elector: Mutex<Option<std::thread::JoinHandle<()>>>,
 }

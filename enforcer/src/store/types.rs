@@ -19,6 +19,10 @@ pub enum StoreError {
     /// happen; trying again, on this replica or another, may help).
     #[error("the lease store's database is unavailable: {0}")]
     Unavailable(String),
+    /// A change only the leader may make, asked of a replica that does not lead (or no longer
+    /// does: its term is not the lease's); nothing was changed.
+    #[error("this replica does not lead, so it may not {0}")]
+    Fenced(String),
     /// PostgreSQL refused a statement (the change did not happen).
     #[error("the lease store failed: {0}")]
     Postgres(String),

@@ -14,6 +14,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
 use super::db::{Db, Sqlite};
+use super::leader::Fence;
 use super::memory::Memory;
 use super::rows::{json, INSERT_LEASE};
 use super::types::{Lease, StoreError};
@@ -133,10 +134,12 @@ pub(super) enum Job {
         ops: Vec<Op>,
         done: oneshot::Sender<Result<(), String>>,
     },
-    /// A change to decide in the writer's transaction (PostgreSQL).
-    Mutate(Box<dyn Deferred>),
-    /// A query, run after every write queued before it.
-    Read(Box<dyn Query>),
+    /// A change to decide in the writer's transaction (PostgreSQL); made only while the fence,
+    /// when it has one, is the leader's (see `leader.rs`).
+    Mutate(Box<dyn Deferred>, Option<Fence>),
+    /// A query, run after every write queued before it (on PostgreSQL only while its fence, when
+    /// it has one, is the leader's).
+    Read(Box<dyn Query>, Option<Fence>),
     /// Another replica committed: bring memory up to date (PostgreSQL).
     CatchUp,
 }
@@ -247,10 +250,11 @@ impl Queue {
     /// Runs `query` on the writer's database after every write queued so far.
     pub(super) fn read<T: Send + 'static>(
         &self,
+        fence: Option<Fence>,
         query: impl FnOnce(&mut dyn Db) -> Result<T, StoreError> + Send + 'static,
     ) -> Pending<T> {
         let (answer, heard) = oneshot::channel();
-        let job = Job::Read(Box::new(Asked { query, answer }));
+        let job = Job::Read(Box::new(Asked { query, answer }), fence);
         self.asked(job, heard)
     }
 
@@ -435,7 +439,7 @@ pub(super) fn write_loop(mut conn: Connection, queue: &Queue, broken: &OnceLock<
         let batch: Vec<Job> = batch
             .into_iter()
             .filter_map(|job| match job {
-                Job::Mutate(change) => {
+                Job::Mutate(change, _) => {
                     change.fail(StoreError::Io("a change went to the SQLite writer".into()));
                     None
                 }
@@ -499,8 +503,8 @@ fn run_batch(
     let mut failed = None;
     for job in batch {
         match job {
-            Job::Read(query) => query.run(&mut Sqlite(&tx)),
-            Job::Mutate(_) | Job::CatchUp => {}
+            Job::Read(query, _) => query.run(&mut Sqlite(&tx)),
+            Job::Mutate(..) | Job::CatchUp => {}
             Job::Write { ops, done } => {
                 waiting.push(done);
                 if failed.is_none() {

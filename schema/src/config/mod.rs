@@ -928,6 +928,33 @@ pub struct EnforcerConfig {
     pub outbox_retention: Option<Duration>,
     /// `[enforcer.store]`: where the lease store lives, when not the SQLite file of `database`.
     pub store: StoreConfig,
+    /// `[enforcer.leader]`: how the replicas sharing a PostgreSQL store elect the one that does
+    /// the work that must happen once.
+    pub leader: LeaderConfig,
+}
+
+/// `[enforcer.leader]`: the leader's lease, for replicas on one PostgreSQL store. The leader
+/// renews its lease every third of `lease`; when it stops (killed, paused, cut off), another
+/// replica takes over once the lease has run out, so `lease` bounds how long the runtime rules,
+/// expiry, watchers and publishing pause. On SQLite the one enforcer always leads.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaderConfig {
+    /// How long a leader's claim lasts without renewal (default 6 s; at least 1 s).
+    #[serde(deserialize_with = "duration::required")]
+    pub lease: Duration,
+    /// This replica's name, as `/metrics` and `/healthz` show the leader (default: the host's
+    /// name and the process id; a Kubernetes pod's name is its host name).
+    pub replica: Option<String>,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(6),
+            replica: None,
+        }
+    }
 }
 
 /// `[enforcer.store]`: the lease store's database. Unset, it is the embedded SQLite file of
@@ -974,6 +1001,7 @@ impl Default for EnforcerConfig {
             insecure_plaintext: false,
             outbox_retention: Some(Duration::from_secs(7 * 86_400)),
             store: StoreConfig::default(),
+            leader: LeaderConfig::default(),
         }
     }
 }

@@ -51,6 +51,21 @@ pub(crate) fn check(config: &Config, report: Report<'_>) {
         );
     }
     store(&config.enforcer, report);
+    let lease = config.enforcer.leader.lease;
+    if lease < Duration::from_secs(1) || lease > Duration::from_secs(600) {
+        report(
+            at(&["enforcer", "leader", "lease"]),
+            "must be between 1s and 10m".into(),
+        );
+    }
+    if let Some(name) = &config.enforcer.leader.replica {
+        if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
+            report(
+                at(&["enforcer", "leader", "replica"]),
+                "must be 1 to 253 printable characters".into(),
+            );
+        }
+    }
     for (i, url) in config.enforcer.alert_webhooks.iter().enumerate() {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             report(
