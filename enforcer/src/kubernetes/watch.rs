@@ -57,16 +57,31 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
         }
     };
     let pods: Api<Pod> = Api::all(client);
-    let mut events = watcher::watcher(pods, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let watch_pods = || {
+        watcher::watcher(pods.clone(), watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    };
+    let mut events = watch_pods();
     let mut listed: Option<HashSet<String>> = None;
+    // Every replica watches (its readiness waits for the first list); only the leader follows
+    // the pods into leases, and one that becomes leader lists them all again first.
+    let mut leads = service.store().leadership().subscribe();
     tracing::info!(substrate = %substrate, "watching the cluster's pods");
     loop {
         let event = tokio::select! {
             event = events.next() => event,
+            changed = leads.changed() => {
+                if changed.is_ok() && *leads.borrow_and_update() {
+                    tracing::info!(substrate = %substrate, "leading: listing the pods again to follow them");
+                    events = watch_pods();
+                    listed = None;
+                }
+                continue;
+            }
             _ = stop.wait_for(|s| *s) => return,
         };
+        let leading = service.store().leadership().is_leader();
         let Some(event) = event else { return };
         let event = match event {
             Ok(event) => event,
@@ -78,7 +93,7 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
         match event {
             Event::Init => listed = Some(HashSet::new()),
             Event::InitApply(pod) => {
-                if let Some(id) = lease_of(kubernetes, &pod) {
+                if let Some(id) = lease_of(kubernetes, &pod).filter(|_| leading) {
                     if let Some(seen) = &mut listed {
                         seen.insert(id.clone());
                     }
@@ -86,18 +101,19 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
                 }
             }
             Event::InitDone => {
-                if let Some(seen) = listed.take() {
+                if let Some(seen) = listed.take().filter(|_| leading) {
                     forget_missing(&service, kubernetes, &substrate, &seen).await;
                 }
                 kubernetes.pods_listed();
             }
             Event::Apply(pod) => {
-                if let Some(id) = lease_of(kubernetes, &pod) {
+                if let Some(id) = lease_of(kubernetes, &pod).filter(|_| leading) {
                     follow(&service, &substrate, &id, &pod).await;
                 }
             }
             Event::Delete(pod) => {
-                if let Some(id) = lease_of(kubernetes, &pod).filter(|id| !deployed(kubernetes, id))
+                if let Some(id) =
+                    lease_of(kubernetes, &pod).filter(|id| leading && !deployed(kubernetes, id))
                 {
                     end(
                         &service,

@@ -87,6 +87,10 @@ pub struct Readoption {
     pub unknown: usize,
 }
 
+/// How recently granted a lease on a shared store must be for re-adoption to leave it alone:
+/// longer than any provisioning (a driver's calls, with their retries) takes.
+const READOPT_GRACE_MS: i64 = 5 * 60 * 1000;
+
 /// The enforcer's lease lifecycle over one store and one set of drivers. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Service {
@@ -709,6 +713,16 @@ impl Service {
         let open = self.store.open_leases()?;
         for lease in open {
             if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
+                continue;
+            }
+            // On a shared store another replica may be provisioning a lease it has just
+            // granted: one not yet provisioned is not gone. Such a lease is left to its
+            // replica, which makes it active or failed itself.
+            if self.store.is_shared()
+                && lease.state == LeaseState::Granted
+                && self.now() - lease.updated_at < READOPT_GRACE_MS
+            {
+                report.unknown += 1;
                 continue;
             }
             let driver = self.driver(&lease)?;

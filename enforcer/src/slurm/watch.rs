@@ -114,6 +114,12 @@ impl Watcher {
             .snapshot(Duration::ZERO)
             .await
             .map_err(|e| e.to_string())?;
+        // Every replica reads the queue (its submit hook answers from the snapshot); only the
+        // leader follows it into leases.
+        if !service.store().leadership().is_leader() {
+            self.seen.clear();
+            return Ok(());
+        }
         // Leases whose jobs this read found (ended ones too).
         let mut in_queue: HashSet<String> = HashSet::new();
         for (lease_job, jobs) in by_lease(&snapshot.jobs) {

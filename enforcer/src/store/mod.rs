@@ -139,7 +139,7 @@ enum Backend {
     Sqlite { _owner: File },
     /// PostgreSQL, shared with other replicas: its listener and elector threads, and how to
     /// reach it (for the elector, started by [`Store::elect`]).
-    Postgres(postgres::Threads, postgres::Target),
+    Postgres(postgres::Threads, Box<postgres::Target>),
 }
 
 impl Drop for Inner {
@@ -366,7 +366,7 @@ impl Store {
                         listener: Some(listener),
                         elector: Mutex::new(None),
                     },
-                    target.clone(),
+                    Box::new(target.clone()),
                 ),
                 leadership: Arc::new(leader::Leadership::new(&default_replica())),
                 queue,
@@ -399,7 +399,7 @@ impl Store {
                 }
                 self.inner.leadership.rename(replica);
                 *elector = Some(leader::spawn(
-                    target.clone(),
+                    target.as_ref().clone(),
                     self.inner.leadership.clone(),
                     lease,
                     threads.stop.clone(),

@@ -1,0 +1,548 @@
+//! Several `gpuwarden enforce` replicas on one PostgreSQL lease store (a real server that
+//! tests/support/postgres.rs starts), as a highly available installation runs them: every
+//! replica admits; one leads (re-adoption, expiry, publishing). Their substrate is a `webhook`
+//! provisioner served by the test itself, so that every replica sees the same substrate (as a
+//! real cluster is seen by each) and the test counts what each was asked.
+//!
+//! - The leader is SIGKILLed while a client admits at a steady rate, moving to another replica
+//!   when one refuses the connection or answers 503: no admission answered "admitted" is lost,
+//!   none is admitted twice, and a new leader takes over the expiries, each lease reclaimed
+//!   once. The time to a new leader is printed.
+//! - The leader is SIGSTOPped past its lease and SIGCONTed: the other replica has taken over
+//!   and expired what came due meanwhile; the woken one changes nothing.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::pg::Postgres;
+use support::{eventually, sha256_hex, Broker, Running};
+
+const TOKEN: &str = "ada-secret-token";
+
+/// The substrate: a provisioner every replica's webhook driver calls. It keeps each lease's
+/// state and counts the calls per action and lease.
+#[derive(Clone, Default)]
+struct Provisioner {
+    state: Arc<Mutex<ProvisionerState>>,
+}
+
+#[derive(Default)]
+struct ProvisionerState {
+    running: BTreeSet<String>,
+    calls: BTreeMap<(String, String), usize>,
+}
+
+impl Provisioner {
+    /// Serves on a free loopback port; its URL.
+    fn start(&self) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/gpuwarden", listener.local_addr().unwrap());
+        let me = self.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let me = me.clone();
+                std::thread::spawn(move || me.answer(stream));
+            }
+        });
+        url
+    }
+
+    fn answer(&self, mut stream: TcpStream) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let call: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let action = call["action"].as_str().unwrap_or("").to_owned();
+        let lease = call["lease"]["lease_id"].as_str().unwrap_or("").to_owned();
+        let answer = {
+            let mut state = self.state.lock().unwrap();
+            *state
+                .calls
+                .entry((action.clone(), lease.clone()))
+                .or_default() += 1;
+            match action.as_str() {
+                "provision" | "resize" => {
+                    state.running.insert(lease);
+                    json!({})
+                }
+                "reclaim" => {
+                    state.running.remove(&lease);
+                    json!({})
+                }
+                _ => {
+                    json!({"state": if state.running.contains(&lease) { "running" } else { "gone" }})
+                }
+            }
+        };
+        let text = answer.to_string();
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+            text.len()
+        );
+    }
+
+    /// How many times lease `lease` was asked `action`.
+    fn calls(&self, action: &str, lease: &str) -> usize {
+        let state = self.state.lock().unwrap();
+        state
+            .calls
+            .get(&(action.to_owned(), lease.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Replica `name`'s config: its own data dir and API port, the shared store, a leader lease of
+/// `lease`, one team (quota 1000) and the provisioner's 1000 GPUs.
+fn write_config(
+    dir: &Path,
+    name: &str,
+    store: &str,
+    bootstrap: &str,
+    provisioner: &str,
+) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let data = dir.join(name);
+    let text = format!(
+        r#"[kafka]
+brokers = "{bootstrap}"
+partitions = 3
+
+[storage]
+data_dir = "{data}"
+
+[[teams]]
+name = "ml"
+members = ["ada"]
+gpu_quota = 1000
+monthly_budget_usd = 100000000.0
+
+[workloads.training]
+max_gpus = 8
+max_duration = "24h"
+substrates = ["portal"]
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[enforcer.store]
+url = "{store}"
+
+[enforcer.leader]
+lease = "2s"
+replica = "{name}"
+
+[[substrates]]
+name = "portal"
+driver = "webhook"
+url = "{provisioner}"
+gpu_model = "NVIDIA A100-SXM4-80GB"
+capacity = 1000
+timeout = "2s"
+retries = 1
+
+[[tokens]]
+name = "ada"
+sha256 = "{hash}"
+role = "member"
+teams = ["ml"]
+"#,
+        data = data.display(),
+        hash = sha256_hex(TOKEN),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A replica: its process and its API's address (host:port).
+struct Replica {
+    name: String,
+    process: Option<Running>,
+    address: String,
+}
+
+fn start_replica(config: &Path, name: &str) -> Replica {
+    let mut process = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let line = process.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = line["fields"]["api"]
+        .as_str()
+        .or(line["api"].as_str())
+        .expect("the api field")
+        .to_owned();
+    Replica {
+        name: name.to_owned(),
+        process: Some(process),
+        address: api.trim_start_matches("http://").to_owned(),
+    }
+}
+
+/// One HTTP request; `None` when the connection failed or broke (the outcome is unknown past
+/// the connect).
+fn request(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), Sent> {
+    let mut stream = TcpStream::connect(address).map_err(|_| Sent::NotConnected)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = body.unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(format!("{head}{body}").as_bytes())
+        .map_err(|_| Sent::Unknown)?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|_| Sent::Unknown)?;
+    match support::status_and_body(&response) {
+        (0, _) => Err(Sent::Unknown),
+        answer => Ok(answer),
+    }
+}
+
+/// Why a request has no answer.
+#[derive(Debug, PartialEq)]
+enum Sent {
+    /// Nothing reached a replica: safe to ask another.
+    NotConnected,
+    /// The request may have been decided: not asked again.
+    Unknown,
+}
+
+/// The replica `/healthz` names as leader, asked of any that answers.
+fn leader(replicas: &[Replica]) -> Option<String> {
+    let named: Vec<(String, String)> = replicas
+        .iter()
+        .map(|r| (r.name.clone(), r.address.clone()))
+        .collect();
+    leader_of(&named)
+}
+
+/// [`leader`], of replicas given as (name, address).
+fn leader_of(replicas: &[(String, String)]) -> Option<String> {
+    replicas.iter().find_map(|(name, address)| {
+        let (status, body) = request(address, "GET", "/healthz", None).ok()?;
+        (status == 200 && body.contains("\nrole: leader\n")).then(|| name.clone())
+    })
+}
+
+fn wait_for_leader(replicas: &[Replica], other_than: Option<&str>, within: Duration) -> String {
+    eventually("a leader", within, || match leader(replicas) {
+        Some(name) if Some(name.as_str()) != other_than => Ok(name),
+        other => Err(format!("{other:?}")),
+    })
+}
+
+/// Admits one GPU for `duration` on the first replica, from `first`, that takes the request;
+/// moves on when a replica refuses the connection or answers 503 (nothing was decided). The
+/// answer: Some(lease id) when admitted, None when the outcome is unknown.
+fn admit(replicas: &[Replica], first: usize, label: usize, duration: &str) -> Option<String> {
+    let body = json!({
+        "team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1,
+        "duration": duration, "labels": {"request": label.to_string()},
+    })
+    .to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for attempt in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "no replica admitted request {label}"
+        );
+        let replica = &replicas[(first + attempt) % replicas.len()];
+        match request(&replica.address, "POST", "/v1/admission", Some(&body)) {
+            Ok((200, answer)) => {
+                let answer: Value = serde_json::from_str(&answer).unwrap();
+                assert_eq!(answer["decision"], "admitted", "{answer}");
+                return Some(answer["lease"]["id"].as_str().unwrap().to_owned());
+            }
+            Ok((503, _)) | Err(Sent::NotConnected) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok((status, answer)) => panic!("request {label}: {status} {answer}"),
+            Err(Sent::Unknown) => return None,
+        }
+    }
+    unreachable!()
+}
+
+/// Every lease row: id → (state, release_reason, request label).
+fn leases(url: &str) -> BTreeMap<String, (String, Option<String>, String)> {
+    Postgres::client(url)
+        .query("SELECT id, state, release_reason, labels FROM leases", &[])
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let labels: Value = serde_json::from_str(r.get::<_, &str>(3)).unwrap();
+            (
+                r.get::<_, String>(0),
+                (
+                    r.get::<_, String>(1),
+                    r.get::<_, Option<String>>(2),
+                    labels["request"].as_str().unwrap_or("").to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// How many Actions of kind `action` the outbox holds per lease.
+fn actions(url: &str, action: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for row in Postgres::client(url)
+        .query(
+            "SELECT payload FROM outbox WHERE topic = 'gpuwarden.actions'",
+            &[],
+        )
+        .unwrap()
+    {
+        let record: Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+        if record["action"] == action {
+            if let Some(lease) = record["lease_id"].as_str() {
+                *out.entry(lease.to_owned()).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+struct Installation {
+    _dir: tempfile::TempDir,
+    _broker: Broker,
+    provisioner: Provisioner,
+    url: String,
+    replicas: Vec<Replica>,
+}
+
+fn install(n: usize) -> Installation {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let provisioner = Provisioner::default();
+    let hook = provisioner.start();
+    let url = support::pg::server().database();
+    let replicas = (0..n)
+        .map(|i| {
+            let name = format!("r{i}");
+            let config = write_config(dir.path(), &name, &url, &broker.bootstrap, &hook);
+            start_replica(&config, &name)
+        })
+        .collect();
+    Installation {
+        _dir: dir,
+        _broker: broker,
+        provisioner,
+        url,
+        replicas,
+    }
+}
+
+#[test]
+fn killing_the_leader_under_load_loses_no_admission_and_a_new_leader_takes_over_expiry() {
+    let mut ha = install(3);
+    let first = wait_for_leader(&ha.replicas, None, Duration::from_secs(30));
+    // Admissions at a steady rate through every replica, leases of 4 s: the leader expires
+    // them as they come due.
+    let mut admitted: Vec<(usize, String)> = Vec::new();
+    let mut unknown = 0;
+    let mut killed_at = None;
+    let mut failover = None;
+    // The longest an admission took, retries included: the gap a client saw.
+    let mut slowest = Duration::ZERO;
+    let rate = Duration::from_millis(50);
+    let start = Instant::now();
+    for i in 0..200 {
+        if i == 60 {
+            let leader = ha.replicas.iter_mut().find(|r| r.name == first).unwrap();
+            // SIGKILL: no goodbye, its lease runs out by itself.
+            drop(leader.process.take());
+            let at = Instant::now();
+            killed_at = Some(at);
+            eprintln!(
+                "killed the leader {first} after {} admissions",
+                admitted.len()
+            );
+            // Watches for the next leader meanwhile.
+            let others: Vec<(String, String)> = ha
+                .replicas
+                .iter()
+                .filter(|r| r.process.is_some())
+                .map(|r| (r.name.clone(), r.address.clone()))
+                .collect();
+            failover = Some(std::thread::spawn(move || loop {
+                if let Some(name) = leader_of(&others) {
+                    return (name, at.elapsed());
+                }
+                assert!(at.elapsed() < Duration::from_secs(60), "no new leader");
+                std::thread::sleep(Duration::from_millis(20));
+            }));
+        }
+        let asked = Instant::now();
+        match admit(&ha.replicas, i, i, "4s") {
+            Some(id) => admitted.push((i, id)),
+            None => unknown += 1,
+        }
+        slowest = slowest.max(asked.elapsed());
+        let next = start + rate * (i as u32 + 1);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    assert!(killed_at.is_some());
+    let survivors: Vec<Replica> = std::mem::take(&mut ha.replicas)
+        .into_iter()
+        .filter(|r| r.process.is_some())
+        .collect();
+    let (second, took) = failover.unwrap().join().unwrap();
+    assert_ne!(second, first);
+    eprintln!(
+        "new leader {second} {took:?} after the kill (leader lease 2 s); {} admitted, \
+         {unknown} unknown; slowest admission, retries included: {slowest:?}",
+        admitted.len()
+    );
+    assert!(unknown <= 1, "{unknown} requests broke mid-way");
+
+    // Every admission answered "admitted" is in the store, once.
+    let rows = leases(&ha.url);
+    let ids: BTreeSet<&String> = admitted.iter().map(|(_, id)| id).collect();
+    assert_eq!(ids.len(), admitted.len(), "a lease id answered twice");
+    for (label, id) in &admitted {
+        let (_, _, stored) = rows
+            .get(id)
+            .unwrap_or_else(|| panic!("admitted lease {id} is not in the store"));
+        assert_eq!(stored, &label.to_string());
+    }
+    let mut per_request: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, _, label) in rows.values() {
+        *per_request.entry(label.as_str()).or_default() += 1;
+    }
+    assert!(
+        per_request.values().all(|n| *n == 1),
+        "a request admitted twice: {per_request:?}"
+    );
+    assert!(rows.len() <= admitted.len() + unknown);
+
+    // The new leader expires every lease, each reclaimed once.
+    eventually("every lease expired", Duration::from_secs(60), || {
+        let open: Vec<String> = leases(&ha.url)
+            .into_iter()
+            .filter(|(_, (state, _, _))| state != "released" && state != "failed")
+            .map(|(id, (state, _, _))| format!("{id} {state}"))
+            .collect();
+        if open.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} open: {open:?}", open.len()))
+        }
+    });
+    let reclaims = actions(&ha.url, "reclaim");
+    for (id, (state, reason, _)) in leases(&ha.url) {
+        assert_eq!(
+            (state.as_str(), reason.as_deref()),
+            ("released", Some("expired")),
+            "lease {id}"
+        );
+        assert_eq!(reclaims.get(&id), Some(&1), "lease {id}'s reclaim Actions");
+        assert!(
+            ha.provisioner.calls("reclaim", &id) >= 1,
+            "lease {id} never reclaimed"
+        );
+    }
+    ha.replicas = survivors;
+}
+
+#[test]
+fn a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes() {
+    let ha = install(2);
+    let first = wait_for_leader(&ha.replicas, None, Duration::from_secs(30));
+    let (stopped, other) = if ha.replicas[0].name == first {
+        (&ha.replicas[0], &ha.replicas[1])
+    } else {
+        (&ha.replicas[1], &ha.replicas[0])
+    };
+    let pid = stopped.process.as_ref().unwrap().pid();
+    // A lease that comes due while the leader is stopped.
+    let due = admit(std::slice::from_ref(other), 0, 1, "3s").expect("admitted");
+    let kill = |signal: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    kill("-STOP");
+    let paused = Instant::now();
+    let second = wait_for_leader(std::slice::from_ref(other), None, Duration::from_secs(30));
+    eprintln!(
+        "{second} leads {:?} after {first} was stopped",
+        paused.elapsed()
+    );
+    eventually(
+        "the other replica to expire the lease",
+        Duration::from_secs(30),
+        || match leases(&ha.url).get(&due) {
+            Some((state, reason, _)) if state == "released" => Ok(reason.clone()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    // Another lease due soon after the wake, while the woken replica may still believe it
+    // leads.
+    let later = admit(std::slice::from_ref(other), 0, 2, "1s").expect("admitted");
+    kill("-CONT");
+    eventually(
+        "the woken replica to follow",
+        Duration::from_secs(30),
+        || match request(&stopped.address, "GET", "/healthz", None) {
+            Ok((200, body))
+                if body.contains("\nrole: follower\n")
+                    && body.contains(&format!("\nleader: {second}\n")) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        },
+    );
+    eventually(
+        "the later lease to expire",
+        Duration::from_secs(30),
+        || match leases(&ha.url).get(&later) {
+            Some((state, _, _)) if state == "released" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    // Each lease reclaimed once, by the leader of the time.
+    let reclaims = actions(&ha.url, "reclaim");
+    assert_eq!(reclaims.get(&due), Some(&1), "{reclaims:?}");
+    assert_eq!(reclaims.get(&later), Some(&1), "{reclaims:?}");
+    assert_eq!(ha.provisioner.calls("reclaim", &due), 1);
+    assert_eq!(ha.provisioner.calls("reclaim", &later), 1);
+}
