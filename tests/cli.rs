@@ -3,6 +3,11 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+// Only the PostgreSQL server of the support module, for `store copy`.
+#[allow(dead_code, unreachable_pub)]
+#[path = "support/postgres.rs"]
+mod pg;
+
 fn gpuwarden(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(args)
@@ -417,6 +422,108 @@ fn sql_lists_the_lakes_tables_and_columns_in_information_schema() {
     assert!(!ok);
     assert!(
         stderr.contains("statement timeout (1s, --timeout)") && stderr.contains("57014"),
+        "{stderr}"
+    );
+}
+
+/// `store copy` as an operator runs it to move an enforcer's SQLite file to PostgreSQL: a help
+/// that says what it copies and what it asks first, a table of what it copied, a non-empty
+/// target refused, and a source an enforcer holds refused with what to do.
+#[test]
+fn store_copy_moves_an_sqlite_store_to_postgres_and_refuses_what_it_must() {
+    use gpuwarden_enforcer::store::Store;
+
+    let out = gpuwarden(&["store", "copy", "--help"]);
+    assert!(out.status.success());
+    // As one line: the help wraps to the terminal.
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for expected in [
+        "Stop every enforcer first",
+        "The target must be empty",
+        "outbox",
+        "--to-password-file",
+        "GPUWARDEN_STORE_COPY_TO_PASSWORD_FILE",
+        "gpuwarden store copy --from /var/lib/gpuwarden/enforcer.db --to postgres://gpuwarden@",
+    ] {
+        assert!(
+            help.contains(expected),
+            "store copy --help lacks {expected}:\n{help}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("enforcer.db");
+    let store = Store::open(&database).unwrap();
+    store
+        .block_team("ml", "budget_exceeded", 1_000)
+        .wait()
+        .unwrap();
+    let pricing = gpuwarden_schema::config::PricingConfig::default();
+    store
+        .record_team_spend("ml", 12.5, 0.5, 2_000, &pricing)
+        .wait()
+        .unwrap();
+    let url = pg::server().database();
+    let password = dir.path().join("pg-password");
+    std::fs::write(&password, "unused-with-trust\n").unwrap();
+    let from = format!("sqlite:{}", database.display());
+    let args = [
+        "store",
+        "copy",
+        "--from",
+        &from,
+        "--to",
+        &url,
+        "--to-password-file",
+        password.to_str().unwrap(),
+    ];
+
+    // The enforcer still runs.
+    let out = gpuwarden(&args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("in use by another enforcer") && stderr.contains("stop that enforcer"),
+        "{stderr}"
+    );
+    drop(store);
+
+    let out = gpuwarden(&args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("outbox: 1 rows copied"), "{stderr}");
+    let table: Vec<String> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    for row in [
+        "leases 0 rows",
+        "outbox 1 rows",
+        "blocked_teams 1 rows",
+        "team_spend 1 rows",
+        "rule_marks 0 rows",
+    ] {
+        assert!(
+            table.iter().any(|l| l == row),
+            "no line {row} in:\n{stdout}"
+        );
+    }
+    let mut client = pg::Postgres::client(&url);
+    let blocked: String = client
+        .query_one("SELECT reason FROM blocked_teams WHERE team = 'ml'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(blocked, "budget_exceeded");
+
+    // Again, onto what the first copy wrote.
+    let out = gpuwarden(&args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not empty (table outbox holds 1 rows, table blocked_teams holds 1 rows, table team_spend holds 1 rows)"),
         "{stderr}"
     );
 }

@@ -21,8 +21,19 @@
 //! (closed loop: K rounds of N cycles per side), `--rate R` and `--seconds S` (open loop),
 //! `--connections C`, `--hosts H` (the simulated fleet's hosts of 8 GPUs each, default 16),
 //! `--held L` (leases admitted first and held open throughout): the two show whether an
-//! admission's cost grows with the fleet or the leases open; and `--only bare|enforcer` to run
-//! one side alone (no ratio), for a profiler to see that side by itself.
+//! admission's cost grows with the fleet or the leases open; and `--only bare|enforcer|replicas`
+//! to run one side alone (no ratio), for a profiler to see that side by itself.
+//!
+//! A third side, `replicas`, is the enforcer as a highly available installation runs it: two
+//! replicas (each its own service, store writer and PostgreSQL sessions) on one lease store in a
+//! real PostgreSQL server that the bench starts in a temp dir (Debian's `postgresql`, as the
+//! tests do; `synchronous_commit = on`), the connections spread over both. Its latency at the
+//! fixed rate is compared with the SQLite enforcer's in the same run (target: p99 within 1.5×).
+//! `--no-postgres` leaves it out.
+
+#[path = "../../tests/support/postgres.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod pg;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -62,6 +73,8 @@ struct Options {
     hosts: u64,
     /// Leases admitted before the rounds and held open throughout.
     held: u64,
+    /// Runs the `replicas` side (two replicas on PostgreSQL).
+    postgres: bool,
 }
 
 fn options() -> Options {
@@ -74,6 +87,7 @@ fn options() -> Options {
         only: None,
         hosts: 16,
         held: 0,
+        postgres: true,
     };
     let args: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -108,9 +122,12 @@ fn options() -> Options {
     }
     if let Some(i) = args.iter().position(|a| a == "--only") {
         match args.get(i + 1).map(String::as_str) {
-            Some(side @ ("bare" | "enforcer")) => o.only = Some(side.to_owned()),
-            other => panic!("--only takes bare or enforcer, not {other:?}"),
+            Some(side @ ("bare" | "enforcer" | "replicas")) => o.only = Some(side.to_owned()),
+            other => panic!("--only takes bare, enforcer or replicas, not {other:?}"),
         }
+    }
+    if args.iter().any(|a| a == "--no-postgres") {
+        o.postgres = false;
     }
     o
 }
@@ -273,12 +290,14 @@ fn per_commit(before: CommitStats, after: CommitStats) -> f64 {
 }
 
 /// Closed loop: `requests` cycles spread over the connections, as fast as answers come.
-async fn max_throughput(address: SocketAddr, requests: usize, connections: usize) -> Run {
+async fn max_throughput(addresses: &[SocketAddr], requests: usize, connections: usize) -> Run {
     let (cpu, store) = (cpu_time(), store_cpu_time());
     let start = Instant::now();
     let tasks: Vec<_> = (0..connections)
         .map(|c| {
             let n = requests / connections + usize::from(c < requests % connections);
+            // The connections take the replicas in turn.
+            let address = addresses[c % addresses.len()];
             tokio::spawn(async move {
                 let mut sender = connect(address).await;
                 for _ in 0..n {
@@ -304,7 +323,7 @@ async fn max_throughput(address: SocketAddr, requests: usize, connections: usize
 /// every request); a connection still busy with its previous request starts the next late, and
 /// that lateness counts.
 async fn fixed_rate(
-    address: SocketAddr,
+    addresses: &[SocketAddr],
     rate: u64,
     seconds: u64,
     connections: usize,
@@ -313,7 +332,8 @@ async fn fixed_rate(
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
     let mut queues = Vec::with_capacity(connections);
     let tasks: Vec<_> = (0..connections)
-        .map(|_| {
+        .map(|c| {
+            let address = addresses[c % addresses.len()];
             let (due_times, mut due) = tokio::sync::mpsc::unbounded_channel::<Instant>();
             queues.push(due_times);
             tokio::spawn(async move {
@@ -401,6 +421,63 @@ fn main() {
             clock,
         ))))
         .await;
+        // Two replicas on one PostgreSQL store.
+        // The PostgreSQL server and its database, set up off this runtime's threads (the
+        // blocking client starts a runtime of its own).
+        let server = if o.postgres {
+            Some(
+                tokio::task::spawn_blocking(|| {
+                    let server = pg::Postgres::private();
+                    let url = server.database();
+                    (server, url)
+                })
+                .await
+                .unwrap(),
+            )
+        } else {
+            None
+        };
+        let mut replicas = Vec::new();
+        let mut replica_stores = Vec::new();
+        if let Some((_, url)) = &server {
+            for r in 0..2 {
+                let dir = dir.path().join(format!("replica-{r}"));
+                let replica_config = Arc::new(self::config(&dir, o.hosts));
+                // The blocking PostgreSQL client starts a runtime of its own: not on this one's.
+                let opening = url.clone();
+                let store = tokio::task::spawn_blocking(move || Store::open_postgres(&opening, None))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let mut built: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::new();
+                for s in &replica_config.substrates {
+                    let context = DriverContext {
+                        state_dir: dir.join("drivers").join(&s.name),
+                    };
+                    built.insert(s.name.clone(), Arc::from(drivers::build(s, &context).unwrap()));
+                }
+                let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+                replicas.push(
+                    serve(api::router(AppState::new(Service::new(
+                        replica_config,
+                        store.clone(),
+                        built,
+                        clock,
+                    ))))
+                    .await,
+                );
+                replica_stores.push(store);
+            }
+        }
+        let replica_commits = |stores: &[Store]| {
+            stores.iter().fold(CommitStats::default(), |sum, s| {
+                let c = s.commit_stats();
+                CommitStats {
+                    commits: sum.commits + c.commits,
+                    writes: sum.writes + c.writes,
+                }
+            })
+        };
         let fixed = || async { ([(header::CONTENT_TYPE, "application/json")], FIXED) };
         let bare = serve(
             axum::Router::new()
@@ -420,13 +497,16 @@ fn main() {
             o.connections, o.hosts, o.held, o.rounds, o.requests, o.rate, o.seconds
         );
         // The sides take turns, round by round, so a slow spell of the machine falls on both.
-        let runs = |side: &str| o.only.as_deref().is_none_or(|only| only == side);
+        let runs = |side: &str| {
+            o.only.as_deref().is_none_or(|only| only == side)
+                && (side != "replicas" || !replicas.is_empty())
+        };
         let mut ratios = Vec::with_capacity(o.rounds);
         let mut cpu_ratios = Vec::with_capacity(o.rounds);
         for round in 1..=o.rounds {
             let mut line = format!("round {round}:");
             let bare_run = match runs("bare") {
-                true => Some(max_throughput(bare, o.requests, o.connections).await),
+                true => Some(max_throughput(&[bare], o.requests, o.connections).await),
                 false => None,
             };
             if let Some(run) = &bare_run {
@@ -438,7 +518,7 @@ fn main() {
             }
             let commits = store.commit_stats();
             let real_run = match runs("enforcer") {
-                true => Some(max_throughput(enforcer, o.requests, o.connections).await),
+                true => Some(max_throughput(&[enforcer], o.requests, o.connections).await),
                 false => None,
             };
             if let Some(run) = &real_run {
@@ -449,6 +529,19 @@ fn main() {
                     micros(run.cpu_per_cycle),
                     micros(run.store_per_cycle),
                 );
+            }
+            if runs("replicas") {
+                let commits = replica_commits(&replica_stores);
+                let run = max_throughput(&replicas, o.requests, o.connections).await;
+                let grouped = per_commit(commits, replica_commits(&replica_stores));
+                line += &format!(
+                    " 2 replicas on PostgreSQL {:>6.0} admissions/s ({:>4.0} µs CPU each; {grouped:.1} changes per commit)",
+                    run.rate,
+                    micros(run.cpu_per_cycle),
+                );
+                if let Some(real_run) = &real_run {
+                    line += &format!("  vs SQLite {:.2}", run.rate / real_run.rate);
+                }
             }
             if let (Some(bare_run), Some(real_run)) = (&bare_run, &real_run) {
                 let ratio = real_run.rate / bare_run.rate;
@@ -470,17 +563,24 @@ fn main() {
                 median(&mut cpu_ratios)
             );
         }
-        for (name, side, address) in [
-            ("bare axum handler", "bare", bare),
-            ("enforcer admission", "enforcer", enforcer),
+        let mut p99s = BTreeMap::new();
+        for (name, side, addresses) in [
+            ("bare axum handler", "bare", vec![bare]),
+            ("enforcer admission", "enforcer", vec![enforcer]),
+            ("enforcer admission, 2 replicas on PostgreSQL", "replicas", replicas.clone()),
         ] {
             if !runs(side) || o.seconds == 0 {
                 continue;
             }
-            let commits = store.commit_stats();
-            let latencies = fixed_rate(address, o.rate, o.seconds, o.connections).await;
-            let after = store.commit_stats();
+            let counted = |side: &str| match side {
+                "replicas" => replica_commits(&replica_stores),
+                _ => store.commit_stats(),
+            };
+            let commits = counted(side);
+            let latencies = fixed_rate(&addresses, o.rate, o.seconds, o.connections).await;
+            let after = counted(side);
             let p99 = percentile(&latencies, 0.99);
+            p99s.insert(side, p99);
             println!(
                 "at {} rps  {name}: p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms  ({} requests{}){}",
                 o.rate,
@@ -490,7 +590,7 @@ fn main() {
                 ms(latencies.last().copied().unwrap_or_default()),
                 latencies.len(),
                 match side {
-                    "enforcer" => format!(
+                    "enforcer" | "replicas" => format!(
                         ", {} commits, {:.1} changes per commit",
                         after.commits - commits.commits,
                         per_commit(commits, after)
@@ -504,5 +604,15 @@ fn main() {
                 }
             );
         }
+        if let (Some(sqlite), Some(postgres)) = (p99s.get("enforcer"), p99s.get("replicas")) {
+            let ratio = postgres.as_secs_f64() / sqlite.as_secs_f64().max(f64::MIN_POSITIVE);
+            println!(
+                "p99 at {} rps, 2 replicas on PostgreSQL / SQLite: {ratio:.2} (target <= 1.5: {})",
+                o.rate,
+                if ratio <= 1.5 { "met" } else { "missed" }
+            );
+        }
+        drop(replica_stores);
+        drop(server);
     });
 }

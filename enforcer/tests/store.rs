@@ -1164,3 +1164,52 @@ fn an_sqlite_store_always_leads() {
         .wait()
         .unwrap();
 }
+
+/// `sslmode=require` (or libpq's `verify-full`) in the URL: the store talks TLS, verifying the
+/// server's certificate against `sslrootcert`; a server whose certificate another CA signed is
+/// refused; `sslrootcert` without TLS asked for is a mistake named at once.
+#[test]
+fn a_store_reaches_postgres_over_verified_tls() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let ca = support::pki::Ca::new(pki_dir.path(), "pg-ca");
+    let leaf = ca.server("postgres");
+    let other = support::pki::Ca::new(pki_dir.path(), "other-ca");
+    let mut server = Postgres::private_stopped();
+    let cert = server.file(&leaf.cert, "server.pem");
+    let key = server.file(&leaf.key, "server.key");
+    server.set("ssl", "on");
+    server.set("ssl_cert_file", cert.to_str().unwrap());
+    server.set("ssl_key_file", key.to_str().unwrap());
+    server.run();
+    let url = server.database();
+    let tls_url = |mode: &str, root: &std::path::Path| {
+        format!("{url}?sslmode={mode}&sslrootcert={}", root.display())
+    };
+
+    let store = Store::open_postgres(&tls_url("verify-full", &ca.cert), None).unwrap();
+    assert!(admit(&store, &config(4), 1, 8));
+    let over_tls: i64 = Postgres::client(&url)
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+             WHERE application_name = 'gpuwarden-enforcer' AND ssl",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        over_tls >= 2,
+        "the writer and the listener use TLS: {over_tls}"
+    );
+    drop(store);
+
+    let err = Store::open_postgres(&tls_url("require", &other.cert), None).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+
+    let err = Store::open_postgres(&format!("{url}?sslrootcert={}", ca.cert.display()), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("sslrootcert"), "{err}");
+}

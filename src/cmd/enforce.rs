@@ -163,7 +163,13 @@ pub(crate) async fn start(
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
     }
-    let store = Store::open_at(&location).with_context(|| match &location {
+    // Off the runtime's threads: the PostgreSQL store connects with the blocking `postgres`
+    // client, whose own runtime cannot be started from inside this one.
+    let opening = location.clone();
+    let opened = tokio::task::spawn_blocking(move || Store::open_at(&opening))
+        .await
+        .context("opening the lease store")?;
+    let store = opened.with_context(|| match &location {
         StoreLocation::Sqlite(database) => {
             format!("opening the lease store {}", database.display())
         }

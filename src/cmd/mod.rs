@@ -25,6 +25,7 @@ mod request;
 mod rollup;
 mod sql;
 mod sql_endpoint;
+mod store;
 mod up;
 
 use std::process::ExitCode;
@@ -51,6 +52,7 @@ pub(crate) enum Command {
     Release(release::Args),
     Up(up::Args),
     Assess(assess::Args),
+    Store(store::Args),
 }
 
 /// A fresh `[signing]` key (32 random bytes from the kernel, in hex) for a system that runs in one
@@ -102,5 +104,6 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Release(args) => release::run(args),
         Command::Up(args) => up::run(args),
         Command::Assess(args) => assess::run(args),
+        Command::Store(args) => store::run(args),
     }
 }

@@ -26,6 +26,8 @@ pub struct Postgres {
     watchdog: Mutex<Option<Child>>,
     /// Runs commands as the `postgres` account (the process is root).
     as_postgres: bool,
+    /// More `-c name=value` settings of the server's.
+    settings: Vec<String>,
     /// The process whose end stops the server.
     owner: u32,
 }
@@ -74,14 +76,42 @@ fn free_port() -> u16 {
 impl Postgres {
     /// A server of this test's own, stopped when the test process ends.
     pub fn private() -> Self {
+        let server = Self::private_stopped();
+        server.run();
+        server
+    }
+
+    /// A [`Postgres::private`] server, initialised but not started, so that a test may give it
+    /// settings ([`Postgres::set`], [`Postgres::file`]) before [`Postgres::run`].
+    pub fn private_stopped() -> Self {
         let dir = std::env::temp_dir().join(format!(
             "gpuwarden-pg-{}-{}",
             std::process::id(),
             free_port()
         ));
-        let server = Self::init(dir, std::process::id(), free_port());
-        server.run();
-        server
+        Self::init(dir, std::process::id(), free_port())
+    }
+
+    /// Sets `name = value` for the server's next start.
+    pub fn set(&mut self, name: &str, value: &str) {
+        self.settings.push(format!("{name}={value}"));
+    }
+
+    /// Copies `from` into the server's directory as `name`, readable by the server's account
+    /// alone (as PostgreSQL wants a private key); its path.
+    pub fn file(&self, from: &Path, name: &str) -> PathBuf {
+        let to = self.dir.join(name);
+        std::fs::copy(from, &to).unwrap();
+        std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        if self.as_postgres {
+            let status = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&to)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        to
     }
 
     /// The run's shared server: started under a lock by the first test process to ask, found
@@ -107,6 +137,7 @@ impl Postgres {
                 watchdog: Mutex::new(None),
                 as_postgres: rustix::process::geteuid().is_root(),
                 owner,
+                settings: Vec::new(),
             };
             if postgres::Client::connect(&found.url("postgres"), postgres::NoTls).is_ok() {
                 return found;
@@ -145,6 +176,7 @@ impl Postgres {
             watchdog: Mutex::new(None),
             as_postgres,
             owner,
+            settings: Vec::new(),
         };
         let out = server
             .command("initdb")
@@ -210,6 +242,9 @@ impl Postgres {
             ]
             .map(str::to_owned),
         );
+        for setting in &self.settings {
+            argv.extend(["-c".to_owned(), setting.clone()]);
+        }
         let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
         // The watchdog: the server in the background, stopped (fast shutdown) when the test
         // process is gone, or when the watchdog is told to stop (SIGTERM).

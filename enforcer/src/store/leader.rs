@@ -3,7 +3,7 @@
 //!
 //! On PostgreSQL leadership is a lease in the database's `leader` row: the elector thread of each
 //! replica claims it when it is free or expired and renews it while it holds it, every third of
-//! the lease ([`elect`]). Each new holder gets the next **term**, its fencing token. A change made
+//! the lease (`elect`). Each new holder gets the next **term**, its fencing token. A change made
 //! through a leading view of the store ([`Store::leading`](super::Store::leading)) carries the
 //! replica's term ([`Fence`]), and the writer commits it only if, inside its transaction, the
 //! `leader` row still names this replica with this term and an unexpired lease: a leader that was

@@ -40,6 +40,11 @@
 //! - `memory.rs`: what admission reads in memory, and the ledger and spend maths over it;
 //! - `writer.rs`: the queue, the writer thread and its group commit, and [`Pending`];
 //! - [`audit`]: the one builder of Action records;
+//! - `db.rs`: the queries memory does not answer, for either database (`Db`);
+//! - `postgres.rs`: the PostgreSQL store, for several replicas (see [`Store::open_postgres`]);
+//! - [`leader`]: which replica leads, and the fence its changes carry;
+//! - [`copy`]: copying a whole store into an empty one in another database (`gpuwarden store
+//!   copy`);
 //! - this file: [`Store`], which ties memory and the writer together.
 
 use std::fs::File;
@@ -55,6 +60,7 @@ use rusqlite::Connection;
 use crate::policy::{AdmissionRequest, Decision};
 
 pub mod audit;
+pub mod copy;
 mod db;
 pub mod leader;
 mod memory;

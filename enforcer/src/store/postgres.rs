@@ -51,7 +51,7 @@ use super::writer::{lock, Done, Job, Op, Queue};
 /// The advisory lock every writing transaction takes ("gpuwarde" in ASCII).
 pub(super) const LOCK_KEY: i64 = 0x6770_7577_6172_6465;
 /// The channel a commit notifies.
-const CHANNEL: &str = "gpuwarden_store";
+pub(super) const CHANNEL: &str = "gpuwarden_store";
 /// How long PostgreSQL lets a session sit inside a transaction before it ends the session (and
 /// releases the store's lock): far above any batch's time, far below a client's patience.
 pub(super) const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
@@ -143,23 +143,106 @@ pub(super) const MIGRATIONS: &[&str] = &[
     INSERT INTO leader (id, holder, term, expires_ms) VALUES (1, '', 0, 0);"#,
 ];
 
-/// How to reach the database: the URL's settings, with the password from `password_file`.
+/// How to reach the database: the URL's settings, with the password from `password_file`, and
+/// TLS when the URL asks for it.
 #[derive(Clone)]
 pub(super) struct Target {
     config: postgres::Config,
+    /// rustls, verifying the server's certificate and name, with `sslmode=require` (or libpq's
+    /// `verify-ca`, `verify-full`); none without.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     /// The URL without its password, for messages.
     shown: String,
 }
 
+/// Splits libpq's TLS settings out of `url`, which tokio-postgres does not read: whether TLS is
+/// asked for (`sslmode` `require`, `verify-ca` or `verify-full`), and `sslrootcert`, the CAs to
+/// trust instead of Mozilla's. The rest of the URL is returned as it was (`verify-*` written as
+/// `require`, the mode tokio-postgres knows; the certificate is verified either way).
+fn tls_settings(url: &str) -> (String, bool, Option<std::path::PathBuf>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), false, None);
+    };
+    let (mut tls, mut root) = (false, None);
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "sslrootcert" => root = Some(std::path::PathBuf::from(value)),
+            "sslmode" if matches!(value, "require" | "verify-ca" | "verify-full") => {
+                tls = true;
+                kept.push("sslmode=require".to_owned());
+            }
+            _ => kept.push(pair.to_owned()),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, tls, root)
+}
+
+/// A TLS client trusting Mozilla's roots (as the enforcer's HTTP client does).
+fn mozilla_roots() -> Result<rustls::ClientConfig, StoreError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok(
+        rustls::ClientConfig::builder_with_provider(gpuwarden_schema::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| StoreError::Io(format!("enforcer.store.url: TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// `url` with its password, if any, replaced by `***`.
+fn without_password(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) => match user.split_once(':') {
+                Some((u, _)) => format!("{scheme}://{u}:***@{host}"),
+                None => url.to_owned(),
+            },
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 impl Target {
-    /// Reads `url` (libpq's URL form) and the password in `password_file`'s first line.
+    /// Reads `url` (libpq's URL form; `sslmode=require` with `sslrootcert=<CA file>`, or
+    /// Mozilla's roots, for TLS) and the password in `password_file`'s first line.
     pub(super) fn new(
         url: &str,
         password_file: Option<&std::path::Path>,
     ) -> Result<Self, StoreError> {
-        let mut config = postgres::Config::from_str(url).map_err(|e| {
+        let shown = without_password(url);
+        let (url, wants_tls, root) = tls_settings(url);
+        let mut config = postgres::Config::from_str(&url).map_err(|e| {
             StoreError::Io(format!("enforcer.store.url is not a PostgreSQL URL: {e}"))
         })?;
+        let tls = match (wants_tls, &root) {
+            (true, Some(ca)) => Some(
+                gpuwarden_schema::tls::client_config(
+                    ca,
+                    None,
+                    ("enforcer.store.url sslrootcert", "", ""),
+                )
+                .map_err(|e| StoreError::Io(e.to_string()))?,
+            ),
+            (true, None) => Some(mozilla_roots()?),
+            (false, Some(_)) => {
+                return Err(StoreError::Io(
+                    "enforcer.store.url: sslrootcert is given but sslmode is not require, \
+                     verify-ca or verify-full, so the connection would not use TLS"
+                        .into(),
+                ))
+            }
+            (false, None) => None,
+        }
+        .map(tokio_postgres_rustls::MakeRustlsConnect::new);
         if let Some(path) = password_file {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 StoreError::Io(format!(
@@ -175,22 +258,16 @@ impl Target {
         config.application_name("gpuwarden-enforcer");
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(10));
-        let shown = match url.split_once('@') {
-            Some((user, rest)) => match user.rsplit_once(':') {
-                Some((u, _)) if !u.ends_with('/') => format!("{u}:***@{rest}"),
-                _ => url.to_owned(),
-            },
-            None => url.to_owned(),
-        };
-        Ok(Self { config, shown })
+        Ok(Self { config, tls, shown })
     }
 
     /// A new session, with the store's timeouts set.
     pub(super) fn connect(&self) -> Result<Client, StoreError> {
-        let mut client = self
-            .config
-            .connect(NoTls)
-            .map_err(|e| unavailable(&self.shown, &e))?;
+        let connected = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(NoTls),
+        };
+        let mut client = connected.map_err(|e| unavailable(&self.shown, &e))?;
         client
             .batch_execute(&format!(
                 "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}; \
@@ -215,14 +292,26 @@ impl Target {
 fn unavailable(target: &str, e: &postgres::Error) -> StoreError {
     let code = e.code().map(|c| c.code().to_owned());
     let reachable = e.as_db_error().is_some() && !e.is_closed();
+    // The causes too: "error performing TLS handshake" alone does not say the certificate's
+    // issuer is unknown.
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !why.contains(&text) {
+            why.push_str(": ");
+            why.push_str(&text);
+        }
+        source = cause.source();
+    }
     match code.as_deref() {
         // Connection exceptions, an administrator's or a crash's shutdown, a server starting,
         // a lock not had in time, a session ended for sitting in its transaction.
         Some(c) if c.starts_with("08") || c.starts_with("57P") || c == "55P03" || c == "25P03" => {
-            StoreError::Unavailable(format!("PostgreSQL at {target}: {e}"))
+            StoreError::Unavailable(format!("PostgreSQL at {target}: {why}"))
         }
-        _ if !reachable => StoreError::Unavailable(format!("PostgreSQL at {target}: {e}")),
-        _ => StoreError::Postgres(format!("PostgreSQL at {target}: {e}")),
+        _ if !reachable => StoreError::Unavailable(format!("PostgreSQL at {target}: {why}")),
+        _ => StoreError::Postgres(format!("PostgreSQL at {target}: {why}")),
     }
 }
 
@@ -289,14 +378,22 @@ fn raw(row: &postgres::Row) -> RawLease {
     )
 }
 
-/// Reads what memory holds, and the version it is at, from the database.
-fn load<C: GenericClient>(db: &mut C, target: &str) -> Result<Memory, StoreError> {
+/// Reads what memory holds, and the version it is at, from the database, in one snapshot.
+fn load(client: &mut Client, target: &str) -> Result<Memory, StoreError> {
     let fail = |e: postgres::Error| unavailable(target, &e);
-    let mut memory = Memory::default();
-    // One snapshot for all of it.
-    let mut tx = db.transaction().map_err(fail)?;
+    let mut tx = client.transaction().map_err(fail)?;
     tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .map_err(fail)?;
+    let memory = read_memory(&mut tx, target)?;
+    tx.commit().map_err(fail)?;
+    Ok(memory)
+}
+
+/// [`load`]'s queries, in the transaction of `db` (a batch's, under the store's lock, when
+/// [`catch_up`] reloads).
+fn read_memory<C: GenericClient>(tx: &mut C, target: &str) -> Result<Memory, StoreError> {
+    let fail = |e: postgres::Error| unavailable(target, &e);
+    let mut memory = Memory::default();
     memory.version = tx
         .query_one("SELECT version FROM store_version", &[])
         .map_err(fail)?
@@ -340,7 +437,6 @@ fn load<C: GenericClient>(db: &mut C, target: &str) -> Result<Memory, StoreError
     for row in tx.query("SELECT key FROM rule_marks", &[]).map_err(fail)? {
         memory.marks.insert(row.get(0));
     }
-    tx.commit().map_err(fail)?;
     Ok(memory)
 }
 
@@ -379,7 +475,7 @@ fn catch_up<C: GenericClient>(
             database = now,
             "the lease store's memory is too far behind (or ahead of) PostgreSQL to catch up; reloading it"
         );
-        let fresh = load(db, target)?;
+        let fresh = read_memory(db, target)?;
         *lock(memory) = fresh;
         return Ok(());
     }

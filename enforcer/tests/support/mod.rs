@@ -15,6 +15,8 @@ pub mod kube_api;
 pub mod libvirtd;
 #[path = "../../../tests/support/postgres.rs"]
 pub mod pg;
+#[path = "../../../tests/support/pki.rs"]
+pub mod pki;
 #[path = "../../../tests/support/slurm.rs"]
 pub mod slurm;
 
