@@ -6,7 +6,9 @@
 //! kinds, which k8s-openapi lacks, are read into the fields this repository uses, refusing any
 //! other. Then the files are checked against each other and against the enforcer's config:
 //! the ConfigMap's TOML files load as gpuwarden's config, and the ports, paths, names and
-//! Secrets the manifests and the config share agree.
+//! Secrets the manifests and the config share agree; the enforcer runs as replicas that share a
+//! PostgreSQL lease store and keep nothing on a volume of their own, with a rollout, a
+//! disruption budget and a spread that leave one answering.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,10 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PersistentVolumeClaim, PodSpec, Service, ServiceAccount,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -103,6 +108,7 @@ enum Object {
     ConfigMap(Box<ConfigMap>),
     PersistentVolumeClaim(Box<PersistentVolumeClaim>),
     Deployment(Box<Deployment>),
+    PodDisruptionBudget(Box<PodDisruptionBudget>),
     DaemonSet(Box<DaemonSet>),
     Service(Box<Service>),
     ValidatingWebhookConfiguration(Box<ValidatingWebhookConfiguration>),
@@ -162,6 +168,7 @@ impl Object {
             Object::ConfigMap(_) => "ConfigMap",
             Object::PersistentVolumeClaim(_) => "PersistentVolumeClaim",
             Object::Deployment(_) => "Deployment",
+            Object::PodDisruptionBudget(_) => "PodDisruptionBudget",
             Object::DaemonSet(_) => "DaemonSet",
             Object::Service(_) => "Service",
             Object::ValidatingWebhookConfiguration(_) => "ValidatingWebhookConfiguration",
@@ -188,6 +195,7 @@ fn object(what: &str, document: &Value) -> Object {
         }
         ("apps/v1", "Deployment") => Object::Deployment(typed(what, document)),
         ("apps/v1", "DaemonSet") => Object::DaemonSet(typed(what, document)),
+        ("policy/v1", "PodDisruptionBudget") => Object::PodDisruptionBudget(typed(what, document)),
         ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
             Object::ValidatingWebhookConfiguration(typed(what, document))
         }
@@ -283,6 +291,36 @@ fn config_of(spec: &PodSpec, container: &Container, config_map: &ConfigMap) -> S
         .clone()
 }
 
+/// Whether `selector` selects a pod labelled `labels` (matchLabels and the operators of
+/// matchExpressions).
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labelled = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let matched = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => !value.is_some_and(|v| values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            other => panic!("label selector operator {other}"),
+        }
+    });
+    let some = selector
+        .match_labels
+        .as_ref()
+        .is_some_and(|m| !m.is_empty())
+        || selector
+            .match_expressions
+            .as_ref()
+            .is_some_and(|m| !m.is_empty());
+    some && labelled && matched
+}
+
 #[test]
 fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the_config() {
     let objects = objects();
@@ -344,6 +382,7 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
             Object::ConfigMap(x) => &x.metadata,
             Object::PersistentVolumeClaim(x) => &x.metadata,
             Object::Deployment(x) => &x.metadata,
+            Object::PodDisruptionBudget(x) => &x.metadata,
             Object::DaemonSet(x) => &x.metadata,
             Object::Service(x) => &x.metadata,
             Object::Issuer(x) => &x.metadata,
@@ -417,14 +456,151 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
             .any(|m| m.sub_path.is_some()),
         "a subPath mount never sees a renewed Secret"
     );
+    // The lease store is PostgreSQL, shared by the replicas, its password a file from a
+    // Secret; the pod's data_dir is its own scratch, on no volume that a second replica could
+    // not mount or that would pin a replica to one node.
+    let gpuwarden_schema::config::StoreLocation::Postgres { url, password_file } =
+        config.enforcer_store()
+    else {
+        panic!(
+            "the enforcers' lease store is PostgreSQL, not {:?}",
+            config.enforcer_store()
+        )
+    };
+    assert!(
+        !url.contains(":@") && url.matches('@').count() <= 1,
+        "{url}"
+    );
+    assert!(
+        !url.contains("password="),
+        "the password is in password_file, not in the URL: {url}"
+    );
+    let password_file = password_file.expect("enforcer.store.password_file");
+    let password_volume = volume_holding(pod, enforcer, &password_file);
+    let secret = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == password_volume)
+        .and_then(|v| v.secret.as_ref())
+        .expect("the PostgreSQL password comes from a Secret");
+    let mount = enforcer
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == password_volume)
+        .unwrap();
+    let in_volume = password_file.strip_prefix(&mount.mount_path).unwrap();
+    if let Some(items) = &secret.items {
+        assert!(
+            items.iter().any(|i| Path::new(&i.path) == in_volume),
+            "the Secret's items put {} at {}",
+            in_volume.display(),
+            password_file.display()
+        );
+    }
     let data_dir = config.storage.data_dir.clone();
     let data = volume_holding(pod, enforcer, &data_dir);
     assert!(
         pod.volumes
             .iter()
             .flatten()
-            .any(|v| v.name == data && v.persistent_volume_claim.is_some()),
-        "the lease store is on a persistent volume"
+            .any(|v| v.name == data && v.empty_dir.is_some()),
+        "data_dir is an emptyDir"
+    );
+    for volume in pod.volumes.iter().flatten() {
+        assert!(
+            volume.persistent_volume_claim.is_none() && volume.ephemeral.is_none(),
+            "volume {} is claimed storage: the replicas share nothing but PostgreSQL",
+            volume.name
+        );
+    }
+    for (file, o) in &objects {
+        if let Object::PersistentVolumeClaim(claim) = o {
+            panic!(
+                "{file}: PersistentVolumeClaim {:?} (access modes {:?}): the enforcer keeps \
+                 its leases in PostgreSQL",
+                claim.metadata.name,
+                claim.spec.as_ref().and_then(|s| s.access_modes.clone())
+            );
+        }
+    }
+    // Replicas share the signals' consumer group, so no fixed static-member id.
+    assert_eq!(
+        config.kafka.group_instance_id, None,
+        "one kafka.group_instance_id for every replica fences all but one"
+    );
+
+    // Replicas: two or more, replaced one at a time with one always ready, spread over nodes,
+    // and kept by a disruption budget.
+    let deployment_spec = deployment.spec.as_ref().unwrap();
+    let replicas = deployment_spec.replicas.unwrap_or(1);
+    assert!(replicas >= 2, "{replicas} replica(s)");
+    let strategy = deployment_spec.strategy.as_ref().expect("a strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.as_ref().expect("rollingUpdate");
+    let unavailable = match rolling.max_unavailable.as_ref() {
+        Some(IntOrString::Int(n)) => *n,
+        other => panic!("maxUnavailable as a number of pods, not {other:?}"),
+    };
+    assert!(
+        (0..=1).contains(&unavailable) && replicas - unavailable >= 1,
+        "maxUnavailable {unavailable} of {replicas}"
+    );
+    if unavailable == 0 {
+        assert!(
+            matches!(rolling.max_surge, Some(IntOrString::Int(n)) if n >= 1),
+            "with maxUnavailable 0 a rollout needs a surge pod: {:?}",
+            rolling.max_surge
+        );
+    }
+    let pod_labels = deployment_spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    assert!(selects(&deployment_spec.selector, &pod_labels));
+    let Object::PodDisruptionBudget(budget) = one("PodDisruptionBudget") else {
+        unreachable!()
+    };
+    let budget_spec = budget.spec.as_ref().unwrap();
+    assert!(
+        selects(budget_spec.selector.as_ref().unwrap(), &pod_labels),
+        "the PodDisruptionBudget selects the enforcer's pods"
+    );
+    assert_eq!(budget_spec.min_available, Some(IntOrString::Int(1)));
+    assert!(budget_spec.max_unavailable.is_none());
+    let spread = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .expect("preferred pod anti-affinity");
+    assert!(
+        spread.iter().any(|term| {
+            let term = &term.pod_affinity_term;
+            term.topology_key == "kubernetes.io/hostname"
+                && term
+                    .label_selector
+                    .as_ref()
+                    .is_some_and(|s| selects(s, &pod_labels))
+        }),
+        "the replicas prefer different nodes: {spread:?}"
+    );
+    assert!(
+        pod.affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .is_some_and(|a| a
+                .required_during_scheduling_ignored_during_execution
+                .is_none()),
+        "preferred, not required: a small cluster or a surge pod still schedules"
     );
     // Ready once it can decide, alive while it serves (gpuwarden_enforcer::api's routes).
     for (probe, path) in [
@@ -453,17 +629,6 @@ fn the_kubernetes_manifests_are_valid_objects_that_agree_with_each_other_and_the
     // The Service reaches the Deployment's pods on the container's ports, and the webhook the
     // Service.
     let service_spec = service.spec.as_ref().unwrap();
-    let pod_labels = deployment
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .clone()
-        .unwrap();
     for (k, v) in service_spec.selector.as_ref().unwrap() {
         assert_eq!(
             pod_labels.get(k),

@@ -1,11 +1,14 @@
 //! gpuwarden's Slurm hook (deploy/slurm/job_submit.lua) in a real, private Slurm cluster, against
 //! a small HTTP listener standing in for the enforcer: which jobs it asks about, what it sends
-//! (the protocol's fields, from real sbatch options), what each answer does to the job, and
-//! what a missing, silent or failing enforcer means. The enforcer's own side of the protocol is
-//! tested with the enforcer.
+//! (the protocol's fields, from real sbatch options), what each answer does to the job, what a
+//! missing, silent or failing enforcer means, and which failures send it on to the next of
+//! several enforcers. The enforcer's own side of the protocol is tested with the enforcer
+//! (tests/slurm.rs); one test here runs two real enforcers sharing a PostgreSQL lease store
+//! (`support::pg`) and kills one between two submissions.
 //!
 //! Needs root (the cluster's daemons, fake GPU devices, test accounts) and the Debian packages
-//! of `support::slurm::SLURM_PACKAGES`; CI runs as root with them installed.
+//! of `support::slurm::SLURM_PACKAGES`, and for the replicas' test PostgreSQL's server; CI runs
+//! as root with them installed.
 
 mod support;
 
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::accounts::TestAccount;
 use support::slurm::{can_run_slurm, SlurmCluster, SlurmOptions};
+use support::{eventually, http, sha256_hex, Running};
 
 const HOOK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/slurm/job_submit.lua");
 const TOKEN: &str = "slurm-hook-test-token";
@@ -33,31 +37,35 @@ struct Seen {
 }
 
 /// An HTTP listener on 127.0.0.1 in place of the enforcer: records every request and answers
-/// with the current answer (status 200, text/plain), or holds the connection without answering
-/// while the answer is `None`.
+/// with the current answer (a status, 200 unless set, and a body), or holds the connection
+/// without answering while the answer is `None`.
 struct FakeEnforcer {
     url: String,
-    answer: Arc<Mutex<Option<String>>>,
+    answer: Arc<Mutex<Option<(u16, String)>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl FakeEnforcer {
     fn start(answer: Option<&str>) -> Self {
+        Self::start_with(answer.map(|a| (200, a)))
+    }
+
+    fn start_with(answer: Option<(u16, &str)>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let answer = Arc::new(Mutex::new(answer.map(str::to_string)));
+        let answer = Arc::new(Mutex::new(answer.map(|(s, a)| (s, a.to_string()))));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (answers, records) = (Arc::clone(&answer), Arc::clone(&seen));
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                let Some(answer) = answers.lock().unwrap().clone() else {
+                let Some((status, answer)) = answers.lock().unwrap().clone() else {
                     // Accept, never answer: the hook's timeout must end the call.
                     held.push(stream);
                     continue;
                 };
-                if let Some(request) = serve(stream, &answer) {
+                if let Some(request) = serve(stream, status, &answer) {
                     records.lock().unwrap().push(request);
                 }
             }
@@ -66,7 +74,11 @@ impl FakeEnforcer {
     }
 
     fn answer(&self, text: &str) {
-        *self.answer.lock().unwrap() = Some(text.to_string());
+        self.answer_with(200, text);
+    }
+
+    fn answer_with(&self, status: u16, text: &str) {
+        *self.answer.lock().unwrap() = Some((status, text.to_string()));
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -74,8 +86,8 @@ impl FakeEnforcer {
     }
 }
 
-/// Reads one request from `stream` and answers it with `answer`.
-fn serve(stream: TcpStream, answer: &str) -> Option<Seen> {
+/// Reads one request from `stream` and answers it with `status` and `answer`.
+fn serve(stream: TcpStream, status: u16, answer: &str) -> Option<Seen> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
@@ -104,7 +116,7 @@ fn serve(stream: TcpStream, answer: &str) -> Option<Seen> {
         .unwrap_or_else(|e| panic!("the hook sent invalid JSON ({e}): {body:?}"));
     let _ = write!(
         reader.get_mut(),
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        "HTTP/1.1 {status} Whatever\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
     Some(Seen {
@@ -558,4 +570,289 @@ fn an_answer_the_hook_cannot_read_is_a_failure() {
             .any(|l| l.contains("reason=unavailable") && l.contains("neither admit nor deny")),
         "{log:#?}"
     );
+}
+
+/// The enforcer's answer when its lease store's database is away (`ApiError::StoreUnavailable`).
+const STORE_UNAVAILABLE: &str = r#"{"error":{"code":"store_unavailable","message":"the lease store's database cannot be reached; nothing was decided, try again"}}"#;
+
+#[test]
+fn with_several_enforcers_the_hook_moves_on_only_from_one_that_decided_nothing() {
+    needs_root!();
+    let user = TestAccount::create("many");
+    let dir = tempfile::tempdir().unwrap();
+    let refused = closed_port_url();
+    let store_away = FakeEnforcer::start_with(Some((503, STORE_UNAVAILABLE)));
+    let admitting = FakeEnforcer::start(Some("admit\nadmin_comment=gpuwarden:hold=h1\n"));
+    let conf = hook_conf(
+        dir.path(),
+        &format!("{refused}, {}, {}/", store_away.url, admitting.url),
+        "",
+    );
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let gpu_job = ["--gres=gpu:h100:1", "--hold", "--wrap", "true"];
+
+    // Refused, then a 503 store_unavailable: neither decided anything, the third admits.
+    let job = cluster
+        .sbatch_as(&user.name, &gpu_job)
+        .expect("the third enforcer admits");
+    assert_eq!(
+        cluster.job_json(job).unwrap()["admin_comment"],
+        "gpuwarden:hold=h1"
+    );
+    assert_eq!(store_away.seen().len(), 1);
+    assert_eq!(admitting.seen().len(), 1);
+    let log = cluster.hook_log();
+    for (from, why, to) in [
+        (&refused, "connection refused", &store_away.url),
+        (
+            &store_away.url,
+            "HTTP status 503: store_unavailable",
+            &admitting.url,
+        ),
+    ] {
+        let line = format!("gpuwarden: enforcer {from} decided nothing ({why}); asking {to}");
+        assert!(log.iter().any(|l| l.contains(&line)), "{line}\n{log:#?}");
+    }
+    assert!(
+        log.iter().any(|l| l.contains("submit decision=admit")
+            && l.ends_with(&format!("url={}", admitting.url))),
+        "the decision names the enforcer that answered: {log:#?}"
+    );
+
+    // The next call goes to the enforcer that answered last, without asking the others again.
+    cluster.sbatch_as(&user.name, &gpu_job).unwrap();
+    assert_eq!(store_away.seen().len(), 1);
+    assert_eq!(admitting.seen().len(), 2);
+
+    // An enforcer that was reached and fell silent may have acted on the job: the call fails
+    // there (on_unavailable), and the next enforcer is not asked.
+    let silent = FakeEnforcer::start(None);
+    hook_conf(
+        dir.path(),
+        &format!("{}, {}", silent.url, admitting.url),
+        "timeout = 1",
+    );
+    cluster.reload_hook();
+    let error = cluster
+        .sbatch_as(&user.name, &gpu_job)
+        .expect_err("a silent enforcer fails the call");
+    assert!(
+        error.contains(&format!(
+            "gpuwarden's admission service at {} did not answer in time (timeout)",
+            silent.url
+        )),
+        "{error}"
+    );
+    assert_eq!(
+        admitting.seen().len(),
+        2,
+        "the second enforcer was not asked"
+    );
+
+    // When none decides, the user is told what each one did.
+    store_away.answer_with(
+        503,
+        r#"{"error":{"code":"substrate_unavailable","message":"not read yet"}}"#,
+    );
+    hook_conf(dir.path(), &format!("{refused},{}", store_away.url), "");
+    cluster.reload_hook();
+    let error = cluster
+        .sbatch_as(&user.name, &gpu_job)
+        .expect_err("no enforcer decided");
+    assert!(
+        error.contains(&format!(
+            "gpuwarden: this GPU job was not submitted: gpuwarden's admission service is \
+             unreachable at {refused} (connection refused), and at {} could not decide on it \
+             (HTTP status 503: substrate_unavailable). Try again in a few minutes",
+            store_away.url
+        )),
+        "{error}"
+    );
+    assert!(error.contains("presently disabled"), "{error}");
+    assert_eq!(store_away.seen().len(), 2);
+}
+
+const ADMIN_TOKEN: &str = "slurm-hook-test-admin-token";
+
+/// An enforcer's config for the cluster `cluster`, its data under `dir`, its lease store in the
+/// PostgreSQL database `store`: team `gpu` (quota 8, member `user`) gets jobs without an
+/// account; the hook's token is a service token, [`ADMIN_TOKEN`] an admin's.
+fn replica_config(dir: &Path, cluster: &SlurmCluster, user: &str, store: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("gpuwarden.toml");
+    let text = format!(
+        r#"[kafka]
+brokers = "embedded"
+
+[storage]
+data_dir = "{data}"
+
+[signing]
+key = "slurm-hook-test-signing-key-0123456789abcdef"
+
+[pricing]
+default_usd_per_gpu_hour = 1.0
+
+[[teams]]
+name = "gpu"
+members = ["{user}"]
+gpu_quota = 8
+monthly_budget_usd = 10000.0
+
+[workloads.batch]
+max_gpus = 8
+max_duration = "2h"
+
+[enforcer]
+listen = "127.0.0.1:0"
+
+[enforcer.store]
+url = "{store}"
+
+[[substrates]]
+name = "{SUBSTRATE}"
+driver = "slurm"
+same_name_accounts = true
+work_dir = "{jobs}"
+
+[substrates.slurm]
+cluster = "{cluster_name}"
+slurm_conf = "{conf}"
+poll = "500ms"
+hold_timeout = "60s"
+teams = {{ "" = "gpu" }}
+models = {{ h100 = "NVIDIA H100 80GB HBM3" }}
+
+[[tokens]]
+name = "admin"
+sha256 = "{admin}"
+role = "admin"
+
+[[tokens]]
+name = "slurm-hook"
+sha256 = "{hook}"
+role = "service"
+teams = ["gpu"]
+"#,
+        data = dir.join("data").display(),
+        jobs = cluster.jobs_dir.display(),
+        cluster_name = cluster.name,
+        conf = cluster.conf_path().display(),
+        admin = sha256_hex(ADMIN_TOKEN),
+        hook = sha256_hex(TOKEN),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `gpuwarden enforce` on `config`, and its API's `host:port`.
+fn start_enforcer(config: &Path) -> (Running, String) {
+    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+    let running = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+    let api = running["api"]
+        .as_str()
+        .expect("the api field")
+        .trim_start_matches("http://")
+        .to_string();
+    (enforcer, api)
+}
+
+#[test]
+fn a_slurm_submission_keeps_working_while_one_of_two_enforcers_is_killed() {
+    needs_root!();
+    let user = TestAccount::create("ha");
+    let dir = tempfile::tempdir().unwrap();
+    // The cluster first: the enforcers' configs name its slurm.conf. Until they run, the hook
+    // points nowhere.
+    let conf = hook_conf(dir.path(), &closed_port_url(), "");
+    let cluster = cluster_with_hook(dir.path(), &conf);
+    let store = support::pg::server().database();
+    let (first, first_api) = start_enforcer(&replica_config(
+        &dir.path().join("first"),
+        &cluster,
+        &user.name,
+        &store,
+    ));
+    let (second, second_api) = start_enforcer(&replica_config(
+        &dir.path().join("second"),
+        &cluster,
+        &user.name,
+        &store,
+    ));
+    // A generous timeout: a slow first answer must not pass for a dead enforcer here.
+    hook_conf(
+        dir.path(),
+        &format!("http://{first_api}, http://{second_api}"),
+        "timeout = 5",
+    );
+    cluster.reload_hook();
+    let gpu_job = ["--gres=gpu:h100:1", "--hold", "--wrap", "true"];
+
+    let before = cluster.sbatch_as(&user.name, &gpu_job).unwrap_or_else(|e| {
+        panic!(
+            "admitted by the first enforcer: {e}\n{:#?}",
+            cluster.hook_log()
+        )
+    });
+    // Dropping a Running kills it with SIGKILL: no shutdown, its connections cut by the kernel.
+    drop(first);
+    let after = cluster.sbatch_as(&user.name, &gpu_job).unwrap_or_else(|e| {
+        panic!(
+            "admitted by the second enforcer: {e}\n{:#?}",
+            cluster.hook_log()
+        )
+    });
+
+    let decisions: Vec<String> = cluster
+        .hook_log()
+        .into_iter()
+        .filter(|l| l.contains("submit decision="))
+        .collect();
+    assert_eq!(decisions.len(), 2, "{decisions:#?}");
+    assert!(
+        decisions[0].contains("decision=admit")
+            && decisions[0].ends_with(&format!("url=http://{first_api}")),
+        "{decisions:#?}"
+    );
+    assert!(
+        decisions[1].contains("decision=admit")
+            && decisions[1].ends_with(&format!("url=http://{second_api}")),
+        "{decisions:#?}"
+    );
+    assert!(
+        cluster.hook_log().iter().any(|l| l.contains(&format!(
+            "gpuwarden: enforcer http://{first_api} decided nothing (connection refused); \
+             asking http://{second_api}"
+        ))),
+        "{:#?}",
+        cluster.hook_log()
+    );
+
+    // Both jobs are leases in the shared store, seen through the enforcer that is left.
+    for job in [before, after] {
+        let id = format!("slurm-{}-{job}", cluster.name);
+        let lease = eventually(
+            &format!("lease {id} through the surviving enforcer"),
+            Duration::from_secs(60),
+            || {
+                let (status, body) = http(
+                    &second_api,
+                    "GET",
+                    &format!("/v1/leases/{id}"),
+                    Some(ADMIN_TOKEN),
+                    None,
+                );
+                if status == 200 {
+                    Ok(serde_json::from_str::<Value>(&body).unwrap())
+                } else {
+                    Err(format!("{status} {body}"))
+                }
+            },
+        );
+        assert_eq!(lease["team"], "gpu", "{lease}");
+        assert_eq!(lease["user"], user.name.as_str(), "{lease}");
+        assert_eq!(lease["gpu_count"], 1, "{lease}");
+        assert_eq!(lease["state"], "granted", "a held job is pending: {lease}");
+    }
+    drop(second);
 }

@@ -13,6 +13,14 @@
 -- GPUWARDEN_HOOK_CONF in slurmctld's environment; see gpuwarden.conf.example). The file and the
 -- token are read once when slurmctld loads this script; `scontrol reconfigure` reloads both.
 --
+-- Several enforcer replicas (sharing one PostgreSQL lease store) may be named in `url`, comma-
+-- separated. The hook asks the one that answered last (the first at load), and moves on to the
+-- next only when asking it decided nothing: no connection could be made to it, or it answered
+-- 503 because its store or its view of the cluster is unavailable (store_unavailable,
+-- substrate_unavailable). A replica that was reached and then fell silent or cut the connection
+-- may have acted on the job, so the call fails there rather than ask another, which could admit
+-- the job twice.
+--
 -- Failure is explicit: a call that fails (connection refused, timeout, a status other than 200,
 -- an answer it cannot read) and any Lua error in this file follow `on_unavailable` (reject by
 -- default), never Slurm's own rule for a failing script, which lets the job through. A rejected
@@ -22,9 +30,11 @@
 --     it keeps failing, contact your cluster administrator.
 --   sbatch: error: Batch job submission failed: Requested operation is presently disabled
 --
--- Each decision is one line in slurmctld's log, with the call's latency in milliseconds:
+-- Each decision is one line in slurmctld's log, with the call's latency in milliseconds and the
+-- enforcer that answered (or the last one tried):
 --   gpuwarden: submit decision=admit reason=answer user=alice uid=1001 latency_ms=1.07
--- (bench/slurm.sh reads latency_ms from these lines).
+--     url=http://127.0.0.1:8080
+-- (bench/slurm.sh reads latency_ms from these lines); moving on from an enforcer is a line too.
 
 local socket = require("socket")
 
@@ -87,7 +97,24 @@ local function read_conf(path)
          return nil, string.format("%s: `%s` is required", path, key)
       end
    end
-   conf.url = string.gsub(conf.url, "/+$", "")
+   -- One enforcer, or several replicas: URLs separated by commas.
+   conf.targets = {}
+   for item in string.gmatch(conf.url, "[^,]+") do
+      local url = string.gsub(trim(item), "/+$", "")
+      if url ~= "" then
+         local host, port, prefix = string.match(url, "^http://([^/:]+):?(%d*)(.*)$")
+         if host == nil or (prefix ~= "" and string.sub(prefix, 1, 1) ~= "/") then
+            return nil, string.format("%s: `url` must be http://host[:port][/path] (several "
+               .. "separated by commas), not %s", path, url)
+         end
+         table.insert(conf.targets,
+            { url = url, host = host, port = tonumber(port) or 80, prefix = prefix })
+      end
+   end
+   if #conf.targets == 0 then return nil, path .. ": `url` names no enforcer" end
+   local urls = {}
+   for i, target in ipairs(conf.targets) do urls[i] = target.url end
+   conf.url = table.concat(urls, ",")
    conf.timeout = tonumber(conf.timeout)
    if conf.timeout == nil or conf.timeout <= 0 then
       return nil, path .. ": `timeout` must be a positive number of seconds"
@@ -102,8 +129,8 @@ local function read_conf(path)
    conf.token = trim(token_file:read("*a") or "")
    token_file:close()
    if conf.token == "" then return nil, "token_file " .. conf.token_file .. " is empty" end
-   conf.submit_url = conf.url .. "/v1/slurm/" .. conf.substrate .. "/submit"
-   conf.modify_url = conf.url .. "/v1/slurm/" .. conf.substrate .. "/modify"
+   conf.submit_path = "/v1/slurm/" .. conf.substrate .. "/submit"
+   conf.modify_path = "/v1/slurm/" .. conf.substrate .. "/modify"
    return conf
 end
 
@@ -176,13 +203,23 @@ local function parse_answer(body)
    return answer
 end
 
--- One connection to the enforcer, kept from call to call (HTTP/1.1 keep-alive): a call then
--- costs no TCP handshake, and the enforcer no accept and no wake-up for it.
-local CONN = nil
+local function one_line(s)
+   return (string.gsub(tostring(s), "[%c]", " "))
+end
+
+-- One connection to an enforcer, kept from call to call (HTTP/1.1 keep-alive): a call then
+-- costs no TCP handshake, and the enforcer no accept and no wake-up for it. CONN_AT is the index
+-- in CONF.targets of the enforcer it goes to.
+local CONN, CONN_AT = nil, nil
+
+-- The enforcer asked first: the one that answered last. While a replica is down, calls go to
+-- another without trying the dead one first (which costs up to `timeout` when nothing refuses
+-- the connection).
+local PREFERRED = 1
 
 local function drop_connection()
    if CONN ~= nil then CONN:close() end
-   CONN = nil
+   CONN, CONN_AT = nil, nil
 end
 
 -- Sends `request` on `sock` and reads the answer: status, body and whether the enforcer closes
@@ -218,43 +255,51 @@ local function exchange(sock, request)
    return status, body, close
 end
 
--- POSTs `body` to `url`; returns the parsed answer, or nil, why the call failed, and how the
--- enforcer failed to answer: "unreachable" (no connection could be made: refused, no route, a
--- connect timeout), "no_answer" (it was reached, but the call timed out or the connection was
--- cut before a whole answer came), or nil (it answered, with an error or something unreadable).
-local function call(url, body)
-   local host, port, path = string.match(url, "^http://([^/:]+):?(%d*)(/.*)$")
-   if host == nil then return nil, "url must be http://host[:port]/…, not " .. url end
-   port = tonumber(port) or 80
-   local request = "POST " .. path .. " HTTP/1.1\r\n"
-      .. "Host: " .. host .. ":" .. port .. "\r\n"
+-- The error codes of a 503 that decided nothing, which another replica may answer: its lease
+-- store's database cannot be reached, or it has not read this cluster yet.
+local MOVE_ON_CODES = { store_unavailable = true, substrate_unavailable = true }
+
+-- POSTs `body` to `path` on enforcer `at` (an index in CONF.targets). Returns the parsed answer;
+-- or nil, why the call failed, how the enforcer failed to answer: "unreachable" (no connection
+-- could be made: refused, no route, a connect timeout), "no_answer" (it was reached, but the call
+-- timed out or the connection was cut before a whole answer came), or nil (it answered, with an
+-- error or something unreadable); and whether it decided nothing, so another may be asked.
+local function call_one(at, path, body)
+   local target = CONF.targets[at]
+   local request = "POST " .. target.prefix .. path .. " HTTP/1.1\r\n"
+      .. "Host: " .. target.host .. ":" .. target.port .. "\r\n"
       .. "Authorization: Bearer " .. CONF.token .. "\r\n"
       .. "Content-Type: application/json\r\n"
       .. "Content-Length: " .. #body .. "\r\n\r\n" .. body
+   if CONN ~= nil and CONN_AT ~= at then drop_connection() end
    local status, answer, close
    for _ = 1, 2 do
       local kept = CONN ~= nil
       if not kept then
          local sock = socket.tcp()
          sock:settimeout(CONF.timeout)
-         local ok, err = sock:connect(host, port)
+         local ok, err = sock:connect(target.host, target.port)
          if ok == nil then
             sock:close()
-            return nil, tostring(err), "unreachable"
+            return nil, tostring(err), "unreachable", true
          end
          sock:setoption("tcp-nodelay", true)
-         CONN = sock
+         CONN, CONN_AT = sock, at
       end
       local unseen
       status, answer, unseen = exchange(CONN, request)
-      if status ~= nil then break end
+      if status ~= nil then
+         close = unseen -- after an answer, exchange's third value says the enforcer closes
+         break
+      end
       drop_connection()
       -- A kept connection the enforcer had closed meanwhile: the request never reached it, so
-      -- it is sent again once on a new one. Anything else (a timeout) is a failed call: the
-      -- enforcer may have acted on it, and asking twice could admit twice.
-      if not (kept and unseen) then return nil, tostring(answer), "no_answer" end
+      -- it is sent again once on a new one (and when that cannot be made, to the next
+      -- enforcer). Anything else (a timeout) is a failed call: the enforcer may have acted on it,
+      -- and asking twice, here or elsewhere, could admit twice.
+      if not (kept and unseen) then return nil, tostring(answer), "no_answer", false end
    end
-   if status == nil then return nil, tostring(answer), "no_answer" end
+   if status == nil then return nil, tostring(answer), "no_answer", false end
    if close then drop_connection() end
    -- 400 or 422: gpuwarden could not read this job's fields (a name that is not UTF-8, a number
    -- out of range). That is the job's fault, not an outage: it is denied, whatever
@@ -263,22 +308,62 @@ local function call(url, body)
       return { decision = "deny", message = "gpuwarden cannot read this job's request: "
          .. string.sub(answer, 1, 300) }
    end
-   if status ~= 200 then return nil, "HTTP status " .. tostring(status) end
-   return parse_answer(answer)
+   if status == 503 then
+      -- The API's error shape, {"error": {"code": …}}, read without a JSON library.
+      local code = string.match(answer, '"code"%s*:%s*"([%w_]+)"')
+      if code ~= nil then
+         return nil, "HTTP status 503: " .. code, nil, MOVE_ON_CODES[code] == true
+      end
+   end
+   if status ~= 200 then return nil, "HTTP status " .. tostring(status), nil, false end
+   local parsed, err = parse_answer(answer)
+   return parsed, err, nil, false
+end
+
+-- Asks the enforcers in turn, from the preferred one, moving on only from one that decided
+-- nothing. Returns the answer, or nil; the failed attempts, in order ({url=, failure=,
+-- unanswered=} each); and the URL of the enforcer that answered, or was asked last.
+local function call(path, body)
+   local n = #CONF.targets
+   local first = PREFERRED
+   local failures = {}
+   for i = 0, n - 1 do
+      local at = (first - 1 + i) % n + 1
+      local url = CONF.targets[at].url
+      local answer, failure, unanswered, move_on = call_one(at, path, body)
+      if answer ~= nil then
+         PREFERRED = at
+         return answer, failures, url
+      end
+      table.insert(failures, { url = url, failure = failure, unanswered = unanswered })
+      if not move_on or i == n - 1 then return nil, failures, url end
+      slurm.log_info("gpuwarden: enforcer %s decided nothing (%s); asking %s", url,
+         one_line(failure), CONF.targets[at % n + 1].url)
+   end
 end
 
 local function elapsed_ms(started)
    return string.format("%.2f", (socket.gettime() - started) * 1000)
 end
 
-local function one_line(s)
-   return (string.gsub(tostring(s), "[%c]", " "))
+-- What went wrong with one enforcer, after "gpuwarden's admission service".
+local function attempt_clause(attempt)
+   if attempt.unanswered == "unreachable" then
+      return string.format("is unreachable at %s (%s)", attempt.url, one_line(attempt.failure))
+   elseif attempt.unanswered == "no_answer" then
+      -- It was reached: not "unreachable", which sends an administrator to the network.
+      return string.format("at %s did not answer in time (%s)", attempt.url,
+         attempt.failure == "timeout" and "timeout"
+            or "the connection was cut: " .. one_line(attempt.failure))
+   end
+   return string.format("at %s could not decide on it (%s)", attempt.url,
+      one_line(attempt.failure))
 end
 
 -- What the user is told when gpuwarden could not decide on the job: what did not happen, why,
--- and what to do. `what` is "submit" or "modify"; `failure` the reason; `unanswered` how the
--- enforcer failed to answer (see `call`); `hook_failed` a Lua error in this file.
-local function unavailable_message(what, failure, unanswered, hook_failed)
+-- and what to do. `what` is "submit" or "modify"; `failures` the enforcers asked and what went
+-- wrong with each (see `call`); `hook_failed` a Lua error in this file.
+local function unavailable_message(what, failures, hook_failed)
    local outcome = what == "modify" and "this change to the job was not made"
       or "this GPU job was not submitted"
    if CONF == nil or hook_failed then
@@ -286,60 +371,65 @@ local function unavailable_message(what, failure, unanswered, hook_failed)
          .. "administrator (slurmctld's log says what is wrong).", outcome,
          hook_failed and "failed on it" or "is not configured correctly on this cluster")
    end
-   local why
-   if unanswered == "unreachable" then
-      why = string.format("gpuwarden's admission service is unreachable at %s (%s)", CONF.url,
-         one_line(failure))
-   elseif unanswered == "no_answer" then
-      -- It was reached: not "unreachable", which sends an administrator to the network.
-      why = string.format("gpuwarden's admission service at %s did not answer in time (%s)",
-         CONF.url, failure == "timeout" and "timeout"
-            or "the connection was cut: " .. one_line(failure))
-   else
-      why = string.format("gpuwarden's admission service at %s could not decide on it (%s)",
-         CONF.url, one_line(failure))
+   local clauses = {}
+   for i, attempt in ipairs(failures) do clauses[i] = attempt_clause(attempt) end
+   return string.format("gpuwarden: %s: gpuwarden's admission service %s. Try again in a few "
+      .. "minutes; if it keeps failing, contact your cluster administrator.", outcome,
+      table.concat(clauses, ", and "))
+end
+
+-- The failures for the log: the one failure, or each enforcer's.
+local function failures_text(failures)
+   if #failures == 1 then return one_line(failures[1].failure) end
+   local parts = {}
+   for i, attempt in ipairs(failures) do
+      parts[i] = attempt.url .. ": " .. one_line(attempt.failure)
    end
-   return string.format("gpuwarden: %s: %s. Try again in a few minutes; if it keeps failing, "
-      .. "contact your cluster administrator.", outcome, why)
+   return table.concat(parts, "; ")
 end
 
 -- Applies the answer to the job (or the failure to it); returns slurm.SUCCESS, DENIED or
--- UNAVAILABLE. `what` is "submit" or "modify", `who` a few words naming the job for the log line.
-local function decide(what, who, job_desc, answer, failure, unanswered, hook_failed, started)
+-- UNAVAILABLE. `what` is "submit" or "modify", `who` a few words naming the job for the log line,
+-- `url` the enforcer that answered (or was asked last; nil when none was).
+local function decide(what, who, job_desc, answer, failures, url, hook_failed, started)
    local latency = elapsed_ms(started)
+   local at = url ~= nil and " url=" .. url or ""
    if answer == nil then
       local admit = CONF ~= nil and CONF.on_unavailable == "admit"
       local decision = admit and "admit" or "reject"
-      slurm.log_error("gpuwarden: %s decision=%s reason=unavailable %s latency_ms=%s error=%s",
-         what, decision, who, latency, one_line(failure))
+      slurm.log_error("gpuwarden: %s decision=%s reason=unavailable %s latency_ms=%s%s error=%s",
+         what, decision, who, latency, at, failures_text(failures))
       if admit then return slurm.SUCCESS end
-      slurm.log_user("%s", unavailable_message(what, failure, unanswered, hook_failed))
+      slurm.log_user("%s", unavailable_message(what, failures, hook_failed))
       return UNAVAILABLE
    end
    if answer.decision == "deny" then
-      slurm.log_info("gpuwarden: %s decision=deny reason=answer %s latency_ms=%s message=%s",
-         what, who, latency, one_line(answer.message or ""))
+      slurm.log_info("gpuwarden: %s decision=deny reason=answer %s latency_ms=%s%s message=%s",
+         what, who, latency, at, one_line(answer.message or ""))
       slurm.log_user("%s", answer.message or "gpuwarden denied this GPU request")
       return DENIED
    end
    if answer.admin_comment ~= nil then job_desc.admin_comment = answer.admin_comment end
    if answer.time_limit ~= nil then job_desc.time_limit = answer.time_limit end
-   slurm.log_info("gpuwarden: %s decision=admit reason=answer %s latency_ms=%s", what, who, latency)
+   slurm.log_info("gpuwarden: %s decision=admit reason=answer %s latency_ms=%s%s", what, who,
+      latency, at)
    if answer.message ~= nil and answer.message ~= "" then slurm.log_user("%s", answer.message) end
    return slurm.SUCCESS
 end
 
 -- Runs `body_fn` (which builds the request) and the call under pcall, so that an error anywhere
 -- is a failed call and follows on_unavailable.
-local function guarded(what, who, job_desc, url_field, body_fn)
+local function guarded(what, who, job_desc, path_field, body_fn)
    local started = socket.gettime()
-   local ok, answer, failure, unanswered = pcall(function()
-      if CONF == nil then return nil, CONF_ERROR end
-      return call(CONF[url_field], body_fn())
+   local ok, answer, failures, url = pcall(function()
+      if CONF == nil then return nil, { { failure = CONF_ERROR } } end
+      return call(CONF[path_field], body_fn())
    end)
    local hook_failed = not ok
-   if hook_failed then answer, failure = nil, "Lua error: " .. tostring(answer) end
-   return decide(what, who, job_desc, answer, failure, unanswered, hook_failed, started)
+   if hook_failed then
+      answer, failures, url = nil, { { failure = "Lua error: " .. tostring(answer) } }, nil
+   end
+   return decide(what, who, job_desc, answer, failures, url, hook_failed, started)
 end
 
 local function asks_gpu(tres)
@@ -356,7 +446,7 @@ local function submit(job_desc, submit_uid)
    end
    if not gpu or submit_uid == 0 then return slurm.SUCCESS end
    local who = string.format("user=%s uid=%s", tostring(job_desc.user_name), tostring(submit_uid))
-   return guarded("submit", who, job_desc, "submit_url", function()
+   return guarded("submit", who, job_desc, "submit_path", function()
       -- Only a batch job (one with a script) has an environment Slurm lets the hook read.
       local lease_id = nil
       if job_desc.script ~= nil then
@@ -404,7 +494,7 @@ local function modify(job_desc, job_rec, modify_uid)
    if not changed or job_rec.user_id == 0 then return slurm.SUCCESS end
    local who = string.format("job=%s uid=%s by_uid=%s", tostring(job_rec.job_id),
       tostring(job_rec.user_id), tostring(modify_uid))
-   return guarded("modify", who, job_desc, "modify_url", function()
+   return guarded("modify", who, job_desc, "modify_path", function()
       local function new_or_old(field)
          local v = job_desc[field]
          if v == nil or UNSET_NUMBERS[v] then v = job_rec[field] end
@@ -434,7 +524,7 @@ end
 local function failed(what, err)
    slurm.log_error("gpuwarden: %s Lua error: %s", what, one_line(err))
    if CONF ~= nil and CONF.on_unavailable == "admit" then return slurm.SUCCESS end
-   slurm.log_user("%s", unavailable_message(what, err, false, true))
+   slurm.log_user("%s", unavailable_message(what, { { failure = err } }, true))
    return UNAVAILABLE
 end
 
