@@ -492,36 +492,33 @@ fn catch_up<C: GenericClient>(
     };
     let (leases, blocked, spend) = (of("l:"), of("b:"), of("s:"));
     let (exempt, marks, signals) = (of("e:"), of("m:"), of("g:"));
-    let lease_rows = db
-        .query(
-            &format!("SELECT {COLUMNS} FROM leases WHERE id = ANY($1)"),
-            &[&leases],
-        )
-        .map_err(fail)?;
-    let blocked_rows = db
-        .query(
-            "SELECT team FROM blocked_teams WHERE team = ANY($1)",
-            &[&blocked],
-        )
-        .map_err(fail)?;
-    let spend_rows = db
-        .query(
-            "SELECT team, month_to_date_usd, ts_ms FROM team_spend WHERE team = ANY($1)",
-            &[&spend],
-        )
-        .map_err(fail)?;
-    let exempt_rows = db
-        .query(
-            "SELECT lease_id, until_ms FROM exemptions WHERE lease_id = ANY($1)",
-            &[&exempt],
-        )
-        .map_err(fail)?;
-    let signal_rows = db
-        .query(
-            "SELECT lease_id, ts_ms FROM lease_signals WHERE lease_id = ANY($1)",
-            &[&signals],
-        )
-        .map_err(fail)?;
+    // Each kind of row asked for only when a commit changed one (a round trip each).
+    let mut fetch = |sql: &str, keys: &Vec<String>| -> Result<Vec<postgres::Row>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        db.query(sql, &[keys]).map_err(fail)
+    };
+    let lease_rows = fetch(
+        &format!("SELECT {COLUMNS} FROM leases WHERE id = ANY($1)"),
+        &leases,
+    )?;
+    let blocked_rows = fetch(
+        "SELECT team FROM blocked_teams WHERE team = ANY($1)",
+        &blocked,
+    )?;
+    let spend_rows = fetch(
+        "SELECT team, month_to_date_usd, ts_ms FROM team_spend WHERE team = ANY($1)",
+        &spend,
+    )?;
+    let exempt_rows = fetch(
+        "SELECT lease_id, until_ms FROM exemptions WHERE lease_id = ANY($1)",
+        &exempt,
+    )?;
+    let signal_rows = fetch(
+        "SELECT lease_id, ts_ms FROM lease_signals WHERE lease_id = ANY($1)",
+        &signals,
+    )?;
     let mut fetched = Vec::with_capacity(lease_rows.len());
     for row in &lease_rows {
         fetched.push(raw(row).parse()?);
@@ -597,80 +594,16 @@ impl Statements {
     }
 }
 
-/// The insert of a lease row, with PostgreSQL's placeholders.
-const INSERT_LEASE: &str =
-    "INSERT INTO leases (id, team, \"user\", project, workload, substrate, gpu_model, gpu_count, \
-     gpu_uuids, labels, state, granted_at, expires_at, updated_at, released_at, release_reason) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
-
-/// Carries `op` out in the writer's transaction.
+/// Carries `op`, one that is neither a lease row nor an outbox row, out in the writer's
+/// transaction.
 fn apply(
     tx: &mut Transaction<'_>,
     statements: &mut Statements,
     op: &Op,
 ) -> Result<(), postgres::Error> {
-    let gpus = |l: &Lease| l.gpu_count as i32;
-    let reason = |l: &Lease| l.release_reason.map(ReleaseReason::as_str);
     match op {
-        Op::InsertLease(l) => {
-            let s = statements.get(tx, INSERT_LEASE)?;
-            tx.execute(
-                &s,
-                &[
-                    &l.id,
-                    &l.team,
-                    &l.user,
-                    &l.project,
-                    &l.workload.as_str(),
-                    &l.substrate,
-                    &l.gpu_model,
-                    &gpus(l),
-                    &json(&l.gpu_uuids),
-                    &json(&l.labels),
-                    &l.state.as_str(),
-                    &l.granted_at,
-                    &l.expires_at,
-                    &l.updated_at,
-                    &l.released_at,
-                    &reason(l),
-                ],
-            )?;
-        }
-        Op::UpdateLease(l) => {
-            let s = statements.get(
-                tx,
-                "UPDATE leases SET gpu_count = $2, gpu_uuids = $3, state = $4, expires_at = $5, \
-                 updated_at = $6, released_at = $7, release_reason = $8 WHERE id = $1",
-            )?;
-            tx.execute(
-                &s,
-                &[
-                    &l.id,
-                    &gpus(l),
-                    &json(&l.gpu_uuids),
-                    &l.state.as_str(),
-                    &l.expires_at,
-                    &l.updated_at,
-                    &l.released_at,
-                    &reason(l),
-                ],
-            )?;
-        }
-        Op::DeleteLease(id) => {
-            let s = statements.get(tx, "DELETE FROM leases WHERE id = $1")?;
-            tx.execute(&s, &[id])?;
-        }
-        Op::Outbox {
-            topic,
-            key,
-            payload,
-            created_at,
-        } => {
-            let s = statements.get(
-                tx,
-                "INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, $4)",
-            )?;
-            tx.execute(&s, &[topic, key, payload, created_at])?;
+        Op::InsertLease(_) | Op::UpdateLease(_) | Op::DeleteLease(_) | Op::Outbox { .. } => {
+            unreachable!("lease and outbox rows are written together by write_rows")
         }
         Op::Block { team, reason, at } => {
             let s = statements.get(
@@ -1103,17 +1036,17 @@ fn run_batch(
     write_rows(&mut tx, statements, &ops, &mut keys).map_err(fail)?;
     if made.changes > 0 {
         let version = lock(memory).version + 1;
-        let s = statements
-            .get(&mut tx, "UPDATE store_version SET version = $1")
-            .map_err(fail)?;
-        tx.execute(&s, &[&version]).map_err(fail)?;
+        // The version, what it changed, and the notification, in one round trip.
         let s = statements
             .get(
                 &mut tx,
-                "INSERT INTO store_changes (version, keys) VALUES ($1, $2)",
+                "WITH bumped AS (UPDATE store_version SET version = $1), \
+                 recorded AS (INSERT INTO store_changes (version, keys) VALUES ($1, $2)) \
+                 SELECT pg_notify($3, $1::text)",
             )
             .map_err(fail)?;
-        tx.execute(&s, &[&version, &json(&keys)]).map_err(fail)?;
+        tx.execute(&s, &[&version, &json(&keys), &CHANNEL])
+            .map_err(fail)?;
         if version % 1_000 == 0 {
             tx.execute(
                 "DELETE FROM store_changes WHERE version <= $1",
@@ -1121,11 +1054,6 @@ fn run_batch(
             )
             .map_err(fail)?;
         }
-        let s = statements
-            .get(&mut tx, "SELECT pg_notify($1, $2)")
-            .map_err(fail)?;
-        tx.execute(&s, &[&CHANNEL, &version.to_string()])
-            .map_err(fail)?;
         tx.commit().map_err(fail)?;
         lock(memory).version = version;
     } else {
@@ -1134,19 +1062,113 @@ fn run_batch(
     Ok(())
 }
 
-/// Writes `ops` in the transaction, adding what of memory they change to `keys`.
+/// Writes `ops` in the transaction, adding what of memory they change to `keys`: the lease rows
+/// (each lease's last row of the batch: one upsert for all, one delete for the holds gone) and
+/// the outbox rows (one insert for all, in order) each in one statement, since every statement
+/// is a round trip; the rest one by one, in order.
 fn write_rows(
     tx: &mut Transaction<'_>,
     statements: &mut Statements,
     ops: &[Op],
     keys: &mut BTreeSet<String>,
 ) -> Result<(), postgres::Error> {
+    let mut leases: Vec<(&str, Option<&Lease>)> = Vec::new();
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    let mut outbox: (Vec<&str>, Vec<&str>, Vec<&str>, Vec<i64>) = Default::default();
     for op in ops {
-        apply(tx, statements, op)?;
         keys.extend(op.changed());
+        let row = match op {
+            Op::InsertLease(l) | Op::UpdateLease(l) => (l.id.as_str(), Some(&**l)),
+            Op::DeleteLease(id) => (id.as_str(), None),
+            Op::Outbox {
+                topic,
+                key,
+                payload,
+                created_at,
+            } => {
+                outbox.0.push(topic);
+                outbox.1.push(key);
+                outbox.2.push(payload);
+                outbox.3.push(*created_at);
+                continue;
+            }
+            other => {
+                apply(tx, statements, other)?;
+                continue;
+            }
+        };
+        match last.get(row.0) {
+            Some(&i) => leases[i] = row,
+            None => {
+                last.insert(row.0, leases.len());
+                leases.push(row);
+            }
+        }
+    }
+    let gone: Vec<&str> = leases
+        .iter()
+        .filter(|(_, l)| l.is_none())
+        .map(|(id, _)| *id)
+        .collect();
+    if !gone.is_empty() {
+        let s = statements.get(tx, "DELETE FROM leases WHERE id = ANY($1)")?;
+        tx.execute(&s, &[&gone])?;
+    }
+    let kept: Vec<&Lease> = leases.iter().filter_map(|(_, l)| *l).collect();
+    if !kept.is_empty() {
+        let text = |f: fn(&Lease) -> String| kept.iter().map(|l| f(l)).collect::<Vec<_>>();
+        let s = statements.get(tx, UPSERT_LEASES)?;
+        tx.execute(
+            &s,
+            &[
+                &text(|l| l.id.clone()),
+                &text(|l| l.team.clone()),
+                &text(|l| l.user.clone()),
+                &text(|l| l.project.clone()),
+                &text(|l| l.workload.as_str().to_owned()),
+                &text(|l| l.substrate.clone()),
+                &text(|l| l.gpu_model.clone()),
+                &kept.iter().map(|l| l.gpu_count as i32).collect::<Vec<_>>(),
+                &text(|l| json(&l.gpu_uuids)),
+                &text(|l| json(&l.labels)),
+                &text(|l| l.state.as_str().to_owned()),
+                &kept.iter().map(|l| l.granted_at).collect::<Vec<_>>(),
+                &kept.iter().map(|l| l.expires_at).collect::<Vec<_>>(),
+                &kept.iter().map(|l| l.updated_at).collect::<Vec<_>>(),
+                &kept.iter().map(|l| l.released_at).collect::<Vec<_>>(),
+                &kept
+                    .iter()
+                    .map(|l| l.release_reason.map(ReleaseReason::as_str))
+                    .collect::<Vec<_>>(),
+            ],
+        )?;
+    }
+    if !outbox.0.is_empty() {
+        let s = statements.get(
+            tx,
+            "INSERT INTO outbox (topic, key, payload, created_at) \
+             SELECT topic, key, payload, created_at \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) \
+             WITH ORDINALITY AS row (topic, key, payload, created_at, n) ORDER BY n",
+        )?;
+        tx.execute(&s, &[&outbox.0, &outbox.1, &outbox.2, &outbox.3])?;
     }
     Ok(())
 }
+
+/// Every lease row of a batch in one statement: new ones inserted, the others' changing columns
+/// (as `Op::UpdateLease` writes them) updated.
+const UPSERT_LEASES: &str =
+    "INSERT INTO leases (id, team, \"user\", project, workload, substrate, \
+     gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, updated_at, \
+     released_at, release_reason) \
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+     $6::text[], $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[], \
+     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[]) \
+     ON CONFLICT (id) DO UPDATE SET gpu_count = excluded.gpu_count, \
+     gpu_uuids = excluded.gpu_uuids, state = excluded.state, expires_at = excluded.expires_at, \
+     updated_at = excluded.updated_at, released_at = excluded.released_at, \
+     release_reason = excluded.release_reason";
 
 /// A copy of `e` for each caller of a failed batch.
 fn same(e: &StoreError) -> StoreError {
@@ -1220,9 +1242,12 @@ pub(super) fn listen(target: &Target, queue: &Queue, stop: &AtomicBool, pending:
     }
 }
 
-/// Queues a catch-up unless one is queued already.
+/// Queues a catch-up unless one is queued already. Nobody waits for it: it rides along with the
+/// next batch (which catches up anyway), or runs within the queue's lazy-commit delay (20 ms)
+/// when the writer is idle, so a busy replica does not spend a transaction on each of the
+/// others' commits.
 fn wake(queue: &Queue, pending: &AtomicBool) {
-    if !pending.swap(true, Ordering::AcqRel) && queue.push(Job::CatchUp, true).is_err() {
+    if !pending.swap(true, Ordering::AcqRel) && queue.push(Job::CatchUp, false).is_err() {
         pending.store(false, Ordering::Release);
     }
 }
