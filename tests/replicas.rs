@@ -546,3 +546,104 @@ fn a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes() {
     assert_eq!(ha.provisioner.calls("reclaim", &due), 1);
     assert_eq!(ha.provisioner.calls("reclaim", &later), 1);
 }
+
+/// One HTTP request with `headers` (name, value) and a form body; (status, headers, body).
+fn form(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() {
+        head.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    stream
+        .write_all(format!("{head}\r\n{body}").as_bytes())
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// What a person sees does not depend on the replica that answers: signed in on one, the
+/// session works on the other (and survives the first one's death), signing out on one ends it
+/// on both, and failed logins on both count together towards one lockout.
+#[test]
+fn sessions_and_failed_logins_are_the_same_on_every_replica() {
+    let mut ha = install(2);
+    let (a, b) = (
+        ha.replicas[0].address.clone(),
+        ha.replicas[1].address.clone(),
+    );
+    let (status, head, _) = form(&a, "POST", "/ui/signin", &[], &format!("token={TOKEN}"));
+    assert_eq!(status, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_owned();
+    // The first replica dies: the session still works on the second.
+    drop(ha.replicas[0].process.take());
+    let (status, head, page) = form(&b, "GET", "/ui/leases", &[("Cookie", &cookie)], "");
+    assert_eq!(status, 200, "{head}\n{page}");
+    assert!(page.contains("ada"), "{page}");
+    // Its CSRF token is the session's, wherever it was drawn.
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf field")
+        .to_owned();
+    let (status, head, _) = form(
+        &b,
+        "POST",
+        "/ui/signout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(status, 303, "{head}");
+    let (status, head, _) = form(&b, "GET", "/ui/leases", &[("Cookie", &cookie)], "");
+    assert_eq!((status, head.contains("/ui/signin")), (303, true), "{head}");
+
+    // Failed logins with one wrong token, half on each replica: the token is locked out on
+    // both once ten have failed in all (enforcer.login_limits.max_failures).
+    let restarted = start_replica(&ha._dir.path().join("r0.toml"), "r0");
+    let c = restarted.address.clone();
+    for i in 0..10 {
+        let address = if i % 2 == 0 { &c } else { &b };
+        let (status, _, _) = form(address, "POST", "/ui/signin", &[], "token=wrong-token");
+        assert_eq!(status, 401, "attempt {i}");
+    }
+    for address in [&c, &b] {
+        eventually(
+            "the lockout on every replica",
+            Duration::from_secs(10),
+            || match form(address, "POST", "/ui/signin", &[], "token=wrong-token") {
+                (429, _, _) => Ok(()),
+                (status, _, _) => Err(format!("{status}")),
+            },
+        );
+    }
+}

@@ -65,7 +65,7 @@ impl Db {
         if self.is_sqlite() {
             5
         } else {
-            2
+            3
         }
     }
 
@@ -963,7 +963,7 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
     for o in opened {
         o.join().unwrap().unwrap();
     }
-    assert_eq!(db.open().schema_version().wait().unwrap(), 2);
+    assert_eq!(db.open().schema_version().wait().unwrap(), 3);
     let Db::Postgres { url } = &db else {
         unreachable!()
     };
@@ -972,12 +972,12 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
         .unwrap();
     let err = Store::open_postgres(url, None).unwrap_err();
     assert!(
-        matches!(err, StoreError::TooNew { found: 7, known: 2 }),
+        matches!(err, StoreError::TooNew { found: 7, known: 3 }),
         "{err}"
     );
     assert_eq!(
         err.to_string(),
-        "the lease store is at schema version 7; this build knows up to 2"
+        "the lease store is at schema version 7; this build knows up to 3"
     );
 }
 

@@ -83,6 +83,43 @@ impl Logins {
     }
 }
 
+/// Counts in `logins` the failed logins the other replicas of a shared store saw, every second,
+/// for as long as `logins` lives: a source address or a token is locked out on every replica,
+/// whichever it tried (within a second). Failures older than the limits' window are not taken.
+pub(super) async fn follow_failures(
+    store: crate::store::Store,
+    logins: std::sync::Weak<Logins>,
+    window: std::time::Duration,
+) {
+    let mut after = 0;
+    let window_ms = window.as_millis() as i64;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let Some(logins) = logins.upgrade() else {
+            return;
+        };
+        let since = gpuwarden_schema::clock::wall_now_ms() - window_ms;
+        let failures = match store.login_failures(after, since).await {
+            Ok(failures) => failures,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the other replicas' failed logins");
+                continue;
+            }
+        };
+        let now = Instant::now();
+        let mut limiter = logins.limiter();
+        for (id, source, principal) in failures {
+            after = after.max(id);
+            let source = source.and_then(|s| s.parse::<IpAddr>().ok());
+            let principal = principal.as_deref().and_then(parse_hex32);
+            let failure = limiter.failed(source, principal.as_ref().map(|p| &p[..]), now);
+            for locked in failure.lockouts() {
+                log_lockout(source, locked);
+            }
+        }
+    }
+}
+
 fn sha256(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
@@ -158,6 +195,16 @@ impl AppState {
             return Ok(principal);
         }
         let failure = self.logins.limiter().failed(source, Some(&digest), now);
+        // Told to the other replicas of a shared store, which count it too (`follow_failures`).
+        let store = self.service.store();
+        if store.is_shared() {
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            drop(store.login_failed(
+                source.map(|s| s.to_string()),
+                Some(hex),
+                gpuwarden_schema::clock::wall_now_ms(),
+            ));
+        }
         metrics.count_login_failure(&failure);
         for locked in failure.lockouts() {
             log_lockout(source, locked);

@@ -57,6 +57,21 @@ impl AppState {
         let logins = Arc::new(extract::Logins::new(
             &service.config().enforcer.login_limits,
         ));
+        // On a store shared by replicas, each counts the others' failed logins too.
+        if service.store().is_shared() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(extract::follow_failures(
+                        service.store().clone(),
+                        Arc::downgrade(&logins),
+                        service.config().enforcer.login_limits.window,
+                    ));
+                }
+                Err(_) => tracing::warn!(
+                    "no runtime to follow the other replicas' failed logins; each replica counts its own"
+                ),
+            }
+        }
         Self {
             service,
             tokens,

@@ -68,10 +68,16 @@ pub fn app(state: AppState, insights: Option<Arc<dyn Insights>>) -> Router {
 /// The portal's routes alone, under `/ui/`.
 pub fn router(state: AppState, insights: Option<Arc<dyn Insights>>) -> Router {
     let secure = state.service().config().enforcer.tls.is_some();
+    let shared = state
+        .service()
+        .store()
+        .is_shared()
+        .then(|| state.service().store().clone());
     let portal = Portal(Arc::new(Inner {
         app: state,
         sessions: Mutex::default(),
         sent: Mutex::default(),
+        shared,
         insights,
         secure,
     }));
@@ -105,6 +111,10 @@ struct Inner {
     /// The request forms already submitted, so that a form sent twice (a reload of the decision
     /// page re-posts it) asks once.
     sent: Mutex<Sent>,
+    /// On a store shared by replicas, where the sessions and the forms sent live instead of the
+    /// two maps above: every replica reads them, so a person is not signed out, nor a form
+    /// asked twice, whichever replica answers.
+    shared: Option<crate::store::Store>,
     insights: Option<Arc<dyn Insights>>,
     /// Served over TLS: the cookie is `Secure` (and `__Host-` prefixed).
     secure: bool,
@@ -176,7 +186,31 @@ impl Portal {
     }
 
     /// A new session for `principal`: its id, for the cookie.
-    fn open(&self, principal: Principal) -> String {
+    async fn open(&self, principal: Principal) -> Result<String, Response> {
+        let Some(store) = &self.0.shared else {
+            return Ok(self.open_here(principal));
+        };
+        let id = random_token();
+        let session = (
+            principal.name,
+            random_token(),
+            gpuwarden_schema::clock::wall_now_ms(),
+        );
+        store
+            .portal_session_open(
+                &sha256_hex(&id),
+                session,
+                SESSION_LIFETIME.as_millis() as i64,
+                SESSIONS_PER_TOKEN,
+                SESSIONS_KEPT,
+            )
+            .await
+            .map_err(store_failed)?;
+        Ok(id)
+    }
+
+    /// [`Portal::open`] in this process's memory.
+    fn open_here(&self, principal: Principal) -> String {
         let id = random_token();
         let now = Instant::now();
         let mut sessions = self.sessions();
@@ -199,7 +233,82 @@ impl Portal {
         id
     }
 
-    fn session(&self, id: &str) -> Option<Session> {
+    /// The session `id`, unless it is unknown or past its lifetime.
+    async fn session(&self, id: &str) -> Result<Option<Session>, Response> {
+        let Some(store) = &self.0.shared else {
+            return Ok(self.session_here(id));
+        };
+        let since = gpuwarden_schema::clock::wall_now_ms() - SESSION_LIFETIME.as_millis() as i64;
+        let Some((name, csrf, created_ms)) = store
+            .portal_session(&sha256_hex(id), since)
+            .await
+            .map_err(store_failed)?
+        else {
+            return Ok(None);
+        };
+        // The principal as the config names it now: a token taken out of the config ends its
+        // sessions.
+        let config = self.service().config();
+        let Some(token) = config.tokens.iter().find(|t| t.name == name) else {
+            return Ok(None);
+        };
+        let age = gpuwarden_schema::clock::wall_now_ms().saturating_sub(created_ms);
+        Ok(Some(Session {
+            principal: Principal {
+                name,
+                role: token.role,
+                teams: token.teams.clone(),
+            },
+            csrf,
+            created: Instant::now()
+                .checked_sub(Duration::from_millis(age.max(0) as u64))
+                .unwrap_or_else(Instant::now),
+        }))
+    }
+
+    /// Ends session `id`.
+    async fn close(&self, id: &str) -> Result<(), Response> {
+        match &self.0.shared {
+            Some(store) => store
+                .portal_session_close(&sha256_hex(id))
+                .await
+                .map_err(store_failed),
+            None => {
+                self.sessions().remove(id);
+                Ok(())
+            }
+        }
+    }
+
+    /// Marks the form sent with one-use `token`: `Ok` the first time, else the lease it made.
+    async fn first_time(&self, token: &str) -> Result<Result<(), Option<String>>, Response> {
+        match &self.0.shared {
+            Some(store) => store
+                .portal_submission_first(
+                    token,
+                    gpuwarden_schema::clock::wall_now_ms(),
+                    SUBMISSIONS_KEPT.as_millis() as i64,
+                )
+                .await
+                .map_err(store_failed),
+            None => Ok(self.sent().first_time(token)),
+        }
+    }
+
+    /// Records the lease the form sent with `token` made.
+    async fn made(&self, token: &str, lease_id: &str) {
+        match &self.0.shared {
+            Some(store) => {
+                if let Err(e) = store.portal_submission_made(token, lease_id).await {
+                    tracing::warn!(error = %e, "could not record the lease a request form made; sent again, it is refused without naming the lease");
+                }
+            }
+            None => self.sent().made(token, lease_id),
+        }
+    }
+
+    /// [`Portal::session`] in this process's memory.
+    fn session_here(&self, id: &str) -> Option<Session> {
         let mut sessions = self.sessions();
         let session = sessions.get(id)?;
         if session.created.elapsed() >= SESSION_LIFETIME {
@@ -231,6 +340,36 @@ impl Portal {
     fn service(&self) -> &crate::service::Service {
         self.0.app.service()
     }
+}
+
+/// How long a shared store remembers a request form sent (the memory of one enforcer keeps the
+/// last 4,096 instead).
+const SUBMISSIONS_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// A session's id as a shared store keeps it: its SHA-256, so that whoever reads the database
+/// cannot sign in with it.
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The page for a shared store that could not be reached (503, try again).
+fn store_failed(e: crate::store::StoreError) -> Response {
+    tracing::warn!(error = %e, "the portal could not reach the lease store");
+    let mut response = page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Unavailable",
+        None,
+        Tab::None,
+        "<p>The enforcer cannot reach its database just now. Try again in a moment.</p>",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// Ends the oldest of the sessions `which` picks; false if it picks none.
@@ -293,8 +432,10 @@ impl FromRequestParts<Portal> for Signed {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, portal: &Portal) -> Result<Self, Response> {
-        let session = cookie(&parts.headers, portal.cookie_name())
-            .and_then(|id| Some((id.to_owned(), portal.session(id)?)));
+        let session = match cookie(&parts.headers, portal.cookie_name()) {
+            Some(id) => portal.session(id).await?.map(|s| (id.to_owned(), s)),
+            None => None,
+        };
         match session {
             Some((id, s)) => Ok(Signed {
                 id,
@@ -430,7 +571,10 @@ async fn signin(
     }
     match portal.0.app.login(source, Some(&form.token)) {
         Ok(principal) => {
-            let id = portal.open(principal);
+            let id = match portal.open(principal).await {
+                Ok(id) => id,
+                Err(response) => return response,
+            };
             let mut response = see_other("/ui/");
             response
                 .headers_mut()
@@ -486,7 +630,9 @@ async fn signout(
     if !signed.csrf_ok(&form.csrf) {
         return csrf_refused(&signed);
     }
-    portal.sessions().remove(&signed.id);
+    if let Err(response) = portal.close(&signed.id).await {
+        return response;
+    }
     let mut response = see_other("/ui/signin");
     response
         .headers_mut()
@@ -684,9 +830,11 @@ async fn request_submit(
     // A real request's one-use token is remembered with the lease it made.
     let remembered = !dry_run && !form.submission.is_empty();
     let token = format!("{}:{}", signed.csrf, form.submission);
-    // The guard is dropped at the end of this statement: it must not be held across an await.
     let seen = if remembered {
-        portal.sent().first_time(&token)
+        match portal.first_time(&token).await {
+            Ok(seen) => seen,
+            Err(response) => return response,
+        }
     } else {
         Ok(())
     };
@@ -714,7 +862,7 @@ async fn request_submit(
     }) = &outcome
     {
         if remembered {
-            portal.sent().made(&token, &lease.id);
+            portal.made(&token, &lease.id).await;
         }
     }
     let status = match &outcome {

@@ -39,6 +39,72 @@ pub(super) trait Db {
         batch: usize,
         after: i64,
     ) -> Result<Vec<i64>, StoreError>;
+
+    // What only a store shared by replicas keeps (PostgreSQL's `postgres::shared`): one
+    // enforcer on SQLite keeps these in its own memory.
+
+    /// Opens a portal session (see `postgres::shared::open`).
+    fn session_open(
+        &mut self,
+        _id: &str,
+        _session: &Session,
+        _limits: (i64, i64, i64),
+    ) -> Result<(), StoreError> {
+        Err(not_shared())
+    }
+    /// A portal session opened after `since_ms`.
+    fn session(&mut self, _id: &str, _since_ms: i64) -> Result<Option<Session>, StoreError> {
+        Err(not_shared())
+    }
+    /// Ends a portal session.
+    fn session_close(&mut self, _id: &str) -> Result<(), StoreError> {
+        Err(not_shared())
+    }
+    /// Marks a request form's one-use token sent: `Ok` the first time, else the lease it made.
+    fn submission_first(
+        &mut self,
+        _token: &str,
+        _at_ms: i64,
+        _kept_ms: i64,
+    ) -> Result<Result<(), Option<String>>, StoreError> {
+        Err(not_shared())
+    }
+    /// Records the lease a form made.
+    fn submission_made(&mut self, _token: &str, _lease_id: &str) -> Result<(), StoreError> {
+        Err(not_shared())
+    }
+    /// Records a failed login this replica saw.
+    fn login_failed(
+        &mut self,
+        _replica: &str,
+        _source: Option<&str>,
+        _principal: Option<&str>,
+        _at_ms: i64,
+    ) -> Result<(), StoreError> {
+        Err(not_shared())
+    }
+    /// The failed logins the other replicas saw after `after` (with the newest id when `after` is
+    /// negative and nothing else).
+    fn login_failures(
+        &mut self,
+        _replica: &str,
+        _after: i64,
+        _since_ms: i64,
+    ) -> Result<Vec<LoginFailure>, StoreError> {
+        Err(not_shared())
+    }
+}
+
+/// A portal session as a shared store keeps it: the principal's name, the CSRF token, and when
+/// it was opened (ms).
+pub type Session = (String, String, i64);
+
+/// A failed login another replica saw: its id in the table, the source address, the SHA-256 of
+/// the token presented (hex).
+pub type LoginFailure = (i64, Option<String>, Option<String>);
+
+fn not_shared() -> StoreError {
+    StoreError::Io("only a lease store shared by replicas (PostgreSQL) keeps this".into())
 }
 
 /// SQLite's [`Db`]: the writer's connection (or its transaction).

@@ -70,6 +70,7 @@ mod rows;
 mod types;
 mod writer;
 
+pub use db::{LoginFailure, Session as PortalSession};
 pub use types::{Lease, LeaseFilter, LeaseState, Ledger, OutboxRow, StoreError};
 pub use writer::{CommitStats, Pending};
 
@@ -1314,6 +1315,80 @@ impl Store {
                 return Ok(deleted);
             }
         }
+    }
+
+    /// Opens a portal session where every replica reads it (a shared store only): `id_sha256`
+    /// is the SHA-256 of the session id (the id itself is never stored), `session` the
+    /// principal's name, the CSRF token and when it opened; first ended are those opened before
+    /// `lifetime_ms`, then the oldest of the same principal beyond `per_principal - 1` and the
+    /// oldest of all beyond `kept - 1`.
+    pub fn portal_session_open(
+        &self,
+        id_sha256: &str,
+        session: PortalSession,
+        lifetime_ms: i64,
+        per_principal: usize,
+        kept: usize,
+    ) -> Pending<()> {
+        let id = id_sha256.to_owned();
+        let limits = (lifetime_ms, per_principal as i64, kept as i64);
+        self.read(move |db| db.session_open(&id, &session, limits))
+    }
+
+    /// The portal session whose id hashes to `id_sha256`, if it opened after `since_ms`.
+    pub fn portal_session(&self, id_sha256: &str, since_ms: i64) -> Pending<Option<PortalSession>> {
+        let id = id_sha256.to_owned();
+        self.read(move |db| db.session(&id, since_ms))
+    }
+
+    /// Ends the portal session whose id hashes to `id_sha256`.
+    pub fn portal_session_close(&self, id_sha256: &str) -> Pending<()> {
+        let id = id_sha256.to_owned();
+        self.read(move |db| db.session_close(&id))
+    }
+
+    /// Marks a request form's one-use `token` sent at `at_ms`: `Ok` the first time, else the
+    /// lease it made (if any). Tokens sent more than `kept_ms` before are forgotten.
+    pub fn portal_submission_first(
+        &self,
+        token: &str,
+        at_ms: i64,
+        kept_ms: i64,
+    ) -> Pending<Result<(), Option<String>>> {
+        let token = token.to_owned();
+        self.read(move |db| db.submission_first(&token, at_ms, kept_ms))
+    }
+
+    /// Records the lease the form sent with `token` made.
+    pub fn portal_submission_made(&self, token: &str, lease_id: &str) -> Pending<()> {
+        let (token, lease) = (token.to_owned(), lease_id.to_owned());
+        self.read(move |db| db.submission_made(&token, &lease))
+    }
+
+    /// Records a failed login this replica saw (source address, the SHA-256 of the token in
+    /// hex), for the other replicas' limits.
+    pub fn login_failed(
+        &self,
+        source: Option<String>,
+        principal_sha256: Option<String>,
+        at_ms: i64,
+    ) -> Pending<()> {
+        let replica = self.inner.leadership.replica();
+        self.read(move |db| {
+            db.login_failed(
+                &replica,
+                source.as_deref(),
+                principal_sha256.as_deref(),
+                at_ms,
+            )
+        })
+    }
+
+    /// The failed logins the other replicas saw after id `after` and since `since_ms` (older
+    /// ones are deleted); with `after` negative, only the newest id, as `(id, None, None)`.
+    pub fn login_failures(&self, after: i64, since_ms: i64) -> Pending<Vec<LoginFailure>> {
+        let replica = self.inner.leadership.replica();
+        self.read(move |db| db.login_failures(&replica, after, since_ms))
     }
 
     /// Marks outbox rows as published (once Kafka has acknowledged them). It changes nothing in

@@ -141,6 +141,30 @@ pub(super) const MIGRATIONS: &[&str] = &[
         expires_ms BIGINT NOT NULL
     );
     INSERT INTO leader (id, holder, term, expires_ms) VALUES (1, '', 0, 0);"#,
+    // 3: what a person sees must not depend on the replica that answers: the portal's sessions
+    // (by the SHA-256 of their id), the request forms already sent, and the failed logins each
+    // replica saw, for the others' limits.
+    r#"CREATE TABLE portal_sessions (
+        id_sha256 TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        csrf TEXT NOT NULL,
+        created_ms BIGINT NOT NULL
+    );
+    CREATE INDEX portal_sessions_principal ON portal_sessions (principal, created_ms);
+    CREATE INDEX portal_sessions_created ON portal_sessions (created_ms);
+    CREATE TABLE portal_submissions (
+        token TEXT PRIMARY KEY,
+        lease_id TEXT,
+        at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX portal_submissions_at ON portal_submissions (at_ms);
+    CREATE TABLE login_failures (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        replica TEXT NOT NULL,
+        source TEXT,
+        principal_sha256 TEXT,
+        at_ms BIGINT NOT NULL
+    );"#,
 ];
 
 /// How to reach the database: the URL's settings, with the password from `password_file`, and
@@ -688,6 +712,182 @@ fn apply(
     Ok(())
 }
 
+/// The portal's state and the failed logins, shared by the replicas of a PostgreSQL store (see
+/// [`Store::portal_session`](super::Store::portal_session) and its neighbours).
+pub(super) mod shared {
+    use postgres::GenericClient;
+
+    use super::super::types::StoreError;
+
+    use super::super::db::Session;
+
+    fn fail(e: postgres::Error) -> StoreError {
+        StoreError::Unavailable(format!("PostgreSQL: {e}"))
+    }
+
+    /// Opens a session, ending first those past `lifetime_ms`, then the oldest of the same
+    /// principal beyond `per_principal - 1`, then the oldest of all beyond `kept - 1`.
+    pub(in super::super) fn open<C: GenericClient>(
+        db: &mut C,
+        id_sha256: &str,
+        session: &Session,
+        lifetime_ms: i64,
+        per_principal: i64,
+        kept: i64,
+    ) -> Result<(), StoreError> {
+        let (principal, csrf, created_ms) = session;
+        db.execute(
+            "DELETE FROM portal_sessions WHERE created_ms <= $1",
+            &[&(created_ms - lifetime_ms)],
+        )
+        .map_err(fail)?;
+        db.execute(
+            "DELETE FROM portal_sessions WHERE id_sha256 IN (SELECT id_sha256 FROM \
+             portal_sessions WHERE principal = $1 ORDER BY created_ms DESC OFFSET $2)",
+            &[principal, &(per_principal - 1).max(0)],
+        )
+        .map_err(fail)?;
+        db.execute(
+            "DELETE FROM portal_sessions WHERE id_sha256 IN (SELECT id_sha256 FROM \
+             portal_sessions ORDER BY created_ms DESC OFFSET $1)",
+            &[&(kept - 1).max(0)],
+        )
+        .map_err(fail)?;
+        db.execute(
+            "INSERT INTO portal_sessions (id_sha256, principal, csrf, created_ms) \
+             VALUES ($1, $2, $3, $4)",
+            &[&id_sha256, principal, csrf, created_ms],
+        )
+        .map_err(fail)?;
+        Ok(())
+    }
+
+    /// The session, unless it is gone or opened before `since_ms`.
+    pub(in super::super) fn get<C: GenericClient>(
+        db: &mut C,
+        id_sha256: &str,
+        since_ms: i64,
+    ) -> Result<Option<Session>, StoreError> {
+        Ok(db
+            .query_opt(
+                "SELECT principal, csrf, created_ms FROM portal_sessions \
+                 WHERE id_sha256 = $1 AND created_ms > $2",
+                &[&id_sha256, &since_ms],
+            )
+            .map_err(fail)?
+            .map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    /// Ends a session.
+    pub(in super::super) fn close<C: GenericClient>(
+        db: &mut C,
+        id_sha256: &str,
+    ) -> Result<(), StoreError> {
+        db.execute(
+            "DELETE FROM portal_sessions WHERE id_sha256 = $1",
+            &[&id_sha256],
+        )
+        .map_err(fail)?;
+        Ok(())
+    }
+
+    /// Marks a form's one-use token sent at `at_ms`: `Ok` the first time, else the lease it
+    /// made, if any. Tokens older than `kept_ms` are forgotten.
+    pub(in super::super) fn first_time<C: GenericClient>(
+        db: &mut C,
+        token: &str,
+        at_ms: i64,
+        kept_ms: i64,
+    ) -> Result<Result<(), Option<String>>, StoreError> {
+        db.execute(
+            "DELETE FROM portal_submissions WHERE at_ms < $1",
+            &[&(at_ms - kept_ms)],
+        )
+        .map_err(fail)?;
+        let new = db
+            .execute(
+                "INSERT INTO portal_submissions (token, at_ms) VALUES ($1, $2) \
+                 ON CONFLICT (token) DO NOTHING",
+                &[&token, &at_ms],
+            )
+            .map_err(fail)?;
+        if new == 1 {
+            return Ok(Ok(()));
+        }
+        let lease = db
+            .query_opt(
+                "SELECT lease_id FROM portal_submissions WHERE token = $1",
+                &[&token],
+            )
+            .map_err(fail)?
+            .and_then(|r| r.get::<_, Option<String>>(0));
+        Ok(Err(lease))
+    }
+
+    /// Records the lease a form sent with `token` made.
+    pub(in super::super) fn made<C: GenericClient>(
+        db: &mut C,
+        token: &str,
+        lease_id: &str,
+    ) -> Result<(), StoreError> {
+        db.execute(
+            "UPDATE portal_submissions SET lease_id = $2 WHERE token = $1",
+            &[&token, &lease_id],
+        )
+        .map_err(fail)?;
+        Ok(())
+    }
+
+    /// Records a failed login seen by `replica`.
+    pub(in super::super) fn login_failed<C: GenericClient>(
+        db: &mut C,
+        replica: &str,
+        source: Option<&str>,
+        principal_sha256: Option<&str>,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        db.execute(
+            "INSERT INTO login_failures (replica, source, principal_sha256, at_ms) \
+             VALUES ($1, $2, $3, $4)",
+            &[&replica, &source, &principal_sha256, &at_ms],
+        )
+        .map_err(fail)?;
+        Ok(())
+    }
+
+    /// The failed logins other replicas than `replica` saw after id `after` and since
+    /// `since_ms`: (id, source, principal's SHA-256). Rows older than `kept_ms` are deleted.
+    pub(in super::super) fn login_failures<C: GenericClient>(
+        db: &mut C,
+        replica: &str,
+        after: i64,
+        since_ms: i64,
+    ) -> Result<Vec<super::super::db::LoginFailure>, StoreError> {
+        db.execute("DELETE FROM login_failures WHERE at_ms < $1", &[&since_ms])
+            .map_err(fail)?;
+        Ok(db
+            .query(
+                "SELECT id, source, principal_sha256 FROM login_failures \
+                 WHERE id > $1 AND replica <> $2 AND at_ms >= $3 ORDER BY id",
+                &[&after, &replica, &since_ms],
+            )
+            .map_err(fail)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
+    /// The newest failed login's id (where a replica starting begins to follow).
+    pub(in super::super) fn newest_login_failure<C: GenericClient>(
+        db: &mut C,
+    ) -> Result<i64, StoreError> {
+        Ok(db
+            .query_one("SELECT coalesce(max(id), 0) FROM login_failures", &[])
+            .map_err(fail)?
+            .get(0))
+    }
+}
+
 /// PostgreSQL's [`Db`]: the writer's session, or its transaction.
 pub(super) struct Pg<'a, C> {
     db: &'a mut C,
@@ -701,6 +901,63 @@ impl<C: GenericClient> Pg<'_, C> {
 }
 
 impl<C: GenericClient> Db for Pg<'_, C> {
+    fn session_open(
+        &mut self,
+        id: &str,
+        session: &super::db::Session,
+        (lifetime_ms, per_principal, kept): (i64, i64, i64),
+    ) -> Result<(), StoreError> {
+        shared::open(self.db, id, session, lifetime_ms, per_principal, kept)
+    }
+
+    fn session(
+        &mut self,
+        id: &str,
+        since_ms: i64,
+    ) -> Result<Option<super::db::Session>, StoreError> {
+        shared::get(self.db, id, since_ms)
+    }
+
+    fn session_close(&mut self, id: &str) -> Result<(), StoreError> {
+        shared::close(self.db, id)
+    }
+
+    fn submission_first(
+        &mut self,
+        token: &str,
+        at_ms: i64,
+        kept_ms: i64,
+    ) -> Result<Result<(), Option<String>>, StoreError> {
+        shared::first_time(self.db, token, at_ms, kept_ms)
+    }
+
+    fn submission_made(&mut self, token: &str, lease_id: &str) -> Result<(), StoreError> {
+        shared::made(self.db, token, lease_id)
+    }
+
+    fn login_failed(
+        &mut self,
+        replica: &str,
+        source: Option<&str>,
+        principal: Option<&str>,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        shared::login_failed(self.db, replica, source, principal, at_ms)
+    }
+
+    fn login_failures(
+        &mut self,
+        replica: &str,
+        after: i64,
+        since_ms: i64,
+    ) -> Result<Vec<super::db::LoginFailure>, StoreError> {
+        if after < 0 {
+            let newest = shared::newest_login_failure(self.db)?;
+            return Ok(vec![(newest, None, None)]);
+        }
+        shared::login_failures(self.db, replica, after, since_ms)
+    }
+
     fn schema_version(&mut self) -> Result<i64, StoreError> {
         let row = self
             .db
