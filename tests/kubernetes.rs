@@ -733,3 +733,63 @@ fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
     assert_eq!(code, Some(1), "{error}");
     assert!(error.contains("admission webhook to 127.0.0.1:"), "{error}");
 }
+
+/// Two replicas on one PostgreSQL store (tests/support/postgres.rs), each serving the webhook
+/// as the Service would reach them: reviews sent to either are decided against one quota, and
+/// with one replica killed the other goes on answering, counting what the first admitted.
+#[test]
+fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let api_server = KubeApi::start(nodes());
+    let ca = Ca::new(dir.path(), "webhook-ca");
+    let store = support::pg::server().database();
+    let mut replicas = Vec::new();
+    for name in ["r0", "r1"] {
+        let home = dir.path().join(name);
+        std::fs::create_dir_all(&home).unwrap();
+        let config = write_config_for(&home, &api_server.kubeconfig(&home), &ca);
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(&format!(
+            "\n[enforcer.store]\nurl = \"{store}\"\n\n[enforcer.leader]\nlease = \"2s\"\nreplica = \"{name}\"\n"
+        ));
+        std::fs::write(&config, text).unwrap();
+        let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
+        let line = enforcer.wait_for_log(
+            "kubernetes admission webhook running",
+            Duration::from_secs(60),
+        );
+        let url = line["url"].as_str().unwrap().to_owned();
+        enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+        let tls = client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap();
+        replicas.push((
+            Some(enforcer),
+            Webhook {
+                client: http_client_with_tls(tls),
+                url,
+            },
+        ));
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (mut processes, webhooks): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
+    let ask = |replica: usize| {
+        let pod = PodReview::new("ml-research", "oidc:ada@example.com", Some("2"));
+        runtime.block_on(webhooks[replica].review(&pod))
+    };
+    // Six pods of 2 GPUs, alternately: 12 of the team's 16.
+    for i in 0..6 {
+        let answer = ask(i % 2);
+        assert_eq!(answer["allowed"], true, "review {i}: {answer}");
+    }
+    // The first replica dies; the second counts its leases: two more fit, the third does not.
+    drop(processes[0].take());
+    for i in 0..2 {
+        let answer = ask(1);
+        assert_eq!(
+            answer["allowed"], true,
+            "review {i} after the kill: {answer}"
+        );
+    }
+    let answer = ask(1);
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert!(message(&answer).contains("quota_exceeded"), "{answer}");
+}
