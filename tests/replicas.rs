@@ -270,6 +270,17 @@ fn wait_for_leader(replicas: &[Replica], other_than: Option<&str>, within: Durat
 /// moves on when a replica refuses the connection or answers 503 (nothing was decided). The
 /// answer: Some(lease id) when admitted, None when the outcome is unknown.
 fn admit(replicas: &[Replica], first: usize, label: usize, duration: &str) -> Option<String> {
+    admit_counting(replicas, first, label, duration, &mut 0)
+}
+
+/// [`admit`], adding the 503s it met to `unavailable`.
+fn admit_counting(
+    replicas: &[Replica],
+    first: usize,
+    label: usize,
+    duration: &str,
+    unavailable: &mut usize,
+) -> Option<String> {
     let body = json!({
         "team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1,
         "duration": duration, "labels": {"request": label.to_string()},
@@ -288,7 +299,12 @@ fn admit(replicas: &[Replica], first: usize, label: usize, duration: &str) -> Op
                 assert_eq!(answer["decision"], "admitted", "{answer}");
                 return Some(answer["lease"]["id"].as_str().unwrap().to_owned());
             }
-            Ok((503, _)) | Err(Sent::NotConnected) => {
+            Ok((503, answer)) => {
+                assert!(answer.contains("store_unavailable"), "{answer}");
+                *unavailable += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(Sent::NotConnected) => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok((status, answer)) => panic!("request {label}: {status} {answer}"),
@@ -347,11 +363,15 @@ struct Installation {
 }
 
 fn install(n: usize) -> Installation {
+    install_on(n, support::pg::server().database())
+}
+
+/// [`install`] on the database at `url`.
+fn install_on(n: usize, url: String) -> Installation {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
     let provisioner = Provisioner::default();
     let hook = provisioner.start();
-    let url = support::pg::server().database();
     let replicas = (0..n)
         .map(|i| {
             let name = format!("r{i}");
@@ -644,6 +664,68 @@ fn sessions_and_failed_logins_are_the_same_on_every_replica() {
                 (429, _, _) => Ok(()),
                 (status, _, _) => Err(format!("{status}")),
             },
+        );
+    }
+}
+
+/// PostgreSQL restarted under load: while it is down every replica answers 503
+/// `store_unavailable` (the client keeps asking), nothing is admitted that is not committed, and
+/// once it is back the same replica processes admit again, without a restart.
+#[test]
+fn postgres_restarted_under_load_is_503_then_recovered_without_restarting_a_replica() {
+    let server = Postgres::private();
+    let ha = install_on(2, server.database());
+    let pids: Vec<u32> = ha
+        .replicas
+        .iter()
+        .map(|r| r.process.as_ref().unwrap().pid())
+        .collect();
+    let mut admitted = Vec::new();
+    let mut unavailable = 0;
+    std::thread::scope(|scope| {
+        let (stop_now, stop) = std::sync::mpsc::channel();
+        let server = &server;
+        // Down for 2 s under the requests, then back.
+        let outage = scope.spawn(move || {
+            stop.recv().unwrap();
+            server.stop();
+            let down = Instant::now();
+            std::thread::sleep(Duration::from_secs(2));
+            server.run();
+            down.elapsed()
+        });
+        for i in 0..120 {
+            if i == 40 {
+                stop_now.send(()).unwrap();
+            }
+            let id = admit_counting(&ha.replicas, i, i, "1h", &mut unavailable)
+                .expect("every request is answered once PostgreSQL is back");
+            admitted.push((i, id));
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        eprintln!("PostgreSQL was down {:?}", outage.join().unwrap());
+    });
+    eprintln!(
+        "{} admitted, {unavailable} answers of 503 store_unavailable",
+        admitted.len()
+    );
+    assert!(unavailable > 0, "no request met the outage");
+    let rows = leases(&ha.url);
+    assert_eq!(
+        rows.len(),
+        admitted.len(),
+        "only the admitted leases are stored"
+    );
+    for (label, id) in &admitted {
+        assert_eq!(rows.get(id).map(|r| r.2.clone()), Some(label.to_string()));
+    }
+    // The same processes, still running.
+    for (replica, pid) in ha.replicas.iter().zip(pids) {
+        assert_eq!(replica.process.as_ref().unwrap().pid(), pid);
+        assert!(
+            support::process_state(pid).is_some(),
+            "{} exited",
+            replica.name
         );
     }
 }

@@ -1,8 +1,8 @@
 //! Load generator for the Kubernetes admission webhook: what gpuwarden's answer to an
 //! `AdmissionReview` costs over the TLS and JSON that any webhook pays.
 //!
-//! Two servers, each a process of its own with two runtime threads (as `gpuwarden enforce`
-//! runs), driven in turns by the same client over 127.0.0.1:
+//! Three sides, each served by processes of their own with two runtime threads each (as
+//! `gpuwarden enforce` runs), driven in turns by the same client over 127.0.0.1:
 //! - the webhook: `gpuwarden_enforcer::kubernetes::router` over a SQLite lease store in a temp
 //!   dir, served as `gpuwarden enforce` serves it (the same certificate loader, `ServerTls`;
 //!   rustls with ring, hyper's HTTP/1, axum, mimalloc), with a `kubernetes` substrate whose API
@@ -12,6 +12,13 @@
 //!   pod. This binary runs it again as a child (`--serve enforcer`); with `--gpuwarden PATH` it
 //!   starts `PATH enforce` instead, the release binary (which also runs the rules loop and the
 //!   outbox publisher, here without a Kafka to reach);
+//! - the webhook as a highly available installation runs it: two replicas of the above (two
+//!   children, or two `PATH enforce`), each with a data dir of its own and the same
+//!   `[enforcer.store] url`, one lease store in a real PostgreSQL server that the bench starts in
+//!   a temp dir (Debian's `postgresql`, as the tests do: `synchronous_commit = on`, `fsync = on`),
+//!   the client's connections spread over both (connection c to replica c % 2). Its latency at
+//!   the fixed rate is compared with the SQLite webhook's in the same run (target: p99 within
+//!   1.5×); `--no-postgres` leaves this side out;
 //! - the peer: this binary run again with `--serve peer`, answering a fixed allowing
 //!   `AdmissionReview` (the review parsed as JSON, its uid copied) on the same stack.
 //!
@@ -20,14 +27,20 @@
 //! its own uid, prepared before the clock starts. Closed loop: as fast as answers come, in
 //! rounds, the sides taking turns (the ratio is the median of the rounds'). Open loop: at a fixed
 //! rate, latency counted from when the review was due, so a stall is not hidden by reviews that
-//! were never sent. Each server's CPU time per review is read from /proc.
+//! were never sent. Each side's CPU time per review is read from /proc, summed over its server
+//! processes (both replicas); the PostgreSQL server's own (postmaster and backends) is shown
+//! apart, since the SQLite side has no such process.
 //!
 //! Mixes: `admit` (a team with a huge quota and budget: every review admitted) and `half`
 //! (every second review from a namespace whose team's $1 budget denies it).
 //!
 //! `bench/k8s-webhook.sh` runs it in release mode. Arguments: `--rounds K`, `--requests N`
 //! (closed loop, per side and round), `--rate R` and `--seconds S` (open loop), `--connections
-//! C`, `--mix admit|half`, `--gpuwarden PATH`.
+//! C`, `--mix admit|half`, `--gpuwarden PATH`, `--no-postgres`.
+
+#[path = "../../tests/support/postgres.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod pg;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -39,6 +52,7 @@ use bytes::Bytes;
 use gpuwarden_enforcer::drivers::{self, Driver, DriverContext};
 use gpuwarden_enforcer::service::Service;
 use gpuwarden_enforcer::store::Store;
+use gpuwarden_schema::config::StoreLocation;
 use gpuwarden_schema::SystemClock;
 use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::http1;
@@ -62,6 +76,8 @@ struct Options {
     seconds: u64,
     connections: usize,
     mix: String,
+    /// Runs the third side: two replicas on one PostgreSQL store.
+    postgres: bool,
 }
 
 fn options(args: &[String]) -> Options {
@@ -73,6 +89,7 @@ fn options(args: &[String]) -> Options {
         seconds: 10,
         connections: 16,
         mix: "admit".into(),
+        postgres: true,
     };
     let value = |name: &str| {
         args.iter()
@@ -106,6 +123,7 @@ fn options(args: &[String]) -> Options {
         assert!(v == "admit" || v == "half", "--mix takes admit or half");
         o.mix = v;
     }
+    o.postgres = !args.iter().any(|a| a == "--no-postgres");
     o
 }
 
@@ -130,13 +148,20 @@ async fn allow(body: Bytes) -> axum::response::Response {
         .into_response()
 }
 
-/// The webhook of the substrate `k8s` of the config at `path`, over a fresh lease store, as
-/// `gpuwarden enforce` builds it.
-fn enforcer_router(path: &Path) -> axum::Router {
+/// The webhook of the substrate `k8s` of the config at `path`, over the lease store its
+/// `[enforcer.store]` names (a fresh SQLite file by default), as `gpuwarden enforce` builds it.
+async fn enforcer_router(path: &Path) -> axum::Router {
     let config = Arc::new(gpuwarden_schema::config::load(path).unwrap());
-    let database = config.enforcer_database();
-    std::fs::create_dir_all(database.parent().unwrap()).unwrap();
-    let store = Store::open(&database).unwrap();
+    let location = config.enforcer_store();
+    if let StoreLocation::Sqlite(database) = &location {
+        std::fs::create_dir_all(database.parent().unwrap()).unwrap();
+    }
+    // Off the runtime's threads, as `gpuwarden enforce` opens it: the PostgreSQL store connects
+    // with the blocking `postgres` client, whose own runtime cannot start inside this one.
+    let store = tokio::task::spawn_blocking(move || Store::open_at(&location))
+        .await
+        .unwrap()
+        .unwrap();
     let mut built: std::collections::BTreeMap<String, Arc<dyn Driver>> = Default::default();
     for s in &config.substrates {
         let context = DriverContext {
@@ -176,7 +201,7 @@ fn serve(args: &[String]) {
         let acceptor = TlsAcceptor::from(tls.config());
         let app = match kind.as_str() {
             "peer" => axum::Router::new().route("/validate", axum::routing::post(allow)),
-            "enforcer" => enforcer_router(Path::new(&args[3])),
+            "enforcer" => enforcer_router(Path::new(&args[3])).await,
             other => panic!("--serve {other}?"),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -229,7 +254,13 @@ async fn fake_api_server() -> String {
     url
 }
 
-fn write_config(dir: &Path, api: &str, cert: &Path, key: &Path) -> PathBuf {
+/// The config (and kubeconfig) of one webhook in `dir`, its data in `dir/data`; its lease store
+/// at the PostgreSQL URL `store` if given, else SQLite in the data dir.
+fn write_config(dir: &Path, api: &str, cert: &Path, key: &Path, store: Option<&str>) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let store = store
+        .map(|url| format!("\n[enforcer.store]\nurl = \"{url}\"\n"))
+        .unwrap_or_default();
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -250,7 +281,7 @@ data_dir = "{data}"
 
 [enforcer]
 listen = "127.0.0.1:0"
-
+{store}
 [pricing]
 default_usd_per_gpu_hour = 2.0
 
@@ -422,28 +453,124 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// The PostgreSQL server of the data dir `data`: its postmaster (from `postmaster.pid`) and the
+/// postmaster's children (the backends of the store's sessions, the background workers).
+fn postgres_processes(data: &Path) -> Vec<u32> {
+    let Some(postmaster) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|f| f.lines().next()?.trim().parse::<u32>().ok())
+    else {
+        return Vec::new();
+    };
+    let parent = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+    };
+    let mut pids = vec![postmaster];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if parent(pid) == Some(postmaster) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
 struct Side {
     name: &'static str,
-    address: SocketAddr,
-    pid: u32,
+    /// The server processes' addresses; connection c goes to `addresses[c % len]`.
+    addresses: Vec<SocketAddr>,
+    /// The server processes, whose CPU time is summed.
+    pids: Vec<u32>,
+    /// The data dir of the PostgreSQL server holding the side's store, whose CPU time is
+    /// counted apart.
+    postgres: Option<PathBuf>,
     check_decision: bool,
 }
 
+/// CPU time so far of a side's servers, and of each process of its PostgreSQL server.
+struct CpuReading {
+    servers: Duration,
+    store: Vec<(u32, Duration)>,
+}
+
+impl Side {
+    fn cpu(&self) -> CpuReading {
+        CpuReading {
+            servers: self.pids.iter().map(|&pid| cpu_time(pid)).sum(),
+            store: self
+                .postgres
+                .as_deref()
+                .map(postgres_processes)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|pid| (pid, cpu_time(pid)))
+                .collect(),
+        }
+    }
+
+    /// CPU time per review since `before`, of the servers and of the PostgreSQL server (the
+    /// processes that were there at `before`; a session's backend lives as long as the session).
+    fn cpu_per_review(&self, before: &CpuReading, n: usize) -> (Duration, Duration) {
+        let n = n.max(1) as u32;
+        let servers = self
+            .pids
+            .iter()
+            .map(|&pid| cpu_time(pid))
+            .sum::<Duration>()
+            .saturating_sub(before.servers);
+        let store: Duration = before
+            .store
+            .iter()
+            .map(|&(pid, was)| cpu_time(pid).saturating_sub(was))
+            .sum();
+        (servers / n, store / n)
+    }
+
+    async fn connect(&self, c: usize, tls: &TlsConnector) -> Sender {
+        connect(self.addresses[c % self.addresses.len()], tls.clone()).await
+    }
+}
+
+/// What a loop measured of one side.
+struct Measured {
+    /// CPU time per review of the side's servers, summed.
+    cpu: Duration,
+    /// Of its PostgreSQL server, if it has one.
+    store_cpu: Duration,
+}
+
+impl Measured {
+    fn describe(&self, side: &Side) -> String {
+        match side.postgres {
+            Some(_) => format!(
+                "{:.0} µs CPU each, + {:.0} µs in PostgreSQL",
+                self.cpu.as_secs_f64() * 1e6,
+                self.store_cpu.as_secs_f64() * 1e6
+            ),
+            None => format!("{:.0} µs CPU each", self.cpu.as_secs_f64() * 1e6),
+        }
+    }
+}
+
 /// Closed loop: the reviews spread over the connections, as fast as answers come. Reviews per
-/// second and the server's CPU time per review.
+/// second and the side's CPU time per review.
 async fn closed_loop(
     side: &Side,
     tls: &TlsConnector,
     work: Vec<(String, Bytes, bool)>,
     connections: usize,
-) -> (f64, Duration) {
+) -> (f64, Measured) {
     let n = work.len();
     let work = Arc::new(work);
     let mut senders = Vec::new();
-    for _ in 0..connections {
-        senders.push(connect(side.address, tls.clone()).await);
+    for c in 0..connections {
+        senders.push(side.connect(c, tls).await);
     }
-    let cpu = cpu_time(side.pid);
+    let cpu = side.cpu();
     let start = Instant::now();
     let tasks: Vec<_> = senders
         .into_iter()
@@ -461,10 +588,8 @@ async fn closed_loop(
         task.await.unwrap();
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    (
-        rate,
-        cpu_time(side.pid).saturating_sub(cpu) / n.max(1) as u32,
-    )
+    let (cpu, store_cpu) = side.cpu_per_review(&cpu, n);
+    (rate, Measured { cpu, store_cpu })
 }
 
 /// Open loop at `rate` reviews/s: latencies from when each was due, sorted. A pacing thread
@@ -475,13 +600,13 @@ async fn open_loop(
     work: Vec<(String, Bytes, bool)>,
     rate: u64,
     connections: usize,
-) -> (Vec<Duration>, Duration) {
+) -> (Vec<Duration>, Measured) {
     let total = work.len();
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
     let mut queues = Vec::with_capacity(connections);
     let mut tasks = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        let mut sender = connect(side.address, tls.clone()).await;
+    for c in 0..connections {
+        let mut sender = side.connect(c, tls).await;
         let (due_times, mut due) =
             tokio::sync::mpsc::unbounded_channel::<(Instant, (String, Bytes, bool))>();
         queues.push(due_times);
@@ -495,7 +620,7 @@ async fn open_loop(
             latencies
         }));
     }
-    let cpu = cpu_time(side.pid);
+    let cpu = side.cpu();
     let start = Instant::now() + Duration::from_millis(100);
     let pacer = std::thread::spawn(move || {
         for (i, review) in work.into_iter().enumerate() {
@@ -512,10 +637,8 @@ async fn open_loop(
     }
     pacer.join().unwrap();
     all.sort();
-    (
-        all,
-        cpu_time(side.pid).saturating_sub(cpu) / total.max(1) as u32,
-    )
+    let (cpu, store_cpu) = side.cpu_per_review(&cpu, total);
+    (all, Measured { cpu, store_cpu })
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -640,6 +763,10 @@ fn main() {
         return;
     }
     let o = options(&args);
+    // Before the runtime: the server's start and the new database use the blocking client, which
+    // runs a runtime of its own. The server stops when this process ends.
+    let postgres = o.postgres.then(pg::Postgres::private);
+    let database = postgres.as_ref().map(pg::Postgres::database);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -650,16 +777,26 @@ fn main() {
         let ca = pki::Ca::new(dir.path(), "webhook-ca");
         let leaf = ca.server("webhook");
         let api = fake_api_server().await;
-        let config = write_config(dir.path(), &api, &leaf.cert, &leaf.key);
-
-        let (enforcer, enforcer_address) = match &o.gpuwarden {
-            Some(gpuwarden) => start_binary(gpuwarden, &config),
+        let start = |config: &Path| match &o.gpuwarden {
+            Some(gpuwarden) => start_binary(gpuwarden, config),
             None => start_child(&[
                 "enforcer",
                 leaf.cert.to_str().unwrap(),
                 leaf.key.to_str().unwrap(),
                 config.to_str().unwrap(),
             ]),
+        };
+        let config = write_config(dir.path(), &api, &leaf.cert, &leaf.key, None);
+        let (enforcer, enforcer_address) = start(&config);
+        // The replicas: a data dir each, one store.
+        let replicas: Vec<(Process, SocketAddr)> = match &database {
+            Some(url) => (0..2)
+                .map(|r| {
+                    let replica = dir.path().join(format!("replica-{r}"));
+                    start(&write_config(&replica, &api, &leaf.cert, &leaf.key, Some(url)))
+                })
+                .collect(),
+            None => Vec::new(),
         };
         let (peer, peer_address) = start_child(&[
             "peer",
@@ -669,26 +806,39 @@ fn main() {
         let tls = TlsConnector::from(Arc::new(
             gpuwarden_schema::tls::client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap(),
         ));
-        let sides = [
+        let mut sides = vec![
             Side {
                 name: "peer (fixed allow)",
-                address: peer_address,
-                pid: peer.0.id(),
+                addresses: vec![peer_address],
+                pids: vec![peer.0.id()],
+                postgres: None,
                 check_decision: false,
             },
             Side {
-                name: "gpuwarden webhook",
-                address: enforcer_address,
-                pid: enforcer.0.id(),
+                name: "gpuwarden on SQLite",
+                addresses: vec![enforcer_address],
+                pids: vec![enforcer.0.id()],
+                postgres: None,
                 check_decision: true,
             },
         ];
+        if let Some(server) = &postgres {
+            sides.push(Side {
+                name: "2 replicas on PostgreSQL",
+                addresses: replicas.iter().map(|(_, a)| *a).collect(),
+                pids: replicas.iter().map(|(p, _)| p.0.id()).collect(),
+                postgres: Some(server.data.clone()),
+                check_decision: true,
+            });
+        }
         let half = o.mix == "half";
         println!(
-            "k8s webhook benchmark: mix {} ({}), {} keep-alive HTTPS connections; {} rounds of {} reviews per side, closed loop; {} reviews/s for {} s, open loop; load {}",
+            "k8s webhook benchmark: mix {} ({}), {} keep-alive HTTPS connections; sides: {}; {} rounds of {} reviews per side, closed loop; {} reviews/s for {} s, open loop; load {}",
             o.mix,
             if half { "every second review denied by budget" } else { "every review admitted" },
-            o.connections, o.rounds, o.requests, o.rate, o.seconds, loadavg()
+            o.connections,
+            sides.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+            o.rounds, o.requests, o.rate, o.seconds, loadavg()
         );
         // Warm up: connections, the driver's first read of the nodes, the caches.
         let mut next = 0;
@@ -696,32 +846,52 @@ fn main() {
             closed_loop(side, &tls, reviews(next, 200, half), o.connections).await;
             next += 200;
         }
-        let mut ratios = Vec::new();
-        let mut cpu_ratios = Vec::new();
+        // gpuwarden on SQLite / peer, and PostgreSQL / SQLite: throughput, CPU per review.
+        let (mut ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
+        let (mut pg_ratios, mut pg_cpu_ratios) = (Vec::new(), Vec::new());
+        let cpu_ratio = |a: &Measured, b: &Measured| {
+            a.cpu.as_secs_f64() / b.cpu.as_secs_f64().max(1e-9)
+        };
         for round in 1..=o.rounds {
             let mut line = format!("round {round}:");
             let mut results = Vec::new();
             for side in &sides {
                 let work = reviews(next, o.requests, half);
                 next += o.requests;
-                let (rate, cpu) = closed_loop(side, &tls, work, o.connections).await;
+                let (rate, measured) = closed_loop(side, &tls, work, o.connections).await;
                 line += &format!(
-                    "  {} {rate:>6.0} reviews/s ({:>4.0} µs CPU each)",
+                    "  {} {rate:>6.0} reviews/s ({})",
                     side.name,
-                    cpu.as_secs_f64() * 1e6
+                    measured.describe(side)
                 );
-                results.push((rate, cpu));
+                results.push((rate, measured));
             }
             let ratio = results[1].0 / results[0].0;
             ratios.push(ratio);
-            cpu_ratios.push(results[1].1.as_secs_f64() / results[0].1.as_secs_f64().max(1e-9));
-            println!("{line}  ratio {ratio:.2}");
+            cpu_ratios.push(cpu_ratio(&results[1].1, &results[0].1));
+            line += &format!("  ratio SQLite / peer {ratio:.2}");
+            if let Some((rate, measured)) = results.get(2) {
+                let ratio = rate / results[1].0;
+                pg_ratios.push(ratio);
+                pg_cpu_ratios.push(cpu_ratio(measured, &results[1].1));
+                line += &format!(", PostgreSQL / SQLite {ratio:.2}");
+            }
+            println!("{line}");
         }
         println!(
-            "closed loop, gpuwarden / peer, median of {} rounds: throughput {:.2}, CPU per review {:.1}x; load {}",
+            "closed loop, median of {} rounds: gpuwarden on SQLite / peer: throughput {:.2}, CPU per review {:.1}x{}; load {}",
             o.rounds,
             median(&mut ratios),
             median(&mut cpu_ratios),
+            if pg_ratios.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; 2 replicas on PostgreSQL / SQLite: throughput {:.2}, CPU per review (replicas only) {:.1}x",
+                    median(&mut pg_ratios),
+                    median(&mut pg_cpu_ratios)
+                )
+            },
             loadavg()
         );
         if o.seconds > 0 {
@@ -729,11 +899,12 @@ fn main() {
             for side in &sides {
                 let work = reviews(next, (o.rate * o.seconds) as usize, half);
                 next += work.len();
-                let (latencies, cpu) = open_loop(side, &tls, work, o.rate, o.connections).await;
+                let (latencies, measured) =
+                    open_loop(side, &tls, work, o.rate, o.connections).await;
                 let p99 = percentile(&latencies, 0.99);
                 p99s.push(p99);
                 println!(
-                    "at {} reviews/s  {}: p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms  ({} reviews, {:.0} µs CPU each){}; load {}",
+                    "at {} reviews/s  {}: p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms  ({} reviews, {}){}; load {}",
                     o.rate,
                     side.name,
                     ms(percentile(&latencies, 0.50)),
@@ -741,7 +912,7 @@ fn main() {
                     ms(percentile(&latencies, 0.999)),
                     ms(latencies.last().copied().unwrap_or_default()),
                     latencies.len(),
-                    cpu.as_secs_f64() * 1e6,
+                    measured.describe(side),
                     if side.check_decision {
                         format!(
                             "  (target p99 < 5 ms: {})",
@@ -754,12 +925,21 @@ fn main() {
                 );
             }
             println!(
-                "p99 gpuwarden / peer at {} reviews/s: {:.2}",
+                "p99 gpuwarden on SQLite / peer at {} reviews/s: {:.2}",
                 o.rate,
                 p99s[1].as_secs_f64() / p99s[0].as_secs_f64().max(1e-9)
             );
+            if let Some(postgres) = p99s.get(2) {
+                let ratio = postgres.as_secs_f64() / p99s[1].as_secs_f64().max(1e-9);
+                println!(
+                    "p99 at {} reviews/s, 2 replicas on PostgreSQL / SQLite: {ratio:.2} (target <= 1.5: {})",
+                    o.rate,
+                    if ratio <= 1.5 { "met" } else { "missed" }
+                );
+            }
         }
         drop(peer);
+        drop(replicas);
         drop(enforcer);
     });
 }
