@@ -22,44 +22,11 @@ use gpuwarden_schema::{ReleaseReason, Workload};
 mod support;
 
 use support::eventually;
-use support::pg::{self, Postgres};
+use support::pg::Postgres;
+use support::stores::Db;
 
-/// A database for a store, and how to look at what the store wrote in it.
-enum Db {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: PathBuf,
-    },
-    Postgres {
-        url: String,
-    },
-}
-
+/// What a test looks at in a store's database.
 impl Db {
-    fn sqlite() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("enforcer.db");
-        Self::Sqlite { _dir: dir, path }
-    }
-
-    fn postgres() -> Self {
-        Self::Postgres {
-            url: pg::server().database(),
-        }
-    }
-
-    fn is_sqlite(&self) -> bool {
-        matches!(self, Self::Sqlite { .. })
-    }
-
-    /// Opens a store on the database (again).
-    fn open(&self) -> Store {
-        match self {
-            Self::Sqlite { path, .. } => Store::open(path).unwrap(),
-            Self::Postgres { url } => Store::open_postgres(url, None).unwrap(),
-        }
-    }
-
     /// The schema version a new database is brought to.
     fn latest_schema(&self) -> i64 {
         if self.is_sqlite() {

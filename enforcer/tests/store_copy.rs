@@ -6,7 +6,6 @@
 //! itself are refused with nothing changed.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,12 +16,13 @@ use gpuwarden_enforcer::policy::{
 use gpuwarden_enforcer::store::audit::Audit;
 use gpuwarden_enforcer::store::copy::{copy, CopyError, CopyReport};
 use gpuwarden_enforcer::store::{Admitted, LeaseFilter, LeaseState, Ledger, Store, StoreError};
-use gpuwarden_schema::config::{Config, Role, StoreLocation, TeamConfig};
+use gpuwarden_schema::config::{Config, Role, TeamConfig};
 use gpuwarden_schema::{Action, ActionKind, Outcome, ReleaseReason, Workload};
 
 mod support;
 
-use support::pg::{self, Postgres};
+use support::pg::Postgres;
+use support::stores::Db;
 
 const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 /// The ceiling of signal times the tests take.
@@ -41,44 +41,8 @@ const TABLES: [&str; 7] = [
 /// the copy's, so that both tables are read in several.
 const MARKS: usize = 12_345;
 
-/// A store's database, and how to look at its rows directly.
-enum Db {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: PathBuf,
-    },
-    Postgres {
-        url: String,
-    },
-}
-
+/// How a test looks at a store's rows directly.
 impl Db {
-    fn sqlite() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("enforcer.db");
-        Self::Sqlite { _dir: dir, path }
-    }
-
-    fn postgres() -> Self {
-        Self::Postgres {
-            url: pg::server().database(),
-        }
-    }
-
-    fn location(&self) -> StoreLocation {
-        match self {
-            Self::Sqlite { path, .. } => StoreLocation::Sqlite(path.clone()),
-            Self::Postgres { url } => StoreLocation::Postgres {
-                url: url.clone(),
-                password_file: None,
-            },
-        }
-    }
-
-    fn open(&self) -> Store {
-        Store::open_at(&self.location()).unwrap()
-    }
-
     /// Every row of every table, each table's rows in their key's order.
     fn dump(&self) -> BTreeMap<&'static str, Vec<Vec<Cell>>> {
         TABLES

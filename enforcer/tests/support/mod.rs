@@ -19,6 +19,7 @@ pub mod pg;
 pub mod pki;
 #[path = "../../../tests/support/slurm.rs"]
 pub mod slurm;
+pub mod stores;
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
