@@ -197,10 +197,12 @@ fn default_replica() -> String {
     )
 }
 
-/// A change handed to the PostgreSQL writer, and the channel of its answer.
+/// A change handed to the PostgreSQL writer, and the channels of its answer: the value as soon
+/// as memory has it (what [`Pending::applied`] waits for), then the commit.
 struct Decide<T, F> {
     change: F,
     answer: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+    committed: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
 }
 
 impl<T, F> Deferred for Decide<T, F>
@@ -209,11 +211,16 @@ where
     F: FnOnce(&mut Memory) -> Change<T> + Send,
 {
     fn run(self: Box<Self>, memory: &mut Memory, db: &mut dyn Db) -> Option<(Vec<Op>, Done)> {
-        let Self { change, answer } = *self;
+        let Self {
+            change,
+            answer,
+            committed,
+        } = *self;
         let now = match change(memory) {
             Change::Write(value, ops) => {
-                let done: Done = Box::new(move |committed: Result<(), StoreError>| {
-                    let _ = answer.send(committed.map(|()| value));
+                let _ = answer.send(Ok(value));
+                let done: Done = Box::new(move |result: Result<(), StoreError>| {
+                    let _ = committed.send(result);
                 });
                 return Some((ops, done));
             }
@@ -222,6 +229,7 @@ where
             Change::NotOpen { id, to } => Err(not_open(db, id, to)),
         };
         let _ = answer.send(now);
+        let _ = committed.send(Ok(()));
         None
     }
 
@@ -488,8 +496,16 @@ impl Store {
                 Err(e) => return Pending::ready(Err(e)),
             };
             let (answer, heard) = tokio::sync::oneshot::channel();
-            let job = Job::Mutate(Box::new(Decide { change, answer }), fence);
-            return self.inner.queue.asked(job, heard);
+            let (committed, done) = tokio::sync::oneshot::channel();
+            let job = Job::Mutate(
+                Box::new(Decide {
+                    change,
+                    answer,
+                    committed,
+                }),
+                fence,
+            );
+            return self.inner.queue.decided(job, heard, done);
         }
         let mut memory = lock(&self.inner.memory);
         let pending = match change(&mut memory) {

@@ -259,6 +259,22 @@ impl Queue {
     }
 
     /// Queues `job`, whose caller hears through `heard`, and wakes the writer for it.
+    /// Queues a change decided on the writer's thread: its caller hears the value through
+    /// `value` (as soon as memory has it) and the commit through `committed`.
+    pub(super) fn decided<T>(
+        &self,
+        job: Job,
+        value: oneshot::Receiver<Result<T, StoreError>>,
+        committed: oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Pending<T> {
+        match self.push(job, true) {
+            Ok(()) => Pending {
+                state: PendingState::Decided(value, committed),
+            },
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
     pub(super) fn asked<T>(
         &self,
         job: Job,
@@ -350,6 +366,12 @@ enum PendingState<T> {
     /// The value, the writer's answer, and its queue (to wake it when someone waits).
     Write(T, oneshot::Receiver<Result<(), String>>, Arc<Queue>),
     Read(oneshot::Receiver<Result<T, StoreError>>),
+    /// A change decided on the writer's thread (PostgreSQL): its value, as soon as memory has
+    /// it, then whether it was committed.
+    Decided(
+        oneshot::Receiver<Result<T, StoreError>>,
+        oneshot::Receiver<Result<(), StoreError>>,
+    ),
 }
 
 impl<T> Pending<T> {
@@ -369,6 +391,13 @@ impl<T> Pending<T> {
                 settle_write(value, done.blocking_recv())
             }
             PendingState::Read(answer) => answer.blocking_recv().unwrap_or_else(|_| Err(closed())),
+            PendingState::Decided(value, committed) => {
+                let value = value.blocking_recv().unwrap_or_else(|_| Err(closed()))?;
+                committed
+                    .blocking_recv()
+                    .unwrap_or_else(|_| Err(closed()))
+                    .map(|()| value)
+            }
         }
     }
 }
@@ -377,10 +406,13 @@ impl<T: Send + 'static> Pending<T> {
     /// The value as soon as the change is applied in memory, without waiting for the commit
     /// (which still happens, in order, with the changes queued after it). For a step whose loss
     /// in a crash a restart repairs, e.g. `granted → active`, which re-adoption redoes. A query
-    /// still waits for its answer.
+    /// still waits for its answer. On PostgreSQL the value comes once the writer has decided
+    /// the change in its transaction; should that transaction fail, memory is reloaded from the
+    /// database and the change is gone, as after a crash.
     pub async fn applied(self) -> Result<T, StoreError> {
         match self.state {
             PendingState::Write(value, _, _) => Ok(value),
+            PendingState::Decided(value, _) => value.await.unwrap_or_else(|_| Err(closed())),
             state => Self { state }.await,
         }
     }
@@ -399,6 +431,13 @@ impl<T: Send + 'static> std::future::IntoFuture for Pending<T> {
                     settle_write(value, done.await)
                 }
                 PendingState::Read(answer) => answer.await.unwrap_or_else(|_| Err(closed())),
+                PendingState::Decided(value, committed) => {
+                    let value = value.await.unwrap_or_else(|_| Err(closed()))?;
+                    committed
+                        .await
+                        .unwrap_or_else(|_| Err(closed()))
+                        .map(|()| value)
+                }
             }
         })
     }
