@@ -336,27 +336,33 @@ fn render_leadership(
     page: &mut String,
     leadership: &gpuwarden_enforcer::store::leader::Leadership,
 ) {
-    use std::fmt::Write as _;
+    use gpuwarden_schema::prom::{escape, family};
     let (leader, term) = leadership.leader();
-    let label = |v: &str| {
-        v.replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n")
-    };
-    let _ = write!(
+    family(
         page,
-        "# HELP gpuwarden_enforcer_leader Whether this replica leads (does the runtime rules, expiry, watchers' changes and publishing).\n\
-         # TYPE gpuwarden_enforcer_leader gauge\n\
-         gpuwarden_enforcer_leader {}\n\
-         # HELP gpuwarden_enforcer_leader_term The leader's term (its fencing token), as this replica last read it.\n\
-         # TYPE gpuwarden_enforcer_leader_term gauge\n\
-         gpuwarden_enforcer_leader_term {term}\n\
-         # HELP gpuwarden_enforcer_replica_info This replica's name and the leader's.\n\
-         # TYPE gpuwarden_enforcer_replica_info gauge\n\
-         gpuwarden_enforcer_replica_info{{replica=\"{}\",leader=\"{}\"}} 1\n",
-        u8::from(leadership.is_leader()),
-        label(&leadership.replica()),
-        label(&leader),
+        "gpuwarden_enforcer_leader",
+        "gauge",
+        "Whether this replica leads (does the runtime rules, expiry, watchers' changes and publishing).",
+        [("", f64::from(u8::from(leadership.is_leader())))],
+    );
+    family(
+        page,
+        "gpuwarden_enforcer_leader_term",
+        "gauge",
+        "The leader's term (its fencing token), as this replica last read it.",
+        [("", term as f64)],
+    );
+    let labels = format!(
+        "replica=\"{}\",leader=\"{}\"",
+        escape(&leadership.replica()),
+        escape(&leader)
+    );
+    family(
+        page,
+        "gpuwarden_enforcer_replica_info",
+        "gauge",
+        "This replica's name and the leader's.",
+        [(labels.as_str(), 1.0)],
     );
 }
 

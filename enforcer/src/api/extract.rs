@@ -127,7 +127,12 @@ fn sha256(text: &str) -> [u8; 32] {
 /// What a `[[tokens]]` entry's `sha256` holds for the bearer token `token`: its SHA-256 in hex,
 /// as `printf %s TOKEN | sha256sum` prints it.
 pub fn token_sha256_hex(token: &str) -> String {
-    sha256(token).iter().map(|b| format!("{b:02x}")).collect()
+    hex(&sha256(token))
+}
+
+/// A digest in lowercase hex.
+fn hex(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_hex32(text: &str) -> Option<[u8; 32]> {
@@ -198,10 +203,9 @@ impl AppState {
         // Told to the other replicas of a shared store, which count it too (`follow_failures`).
         let store = self.service.store();
         if store.is_shared() {
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
             drop(store.login_failed(
                 source.map(|s| s.to_string()),
-                Some(hex),
+                Some(hex(&digest)),
                 gpuwarden_schema::clock::wall_now_ms(),
             ));
         }

@@ -346,14 +346,10 @@ impl Portal {
 /// last 4,096 instead).
 const SUBMISSIONS_KEPT: Duration = Duration::from_secs(24 * 3600);
 
-/// A session's id as a shared store keeps it: its SHA-256, so that whoever reads the database
-/// cannot sign in with it.
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// A session's id as a shared store keeps it: its SHA-256 in hex (as a token's is kept), so that
+/// whoever reads the database cannot sign in with it.
+fn sha256_hex(id: &str) -> String {
+    crate::api::token_sha256_hex(id)
 }
 
 /// The page for a shared store that could not be reached (503, try again).

@@ -83,8 +83,7 @@ pub(super) trait Db {
     ) -> Result<(), StoreError> {
         Err(not_shared())
     }
-    /// The failed logins the other replicas saw after `after` (with the newest id when `after` is
-    /// negative and nothing else).
+    /// The failed logins the other replicas saw after id `after` and since `since_ms`.
     fn login_failures(
         &mut self,
         _replica: &str,

@@ -1401,7 +1401,7 @@ impl Store {
     }
 
     /// The failed logins the other replicas saw after id `after` and since `since_ms` (older
-    /// ones are deleted); with `after` negative, only the newest id, as `(id, None, None)`.
+    /// ones are deleted).
     pub fn login_failures(&self, after: i64, since_ms: i64) -> Pending<Vec<LoginFailure>> {
         let replica = self.inner.leadership.replica();
         self.read(move |db| db.login_failures(&replica, after, since_ms))

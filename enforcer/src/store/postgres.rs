@@ -856,7 +856,7 @@ pub(super) mod shared {
     }
 
     /// The failed logins other replicas than `replica` saw after id `after` and since
-    /// `since_ms`: (id, source, principal's SHA-256). Rows older than `kept_ms` are deleted.
+    /// `since_ms`: (id, source, principal's SHA-256). Rows from before `since_ms` are deleted.
     pub(in super::super) fn login_failures<C: GenericClient>(
         db: &mut C,
         replica: &str,
@@ -875,16 +875,6 @@ pub(super) mod shared {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect())
-    }
-
-    /// The newest failed login's id (where a replica starting begins to follow).
-    pub(in super::super) fn newest_login_failure<C: GenericClient>(
-        db: &mut C,
-    ) -> Result<i64, StoreError> {
-        Ok(db
-            .query_one("SELECT coalesce(max(id), 0) FROM login_failures", &[])
-            .map_err(fail)?
-            .get(0))
     }
 }
 
@@ -951,10 +941,6 @@ impl<C: GenericClient> Db for Pg<'_, C> {
         after: i64,
         since_ms: i64,
     ) -> Result<Vec<super::db::LoginFailure>, StoreError> {
-        if after < 0 {
-            let newest = shared::newest_login_failure(self.db)?;
-            return Ok(vec![(newest, None, None)]);
-        }
         shared::login_failures(self.db, replica, after, since_ms)
     }
 
@@ -1119,7 +1105,6 @@ impl Writer {
             fail_all(batch, &e);
             return;
         }
-        let shown = self.target.shown().to_owned();
         let client = self.client.as_mut().expect("ready() connected");
         let mut made = Made::default();
         let writes = batch.iter().any(|j| matches!(j, Job::Mutate(..)));
@@ -1127,7 +1112,7 @@ impl Writer {
         let result = run_batch(
             client,
             &mut self.statements,
-            &shown,
+            self.target.shown(),
             writes,
             &mut jobs,
             memory,

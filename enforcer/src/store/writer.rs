@@ -255,10 +255,14 @@ impl Queue {
     ) -> Pending<T> {
         let (answer, heard) = oneshot::channel();
         let job = Job::Read(Box::new(Asked { query, answer }), fence);
-        self.asked(job, heard)
+        match self.push(job, true) {
+            Ok(()) => Pending {
+                state: PendingState::Read(heard),
+            },
+            Err(e) => Pending::ready(Err(e)),
+        }
     }
 
-    /// Queues `job`, whose caller hears through `heard`, and wakes the writer for it.
     /// Queues a change decided on the writer's thread: its caller hears the value through
     /// `value` (as soon as memory has it) and the commit through `committed`.
     pub(super) fn decided<T>(
@@ -270,19 +274,6 @@ impl Queue {
         match self.push(job, true) {
             Ok(()) => Pending {
                 state: PendingState::Decided(value, committed),
-            },
-            Err(e) => Pending::ready(Err(e)),
-        }
-    }
-
-    pub(super) fn asked<T>(
-        &self,
-        job: Job,
-        heard: oneshot::Receiver<Result<T, StoreError>>,
-    ) -> Pending<T> {
-        match self.push(job, true) {
-            Ok(()) => Pending {
-                state: PendingState::Read(heard),
             },
             Err(e) => Pending::ready(Err(e)),
         }
