@@ -1180,3 +1180,20 @@ fn a_store_reaches_postgres_over_verified_tls() {
         .unwrap_err();
     assert!(err.to_string().contains("sslrootcert"), "{err}");
 }
+
+/// A URL that is not one PostgreSQL reads, and a password file that cannot be read, are refused
+/// at open, naming the setting.
+#[test]
+fn a_bad_postgres_url_or_password_file_is_named_at_open() {
+    let err = Store::open_postgres("postgres://db:notaport/x", None).unwrap_err();
+    assert!(err.to_string().contains("enforcer.store.url"), "{err}");
+    let err = Store::open_postgres(
+        "postgres://gw@127.0.0.1:1/x",
+        Some(std::path::Path::new("/nonexistent/pg-password")),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("enforcer.store.password_file"),
+        "{err}"
+    );
+}

@@ -1107,3 +1107,51 @@ fn every_toml_block_of_the_readme_is_a_valid_config() {
     }
     assert!(blocks >= 7, "{blocks} TOML blocks");
 }
+
+/// `[enforcer.store]` and `[enforcer.leader]`: a store URL of no known kind, a password file
+/// without a PostgreSQL store, an SQLite file named twice, and a leader lease out of range are
+/// each reported at their field; a PostgreSQL URL and `sqlite:` resolve to their store.
+#[test]
+fn store_and_leader_settings_are_checked_and_resolved() {
+    let errs = errors(
+        "[enforcer]\ndatabase = \"/var/lib/e.db\"\n[enforcer.store]\nurl = \"mysql://db/x\"\n\
+         [enforcer.leader]\nlease = \"0s\"\nreplica = \"\"\n",
+    );
+    assert!(find(&errs, "enforcer.store.url")
+        .message
+        .contains("mysql://db/x"));
+    assert!(find(&errs, "enforcer.leader.lease").message.contains("1s"));
+    find(&errs, "enforcer.leader.replica");
+    let errs = errors("[enforcer.store]\npassword_file = \"/run/secrets/pg\"\n");
+    assert!(find(&errs, "enforcer.store.password_file")
+        .message
+        .contains("postgres://"));
+    let errs = errors(
+        "[enforcer]\ndatabase = \"/var/lib/e.db\"\n[enforcer.store]\nurl = \"postgres://db/x\"\n",
+    );
+    find(&errs, "enforcer.database");
+    let errs = errors("[enforcer.store]\nurl = \"sqlite:\"\n");
+    find(&errs, "enforcer.store.url");
+
+    let postgres = config::parse(
+        "test.toml",
+        "[enforcer.store]\nurl = \"postgresql://gw@db:5432/gw\"\npassword_file = \"/run/pg\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        postgres.enforcer_store(),
+        config::StoreLocation::Postgres {
+            url: "postgresql://gw@db:5432/gw".into(),
+            password_file: Some(PathBuf::from("/run/pg")),
+        }
+    );
+    let sqlite = config::parse(
+        "test.toml",
+        "[enforcer.store]\nurl = \"sqlite:/var/lib/e.db\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        sqlite.enforcer_store(),
+        config::StoreLocation::Sqlite(PathBuf::from("/var/lib/e.db"))
+    );
+}
