@@ -18,10 +18,12 @@ enum Behaviour {
     Cut,
 }
 
-/// An HTTP listener in place of an enforcer, recording each request's method and path.
+/// An HTTP listener in place of an enforcer, recording each request's method and path, and the
+/// `Idempotency-Key` of those that carry one.
 struct Enforcer {
     url: String,
     seen: Arc<Mutex<Vec<String>>>,
+    keys: Arc<Mutex<Vec<String>>>,
 }
 
 impl Enforcer {
@@ -29,15 +31,20 @@ impl Enforcer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let records = Arc::clone(&seen);
+        let keys = Arc::new(Mutex::new(Vec::new()));
+        let records = (Arc::clone(&seen), Arc::clone(&keys));
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                let records = Arc::clone(&records);
-                std::thread::spawn(move || serve(stream, behaviour, &records));
+                let (seen, keys) = (Arc::clone(&records.0), Arc::clone(&records.1));
+                std::thread::spawn(move || serve(stream, behaviour, &seen, &keys));
             }
         });
-        Self { url, seen }
+        Self { url, seen, keys }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
     }
 
     fn seen(&self) -> Vec<String> {
@@ -46,7 +53,12 @@ impl Enforcer {
 }
 
 /// Serves the requests of one connection.
-fn serve(stream: TcpStream, behaviour: Behaviour, seen: &Mutex<Vec<String>>) {
+fn serve(
+    stream: TcpStream,
+    behaviour: Behaviour,
+    seen: &Mutex<Vec<String>>,
+    keys: &Mutex<Vec<String>>,
+) {
     let mut reader = BufReader::new(stream);
     loop {
         let mut line = String::new();
@@ -67,6 +79,9 @@ fn serve(stream: TcpStream, behaviour: Behaviour, seen: &Mutex<Vec<String>>) {
             if let Some((name, value)) = header.split_once(':') {
                 if name.eq_ignore_ascii_case("content-length") {
                     length = value.trim().parse().unwrap();
+                }
+                if name.eq_ignore_ascii_case("idempotency-key") {
+                    keys.lock().unwrap().push(value.trim().to_owned());
                 }
             }
         }
@@ -208,27 +223,51 @@ fn a_store_unavailable_answer_sends_a_request_to_the_next_enforcer() {
     assert_eq!(admitting.seen().len(), 1, "the second was not asked");
 }
 
+/// An admission carries an Idempotency-Key, so one whose answer was lost (the connection cut
+/// after the request was sent) is sent again to the next enforcer with the same key, which
+/// answers with the lease the first may have admitted. A change without one (a release) is not
+/// sent again: it may have been carried out.
 #[test]
-fn a_request_that_may_have_reached_an_enforcer_is_not_sent_to_another() {
+fn a_request_that_may_have_reached_an_enforcer_is_sent_again_only_with_its_idempotency_key() {
     let cutting = Enforcer::start(Behaviour::Cut);
     let admitting = Enforcer::start(Behaviour::Answer(200, ADMITTED));
     let out = gpuwarden(
         Some(&format!("{},{}", cutting.url, admitting.url)),
         &REQUEST,
     );
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(cutting.seen(), ["POST /v1/admission"]);
+    assert_eq!(admitting.seen(), ["POST /v1/admission"]);
+    let key = cutting.keys();
+    assert_eq!(key.len(), 1, "{key:?}");
+    assert!(uuid::Uuid::parse_str(&key[0]).is_ok(), "{key:?}");
+    assert_eq!(admitting.keys(), key, "the same key on the second try");
+    // Another request is another key.
+    let again = Enforcer::start(Behaviour::Answer(200, ADMITTED));
+    let out = gpuwarden(Some(&again.url), &REQUEST);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_ne!(again.keys(), key);
+
+    let out = gpuwarden(
+        Some(&format!("{},{}", cutting.url, admitting.url)),
+        &["release", "lease-1"],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "POST /v1/admission may have been carried out by the enforcer at {}, which did not \
-             answer; it was not sent again (see `gpuwarden leases`)",
+            "POST /v1/leases/lease-1/release may have been carried out by the enforcer at {}, \
+             which did not answer; it was not sent again (see `gpuwarden leases`)",
             cutting.url
         )),
         "{}",
         show(&out)
     );
-    assert_eq!(cutting.seen(), ["POST /v1/admission"]);
-    assert!(admitting.seen().is_empty(), "{:?}", admitting.seen());
+    assert_eq!(
+        admitting.seen(),
+        ["POST /v1/admission"],
+        "the release was not sent to the second"
+    );
 
     // A read may be asked again: the second answers.
     let listing = Enforcer::start(Behaviour::Answer(200, LEASES));

@@ -202,22 +202,34 @@ fn start_replica(config: &Path, name: &str) -> Replica {
     }
 }
 
-/// One HTTP request; `None` when the connection failed or broke (the outcome is unknown past
-/// the connect).
+/// One HTTP request; [`Sent`] says why there is no answer when the connection failed or broke
+/// (the outcome is unknown past the connect).
 fn request(
     address: &str,
     method: &str,
     path: &str,
     body: Option<&str>,
 ) -> Result<(u16, String), Sent> {
+    request_keyed(address, method, path, body, None)
+}
+
+/// [`request`] with an `Idempotency-Key`.
+fn request_keyed(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> Result<(u16, String), Sent> {
     let mut stream = TcpStream::connect(address).map_err(|_| Sent::NotConnected)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let body = body.unwrap_or_default();
+    let key = key.map_or(String::new(), |k| format!("Idempotency-Key: {k}\r\n"));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
-         Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+         Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n{key}Content-Length: {}\r\n\r\n",
         body.len()
     );
     stream
@@ -238,7 +250,7 @@ fn request(
 enum Sent {
     /// Nothing reached a replica: safe to ask another.
     NotConnected,
-    /// The request may have been decided: not asked again.
+    /// The request may have been decided: asked again only with an Idempotency-Key.
     Unknown,
 }
 
@@ -266,10 +278,12 @@ fn wait_for_leader(replicas: &[Replica], other_than: Option<&str>, within: Durat
     })
 }
 
-/// Admits one GPU for `duration` on the first replica, from `first`, that takes the request;
-/// moves on when a replica refuses the connection or answers 503 (nothing was decided). The
-/// answer: Some(lease id) when admitted, None when the outcome is unknown.
-fn admit(replicas: &[Replica], first: usize, label: usize, duration: &str) -> Option<String> {
+/// Admits one GPU for `duration` on the first replica, from `first`, that takes the request,
+/// with the Idempotency-Key `request-<label>`: moves on, and asks again, when a replica refuses
+/// the connection, answers 503 (nothing was decided) or breaks the connection before answering
+/// (the lease may have been admitted: the key makes the next replica answer with it). The
+/// lease's id.
+fn admit(replicas: &[Replica], first: usize, label: usize, duration: &str) -> String {
     admit_counting(replicas, first, label, duration, &mut 0)
 }
 
@@ -280,12 +294,13 @@ fn admit_counting(
     label: usize,
     duration: &str,
     unavailable: &mut usize,
-) -> Option<String> {
+) -> String {
     let body = json!({
         "team": "ml", "user": "ada", "project": "p", "workload": "training", "gpus": 1,
         "duration": duration, "labels": {"request": label.to_string()},
     })
     .to_string();
+    let key = format!("request-{label}");
     let deadline = Instant::now() + Duration::from_secs(30);
     for attempt in 0.. {
         assert!(
@@ -293,22 +308,28 @@ fn admit_counting(
             "no replica admitted request {label}"
         );
         let replica = &replicas[(first + attempt) % replicas.len()];
-        match request(&replica.address, "POST", "/v1/admission", Some(&body)) {
+        let sent = request_keyed(
+            &replica.address,
+            "POST",
+            "/v1/admission",
+            Some(&body),
+            Some(&key),
+        );
+        match sent {
             Ok((200, answer)) => {
                 let answer: Value = serde_json::from_str(&answer).unwrap();
                 assert_eq!(answer["decision"], "admitted", "{answer}");
-                return Some(answer["lease"]["id"].as_str().unwrap().to_owned());
+                return answer["lease"]["id"].as_str().unwrap().to_owned();
             }
             Ok((503, answer)) => {
                 assert!(answer.contains("store_unavailable"), "{answer}");
                 *unavailable += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(Sent::NotConnected) => {
+            Err(Sent::NotConnected | Sent::Unknown) => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok((status, answer)) => panic!("request {label}: {status} {answer}"),
-            Err(Sent::Unknown) => return None,
         }
     }
     unreachable!()
@@ -395,7 +416,6 @@ fn killing_the_leader_under_load_loses_no_admission_and_a_new_leader_takes_over_
     // Admissions at a steady rate through every replica, leases of 4 s: the leader expires
     // them as they come due.
     let mut admitted: Vec<(usize, String)> = Vec::new();
-    let mut unknown = 0;
     let mut killed_at = None;
     let mut failover = None;
     // The longest an admission took, retries included: the gap a client saw.
@@ -429,10 +449,7 @@ fn killing_the_leader_under_load_loses_no_admission_and_a_new_leader_takes_over_
             }));
         }
         let asked = Instant::now();
-        match admit(&ha.replicas, i, i, "4s") {
-            Some(id) => admitted.push((i, id)),
-            None => unknown += 1,
-        }
+        admitted.push((i, admit(&ha.replicas, i, i, "4s")));
         slowest = slowest.max(asked.elapsed());
         let next = start + rate * (i as u32 + 1);
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -445,11 +462,10 @@ fn killing_the_leader_under_load_loses_no_admission_and_a_new_leader_takes_over_
     let (second, took) = failover.unwrap().join().unwrap();
     assert_ne!(second, first);
     eprintln!(
-        "new leader {second} {took:?} after the kill (leader lease 2 s); {} admitted, \
-         {unknown} unknown; slowest admission, retries included: {slowest:?}",
+        "new leader {second} {took:?} after the kill (leader lease 2 s); {} admitted; \
+         slowest admission, retries included: {slowest:?}",
         admitted.len()
     );
-    assert!(unknown <= 1, "{unknown} requests broke mid-way");
 
     // Every admission answered "admitted" is in the store, once.
     let rows = leases(&ha.url);
@@ -469,7 +485,11 @@ fn killing_the_leader_under_load_loses_no_admission_and_a_new_leader_takes_over_
         per_request.values().all(|n| *n == 1),
         "a request admitted twice: {per_request:?}"
     );
-    assert!(rows.len() <= admitted.len() + unknown);
+    assert_eq!(
+        rows.len(),
+        admitted.len(),
+        "a lease no request was answered with"
+    );
 
     // The new leader expires every lease, each reclaimed once.
     eventually("every lease expired", Duration::from_secs(60), || {
@@ -511,7 +531,7 @@ fn a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes() {
     };
     let pid = stopped.process.as_ref().unwrap().pid();
     // A lease that comes due while the leader is stopped.
-    let due = admit(std::slice::from_ref(other), 0, 1, "3s").expect("admitted");
+    let due = admit(std::slice::from_ref(other), 0, 1, "3s");
     let kill = |signal: &str| {
         assert!(std::process::Command::new("kill")
             .args([signal, &pid.to_string()])
@@ -536,7 +556,7 @@ fn a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes() {
     );
     // Another lease due soon after the wake, while the woken replica may still believe it
     // leads.
-    let later = admit(std::slice::from_ref(other), 0, 2, "1s").expect("admitted");
+    let later = admit(std::slice::from_ref(other), 0, 2, "1s");
     kill("-CONT");
     eventually(
         "the woken replica to follow",
@@ -698,8 +718,7 @@ fn postgres_restarted_under_load_is_503_then_recovered_without_restarting_a_repl
             if i == 40 {
                 stop_now.send(()).unwrap();
             }
-            let id = admit_counting(&ha.replicas, i, i, "1h", &mut unavailable)
-                .expect("every request is answered once PostgreSQL is back");
+            let id = admit_counting(&ha.replicas, i, i, "1h", &mut unavailable);
             admitted.push((i, id));
             std::thread::sleep(Duration::from_millis(25));
         }

@@ -55,11 +55,20 @@ pub const DURATION_PATTERN: &str = concat!(
 /// argument can hold. The first, the program, must also not be empty.
 pub const ARGUMENT_PATTERN: &str = r"^[^\x00]*$";
 
+/// An admission's `Idempotency-Key` header: 1 to [`MAX_KEY_CHARS`] visible ASCII characters
+/// but `"`, bare or quoted (the structured-field string the IETF draft of the header writes).
+pub const IDEMPOTENCY_KEY_PATTERN: &str = r#"^([!#-~]{1,255}|"[!#-~]{1,255}")$"#;
+
+/// The most characters an `Idempotency-Key` may have, quotes aside.
+pub const MAX_KEY_CHARS: usize = 255;
+
 /// The most GPUs one request may name: the largest count a lease can hold.
 pub const MAX_GPUS: u32 = u32::MAX;
 
 static NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(NAME_PATTERN).expect("a valid regex"));
 static TEXT: LazyLock<Regex> = LazyLock::new(|| Regex::new(TEXT_PATTERN).expect("a valid regex"));
+static KEY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(IDEMPOTENCY_KEY_PATTERN).expect("a valid regex"));
 static DURATION: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(DURATION_PATTERN).expect("a valid regex"));
 
@@ -75,6 +84,18 @@ pub fn check_name(value: &str) -> Result<(), String> {
         return Err("must have no control characters and no space at either end".into());
     }
     Ok(())
+}
+
+/// Reads an `Idempotency-Key` header's value: the key, without the quotes it may have.
+pub fn idempotency_key(value: &[u8]) -> Result<String, String> {
+    let text = std::str::from_utf8(value).unwrap_or("\u{fffd}");
+    if !KEY.is_match(text) {
+        return Err(format!(
+            "must be 1 to {MAX_KEY_CHARS} visible ASCII characters other than '\"' (a UUID, \
+             for example), optionally in double quotes"
+        ));
+    }
+    Ok(text.trim_matches('"').to_owned())
 }
 
 /// Checks a free-text field that must say something.

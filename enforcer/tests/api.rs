@@ -144,6 +144,75 @@ async fn admission_creates_provisions_and_publishes_a_lease() {
     );
 }
 
+/// `POST /v1/admission` with an `Idempotency-Key` header (`value` as sent).
+async fn admit_keyed(app: &Router, who: &str, body: Value, value: &str) -> (StatusCode, Value) {
+    let req = Request::post("/v1/admission")
+        .header("authorization", format!("Bearer tok-{who}"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", value)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app.clone().oneshot(req).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// A client that lost an answer asks again with the same Idempotency-Key and is answered with
+/// the lease it was admitted as, provisioned once; a bad key is refused naming the header, a key
+/// reused for another request or after its lease ended is a 409 naming the lease.
+#[tokio::test]
+async fn a_retry_with_its_idempotency_key_is_answered_with_the_same_lease() {
+    let h = harness();
+    let key = "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"";
+    let (status, first) = admit_keyed(&h.app, "ada", ask("ml", "ada", 2), key).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let id = first["lease"]["id"].clone();
+    // The quotes are the header's own (a structured-field string): the same key without them.
+    let (status, again) = admit_keyed(
+        &h.app,
+        "ada",
+        ask("ml", "ada", 2),
+        "8e03978e-40d5-43e8-bc93-6894a57f9324",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["decision"], "admitted");
+    assert_eq!(again["lease"]["id"], id);
+    assert_eq!(again["lease"]["state"], "active");
+    assert_eq!(*h.driver.calls.lock().unwrap(), vec!["provision 2"]);
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("watcher"), None).await;
+    assert_eq!(team["gpus_held"], 2);
+
+    for bad in ["", "with space", &"k".repeat(256), "\"unclosed"] {
+        let (status, body) = admit_keyed(&h.app, "ada", ask("ml", "ada", 1), bad).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}: {body}");
+        assert_eq!(body["error"]["field"], "Idempotency-Key", "{body}");
+    }
+    let (status, body) = admit_keyed(&h.app, "ada", ask("ml", "ada", 4), key).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(id.as_str().unwrap()) && message.contains("gpus"),
+        "{message}"
+    );
+    let (status, _) = call(
+        &h.app,
+        Method::POST,
+        &format!("/v1/leases/{}/release", id.as_str().unwrap()),
+        Some("ada"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = admit_keyed(&h.app, "ada", ask("ml", "ada", 2), key).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("has ended"));
+}
+
 #[tokio::test]
 async fn a_denial_is_a_200_with_every_reason() {
     let h = harness();

@@ -15,7 +15,7 @@ use gpuwarden_enforcer::policy::{
     evaluate, AdmissionRequest, Decision, Placements, Principal, ReasonCode, Request, Snapshot,
     SubstrateState,
 };
-use gpuwarden_enforcer::store::{LeaseFilter, LeaseState, Ledger, Store, StoreError};
+use gpuwarden_enforcer::store::{Admitted, LeaseFilter, LeaseState, Ledger, Store, StoreError};
 use gpuwarden_schema::config::{Config, Role, TeamConfig};
 use gpuwarden_schema::{ReleaseReason, Workload};
 
@@ -30,9 +30,9 @@ impl Db {
     /// The schema version a new database is brought to.
     fn latest_schema(&self) -> i64 {
         if self.is_sqlite() {
-            5
+            6
         } else {
-            3
+            4
         }
     }
 
@@ -102,6 +102,7 @@ on_both!(
     published_outbox_rows_past_the_retention_are_pruned_in_batches_and_unpublished_rows_never,
     the_newest_utilization_signal_handled_survives_a_restart_and_ends_with_the_lease,
     a_signal_time_past_the_ceiling_is_not_taken_and_a_kept_one_no_longer_blocks,
+    an_idempotency_key_admits_once_and_answers_its_retries_for_a_day,
 );
 
 const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
@@ -913,6 +914,94 @@ fn a_lease_admitted_on_one_replica_is_visible_releasable_and_counted_on_another(
     assert!(!admit(&a, &config, 1, 8), "a sees b's block");
 }
 
+/// Admits `req` with Idempotency-Key `key` at `now`, as the API does for a request that carries one.
+fn admit_keyed(
+    store: &Store,
+    config: &Arc<Config>,
+    key: &str,
+    req: &Request,
+    now: i64,
+) -> Result<(Decision, Option<gpuwarden_enforcer::store::Lease>), StoreError> {
+    store
+        .admit_as(
+            now,
+            &config.pricing,
+            &req.admission,
+            Admitted::Keyed(key.into()),
+            decide(req, config, 8),
+        )
+        .wait()
+}
+
+/// A request asked again with its Idempotency-Key (a client whose answer was lost) is answered
+/// with the lease it was admitted as: nothing is held twice, after a restart too, and on
+/// PostgreSQL on another replica. The key asked for someone else, or after its lease ended, is
+/// refused, naming the key and the lease; a day after its grant the key is forgotten.
+fn an_idempotency_key_admits_once_and_answers_its_retries_for_a_day(db: Db) {
+    let config = config(8);
+    let store = db.open();
+    let held = |store: &Store| store.ledger(NOW, &config.pricing).unwrap().held_gpus["ml"];
+    let req = request(2);
+    let (_, first) = admit_keyed(&store, &config, "k-1", &req, NOW).unwrap();
+    let first = first.expect("admitted");
+    assert_eq!(first.admission_key.as_deref(), Some("k-1"));
+    let (decision, again) = admit_keyed(&store, &config, "k-1", &req, NOW + 1).unwrap();
+    assert!(decision.admitted());
+    assert_eq!(again.as_ref(), Some(&first));
+    assert_eq!(held(&store), 2);
+    let (_, second) = admit_keyed(&store, &config, "k-2", &req, NOW + 2).unwrap();
+    let second = second.expect("another key is another request");
+    assert_ne!(second.id, first.id);
+    assert_eq!((held(&store), db.count("leases")), (4, 2));
+    // A key reused for someone else is refused, not answered with another's lease.
+    let mut bob = request(2);
+    bob.admission.user = "bob".into();
+    let err = admit_keyed(&store, &config, "k-1", &bob, NOW + 3).unwrap_err();
+    assert!(matches!(err, StoreError::KeyReused(_)), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("\"k-1\"") && message.contains(&first.id) && message.contains("user"),
+        "{message}"
+    );
+    if !db.is_sqlite() {
+        // Another replica answers the retry with the lease this one admitted.
+        let other = db.open();
+        let (_, there) = admit_keyed(&other, &config, "k-2", &req, NOW + 4).unwrap();
+        assert_eq!(there.map(|l| l.id), Some(second.id.clone()));
+    }
+    drop(store);
+    let store = db.open();
+    let (_, after) = admit_keyed(&store, &config, "k-1", &req, NOW + 5).unwrap();
+    assert_eq!(
+        after.map(|l| l.id),
+        Some(first.id.clone()),
+        "after a restart"
+    );
+    store
+        .transition(
+            &first.id,
+            LeaseState::Released,
+            NOW + 6,
+            ReleaseReason::User,
+            "",
+        )
+        .wait()
+        .unwrap();
+    let ended = |store: &Store, now| {
+        let err = admit_keyed(store, &config, "k-1", &req, now).unwrap_err();
+        assert!(err.to_string().contains("has ended"), "{err}");
+    };
+    ended(&store, NOW + 7);
+    drop(store);
+    let store = db.open();
+    ended(&store, NOW + 8);
+    // A day after its grant the key names nothing: a new request.
+    let day = 24 * 3_600_000;
+    let (_, fresh) = admit_keyed(&store, &config, "k-1", &req, NOW + day + 1).unwrap();
+    assert_ne!(fresh.expect("admitted").id, first.id);
+    assert_eq!(db.count("leases"), 3);
+}
+
 /// Replicas that start together on a new database migrate it once; one that finds a schema
 /// newer than it knows refuses to start, naming both versions.
 #[test]
@@ -930,7 +1019,7 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
     for o in opened {
         o.join().unwrap().unwrap();
     }
-    assert_eq!(db.open().schema_version().wait().unwrap(), 3);
+    assert_eq!(db.open().schema_version().wait().unwrap(), 4);
     let Db::Postgres { url } = &db else {
         unreachable!()
     };
@@ -939,12 +1028,12 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
         .unwrap();
     let err = Store::open_postgres(url, None).unwrap_err();
     assert!(
-        matches!(err, StoreError::TooNew { found: 7, known: 3 }),
+        matches!(err, StoreError::TooNew { found: 7, known: 4 }),
         "{err}"
     );
     assert_eq!(
         err.to_string(),
-        "the lease store is at schema version 7; this build knows up to 3"
+        "the lease store is at schema version 7; this build knows up to 4"
     );
 }
 

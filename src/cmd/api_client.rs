@@ -177,6 +177,19 @@ impl ApiClient {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
+        self.call_keyed(method, path, body, None).await
+    }
+
+    /// [`ApiClient::call`] with an `Idempotency-Key`, which the enforcers answer the same way
+    /// however often they are asked: a call whose answer was lost (the connection dropped after
+    /// the request was sent) is sent again, to the next enforcer, like an idempotent method's.
+    pub(crate) async fn call_keyed(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        key: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let payload = match body {
             Some(body) => Some(Bytes::from(serde_json::to_vec(body)?)),
             None => None,
@@ -186,7 +199,7 @@ impl ApiClient {
         for i in 0..self.bases.len() {
             let at = (first + i) % self.bases.len();
             let url = format!("{}{path}", self.bases[at]);
-            let error = match self.once(&method, &url, payload.clone()).await {
+            let error = match self.once(&method, &url, payload.clone(), key).await {
                 Ok((status, answer)) if undecided(status, &answer) => Miss::Undecided(
                     api_error(&method, path, status, &answer)
                         .context(format!("calling {method} {url}")),
@@ -201,7 +214,7 @@ impl ApiClient {
                 Err(miss) => miss,
             };
             match error {
-                Miss::Unknown(e) if !method.is_idempotent() => {
+                Miss::Unknown(e) if !method.is_idempotent() && key.is_none() => {
                     return Err(e.context(format!(
                         "{method} {path} may have been carried out by the enforcer at {}, which \
                          did not answer; it was not sent again (see `gpuwarden leases`)",
@@ -229,6 +242,7 @@ impl ApiClient {
         method: &Method,
         url: &str,
         payload: Option<Bytes>,
+        key: Option<&str>,
     ) -> Result<(StatusCode, Value), Miss> {
         let calling = || format!("calling {method} {url}");
         let mut request = Request::builder().method(method.clone()).uri(url);
@@ -237,6 +251,9 @@ impl ApiClient {
         }
         if payload.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
         }
         let request = request
             .body(Full::new(payload.unwrap_or_default()))

@@ -114,8 +114,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        // One key for every try, so that a try whose answer was lost is not admitted twice.
+        let key = uuid::Uuid::new_v4().to_string();
         let answer = client
-            .call(Method::POST, "/v1/admission", Some(&body))
+            .call_keyed(Method::POST, "/v1/admission", Some(&body), Some(&key))
             .await?;
         let admitted = answer["decision"] == "admitted";
         let report = describe(&answer, args.dry_run);

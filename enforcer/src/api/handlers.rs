@@ -15,23 +15,45 @@ use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
 
 /// Decides an admission request; with `dry_run`, only says what the decision would be.
+///
+/// A client that may retry (after a timeout, a dropped connection, or a 503 from a replica
+/// whose database went away as it committed) sends an `Idempotency-Key`, the same on every try
+/// of one request: a key the team used within the last day is answered with the lease it
+/// admitted, on whichever replica, never with a second lease.
 #[utoipa::path(post, path = "/v1/admission", request_body = AdmissionRequest,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Names one request across its retries (1 to 255 visible ASCII characters, a UUID for example; quoted or not): asked again by the same team within a day, it is answered with the lease it admitted")),
     responses(
         (status = 200, description = "The decision: admitted (with the lease; none for a dry run) or denied (with every reason)", body = AdmissionResponse),
         (status = 403, description = "The principal may not act for this team or user", body = ErrorBody),
         (status = 404, description = "No such team, or no such substrate", body = ErrorBody),
-        (status = 422, description = "A field is missing, of the wrong type, or out of its bounds (the error names it)", body = ErrorBody),
-        (status = 503, description = "Admitted, but the substrate could not start it", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key admitted a lease that has ended, or was used for another user, project, workload or GPU count", body = ErrorBody),
+        (status = 422, description = "A field or the Idempotency-Key is missing, of the wrong type, or out of its bounds (the error names it)", body = ErrorBody),
+        (status = 503, description = "The lease store cannot be reached (nothing was admitted that is not durable; retry, with the same Idempotency-Key), or the substrate could not start an admitted lease", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub(super) async fn admission(
     State(state): State<AppState>,
     principal: Principal,
+    headers: header::HeaderMap,
     ApiJson(request): ApiJson<AdmissionRequest>,
 ) -> Result<Json<AdmissionResponse>, ApiError> {
-    let admission = state.service.admit(&principal, request).await?;
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => Some(
+            fields::idempotency_key(value.as_bytes())
+                .map_err(|why| ApiError::field(IDEMPOTENCY_KEY, why))?,
+        ),
+    };
+    let admission = state
+        .service
+        .admit(&principal, request, key.as_deref())
+        .await?;
     Ok(Json(admission.into()))
 }
+
+/// The header that names one admission request across its retries.
+const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 
 /// Lists leases the principal may read, newest first.
 #[utoipa::path(get, path = "/v1/leases", params(LeaseQuery),

@@ -125,6 +125,20 @@ impl utoipa::Modify for FieldRules {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::schema::{KnownFormat, SchemaFormat};
         use utoipa::openapi::{RefOr, Schema};
+        let key = openapi
+            .paths
+            .paths
+            .get_mut("/v1/admission")
+            .and_then(|item| item.post.as_mut())
+            .and_then(|op| op.parameters.as_mut())
+            .and_then(|ps| ps.iter_mut().find(|p| p.name == "Idempotency-Key"))
+            .and_then(|p| p.schema.as_mut());
+        let Some(RefOr::T(Schema::Object(key))) = key else {
+            panic!("POST /v1/admission has no Idempotency-Key header to constrain");
+        };
+        key.min_length = Some(1);
+        key.max_length = Some(fields::MAX_KEY_CHARS + 2);
+        key.pattern = Some(fields::IDEMPOTENCY_KEY_PATTERN.into());
         let Some(components) = openapi.components.as_mut() else {
             return;
         };

@@ -796,7 +796,7 @@ async fn ask(
         .map_err(|why| (StatusCode::UNPROCESSABLE_ENTITY, why))?;
     let admission = portal
         .service()
-        .admit(&signed.principal, request.clone())
+        .admit(&signed.principal, request.clone(), None)
         .await
         .map_err(failure)?;
     let team = portal

@@ -51,7 +51,9 @@ impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(_) => Self::NotFound(e.to_string()),
-            StoreError::InvalidTransition { .. } => Self::Conflict(e.to_string()),
+            StoreError::InvalidTransition { .. } | StoreError::KeyReused(_) => {
+                Self::Conflict(e.to_string())
+            }
             other => Self::Store(other),
         }
     }

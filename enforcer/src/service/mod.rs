@@ -301,16 +301,27 @@ impl Service {
 
     /// Decides an admission request and, when admitted (and not a dry run), records the lease,
     /// provisions it through its substrate's driver and leaves its records in the outbox.
+    ///
+    /// With an idempotency `key` (the API's `Idempotency-Key`), a request the team asked with
+    /// that key before is answered with the lease it was admitted as, on any replica, and
+    /// nothing is decided again: a client that lost an answer (a connection dropped, a replica
+    /// or the database went down as the lease was committed) retries without being admitted
+    /// twice. Such a lease still `granted` is provisioned again (drivers start a lease id once),
+    /// since the answer that was lost may be the only one that would have started it.
     pub async fn admit(
         &self,
         principal: &Principal,
         request: AdmissionRequest,
+        key: Option<&str>,
     ) -> Result<Admission, ServiceError> {
         let command = request.command.clone();
-        let (decision, lease) = self.decide(principal, request, Admitted::Lease).await?;
+        let admitted = key.map_or(Admitted::Lease, |k| Admitted::Keyed(k.to_owned()));
+        let (decision, lease) = self.decide(principal, request, admitted).await?;
         let lease = match lease {
-            Some(lease) => Some(self.provision(lease, command).await?),
-            None => None,
+            Some(lease) if lease.state == LeaseState::Granted => {
+                Some(self.provision(lease, command).await?)
+            }
+            other => other,
         };
         Ok(Admission { decision, lease })
     }
@@ -381,7 +392,7 @@ impl Service {
             }
             _ => self.inventories().await,
         };
-        if admitted == Admitted::Lease {
+        if matches!(admitted, Admitted::Lease | Admitted::Keyed(_)) {
             for sub in &mut subs {
                 if let Some(driver) = self.inner.drivers.get(&sub.name) {
                     sub.refusal = driver.refusal(&request.user).await;
@@ -406,7 +417,7 @@ impl Service {
         // Losing it in a crash is repaired: the job carries the hold's id, and the watcher adopts
         // a job whose hold is gone. A lease is reported only once it is on disk.
         let (decision, lease) = match admitted {
-            Admitted::Lease | Admitted::Named(_) => pending.await?,
+            Admitted::Lease | Admitted::Named(_) | Admitted::Keyed(_) => pending.await?,
             Admitted::Hold => pending.applied().await?,
         };
         // A dry run (the portal's live estimate asks one per change of a field) decided

@@ -440,6 +440,7 @@ impl Watcher {
             updated_at: now,
             released_at: None,
             release_reason: None,
+            admission_key: None,
         };
         let detail = if admitted {
             format!(

@@ -461,6 +461,7 @@ const TABLES: &[Table] = &[
             ("updated_at", Int8),
             ("released_at", Int8),
             ("release_reason", Text),
+            ("admission_key", Text),
         ],
     },
     Table {

@@ -36,6 +36,25 @@ pub(super) struct Memory {
     /// The PostgreSQL store's `store_version` that memory is up to date with (see
     /// `postgres::catch_up`); unused by SQLite's, whose memory is the only writer.
     pub(super) version: i64,
+    /// The admissions' Idempotency-Keys of the last [`KEY_RETENTION_MS`]: (team, key) → the
+    /// lease admitted with it and when it was granted, open or not.
+    keys: HashMap<(String, String), (String, i64)>,
+    /// The same keys by the time their lease was granted, for forgetting the oldest.
+    keys_by_grant: BTreeSet<(i64, (String, String))>,
+}
+
+/// How long an admission's Idempotency-Key is remembered after its lease was granted: asked
+/// again within this time (by a client that retried on another replica after losing an
+/// answer), the same key is answered with the same lease, never with a second one.
+pub(super) const KEY_RETENTION_MS: i64 = 24 * 3_600_000;
+
+/// Loads the recently used Idempotency-Keys ([`Memory::note_key`]): those of the leases granted
+/// within [`KEY_RETENTION_MS`] of the newest keyed one, as `SELECT {COLUMNS} …`.
+pub(super) fn recent_keys_sql(placeholder: &str) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM leases WHERE admission_key IS NOT NULL AND granted_at > \
+         (SELECT max(granted_at) FROM leases WHERE admission_key IS NOT NULL) - {placeholder}"
+    )
 }
 
 /// What the open leases hold, by team and by substrate.
@@ -154,6 +173,35 @@ impl Memory {
         self.open.get(id)
     }
 
+    /// The lease admitted for `team` with Idempotency-Key `key` within [`KEY_RETENTION_MS`]
+    /// of `now_ms`, open or not.
+    pub(super) fn keyed(&mut self, team: &str, key: &str, now_ms: i64) -> Option<String> {
+        while let Some((granted_at, _)) = self.keys_by_grant.first() {
+            if *granted_at >= now_ms.saturating_sub(KEY_RETENTION_MS) {
+                break;
+            }
+            let (_, slot) = self.keys_by_grant.pop_first().expect("first was read");
+            self.keys.remove(&slot);
+        }
+        self.keys
+            .get(&(team.to_owned(), key.to_owned()))
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Remembers `lease`'s Idempotency-Key, if it has one (a lease read back or caught up from
+    /// another replica, open or ended).
+    pub(super) fn note_key(&mut self, lease: &Lease) {
+        let Some(key) = &lease.admission_key else {
+            return;
+        };
+        let slot = (lease.team.clone(), key.clone());
+        if !self.keys.contains_key(&slot) {
+            self.keys
+                .insert(slot.clone(), (lease.id.clone(), lease.granted_at));
+            self.keys_by_grant.insert((lease.granted_at, slot));
+        }
+    }
+
     /// Every open lease, in no order.
     pub(super) fn open_leases(&self) -> impl Iterator<Item = &Lease> {
         self.open.values()
@@ -161,6 +209,7 @@ impl Memory {
 
     /// Records `lease` as open (replacing its previous version) and what it holds.
     pub(super) fn put(&mut self, lease: Lease) {
+        self.note_key(&lease);
         // A change of state, end or release holds what it held: only the lease is replaced.
         if let Some(open) = self.open.get_mut(&lease.id) {
             let holds_the_same = open.team == lease.team
@@ -321,6 +370,12 @@ pub(super) fn load(conn: &Connection) -> Result<Memory, StoreError> {
         for row in rows {
             let lease = row.map_err(StoreError::from).and_then(RawLease::parse)?;
             memory.put(lease);
+        }
+        let mut stmt = conn.prepare(&recent_keys_sql("?1"))?;
+        let rows = stmt.query_map([KEY_RETENTION_MS], row_to_raw)?;
+        for row in rows {
+            let lease = row.map_err(StoreError::from).and_then(RawLease::parse)?;
+            memory.note_key(&lease);
         }
     }
     {

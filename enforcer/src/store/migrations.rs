@@ -110,6 +110,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
         lease_id TEXT PRIMARY KEY,
         ts_ms INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 6: the client's Idempotency-Key of a lease (see PostgreSQL's migration 4).
+    "ALTER TABLE leases ADD COLUMN admission_key TEXT;
+    CREATE INDEX leases_admission_key ON leases (granted_at) WHERE admission_key IS NOT NULL;",
 ];
 
 /// Brings the database's schema up to date, in one transaction; refuses one written by a newer
@@ -147,7 +150,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use gpuwarden_schema::ReleaseReason;
+    use rusqlite::params;
 
     use super::*;
     use crate::store::types::tests::lease;
@@ -171,15 +174,18 @@ mod tests {
             for sql in &MIGRATIONS[..3] {
                 conn.execute_batch(sql).unwrap();
             }
-            let mut ended = lease("lease-ended", LeaseState::Released, 5);
-            ended.released_at = Some(5);
-            ended.release_reason = Some(ReleaseReason::User);
-            for op in [
-                Op::InsertLease(lease("lease-open", LeaseState::Active, 3)),
-                Op::InsertLease(ended),
-            ] {
-                apply(&conn, &op).unwrap();
-            }
+            // Lease rows as that version wrote them (its columns, without later ones).
+            let insert = "INSERT INTO leases (id, team, user, project, workload, substrate, \
+                gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, \
+                updated_at, released_at, release_reason) VALUES (?1, 'ml', 'ada', 'p', \
+                'training', 'sim', 'H100', 1, '[\"GPU-0\"]', '{}', ?2, 0, NULL, ?3, ?4, ?5)";
+            conn.execute(
+                insert,
+                params!["lease-open", "active", 3, None::<i64>, None::<&str>],
+            )
+            .unwrap();
+            conn.execute(insert, params!["lease-ended", "released", 5, 5, "user"])
+                .unwrap();
             for key in ["first", "second", "third"] {
                 let op = Op::Outbox {
                     topic: "gpuwarden.actions",

@@ -97,6 +97,11 @@ pub enum Admitted {
     /// pod's `k8s-<uid>`). Admitting an id that is already open answers with that lease and
     /// changes nothing, so a review the API server sends again is answered the same way.
     Named(String),
+    /// A lease, published at once, recorded with the client's Idempotency-Key: asked again
+    /// with a key the team used within the last day, the lease admitted with it is the answer
+    /// and nothing changes (a retry after an answer was lost, on this replica or another); if
+    /// that lease has ended, or was asked for someone or something else, the retry is refused.
+    Keyed(String),
 }
 
 /// The lease store. Cheap to clone; clones share one store.
@@ -236,6 +241,30 @@ where
     fn fail(self: Box<Self>, error: StoreError) {
         let _ = self.answer.send(Err(error));
     }
+}
+
+/// A retry with Idempotency-Key `key` refused: it admitted `lease`, and `why` it is not this one.
+fn reused(key: &str, lease: &str, why: &str) -> StoreError {
+    StoreError::KeyReused(format!(
+        "Idempotency-Key {key:?} admitted lease {lease}, and {why}; use a new key for a new request"
+    ))
+}
+
+/// Why a retry with an Idempotency-Key cannot be answered with `lease`, the one admitted with
+/// it: the request asks for someone or something else (a client that reused a key).
+fn key_reused(lease: &Lease, request: &AdmissionRequest) -> Option<String> {
+    let differs = [
+        ("user", lease.user == request.user),
+        ("project", lease.project == request.project),
+        ("workload", lease.workload == request.workload),
+        ("gpus", lease.gpu_count == request.gpus),
+    ];
+    let fields: Vec<&str> = differs
+        .iter()
+        .filter(|(_, same)| !same)
+        .map(|(field, _)| *field)
+        .collect();
+    (!fields.is_empty()).then(|| format!("that lease was asked with another {}", fields.join(", ")))
 }
 
 /// Why lease `id`, not open, cannot change (to `to`, or at all): it does not exist, or it has
@@ -586,27 +615,43 @@ impl Store {
         let (pricing, request) = (pricing.clone(), request.clone());
         self.mutate(move |memory| {
             let (pricing, request) = (&pricing, &request);
-            if let Admitted::Named(id) = &admitted {
-                if let Some(open) = memory.open(id) {
-                    let usd_per_hour =
-                        pricing.usd_per_gpu_hour(&open.gpu_model) * f64::from(open.gpu_count);
-                    let decision = Decision {
-                        reasons: Vec::new(),
-                        estimate: crate::policy::Estimate {
-                            usd_per_hour,
-                            max_usd: None,
-                            gpu_model: Some(open.gpu_model.clone()),
+            let before = match &admitted {
+                Admitted::Named(id) => memory.open(id),
+                Admitted::Keyed(key) if !request.dry_run => {
+                    match memory.keyed(&request.team, key, now_ms) {
+                        None => None,
+                        Some(id) => match memory.open(&id) {
+                            Some(open) => match key_reused(open, request) {
+                                None => Some(open),
+                                Some(why) => return Change::Refused(reused(key, &id, &why)),
+                            },
+                            None => {
+                                return Change::Refused(reused(key, &id, "that lease has ended"))
+                            }
                         },
-                        placement: Some(crate::policy::Placement {
-                            substrate: open.substrate.clone(),
-                            gpu_model: open.gpu_model.clone(),
-                            gpu_count: open.gpu_count,
-                            gpu_uuids: open.gpu_uuids.clone(),
-                        }),
-                        duration: None,
-                    };
-                    return Change::Unchanged((decision, Some(open.clone())));
+                    }
                 }
+                _ => None,
+            };
+            if let Some(open) = before {
+                let usd_per_hour =
+                    pricing.usd_per_gpu_hour(&open.gpu_model) * f64::from(open.gpu_count);
+                let decision = Decision {
+                    reasons: Vec::new(),
+                    estimate: crate::policy::Estimate {
+                        usd_per_hour,
+                        max_usd: None,
+                        gpu_model: Some(open.gpu_model.clone()),
+                    },
+                    placement: Some(crate::policy::Placement {
+                        substrate: open.substrate.clone(),
+                        gpu_model: open.gpu_model.clone(),
+                        gpu_count: open.gpu_count,
+                        gpu_uuids: open.gpu_uuids.clone(),
+                    }),
+                    duration: None,
+                };
+                return Change::Unchanged((decision, Some(open.clone())));
             }
             let decision = decide(memory.ledger_of(&request.team, now_ms, pricing));
             if request.dry_run {
@@ -619,7 +664,7 @@ impl Store {
                     let id = uuid::Uuid::now_v7().to_string();
                     let lease = Lease {
                         id: match &admitted {
-                            Admitted::Lease => id,
+                            Admitted::Lease | Admitted::Keyed(_) => id,
                             Admitted::Hold => format!("{HOLD_PREFIX}{id}"),
                             Admitted::Named(name) => name.clone(),
                         },
@@ -637,7 +682,7 @@ impl Store {
                         // A hold's substrate ends it at its time limit (the decision's
                         // duration, which the substrate is told).
                         expires_at: match admitted {
-                            Admitted::Lease | Admitted::Named(_) => {
+                            Admitted::Lease | Admitted::Named(_) | Admitted::Keyed(_) => {
                                 decision.duration.map(|d| end_after(now_ms, d))
                             }
                             Admitted::Hold => None,
@@ -645,6 +690,10 @@ impl Store {
                         updated_at: now_ms,
                         released_at: None,
                         release_reason: None,
+                        admission_key: match &admitted {
+                            Admitted::Keyed(key) => Some(key.clone()),
+                            _ => None,
+                        },
                     };
                     let detail = format!(
                         "{} GPUs of {} on {}, ${:.2}/h",
@@ -659,7 +708,7 @@ impl Store {
                         detail,
                     );
                     let ops = match admitted {
-                        Admitted::Lease | Admitted::Named(_) => vec![
+                        Admitted::Lease | Admitted::Named(_) | Admitted::Keyed(_) => vec![
                             Op::InsertLease(Box::new(lease.clone())),
                             outbox(&lease.event(LeaseEventKind::Granted, now_ms), now_ms),
                             outbox(&admit, now_ms),

@@ -43,7 +43,7 @@ use postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 
 use super::db::Db;
 use super::leader::{self, Fence};
-use super::memory::Memory;
+use super::memory::{recent_keys_sql, Memory, KEY_RETENTION_MS};
 use super::rows::{json, ParseRaw, RawLease, COLUMNS, OPEN};
 use super::types::{Lease, LeaseFilter, OutboxRow, StoreError};
 use super::writer::{lock, Done, Job, Op, Queue};
@@ -165,6 +165,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
         principal_sha256 TEXT,
         at_ms BIGINT NOT NULL
     );"#,
+    // 4: the client's Idempotency-Key of a lease, so that an admission retried after an answer
+    // was lost (a commit that landed as the connection dropped) finds its lease, on any replica.
+    // Keys are looked up in memory; the index serves loading the recent ones.
+    r#"ALTER TABLE leases ADD COLUMN admission_key TEXT;
+    CREATE INDEX leases_admission_key ON leases (granted_at) WHERE admission_key IS NOT NULL;"#,
 ];
 
 /// How to reach the database: the URL's settings, with the password from `password_file`, and
@@ -399,6 +404,7 @@ fn raw(row: &postgres::Row) -> RawLease {
             row.get(14),
             row.get(15),
         ),
+        row.get(16),
     )
 }
 
@@ -427,6 +433,12 @@ fn read_memory<C: GenericClient>(tx: &mut C, target: &str) -> Result<Memory, Sto
         .map_err(fail)?
     {
         memory.put(raw(&row).parse()?);
+    }
+    for row in tx
+        .query(&recent_keys_sql("$1"), &[&KEY_RETENTION_MS])
+        .map_err(fail)?
+    {
+        memory.note_key(&raw(&row).parse()?);
     }
     for row in tx
         .query("SELECT team, month_to_date_usd, ts_ms FROM team_spend", &[])
@@ -551,6 +563,7 @@ fn catch_up<C: GenericClient>(
     let mut seen = BTreeSet::new();
     for lease in fetched {
         seen.insert(lease.id.clone());
+        memory.note_key(&lease);
         if lease.state.is_open() {
             memory.put(lease);
         } else {
@@ -1264,10 +1277,10 @@ fn run_batch(
                     return Err(e);
                 }
                 ops.clear();
-                query.run(&mut Pg {
+                made.answers.push(query.run_until_committed(&mut Pg {
                     db: &mut tx,
                     target,
-                });
+                }));
             }
             Job::CatchUp => {}
             Job::Write { done, .. } => {
@@ -1382,6 +1395,10 @@ fn write_rows(
                     .iter()
                     .map(|l| l.release_reason.map(ReleaseReason::as_str))
                     .collect::<Vec<_>>(),
+                &kept
+                    .iter()
+                    .map(|l| l.admission_key.as_deref())
+                    .collect::<Vec<_>>(),
             ],
         )?;
     }
@@ -1403,10 +1420,10 @@ fn write_rows(
 const UPSERT_LEASES: &str =
     "INSERT INTO leases (id, team, \"user\", project, workload, substrate, \
      gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, updated_at, \
-     released_at, release_reason) \
+     released_at, release_reason, admission_key) \
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[], \
-     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[]) \
+     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[]) \
      ON CONFLICT (id) DO UPDATE SET gpu_count = excluded.gpu_count, \
      gpu_uuids = excluded.gpu_uuids, state = excluded.state, expires_at = excluded.expires_at, \
      updated_at = excluded.updated_at, released_at = excluded.released_at, \

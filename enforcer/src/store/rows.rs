@@ -14,16 +14,16 @@ pub(super) const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
 macro_rules! lease_columns {
     () => {
         "id, team, \"user\", project, workload, substrate, gpu_model, gpu_count, gpu_uuids, labels, \
-         state, granted_at, expires_at, updated_at, released_at, release_reason"
+         state, granted_at, expires_at, updated_at, released_at, release_reason, admission_key"
     };
 }
 /// [`lease_columns!`], for queries built at run time.
 pub(super) const COLUMNS: &str = lease_columns!();
-/// Inserts a lease row: its columns as `?1` to `?16`, in [`COLUMNS`]' order.
+/// Inserts a lease row: its columns as `?1` to `?17`, in [`COLUMNS`]' order.
 pub(super) const INSERT_LEASE: &str = concat!(
     "INSERT INTO leases (",
     lease_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
 );
 
 /// A lease's list or map column, as JSON.
@@ -44,6 +44,7 @@ pub(super) type RawLease = (
         Option<i64>,
         Option<String>,
     ),
+    Option<String>,
 );
 
 /// Reads a row of [`COLUMNS`].
@@ -69,6 +70,7 @@ pub(super) fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawLease> {
             r.get(14)?,
             r.get(15)?,
         ),
+        r.get(16)?,
     ))
 }
 
@@ -79,7 +81,8 @@ pub(super) trait ParseRaw {
 
 impl ParseRaw for RawLease {
     fn parse(self) -> Result<Lease, StoreError> {
-        let ((id, team, user, project, workload, substrate, gpu_model, gpu_count), rest) = self;
+        let ((id, team, user, project, workload, substrate, gpu_model, gpu_count), rest, key) =
+            self;
         let (uuids, labels, state, granted_at, expires_at, updated_at, released_at, reason) = rest;
         let bad = |what: &str| StoreError::Corrupt(format!("lease {id}: {what}"));
         let workload = Workload::ALL
@@ -110,6 +113,7 @@ impl ParseRaw for RawLease {
             expires_at,
             updated_at,
             released_at,
+            admission_key: key,
         })
     }
 }

@@ -26,6 +26,11 @@ pub enum StoreError {
     /// PostgreSQL refused a statement (the change did not happen).
     #[error("the lease store failed: {0}")]
     Postgres(String),
+    /// An admission's Idempotency-Key was used before, for a lease the retry cannot be answered
+    /// with (it has ended, or was asked for another user, project, workload or GPU count); the
+    /// message names the key and the lease.
+    #[error("{0}")]
+    KeyReused(String),
     /// No lease has this id.
     #[error("there is no lease {0}")]
     NotFound(String),
@@ -160,6 +165,10 @@ pub struct Lease {
     pub released_at: Option<i64>,
     /// Why it ended.
     pub release_reason: Option<ReleaseReason>,
+    /// The `Idempotency-Key` the client admitted it with, if any: the same key (for the same
+    /// team) asked again is answered with this lease instead of a second one (see
+    /// [`crate::store::Admitted::Keyed`]).
+    pub admission_key: Option<String>,
 }
 
 impl Lease {
@@ -265,6 +274,7 @@ pub(super) mod tests {
             updated_at,
             released_at: None,
             release_reason: None,
+            admission_key: None,
         })
     }
 

@@ -108,6 +108,10 @@ impl Op {
 pub(super) trait Query: Send {
     /// Runs the query and answers.
     fn run(self: Box<Self>, db: &mut dyn Db);
+    /// Runs the query in a transaction not yet committed, and answers once it is, with the
+    /// commit's failure if it failed (PostgreSQL, where a query may write what every replica
+    /// shares: a portal session is not reported open before it is durable).
+    fn run_until_committed(self: Box<Self>, db: &mut dyn Db) -> Done;
     /// Answers that the query could not run.
     fn fail(self: Box<Self>, error: StoreError);
 }
@@ -152,11 +156,19 @@ struct Asked<T, F> {
 
 impl<T, F> Query for Asked<T, F>
 where
-    T: Send,
+    T: Send + 'static,
     F: FnOnce(&mut dyn Db) -> Result<T, StoreError> + Send,
 {
     fn run(self: Box<Self>, db: &mut dyn Db) {
         let _ = self.answer.send((self.query)(db));
+    }
+
+    fn run_until_committed(self: Box<Self>, db: &mut dyn Db) -> Done {
+        let result = (self.query)(db);
+        let answer = self.answer;
+        Box::new(move |committed| {
+            let _ = answer.send(committed.and(result));
+        })
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
@@ -620,6 +632,7 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
                 l.updated_at,
                 l.released_at,
                 l.release_reason.map(ReleaseReason::as_str),
+                l.admission_key,
             ])?;
         }
         Op::UpdateLease(l) => {
