@@ -735,20 +735,37 @@ fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
 }
 
 /// Two replicas on one PostgreSQL store (tests/support/postgres.rs), each serving the webhook
-/// as the Service would reach them: reviews sent to either are decided against one quota, and
-/// with one replica killed the other goes on answering, counting what the first admitted.
+/// as the Service would reach them: a pod one replica creates for an API admission is let in by
+/// the other's webhook (the API server may send the review to either), and a pod admitted
+/// through one is deleted when the other releases its lease; reviews sent to either are decided
+/// against one quota, and with one replica killed the other goes on answering, counting what
+/// the first admitted.
 #[test]
 fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_killed() {
     let dir = tempfile::tempdir().unwrap();
     let api_server = KubeApi::start(nodes());
     let ca = Ca::new(dir.path(), "webhook-ca");
     let store = support::pg::server().database();
+    let template = dir.path().join("pod.yaml");
+    std::fs::write(
+        &template,
+        "spec:\n  containers:\n  - name: main\n    image: nvcr.io/nvidia/pytorch:25.01-py3\n",
+    )
+    .unwrap();
     let mut replicas = Vec::new();
+    let mut apis = Vec::new();
     for name in ["r0", "r1"] {
         let home = dir.path().join(name);
         std::fs::create_dir_all(&home).unwrap();
         let config = write_config_for(&home, &api_server.kubeconfig(&home), &ca);
-        let mut text = std::fs::read_to_string(&config).unwrap();
+        let mut text = std::fs::read_to_string(&config).unwrap().replacen(
+            "grace_period = \"45s\"",
+            &format!(
+                "grace_period = \"45s\"\npod_template = \"{}\"",
+                template.display()
+            ),
+            1,
+        );
         text.push_str(&format!(
             "\n[enforcer.store]\nurl = \"{store}\"\n\n[enforcer.leader]\nlease = \"2s\"\nreplica = \"{name}\"\n"
         ));
@@ -759,7 +776,8 @@ fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_kill
             Duration::from_secs(60),
         );
         let url = line["url"].as_str().unwrap().to_owned();
-        enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+        let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
+        apis.push(line["api"].as_str().unwrap().to_owned());
         let tls = client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap();
         replicas.push((
             Some(enforcer),
@@ -769,12 +787,96 @@ fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_kill
             },
         ));
     }
+    // The API server sends the pods created through it to the second replica's webhook.
+    let second = replicas[1].1.url.clone();
+    let cert = ca.cert.clone();
+    api_server.validate_pods_with(Arc::new(move |pod: Value| {
+        let (url, cert) = (second.clone(), cert.clone());
+        Box::pin(async move {
+            let tls = client_config(&cert, None, ("ca", "cert", "key")).unwrap();
+            let webhook = Webhook {
+                client: http_client_with_tls(tls),
+                url,
+            };
+            let mut review = PodReview::new(
+                "ml-research",
+                "system:serviceaccount:gpuwarden:enforcer",
+                None,
+            )
+            .json(&uuid());
+            review["request"]["name"] = pod["metadata"]["name"].clone();
+            review["request"]["namespace"] = pod["metadata"]["namespace"].clone();
+            review["request"]["object"] = pod;
+            let (status, body) = webhook.post(serde_json::to_vec(&review).unwrap()).await;
+            let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            match answer["response"]["allowed"].as_bool() {
+                Some(true) => Ok(()),
+                _ => Err(format!("{status}: {}", message(&answer["response"]))),
+            }
+        })
+    }));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (mut processes, webhooks): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
     let ask = |replica: usize| {
         let pod = PodReview::new("ml-research", "oidc:ada@example.com", Some("2"));
         runtime.block_on(webhooks[replica].review(&pod))
     };
+    runtime.block_on(async {
+        // An API admission on the first replica: its driver creates the pod, whose review the
+        // second answers, knowing the pod as the lease's own.
+        let (status, answer) = call(
+            &apis[0],
+            "POST",
+            "/v1/admission",
+            r#"{"team": "ml", "user": "ada", "project": "p", "workload": "training",
+                "gpus": 2, "substrate": "k8s", "duration": "1h"}"#,
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["decision"], "admitted", "{answer}");
+        let lease = answer["lease"]["id"].as_str().unwrap().to_owned();
+        let pod = format!("gpuwarden-{lease}");
+        assert!(
+            api_server.pod("ml-research", &pod).is_some(),
+            "the pod was let in"
+        );
+        // Released through the second replica, which deletes the pod the first created.
+        let (status, body) = call(
+            &apis[1],
+            "POST",
+            &format!("/v1/leases/{lease}/release"),
+            "{}",
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(api_server.pod("ml-research", &pod).is_none(), "deleted");
+
+        // A pod admitted by the first replica's webhook is deleted, with its uid as a
+        // precondition, when the second releases its lease.
+        let admitted = PodReview::new("ml-research", "oidc:ada@example.com", Some("2"));
+        let answer = webhooks[0].review(&admitted).await;
+        assert_eq!(answer["allowed"], true, "{answer}");
+        api_server.store_pod(admitted.object());
+        let lease = format!("k8s-{}", admitted.pod_uid);
+        let (status, body) = call(
+            &apis[1],
+            "POST",
+            &format!("/v1/leases/{lease}/release"),
+            "{}",
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            api_server.pod("ml-research", &admitted.name()).is_none(),
+            "the second replica deleted the pod the first admitted"
+        );
+        let delete = api_server
+            .seen()
+            .into_iter()
+            .rfind(|r| r.method == "DELETE")
+            .unwrap();
+        assert!(delete.body.contains(&admitted.pod_uid), "{delete:?}");
+    });
     // Six pods of 2 GPUs, alternately: 12 of the team's 16.
     for i in 0..6 {
         let answer = ask(i % 2);

@@ -35,6 +35,46 @@ fn substrate(text: &str) -> SubstrateConfig {
 fn context(dir: &Path) -> DriverContext {
     DriverContext {
         state_dir: dir.join("drivers").join("test"),
+        store: None,
+    }
+}
+
+/// A lease store in `dir` holding open leases `ids` of substrate `k8s`, as the enforcer holds
+/// a lease before its driver provisions it: the Kubernetes driver writes each lease's pod down
+/// on the lease.
+async fn k8s_store(dir: &Path, ids: &[&str]) -> Store {
+    let store = Store::open(&dir.join("enforcer.db")).unwrap();
+    for id in ids {
+        let lease = gpuwarden_enforcer::store::Lease {
+            id: (*id).into(),
+            team: "vision".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: Workload::Training,
+            substrate: "k8s".into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            gpu_count: 1,
+            gpu_uuids: Vec::new(),
+            labels: BTreeMap::new(),
+            state: gpuwarden_enforcer::store::LeaseState::Granted,
+            granted_at: 0,
+            expires_at: None,
+            updated_at: 0,
+            released_at: None,
+            release_reason: None,
+            admission_key: None,
+            substrate_ref: None,
+        };
+        store.adopt(lease, 0, "test").await.unwrap();
+    }
+    store
+}
+
+/// [`context`] with `store`.
+fn context_with(dir: &Path, store: &Store) -> DriverContext {
+    DriverContext {
+        store: Some(store.clone()),
+        ..context(dir)
     }
 }
 
@@ -390,9 +430,10 @@ grace_period = "20s"
         kubeconfig = api.kubeconfig(dir.path()).display(),
         template = template.display(),
     ));
+    let store = k8s_store(dir.path(), &["lease-contract-1"]).await;
     contract(Subject::registered(
         config,
-        context(dir.path()),
+        context_with(dir.path(), &store),
         argv(&["python", "train.py"]),
         ResizeMoves::Rejected,
     ))
@@ -450,6 +491,7 @@ grace_period = "20s"
 /// A Kubernetes substrate's driver over `api`, with `extra` settings.
 fn kubernetes_driver(
     dir: &Path,
+    store: &Store,
     api: &support::kube_api::KubeApi,
     extra: &str,
 ) -> anyhow::Result<Box<dyn Driver>> {
@@ -466,7 +508,7 @@ teams = {{ "serving" = "vision" }}
 "#,
         kubeconfig = api.kubeconfig(dir).display(),
     ));
-    Ok(build(&config, &context(dir))?)
+    Ok(build(&config, &context_with(dir, store))?)
 }
 
 /// An inference lease with a Deployment template runs as a Deployment of replicas of the
@@ -501,8 +543,10 @@ spec:
           limits: {nvidia.com/gpu: "2"}
 "#,
     )?;
+    let store = k8s_store(dir.path(), &["lease-llm"]).await;
     let driver = kubernetes_driver(
         dir.path(),
+        &store,
         &api,
         &format!("deployment_template = \"{}\"", template.display()),
     )?;
@@ -568,6 +612,7 @@ spec:
     drop(driver);
     let driver = kubernetes_driver(
         dir.path(),
+        &store,
         &api,
         &format!(
             "deployment_template = \"{}\"",
@@ -598,8 +643,10 @@ async fn kubernetes_reclaim_by_eviction_respects_disruption_budgets() -> anyhow:
         &template,
         "spec:\n  containers:\n  - name: main\n    image: busybox\n",
     )?;
+    let store = k8s_store(dir.path(), &["lease-evict"]).await;
     let driver = kubernetes_driver(
         dir.path(),
+        &store,
         &api,
         &format!(
             "pod_template = \"{}\"\nreclaim = \"evict\"\ngrace_period = \"7s\"",
@@ -1457,6 +1504,7 @@ fn pooled_lease(id: &str) -> LeaseSpec {
 fn no_state() -> DriverContext {
     DriverContext {
         state_dir: "/nonexistent/webhook-keeps-no-state".into(),
+        store: None,
     }
 }
 

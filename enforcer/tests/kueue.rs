@@ -159,15 +159,17 @@ impl Cluster {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path(), &node_server().await);
+        let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
         let context = DriverContext {
             state_dir: dir.path().join("drivers").join("k8s"),
+            store: Some(store.clone()),
         };
         let driver: Arc<dyn Driver> =
             Arc::from(drivers::build(&config.substrates[0], &context).unwrap());
         let clock = Arc::new(ManualClock::new(epoch_ms(NOW)));
         let service = Service::new(
             Arc::new(config),
-            Store::open(&dir.path().join("enforcer.db")).unwrap(),
+            store,
             BTreeMap::from([("k8s".to_owned(), driver)]),
             clock.clone(),
         );

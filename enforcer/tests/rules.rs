@@ -816,6 +816,7 @@ fn the_rules_decide_from_idle_time_policy_and_load() {
         released_at: None,
         release_reason: None,
         admission_key: None,
+        substrate_ref: None,
     };
     let config = config(EnforcerMode::Enforce, "http://127.0.0.1:9/");
     let notebook = config.workload(Workload::Notebook);

@@ -30,9 +30,9 @@ impl Db {
     /// The schema version a new database is brought to.
     fn latest_schema(&self) -> i64 {
         if self.is_sqlite() {
-            6
+            7
         } else {
-            4
+            5
         }
     }
 
@@ -1019,7 +1019,7 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
     for o in opened {
         o.join().unwrap().unwrap();
     }
-    assert_eq!(db.open().schema_version().wait().unwrap(), 4);
+    assert_eq!(db.open().schema_version().wait().unwrap(), 5);
     let Db::Postgres { url } = &db else {
         unreachable!()
     };
@@ -1028,12 +1028,12 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
         .unwrap();
     let err = Store::open_postgres(url, None).unwrap_err();
     assert!(
-        matches!(err, StoreError::TooNew { found: 7, known: 4 }),
+        matches!(err, StoreError::TooNew { found: 7, known: 5 }),
         "{err}"
     );
     assert_eq!(
         err.to_string(),
-        "the lease store is at schema version 7; this build knows up to 4"
+        "the lease store is at schema version 7; this build knows up to 5"
     );
 }
 

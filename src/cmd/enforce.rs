@@ -185,9 +185,18 @@ pub(crate) async fn start(
                 .data_dir
                 .join("drivers")
                 .join(&substrate.name),
+            store: Some(store.clone()),
         };
         let driver = drivers::build(substrate, &context)
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;
+        if let Some(kubernetes) = driver.kubernetes() {
+            kubernetes.import_journal().await.with_context(|| {
+                format!(
+                    "reading the pods an earlier version kept for substrate {}",
+                    substrate.name
+                )
+            })?;
+        }
         built.insert(substrate.name.clone(), Arc::from(driver));
     }
     let store_location = store.location().to_owned();

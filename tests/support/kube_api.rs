@@ -4,11 +4,15 @@
 //! watch, get, create, delete with preconditions) — with resourceVersions, `Status` errors and
 //! watch events as the API server writes them, and a record of every request. A test plays the
 //! rest of the cluster: it stores pods as the API server would after admission, moves their
-//! phase as the kubelet would, and deletes them.
+//! phase as the kubelet would, and deletes them; it may also be the validating webhook that a
+//! pod created through this server is sent to before it is stored
+//! ([`KubeApi::validate_pods_with`]).
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
@@ -27,8 +31,15 @@ pub struct Seen {
     pub body: String,
 }
 
+/// A validating admission webhook as the fake calls it: the pod being created (uid set, not
+/// stored yet); Ok lets it be stored, Err is the webhook's refusal.
+pub type Validate =
+    Arc<dyn Fn(Value) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
 #[derive(Default)]
 struct Cluster {
+    /// Asked about every pod created through the API before it is stored.
+    validate: Option<Validate>,
     nodes: Vec<Value>,
     pods: BTreeMap<(String, String), Value>,
     deployments: BTreeMap<(String, String), Value>,
@@ -150,13 +161,13 @@ async fn get_pod(State(c): State<Shared>, Path((ns, name)): Path<(String, String
 }
 
 async fn create_pod(
-    State(c): State<Shared>,
+    State(shared): State<Shared>,
     Path(ns): Path<String>,
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Response {
     record(
-        &c,
+        &shared,
         "POST",
         format!("/api/v1/namespaces/{ns}/pods"),
         q,
@@ -167,18 +178,39 @@ async fn create_pod(
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
     let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    let mut c = c.lock().unwrap();
-    if c.pods.contains_key(&(ns.clone(), name.clone())) {
-        return status(
+    let exists = |name: &str| {
+        status(
             StatusCode::CONFLICT,
             "AlreadyExists",
             format!("pods \"{name}\" already exists"),
-        );
-    }
+        )
+    };
+    let validate = {
+        let c = shared.lock().unwrap();
+        if c.pods.contains_key(&(ns.clone(), name.clone())) {
+            return exists(&name);
+        }
+        c.validate.clone()
+    };
     pod["metadata"]["namespace"] = json!(ns);
     pod["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
     pod["metadata"]["creationTimestamp"] = json!("2026-12-05T06:00:00Z");
     pod["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+    // The API server calls its validating webhooks before it stores the pod (and answers the
+    // creator only then).
+    if let Some(validate) = validate {
+        if let Err(message) = validate(pod.clone()).await {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("admission webhook \"gpuwarden.io\" denied the request: {message}"),
+            );
+        }
+    }
+    let mut c = shared.lock().unwrap();
+    if c.pods.contains_key(&(ns.clone(), name.clone())) {
+        return exists(&name);
+    }
     let rv = c.resource_version + 1;
     pod["metadata"]["resourceVersion"] = json!(rv.to_string());
     c.pods.insert((ns, name), pod.clone());
@@ -442,6 +474,12 @@ impl KubeApi {
     /// A kubeconfig file in `dir` that points at this server.
     pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
         kubeconfig_for(&self.url, dir)
+    }
+
+    /// Sends every pod created through the API from now on to `validate` before storing it, as
+    /// the API server sends it to its validating admission webhooks.
+    pub fn validate_pods_with(&self, validate: Validate) {
+        self.cluster.lock().unwrap().validate = Some(validate);
     }
 
     /// Stores `pod` as the API server does once admission allowed it (ADDED).

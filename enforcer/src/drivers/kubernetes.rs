@@ -4,8 +4,11 @@
 //!
 //! The cluster runs GPU pods that people create themselves; gpuwarden admits them in the
 //! validating admission webhook (`crate::kubernetes`), which records each admitted pod as lease
-//! `k8s-<pod uid>` and tells this driver where the pod is ([`KubernetesDriver::track`], kept in
-//! `<state_dir>/pods.jsonl` so that a restarted enforcer can still reclaim it).
+//! `k8s-<pod uid>` with the pod's namespace, name and uid in its labels (`k8s_namespace`,
+//! `k8s_pod`, `k8s_pod_uid`): that is where the driver finds the pod to reclaim, on any replica.
+//! A pod or Deployment the driver creates itself is written down on its lease
+//! ([`KubernetesDriver::track`], the lease's `substrate_ref` in the lease store), where every
+//! replica's driver and webhook find it.
 //!
 //! - Inventory: the nodes' allocatable `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`, as
 //!   model `<model> MIG <profile>`), by the node label `model_label` (`nvidia.com/gpu.product`,
@@ -43,8 +46,8 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    check_lease_id, config_error, state_dir, write_atomically, Driver, DriverContext, DriverError,
-    Inventory, LeaseSpec, LeaseStatus,
+    check_lease_id, config_error, state_dir, Driver, DriverContext, DriverError, Inventory,
+    LeaseSpec, LeaseStatus,
 };
 
 /// The resource NVIDIA's device plugin advertises for whole GPUs.
@@ -60,7 +63,8 @@ pub const LEASE_LABEL: &str = "gpuwarden.io/lease";
 /// The environment variable naming a lease to the work (and to the collector).
 pub const LEASE_ENV: &str = "GPUWARDEN_LEASE_ID";
 
-/// Where a lease's pod is, as the driver keeps it in its journal (`<state_dir>/pods.jsonl`).
+/// Where a lease's pod (or Deployment) is, as the driver writes it on the lease
+/// (`substrate_ref`, JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
     /// The pod's namespace.
@@ -80,93 +84,24 @@ pub struct PodRef {
     pub deployment: bool,
 }
 
-/// The pods the driver tracks, by lease: `<state_dir>/pods.jsonl`, one line
-/// `{"lease": <id>, "pod": <PodRef or null>}` per change, appended without a sync (the webhook
-/// records a pod per admission, and a file created and synced for each one cost most of a
-/// review's time), read into memory and rewritten compactly when the driver is built. A
-/// crash of the process loses nothing (the lines are in the kernel's cache); a crash of the
-/// machine may lose the last lines, whose pods the watcher still follows by uid but a reclaim
-/// then cannot delete (`Gone`).
-struct Journal {
-    path: PathBuf,
-    file: std::fs::File,
-    pods: std::collections::HashMap<String, PodRef>,
-}
-
+/// What an enforcer before the pods moved into the lease store kept in
+/// `<state_dir>/pods.jsonl`: one line per change, `{"lease": <id>, "pod": <PodRef or null>}`
+/// (see [`KubernetesDriver::import_journal`]).
 #[derive(Serialize, Deserialize)]
 struct JournalLine {
     lease: String,
     pod: Option<PodRef>,
 }
 
-impl Journal {
-    fn open(dir: &std::path::Path) -> std::io::Result<Self> {
-        let path = dir.join("pods.jsonl");
-        let mut pods = std::collections::HashMap::new();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                for (n, line) in text.lines().enumerate() {
-                    match serde_json::from_str::<JournalLine>(line) {
-                        Ok(JournalLine {
-                            lease,
-                            pod: Some(pod),
-                        }) => {
-                            pods.insert(lease, pod);
-                        }
-                        Ok(JournalLine { lease, pod: None }) => {
-                            pods.remove(&lease);
-                        }
-                        // A line cut short by a crash: what it said is lost.
-                        Err(e) => {
-                            tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable line of the pod journal")
-                        }
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let mut compact = Vec::new();
-        for (lease, pod) in &pods {
-            serde_json::to_writer(
-                &mut compact,
-                &JournalLine {
-                    lease: lease.clone(),
-                    pod: Some(pod.clone()),
-                },
-            )
-            .expect("a journal line serializes");
-            compact.push(b'\n');
-        }
-        write_atomically(&path, &compact)?;
-        let file = std::fs::OpenOptions::new().append(true).open(&path)?;
-        Ok(Self { path, file, pods })
-    }
-
-    fn record(&mut self, lease: &str, pod: Option<&PodRef>) -> std::io::Result<()> {
-        use std::io::Write as _;
-        let mut line = serde_json::to_vec(&JournalLine {
-            lease: lease.to_owned(),
-            pod: pod.cloned(),
-        })
-        .expect("a journal line serializes");
-        line.push(b'\n');
-        self.file
-            .write_all(&line)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))?;
-        match pod {
-            Some(pod) => self.pods.insert(lease.to_owned(), pod.clone()),
-            None => self.pods.remove(lease),
-        };
-        Ok(())
-    }
-}
-
 /// A Kubernetes cluster's driver.
 pub struct KubernetesDriver {
     name: String,
     settings: KubernetesSettings,
-    journal: Mutex<Journal>,
+    /// The lease store, where each lease's pod is written down.
+    store: crate::store::Store,
+    /// `<state_dir>/pods.jsonl`, an earlier version's record of the pods, read once by
+    /// [`KubernetesDriver::import_journal`].
+    journal: PathBuf,
     client: tokio::sync::OnceCell<Client>,
     /// `pod_template`, read when the driver is built.
     template: Option<Pod>,
@@ -226,15 +161,20 @@ impl KubernetesDriver {
                 )
             })?),
         };
-        let dir = state_dir(config, context)?;
-        let journal = Journal::open(&dir).map_err(|e| DriverError::Unavailable {
-            substrate: config.name.clone(),
-            message: format!("reading the pod journal in {}: {e}", dir.display()),
+        let store = context.store.clone().ok_or_else(|| {
+            config_error(
+                config,
+                "driver",
+                "the kubernetes driver writes each lease's pod down in the lease store, and was \
+                 built without one",
+            )
         })?;
+        let journal = state_dir(config, context)?.join("pods.jsonl");
         Ok(Self {
             name: config.name.clone(),
             settings,
-            journal: Mutex::new(journal),
+            store,
+            journal,
             client: tokio::sync::OnceCell::new(),
             template,
             deployment_template,
@@ -296,38 +236,88 @@ impl KubernetesDriver {
             .cloned()
     }
 
-    /// Remembers where lease `lease_id`'s pod is (the webhook calls this for every pod it
-    /// admits): a line appended to the journal, in memory at once.
-    pub fn track(&self, lease_id: &str, pod: &PodRef) -> Result<(), DriverError> {
+    /// Writes down on open lease `lease_id` where its pod (or Deployment) is, once that is
+    /// committed: from then on every replica's driver and webhook know it.
+    pub async fn track(&self, lease_id: &str, pod: &PodRef) -> Result<(), DriverError> {
         check_lease_id(&self.name, lease_id)?;
-        self.journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .record(lease_id, Some(pod))
-            .map_err(|e| self.unavailable(format!("recording the pod of {lease_id}: {e}")))
-    }
-
-    /// Forgets lease `lease_id`'s pod (it was reclaimed, or ended).
-    pub fn untrack(&self, lease_id: &str) {
-        let mut journal = self
-            .journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if journal.pods.contains_key(lease_id) {
-            if let Err(e) = journal.record(lease_id, None) {
-                tracing::warn!(substrate = %self.name, lease = lease_id, error = %e, "recording a forgotten pod failed");
-            }
+        let written = serde_json::to_string(pod).expect("a PodRef serializes");
+        match self.store.set_substrate_ref(lease_id, Some(written)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(DriverError::Rejected {
+                substrate: self.name.clone(),
+                message: format!("lease {lease_id} is not open, so its pod is not recorded"),
+            }),
+            Err(e) => Err(self.unavailable(format!("recording the pod of {lease_id}: {e}"))),
         }
     }
 
-    /// Where lease `lease_id`'s pod is, if the driver was told.
+    /// Forgets lease `lease_id`'s pod (it was reclaimed, or ended).
+    pub async fn untrack(&self, lease_id: &str) {
+        if let Err(e) = self.store.set_substrate_ref(lease_id, None).await {
+            tracing::warn!(substrate = %self.name, lease = lease_id, error = %e, "recording a forgotten pod failed");
+        }
+    }
+
+    /// Where lease `lease_id`'s pod is, from this replica's memory of the lease store (see
+    /// [`pod_of`]); None when the lease is not open.
     pub fn tracked(&self, lease_id: &str) -> Option<PodRef> {
-        self.journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pods
-            .get(lease_id)
-            .cloned()
+        let lease = self.store.open_lease(lease_id).ok().flatten()?;
+        self.pod_of(&lease)
+    }
+
+    /// Where open lease `lease`'s pod is: the one written down on it, else the one the webhook
+    /// admitted as it (its labels).
+    pub fn pod_of(&self, lease: &crate::store::Lease) -> Option<PodRef> {
+        pod_of(&self.name, lease)
+    }
+
+    /// Reads the pods an earlier version kept in `<state_dir>/pods.jsonl` into the lease store
+    /// (each open lease's latest line; a line cut short by a crash is skipped), then renames the
+    /// file `pods.jsonl.imported`. How many were written down; 0 without the file.
+    pub async fn import_journal(&self) -> Result<usize, DriverError> {
+        let text = match std::fs::read_to_string(&self.journal) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => {
+                return Err(self.unavailable(format!("reading {}: {e}", self.journal.display())))
+            }
+        };
+        let mut pods: BTreeMap<String, PodRef> = BTreeMap::new();
+        for (n, line) in text.lines().enumerate() {
+            match serde_json::from_str::<JournalLine>(line) {
+                Ok(JournalLine {
+                    lease,
+                    pod: Some(pod),
+                }) => {
+                    pods.insert(lease, pod);
+                }
+                Ok(JournalLine { lease, pod: None }) => {
+                    pods.remove(&lease);
+                }
+                Err(e) => {
+                    tracing::warn!(file = %self.journal.display(), line = n + 1, error = %e, "skipping an unreadable line of the pod journal")
+                }
+            }
+        }
+        let mut imported = 0;
+        for (lease, pod) in &pods {
+            match self.track(lease, pod).await {
+                Ok(()) => imported += 1,
+                // Ended since: nothing of it to reclaim.
+                Err(DriverError::Rejected { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let done = self.journal.with_extension("jsonl.imported");
+        std::fs::rename(&self.journal, &done).map_err(|e| {
+            self.unavailable(format!(
+                "renaming {} to {}: {e}",
+                self.journal.display(),
+                done.display()
+            ))
+        })?;
+        tracing::info!(substrate = %self.name, imported, file = %done.display(), "the pods of the pod journal are now written down in the lease store");
+        Ok(imported)
     }
 
     fn unavailable(&self, message: impl Into<String>) -> DriverError {
@@ -372,7 +362,7 @@ impl KubernetesDriver {
             gpus: Some(lease.gpu_count),
             deployment,
         };
-        self.track(&lease.lease_id, &tracked)?;
+        self.track(&lease.lease_id, &tracked).await?;
         let api: Api<K> = Api::namespaced(self.client().await?, &namespace);
         let created = match api.create(&kube::api::PostParams::default(), object).await {
             Ok(created) => created,
@@ -408,7 +398,7 @@ impl KubernetesDriver {
             Err(kube::Error::Api(status))
                 if (400..500).contains(&status.code) && status.code != 429 =>
             {
-                self.untrack(&lease.lease_id);
+                self.untrack(&lease.lease_id).await;
                 return Err(DriverError::Rejected {
                     substrate: self.name.clone(),
                     message: format!("creating {kind} {namespace}/{name}: {}", status.message),
@@ -419,7 +409,7 @@ impl KubernetesDriver {
             }
         };
         tracked.uid = created.meta().uid.clone();
-        self.track(&lease.lease_id, &tracked)?;
+        self.track(&lease.lease_id, &tracked).await?;
         tracing::info!(substrate = %self.name, lease = %lease.lease_id, namespace = %namespace, name = %name, kind, "created");
         Ok(())
     }
@@ -445,11 +435,11 @@ impl KubernetesDriver {
         match deployments.delete(&tracked.name, &params).await {
             Ok(_) => {
                 tracing::info!(substrate = %self.name, lease = lease_id, namespace = %tracked.namespace, deployment = %tracked.name, reason = reason.as_str(), "deployment deleted");
-                self.untrack(lease_id);
+                self.untrack(lease_id).await;
                 Ok(())
             }
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                self.untrack(lease_id);
+                self.untrack(lease_id).await;
                 Ok(())
             }
             Err(e) => Err(self.unavailable(format!(
@@ -797,7 +787,7 @@ impl Driver for KubernetesDriver {
                     ))
                 })?;
             tracked.gpus = Some(lease.gpu_count);
-            self.track(&lease.lease_id, &tracked)?;
+            self.track(&lease.lease_id, &tracked).await?;
             tracing::info!(substrate = %self.name, lease = %lease.lease_id, deployment = %tracked.name, replicas, "deployment scaled");
             return Ok(());
         }
@@ -864,12 +854,12 @@ impl Driver for KubernetesDriver {
         match ended {
             Ok(how) => {
                 tracing::info!(substrate = %self.name, lease = lease_id, namespace = %pod.namespace, pod = %pod.name, reason = reason.as_str(), how, "pod ended");
-                self.untrack(lease_id);
+                self.untrack(lease_id).await;
                 Ok(())
             }
             // Gone already, or the name is another pod's now (the uid precondition failed).
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                self.untrack(lease_id);
+                self.untrack(lease_id).await;
                 Ok(())
             }
             Err(kube::Error::Api(status)) if status.code == 403 => Err(DriverError::Rejected {
@@ -957,6 +947,26 @@ impl Driver for KubernetesDriver {
     }
 }
 
+/// Where open lease `lease` of substrate `substrate` has its pod: the pod or Deployment the
+/// driver wrote down on it, else the pod the webhook admitted as it (its `k8s_namespace`,
+/// `k8s_pod` and `k8s_pod_uid` labels).
+pub fn pod_of(substrate: &str, lease: &crate::store::Lease) -> Option<PodRef> {
+    if lease.substrate != substrate {
+        return None;
+    }
+    if let Some(written) = &lease.substrate_ref {
+        return serde_json::from_str(written).ok();
+    }
+    let label = |name: &str| lease.labels.get(name).cloned();
+    Some(PodRef {
+        namespace: label("k8s_namespace")?,
+        name: label("k8s_pod")?,
+        uid: Some(label("k8s_pod_uid")?),
+        gpus: Some(lease.gpu_count),
+        deployment: false,
+    })
+}
+
 /// What a pod's phase says of its lease.
 pub fn pod_status(pod: &Pod) -> LeaseStatus {
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
@@ -970,6 +980,7 @@ pub fn pod_status(pod: &Pod) -> LeaseStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Lease, LeaseState, Store};
 
     fn pod(name: &str) -> PodRef {
         PodRef {
@@ -981,30 +992,125 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_pod_journal_survives_a_restart_and_a_line_cut_short() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path()).unwrap();
-        journal.record("k8s-a", Some(&pod("a"))).unwrap();
-        journal.record("k8s-b", Some(&pod("b"))).unwrap();
-        journal.record("k8s-a", None).unwrap();
-        journal.record("k8s-c", Some(&pod("c"))).unwrap();
-        drop(journal);
-        // A crash in the middle of a line.
-        let path = dir.path().join("pods.jsonl");
-        let mut text = std::fs::read_to_string(&path).unwrap();
-        text.push_str("{\"lease\":\"k8s-d\",\"pod\":{\"namesp");
-        std::fs::write(&path, text).unwrap();
+    fn lease(id: &str, labels: &[(&str, &str)]) -> Lease {
+        Lease {
+            id: id.into(),
+            team: "ml".into(),
+            user: "ada".into(),
+            project: "p".into(),
+            workload: gpuwarden_schema::Workload::Training,
+            substrate: "k8s".into(),
+            gpu_model: "H100".into(),
+            gpu_count: 2,
+            gpu_uuids: Vec::new(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            state: LeaseState::Granted,
+            granted_at: 0,
+            expires_at: None,
+            updated_at: 0,
+            released_at: None,
+            release_reason: None,
+            admission_key: None,
+            substrate_ref: None,
+        }
+    }
 
-        let mut journal = Journal::open(dir.path()).unwrap();
-        let mut leases: Vec<_> = journal.pods.keys().cloned().collect();
-        leases.sort();
-        assert_eq!(leases, ["k8s-b", "k8s-c"]);
-        assert_eq!(journal.pods["k8s-b"], pod("b"));
-        // Rewritten compactly: one line per pod, the cut line gone, and appending goes on.
-        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
-        journal.record("k8s-e", Some(&pod("e"))).unwrap();
-        drop(journal);
-        assert_eq!(Journal::open(dir.path()).unwrap().pods.len(), 3);
+    fn driver(dir: &std::path::Path, store: &Store) -> KubernetesDriver {
+        let config: SubstrateConfig = toml::from_str(
+            "name = \"k8s\"\ndriver = \"kubernetes\"\n[kubernetes]\nwebhook_listen = \"127.0.0.1:0\"\n\
+             webhook_tls = { cert = \"/unused.pem\", key = \"/unused.key\" }\n",
+        )
+        .unwrap();
+        let context = DriverContext {
+            state_dir: dir.join("drivers").join("k8s"),
+            store: Some(store.clone()),
+        };
+        KubernetesDriver::new(&config, &context).unwrap()
+    }
+
+    /// A pod written down on its lease is found after a restart (it is in the store); a pod
+    /// the webhook admitted is found from its lease's labels; an ended lease has none.
+    #[tokio::test]
+    async fn a_leases_pod_is_written_down_in_the_store_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("enforcer.db");
+        {
+            let store = Store::open(&path).unwrap();
+            for l in [
+                lease("lease-a", &[]),
+                lease(
+                    "k8s-uid-b",
+                    &[
+                        ("k8s_namespace", "ml"),
+                        ("k8s_pod", "b"),
+                        ("k8s_pod_uid", "uid-b"),
+                    ],
+                ),
+            ] {
+                store.adopt(l, 0, "test").await.unwrap();
+            }
+            let k8s = driver(dir.path(), &store);
+            k8s.track("lease-a", &pod("a")).await.unwrap();
+            let err = k8s.track("lease-gone", &pod("x")).await.unwrap_err();
+            assert!(err.to_string().contains("not open"), "{err}");
+        }
+        let store = Store::open(&path).unwrap();
+        let k8s = driver(dir.path(), &store);
+        assert_eq!(k8s.tracked("lease-a"), Some(pod("a")));
+        assert_eq!(k8s.tracked("k8s-uid-b"), Some(pod("b")));
+        k8s.untrack("lease-a").await;
+        assert_eq!(k8s.tracked("lease-a"), None);
+        store
+            .transition(
+                "k8s-uid-b",
+                LeaseState::Released,
+                1,
+                gpuwarden_schema::ReleaseReason::User,
+                "",
+            )
+            .await
+            .unwrap();
+        assert_eq!(k8s.tracked("k8s-uid-b"), None);
+    }
+
+    /// An earlier version's `pods.jsonl` is read into the store once: each open lease's latest
+    /// line, a line cut short skipped, a lease since ended left out; the file is renamed.
+    #[tokio::test]
+    async fn the_pod_journal_of_an_earlier_version_is_imported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
+        for id in ["k8s-a", "k8s-b", "k8s-c"] {
+            store.adopt(lease(id, &[]), 0, "test").await.unwrap();
+        }
+        let k8s = driver(dir.path(), &store);
+        let line = |lease: &str, pod: Option<PodRef>| {
+            serde_json::to_string(&JournalLine {
+                lease: lease.into(),
+                pod,
+            })
+            .unwrap()
+        };
+        let text = [
+            line("k8s-a", Some(pod("a"))),
+            line("k8s-b", Some(pod("b"))),
+            line("k8s-a", None),
+            line("k8s-c", Some(pod("c"))),
+            line("k8s-ended", Some(pod("e"))),
+            // A crash in the middle of a line.
+            "{\"lease\":\"k8s-d\",\"pod\":{\"namesp".into(),
+        ]
+        .join("\n");
+        let path = dir.path().join("drivers/k8s/pods.jsonl");
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(k8s.import_journal().await.unwrap(), 2);
+        assert_eq!(k8s.tracked("k8s-a"), None);
+        assert_eq!(k8s.tracked("k8s-b"), Some(pod("b")));
+        assert_eq!(k8s.tracked("k8s-c"), Some(pod("c")));
+        assert!(!path.exists());
+        assert!(dir.path().join("drivers/k8s/pods.jsonl.imported").exists());
+        assert_eq!(k8s.import_journal().await.unwrap(), 0, "once");
     }
 }

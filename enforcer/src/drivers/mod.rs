@@ -17,8 +17,9 @@
 //! - [`webhook`]: an external provisioner called with signed JSON over HTTP.
 //! - [`slurm`]: a Slurm cluster, through its commands; keeps the job id of each lease it
 //!   submitted in `<state_dir>/<lease_id>.json`.
-//! - [`kubernetes`]: a Kubernetes cluster, through its API server; keeps the pod of each lease
-//!   (admitted by its webhook, or created for an API admission) in `<state_dir>/pods.jsonl`.
+//! - [`kubernetes`]: a Kubernetes cluster, through its API server; writes down the pod or
+//!   Deployment it created for a lease on the lease itself, in the lease store
+//!   ([`crate::store::Lease::substrate_ref`]), where every replica's driver finds it.
 //! - `libvirt` (with the `libvirt` feature): virtual machines with GPUs passed through, one per
 //!   lease; keeps nothing on disk: each domain carries its lease in its own metadata.
 //!
@@ -225,6 +226,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
 pub struct DriverContext {
     /// `<storage.data_dir>/drivers/<substrate>/`.
     pub state_dir: PathBuf,
+    /// The lease store, for a driver that keeps what every replica must find on the lease
+    /// itself (the Kubernetes driver's pods); others leave it be.
+    pub store: Option<crate::store::Store>,
 }
 
 /// Builds the driver a `[[substrates]]` entry names.

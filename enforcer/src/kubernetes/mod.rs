@@ -47,7 +47,6 @@ use kube::core::admission::{
 };
 use kube::core::DynamicObject;
 
-use crate::drivers::kubernetes::PodRef;
 use crate::drivers::Inventory;
 use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
@@ -385,19 +384,6 @@ async fn answer(
             crate::slurm::denial(&team, Some(&model), gpus, decision),
         ));
     }
-    if admission.lease.is_some() {
-        let pod_ref = PodRef {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            uid: Some(uid),
-            gpus: Some(gpus),
-            deployment: false,
-        };
-        if let Err(e) = kubernetes.track(&lease_id, &pod_ref) {
-            // The lease stands (the pod runs); only a reclaim by gpuwarden would miss it.
-            tracing::error!(lease = %lease_id, error = %e, "the pod of an admitted lease could not be recorded; gpuwarden cannot delete it when reclaiming");
-        }
-    }
     let mut allow = allow;
     allow.warnings = Some(vec![format!(
         "gpuwarden: {} for team {team} as {workload}: {gpus} x {model}, about ${:.2}/h, lease {lease_id}{}",
@@ -423,7 +409,9 @@ async fn claim(
     name: &str,
     ask: &pods::GpuAsk,
 ) -> AdmissionResponse {
-    let lease = match service.store().open_lease(id) {
+    // As every replica has committed it: the driver that created the pod wrote it down on
+    // the lease on whichever replica it runs.
+    let lease = match service.store().current_lease(id).await {
         Ok(Some(lease)) => lease,
         _ => {
             return deny(
@@ -432,7 +420,7 @@ async fn claim(
             )
         }
     };
-    let tracked = kubernetes.tracked(id);
+    let tracked = kubernetes.pod_of(&lease);
     let ours = lease.substrate == substrate
         && ask.count <= u64::from(lease.gpu_count)
         && tracked.as_ref().is_some_and(|p| {

@@ -218,8 +218,15 @@ async fn follow(service: &Service, substrate: &str, id: &str, pod: &Pod) {
 }
 
 async fn end(service: &Service, substrate: &str, id: &str, reason: ReleaseReason, detail: &str) {
-    let Some(lease) = open(service, substrate, id) else {
-        return;
+    // As every replica has committed it: a release another replica is carrying out (its
+    // deletion of the pod is what ended the pod) is that replica's to finish.
+    let lease = match service.store().current_lease(id).await {
+        Ok(Some(lease)) if lease.substrate == substrate => lease,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(lease = id, error = %e, "reading the lease store failed");
+            return;
+        }
     };
     // A lease being released is the releaser's to finish (its pod's deletion is what it asked
     // for); only one left `releasing` for long (its release failed midway) is ended here.
@@ -231,7 +238,7 @@ async fn end(service: &Service, substrate: &str, id: &str, reason: ReleaseReason
         if let Some(k) = driver.kubernetes() {
             // The pod has ended: nothing is left to reclaim.
             if !deployed(k, id) {
-                k.untrack(id);
+                k.untrack(id).await;
             }
         }
     }

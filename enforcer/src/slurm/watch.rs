@@ -441,6 +441,7 @@ impl Watcher {
             released_at: None,
             release_reason: None,
             admission_key: None,
+            substrate_ref: None,
         };
         let detail = if admitted {
             format!(

@@ -462,6 +462,7 @@ const TABLES: &[Table] = &[
             ("released_at", Int8),
             ("release_reason", Text),
             ("admission_key", Text),
+            ("substrate_ref", Text),
         ],
     },
     Table {

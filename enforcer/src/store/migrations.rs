@@ -113,6 +113,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 6: the client's Idempotency-Key of a lease (see PostgreSQL's migration 4).
     "ALTER TABLE leases ADD COLUMN admission_key TEXT;
     CREATE INDEX leases_admission_key ON leases (granted_at) WHERE admission_key IS NOT NULL;",
+    // 7: where a substrate holds a lease (see PostgreSQL's migration 5).
+    "ALTER TABLE leases ADD COLUMN substrate_ref TEXT;",
 ];
 
 /// Brings the database's schema up to date, in one transaction; refuses one written by a newer

@@ -694,6 +694,7 @@ impl Store {
                             Admitted::Keyed(key) => Some(key.clone()),
                             _ => None,
                         },
+                        substrate_ref: None,
                     };
                     let detail = format!(
                         "{} GPUs of {} on {}, ${:.2}/h",
@@ -744,6 +745,33 @@ impl Store {
     pub fn open_lease(&self, id: &str) -> Result<Option<Lease>, StoreError> {
         self.check()?;
         Ok(lock(&self.inner.memory).open(id).cloned())
+    }
+
+    /// Lease `id` if it is open, as of every replica's latest commit: on PostgreSQL, read in the
+    /// writer's transaction once memory has caught up under the store's lock (for a decision
+    /// that must not miss what another replica has just committed); on SQLite, from memory.
+    pub fn current_lease(&self, id: &str) -> Pending<Option<Lease>> {
+        let id = id.to_owned();
+        self.mutate(move |memory| Change::Unchanged(memory.open(&id).cloned()))
+    }
+
+    /// Writes down where the substrate holds open lease `id` ([`Lease::substrate_ref`]; None
+    /// forgets it), for the driver of every replica. Whether the lease is open: nothing is
+    /// written for one that is not.
+    pub fn set_substrate_ref(&self, id: &str, substrate_ref: Option<String>) -> Pending<bool> {
+        let id = id.to_owned();
+        self.mutate(move |memory| {
+            let Some(current) = memory.open(&id) else {
+                return Change::Unchanged(false);
+            };
+            if current.substrate_ref == substrate_ref {
+                return Change::Unchanged(true);
+            }
+            let mut lease = current.clone();
+            lease.substrate_ref = substrate_ref;
+            memory.put(lease.clone());
+            Change::Write(true, vec![Op::UpdateLease(Box::new(lease))])
+        })
     }
 
     /// One lease.

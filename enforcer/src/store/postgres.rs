@@ -170,6 +170,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // Keys are looked up in memory; the index serves loading the recent ones.
     r#"ALTER TABLE leases ADD COLUMN admission_key TEXT;
     CREATE INDEX leases_admission_key ON leases (granted_at) WHERE admission_key IS NOT NULL;"#,
+    // 5: where a substrate holds a lease, as its driver writes it down (the Kubernetes driver's
+    // pod or Deployment), for the driver of every replica: a pod admitted through one replica's
+    // webhook, or created by one replica's driver, is deleted by whichever replica reclaims it.
+    r#"ALTER TABLE leases ADD COLUMN substrate_ref TEXT;"#,
 ];
 
 /// How to reach the database: the URL's settings, with the password from `password_file`, and
@@ -405,6 +409,7 @@ fn raw(row: &postgres::Row) -> RawLease {
             row.get(15),
         ),
         row.get(16),
+        row.get(17),
     )
 }
 
@@ -1399,6 +1404,10 @@ fn write_rows(
                     .iter()
                     .map(|l| l.admission_key.as_deref())
                     .collect::<Vec<_>>(),
+                &kept
+                    .iter()
+                    .map(|l| l.substrate_ref.as_deref())
+                    .collect::<Vec<_>>(),
             ],
         )?;
     }
@@ -1420,14 +1429,14 @@ fn write_rows(
 const UPSERT_LEASES: &str =
     "INSERT INTO leases (id, team, \"user\", project, workload, substrate, \
      gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, updated_at, \
-     released_at, release_reason, admission_key) \
+     released_at, release_reason, admission_key, substrate_ref) \
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[], \
-     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[]) \
+     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[], $18::text[]) \
      ON CONFLICT (id) DO UPDATE SET gpu_count = excluded.gpu_count, \
      gpu_uuids = excluded.gpu_uuids, state = excluded.state, expires_at = excluded.expires_at, \
      updated_at = excluded.updated_at, released_at = excluded.released_at, \
-     release_reason = excluded.release_reason";
+     release_reason = excluded.release_reason, substrate_ref = excluded.substrate_ref";
 
 /// A copy of `e` for each caller of a failed batch.
 fn same(e: &StoreError) -> StoreError {

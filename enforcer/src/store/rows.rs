@@ -14,16 +14,16 @@ pub(super) const OPEN: &str = "state IN ('granted', 'active', 'releasing')";
 macro_rules! lease_columns {
     () => {
         "id, team, \"user\", project, workload, substrate, gpu_model, gpu_count, gpu_uuids, labels, \
-         state, granted_at, expires_at, updated_at, released_at, release_reason, admission_key"
+         state, granted_at, expires_at, updated_at, released_at, release_reason, admission_key, substrate_ref"
     };
 }
 /// [`lease_columns!`], for queries built at run time.
 pub(super) const COLUMNS: &str = lease_columns!();
-/// Inserts a lease row: its columns as `?1` to `?17`, in [`COLUMNS`]' order.
+/// Inserts a lease row: its columns as `?1` to `?18`, in [`COLUMNS`]' order.
 pub(super) const INSERT_LEASE: &str = concat!(
     "INSERT INTO leases (",
     lease_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
 );
 
 /// A lease's list or map column, as JSON.
@@ -44,6 +44,7 @@ pub(super) type RawLease = (
         Option<i64>,
         Option<String>,
     ),
+    Option<String>,
     Option<String>,
 );
 
@@ -71,6 +72,7 @@ pub(super) fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawLease> {
             r.get(15)?,
         ),
         r.get(16)?,
+        r.get(17)?,
     ))
 }
 
@@ -81,7 +83,7 @@ pub(super) trait ParseRaw {
 
 impl ParseRaw for RawLease {
     fn parse(self) -> Result<Lease, StoreError> {
-        let ((id, team, user, project, workload, substrate, gpu_model, gpu_count), rest, key) =
+        let ((id, team, user, project, workload, substrate, gpu_model, gpu_count), rest, key, held) =
             self;
         let (uuids, labels, state, granted_at, expires_at, updated_at, released_at, reason) = rest;
         let bad = |what: &str| StoreError::Corrupt(format!("lease {id}: {what}"));
@@ -114,6 +116,7 @@ impl ParseRaw for RawLease {
             updated_at,
             released_at,
             admission_key: key,
+            substrate_ref: held,
         })
     }
 }

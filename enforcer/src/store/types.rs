@@ -169,6 +169,10 @@ pub struct Lease {
     /// team) asked again is answered with this lease instead of a second one (see
     /// [`crate::store::Admitted::Keyed`]).
     pub admission_key: Option<String>,
+    /// Where the substrate holds it, as its driver writes it down (JSON: the Kubernetes
+    /// driver's pod or Deployment), so that the driver of every replica finds it; None when the
+    /// driver keeps nothing.
+    pub substrate_ref: Option<String>,
 }
 
 impl Lease {
@@ -275,6 +279,7 @@ pub(super) mod tests {
             released_at: None,
             release_reason: None,
             admission_key: None,
+            substrate_ref: None,
         })
     }
 

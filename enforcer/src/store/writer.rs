@@ -633,12 +633,14 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
                 l.released_at,
                 l.release_reason.map(ReleaseReason::as_str),
                 l.admission_key,
+                l.substrate_ref,
             ])?;
         }
         Op::UpdateLease(l) => {
             tx.prepare_cached(
                 "UPDATE leases SET gpu_count = ?2, gpu_uuids = ?3, state = ?4, expires_at = ?5, \
-                 updated_at = ?6, released_at = ?7, release_reason = ?8 WHERE id = ?1",
+                 updated_at = ?6, released_at = ?7, release_reason = ?8, substrate_ref = ?9 \
+                 WHERE id = ?1",
             )?
             .execute(params![
                 l.id,
@@ -649,6 +651,7 @@ pub(super) fn apply(tx: &Connection, op: &Op) -> Result<(), StoreError> {
                 l.updated_at,
                 l.released_at,
                 l.release_reason.map(ReleaseReason::as_str),
+                l.substrate_ref,
             ])?;
         }
         Op::Outbox {
