@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use gpuwarden_schema::ReleaseReason;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, GenericClient, NoTls, Statement, Transaction};
+use postgres::{Client, GenericClient, NoTls, Statement};
 
 use super::db::Db;
 use super::leader::{self, Fence};
@@ -492,24 +492,29 @@ fn catch_up<C: GenericClient>(
 ) -> Result<(), StoreError> {
     let fail = |e: postgres::Error| unavailable(target, &e);
     let from = lock(memory).version;
-    let now: i64 = db
-        .query_one("SELECT version FROM store_version", &[])
-        .map_err(fail)?
-        .get(0);
+    // The version and the changes since memory's, in one round trip: one row per change, or
+    // one without when there is none.
+    let rows = db
+        .query(
+            "SELECT v.version, c.version, c.keys FROM store_version v \
+             LEFT JOIN store_changes c ON c.version > $1 ORDER BY c.version",
+            &[&from],
+        )
+        .map_err(fail)?;
+    let now: i64 = rows
+        .first()
+        .map(|r| r.get(0))
+        .ok_or_else(|| StoreError::Corrupt("store_version has no row".into()))?;
     if now == from {
         return Ok(());
     }
-    let changes = if now > from {
-        db.query(
-            "SELECT version, keys FROM store_changes WHERE version > $1 ORDER BY version",
-            &[&from],
-        )
-        .map_err(fail)?
-    } else {
-        Vec::new()
-    };
-    let complete = changes.first().map(|r| r.get::<_, i64>(0)) == Some(from + 1)
-        && changes.last().map(|r| r.get::<_, i64>(0)) == Some(now);
+    let changes: Vec<(i64, &str)> = rows
+        .iter()
+        .filter_map(|r| Some((r.get::<_, Option<i64>>(1)?, r.get::<_, Option<&str>>(2)?)))
+        .collect();
+    let complete = now > from
+        && changes.first().map(|c| c.0) == Some(from + 1)
+        && changes.last().map(|c| c.0) == Some(now);
     if !complete {
         tracing::info!(
             memory = from,
@@ -521,8 +526,8 @@ fn catch_up<C: GenericClient>(
         return Ok(());
     }
     let mut keys: BTreeSet<String> = BTreeSet::new();
-    for row in &changes {
-        let list: Vec<String> = serde_json::from_str(row.get::<_, &str>(1))
+    for (_, listed) in &changes {
+        let list: Vec<String> = serde_json::from_str(listed)
             .map_err(|e| StoreError::Corrupt(format!("store_changes: {e}")))?;
         keys.extend(list);
     }
@@ -622,9 +627,9 @@ fn forget(memory: &mut Memory, id: &str) {
 struct Statements(HashMap<&'static str, Statement>);
 
 impl Statements {
-    fn get(
+    fn get<C: GenericClient>(
         &mut self,
-        tx: &mut Transaction<'_>,
+        tx: &mut C,
         sql: &'static str,
     ) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.0.get(sql) {
@@ -638,8 +643,8 @@ impl Statements {
 
 /// Carries `op`, one that is neither a lease row nor an outbox row, out in the writer's
 /// transaction.
-fn apply(
-    tx: &mut Transaction<'_>,
+fn apply<C: GenericClient>(
+    tx: &mut C,
     statements: &mut Statements,
     op: &Op,
 ) -> Result<(), postgres::Error> {
@@ -1210,14 +1215,15 @@ fn run_batch(
     made: &mut Made,
 ) -> Result<(), StoreError> {
     let fail = |e: postgres::Error| unavailable(target, &e);
-    let mut tx = client.transaction().map_err(fail)?;
-    if writes {
-        let s = statements
-            .get(&mut tx, "SELECT pg_advisory_xact_lock($1)")
-            .map_err(fail)?;
-        tx.execute(&s, &[&LOCK_KEY]).map_err(fail)?;
+    if jobs.as_slice().iter().all(|j| matches!(j, Job::CatchUp)) {
+        // Only other replicas' commits to follow: statements of their own (a transaction in
+        // READ COMMITTED would add two round trips and no consistency; see `catch_up`).
+        jobs.for_each(drop);
+        return catch_up(client, memory, target);
     }
-    catch_up(&mut tx, memory, target)?;
+    let mut open = Open::begin(client, writes).map_err(fail)?;
+    let tx: &mut Client = &mut open;
+    catch_up(tx, memory, target)?;
     // The leader's lease as it stands now, if a job is fenced by it: the row is locked until
     // the commit, so a new leader cannot be elected in between.
     let fenced = jobs
@@ -1261,7 +1267,7 @@ fn run_batch(
                 }
                 let mut guard = lock(memory);
                 let mut db = Pg {
-                    db: &mut tx,
+                    db: &mut *tx,
                     target,
                 };
                 if let Some((rows, done)) = change.run(&mut guard, &mut db) {
@@ -1276,14 +1282,14 @@ fn run_batch(
                     continue;
                 }
                 // Reads see the rows written before them in this transaction.
-                if let Err(e) = write_rows(&mut tx, statements, &ops, &mut keys) {
+                if let Err(e) = write_rows(tx, statements, &ops, &mut keys, None) {
                     let e = fail(e);
                     query.fail(same(&e));
                     return Err(e);
                 }
                 ops.clear();
                 made.answers.push(query.run_until_committed(&mut Pg {
-                    db: &mut tx,
+                    db: &mut *tx,
                     target,
                 }));
             }
@@ -1293,44 +1299,105 @@ fn run_batch(
             }
         }
     }
-    write_rows(&mut tx, statements, &ops, &mut keys).map_err(fail)?;
-    if made.changes > 0 {
-        let version = lock(memory).version + 1;
-        // The version, what it changed, and the notification, in one round trip.
-        let s = statements
-            .get(
-                &mut tx,
-                "WITH bumped AS (UPDATE store_version SET version = $1), \
-                 recorded AS (INSERT INTO store_changes (version, keys) VALUES ($1, $2)) \
-                 SELECT pg_notify($3, $1::text)",
-            )
-            .map_err(fail)?;
-        tx.execute(&s, &[&version, &json(&keys), &CHANNEL])
-            .map_err(fail)?;
-        if version % 1_000 == 0 {
-            tx.execute(
-                "DELETE FROM store_changes WHERE version <= $1",
-                &[&(version - CHANGES_KEPT)],
-            )
-            .map_err(fail)?;
-        }
-        tx.commit().map_err(fail)?;
+    // With the version, what it changed and the notification, when it changed something.
+    let bump = (made.changes > 0).then(|| lock(memory).version + 1);
+    write_rows(tx, statements, &ops, &mut keys, bump).map_err(fail)?;
+    if let Some(version) = bump.filter(|v| v % 1_000 == 0) {
+        tx.execute(
+            "DELETE FROM store_changes WHERE version <= $1",
+            &[&(version - CHANGES_KEPT)],
+        )
+        .map_err(fail)?;
+    }
+    open.commit().map_err(fail)?;
+    if let Some(version) = bump {
         lock(memory).version = version;
-    } else {
-        tx.commit().map_err(fail)?;
     }
     Ok(())
 }
 
+/// A transaction of the writer's session, begun by hand so that `BEGIN` and the store's lock
+/// go in one round trip; rolled back if dropped before [`Open::commit`].
+struct Open<'a> {
+    client: &'a mut Client,
+    done: bool,
+}
+
+impl<'a> Open<'a> {
+    /// Begins a transaction, taking the store's lock ([`LOCK_KEY`]) first when `locked`.
+    fn begin(client: &'a mut Client, locked: bool) -> Result<Self, postgres::Error> {
+        if locked {
+            client.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({LOCK_KEY})"))?;
+        } else {
+            client.batch_execute("BEGIN")?;
+        }
+        Ok(Self {
+            client,
+            done: false,
+        })
+    }
+
+    fn commit(mut self) -> Result<(), postgres::Error> {
+        self.done = true;
+        self.client.batch_execute("COMMIT")
+    }
+}
+
+impl std::ops::Deref for Open<'_> {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client
+    }
+}
+
+impl std::ops::DerefMut for Open<'_> {
+    fn deref_mut(&mut self) -> &mut Client {
+        self.client
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.done && !self.client.is_closed() {
+            // A failed statement left the transaction aborted; the session goes on.
+            let _ = self.client.batch_execute("ROLLBACK");
+        }
+    }
+}
+
+/// Every lease row of a batch in one statement: new ones inserted, the others' changing columns
+/// (as `Op::UpdateLease` writes them) updated; a macro, so that [`WRITE_AND_BUMP`] holds it
+/// too. Its parameters are `$1` to `$18` (the argument only names the first, for the reader).
+macro_rules! upsert_leases {
+    ($first:literal) => {
+        "INSERT INTO leases (id, team, \"user\", project, workload, substrate, \
+         gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, updated_at, \
+         released_at, release_reason, admission_key, substrate_ref) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+         $6::text[], $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[], \
+         $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[], $18::text[]) \
+         ON CONFLICT (id) DO UPDATE SET gpu_count = excluded.gpu_count, \
+         gpu_uuids = excluded.gpu_uuids, state = excluded.state, expires_at = excluded.expires_at, \
+         updated_at = excluded.updated_at, released_at = excluded.released_at, \
+         release_reason = excluded.release_reason, substrate_ref = excluded.substrate_ref"
+    };
+}
+/// [`upsert_leases!`] alone.
+const UPSERT_LEASES: &str = upsert_leases!("$1");
+
 /// Writes `ops` in the transaction, adding what of memory they change to `keys`: the lease rows
 /// (each lease's last row of the batch: one upsert for all, one delete for the holds gone) and
 /// the outbox rows (one insert for all, in order) each in one statement, since every statement
-/// is a round trip; the rest one by one, in order.
-fn write_rows(
-    tx: &mut Transaction<'_>,
+/// is a round trip; the rest one by one, in order. With `bump`, the batch's last rows: the
+/// upsert, the outbox rows, the store's new version, what it changed (`keys`) and the
+/// notification of the other replicas go in one statement ([`WRITE_AND_BUMP`]).
+fn write_rows<C: GenericClient>(
+    tx: &mut C,
     statements: &mut Statements,
     ops: &[Op],
     keys: &mut BTreeSet<String>,
+    bump: Option<i64>,
 ) -> Result<(), postgres::Error> {
     let mut leases: Vec<(&str, Option<&Lease>)> = Vec::new();
     let mut last: HashMap<&str, usize> = HashMap::new();
@@ -1375,68 +1442,101 @@ fn write_rows(
         tx.execute(&s, &[&gone])?;
     }
     let kept: Vec<&Lease> = leases.iter().filter_map(|(_, l)| *l).collect();
+    let text = |f: fn(&Lease) -> String| kept.iter().map(|l| f(l)).collect::<Vec<_>>();
+    let columns = (
+        text(|l| l.id.clone()),
+        text(|l| l.team.clone()),
+        text(|l| l.user.clone()),
+        text(|l| l.project.clone()),
+        text(|l| l.workload.as_str().to_owned()),
+        text(|l| l.substrate.clone()),
+        text(|l| l.gpu_model.clone()),
+        kept.iter().map(|l| l.gpu_count as i32).collect::<Vec<_>>(),
+        text(|l| json(&l.gpu_uuids)),
+        text(|l| json(&l.labels)),
+        text(|l| l.state.as_str().to_owned()),
+        kept.iter().map(|l| l.granted_at).collect::<Vec<_>>(),
+        kept.iter().map(|l| l.expires_at).collect::<Vec<_>>(),
+        kept.iter().map(|l| l.updated_at).collect::<Vec<_>>(),
+        kept.iter().map(|l| l.released_at).collect::<Vec<_>>(),
+        kept.iter()
+            .map(|l| l.release_reason.map(ReleaseReason::as_str))
+            .collect::<Vec<_>>(),
+        kept.iter()
+            .map(|l| l.admission_key.as_deref())
+            .collect::<Vec<_>>(),
+        kept.iter()
+            .map(|l| l.substrate_ref.as_deref())
+            .collect::<Vec<_>>(),
+    );
+    let lease_params: [&(dyn postgres::types::ToSql + Sync); 18] = [
+        &columns.0,
+        &columns.1,
+        &columns.2,
+        &columns.3,
+        &columns.4,
+        &columns.5,
+        &columns.6,
+        &columns.7,
+        &columns.8,
+        &columns.9,
+        &columns.10,
+        &columns.11,
+        &columns.12,
+        &columns.13,
+        &columns.14,
+        &columns.15,
+        &columns.16,
+        &columns.17,
+    ];
+    if let Some(version) = bump {
+        let changed = json(&*keys);
+        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = lease_params.to_vec();
+        params.extend([
+            &outbox.0 as &(dyn postgres::types::ToSql + Sync),
+            &outbox.1,
+            &outbox.2,
+            &outbox.3,
+            &version,
+            &changed,
+            &CHANNEL,
+        ]);
+        let s = statements.get(tx, WRITE_AND_BUMP)?;
+        tx.execute(&s, &params)?;
+        return Ok(());
+    }
     if !kept.is_empty() {
-        let text = |f: fn(&Lease) -> String| kept.iter().map(|l| f(l)).collect::<Vec<_>>();
         let s = statements.get(tx, UPSERT_LEASES)?;
-        tx.execute(
-            &s,
-            &[
-                &text(|l| l.id.clone()),
-                &text(|l| l.team.clone()),
-                &text(|l| l.user.clone()),
-                &text(|l| l.project.clone()),
-                &text(|l| l.workload.as_str().to_owned()),
-                &text(|l| l.substrate.clone()),
-                &text(|l| l.gpu_model.clone()),
-                &kept.iter().map(|l| l.gpu_count as i32).collect::<Vec<_>>(),
-                &text(|l| json(&l.gpu_uuids)),
-                &text(|l| json(&l.labels)),
-                &text(|l| l.state.as_str().to_owned()),
-                &kept.iter().map(|l| l.granted_at).collect::<Vec<_>>(),
-                &kept.iter().map(|l| l.expires_at).collect::<Vec<_>>(),
-                &kept.iter().map(|l| l.updated_at).collect::<Vec<_>>(),
-                &kept.iter().map(|l| l.released_at).collect::<Vec<_>>(),
-                &kept
-                    .iter()
-                    .map(|l| l.release_reason.map(ReleaseReason::as_str))
-                    .collect::<Vec<_>>(),
-                &kept
-                    .iter()
-                    .map(|l| l.admission_key.as_deref())
-                    .collect::<Vec<_>>(),
-                &kept
-                    .iter()
-                    .map(|l| l.substrate_ref.as_deref())
-                    .collect::<Vec<_>>(),
-            ],
-        )?;
+        tx.execute(&s, &lease_params)?;
     }
     if !outbox.0.is_empty() {
-        let s = statements.get(
-            tx,
-            "INSERT INTO outbox (topic, key, payload, created_at) \
-             SELECT topic, key, payload, created_at \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) \
-             WITH ORDINALITY AS row (topic, key, payload, created_at, n) ORDER BY n",
-        )?;
+        let s = statements.get(tx, INSERT_OUTBOX)?;
         tx.execute(&s, &[&outbox.0, &outbox.1, &outbox.2, &outbox.3])?;
     }
     Ok(())
 }
 
-/// Every lease row of a batch in one statement: new ones inserted, the others' changing columns
-/// (as `Op::UpdateLease` writes them) updated.
-const UPSERT_LEASES: &str =
-    "INSERT INTO leases (id, team, \"user\", project, workload, substrate, \
-     gpu_model, gpu_count, gpu_uuids, labels, state, granted_at, expires_at, updated_at, \
-     released_at, release_reason, admission_key, substrate_ref) \
-     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-     $6::text[], $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[], \
-     $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[], $18::text[]) \
-     ON CONFLICT (id) DO UPDATE SET gpu_count = excluded.gpu_count, \
-     gpu_uuids = excluded.gpu_uuids, state = excluded.state, expires_at = excluded.expires_at, \
-     updated_at = excluded.updated_at, released_at = excluded.released_at, \
-     release_reason = excluded.release_reason, substrate_ref = excluded.substrate_ref";
+/// The outbox rows of a batch in one statement, in their order (ids follow it).
+const INSERT_OUTBOX: &str = "INSERT INTO outbox (topic, key, payload, created_at) \
+     SELECT topic, key, payload, created_at \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) \
+     WITH ORDINALITY AS row (topic, key, payload, created_at, n) ORDER BY n";
+
+/// The last rows of a batch that changed something, in one statement: [`UPSERT_LEASES`] (`$1` to
+/// `$18`), [`INSERT_OUTBOX`] (`$19` to `$22`), the store's new version (`$23`), what the batch
+/// changed (`$24`) and the notification on channel `$25`. Every data-modifying CTE runs whether
+/// or not the query reads it; with no lease or outbox rows those insert nothing.
+const WRITE_AND_BUMP: &str = concat!(
+    "WITH leases_written AS (",
+    upsert_leases!("$1"),
+    "), outbox_written AS (INSERT INTO outbox (topic, key, payload, created_at) \
+     SELECT topic, key, payload, created_at \
+     FROM unnest($19::text[], $20::text[], $21::text[], $22::bigint[]) \
+     WITH ORDINALITY AS row (topic, key, payload, created_at, n) ORDER BY n), \
+     bumped AS (UPDATE store_version SET version = $23), \
+     recorded AS (INSERT INTO store_changes (version, keys) VALUES ($23, $24)) \
+     SELECT pg_notify($25, $23::text)"
+);
 
 /// A copy of `e` for each caller of a failed batch.
 fn same(e: &StoreError) -> StoreError {
