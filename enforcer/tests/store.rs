@@ -1002,6 +1002,102 @@ fn an_idempotency_key_admits_once_and_answers_its_retries_for_a_day(db: Db) {
     assert_eq!(db.count("leases"), 3);
 }
 
+/// On a shared store, a lease granted by a replica that died before its driver answered is
+/// settled by the leader's periodic work once the re-adoption grace has passed: failed when its
+/// substrate has nothing of it, active when it runs there; a recent grant is left to the replica
+/// provisioning it. On SQLite, whose one enforcer re-adopts at start, there is nothing to settle.
+#[test]
+fn grants_a_dead_replica_left_unstarted_are_settled_once_the_grace_has_passed() {
+    use gpuwarden_enforcer::drivers::{self, Driver, DriverContext, LeaseSpec};
+    use gpuwarden_enforcer::service::Service;
+    use gpuwarden_schema::ManualClock;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sim: gpuwarden_schema::config::SubstrateConfig = toml::from_str(
+        "name = \"sim\"\ndriver = \"simulated\"\nhosts = [{ prefix = \"h\", count = 1, gpus = 8, \
+         gpu_model = \"NVIDIA H100 80GB HBM3\" }]\n",
+    )
+    .unwrap();
+    let context = DriverContext {
+        state_dir: dir.path().join("sim"),
+        store: None,
+    };
+    let driver: Arc<dyn Driver> = Arc::from(drivers::build(&sim, &context).unwrap());
+    let minute = 60_000;
+    let lease = |id: &str, granted_at: i64| gpuwarden_enforcer::store::Lease {
+        id: id.into(),
+        team: "ml".into(),
+        user: "ada".into(),
+        project: "p".into(),
+        workload: Workload::Training,
+        substrate: "sim".into(),
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        gpu_count: 1,
+        gpu_uuids: vec![format!("GPU-{id}")],
+        labels: BTreeMap::new(),
+        state: LeaseState::Granted,
+        granted_at,
+        expires_at: None,
+        updated_at: granted_at,
+        released_at: None,
+        release_reason: None,
+        admission_key: None,
+        substrate_ref: None,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for db in [Db::postgres(), Db::sqlite()] {
+        let store = db.open();
+        let service = Service::new(
+            Arc::new(Config {
+                substrates: vec![sim.clone()],
+                ..Config::default()
+            }),
+            store.clone(),
+            BTreeMap::from([("sim".to_owned(), driver.clone())]),
+            Arc::new(ManualClock::new(NOW)),
+        );
+        let settled = runtime.block_on(async {
+            for (id, at) in [
+                ("stranded", NOW - 6 * minute),
+                ("started", NOW - 6 * minute),
+                ("recent", NOW - minute),
+            ] {
+                store.adopt(lease(id, at), at, "test").await.unwrap();
+            }
+            // Only `started` was provisioned before its replica died.
+            let gpu = driver.inventory().await.unwrap().gpus[0].uuid.clone();
+            let spec = LeaseSpec {
+                lease_id: "started".into(),
+                team: "ml".into(),
+                user: "ada".into(),
+                project: "p".into(),
+                workload: Workload::Training,
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                gpu_count: 1,
+                gpu_uuids: vec![gpu],
+                command: None,
+                time_limit: None,
+                labels: BTreeMap::new(),
+            };
+            driver.provision(&spec).await.unwrap();
+            service.settle_stranded_grants().await.unwrap()
+        });
+        let state = |id: &str| store.lease(id).wait().unwrap().unwrap().state;
+        if db.is_sqlite() {
+            assert_eq!((settled.running, settled.failed), (0, 0));
+            assert_eq!(state("stranded"), LeaseState::Granted);
+            continue;
+        }
+        assert_eq!((settled.running, settled.failed), (1, 1), "{settled:?}");
+        assert_eq!(state("stranded"), LeaseState::Failed);
+        assert_eq!(state("started"), LeaseState::Active);
+        assert_eq!(state("recent"), LeaseState::Granted);
+        runtime
+            .block_on(driver.reclaim("started", ReleaseReason::Admin))
+            .unwrap();
+    }
+}
+
 /// Replicas that start together on a new database migrate it once; one that finds a schema
 /// newer than it knows refuses to start, naming both versions.
 #[test]

@@ -657,8 +657,9 @@ async fn serve_tls(
     Ok(())
 }
 
-/// Every `tick`: releases leases past their end and re-checks budgets (a new month lifts a
-/// budget block without waiting for a signal).
+/// Every `tick`: releases leases past their end, settles the grants a dead replica left
+/// unstarted (a shared store), and re-checks budgets (a new month lifts a budget block without
+/// waiting for a signal).
 async fn rules_loop(
     service: Service,
     rules: Rules,
@@ -672,6 +673,17 @@ async fn rules_loop(
         }
         if let Err(e) = service.expire_due().await {
             tracing::warn!(error = %e, "looking for expired leases failed");
+        }
+        match service.settle_stranded_grants().await {
+            Ok(settled) if settled.running + settled.failed > 0 => {
+                tracing::info!(
+                    running = settled.running,
+                    failed = settled.failed,
+                    "settled leases granted by a replica that never reported them started"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "settling stranded grants failed"),
         }
         if let Err(e) = rules.check_budgets().await {
             tracing::warn!(error = %e, "checking budgets failed");

@@ -720,10 +720,34 @@ impl Service {
     /// (reason `failed`). A driver that cannot answer leaves the lease as it is, to be asked
     /// again on the next start; `releasing` leases are left to a retried release.
     pub async fn readopt(&self) -> Result<Readoption, ServiceError> {
+        self.readopt_where(|l| matches!(l.state, LeaseState::Granted | LeaseState::Active))
+            .await
+    }
+
+    /// Settles the leases granted on a shared store whose replica never reported them started
+    /// or failed (it died between the commit and the driver's answer): a `granted` lease older
+    /// than the re-adoption grace is asked of its driver, as [`Service::readopt`] does, so that
+    /// it becomes `active` or `failed` without waiting for the next change of leader. The
+    /// leader calls it with its other periodic work.
+    pub async fn settle_stranded_grants(&self) -> Result<Readoption, ServiceError> {
+        if !self.store.is_shared() {
+            return Ok(Readoption::default());
+        }
+        let now = self.now();
+        self.readopt_where(|l| {
+            l.state == LeaseState::Granted && now - l.updated_at >= READOPT_GRACE_MS
+        })
+        .await
+    }
+
+    async fn readopt_where(
+        &self,
+        wanted: impl Fn(&Lease) -> bool,
+    ) -> Result<Readoption, ServiceError> {
         let mut report = Readoption::default();
         let open = self.store.open_leases()?;
         for lease in open {
-            if !matches!(lease.state, LeaseState::Granted | LeaseState::Active) {
+            if !wanted(&lease) {
                 continue;
             }
             // On a shared store another replica may be provisioning a lease it has just
