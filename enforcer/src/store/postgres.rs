@@ -289,6 +289,15 @@ impl Target {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("gpuwarden-enforcer");
+        // No JIT compilation for the store's sessions: their statements are short lookups and
+        // writes, and PostgreSQL's JIT (on by default) compiled some of them on every
+        // execution, which cost more than everything else the store asked of it together
+        // (72% of the machine's CPU in `bench/admission.sh`'s replicas side was LLVM's).
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c jit=off"),
+            None => "-c jit=off".to_owned(),
+        };
+        config.options(&options);
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(10));
         Ok(Self { config, tls, shown })
