@@ -25,7 +25,15 @@
 //! [`StoreError::Unavailable`] (the API answers 503), memory is reloaded from the database before
 //! the next batch (it may hold the failed batch's changes), and the writer reconnects on the
 //! next job: no restart is needed. A commit whose answer was lost (the connection dropped during
-//! `COMMIT`) is reported as failed, though it may have landed; it is never reported as done.
+//! `COMMIT`) is reported as failed, though it may have landed; it is never reported as done. A
+//! client that retries an admission with its Idempotency-Key is then answered with the lease
+//! that landed ([`super::Admitted::Keyed`]), not given a second one.
+//!
+//! Round trips: a batch that changes something sends `BEGIN` and the lock in one simple query,
+//! reads the version and the changes it missed in one statement (and the rows they name in one
+//! more), and writes its lease and outbox rows, the new version, what it changed and the
+//! notification in one statement before `COMMIT`. The sessions run without PostgreSQL's JIT,
+//! which compiled these short statements at a cost greater than running them.
 //!
 //! Each session sets `idle_in_transaction_session_timeout`, so a replica stopped inside its
 //! transaction (paused, partitioned) loses the lock after [`IDLE_IN_TRANSACTION`] instead of
