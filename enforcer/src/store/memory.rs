@@ -1,8 +1,8 @@
 //! What admission reads, kept in memory: the open leases and what they hold ([`Held`]), the
 //! latest spend per team, the blocked teams, exemptions, rule marks and the newest utilization
-//! signal handled per lease ([`Memory`]), and the exact sums ([`Accruals`]) from which a team's
-//! month-to-date spend is read without walking its leases. [`load`] fills it from the file when
-//! the store opens.
+//! signal handled per lease, and the admissions' Idempotency-Keys of the last day ([`Memory`]); and
+//! the exact sums ([`Accruals`]) from which a team's month-to-date spend is read without walking
+//! its leases. [`load`] fills it from the file when the store opens.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
