@@ -1120,6 +1120,10 @@ fn store_and_leader_settings_are_checked_and_resolved() {
     assert!(find(&errs, "enforcer.store.url")
         .message
         .contains("mysql://db/x"));
+    // Named twice, reported with the bad URL rather than after it is mended.
+    assert!(find(&errs, "enforcer.database")
+        .message
+        .contains("both name the store"));
     assert!(find(&errs, "enforcer.leader.lease").message.contains("1s"));
     find(&errs, "enforcer.leader.replica");
     let errs = errors("[enforcer.store]\npassword_file = \"/run/secrets/pg\"\n");

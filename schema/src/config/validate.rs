@@ -90,15 +90,20 @@ fn store(enforcer: &super::EnforcerConfig, report: Report<'_>) {
     let postgres = super::StoreConfig::POSTGRES_SCHEMES
         .iter()
         .any(|s| url.starts_with(s));
-    if postgres {
-        if enforcer.database.is_some() {
-            report(
-                at(&["enforcer", "database"]),
+    // Named twice whatever the URL is, so that both faults are reported at once.
+    if enforcer.database.is_some() {
+        report(
+            at(&["enforcer", "database"]),
+            if postgres {
                 "names an SQLite file, but enforcer.store.url puts the store in PostgreSQL: \
                  remove one of them"
-                    .into(),
-            );
-        }
+            } else {
+                "and enforcer.store.url both name the store: keep one"
+            }
+            .into(),
+        );
+    }
+    if postgres {
         return;
     }
     if url.contains("://") && !url.starts_with("sqlite://") {
@@ -117,12 +122,6 @@ fn store(enforcer: &super::EnforcerConfig, report: Report<'_>) {
             at(&["enforcer", "store", "url"]),
             "sqlite: needs the database file's path, e.g. sqlite:/var/lib/gpuwarden/enforcer.db"
                 .into(),
-        );
-    }
-    if enforcer.database.is_some() {
-        report(
-            at(&["enforcer", "database"]),
-            "and enforcer.store.url both name the store: keep one".into(),
         );
     }
     if store.password_file.is_some() {
