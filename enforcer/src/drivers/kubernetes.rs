@@ -949,7 +949,9 @@ impl Driver for KubernetesDriver {
 
 /// Where open lease `lease` of substrate `substrate` has its pod: the pod or Deployment the
 /// driver wrote down on it, else the pod the webhook admitted as it (its `k8s_namespace`,
-/// `k8s_pod` and `k8s_pod_uid` labels).
+/// `k8s_pod` and `k8s_pod_uid` labels). The labels are believed only on the lease the webhook
+/// recorded for that very pod (`k8s-<its uid>`): an admission through the API may carry any
+/// labels, and must not point a reclaim at somebody else's pod.
 pub fn pod_of(substrate: &str, lease: &crate::store::Lease) -> Option<PodRef> {
     if lease.substrate != substrate {
         return None;
@@ -958,10 +960,14 @@ pub fn pod_of(substrate: &str, lease: &crate::store::Lease) -> Option<PodRef> {
         return serde_json::from_str(written).ok();
     }
     let label = |name: &str| lease.labels.get(name).cloned();
+    let uid = label("k8s_pod_uid")?;
+    if lease.id != gpuwarden_schema::lease::kubernetes_lease_id(&uid) {
+        return None;
+    }
     Some(PodRef {
         namespace: label("k8s_namespace")?,
         name: label("k8s_pod")?,
-        uid: Some(label("k8s_pod_uid")?),
+        uid: Some(uid),
         gpus: Some(lease.gpu_count),
         deployment: false,
     })
@@ -1032,23 +1038,24 @@ mod tests {
     }
 
     /// A pod written down on its lease is found after a restart (it is in the store); a pod
-    /// the webhook admitted is found from its lease's labels; an ended lease has none.
+    /// the webhook admitted is found from its lease's labels, but the same labels on another
+    /// lease name nothing; an ended lease has none.
     #[tokio::test]
     async fn a_leases_pod_is_written_down_in_the_store_and_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("enforcer.db");
         {
             let store = Store::open(&path).unwrap();
+            let pod_b = [
+                ("k8s_namespace", "ml"),
+                ("k8s_pod", "b"),
+                ("k8s_pod_uid", "uid-b"),
+            ];
             for l in [
                 lease("lease-a", &[]),
-                lease(
-                    "k8s-uid-b",
-                    &[
-                        ("k8s_namespace", "ml"),
-                        ("k8s_pod", "b"),
-                        ("k8s_pod_uid", "uid-b"),
-                    ],
-                ),
+                lease("k8s-uid-b", &pod_b),
+                // An API admission whose labels name pod b: its lease is not pod b's.
+                lease("lease-forged", &pod_b),
             ] {
                 store.adopt(l, 0, "test").await.unwrap();
             }
@@ -1061,6 +1068,7 @@ mod tests {
         let k8s = driver(dir.path(), &store);
         assert_eq!(k8s.tracked("lease-a"), Some(pod("a")));
         assert_eq!(k8s.tracked("k8s-uid-b"), Some(pod("b")));
+        assert_eq!(k8s.tracked("lease-forged"), None, "labels are not a pod");
         k8s.untrack("lease-a").await;
         assert_eq!(k8s.tracked("lease-a"), None);
         store
