@@ -37,8 +37,8 @@ pub(super) struct Memory {
     /// `postgres::catch_up`); unused by SQLite's, whose memory is the only writer.
     pub(super) version: i64,
     /// The admissions' Idempotency-Keys of the last [`KEY_RETENTION_MS`]: (team, key) → the
-    /// lease admitted with it and when it was granted, open or not.
-    keys: HashMap<(String, String), (String, i64)>,
+    /// lease admitted with it, open or not.
+    keys: HashMap<(String, String), String>,
     /// The same keys by the time their lease was granted, for forgetting the oldest.
     keys_by_grant: BTreeSet<(i64, (String, String))>,
 }
@@ -183,9 +183,7 @@ impl Memory {
             let (_, slot) = self.keys_by_grant.pop_first().expect("first was read");
             self.keys.remove(&slot);
         }
-        self.keys
-            .get(&(team.to_owned(), key.to_owned()))
-            .map(|(id, _)| id.clone())
+        self.keys.get(&(team.to_owned(), key.to_owned())).cloned()
     }
 
     /// Remembers `lease`'s Idempotency-Key, if it has one (a lease read back or caught up from
@@ -196,8 +194,7 @@ impl Memory {
         };
         let slot = (lease.team.clone(), key.clone());
         if !self.keys.contains_key(&slot) {
-            self.keys
-                .insert(slot.clone(), (lease.id.clone(), lease.granted_at));
+            self.keys.insert(slot.clone(), lease.id.clone());
             self.keys_by_grant.insert((lease.granted_at, slot));
         }
     }
