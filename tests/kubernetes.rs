@@ -275,6 +275,12 @@ async fn get_text(api: &str, path: &str) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Releases `lease` through the API at `api`, as an admin, expecting it released.
+async fn release(api: &str, lease: &str) {
+    let (status, body) = call(api, "POST", &format!("/v1/leases/{lease}/release"), "{}").await;
+    assert_eq!(status, 200, "releasing {lease}: {body}");
+}
+
 /// A call to the enforcer's API with the admin token.
 async fn call(api: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let client = gpuwarden_enforcer::outbound::http_client();
@@ -434,8 +440,7 @@ fn the_webhook_admits_denies_and_explains_over_https() {
         // a precondition.
         kube.store_pod(pod.object());
         let lease = format!("k8s-{}", pod.pod_uid);
-        let (status, body) = call(&api, "POST", &format!("/v1/leases/{lease}/release"), "{}").await;
-        assert_eq!(status, 200, "{body}");
+        release(&api, &lease).await;
         assert!(
             kube.pod("ml-research", &pod.name()).is_none(),
             "the pod was deleted"
@@ -841,14 +846,7 @@ fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_kill
             "the pod was let in"
         );
         // Released through the second replica, which deletes the pod the first created.
-        let (status, body) = call(
-            &apis[1],
-            "POST",
-            &format!("/v1/leases/{lease}/release"),
-            "{}",
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        release(&apis[1], &lease).await;
         assert!(api_server.pod("ml-research", &pod).is_none(), "deleted");
 
         // A pod admitted by the first replica's webhook is deleted, with its uid as a
@@ -858,14 +856,7 @@ fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_kill
         assert_eq!(answer["allowed"], true, "{answer}");
         api_server.store_pod(admitted.object());
         let lease = format!("k8s-{}", admitted.pod_uid);
-        let (status, body) = call(
-            &apis[1],
-            "POST",
-            &format!("/v1/leases/{lease}/release"),
-            "{}",
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        release(&apis[1], &lease).await;
         assert!(
             api_server.pod("ml-research", &admitted.name()).is_none(),
             "the second replica deleted the pod the first admitted"
