@@ -46,24 +46,8 @@ async fn k8s_store(dir: &Path, ids: &[&str]) -> Store {
     let store = Store::open(&dir.join("enforcer.db")).unwrap();
     for id in ids {
         let lease = gpuwarden_enforcer::store::Lease {
-            id: (*id).into(),
             team: "vision".into(),
-            user: "ada".into(),
-            project: "p".into(),
-            workload: Workload::Training,
-            substrate: "k8s".into(),
-            gpu_model: "NVIDIA H100 80GB HBM3".into(),
-            gpu_count: 1,
-            gpu_uuids: Vec::new(),
-            labels: BTreeMap::new(),
-            state: gpuwarden_enforcer::store::LeaseState::Granted,
-            granted_at: 0,
-            expires_at: None,
-            updated_at: 0,
-            released_at: None,
-            release_reason: None,
-            admission_key: None,
-            substrate_ref: None,
+            ..support::lease(id, "k8s")
         };
         store.adopt(lease, 0, "test").await.unwrap();
     }

@@ -2,7 +2,6 @@
 //! real SQLite store, a test driver, a manual clock, and a real HTTP server on 127.0.0.1
 //! receiving the alerts.
 
-use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -799,24 +798,11 @@ async fn a_busy_gpu_no_lease_holds_is_alerted_once_an_hour() {
 #[test]
 fn the_rules_decide_from_idle_time_policy_and_load() {
     let lease = |workload, gpus| gpuwarden_enforcer::store::Lease {
-        id: "L".into(),
-        team: "ml".into(),
-        user: "ada".into(),
-        project: "p".into(),
         workload,
-        substrate: "sim".into(),
         gpu_model: "H100".into(),
         gpu_count: gpus,
-        gpu_uuids: Vec::new(),
-        labels: BTreeMap::new(),
         state: LeaseState::Active,
-        granted_at: 0,
-        expires_at: None,
-        updated_at: 0,
-        released_at: None,
-        release_reason: None,
-        admission_key: None,
-        substrate_ref: None,
+        ..support::lease("L", "sim")
     };
     let config = config(EnforcerMode::Enforce, "http://127.0.0.1:9/");
     let notebook = config.workload(Workload::Notebook);

@@ -1025,24 +1025,10 @@ fn grants_a_dead_replica_left_unstarted_are_settled_once_the_grace_has_passed() 
     let driver: Arc<dyn Driver> = Arc::from(drivers::build(&sim, &context).unwrap());
     let minute = 60_000;
     let lease = |id: &str, granted_at: i64| gpuwarden_enforcer::store::Lease {
-        id: id.into(),
-        team: "ml".into(),
-        user: "ada".into(),
-        project: "p".into(),
-        workload: Workload::Training,
-        substrate: "sim".into(),
-        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-        gpu_count: 1,
         gpu_uuids: vec![format!("GPU-{id}")],
-        labels: BTreeMap::new(),
-        state: LeaseState::Granted,
         granted_at,
-        expires_at: None,
         updated_at: granted_at,
-        released_at: None,
-        release_reason: None,
-        admission_key: None,
-        substrate_ref: None,
+        ..support::lease(id, "sim")
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     for db in [Db::postgres(), Db::sqlite()] {

@@ -1000,27 +1000,14 @@ mod tests {
 
     fn lease(id: &str, labels: &[(&str, &str)]) -> Lease {
         Lease {
-            id: id.into(),
-            team: "ml".into(),
-            user: "ada".into(),
-            project: "p".into(),
-            workload: gpuwarden_schema::Workload::Training,
             substrate: "k8s".into(),
-            gpu_model: "H100".into(),
             gpu_count: 2,
             gpu_uuids: Vec::new(),
             labels: labels
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            state: LeaseState::Granted,
-            granted_at: 0,
-            expires_at: None,
-            updated_at: 0,
-            released_at: None,
-            release_reason: None,
-            admission_key: None,
-            substrate_ref: None,
+            ..*crate::store::test_lease(id, LeaseState::Granted, 0)
         }
     }
 

@@ -71,6 +71,9 @@ mod types;
 mod writer;
 
 pub use db::{LoginFailure, Session as PortalSession};
+/// The store's test lease, for the unit tests of the modules that use the store.
+#[cfg(test)]
+pub(crate) use types::tests::lease as test_lease;
 pub use types::{Lease, LeaseFilter, LeaseState, Ledger, OutboxRow, StoreError};
 pub use writer::{CommitStats, Pending};
 

@@ -260,7 +260,7 @@ pub(super) mod tests {
     use super::*;
 
     /// A one-GPU training lease of team `ml`, granted at 0, for the store's unit tests.
-    pub(in crate::store) fn lease(id: &str, state: LeaseState, updated_at: i64) -> Box<Lease> {
+    pub(crate) fn lease(id: &str, state: LeaseState, updated_at: i64) -> Box<Lease> {
         Box::new(Lease {
             id: id.into(),
             team: "ml".into(),

@@ -44,6 +44,32 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
+/// A granted one-GPU training lease `id` on `substrate` (team `ml`, user `ada`, project `p`, an
+/// H100, granted at 0), for the tests that put a lease in the store or hand one to the rules
+/// themselves; a test changes what it needs with `Lease { …, ..lease(id, substrate) }`.
+pub fn lease(id: &str, substrate: &str) -> gpuwarden_enforcer::store::Lease {
+    gpuwarden_enforcer::store::Lease {
+        id: id.into(),
+        team: "ml".into(),
+        user: "ada".into(),
+        project: "p".into(),
+        workload: gpuwarden_schema::Workload::Training,
+        substrate: substrate.into(),
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        gpu_count: 1,
+        gpu_uuids: Vec::new(),
+        labels: BTreeMap::new(),
+        state: gpuwarden_enforcer::store::LeaseState::Granted,
+        granted_at: 0,
+        expires_at: None,
+        updated_at: 0,
+        released_at: None,
+        release_reason: None,
+        admission_key: None,
+        substrate_ref: None,
+    }
+}
+
 /// An enforcer in process: the API's router and the rules over one service, with the store in a
 /// temp dir, a manual clock, and one substrate, `sim`, played by a `TestDriver`.
 pub(crate) struct Enforcer {
