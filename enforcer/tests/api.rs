@@ -184,6 +184,27 @@ async fn a_retry_with_its_idempotency_key_is_answered_with_the_same_lease() {
     let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("watcher"), None).await;
     assert_eq!(team["gpus_held"], 2);
 
+    // The same request sent eight times at once with one key (a client that retried while its
+    // first try was still being started): one lease, every try answered with it.
+    let tries: Vec<_> = (0..8)
+        .map(|_| {
+            let app = h.app.clone();
+            tokio::spawn(
+                async move { admit_keyed(&app, "ada", ask("ml", "ada", 1), "at-once").await },
+            )
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for t in tries {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["lease"]["state"], "active", "{body}");
+        ids.insert(body["lease"]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let (_, team) = call(&h.app, Method::GET, "/v1/teams/ml", Some("watcher"), None).await;
+    assert_eq!(team["gpus_held"], 3);
+
     for bad in ["", "with space", &"k".repeat(256), "\"unclosed"] {
         let (status, body) = admit_keyed(&h.app, "ada", ask("ml", "ada", 1), bad).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}: {body}");

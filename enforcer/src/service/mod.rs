@@ -32,7 +32,7 @@ use crate::policy::{
     self, AdmissionRequest, Decision, FleetIndex, Principal, Snapshot, SubstrateState,
 };
 use crate::store::audit::Audit;
-use crate::store::{Admitted, Lease, LeaseFilter, LeaseState, Ledger, Store};
+use crate::store::{Admitted, Lease, LeaseFilter, LeaseState, Ledger, Store, StoreError};
 
 /// What an admission or a resize decided, and the lease as it now is.
 #[derive(Debug, Clone)]
@@ -579,10 +579,26 @@ impl Service {
                 let now = self.now();
                 // `granted` is on disk; if `active` is lost in a crash, re-adoption redoes it.
                 let store = &self.store;
-                Ok(store
+                match store
                     .transition(&id, LeaseState::Active, now, ReleaseReason::User, "")
                     .applied()
-                    .await?)
+                    .await
+                {
+                    // Provisioned and made active meanwhile by another try of the same request
+                    // (a client retrying with its Idempotency-Key while the first try runs): the
+                    // lease as that try left it.
+                    Err(StoreError::InvalidTransition {
+                        from: LeaseState::Active,
+                        to: LeaseState::Active,
+                        ..
+                    }) => match store.open_lease(&id)? {
+                        Some(active) => Ok(active),
+                        None => Err(ServiceError::Conflict(format!(
+                            "lease {id} ended while it was being started"
+                        ))),
+                    },
+                    done => Ok(done?),
+                }
             }
             Err(e) => {
                 self.inner.metrics.count_driver_error();
