@@ -44,6 +44,7 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
+    gpuwarden_schema::tls::install_default_provider();
     match cmd::run(cli.command) {
         Ok(code) => code,
         Err(err) => {

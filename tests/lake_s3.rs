@@ -2,8 +2,8 @@
 //! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
 //! `gpuwarden ingest`, `sql`, `rollup` and `compact` reaching the bucket through the standard AWS
 //! environment and answering as on a directory, retention on a bucket, a role's lease object
-//! taken, renewed, handed over, taken over and raced for, replaced files read as listed, and a
-//! long query reading right while compaction replaces its files.
+//! taken, renewed, handed over, taken over and raced for, a Delta table's hour replaced in one
+//! commit and raced for, and a long query reading right while compaction replaces its files.
 
 mod support;
 
@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use gpuwarden_pipeline::delta::AsOf;
 use gpuwarden_pipeline::lake::{Intent, Role};
 use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
@@ -258,169 +259,6 @@ fn ok(out: std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// The README's DuckDB query ("Reading the lake directly from DuckDB or Trino"), as written
-/// there, run by DuckDB with its httpfs extension against a lake in a bucket, answers what
-/// `gpuwarden sql` answers: also while an hour holds two versions of its rollup file (as after
-/// a crash between a write and the retiring of the older version), which the query must not
-/// count twice. DuckDB cannot download the extension here: it is loaded from its PyPI package,
-/// found by the README's command for a machine without internet access. Only the secret's
-/// endpoint, keys and `USE_SSL false` (the tests' server is plain HTTP) are the test's own.
-#[test]
-fn duckdb_reads_the_rollups_in_a_bucket_as_the_readme_says() {
-    let python = support::venv_python(
-        "DuckDB with httpfs",
-        "import duckdb, duckdb_extension_httpfs",
-    );
-    let dir = tempfile::tempdir().unwrap();
-    // The README's bucket and prefix.
-    let server = S3Server::start(&dir.path().join("s3"), "gpuwarden-lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        server.storage_config(&dir.path().join("data"), "prod"),
-    )
-    .unwrap();
-    let c = config.to_str().unwrap();
-    let input = dir.path().join("samples.jsonl");
-    let lines: Vec<String> = (0..3 * 720)
-        .map(|i| sample(i % 12, T0 + (i / 12) as i64 * 60_000))
-        .collect();
-    std::fs::write(&input, lines.join("\n")).unwrap();
-    ok(gpuwarden(
-        &[
-            "ingest",
-            "--config",
-            c,
-            "--samples",
-            input.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let rolled = ok(gpuwarden(&["rollup", "--config", c], &[]));
-    assert!(rolled.contains("hours rolled up: 4"), "{rolled}");
-
-    // An older version of a whole hour's rollup file (the second hour: the first holds one
-    // minute) left beside the latest.
-    let latest = server
-        .keys("prod/rollups/team_hourly/")
-        .into_iter()
-        .filter(|k| k.ends_with(".parquet"))
-        .nth(1)
-        .expect("team_hourly files");
-    let stale = latest.replace(
-        &latest[latest.rfind(".v").unwrap()..],
-        ".v0000000000.parquet",
-    );
-    assert_ne!(stale, latest);
-    std::fs::copy(server.object_path(&latest), dir.path().join("copy")).unwrap();
-    {
-        use object_store::ObjectStoreExt as _;
-        let bytes = std::fs::read(dir.path().join("copy")).unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(server.store().put(
-                &object_store::path::Path::from(stale.as_str()),
-                bytes.into(),
-            ))
-            .unwrap();
-    }
-
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let duckdb = readme
-        .split("-- DuckDB\n")
-        .nth(1)
-        .and_then(|rest| rest.split("\n-- Trino").next())
-        .expect("README.md has the DuckDB example");
-    let host = server.endpoint.trim_start_matches("http://");
-    let secret_at = duckdb
-        .find("CREATE SECRET")
-        .expect("the example creates a secret");
-    let secret_end = secret_at + duckdb[secret_at..].find(");").unwrap() + 2;
-    let script = format!(
-        "{}CREATE SECRET (TYPE s3, KEY_ID '{}', SECRET '{}', REGION '{}', ENDPOINT '{host}', \
-         URL_STYLE 'path', USE_SSL false);{}",
-        &duckdb[..secret_at].replace("INSTALL httpfs; LOAD httpfs;", ""),
-        support::s3::ACCESS_KEY,
-        support::s3::SECRET_KEY,
-        support::s3::REGION,
-        &duckdb[secret_end..],
-    );
-    // The extension's file, found by the README's own command for a machine without internet.
-    let finder = readme
-        .lines()
-        .find_map(|l| l.strip_prefix("python3 -c \"import duckdb_extension_httpfs"))
-        .and_then(|rest| rest.strip_suffix('"'))
-        .expect("README.md says how to find the httpfs extension's file");
-    let extension = ok(Command::new(&python)
-        .args(["-c", &format!("import duckdb_extension_httpfs{finder}")])
-        .output()
-        .unwrap());
-    let extension = extension.trim();
-    assert!(
-        extension.ends_with("httpfs.duckdb_extension"),
-        "{extension}"
-    );
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            "import sys, duckdb\n\
-             c = duckdb.connect()\n\
-             c.sql(\"LOAD '%s'\" % sys.argv[2])\n\
-             *setup, query = [s for s in sys.argv[1].split(';') if s.strip()]\n\
-             [c.sql(s) for s in setup]\n\
-             [print('%s,%s' % row) for row in c.sql(query).fetchall()]",
-            &script,
-            extension,
-        ])
-        .output()
-        .unwrap();
-    let from_duckdb = ok(out);
-    let from_gpuwarden = ok(gpuwarden(
-        &[
-            "sql",
-            "--config",
-            c,
-            "--format",
-            "csv",
-            "SELECT team, round(sum(cost_usd), 2) AS cost_usd FROM team_hourly GROUP BY team \
-             ORDER BY 2 DESC",
-        ],
-        &[],
-    ));
-    let rows = |text: &str| -> Vec<(String, f64)> {
-        text.lines()
-            .filter(|l| !l.starts_with("team,"))
-            .map(|l| {
-                let (team, cost) = l.rsplit_once(',').unwrap();
-                (team.to_string(), cost.parse().unwrap())
-            })
-            .collect()
-    };
-    let (duck, ours) = (rows(&from_duckdb), rows(&from_gpuwarden));
-    assert!(
-        !ours.is_empty() && ours.iter().all(|(_, cost)| *cost > 0.0),
-        "{from_gpuwarden}"
-    );
-    assert_eq!(
-        duck.len(),
-        ours.len(),
-        "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
-    );
-    for ((team_d, cost_d), (team_o, cost_o)) in duck.iter().zip(&ours) {
-        assert_eq!(
-            team_d, team_o,
-            "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
-        );
-        assert!(
-            (cost_d - cost_o).abs() < 0.006,
-            "DuckDB:\n{from_duckdb}gpuwarden:\n{from_gpuwarden}"
-        );
-    }
 }
 
 /// `storage.lake = "s3://…"` and nothing else: the endpoint, region and credentials come from
@@ -848,105 +686,191 @@ fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
     );
 }
 
-/// A file the rollups replace whole gets a new name at each write in a bucket, since a key must
-/// never come back with other bytes (a query reads a file's footer and columns in separate
-/// requests). Readers show the latest version alone, even in a listing taken while an older one
-/// is still there; a query that listed a version reads it after it was replaced or removed,
-/// from what `_versions/` keeps, until that is swept.
-#[test]
-fn a_replaced_file_in_a_bucket_reads_as_listed_and_lists_as_its_latest_version() {
-    use object_store::ObjectStoreExt as _;
-    let dir = tempfile::tempdir().unwrap();
-    let server = S3Server::start(&dir.path().join("s3"), "lake");
-    let lake = server.lake("fleet", &dir.path().join("staging"));
-    let objects = lake.objects().unwrap().clone();
-    let hour = Path::new("rollups/team_hourly/date=2026-01-01/hour=00");
-    lake.write_replaceable(hour, "rollup", &batch(3), Role::Rollups)
-        .unwrap();
-    assert_eq!(count(&lake, "rollups/team_hourly"), 3);
+/// Rows of a test table with one set of rows per hour, as the rollup tables have: `hour`, `id`.
+fn hour_rows(hour: i64, rows: usize) -> RecordBatch {
+    use datafusion::arrow::array::TimestampMillisecondArray;
+    RecordBatch::try_from_iter([
+        (
+            "hour",
+            std::sync::Arc::new(
+                TimestampMillisecondArray::from(vec![hour; rows]).with_timezone("UTC"),
+            ) as ArrayRef,
+        ),
+        (
+            "id",
+            std::sync::Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("row-{i}")),
+            )) as _,
+        ),
+    ])
+    .unwrap()
+}
 
+/// Rows of the Delta table `relative` of `lake`, read at `as_of`.
+fn delta_rows(lake: &Lake, relative: &str, as_of: AsOf) -> usize {
+    let schema = hour_rows(T0, 0).schema();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let ctx = datafusion::prelude::SessionContext::new();
-    lake.register_reader(&ctx);
-    let reader = ctx
-        .runtime_env()
-        .object_store(
-            datafusion::execution::object_store::ObjectStoreUrl::parse("s3://lake").unwrap(),
-        )
-        .unwrap();
-    let listed = |prefix: &str| -> Vec<String> {
-        runtime.block_on(async {
-            use futures::TryStreamExt as _;
-            let prefix = object_store::path::Path::from(prefix);
-            let mut names: Vec<String> = reader
-                .list(Some(&prefix))
-                .map_ok(|meta| meta.location.to_string())
-                .try_collect()
-                .await
-                .unwrap();
-            names.sort();
-            names
-        })
-    };
-    let first = "fleet/rollups/team_hourly/date=2026-01-01/hour=00/rollup.v0000000001.parquet";
-    assert_eq!(listed("fleet/rollups/team_hourly"), [first]);
-
-    // A query listed version 1; the next rollup replaces it with version 2.
-    lake.write_replaceable(hour, "rollup", &batch(5), Role::Rollups)
-        .unwrap();
-    let second = first.replace("v0000000001", "v0000000002");
-    assert_eq!(
-        listed("fleet/rollups/team_hourly"),
-        std::slice::from_ref(&second)
-    );
-    assert!(!server.object_path(first).exists(), "version 1 is retired");
-    let read = |key: &str| -> Option<usize> {
-        runtime.block_on(async {
-            match reader.get(&object_store::path::Path::from(key)).await {
-                Ok(got) => Some(got.bytes().await.unwrap().len()),
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => panic!("{e}"),
-            }
-        })
-    };
-    let kept = std::fs::metadata(server.object_path(&format!(
-        "fleet/_versions/{}",
-        first.trim_start_matches("fleet/")
-    )))
-    .unwrap()
-    .len() as usize;
-    assert_eq!(read(first), Some(kept), "the listed version still reads");
-    assert_eq!(count(&lake, "rollups/team_hourly"), 5);
-
-    // A listing taken between the write of a new version and the retiring of the old shows
-    // the new one alone.
-    let third = first.replace("v0000000001", "v0000000003");
-    runtime
-        .block_on(server.store().put(
-            &object_store::path::Path::from(third.as_str()),
-            std::fs::read(server.object_path(&second)).unwrap().into(),
-        ))
-        .unwrap();
-    assert_eq!(listed("fleet/rollups/team_hourly"), [third]);
-
-    // Removing the file retires every version; swept, the kept versions are gone for good.
-    lake.remove_replaceable(hour, "rollup").unwrap();
-    assert!(listed("fleet/rollups/team_hourly").is_empty());
-    assert_eq!(
-        objects.sweep_versions(Duration::from_secs(600)).unwrap(),
-        0,
-        "too recent"
-    );
-    assert_eq!(objects.sweep_versions(Duration::ZERO).unwrap(), 3);
-    assert_eq!(read(first), None);
+    runtime.block_on(async {
+        let ctx = datafusion::prelude::SessionContext::new();
+        lake.delta()
+            .register(&ctx, "t", relative, &schema, as_of)
+            .unwrap();
+        ctx.table("t").await.unwrap().count().await.unwrap()
+    })
 }
 
-/// A query that listed an hour's files before a compaction replaced them reads on from the
-/// versions kept for it: the compaction commits its manifest and retires every input between
-/// the query's first batch and its last, and the answer is still every row once.
+/// A rollup table in a bucket is a Delta table: an hour is replaced in one commit, which a
+/// reader sees whole or not at all; no object is ever written twice (a query reads a file's
+/// footer and its columns in separate requests); and the versions the log keeps read as they
+/// were, for as-of queries.
+#[test]
+fn an_hour_of_a_delta_table_in_a_bucket_is_replaced_in_one_commit_and_old_versions_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let lake = server.lake("fleet", &dir.path().join("staging"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let table = "rollups/test_hourly";
+    let schema = hour_rows(T0, 0).schema();
+    let replace = |hour: i64, rows: usize| -> u64 {
+        let batch = hour_rows(hour, rows);
+        runtime
+            .block_on(lake.delta().replace(
+                table,
+                &schema,
+                Some(("hour", hour)),
+                (rows > 0).then_some(&batch),
+            ))
+            .unwrap()
+    };
+    assert_eq!(delta_rows(&lake, table, AsOf::Latest), 0, "no table yet");
+    let first = replace(T0, 3);
+    assert_eq!(delta_rows(&lake, table, AsOf::Latest), 3);
+    let second = replace(T0, 5);
+    assert_eq!(second, first + 1, "one commit");
+    assert_eq!(
+        delta_rows(&lake, table, AsOf::Latest),
+        5,
+        "the hour replaced, not added to"
+    );
+    replace(T0 + HOUR, 2);
+    assert_eq!(delta_rows(&lake, table, AsOf::Latest), 7);
+    // A filter on the hour skips the other hour's file by its statistics, and keeps its own.
+    let in_hour = |hour: i64| -> usize {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let ctx = datafusion::prelude::SessionContext::new();
+                lake.delta()
+                    .register(&ctx, "t", table, &schema, AsOf::Latest)
+                    .unwrap();
+                let query = format!(
+                    r#"SELECT * FROM t WHERE hour = arrow_cast({hour}, 'Timestamp(ms, "UTC")')"#
+                );
+                ctx.sql(&query).await.unwrap().count().await.unwrap()
+            })
+    };
+    assert_eq!(
+        (in_hour(T0), in_hour(T0 + HOUR), in_hour(T0 + 2 * HOUR)),
+        (5, 2, 0)
+    );
+    assert_eq!(delta_rows(&lake, table, AsOf::Version(first)), 3);
+    assert_eq!(delta_rows(&lake, table, AsOf::Version(second)), 5);
+    let emptied = replace(T0, 0);
+    assert_eq!(
+        delta_rows(&lake, table, AsOf::Latest),
+        2,
+        "the hour removed"
+    );
+    assert_eq!(delta_rows(&lake, table, AsOf::Version(emptied - 1)), 7);
+
+    let keys = server.keys("fleet/rollups/test_hourly/");
+    let files: Vec<&String> = keys.iter().filter(|k| k.ends_with(".parquet")).collect();
+    assert_eq!(
+        files.len(),
+        3,
+        "a new object per write, kept for old versions: {keys:?}"
+    );
+    assert!(
+        files.iter().all(|k| k.contains("/2026-01-01T0")),
+        "an hour's files are named by it: {files:?}"
+    );
+    assert!(
+        keys.iter()
+            .any(|k| k.ends_with(&format!("_delta_log/{emptied:020}.json"))),
+        "{keys:?}"
+    );
+}
+
+/// Two pipelines that replace the same hour at once (a rollups role holder and one that took
+/// the role over from it) coordinate through the log's create-only commits on the tests' S3
+/// server: of two commits of one version one lands, the other finds that its hour's file was
+/// removed under it and fails, so the hour holds one writer's rows, never both.
+#[test]
+fn concurrent_replacements_of_an_hour_in_a_bucket_leave_one_writers_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "lake");
+    let first = server.lake("fleet", &dir.path().join("a"));
+    let second = server.lake("fleet", &dir.path().join("b"));
+    let table = "rollups/test_hourly";
+    let schema = hour_rows(T0, 0).schema();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let seed = hour_rows(T0, 1);
+    runtime
+        .block_on(
+            first
+                .delta()
+                .replace(table, &schema, Some(("hour", T0)), Some(&seed)),
+        )
+        .unwrap();
+    // Both handles have read the table before the races, as pipelines that have run a while.
+    let second_seed = hour_rows(T0 + HOUR, 1);
+    runtime
+        .block_on(second.delta().replace(
+            table,
+            &schema,
+            Some(("hour", T0 + HOUR)),
+            Some(&second_seed),
+        ))
+        .unwrap();
+    let mut refused = 0;
+    for round in 0..10 {
+        let (a, b) = (hour_rows(T0, 3), hour_rows(T0, 5));
+        let (x, y) = runtime.block_on(async {
+            tokio::join!(
+                first
+                    .delta()
+                    .replace(table, &schema, Some(("hour", T0)), Some(&a)),
+                second
+                    .delta()
+                    .replace(table, &schema, Some(("hour", T0)), Some(&b)),
+            )
+        });
+        refused += usize::from(x.is_err()) + usize::from(y.is_err());
+        assert!(x.is_ok() || y.is_ok(), "round {round}: no writer landed");
+        let rows = delta_rows(&first, table, AsOf::Latest) - 1;
+        // Both landed (one after the other): the later version's rows.
+        let expected = match (&x, &y) {
+            (Ok(vx), Ok(vy)) if vx > vy => 3,
+            (Ok(_), Err(_)) => 3,
+            _ => 5,
+        };
+        assert_eq!(rows, expected, "round {round}: {x:?} {y:?}");
+    }
+    println!("{refused} of 20 concurrent replacements were refused by the log");
+}
+
 #[test]
 fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_files() {
     use futures::StreamExt as _;

@@ -35,7 +35,8 @@ fn connector() -> HttpConnector {
 /// A new client with its own connection pool.
 pub fn http_client() -> HttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
+        .with_provider_and_webpki_roots(gpuwarden_schema::tls::provider())
+        .expect("ring's provider supports the default protocol versions")
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector());

@@ -375,14 +375,13 @@ pub async fn month_to_date(
 ) -> Result<BTreeMap<String, f64>, DataFusionError> {
     let (start, end) = month_of(ts_ms);
     let ctx = SessionContext::new();
-    // The rollups may replace a file this query has listed.
-    lake.register_reader(&ctx);
     let table = RollupTable::TeamHourly;
-    lake.register_dirs(
+    lake.delta().register(
         &ctx,
         table.name(),
-        &[std::path::PathBuf::from(table.dir())],
-        table.schema(),
+        &table.dir(),
+        &table.schema(),
+        crate::delta::AsOf::Latest,
     )?;
     let sql = format!(
         r#"SELECT team, CAST(sum(cost_usd) AS DOUBLE) AS cost_usd FROM team_hourly

@@ -49,6 +49,8 @@ pub struct Lake {
     versions: Arc<Versions>,
     /// The object store the lake is in, if it is in one.
     objects: Option<Arc<ObjectLake>>,
+    /// The lake's Delta tables (the rollups'), in the same place.
+    delta: crate::delta::DeltaTables,
 }
 
 /// A lake operation that failed.
@@ -354,6 +356,7 @@ impl Lake {
         fs::create_dir_all(&root).map_err(io("creating", &root))?;
         let versions = Arc::new(Versions::of(&root));
         Ok(Self {
+            delta: crate::delta::DeltaTables::in_dir(&root),
             root,
             versions,
             objects: None,
@@ -367,6 +370,7 @@ impl Lake {
         staging: impl Into<PathBuf>,
     ) -> Result<Self, LakeError> {
         let mut lake = Self::open(staging)?;
+        lake.delta = crate::delta::DeltaTables::in_bucket(objects.clone());
         lake.objects = Some(Arc::new(objects));
         Ok(lake)
     }
@@ -399,6 +403,11 @@ impl Lake {
     /// The object store the lake is in; `None` for a directory.
     pub fn objects(&self) -> Option<&ObjectLake> {
         self.objects.as_deref()
+    }
+
+    /// The lake's Delta tables.
+    pub fn delta(&self) -> &crate::delta::DeltaTables {
+        &self.delta
     }
 
     /// `s3://bucket/prefix`, or the directory.
@@ -730,79 +739,6 @@ impl Lake {
         }
     }
 
-    /// Writes `batch` as the one file of the directory `dir` that each write replaces whole (a
-    /// rollup hour, the leases): `<dir>/<stem>.parquet` in a directory, where the replaced file
-    /// is kept for the queries that listed it; in a bucket, where an object's key must never
-    /// come back with other bytes, a new name each time, `<stem>.v<n:010>.parquet` with `n`
-    /// one more than the latest there, created only if no other process created it first
-    /// ([`LakeError::Deposed`] for `role` then), after which the older ones are retired.
-    /// Readers show the latest version alone (`versions::list_shown`).
-    pub fn write_replaceable(
-        &self,
-        dir: &Path,
-        stem: &str,
-        batch: &RecordBatch,
-        role: Role,
-    ) -> Result<u64, LakeError> {
-        let Some(objects) = &self.objects else {
-            return self.write(&dir.join(format!("{stem}.parquet")), batch, "", 0);
-        };
-        let older = self.versions_of(objects, dir, stem)?;
-        let next = older.last().map_or(1, |(n, _)| n + 1);
-        let relative = dir.join(format!("{stem}.v{next:010}.parquet"));
-        let bytes = encode(batch, &relative)?;
-        let size = bytes.len() as u64;
-        if objects
-            .put_if(&relative, bytes, object_store::PutMode::Create)?
-            .is_none()
-        {
-            return Err(LakeError::Deposed {
-                role: role.name(),
-                what: format!(
-                    "writing {} (another process wrote it first)",
-                    relative.display()
-                ),
-                lake: objects.display().to_string(),
-            });
-        }
-        for (_, name) in older {
-            objects.retire(&dir.join(name))?;
-        }
-        Ok(size)
-    }
-
-    /// Removes the file [`Lake::write_replaceable`] keeps in `dir` (every version of it, in a
-    /// bucket), if there is one.
-    pub fn remove_replaceable(&self, dir: &Path, stem: &str) -> Result<(), LakeError> {
-        let Some(objects) = &self.objects else {
-            self.remove(&dir.join(format!("{stem}.parquet")))?;
-            return Ok(());
-        };
-        for (_, name) in self.versions_of(objects, dir, stem)? {
-            objects.retire(&dir.join(name))?;
-        }
-        Ok(())
-    }
-
-    /// The versions of `<dir>/<stem>.v<n>.parquet` in a bucket, oldest first.
-    fn versions_of(
-        &self,
-        objects: &ObjectLake,
-        dir: &Path,
-        stem: &str,
-    ) -> Result<Vec<(u64, String)>, LakeError> {
-        let mut versions: Vec<(u64, String)> = objects
-            .list_dir(dir)?
-            .into_iter()
-            .filter_map(|(name, _)| {
-                let (s, n) = crate::versions::replaceable_version(&name)?;
-                (s == stem).then_some((n, name))
-            })
-            .collect();
-        versions.sort();
-        Ok(versions)
-    }
-
     /// Deletes what the lake keeps of replaced and removed files once no query can still read
     /// it ([`crate::versions::RETAIN`]): in a bucket, the `_versions/` objects; a directory
     /// prunes its own as it goes. Returns how many went.
@@ -1038,7 +974,7 @@ impl Lake {
 }
 
 /// `batch` as the bytes of a Parquet file of the lake (`relative` names it in errors).
-fn encode(batch: &RecordBatch, relative: &Path) -> Result<Vec<u8>, LakeError> {
+pub(crate) fn encode(batch: &RecordBatch, relative: &Path) -> Result<Vec<u8>, LakeError> {
     let parquet = |source| LakeError::Parquet {
         path: relative.to_path_buf(),
         source,

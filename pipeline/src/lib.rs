@@ -18,8 +18,10 @@
 //! - [`store`] (uses `versions`; its errors are `lake`'s `LakeError`): a lake in an
 //!   S3-compatible object store: its client, keys, requests, and the reader DataFusion lists it
 //!   through.
-//! - [`lake`] (uses `versions`, `store`): the lake's files, in a directory or an object store,
-//!   their partitions, marks and locks.
+//! - [`delta`] (uses `store`, `lake`'s `hour_partition` and Parquet settings): the lake's
+//!   Delta tables: their logs, commits that replace an hour, and reads of a version.
+//! - [`lake`] (uses `versions`, `store`, `delta`): the lake's files, in a directory or an object
+//!   store, their partitions, marks and locks.
 //! - [`lease`] (uses `store`, `lake`'s `LakeError`): a role's lock on a lake in an object store,
 //!   as a lease object that expires.
 //! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
@@ -44,6 +46,7 @@ pub mod bounds;
 pub mod buffer;
 pub mod compact;
 pub mod consume;
+pub mod delta;
 pub mod endpoint;
 pub mod files;
 pub mod governor;

@@ -17,6 +17,7 @@ use gpuwarden_schema::arrow::{string_list_type, string_lists};
 use gpuwarden_schema::config::Config;
 
 use crate::buffer::Table;
+use crate::delta::AsOf;
 use crate::governor::Governor;
 use crate::lake::Lake;
 use crate::listing::{register_dir, register_urls};
@@ -56,7 +57,12 @@ GROUP BY host"#;
 /// limits: it is for the pipeline's own queries; what people submit goes through
 /// [`context_with_config`].
 pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
-    register_lake(SessionContext::new_with_config(session_config()), lake).await
+    register_lake(
+        SessionContext::new_with_config(session_config()),
+        lake,
+        AsOf::Latest,
+    )
+    .await
 }
 
 /// What every session over the lake is configured with: `information_schema` (`tables`,
@@ -76,6 +82,7 @@ const CATALOG: &str = "gpuwarden";
 async fn register_lake(
     ctx: SessionContext,
     lake: &Lake,
+    as_of: AsOf,
 ) -> Result<SessionContext, DataFusionError> {
     // DataFusion keeps a table's file listing once it has files, for as long as the session
     // lives: a session served for days would never see a new flush or rollup. Listing a local
@@ -85,18 +92,11 @@ async fn register_lake(
     }
     if let Some(objects) = lake.objects() {
         objects.register(&ctx);
-        let tables = Table::ALL
-            .iter()
-            .map(|t| (t.name(), t.name().to_string(), t.schema()))
-            .chain(
-                RollupTable::ALL
-                    .iter()
-                    .map(|t| (t.name(), t.dir(), t.schema())),
-            );
-        for (name, dir, schema) in tables {
-            let url = objects.dir_url(std::path::Path::new(&dir));
-            register_urls(&ctx, name, &[url], schema)?;
+        for table in Table::ALL {
+            let url = objects.dir_url(std::path::Path::new(table.name()));
+            register_urls(&ctx, table.name(), &[url], table.schema())?;
         }
+        register_rollups(&ctx, lake, as_of)?;
         ctx.sql(LEASE_USAGE).await?;
         ctx.sql(CLOCK_SKEW).await?;
         return Ok(ctx);
@@ -111,17 +111,19 @@ async fn register_lake(
             table.schema(),
         )?;
     }
-    for table in RollupTable::ALL {
-        register_dir(
-            &ctx,
-            table.name(),
-            &lake.root().join(table.dir()),
-            table.schema(),
-        )?;
-    }
+    register_rollups(&ctx, lake, as_of)?;
     ctx.sql(LEASE_USAGE).await?;
     ctx.sql(CLOCK_SKEW).await?;
     Ok(ctx)
+}
+
+/// Registers every rollup table, a Delta table read at `as_of`.
+fn register_rollups(ctx: &SessionContext, lake: &Lake, as_of: AsOf) -> Result<(), DataFusionError> {
+    for table in RollupTable::ALL {
+        lake.delta()
+            .register(ctx, table.name(), &table.dir(), &table.schema(), as_of)?;
+    }
+    Ok(())
 }
 
 fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
@@ -211,13 +213,15 @@ pub fn register_config(ctx: &SessionContext, config: &Config) -> Result<(), Data
 }
 
 /// A session over the lake and the configuration's `teams` and `workloads`, whose queries
-/// `governor` runs: what `gpuwarden sql` and the SQL endpoint serve.
+/// `governor` runs: what `gpuwarden sql` and the SQL endpoint serve. The rollup tables are
+/// read at `as_of` ([`AsOf::Latest`]: as each query finds them).
 pub async fn context_with_config(
     lake: &Lake,
     config: &Config,
     governor: &Arc<Governor>,
+    as_of: AsOf,
 ) -> Result<SessionContext, DataFusionError> {
-    let ctx = register_lake(governor.context(session_config()), lake).await?;
+    let ctx = register_lake(governor.context(session_config()), lake, as_of).await?;
     register_config(&ctx, config)?;
     Ok(ctx)
 }

@@ -162,6 +162,11 @@ impl ObjectLake {
         self.lease_ttl
     }
 
+    /// The client, with `/` the bucket's root.
+    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.store)
+    }
+
     /// `s3://bucket/prefix`.
     pub fn display(&self) -> &str {
         &self.display

@@ -1,7 +1,7 @@
 //! Reading a lake whose files are replaced under the reader.
 //!
-//! The rollups rewrite an hour's `rollup.parquet` every time they refresh it (a new file renamed
-//! over the old one), and remove it when the hour has no rows left. A query lists a table's
+//! Compaction replaces an hour's raw files with its outputs and removes them, retention removes
+//! whole hours, and a replay rewrites a file under its name. A query lists a table's
 //! files, with their sizes, before it reads them: a file replaced between the two would be read
 //! with the old size from the new file (`Src size is incorrect`, `Required field type_ is
 //! missing`), and a removed one not at all.
@@ -10,7 +10,7 @@
 //! they replace or remove as a hard link `_versions/<inode>.parquet` for [`RETAIN`] (pruned at
 //! most once a minute); the lake's
 //! SQL sessions read local files through [`VersionedFs`], whose listing names each file with
-//! its inode (`rollup.parquet.v<inode>.parquet`), and whose reads open that inode: the file at
+//! its inode (`<name>.v<inode>.parquet`), and whose reads open that inode: the file at
 //! the path if it is still the same one, else its kept version. A query running longer than
 //! [`RETAIN`] over a file replaced meanwhile fails, naming the file.
 //!
@@ -271,7 +271,6 @@ where
             None => (String::new(), location.to_owned()),
         }
     };
-    let listed = latest_versions(listed, |meta| dir_of(meta));
     let mut compacted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for meta in &listed {
         let (dir, name) = dir_of(meta);
@@ -306,44 +305,6 @@ where
                 .is_none_or(|manifest| manifest.shows(&name))
         })
         .collect()))
-}
-
-/// A file the lake replaces whole under a new name at each write, in a bucket
-/// ([`crate::lake::Lake::write_replaceable`]): `<stem>.v<n:010>.parquet` as `(stem, n)`.
-pub(crate) fn replaceable_version(name: &str) -> Option<(&str, u64)> {
-    let base = name.strip_suffix(".parquet")?;
-    let (stem, version) = base.rsplit_once(".v")?;
-    if version.len() != 10 || !version.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((stem, version.parse().ok()?))
-}
-
-/// `listed` with only the latest version of each replaceable file of a directory: a listing
-/// taken between the write of a new version and the retiring of the older one has both.
-fn latest_versions(
-    listed: Vec<ObjectMeta>,
-    dir_of: impl Fn(&ObjectMeta) -> (String, String),
-) -> Vec<ObjectMeta> {
-    let mut latest: BTreeMap<(String, String), u64> = BTreeMap::new();
-    for meta in &listed {
-        let (dir, name) = dir_of(meta);
-        if let Some((stem, n)) = replaceable_version(&name) {
-            let entry = latest.entry((dir, stem.to_owned())).or_insert(n);
-            *entry = (*entry).max(n);
-        }
-    }
-    if latest.is_empty() {
-        return listed;
-    }
-    listed
-        .into_iter()
-        .filter(|meta| {
-            let (dir, name) = dir_of(meta);
-            replaceable_version(&name)
-                .is_none_or(|(stem, n)| latest.get(&(dir, stem.to_owned())) == Some(&n))
-        })
-        .collect()
 }
 
 /// The manifest of the hour directory `dir` (a key of the local file system).

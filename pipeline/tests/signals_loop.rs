@@ -21,7 +21,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -104,13 +103,24 @@ fn write_team_hourly(lake: &Lake, rows: &[(i64, &str, f64)]) {
         Arc::new(BooleanArray::from(vec![true; n])),
     ];
     let batch = RecordBatch::try_new(schema, columns).unwrap();
-    lake.write(
-        Path::new("rollups/team_hourly/date=2026-11-29/hour=23/test.parquet"),
-        &batch,
-        "rollups/team_hourly",
-        0,
-    )
-    .unwrap();
+    // Committed to the Delta table as the rollups commit, from a thread of its own: the tests
+    // call this from inside their runtime.
+    let table = gpuwarden_pipeline::RollupTable::TeamHourly;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(
+                    lake.delta()
+                        .replace(&table.dir(), &table.schema(), None, Some(&batch)),
+                )
+                .unwrap()
+        })
+        .join()
+        .unwrap()
+    });
 }
 
 fn options() -> SignalsOptions {

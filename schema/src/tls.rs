@@ -92,6 +92,15 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Makes ring ([`provider`]) the process's default rustls provider, for the libraries that
+/// build a TLS configuration without naming one (kube's client): with both ring and aws-lc-rs
+/// compiled in (aws-lc comes with the Delta Lake engine's HTTP client, `deltalake-core`), rustls
+/// cannot choose one itself and panics at the first such configuration. Idempotent: a default
+/// already installed stays.
+pub fn install_default_provider() {
+    let _ = CryptoProvider::install_default(rustls::crypto::ring::default_provider());
+}
+
 /// A listener's TLS: the `rustls` server configuration to accept with, and the counts of its
 /// certificate reloads. Dropping every clone of it and of [`ServerTls::config`] stops the reload
 /// thread.

@@ -9,10 +9,10 @@ use gpuwarden_schema::config;
 
 /// Compute the rollups (gpu_hourly, lease_hourly, team_hourly, focus_costs, leases) once.
 ///
-/// Reads the lake's samples and lease events and writes, for every hour with samples or leases
-/// that is not final yet or has received data since it was last computed, its rows in
-/// <lake>/rollups/<table>/date=…/hour=…/, where <lake> is storage.lake (a directory or an S3
-/// prefix) or, unset, <storage.data_dir>/lake. The watermark is the time the fleet
+/// Reads the lake's samples and lease events and replaces, for every hour with samples or
+/// leases that is not final yet or has received data since it was last computed, its rows in
+/// the Delta tables <lake>/rollups/<table>/ (one commit per hour and table), where <lake> is
+/// storage.lake (a directory or an S3 prefix) or, unset, <storage.data_dir>/lake. The watermark is the time the fleet
 /// as a whole has reached: the earliest latest sample among hosts no more than
 /// pipeline.clock.idle_timeout behind the median host (one host's wrong clock does not move it);
 /// an hour is final once the watermark passes its end plus pipeline.lateness. Running it again computes only what changed, so it is safe to run from

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use gpuwarden_pipeline::delta::AsOf;
 use gpuwarden_pipeline::governor::{self, Governor, GovernorOptions};
 use gpuwarden_pipeline::sql;
 use gpuwarden_schema::config;
@@ -28,6 +29,7 @@ use gpuwarden_schema::config;
 ///   gpuwarden sql -c gw.toml "SELECT gpu_model, avg(util_gpu_pct) FROM samples GROUP BY 1"
 ///   gpuwarden sql -c gw.toml "SELECT team, sum(cost_usd) FROM team_hourly GROUP BY team"
 ///   gpuwarden sql -c gw.toml --format csv -f query.sql > out.csv
+///   gpuwarden sql -c gw.toml --as-of 2026-12-03T00:00:00Z -f queries/invoice.sql
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file (for storage.lake or storage.data_dir).
@@ -46,6 +48,12 @@ pub(crate) struct Args {
     /// Memory the query may hold ("512MiB", "4GiB"). Default: pipeline.sql_limits.query_memory.
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
     memory: Option<u64>,
+    /// Read the rollup tables (team_hourly, lease_hourly, gpu_hourly, focus_costs, leases) as
+    /// they stood at a time ("2026-12-03T00:00:00Z": their last commit at or before it) or at a
+    /// version of their Delta logs (a number, "42"), to reproduce an invoice after late data
+    /// restated its hours. The raw tables are read as they are now.
+    #[arg(long, value_name = "TIME|VERSION", value_parser = parse_as_of)]
+    as_of: Option<AsOf>,
     /// The query. It may start with a `--` comment, as files of queries/ do.
     #[arg(
         value_name = "QUERY",
@@ -53,6 +61,27 @@ pub(crate) struct Args {
         allow_hyphen_values = true
     )]
     query: Option<String>,
+}
+
+/// `--as-of`: a version of the Delta logs (digits), or a time (RFC 3339; UTC when it names no
+/// offset).
+fn parse_as_of(value: &str) -> Result<AsOf, String> {
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value
+            .parse()
+            .map(AsOf::Version)
+            .map_err(|e| format!("version {value}: {e}"));
+    }
+    let time = humantime::parse_rfc3339_weak(value).map_err(|e| {
+        format!(
+            "{value:?} is neither a version (a number) nor a time like 2026-12-03T00:00:00Z: {e}"
+        )
+    })?;
+    let ms = time
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{value} is before 1970"))?
+        .as_millis();
+    Ok(AsOf::Time(i64::try_from(ms).map_err(|e| e.to_string())?))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,7 +120,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .build()?;
     let (schema, batches) = runtime
         .block_on(async {
-            let ctx = sql::context_with_config(&lake, &config, &governor).await?;
+            let ctx = sql::context_with_config(
+                &lake,
+                &config,
+                &governor,
+                args.as_of.unwrap_or(AsOf::Latest),
+            )
+            .await?;
             sql::run(&ctx, &query).await
         })
         .map_err(|e| match governor::sqlstate(&e) {

@@ -66,9 +66,14 @@ pub(crate) async fn start(
     let options = GovernorOptions::from_config(&config.sql_limits, &config.sql_users);
     let threads = options.threads;
     let governor = Governor::new(options).context("starting the SQL query threads")?;
-    let ctx = gpuwarden_pipeline::sql::context_with_config(lake, full, &governor)
-        .await
-        .context("registering the lake's tables for the SQL endpoint")?;
+    let ctx = gpuwarden_pipeline::sql::context_with_config(
+        lake,
+        full,
+        &governor,
+        gpuwarden_pipeline::delta::AsOf::Latest,
+    )
+    .await
+    .context("registering the lake's tables for the SQL endpoint")?;
     if auth.allows_anonymous() {
         tracing::warn!(sql = %address, "the SQL endpoint accepts connections without a password (pipeline.sql_allow_anonymous)");
     }

@@ -229,6 +229,8 @@ impl KubernetesDriver {
                 // (the rules retry reclaims, the watchers back off), so the call answers now.
                 let mut config = config;
                 config.default_retry = false;
+                // kube's client builds its TLS with the process's default provider.
+                gpuwarden_schema::tls::install_default_provider();
                 Client::try_from(config)
                     .map_err(|e| self.unavailable(format!("building the API client: {e}")))
             })

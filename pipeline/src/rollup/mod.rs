@@ -1,7 +1,7 @@
 //! Rollups: DataFusion turns the lake's raw `samples` and `lease_events` into utilization, waste
 //! and cost per GPU, lease and team, hour by hour, exactly as
-//! docs/ARCHITECTURE.md#what-the-numbers-mean defines them, and writes them back to the lake
-//! under `rollups/<table>/date=…/hour=…/`.
+//! docs/ARCHITECTURE.md#what-the-numbers-mean defines them, and commits them to the lake's Delta
+//! tables under `rollups/<table>/` ([`crate::delta`]), an hour of a table per commit.
 //!
 //! One run ([`Rollup::run`]):
 //! 1. rebuilds every lease from its events ([`leases`]) and takes the watermark: the fleet's
@@ -147,6 +147,9 @@ pub enum RollupError {
     /// Another process is rolling up the same lake.
     #[error("another rollup holds {0}; only one process may roll up a lake at a time")]
     Busy(PathBuf),
+    /// A commit to a rollup table failed.
+    #[error(transparent)]
+    Delta(#[from] crate::delta::DeltaError),
 }
 
 // The wrapped errors are shown in the message rather than as a source, so that an error
@@ -394,7 +397,7 @@ impl Rollup {
         let previous = state.watermark.filter(|ts| *ts <= ceiling || fleet.ahead);
         let watermark = fleet.watermark.max(lease_max).max(previous);
         lock.check("writing the leases")?;
-        self.write_leases(&leases)?;
+        self.write_leases(&leases).await?;
         let Some(watermark) = watermark else {
             return Ok(Report {
                 elapsed: started.elapsed(),
@@ -475,8 +478,21 @@ impl Rollup {
             }
         }
         state.save(&self.lake, &state_path, &mut version, &lock)?;
-        // What rollups and compactions replaced in a bucket is kept for the queries that
-        // listed it, and deleted here once none can still be reading it.
+        // The files the tables' commits removed are kept for as-of reads, and deleted once
+        // older than the tables keep them.
+        for table in RollupTable::ALL {
+            match self.lake.delta().vacuum(&table.dir()).await {
+                Ok(0) => {}
+                Ok(deleted) => {
+                    tracing::info!(table = table.name(), deleted, "vacuumed a rollup table")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not vacuum a rollup table; the next run tries again")
+                }
+            }
+        }
+        // What compactions replaced in a bucket is kept for the queries that listed it, and
+        // deleted here once none can still be reading it.
         match self.lake.sweep_versions() {
             Ok(0) => {}
             Ok(swept) => {
@@ -568,14 +584,18 @@ impl Rollup {
         Ok((hosts, now, version))
     }
 
-    fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
-        let dir = PathBuf::from(RollupTable::Leases.dir());
-        if leases.is_empty() {
-            self.lake.remove_replaceable(&dir, "leases")?;
+    /// Replaces every row of `leases` in one commit.
+    async fn write_leases(&self, leases: &Leases) -> Result<(), RollupError> {
+        let table = RollupTable::Leases;
+        let batch = if leases.is_empty() {
+            None
         } else {
-            self.lake
-                .write_replaceable(&dir, "leases", &leases.to_batch()?, Role::Rollups)?;
-        }
+            Some(leases.to_batch()?)
+        };
+        self.lake
+            .delta()
+            .replace(&table.dir(), &table.schema(), None, batch.as_ref())
+            .await?;
         Ok(())
     }
 
@@ -632,9 +652,13 @@ impl Rollup {
             ("hour", time(hour)),
             ("final", ScalarValue::Boolean(Some(is_final))),
         ];
-        self.write_hour(RollupTable::GpuHourly, hour, &gpu.batches, &common)?;
-        self.write_hour(RollupTable::LeaseHourly, hour, &lease_rows.batches, &common)?;
-        let team_rows = self.write_hour(RollupTable::TeamHourly, hour, &team.batches, &common)?;
+        self.write_hour(RollupTable::GpuHourly, hour, &gpu.batches, &common)
+            .await?;
+        self.write_hour(RollupTable::LeaseHourly, hour, &lease_rows.batches, &common)
+            .await?;
+        let team_rows = self
+            .write_hour(RollupTable::TeamHourly, hour, &team.batches, &common)
+            .await?;
         let pricing = &self.options.pricing;
         let (month_start, month_end) = month_of(hour);
         self.write_hour(
@@ -661,7 +685,8 @@ impl Rollup {
                 ("ServiceName", text("GPU Compute")),
                 ("x_Final", ScalarValue::Boolean(Some(is_final))),
             ],
-        )?;
+        )
+        .await?;
         Ok(team_rows)
     }
 
@@ -697,24 +722,31 @@ impl Rollup {
         Ok(Rows::concat(runs)?)
     }
 
-    /// Writes one hour of `table` (or removes it when the hour has no rows); returns the rows.
-    fn write_hour(
+    /// Replaces one hour of `table` with `batches` (removes it when they have no rows), in
+    /// one commit; returns the rows.
+    async fn write_hour(
         &self,
         table: RollupTable,
         hour: i64,
         batches: &[RecordBatch],
         constants: &[(&str, ScalarValue)],
     ) -> Result<usize, RollupError> {
-        let dir = Path::new(&table.dir()).join(hour_partition(hour));
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        if rows == 0 {
-            self.lake.remove_replaceable(&dir, "rollup")?;
-            return Ok(0);
-        }
-        let batch = concat_batches(&batches[0].schema(), batches)?;
-        let batch = conform(&table.schema(), &batch, constants)?;
+        let batch = if rows == 0 {
+            None
+        } else {
+            let batch = concat_batches(&batches[0].schema(), batches)?;
+            Some(conform(&table.schema(), &batch, constants)?)
+        };
         self.lake
-            .write_replaceable(&dir, "rollup", &batch, Role::Rollups)?;
+            .delta()
+            .replace(
+                &table.dir(),
+                &table.schema(),
+                table.hour_column().map(|column| (column, hour)),
+                batch.as_ref(),
+            )
+            .await?;
         Ok(rows)
     }
 }

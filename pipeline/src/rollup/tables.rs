@@ -52,6 +52,16 @@ impl RollupTable {
         format!("{DIR}/{}", self.name())
     }
 
+    /// The column that holds a row's hour (its start), for the tables with one row set per
+    /// hour; `None` for `leases`.
+    pub fn hour_column(self) -> Option<&'static str> {
+        match self {
+            Self::GpuHourly | Self::LeaseHourly | Self::TeamHourly => Some("hour"),
+            Self::FocusCosts => Some("ChargePeriodStart"),
+            Self::Leases => None,
+        }
+    }
+
     /// The table's Arrow schema.
     pub fn schema(self) -> SchemaRef {
         match self {

@@ -1,0 +1,400 @@
+//! The rollup tables read by Delta readers that are not gpuwarden's, as README "Reading the lake
+//! with any Delta reader" shows them: DuckDB with its `delta` extension and polars' `scan_delta`
+//! (through the `deltalake` package), each running the README's examples as written, on a lake in
+//! a directory and in a bucket of the tests' S3 server, agreeing with `gpuwarden sql` to the cent
+//! on `team_hourly`, `lease_usage` (leases joined to `lease_hourly`) and `focus_costs`. Then
+//! `gpuwarden sql --as-of` reproduces the answer of a version that late data has since restated.
+//!
+//! Needs a Python with duckdb, its delta and httpfs extensions, polars and deltalake:
+//! `GPUWARDEN_PYTHON` (set by .ci/run) names it.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::s3::S3Server;
+
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+const MINUTE: i64 = 60_000;
+
+fn sample(gpu: usize, ts_ms: i64) -> String {
+    serde_json::json!({
+        "v": 1, "ts_ms": ts_ms, "interval_ms": 60_000, "host": format!("node-{}", gpu / 4),
+        "gpu_uuid": format!("GPU-{gpu:04}"), "gpu_model": "NVIDIA A100-SXM4-80GB",
+        "util_gpu_pct": (gpu * 13 % 100) as f64, "mem_used_bytes": 1u64 << 30,
+        "mem_total_bytes": 85899345920u64
+    })
+    .to_string()
+}
+
+fn lease_event(ts_ms: i64, event: &str, lease: &str, team: &str, gpus: &[usize]) -> String {
+    let uuids: Vec<String> = gpus.iter().map(|g| format!("GPU-{g:04}")).collect();
+    let mut e = serde_json::json!({"v": 1, "ts_ms": ts_ms, "event": event, "lease_id": lease,
+        "team": team, "user": "u", "project": "p", "workload": "training", "substrate": "sim",
+        "gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": gpus.len(), "gpu_uuids": uuids});
+    if event == "released" {
+        e["reason"] = serde_json::json!("user");
+    }
+    e.to_string()
+}
+
+/// Ingests `minutes` of samples of `gpus` from `from`, and three leases of two teams, and rolls
+/// up.
+fn load(
+    config: &str,
+    dir: &Path,
+    name: &str,
+    gpus: std::ops::Range<usize>,
+    from: i64,
+    minutes: i64,
+) {
+    let samples = dir.join(format!("{name}-samples.jsonl"));
+    let lines: Vec<String> = (0..minutes)
+        .flat_map(|m| gpus.clone().map(move |g| sample(g, from + m * MINUTE)))
+        .collect();
+    std::fs::write(&samples, lines.join("\n")).unwrap();
+    let events = dir.join(format!("{name}-leases.jsonl"));
+    std::fs::write(
+        &events,
+        [
+            lease_event(T0 + 5 * MINUTE, "granted", "lease-a", "ml", &[0, 1]),
+            lease_event(T0 + 30 * MINUTE, "granted", "lease-b", "vision", &[4]),
+            lease_event(T0 + 130 * MINUTE, "released", "lease-b", "vision", &[4]),
+            lease_event(T0 + 70 * MINUTE, "granted", "lease-c", "ml", &[6, 7]),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    ok(gpuwarden(&[
+        "ingest",
+        "--config",
+        config,
+        "--samples",
+        samples.to_str().unwrap(),
+        "--lease-events",
+        events.to_str().unwrap(),
+    ]));
+    ok(gpuwarden(&["rollup", "--config", config]));
+}
+
+fn gpuwarden(args: &[&str]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+    command.args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("AWS_") {
+            command.env_remove(name);
+        }
+    }
+    command.output().unwrap()
+}
+
+fn ok(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `gpuwarden sql`'s answer as `key,value` lines, the form the readers print.
+fn sql(config: &str, extra: &[&str], query: &str) -> Vec<String> {
+    let mut args = vec!["sql", "--config", config, "--format", "csv"];
+    args.extend_from_slice(extra);
+    args.push(query);
+    ok(gpuwarden(&args))
+        .lines()
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The three answers: cost per team from `team_hourly`; cost and leases per team from the
+/// leases and their hours (`lease_usage`); billed cost per sub-account from `focus_costs`.
+fn gpuwarden_answers(config: &str, extra: &[&str]) -> [Vec<String>; 3] {
+    [
+        sql(
+            config,
+            extra,
+            "SELECT team, round(sum(cost_usd), 2) FROM team_hourly GROUP BY team ORDER BY team",
+        ),
+        sql(
+            config,
+            extra,
+            "SELECT team, concat(CAST(round(sum(cost_usd), 2) AS VARCHAR), ',', \
+             CAST(count(*) AS VARCHAR)) FROM lease_usage GROUP BY team ORDER BY team",
+        ),
+        sql(
+            config,
+            extra,
+            r#"SELECT "SubAccountName", round(CAST(sum("BilledCost") AS DOUBLE), 2) FROM focus_costs
+               GROUP BY "SubAccountName" ORDER BY "SubAccountName""#,
+        ),
+    ]
+}
+
+/// A fenced block of README "Reading the lake with any Delta reader" that begins with `marker`.
+fn readme_example(marker: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Reading the lake with any Delta reader")
+        .nth(1)
+        .expect("README.md has the section");
+    let block = section
+        .split("```")
+        .find(|b| b.lines().nth(1) == Some(marker))
+        .unwrap_or_else(|| panic!("README.md's section has a block starting {marker}"));
+    block.split_once('\n').unwrap().1.to_string()
+}
+
+/// The file of a DuckDB extension from its PyPI package, found by the README's own command.
+fn extension(python: &str, package: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let prefix = format!("python3 -c \"import {package}");
+    let finder = readme
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("README.md says how to find {package}'s file"));
+    let path = ok(Command::new(python)
+        .args(["-c", &format!("import {package}{finder}")])
+        .output()
+        .unwrap());
+    path.trim().to_string()
+}
+
+/// The README's DuckDB example with the lake at `location` (its `s3://gpuwarden-lake/prod`
+/// replaced), the extensions loaded from their files, and `secret` for its secret (none for a
+/// directory): its three answers as `key,value` lines.
+fn duckdb(python: &str, location: &str, secret: Option<String>) -> [Vec<String>; 3] {
+    let example = readme_example("-- DuckDB");
+    let mut statements: Vec<String> = Vec::new();
+    for statement in example.split(';') {
+        let statement = statement.trim();
+        if statement.is_empty() || statement.starts_with("-- DuckDB") && !statement.contains('\n') {
+            continue;
+        }
+        let statement = statement.trim_start_matches("-- DuckDB").trim();
+        if statement.starts_with("INSTALL") {
+            continue;
+        }
+        if statement.starts_with("LOAD") {
+            let name = statement.trim_start_matches("LOAD").trim();
+            let package = format!("duckdb_extension_{name}");
+            statements.push(format!("LOAD '{}'", extension(python, &package)));
+            continue;
+        }
+        if statement.starts_with("CREATE SECRET") {
+            if let Some(secret) = &secret {
+                statements.push(secret.clone());
+            }
+            continue;
+        }
+        statements.push(statement.replace("s3://gpuwarden-lake/prod", location));
+    }
+    let out = ok(Command::new(python)
+        .args([
+            "-c",
+            "import sys, duckdb\n\
+             c = duckdb.connect()\n\
+             *setup, a, b, f = sys.argv[1:]\n\
+             [c.sql(s) for s in setup]\n\
+             for q in (a, b, f):\n\
+             \x20   for row in c.sql(q).fetchall():\n\
+             \x20       print(','.join(str(v) for v in row))\n\
+             \x20   print('--')",
+        ])
+        .args(&statements)
+        .output()
+        .unwrap());
+    answers(&out)
+}
+
+/// The README's polars example with the lake at `location` and `storage` for its storage
+/// options (none for a directory), then the other two answers the same way.
+fn polars(python: &str, location: &str, storage: Option<String>) -> [Vec<String>; 3] {
+    let example = readme_example("# polars");
+    let mut script = String::new();
+    for line in example.lines() {
+        // The example's storage options span two lines; the test's replace them.
+        if line.starts_with("storage = ") {
+            script.push_str(&format!(
+                "storage = {}\n",
+                storage.as_deref().unwrap_or("None")
+            ));
+            continue;
+        }
+        if line.starts_with("           \"AWS_") {
+            continue;
+        }
+        let line = line.replace("s3://gpuwarden-lake/prod", location);
+        // The example prints a polars frame; the test prints its rows as the others do.
+        let line = match line
+            .strip_prefix("print(")
+            .and_then(|l| l.strip_suffix(')'))
+        {
+            Some(frame) => format!("show({frame})"),
+            None => line,
+        };
+        script.push_str(&line);
+        script.push('\n');
+    }
+    let show = "def show(frame):\n    for row in frame.iter_rows():\n        \
+                print(','.join(str(v) for v in row))\n    print('--')\n";
+    let rest = format!(
+        "leases = pl.scan_delta('{location}/rollups/leases', storage_options=storage)\n\
+         hours = pl.scan_delta('{location}/rollups/lease_hourly', storage_options=storage)\n\
+         usage = leases.join(hours, on='lease_id').group_by('team').agg(\
+         pl.col('cost_usd').sum().round(2), pl.col('lease_id').n_unique()).sort('team')\n\
+         show(usage.collect())\n\
+         focus = pl.scan_delta('{location}/rollups/focus_costs', storage_options=storage)\n\
+         show(focus.group_by('SubAccountName').agg(\
+         pl.col('BilledCost').cast(pl.Float64).sum().round(2)).sort('SubAccountName').collect())\n"
+    );
+    let out = ok(Command::new(python)
+        .args(["-c", &format!("{show}{script}{rest}")])
+        .output()
+        .unwrap());
+    answers(&out)
+}
+
+fn answers(out: &str) -> [Vec<String>; 3] {
+    let mut parts = out
+        .split("--\n")
+        .map(|part| part.lines().map(str::to_owned).collect::<Vec<_>>());
+    [
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    ]
+}
+
+/// gpuwarden's CSV with its quoting removed, and numbers as Python prints them.
+fn unquoted(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| {
+            l.replace('"', "")
+                .split(',')
+                .map(|v| match v.parse::<f64>() {
+                    Ok(x) if v.contains('.') || v.contains('e') => format!("{x:?}"),
+                    _ => v.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+fn readers_agree(
+    config: &str,
+    dir: &Path,
+    location: &str,
+    secret: Option<String>,
+    storage: Option<String>,
+) {
+    let python = support::venv_python(
+        "DuckDB with its delta and httpfs extensions, polars and deltalake",
+        "import duckdb, duckdb_extension_delta, duckdb_extension_httpfs, polars, deltalake",
+    );
+    load(config, dir, "first", 0..8, T0, 150);
+    let expected = gpuwarden_answers(config, &[]).map(|a| unquoted(&a));
+    assert!(
+        expected.iter().all(|a| !a.is_empty()),
+        "every answer has rows: {expected:?}"
+    );
+    assert_eq!(
+        expected[0]
+            .iter()
+            .map(|l| l.split(',').next().unwrap())
+            .collect::<Vec<_>>(),
+        ["(unallocated)", "ml", "vision"],
+        "{expected:?}"
+    );
+    let by_duckdb = duckdb(&python, location, secret.clone()).map(|a| unquoted(&a));
+    assert_eq!(by_duckdb, expected, "DuckDB's delta_scan and gpuwarden sql");
+    let by_polars = polars(&python, location, storage.clone()).map(|a| unquoted(&a));
+    assert_eq!(by_polars, expected, "polars' scan_delta and gpuwarden sql");
+
+    // Late samples of four more GPUs restate the second hour; the answer as the invoice was
+    // computed stays reproducible.
+    let before = std::time::SystemTime::now();
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    load(config, dir, "late", 8..12, T0 + 60 * MINUTE, 30);
+    let restated = gpuwarden_answers(config, &[]).map(|a| unquoted(&a));
+    assert_ne!(
+        restated[0], expected[0],
+        "the late samples changed the costs"
+    );
+    let at = humantime::format_rfc3339_millis(before).to_string();
+    let as_of = gpuwarden_answers(config, &["--as-of", &at]).map(|a| unquoted(&a));
+    assert_eq!(
+        as_of, expected,
+        "--as-of {at} reads the tables as they stood"
+    );
+    let by_duckdb = duckdb(&python, location, secret).map(|a| unquoted(&a));
+    assert_eq!(by_duckdb, restated, "DuckDB reads the latest version");
+}
+
+#[test]
+fn delta_readers_agree_with_gpuwarden_sql_on_a_lake_in_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
+            dir.path().join("data").display(),
+            lake.display()
+        ),
+    )
+    .unwrap();
+    readers_agree(
+        config.to_str().unwrap(),
+        dir.path(),
+        lake.to_str().unwrap(),
+        None,
+        None,
+    );
+}
+
+#[test]
+fn delta_readers_agree_with_gpuwarden_sql_on_a_lake_in_a_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("s3"), "gpuwarden-lake");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        server.storage_config(&dir.path().join("data"), "prod"),
+    )
+    .unwrap();
+    let host = server.endpoint.trim_start_matches("http://");
+    let secret = format!(
+        "CREATE SECRET (TYPE s3, KEY_ID '{}', SECRET '{}', REGION '{}', ENDPOINT '{host}', \
+         URL_STYLE 'path', USE_SSL false)",
+        support::s3::ACCESS_KEY,
+        support::s3::SECRET_KEY,
+        support::s3::REGION,
+    );
+    let storage = format!(
+        "{{'AWS_ENDPOINT_URL': '{}', 'AWS_REGION': '{}', 'AWS_ACCESS_KEY_ID': '{}', \
+         'AWS_SECRET_ACCESS_KEY': '{}', 'AWS_ALLOW_HTTP': 'true'}}",
+        server.endpoint,
+        support::s3::REGION,
+        support::s3::ACCESS_KEY,
+        support::s3::SECRET_KEY,
+    );
+    readers_agree(
+        config.to_str().unwrap(),
+        dir.path(),
+        "s3://gpuwarden-lake/prod",
+        Some(secret),
+        Some(storage),
+    );
+}
