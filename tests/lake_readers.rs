@@ -13,128 +13,8 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
+use support::rollups::{gpuwarden_answers, load, ok, unquoted, MINUTE, T0};
 use support::s3::S3Server;
-
-/// 2026-01-01T00:00:00Z.
-const T0: i64 = 1_767_225_600_000;
-const MINUTE: i64 = 60_000;
-
-fn sample(gpu: usize, ts_ms: i64) -> String {
-    serde_json::json!({
-        "v": 1, "ts_ms": ts_ms, "interval_ms": 60_000, "host": format!("node-{}", gpu / 4),
-        "gpu_uuid": format!("GPU-{gpu:04}"), "gpu_model": "NVIDIA A100-SXM4-80GB",
-        "util_gpu_pct": (gpu * 13 % 100) as f64, "mem_used_bytes": 1u64 << 30,
-        "mem_total_bytes": 85899345920u64
-    })
-    .to_string()
-}
-
-fn lease_event(ts_ms: i64, event: &str, lease: &str, team: &str, gpus: &[usize]) -> String {
-    let uuids: Vec<String> = gpus.iter().map(|g| format!("GPU-{g:04}")).collect();
-    let mut e = serde_json::json!({"v": 1, "ts_ms": ts_ms, "event": event, "lease_id": lease,
-        "team": team, "user": "u", "project": "p", "workload": "training", "substrate": "sim",
-        "gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": gpus.len(), "gpu_uuids": uuids});
-    if event == "released" {
-        e["reason"] = serde_json::json!("user");
-    }
-    e.to_string()
-}
-
-/// Ingests `minutes` of samples of `gpus` from `from`, and three leases of two teams, and rolls
-/// up.
-fn load(
-    config: &str,
-    dir: &Path,
-    name: &str,
-    gpus: std::ops::Range<usize>,
-    from: i64,
-    minutes: i64,
-) {
-    let samples = dir.join(format!("{name}-samples.jsonl"));
-    let lines: Vec<String> = (0..minutes)
-        .flat_map(|m| gpus.clone().map(move |g| sample(g, from + m * MINUTE)))
-        .collect();
-    std::fs::write(&samples, lines.join("\n")).unwrap();
-    let events = dir.join(format!("{name}-leases.jsonl"));
-    std::fs::write(
-        &events,
-        [
-            lease_event(T0 + 5 * MINUTE, "granted", "lease-a", "ml", &[0, 1]),
-            lease_event(T0 + 30 * MINUTE, "granted", "lease-b", "vision", &[4]),
-            lease_event(T0 + 130 * MINUTE, "released", "lease-b", "vision", &[4]),
-            lease_event(T0 + 70 * MINUTE, "granted", "lease-c", "ml", &[6, 7]),
-        ]
-        .join("\n"),
-    )
-    .unwrap();
-    ok(gpuwarden(&[
-        "ingest",
-        "--config",
-        config,
-        "--samples",
-        samples.to_str().unwrap(),
-        "--lease-events",
-        events.to_str().unwrap(),
-    ]));
-    ok(gpuwarden(&["rollup", "--config", config]));
-}
-
-fn gpuwarden(args: &[&str]) -> std::process::Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
-    command.args(args);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("AWS_") {
-            command.env_remove(name);
-        }
-    }
-    command.output().unwrap()
-}
-
-fn ok(out: std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-/// `gpuwarden sql`'s answer as `key,value` lines, the form the readers print.
-fn sql(config: &str, extra: &[&str], query: &str) -> Vec<String> {
-    let mut args = vec!["sql", "--config", config, "--format", "csv"];
-    args.extend_from_slice(extra);
-    args.push(query);
-    ok(gpuwarden(&args))
-        .lines()
-        .skip(1)
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The three answers: cost per team from `team_hourly`; cost and leases per team from the
-/// leases and their hours (`lease_usage`); billed cost per sub-account from `focus_costs`.
-fn gpuwarden_answers(config: &str, extra: &[&str]) -> [Vec<String>; 3] {
-    [
-        sql(
-            config,
-            extra,
-            "SELECT team, round(sum(cost_usd), 2) FROM team_hourly GROUP BY team ORDER BY team",
-        ),
-        sql(
-            config,
-            extra,
-            "SELECT team, concat(CAST(round(sum(cost_usd), 2) AS VARCHAR), ',', \
-             CAST(count(*) AS VARCHAR)) FROM lease_usage GROUP BY team ORDER BY team",
-        ),
-        sql(
-            config,
-            extra,
-            r#"SELECT "SubAccountName", round(CAST(sum("BilledCost") AS DOUBLE), 2) FROM focus_costs
-               GROUP BY "SubAccountName" ORDER BY "SubAccountName""#,
-        ),
-    ]
-}
 
 /// A fenced block of README "Reading the lake with any Delta reader" that begins with `marker`.
 fn readme_example(marker: &str) -> String {
@@ -272,23 +152,6 @@ fn answers(out: &str) -> [Vec<String>; 3] {
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     ]
-}
-
-/// gpuwarden's CSV with its quoting removed, and numbers as Python prints them.
-fn unquoted(lines: &[String]) -> Vec<String> {
-    lines
-        .iter()
-        .map(|l| {
-            l.replace('"', "")
-                .split(',')
-                .map(|v| match v.parse::<f64>() {
-                    Ok(x) if v.contains('.') || v.contains('e') => format!("{x:?}"),
-                    _ => v.to_string(),
-                })
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .collect()
 }
 
 fn readers_agree(

@@ -17,6 +17,7 @@ mod demo;
 mod enforce;
 mod ingest;
 mod kafka;
+mod lake;
 mod leases;
 mod metrics_http;
 mod pipeline;
@@ -53,6 +54,7 @@ pub(crate) enum Command {
     Up(up::Args),
     Assess(assess::Args),
     Store(store::Args),
+    Lake(lake::Args),
 }
 
 /// A fresh `[signing]` key (32 random bytes from the kernel, in hex) for a system that runs in one
@@ -105,5 +107,6 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Up(args) => up::run(args),
         Command::Assess(args) => assess::run(args),
         Command::Store(args) => store::run(args),
+        Command::Lake(args) => lake::run(args),
     }
 }

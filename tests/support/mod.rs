@@ -18,6 +18,7 @@ pub mod libvirtd;
 pub mod pg;
 pub mod pki;
 pub mod prometheus;
+pub mod rollups;
 pub mod s3;
 pub mod slurm;
 

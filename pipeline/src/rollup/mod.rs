@@ -39,6 +39,7 @@
 //! are cleared only after the hours they name are recorded as pending there.
 
 pub mod leases;
+pub mod migrate;
 mod parts;
 pub mod tables;
 
@@ -150,6 +151,17 @@ pub enum RollupError {
     /// A commit to a rollup table failed.
     #[error(transparent)]
     Delta(#[from] crate::delta::DeltaError),
+    /// Rollup tables still hold files of the layout before Delta.
+    #[error(
+        "the rollup tables {tables} of {lake} are in the layout before Delta tables: run \
+         `gpuwarden lake migrate` once (with this config) before rolling up"
+    )]
+    NotMigrated {
+        /// The tables with old files.
+        tables: String,
+        /// The lake.
+        lake: String,
+    },
 }
 
 // The wrapped errors are shown in the message rather than as a source, so that an error
@@ -369,6 +381,15 @@ impl Rollup {
         let Some(lock) = self.lake.try_lock(Role::Rollups)? else {
             return Err(RollupError::Busy(self.lake.lock_location(Role::Rollups)));
         };
+        // An hour replaced here before the migration compared it would be compared against
+        // the wrong rows, and its old file would then be kept forever.
+        let unmigrated = migrate::tables_with_old_files(&self.lake)?;
+        if !unmigrated.is_empty() {
+            return Err(RollupError::NotMigrated {
+                tables: unmigrated.join(", "),
+                lake: self.lake.location(),
+            });
+        }
 
         let ctx = SessionContext::new();
         // Reads each hour as its compaction manifest says, and a file replaced meanwhile as

@@ -1,0 +1,107 @@
+//! `gpuwarden lake`: the lake's tools for an operator. `lake migrate` moves the rollup tables of a
+//! lake written before they were Delta tables into their Delta tables; the migration itself is
+//! [`gpuwarden_pipeline::rollup::migrate`]'s.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use gpuwarden_pipeline::rollup::migrate::{migrate, old_files, MigrateError};
+use gpuwarden_pipeline::RollupTable;
+use gpuwarden_schema::config;
+
+/// Tools for the lake (storage.lake).
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    Migrate(MigrateArgs),
+}
+
+/// Move the rollup tables of a lake written by a gpuwarden before Delta tables into their Delta
+/// tables, in place.
+///
+/// Before Delta, each hour of team_hourly, lease_hourly, gpu_hourly and focus_costs was one
+/// file, rollups/<table>/date=YYYY-MM-DD/hour=HH/rollup.parquet (in a bucket rollup.v<n>.parquet,
+/// the highest n the hour's), and the leases rollups/leases/leases.parquet. Each is committed to
+/// its table's Delta log as the rollups would write it; then every table is read back and each
+/// hour's rows and the sum of its measure (observed_gpu_hours, cost_usd, BilledCost, gpu_count)
+/// compared with the old file's. Only when all agree are the old files deleted. Stopped anywhere
+/// (a crash, Ctrl-C, a store out of reach), it is finished by running it again; nothing is lost
+/// or counted twice. The rollups refuse to run until it has.
+///
+/// Run it once after upgrading, with `gpuwarden pipeline` stopped (it takes the rollups' role, so
+/// a running rollup makes it exit with 2). The raw tables are not touched.
+///
+/// Example: gpuwarden lake migrate -c /etc/gpuwarden/gpuwarden.toml
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// The config file (storage.lake or storage.data_dir, [storage.s3]).
+    #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
+    config: PathBuf,
+    /// Compare, but keep the old files (and say what would be deleted).
+    #[arg(long)]
+    keep_old_files: bool,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Command::Migrate(args) => run_migrate(args),
+    }
+}
+
+fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let config = config::load(&args.config)?;
+    let lake = super::open_lake(&config, "lake migrate")?;
+    let started = Instant::now();
+    let mut found = 0;
+    for table in RollupTable::ALL {
+        let files = old_files(&lake, table)?.len();
+        if files > 0 {
+            eprintln!("{}: {files} old files to migrate", table.name());
+        }
+        found += files;
+    }
+    if found == 0 {
+        println!(
+            "the rollup tables of {} are Delta tables already: nothing to migrate",
+            lake.location()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let reports = match runtime.block_on(migrate(&lake, args.keep_old_files)) {
+        Ok(reports) => reports,
+        Err(e @ MigrateError::Busy(_)) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "migrated the rollup tables of {} in {:.1}s; each hour's rows and measure compared equal:",
+        lake.location(),
+        started.elapsed().as_secs_f64()
+    );
+    for r in &reports {
+        println!(
+            "  {:<13} {:>6} files  {:>10} rows  sum {:.6}  old files deleted: {}",
+            r.table,
+            r.files,
+            r.rows,
+            r.sum,
+            if args.keep_old_files {
+                "none (--keep-old-files)".to_string()
+            } else {
+                r.deleted.to_string()
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
