@@ -13,7 +13,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use support::rollups::{gpuwarden_answers, load, ok, unquoted, MINUTE, T0};
+use support::rollups::{gpuwarden, gpuwarden_answers, load, ok, unquoted, MINUTE, T0};
 use support::s3::S3Server;
 
 /// A fenced block of README "Reading the lake with any Delta reader" that begins with `marker`.
@@ -186,6 +186,17 @@ fn readers_agree(
 
     // Late samples of four more GPUs restate the second hour; the answer as the invoice was
     // computed stays reproducible.
+    // A FOCUS export says which version of focus_costs it was computed from.
+    let focus = r#"SELECT "SubAccountName", round(CAST(sum("BilledCost") AS DOUBLE), 2)
+                   FROM focus_costs GROUP BY 1 ORDER BY 1"#;
+    let export = gpuwarden(&["sql", "--config", config, "--format", "csv", focus]);
+    let said = String::from_utf8_lossy(&export.stderr).into_owned();
+    let version = said
+        .lines()
+        .find_map(|l| l.strip_prefix("read focus_costs at version "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the export names its version: {said}"))
+        .to_string();
     let before = std::time::SystemTime::now();
     std::thread::sleep(std::time::Duration::from_millis(1_100));
     load(config, dir, "late", 8..12, T0 + 60 * MINUTE, 30);
@@ -199,6 +210,16 @@ fn readers_agree(
     assert_eq!(
         as_of, expected,
         "--as-of {at} reads the tables as they stood"
+    );
+    let again = unquoted(&support::rollups::sql(
+        config,
+        &["--as-of", &version],
+        focus,
+    ));
+    assert_ne!(restated[2], expected[2]);
+    assert_eq!(
+        again, expected[2],
+        "--as-of {version} computes the export again"
     );
     let by_duckdb = duckdb(&python, location, secret).map(|a| unquoted(&a));
     assert_eq!(by_duckdb, restated, "DuckDB reads the latest version");

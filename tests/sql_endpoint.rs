@@ -775,6 +775,25 @@ fn reads_the_rollups_through_grafana_time_macros(endpoint: Endpoint) {
         endpoint.one("SELECT count(*), max(mem_used_max_bytes) FROM gpu_hourly"),
         "24|1073741824"
     );
+    // `SET gpuwarden.as_of` reads the rollup tables as a version of their logs left them: the
+    // rollups committed team_hourly's hours in order, one commit each after its creation.
+    let out = endpoint.psql(USER, Some(PASSWORD)).script(
+        "SET gpuwarden.as_of = 1;\nSELECT count(*) FROM team_hourly;\n\
+         SET gpuwarden.as_of TO '2';\nSELECT count(*) FROM team_hourly;\n\
+         SET gpuwarden.as_of = 'latest';\nSELECT count(*) FROM team_hourly;\n\
+         SET gpuwarden.as_of = 'last tuesday';\nSELECT count(*) FROM team_hourly;\n",
+    );
+    let rows: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.parse::<u64>().is_ok())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(rows, ["1", "2", "3", "3"], "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value for gpuwarden.as_of"),
+        "{stderr}"
+    );
 }
 
 /// 720³ rows to order: longer than any limit below.

@@ -11,7 +11,7 @@
 //! what it read against what landed, and retries or fails.
 //!
 //! The rollup tables are Delta tables. gpuwarden encodes each file itself (the lake's Parquet
-//! settings, [`crate::lake::writer_properties`]) and commits it with the removal of the files it
+//! settings, `lake::writer_properties`) and commits it with the removal of the files it
 //! replaces; an hour's file is named `<YYYY-MM-DD>T<HH>-<uuid>.parquet`, so the files of an hour
 //! are found by name, and its statistics carry the hour, so readers skip the others.
 
@@ -73,6 +73,8 @@ pub struct DeltaTables {
     open: Arc<Mutex<HashMap<String, DeltaTable>>>,
     /// When each table was last vacuumed through this handle.
     vacuumed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// The version of each table the scans through this handle last read.
+    read: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 impl fmt::Debug for DeltaTables {
@@ -102,6 +104,66 @@ pub enum AsOf {
     Time(i64),
 }
 
+impl AsOf {
+    /// `latest`, a version of the Delta logs (digits, `42`), or a time (RFC 3339; UTC when it
+    /// names no offset, `2026-12-03T00:00:00Z`), as `gpuwarden sql --as-of` and the SQL
+    /// endpoint's `SET gpuwarden.as_of` take them.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let value = value.trim();
+        if value.eq_ignore_ascii_case("latest") {
+            return Ok(Self::Latest);
+        }
+        if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+            return value
+                .parse()
+                .map(Self::Version)
+                .map_err(|e| format!("version {value}: {e}"));
+        }
+        let time = humantime::parse_rfc3339_weak(value).map_err(|e| {
+            format!(
+                "{value:?} is neither latest, a version (a number) nor a time like \
+                 2026-12-03T00:00:00Z: {e}"
+            )
+        })?;
+        let ms = time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("{value} is before 1970"))?
+            .as_millis();
+        Ok(Self::Time(i64::try_from(ms).map_err(|e| e.to_string())?))
+    }
+}
+
+tokio::task_local! {
+    /// The `SET gpuwarden.as_of` of the SQL connection a query is planned in.
+    static SESSION_AS_OF: std::sync::Mutex<AsOf>;
+}
+
+/// Runs `connection` (every query it plans) with an as-of of its own, [`AsOf::Latest`] until
+/// [`set_session_as_of`] changes it: what the tables registered at [`AsOf::Latest`] are read at.
+pub fn scope_session_as_of<F: std::future::Future>(
+    connection: F,
+) -> impl std::future::Future<Output = F::Output> {
+    SESSION_AS_OF.scope(std::sync::Mutex::new(AsOf::Latest), connection)
+}
+
+/// Sets the as-of of the connection [`scope_session_as_of`] runs the caller in; `false`
+/// outside one.
+pub fn set_session_as_of(as_of: AsOf) -> bool {
+    SESSION_AS_OF
+        .try_with(|cell| {
+            if let Ok(mut current) = cell.lock() {
+                *current = as_of;
+            }
+        })
+        .is_ok()
+}
+
+fn session_as_of() -> AsOf {
+    SESSION_AS_OF
+        .try_with(|cell| cell.lock().map_or(AsOf::Latest, |as_of| *as_of))
+        .unwrap_or(AsOf::Latest)
+}
+
 impl DeltaTables {
     /// The tables of a lake in the directory `root`.
     pub fn in_dir(root: &Path) -> Self {
@@ -118,6 +180,7 @@ impl DeltaTables {
             root,
             open: Arc::new(Mutex::new(HashMap::new())),
             vacuumed: Arc::new(Mutex::new(HashMap::new())),
+            read: Arc::default(),
         }
     }
 
@@ -330,9 +393,19 @@ impl DeltaTables {
         Ok(version)
     }
 
+    /// The version of each table (by directory) that the last query through this handle read
+    /// it at: what a FOCUS export records, so that `gpuwarden sql --as-of <version>` computes it
+    /// again.
+    pub fn versions_read(&self) -> std::collections::BTreeMap<String, u64> {
+        self.read
+            .lock()
+            .map(|read| read.clone())
+            .unwrap_or_default()
+    }
+
     /// Deletes the files of the table in `relative` that commits removed more than
     /// [`KEEP_REMOVED`] ago (Delta's VACUUM, from the log's tombstones: nothing is listed), at
-    /// most once per [`VACUUM_EVERY`] through this handle. Returns how many went.
+    /// most once an hour through this handle. Returns how many went.
     pub async fn vacuum(&self, relative: &str) -> Result<usize, DeltaError> {
         let mut vacuumed = self.vacuumed.lock().await;
         if vacuumed
@@ -481,9 +554,13 @@ impl TableProvider for LiveTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>, DataFusionError> {
         let external = |e: DeltaError| DataFusionError::External(Box::new(e));
+        let as_of = match self.as_of {
+            AsOf::Latest => session_as_of(),
+            named => named,
+        };
         let Some(table) = self
             .tables
-            .load(&self.relative, self.as_of)
+            .load(&self.relative, as_of)
             .await
             .map_err(external)?
         else {
@@ -499,6 +576,9 @@ impl TableProvider for LiveTable {
         let state = table
             .snapshot()
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        if let Ok(mut read) = self.tables.read.lock() {
+            read.insert(self.relative.clone(), state.version());
+        }
         // Read as the table is declared (timestamps in milliseconds, plain strings), as every
         // table of the lake is: Delta's own types are microseconds, and DataFusion reads
         // strings as views unless told otherwise.

@@ -353,7 +353,7 @@ pub async fn serve(
                         state: Arc::clone(&connection),
                     });
                     let tls = tls.clone();
-                    open.spawn(Arc::clone(&connection.session).scope(async move {
+                    open.spawn(Arc::clone(&connection.session).scope(crate::delta::scope_session_as_of(async move {
                         let served = datafusion_postgres::pgwire::tokio::process_socket(
                             socket,
                             tls,
@@ -369,7 +369,7 @@ pub async fn serve(
                             }
                         }
                         connection.forget();
-                    }));
+                    })));
                 }
                 Err(e) => {
                     // Out of file descriptors, usually: wait instead of spinning.
@@ -851,6 +851,41 @@ fn shared_setting(set: &Set) -> Option<String> {
         .find(|n| n.starts_with("datafusion."))
 }
 
+/// The value of `SET gpuwarden.as_of = …` (`TO`, quoted or not), if `statement` is one.
+fn as_of_setting(statement: &Statement) -> Option<String> {
+    let Statement::Set(Set::SingleAssignment {
+        variable, values, ..
+    }) = statement
+    else {
+        return None;
+    };
+    let name = variable.to_string().to_lowercase().replace('"', "");
+    if name != AS_OF_SETTING {
+        return None;
+    }
+    let value = values.first().map(ToString::to_string).unwrap_or_default();
+    Some(value.trim_matches('\'').trim_matches('"').to_string())
+}
+
+/// The setting that reads the rollup tables as they stood: `SET gpuwarden.as_of = '2026-12-03
+/// 00:00:00Z'` (a time), `= 412` (a version of their Delta logs), `= latest`.
+pub const AS_OF_SETTING: &str = "gpuwarden.as_of";
+
+fn set_as_of(value: &str) -> PgWireResult<Response> {
+    match crate::delta::AsOf::parse(value) {
+        Ok(as_of) => {
+            crate::delta::set_session_as_of(as_of);
+            Ok(Response::Execution(Tag::new("SET")))
+        }
+        Err(message) => Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".to_string(),
+            // invalid_parameter_value
+            "22023".to_string(),
+            format!("invalid value for {AS_OF_SETTING}: {message}"),
+        )))),
+    }
+}
+
 fn session_time_zone(set: &Set) -> bool {
     match set {
         Set::SingleAssignment { variable, .. } => {
@@ -906,6 +941,9 @@ impl ReadOnly {
         statement: &Statement,
         ctx: &SessionContext,
     ) -> Option<PgWireResult<Response>> {
+        if let Some(value) = as_of_setting(statement) {
+            return Some(set_as_of(&value));
+        }
         match verdict(statement) {
             // datafusion-postgres plans the statement again to run it: planning costs little
             // next to running, and an error found here is the one it would have found.

@@ -52,7 +52,7 @@ pub(crate) struct Args {
     /// they stood at a time ("2026-12-03T00:00:00Z": their last commit at or before it) or at a
     /// version of their Delta logs (a number, "42"), to reproduce an invoice after late data
     /// restated its hours. The raw tables are read as they are now.
-    #[arg(long, value_name = "TIME|VERSION", value_parser = parse_as_of)]
+    #[arg(long, value_name = "TIME|VERSION", value_parser = AsOf::parse)]
     as_of: Option<AsOf>,
     /// The query. It may start with a `--` comment, as files of queries/ do.
     #[arg(
@@ -61,27 +61,6 @@ pub(crate) struct Args {
         allow_hyphen_values = true
     )]
     query: Option<String>,
-}
-
-/// `--as-of`: a version of the Delta logs (digits), or a time (RFC 3339; UTC when it names no
-/// offset).
-fn parse_as_of(value: &str) -> Result<AsOf, String> {
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value
-            .parse()
-            .map(AsOf::Version)
-            .map_err(|e| format!("version {value}: {e}"));
-    }
-    let time = humantime::parse_rfc3339_weak(value).map_err(|e| {
-        format!(
-            "{value:?} is neither a version (a number) nor a time like 2026-12-03T00:00:00Z: {e}"
-        )
-    })?;
-    let ms = time
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| format!("{value} is before 1970"))?
-        .as_millis();
-    Ok(AsOf::Time(i64::try_from(ms).map_err(|e| e.to_string())?))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -134,6 +113,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => anyhow::Error::new(e),
         })
         .context("running the query")?;
+    // Which version of each rollup table the answer comes from (a FOCUS export records it):
+    // `--as-of <version>` answers the same for a query of that table.
+    for (table, version) in lake.delta().versions_read() {
+        let name = table.rsplit('/').next().unwrap_or(&table);
+        eprintln!("read {name} at version {version} of its Delta log");
+    }
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Table => {
