@@ -170,17 +170,7 @@ fn migrates(
 #[test]
 fn a_lake_in_a_directory_is_migrated_to_delta_tables() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-            dir.path().join("data").display(),
-            root.display()
-        ),
-    )
-    .unwrap();
+    let (config, root) = support::rollups::dir_config(dir.path());
     let lake = Lake::open(&root).unwrap();
     let rollups = root.join("rollups");
     let old_names = || -> Vec<String> {

@@ -228,17 +228,7 @@ fn readers_agree(
 #[test]
 fn delta_readers_agree_with_gpuwarden_sql_on_a_lake_in_a_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let lake = dir.path().join("lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-            dir.path().join("data").display(),
-            lake.display()
-        ),
-    )
-    .unwrap();
+    let (config, lake) = support::rollups::dir_config(dir.path());
     readers_agree(
         config.to_str().unwrap(),
         dir.path(),

@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -239,17 +238,7 @@ fn sample(gpu: usize, ts_ms: i64) -> String {
     .to_string()
 }
 
-fn gpuwarden(args: &[&str], env: &[(&'static str, String)]) -> std::process::Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
-    command.args(args);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("AWS_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(env.iter().map(|(k, v)| (k, v)));
-    command.output().unwrap()
-}
+use support::rollups::gpuwarden_with as gpuwarden;
 
 fn ok(out: std::process::Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -444,6 +444,7 @@ impl DeltaTables {
                 relative: relative.to_string(),
                 schema: Arc::new(schema.clone()),
                 as_of,
+                latest: Mutex::new(None),
             }),
         )?;
         Ok(())
@@ -521,6 +522,29 @@ struct LiveTable {
     relative: String,
     schema: SchemaRef,
     as_of: AsOf,
+    /// The table as the last scan at the latest version loaded it: the next reads only the
+    /// commits since (in a bucket, a listing of the log after it and those commits, not the
+    /// checkpoint and every commit after it again).
+    latest: Mutex<Option<DeltaTable>>,
+}
+
+impl LiveTable {
+    /// The table at `as_of`, or `None` while nothing has created it.
+    async fn table(&self, as_of: AsOf) -> Result<Option<DeltaTable>, DeltaError> {
+        if as_of != AsOf::Latest {
+            return self.tables.load(&self.relative, as_of).await;
+        }
+        let mut latest = self.latest.lock().await;
+        if let Some(table) = latest.as_mut() {
+            table
+                .update_incremental(None)
+                .await
+                .map_err(self.tables.error(&self.relative))?;
+        } else {
+            *latest = self.tables.load(&self.relative, AsOf::Latest).await?;
+        }
+        Ok(latest.clone())
+    }
 }
 
 impl fmt::Debug for LiveTable {
@@ -558,12 +582,7 @@ impl TableProvider for LiveTable {
             AsOf::Latest => session_as_of(),
             named => named,
         };
-        let Some(table) = self
-            .tables
-            .load(&self.relative, as_of)
-            .await
-            .map_err(external)?
-        else {
+        let Some(table) = self.table(as_of).await.map_err(external)? else {
             let schema = match projection {
                 Some(p) => Arc::new(self.schema.project(p)?),
                 None => Arc::clone(&self.schema),

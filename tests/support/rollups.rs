@@ -68,7 +68,13 @@ pub fn load(
     ok(gpuwarden(&["rollup", "--config", config]));
 }
 
+/// `gpuwarden` with `args`, without the AWS environment of the test's own process.
 pub fn gpuwarden(args: &[&str]) -> std::process::Output {
+    gpuwarden_with(args, &[])
+}
+
+/// [`gpuwarden`] with `env` set.
+pub fn gpuwarden_with(args: &[&str], env: &[(&'static str, String)]) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
     command.args(args);
     for (name, _) in std::env::vars() {
@@ -76,7 +82,24 @@ pub fn gpuwarden(args: &[&str]) -> std::process::Output {
             command.env_remove(name);
         }
     }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     command.output().unwrap()
+}
+
+/// A config whose lake is the directory `<dir>/lake`: its path, and the lake's.
+pub fn dir_config(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let lake = dir.join("lake");
+    let config = dir.join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
+            dir.join("data").display(),
+            lake.display()
+        ),
+    )
+    .unwrap();
+    (config, lake)
 }
 
 pub fn ok(out: std::process::Output) -> String {
