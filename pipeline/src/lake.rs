@@ -699,9 +699,9 @@ impl Lake {
         replace_durably(&tmp, &path, &bytes)
     }
 
-    /// Serves the lake's files to `ctx` the way its own readers must see them: each hour as its
-    /// compaction manifest says, one version of a rollup file, and a file replaced or removed
-    /// since a query listed it as the version it listed.
+    /// Serves the lake's raw files to `ctx` the way its own readers must see them: each hour as
+    /// its compaction manifest says, and a file replaced or removed since a query listed it as
+    /// the version it listed. (The rollup tables are Delta tables: [`Lake::delta`].)
     pub fn register_reader(&self, ctx: &datafusion::prelude::SessionContext) {
         match &self.objects {
             Some(objects) => objects.register(ctx),

@@ -403,8 +403,8 @@ impl ObjectLake {
     /// [`ObjectLake::sweep_versions`] deletes it [`crate::versions::RETAIN`] later, and read
     /// from there by `LakeReader` when the original is gone. `false` when there was nothing.
     /// Only objects that are never written again with other bytes are retired this way (raw
-    /// files, whose names are their offsets; rollup files, whose names are new at each write),
-    /// so a kept version is the version a query listed.
+    /// files, whose names are their offsets and digests), so a kept version is the version a
+    /// query listed.
     pub fn retire(&self, relative: &FsPath) -> Result<bool, LakeError> {
         let key = self.key(relative);
         let kept = self.key(&FsPath::new(VERSIONS).join(relative));
