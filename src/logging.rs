@@ -18,8 +18,15 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// The levels without `RUST_LOG`: gpuwarden's INFO, and only warnings from the Delta Lake
+/// engine, which logs every snapshot it loads and every scan it plans at INFO (several lines a
+/// query).
+const DEFAULT_FILTER: &str =
+    "info,buoyant_kernel=warn,buoyant_kernel_engine=warn,deltalake_core=warn";
+
 pub(crate) fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let colour = colour(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
