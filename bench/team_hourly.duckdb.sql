@@ -32,8 +32,16 @@ segments AS (
 ),
 segs AS (SELECT * FROM segments WHERE event <> 'released'),
 samples AS (SELECT * FROM read_parquet('{lake}/samples/**/*.parquet')),
+-- The fleet's watermark (docs/ARCHITECTURE.md#hours-and-the-watermark) as one rollup run over a
+-- lake loaded at once takes it: the earliest latest sample among the hosts no more than
+-- pipeline.clock.idle_timeout (5 min) behind the median host's latest, or the latest lease
+-- event if that is later.
+host_latest AS (SELECT host, max(ts_ms) AS t FROM samples GROUP BY host),
 watermark AS (
-    SELECT greatest((SELECT max(ts_ms) FROM samples), (SELECT max(ts_ms) FROM raw_events)) AS w
+    SELECT greatest(
+        (SELECT min(t) FROM host_latest
+          WHERE t >= (SELECT median(t) FROM host_latest) - 300000),
+        (SELECT max(ts_ms) FROM raw_events)) AS w
 ),
 -- Attribution (docs/ARCHITECTURE.md#attribution) is of time: each sample's interval
 -- [ts_ms - interval_ms, ts_ms) is cut at hour edges and where a lease starts or stops holding
