@@ -207,12 +207,7 @@ fn a_lake_in_a_directory_is_migrated_to_delta_tables() {
 fn a_lake_in_a_bucket_is_migrated_to_delta_tables() {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("s3"), "gpuwarden-lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        server.storage_config(&dir.path().join("data"), "prod"),
-    )
-    .unwrap();
+    let config = server.config_file(dir.path(), "prod");
     let lake = server.lake("prod", &dir.path().join("staging"));
     let remove = |table: &str| {
         for key in server.keys(&format!("prod/{table}/")) {

@@ -242,12 +242,7 @@ fn delta_readers_agree_with_gpuwarden_sql_on_a_lake_in_a_directory() {
 fn delta_readers_agree_with_gpuwarden_sql_on_a_lake_in_a_bucket() {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("s3"), "gpuwarden-lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        server.storage_config(&dir.path().join("data"), "prod"),
-    )
-    .unwrap();
+    let config = server.config_file(dir.path(), "prod");
     let host = server.endpoint.trim_start_matches("http://");
     let secret = format!(
         "CREATE SECRET (TYPE s3, KEY_ID '{}', SECRET '{}', REGION '{}', ENDPOINT '{host}', \

@@ -15,6 +15,7 @@ use gpuwarden_pipeline::delta::AsOf;
 use gpuwarden_pipeline::lake::{Intent, Role};
 use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
+use support::rollups::{gpuwarden_with as gpuwarden, ok};
 use support::s3::S3Server;
 
 const HOUR: i64 = 3_600_000;
@@ -236,18 +237,6 @@ fn sample(gpu: usize, ts_ms: i64) -> String {
         "mem_total_bytes": 85899345920u64
     })
     .to_string()
-}
-
-use support::rollups::gpuwarden_with as gpuwarden;
-
-fn ok(out: std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// `storage.lake = "s3://…"` and nothing else: the endpoint, region and credentials come from

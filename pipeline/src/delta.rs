@@ -20,11 +20,12 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::Session;
+use datafusion::common::ScalarValue;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -38,10 +39,10 @@ use deltalake_core::logstore::{LogStoreRef, StorageConfig};
 use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError, TableProperty};
+use gpuwarden_schema::calendar::civil_from_days;
 use object_store::ObjectStoreExt as _;
 use tokio::sync::Mutex;
 
-use crate::lake::hour_partition;
 use crate::store::ObjectLake;
 
 /// A Delta operation of the lake that failed, naming the table.
@@ -64,6 +65,9 @@ enum Root {
     Bucket(ObjectLake),
 }
 
+/// A table as its last read loaded it (`None`: not created then), behind its own lock.
+type Slot = Arc<Mutex<Option<DeltaTable>>>;
+
 /// The lake's Delta tables. A clone shares the tables it has opened.
 #[derive(Clone)]
 pub struct DeltaTables {
@@ -73,6 +77,11 @@ pub struct DeltaTables {
     open: Arc<Mutex<HashMap<String, DeltaTable>>>,
     /// When each table was last vacuumed through this handle.
     vacuumed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// Each table as the last read of its latest version through this handle loaded it, so
+    /// the next reads only the commits since (in a bucket, a listing of the log after it and
+    /// those commits, not the checkpoint and every commit after it again). A lock per table:
+    /// one table's update does not hold up reads of another.
+    latest: Arc<std::sync::Mutex<HashMap<String, Slot>>>,
     /// The version of each table the scans through this handle last read.
     read: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
 }
@@ -180,6 +189,7 @@ impl DeltaTables {
             root,
             open: Arc::new(Mutex::new(HashMap::new())),
             vacuumed: Arc::new(Mutex::new(HashMap::new())),
+            latest: Arc::default(),
             read: Arc::default(),
         }
     }
@@ -200,15 +210,13 @@ impl DeltaTables {
         }
     }
 
-    /// The log store of the table in `relative` (a directory of the lake).
+    /// The log store of the table in `relative` (a directory of the lake; in a directory lake,
+    /// one that exists).
     pub fn log_store(&self, relative: &str) -> Result<LogStoreRef, DeltaError> {
         let store = || -> Result<LogStoreRef, DeltaTableError> {
             match &self.root {
                 Root::Dir(dir) => {
                     let path = dir.join(relative);
-                    std::fs::create_dir_all(&path).map_err(|e| {
-                        DeltaTableError::Generic(format!("creating {}: {e}", path.display()))
-                    })?;
                     let url = url::Url::from_directory_path(&path).map_err(|()| {
                         DeltaTableError::InvalidTableLocation(path.display().to_string())
                     })?;
@@ -241,6 +249,12 @@ impl DeltaTables {
         relative: &str,
         as_of: AsOf,
     ) -> Result<Option<DeltaTable>, DeltaError> {
+        if let Root::Dir(dir) = &self.root {
+            // Reading creates nothing: no directory, no table.
+            if !dir.join(relative).is_dir() {
+                return Ok(None);
+            }
+        }
         let log_store = self.log_store(relative)?;
         if !log_store
             .is_delta_table_location()
@@ -262,6 +276,28 @@ impl DeltaTables {
         Ok(Some(table))
     }
 
+    /// The table in `relative` at its latest version, or `None` while nothing has created it;
+    /// brought up to date from the last time this handle read it.
+    async fn latest(&self, relative: &str) -> Result<Option<DeltaTable>, DeltaError> {
+        let slot = {
+            let mut latest = self
+                .latest
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(latest.entry(relative.to_string()).or_default())
+        };
+        let mut table = slot.lock().await;
+        if let Some(table) = table.as_mut() {
+            table
+                .update_incremental(None)
+                .await
+                .map_err(self.error(relative))?;
+        } else {
+            *table = self.load(relative, AsOf::Latest).await?;
+        }
+        Ok(table.clone())
+    }
+
     /// The table in `relative`, created with `schema` if nothing has created it yet (by this
     /// process or another: of two creators one writes version 0 and the other loads it).
     async fn open_or_create(
@@ -275,6 +311,12 @@ impl DeltaTables {
         let columns = StructType::try_from_arrow(schema)
             .map_err(|e| DeltaTableError::Generic(format!("the table's schema: {e}")))
             .map_err(self.error(relative))?;
+        if let Root::Dir(dir) = &self.root {
+            let path = dir.join(relative);
+            std::fs::create_dir_all(&path)
+                .map_err(|e| DeltaTableError::Generic(format!("creating {}: {e}", path.display())))
+                .map_err(self.error(relative))?;
+        }
         let log_store = self.log_store(relative)?;
         let created = DeltaTable::new(Arc::clone(&log_store))
             .create()
@@ -341,7 +383,9 @@ impl DeltaTables {
             }
         }
         if let Some(batch) = batch.filter(|b| b.num_rows() > 0) {
-            let batch = conform(&stored, batch).map_err(self.error(relative))?;
+            let batch = conform(&stored, batch, &[])
+                .map_err(|e| DeltaTableError::Generic(e.to_string()))
+                .map_err(self.error(relative))?;
             let name = format!(
                 "{}{}.parquet",
                 prefix.as_deref().unwrap_or(""),
@@ -414,7 +458,7 @@ impl DeltaTables {
         {
             return Ok(0);
         }
-        let Some(table) = self.load(relative, AsOf::Latest).await? else {
+        let Some(table) = self.latest(relative).await? else {
             return Ok(0);
         };
         let (_, metrics) = table
@@ -444,7 +488,6 @@ impl DeltaTables {
                 relative: relative.to_string(),
                 schema: Arc::new(schema.clone()),
                 as_of,
-                latest: Mutex::new(None),
             }),
         )?;
         Ok(())
@@ -461,38 +504,59 @@ pub fn stored_schema(schema: &Schema) -> Result<SchemaRef, DeltaTableError> {
     Ok(Arc::new(arrow))
 }
 
-/// `batch`'s columns cast to `schema`'s types.
-fn conform(schema: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch, DeltaTableError> {
+/// `batch`'s columns in `schema`'s order and types, with the columns it lacks filled from
+/// `constants`: the rollups' rows as their tables declare them, and a table's rows as Delta
+/// stores them.
+pub(crate) fn conform(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    constants: &[(&str, ScalarValue)],
+) -> Result<RecordBatch, DataFusionError> {
+    let rows = batch.num_rows();
     let columns = schema
         .fields()
         .iter()
         .map(|field| {
-            let column = batch.column_by_name(field.name()).ok_or_else(|| {
-                DeltaTableError::Generic(format!("the rows have no column {}", field.name()))
-            })?;
-            if column.data_type() == field.data_type() {
-                Ok(Arc::clone(column))
+            let column: ArrayRef = match batch.column_by_name(field.name()) {
+                Some(column) => Arc::clone(column),
+                None => constants
+                    .iter()
+                    .find(|(name, _)| name == field.name())
+                    .ok_or_else(|| {
+                        DataFusionError::Internal(format!("column {} has no value", field.name()))
+                    })?
+                    .1
+                    .to_array_of_size(rows)?,
+            };
+            Ok(if column.data_type() == field.data_type() {
+                column
             } else {
-                cast(column, field.data_type()).map_err(DeltaTableError::from)
-            }
+                cast(&column, field.data_type())?
+            })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(Arc::clone(schema), columns).map_err(DeltaTableError::from)
+        .collect::<Result<Vec<_>, DataFusionError>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// The date and hour of the hour starting at `hour_ms`: `("2026-12-06", 8)`.
+fn date_and_hour(hour_ms: i64) -> (String, i64) {
+    let (y, m, d) = civil_from_days(hour_ms.div_euclid(86_400_000));
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        hour_ms.rem_euclid(86_400_000) / 3_600_000,
+    )
 }
 
 /// How the names of an hour's files begin: `2026-12-06T08-`.
 fn file_prefix(hour_ms: i64) -> String {
-    let partition = hour_partition(hour_ms);
-    // `date=YYYY-MM-DD/hour=HH`
-    let date = &partition[5..15];
-    let hh = &partition[21..23];
-    format!("{date}T{hh}-")
+    let (date, hour) = date_and_hour(hour_ms);
+    format!("{date}T{hour:02}-")
 }
 
 /// An hour as Delta writes a timestamp: `2026-12-06T08:00:00.000Z`.
 fn iso(hour_ms: i64) -> String {
-    let prefix = file_prefix(hour_ms);
-    format!("{}:00:00.000Z", &prefix[..prefix.len() - 1])
+    let (date, hour) = date_and_hour(hour_ms);
+    format!("{date}T{hour:02}:00:00.000Z")
 }
 
 /// The file's statistics in the log: its rows, and for an hour's file the hour (every row's),
@@ -522,29 +586,6 @@ struct LiveTable {
     relative: String,
     schema: SchemaRef,
     as_of: AsOf,
-    /// The table as the last scan at the latest version loaded it: the next reads only the
-    /// commits since (in a bucket, a listing of the log after it and those commits, not the
-    /// checkpoint and every commit after it again).
-    latest: Mutex<Option<DeltaTable>>,
-}
-
-impl LiveTable {
-    /// The table at `as_of`, or `None` while nothing has created it.
-    async fn table(&self, as_of: AsOf) -> Result<Option<DeltaTable>, DeltaError> {
-        if as_of != AsOf::Latest {
-            return self.tables.load(&self.relative, as_of).await;
-        }
-        let mut latest = self.latest.lock().await;
-        if let Some(table) = latest.as_mut() {
-            table
-                .update_incremental(None)
-                .await
-                .map_err(self.tables.error(&self.relative))?;
-        } else {
-            *latest = self.tables.load(&self.relative, AsOf::Latest).await?;
-        }
-        Ok(latest.clone())
-    }
 }
 
 impl fmt::Debug for LiveTable {
@@ -582,7 +623,11 @@ impl TableProvider for LiveTable {
             AsOf::Latest => session_as_of(),
             named => named,
         };
-        let Some(table) = self.table(as_of).await.map_err(external)? else {
+        let table = match as_of {
+            AsOf::Latest => self.tables.latest(&self.relative).await,
+            named => self.tables.load(&self.relative, named).await,
+        };
+        let Some(table) = table.map_err(external)? else {
             let schema = match projection {
                 Some(p) => Arc::new(self.schema.project(p)?),
                 None => Arc::clone(&self.schema),

@@ -173,6 +173,14 @@ impl S3Server {
         )
     }
 
+    /// `<dir>/c.toml`, a config of [`Self::storage_config`] with `<dir>/data` as its data
+    /// directory and the lake under `prefix`; returns its path.
+    pub fn config_file(&self, dir: &Path, prefix: &str) -> std::path::PathBuf {
+        let config = dir.join("c.toml");
+        std::fs::write(&config, self.storage_config(&dir.join("data"), prefix)).unwrap();
+        config
+    }
+
     /// The lake under `prefix` of the bucket, reaching this server through its own settings (as
     /// [`Self::storage_config`] writes them), staging its files under `staging`.
     pub fn lake(&self, prefix: &str, staging: &Path) -> gpuwarden_pipeline::Lake {

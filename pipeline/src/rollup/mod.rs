@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::RecordBatch;
 use arrow_schema::{ArrowError, SchemaRef};
 use datafusion::arrow::compute::{cast, concat_batches};
 use datafusion::common::ScalarValue;
@@ -357,12 +357,19 @@ impl State {
 pub struct Rollup {
     lake: Lake,
     options: RollupOptions,
+    /// Set once a run found no rollup file of the layout before Delta: the check lists every
+    /// file of the tables, which a long-lived pipeline need not do every `rollup_every`.
+    migrated: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Rollup {
     /// A rollup of `lake`.
     pub fn new(lake: Lake, options: RollupOptions) -> Self {
-        Self { lake, options }
+        Self {
+            lake,
+            options,
+            migrated: Arc::default(),
+        }
     }
 
     fn dir(&self) -> PathBuf {
@@ -383,12 +390,16 @@ impl Rollup {
         };
         // An hour replaced here before the migration compared it would be compared against
         // the wrong rows, and its old file would then be kept forever.
-        let unmigrated = migrate::tables_with_old_files(&self.lake)?;
-        if !unmigrated.is_empty() {
-            return Err(RollupError::NotMigrated {
-                tables: unmigrated.join(", "),
-                lake: self.lake.location(),
-            });
+        if !self.migrated.load(std::sync::atomic::Ordering::Relaxed) {
+            let unmigrated = migrate::tables_with_old_files(&self.lake)?;
+            if !unmigrated.is_empty() {
+                return Err(RollupError::NotMigrated {
+                    tables: unmigrated.join(", "),
+                    lake: self.lake.location(),
+                });
+            }
+            self.migrated
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
 
         let ctx = SessionContext::new();
@@ -757,7 +768,7 @@ impl Rollup {
             None
         } else {
             let batch = concat_batches(&batches[0].schema(), batches)?;
-            Some(conform(&table.schema(), &batch, constants)?)
+            Some(crate::delta::conform(&table.schema(), &batch, constants)?)
         };
         self.lake
             .delta()
@@ -770,42 +781,6 @@ impl Rollup {
             .await?;
         Ok(rows)
     }
-}
-
-/// `batch`'s columns in `schema`'s order and types, with the columns it lacks filled from
-/// `constants`.
-fn conform(
-    schema: &SchemaRef,
-    batch: &RecordBatch,
-    constants: &[(&str, ScalarValue)],
-) -> Result<RecordBatch, RollupError> {
-    let rows = batch.num_rows();
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|field| {
-            let column: ArrayRef = match batch.column_by_name(field.name()) {
-                Some(column) => Arc::clone(column),
-                None => constants
-                    .iter()
-                    .find(|(name, _)| name == field.name())
-                    .ok_or_else(|| {
-                        DataFusionError::Internal(format!(
-                            "rollup column {} has no value",
-                            field.name()
-                        ))
-                    })?
-                    .1
-                    .to_array_of_size(rows)?,
-            };
-            Ok(if column.data_type() == field.data_type() {
-                column
-            } else {
-                cast(&column, field.data_type())?
-            })
-        })
-        .collect::<Result<Vec<_>, RollupError>>()?;
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 fn replace(
