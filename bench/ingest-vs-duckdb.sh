@@ -3,7 +3,8 @@
 # the lake against DuckDB on the same file, with the same thread count, in the same run, for the
 # samples in time order and the same samples shuffled (seeded), as a backfill export may be:
 #   duckdb       COPY (SELECT * FROM read_json(...)) TO 'f.parquet' (FORMAT parquet): one file
-#   duckdb-hours the same, PARTITION_BY (date, hour): one directory per hour, as the lake has
+#   duckdb-hours the same, PARTITION_BY (date, hour): one directory per hour (gpuwarden commits
+#                files of one hour each to the samples Delta table)
 # Each is run three times per order; reports the median wall time and peak RSS, the time ratio of
 # gpuwarden to each DuckDB peer (target for the shuffled order: <= 1.0 against duckdb-hours), and
 # Parquet files per hour of gpuwarden and of duckdb-hours (target: no more than DuckDB). DuckDB
@@ -68,6 +69,11 @@ per_hour() { # directory of hour partitions: "files hours"
   echo "$(find "$1" -name '*.parquet' | wc -l) $(find "$1" -name '*.parquet' -printf '%h\n' | sort -u | wc -l)"
 }
 
+gpuwarden_per_hour() { # a Delta table gpuwarden wrote (ingest only adds): "files hours", each
+  # file named after its hour, <YYYY-MM-DD>T<HH>-…
+  echo "$(find "$1" -maxdepth 1 -name '*.parquet' | wc -l) $(find "$1" -maxdepth 1 -name '*.parquet' -printf '%f\n' | cut -c1-13 | sort -u | wc -l)"
+}
+
 for order in sorted shuffled; do
   input=$SORTED; [[ $order == shuffled ]] && input=$SHUFFLED
   echo "== $order: $(wc -l < "$input") lines, $(du -h "$input" | cut -f1); threads: $THREADS; load before: $(uptime | sed 's/.*load average: //')"
@@ -80,7 +86,7 @@ for order in sorted shuffled; do
     END { g = med("gpuwarden", "t"); d = med("duckdb", "t"); h = med("duckdb-hours", "t");
       printf "%s median: gpuwarden %.2f s, duckdb %.2f s, duckdb-hours %.2f s -> time ratio %.2f vs duckdb, %.2f vs duckdb-hours (target <= 1.0); peak RSS %.0f / %.0f / %.0f MiB\n",
         order, g, d, h, g / d, g / h, med("gpuwarden", "r") / 1024, med("duckdb", "r") / 1024, med("duckdb-hours", "r") / 1024 }'
-  read -r gf gh <<<"$(per_hour "$WORK/lake/samples")"
+  read -r gf gh <<<"$(gpuwarden_per_hour "$WORK/lake/samples")"
   read -r df dh <<<"$(per_hour "$WORK/duck-hours")"
   echo "$order files per hour: gpuwarden $gf files / $gh hours ($(du -sh "$WORK/lake/samples" | cut -f1)), duckdb-hours $df files / $dh hours ($(du -sh "$WORK/duck-hours" | cut -f1)), duckdb one file ($(du -h "$WORK/duck.parquet" | cut -f1)); load after: $(uptime | sed 's/.*load average: //')"
 done

@@ -21,7 +21,7 @@ VENV=$WORK/venv
 DATA=$WORK/rollup-$N
 mkdir -p "$WORK"
 [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
-"$VENV/bin/python" -c 'import duckdb' 2>/dev/null || "$VENV/bin/pip" install -q duckdb
+"$VENV/bin/python" -c 'import duckdb, duckdb_extension_delta' 2>/dev/null || "$VENV/bin/pip" install -q -r tests/requirements.txt
 cargo build --release -q --bin gpuwarden
 BIN=$CARGO_TARGET_DIR/release/gpuwarden
 
@@ -47,6 +47,8 @@ usd_per_gpu_hour = 1.9
 EOF
 PRICE="CASE WHEN strpos(lower(gpu_model), 'h100') > 0 THEN 4.5 WHEN strpos(lower(gpu_model), 'a100') > 0 THEN 2.6 WHEN strpos(lower(gpu_model), 'l40s') > 0 THEN 1.9 ELSE 2.0 END"
 
+# A lake of the layout before Delta tables is made again.
+if [[ -e $DATA/.complete && ! -d $DATA/lake/samples/_delta_log ]]; then rm -f "$DATA/.complete"; fi
 if [[ ! -e $DATA/.complete ]]; then
   echo "generating $N samples into $DATA/lake (once)"
   rm -rf "$DATA/lake"
@@ -66,19 +68,20 @@ measure() { # label, command...: prints "label seconds max_rss_kib"
 }
 
 run_once() {
-  rm -rf "$LAKE/rollups" "$LAKE/_recompute"
+  rm -rf "$LAKE/rollups"
   sync
   measure gpuwarden "$BIN" rollup --config "$CONFIG"
   sync
   measure duckdb "$VENV/bin/python" -c "
-import duckdb
+import duckdb, duckdb_extension_delta, glob, os
 c = duckdb.connect()
 c.execute('SET threads=$THREADS')
+c.execute(\"LOAD '\" + glob.glob(os.path.join(os.path.dirname(duckdb_extension_delta.__file__), 'extensions', '*', 'delta.duckdb_extension'))[0] + \"'\")
 c.execute(\"COPY (\" + open('$DATA/team_hourly.sql').read() + \") TO '$DATA/duckdb-team-hourly.csv' (HEADER)\")
 "
 }
 
-files=$(find "$LAKE/samples" -name '*.parquet' | wc -l)
+files=$(find "$LAKE/samples" -maxdepth 1 -name '*.parquet' | wc -l)
 rows=$("$BIN" sql --config "$CONFIG" --format csv "SELECT count(*) AS n FROM samples" | tail -1)
 echo "lake: $rows sample rows in $files Parquet files ($(du -sh "$LAKE/samples" | cut -f1)), $(wc -l < "$DATA/leases.jsonl") lease events; threads: $THREADS"
 results=$( for i in 1 2 3; do run_once; done )

@@ -1,4 +1,4 @@
--- team_hourly computed by DuckDB straight from the lake's raw Parquet, following
+-- team_hourly computed by DuckDB straight from the lake's raw Delta tables (delta_scan), following
 -- docs/ARCHITECTURE.md "What the numbers mean" (the same rules as pipeline/src/rollup): the
 -- peer of `gpuwarden rollup` in bench/rollup-vs-duckdb.sh, which also checks that both give the
 -- same rows. {lake}, {price}, {idle} and {lateness_ms} are filled in by the script.
@@ -6,7 +6,7 @@ WITH
 raw_events AS (
     SELECT DISTINCT ON (lease_id, ts_ms, event) *,
            CASE event WHEN 'granted' THEN 0 WHEN 'resized' THEN 1 ELSE 2 END AS k
-    FROM read_parquet('{lake}/lease_events/**/*.parquet')
+    FROM delta_scan('{lake}/lease_events')
 ),
 ranked AS (
     SELECT *, row_number() OVER (PARTITION BY lease_id ORDER BY ts_ms, k) AS n
@@ -31,7 +31,7 @@ segments AS (
     FROM kept
 ),
 segs AS (SELECT * FROM segments WHERE event <> 'released'),
-samples AS (SELECT * FROM read_parquet('{lake}/samples/**/*.parquet')),
+samples AS (SELECT * FROM delta_scan('{lake}/samples')),
 -- The fleet's watermark (docs/ARCHITECTURE.md#hours-and-the-watermark) as one rollup run over a
 -- lake loaded at once takes it: the earliest latest sample among the hosts no more than
 -- pipeline.clock.idle_timeout (5 min) behind the median host's latest, or the latest lease

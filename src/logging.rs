@@ -20,9 +20,11 @@ pub(crate) enum LogFormat {
 
 /// The levels without `RUST_LOG`: gpuwarden's INFO, and only warnings from the Delta Lake
 /// engine, which logs every snapshot it loads and every scan it plans at INFO (several lines a
-/// query).
-const DEFAULT_FILTER: &str =
-    "info,buoyant_kernel=warn,buoyant_kernel_engine=warn,deltalake_core=warn";
+/// query), except its commits' conflict check, which warns of every commit that landed while
+/// another was being made (ingest's partitions commit side by side: most of them); a conflict
+/// that fails a commit reaches gpuwarden as an error, which it logs.
+const DEFAULT_FILTER: &str = "info,buoyant_kernel=warn,buoyant_kernel_engine=warn,\
+     deltalake_core=warn,deltalake_core::kernel::transaction=error";
 
 pub(crate) fn init(format: LogFormat) {
     let filter =

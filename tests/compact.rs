@@ -1,6 +1,7 @@
-//! Compaction and retention as an operator runs them: `gpuwarden compact` after a backfill,
-//! killed at every step and at random times, and `gpuwarden pipeline` compacting the hours it
-//! finds final by itself.
+//! Compaction (Delta OPTIMIZE of final hours) and retention as an operator runs them:
+//! `gpuwarden compact` after a backfill, killed at every step and at random times, two holders
+//! of a bucket's role racing to commit the same hours, and `gpuwarden pipeline` compacting the
+//! hours it finds final by itself.
 
 mod support;
 
@@ -70,75 +71,30 @@ fn compact(config: &Path) -> Command {
     command
 }
 
-/// The Parquet files of each hour of samples, as the directory holds them.
-fn files_per_hour(lake: &Path) -> Vec<usize> {
-    let mut counts = Vec::new();
-    for date in sorted_dirs(&lake.join("samples")) {
-        for hour in sorted_dirs(&date) {
-            counts.push(
-                std::fs::read_dir(&hour)
-                    .unwrap()
-                    .flatten()
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
-                    .count(),
-            );
+/// The files of each hour of samples, as the table's latest commit names them.
+fn files_per_hour(lake: &gpuwarden_pipeline::Lake) -> Vec<usize> {
+    use gpuwarden_pipeline::delta::{block_on, AsOf};
+    let mut hours = std::collections::BTreeMap::<i64, usize>::new();
+    if let Some(files) = block_on(lake.delta().files("samples", AsOf::Latest)).unwrap() {
+        for file in files.files {
+            *hours.entry(file.hour_ms.unwrap()).or_default() += 1;
         }
     }
-    counts
+    hours.into_values().collect()
 }
 
-fn sorted_dirs(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    dirs
-}
-
-/// Where a test's lake keeps its files: a directory, or a prefix of a bucket of the tests' S3
-/// server, which keeps each object as a file under its key (so the same layout on disk, read
-/// to count files; a file changed behind the lake's back is changed through S3).
+/// Where a test's lake is: a directory, or a prefix of a bucket of the tests' S3 server.
 enum Files<'a> {
     Dir(PathBuf),
-    Bucket(&'a S3Server, &'static str),
+    Bucket(&'a S3Server, &'static str, PathBuf),
 }
 
 impl Files<'_> {
-    /// The lake's layout on disk.
-    fn root(&self) -> PathBuf {
+    /// The lake.
+    fn lake(&self) -> gpuwarden_pipeline::Lake {
         match self {
-            Self::Dir(dir) => dir.clone(),
-            Self::Bucket(server, prefix) => server.object_path(prefix),
-        }
-    }
-
-    /// Replaces the file `relative` of the lake with `bytes`, or removes it (`None`).
-    fn set(&self, relative: &Path, bytes: Option<&[u8]>) {
-        match (self, bytes) {
-            (Self::Dir(dir), Some(bytes)) => std::fs::write(dir.join(relative), bytes).unwrap(),
-            (Self::Dir(dir), None) => std::fs::remove_file(dir.join(relative)).unwrap(),
-            (Self::Bucket(server, prefix), bytes) => {
-                use object_store::ObjectStoreExt as _;
-                let key =
-                    object_store::path::Path::from(format!("{prefix}/{}", relative.display()));
-                let store = server.store();
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                match bytes {
-                    Some(bytes) => {
-                        runtime
-                            .block_on(store.put(&key, bytes.to_vec().into()))
-                            .unwrap();
-                    }
-                    None => runtime.block_on(store.delete(&key)).unwrap(),
-                }
-            }
+            Self::Dir(dir) => gpuwarden_pipeline::Lake::open(dir).unwrap(),
+            Self::Bucket(server, prefix, staging) => server.lake(prefix, staging),
         }
     }
 }
@@ -199,17 +155,22 @@ fn a_compaction_killed_at_any_step_leaves_every_row_exactly_once() {
     );
 }
 
-/// The same in a bucket: outputs uploaded, the manifest a conditional PUT, inputs retired.
+/// The same in a bucket: outputs uploaded, the commit a create-only PUT of the log's next
+/// version.
 #[test]
 fn a_compaction_in_a_bucket_killed_at_any_step_leaves_every_row_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let (server, config) = bucket_lake(dir.path());
-    killed_at_any_step(dir.path(), &config, &Files::Bucket(&server, "fleet"));
+    killed_at_any_step(
+        dir.path(),
+        &config,
+        &Files::Bucket(&server, "fleet", dir.path().join("staging")),
+    );
 }
 
 fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     let config = config.to_path_buf();
-    let lake = files.root();
+    let lake = files.lake();
     let figures = || config_lake_i64(&config, FIGURES);
     ingest_parts(dir, &config);
     let mut expected = figures();
@@ -217,7 +178,7 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     let first = files_per_hour(&lake);
     assert!(first.iter().all(|&n| n >= 3), "{first:?}");
 
-    for (late, step) in ["outputs-written", "manifest-written", "inputs-removing"]
+    for (late, step) in ["outputs-written", "before-commit", "after-commit"]
         .into_iter()
         .enumerate()
     {
@@ -249,53 +210,14 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
 
-    // The same input ingested again rewrites files whose rows the compacted files hold: they
-    // stay hidden, and the next compaction removes them.
+    // The same input ingested again is the same content: nothing is added.
     ingest_samples(&config, &dir.join("part0.jsonl"), &lines(0..4, 2));
     assert_eq!(figures(), expected);
-    let out = compact_output(&config, None);
-    assert!(out.status.success());
-    assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
-
-    // A lost manifest hides its hour's compacted file until the next compaction, which tells
-    // it from a crashed run's leftover (the files it replaced are gone) and rebuilds the
-    // manifest instead of deleting the rows.
-    let hours: Vec<PathBuf> = sorted_dirs(&lake.join("samples"))
-        .iter()
-        .flat_map(|date| sorted_dirs(date))
-        .collect();
-    let first_hour = hours[0]
-        .strip_prefix(&lake)
-        .unwrap()
-        .join("_compaction.json");
-    files.set(&first_hour, None);
-    assert!(figures() < expected);
     let out = compact_output(&config, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(
-        stdout.contains("lost manifests rebuilt from their compacted files: 1"),
-        "{stdout}"
-    );
-    assert_eq!(figures(), expected);
-    assert_eq!(files_per_hour(&lake), [1, 1]);
-
-    // A damaged manifest skips its hour, says so and fails the command; the other hour's late
-    // data is compacted all the same.
-    files.set(&first_hour, Some(b"{\"generation\":"));
-    ingest_samples(&config, &dir.join("late-last.jsonl"), &lines(300..302, 2));
-    let out = compact_output(&config, None);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
-    assert!(stdout.contains("hours compacted: 1;"), "{stdout}");
-    assert!(
-        stdout.contains("hours skipped (manifest_damaged): 1"),
-        "{stdout}"
-    );
-    assert!(stderr.contains("_compaction.json: unreadable"), "{stderr}");
-    assert_eq!(files_per_hour(&lake)[1], 1);
+    assert!(stdout.contains("hours compacted: 0"), "{stdout}");
 }
 
 /// Whether the process `pid` is stopped (by SIGSTOP).
@@ -363,11 +285,11 @@ fn resume(child: &std::process::Child) {
 }
 
 /// Two holders of a bucket's compaction role, one after the other, each stopped between its
-/// last check of the lease and its commit. The first was stopped past its lease; the second
-/// took the role over, found the first's outputs of the hour uncommitted, and removed them (its
-/// own hold every row), after fencing the hour's manifest. Resumed, the first's commit, which
-/// would have named the removed files, is refused, and it says it lost the role; the second's
-/// commit lands, and every row is there exactly once.
+/// last check of the lease and its commit: the first was stopped past its lease, the second
+/// took the role over and compacted the same hours from the same version. Resumed, the first's
+/// commit lands (nothing has removed its inputs yet); the second's, which removes the same
+/// inputs, is refused by the Delta log's conflict check, and its hours are left for the next
+/// run. Every row is there exactly once throughout.
 #[test]
 fn a_compactor_paused_past_its_lease_cannot_commit_over_the_one_that_took_its_role() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,28 +297,31 @@ fn a_compactor_paused_past_its_lease_cannot_commit_over_the_one_that_took_its_ro
     ingest_parts(dir.path(), &config);
     let figures = || config_lake_i64(&config, FIGURES);
     let expected = figures();
+    let lake = server.lake("fleet", &dir.path().join("staging"));
 
     let first = stopped_before_commit(&config);
     let second = stopped_before_commit(&config);
     resume(&first);
     let out = finished(first, "the first, resumed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    // Its commit lands; it may then find its lease lost before its next hour.
     assert!(
-        stderr.contains("no longer holds the compaction role"),
-        "{stderr}"
+        out.status.success() || stderr.contains("no longer holds the compaction role"),
+        "{stdout}{stderr}"
     );
-    assert_eq!(figures(), expected, "after the first's refused commit");
+    assert_eq!(figures(), expected, "after the first's commit");
 
     resume(&second);
     let out = finished(second, "the second, resumed");
-    // Its commit lands; it may then find its own lease too short to go on (it was stopped too).
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
-        out.status.success() || stderr.contains("no longer holds the compaction role"),
-        "{stderr}"
+        stdout.contains("hours left for the next run (conflict)"),
+        "the log refused the second's commit: {stdout}{stderr}"
     );
-    assert_eq!(figures(), expected, "after the second's commit");
+    assert_eq!(figures(), expected, "after the second's refused commit");
     let out = compact_output(&config, None);
     assert!(
         out.status.success(),
@@ -404,7 +329,7 @@ fn a_compactor_paused_past_its_lease_cannot_commit_over_the_one_that_took_its_ro
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(figures(), expected);
-    assert_eq!(files_per_hour(&server.object_path("fleet")), [1, 1]);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
 }
 
 #[test]
@@ -465,7 +390,10 @@ fn a_compaction_killed_at_random_times_leaves_every_row_exactly_once() {
     let out = compact(&config).output().unwrap();
     assert!(out.status.success());
     assert_eq!(lake_i64(&lake, FIGURES), expected);
-    assert_eq!(files_per_hour(&lake), [1, 1]);
+    assert_eq!(
+        files_per_hour(&gpuwarden_pipeline::Lake::open(&lake).unwrap()),
+        [1, 1]
+    );
 }
 
 #[test]
@@ -566,7 +494,7 @@ fn a_running_pipeline_compacts_the_hours_it_finds_final() {
             other => Err(format!("{other:?}")),
         },
     );
-    let files = files_per_hour(&lake);
+    let files = files_per_hour(&gpuwarden_pipeline::Lake::open(&lake).unwrap());
     assert_eq!(&files[..2], [1, 1], "{files:?}");
     assert!(
         files[2] > 1,

@@ -1,19 +1,22 @@
-//! `gpuwarden lake migrate` on a lake whose rollup tables are in the layout before Delta tables
-//! (`rollups/<table>/date=…/hour=…/rollup.parquet`; in a bucket `rollup.v<n>.parquet`, the
-//! highest `n` the hour's, and `leases.parquet` / `leases.v<n>.parquet`), in a directory and in
-//! a bucket of the tests' S3 server: the rollups refuse to run until it has, a run stopped
-//! before it deletes anything changes nothing a second run cannot finish, and afterwards every
-//! answer is the one the old files gave, the old files are gone, and the rollups run again.
+//! `gpuwarden lake migrate` on a lake in the layout before Delta tables, in a directory and in a
+//! bucket of the tests' S3 server. Raw tables: `<table>/date=…/hour=…/*.parquet`, read by the
+//! old rules (an hour's `_compaction.json` hides the ingest files it `superseded` and the
+//! `compact-g` files not in its `outputs`). Rollup tables: `rollups/<table>/date=…/hour=…/
+//! rollup.parquet` (in a bucket `rollup.v<n>.parquet`, the highest `n` the hour's, and
+//! `leases.parquet` / `leases.v<n>.parquet`). The rollups refuse to run until it has, a run
+//! stopped before it deletes anything changes nothing a second run cannot finish, and afterwards
+//! every answer is the one the old files gave, the files the old rules hid and the old rollup
+//! files are gone, and the rollups run again.
 //!
-//! The old layout is written here from the rows the rollups computed (read back with the
-//! library, then written with `Lake::write` under the old names), since the code that wrote it
-//! is gone: the files are the same rows, in the same schema (timestamps in milliseconds), under
-//! the same names.
+//! The old layout is written here from the rows the Delta tables hold (read back with the
+//! library, then written as plain Parquet under the old names), since the code that wrote it is
+//! gone: the files are the same rows, in the same schema, under the same names.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
+use gpuwarden_pipeline::delta::{block_on, AsOf};
 use gpuwarden_pipeline::{sql, Lake, RollupTable};
 use support::rollups::{gpuwarden, gpuwarden_answers, load, ok, unquoted, T0};
 use support::s3::S3Server;
@@ -100,10 +103,112 @@ fn to_old_layout(lake: &Lake, remove_delta: &dyn Fn(&str)) -> usize {
         .iter()
         .filter(|(p, ..)| !p.ends_with("rollup.v0000000001.parquet"))
         .count();
-    for (path, batch, hour) in files {
-        lake.write(&path, &batch, "rollups", hour).unwrap();
+    for (path, batch, _) in files {
+        write_old(lake, &path, &parquet(&batch));
     }
     with_rows
+}
+
+/// `batch` as a Parquet file.
+fn parquet(batch: &datafusion::arrow::array::RecordBatch) -> Vec<u8> {
+    let mut writer =
+        datafusion::parquet::arrow::ArrowWriter::try_new(Vec::new(), batch.schema(), None).unwrap();
+    writer.write(batch).unwrap();
+    writer.into_inner().unwrap()
+}
+
+/// Writes `bytes` as the lake's file `path` (relative to it), as the old layout's writer did.
+fn write_old(lake: &Lake, path: &Path, bytes: &[u8]) {
+    match lake.objects() {
+        Some(objects) => objects.put(path, bytes.to_vec()).unwrap(),
+        None => {
+            let full = lake.root().join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(full, bytes).unwrap();
+        }
+    }
+}
+
+/// Rewrites the raw tables of `lake` in the old layout: each file of a Delta table under its
+/// hour directory, and in the first hour of `samples` what the old rules hid: a copy of the
+/// hour's file its manifest lists as `superseded`, and a `compact-g` file its manifest's
+/// `outputs` do not name (a compaction that crashed before its commit). Then the Delta tables
+/// are removed. Returns the files the old rules show, and those they hide.
+fn raw_to_old_layout(lake: &Lake, remove_delta: &dyn Fn(&str)) -> (usize, usize) {
+    let (mut shown, mut hidden) = (0, 0);
+    for table in [
+        "samples",
+        "lease_events",
+        "signals",
+        "actions",
+        "quarantine",
+    ] {
+        let Some(files) = block_on(lake.delta().files(table, AsOf::Latest)).unwrap() else {
+            continue;
+        };
+        let read: Vec<_> = files
+            .files
+            .iter()
+            .map(|file| {
+                let bytes = match lake.objects() {
+                    Some(objects) => objects
+                        .get(&Path::new(table).join(&file.path))
+                        .unwrap()
+                        .unwrap()
+                        .to_vec(),
+                    None => std::fs::read(lake.root().join(table).join(&file.path)).unwrap(),
+                };
+                (file.clone(), bytes)
+            })
+            .collect();
+        remove_delta(table);
+        let mut first_hour = true;
+        for (n, (file, bytes)) in read.into_iter().enumerate() {
+            let hour = gpuwarden_pipeline::lake::hour_partition(file.hour_ms.unwrap());
+            let dir = Path::new(table).join(&hour);
+            let name = format!("gpuwarden.{table}-p0-o{n:020}-{n:020}-h{n:016x}.parquet");
+            write_old(lake, &dir.join(&name), &bytes);
+            shown += 1;
+            if table == "samples" && first_hour {
+                first_hour = false;
+                let superseded = format!("gpuwarden.{table}-p1-o{n:020}-{n:020}-h{n:016x}.parquet");
+                write_old(lake, &dir.join(&superseded), &bytes);
+                write_old(lake, &dir.join("compact-g1-0000.parquet"), &bytes);
+                let manifest = serde_json::json!({
+                    "generation": 0, "outputs": [], "superseded": [superseded]
+                });
+                write_old(
+                    lake,
+                    &dir.join("_compaction.json"),
+                    manifest.to_string().as_bytes(),
+                );
+                hidden += 3;
+            }
+        }
+    }
+    write_old(lake, Path::new("_recompute/samples/1767225600000"), b"");
+    (shown, hidden)
+}
+
+/// Rows and sums of each raw table, as `gpuwarden sql` answers.
+fn raw_answers(config: &str) -> Vec<String> {
+    [
+        "samples",
+        "lease_events",
+        "signals",
+        "actions",
+        "quarantine",
+    ]
+    .iter()
+    .map(|table| {
+        ok(gpuwarden(&[
+            "sql",
+            "--config",
+            config,
+            &format!("SELECT count(*), sum(ts_ms) FROM {table}"),
+        ]))
+    })
+    .collect()
 }
 
 fn migrates(
@@ -115,6 +220,9 @@ fn migrates(
 ) {
     load(config, dir, "first", 0..8, T0, 150);
     let before = gpuwarden_answers(config, &[]).map(|a| unquoted(&a));
+    let raw_before = raw_answers(config);
+    let (shown, hidden) = raw_to_old_layout(lake, remove_delta);
+    assert!(shown > 0 && hidden == 3);
     let old = to_old_layout(lake, remove_delta);
     assert!(!old_names().is_empty());
     assert_eq!(
@@ -158,6 +266,32 @@ fn migrates(
         gpuwarden_answers(config, &[]).map(|a| unquoted(&a)),
         before,
         "the answers the old files gave"
+    );
+    assert_eq!(
+        raw_answers(config),
+        raw_before,
+        "the raw tables read as the old rules did"
+    );
+    let raw_files: usize = migrated
+        .lines()
+        .filter(|l| l.contains("raw table:"))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(" hours, ")?;
+            rest.split_whitespace().next()?.parse::<usize>().ok()
+        })
+        .sum();
+    assert_eq!(
+        raw_files, shown,
+        "every file the old rules showed is in a log: {migrated}"
+    );
+    let deleted: usize = migrated
+        .lines()
+        .filter(|l| l.contains("raw table:"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(
+        deleted, hidden,
+        "what the old rules hid is deleted: {migrated}"
     );
     let again = ok(gpuwarden(&["lake", "migrate", "--config", config]));
     assert!(again.contains("nothing to migrate"), "{again}");

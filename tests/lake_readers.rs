@@ -95,6 +95,31 @@ fn duckdb(python: &str, location: &str, secret: Option<String>) -> [Vec<String>;
     answers(&out)
 }
 
+/// One DuckDB query with the delta (and httpfs) extensions loaded and `secret` made: its rows as
+/// `key,value` lines.
+fn duckdb_query(python: &str, secret: Option<String>, query: &str) -> Vec<String> {
+    let mut statements = vec![
+        format!("LOAD '{}'", extension(python, "duckdb_extension_delta")),
+        format!("LOAD '{}'", extension(python, "duckdb_extension_httpfs")),
+    ];
+    statements.extend(secret);
+    let out = ok(Command::new(python)
+        .args([
+            "-c",
+            "import sys, duckdb\n\
+             c = duckdb.connect()\n\
+             *setup, q = sys.argv[1:]\n\
+             [c.sql(s) for s in setup]\n\
+             for row in c.sql(q).fetchall():\n\
+             \x20   print(','.join(str(v) for v in row))",
+        ])
+        .args(&statements)
+        .arg(query)
+        .output()
+        .unwrap());
+    unquoted(&out.lines().map(str::to_owned).collect::<Vec<_>>())
+}
+
 /// The README's polars example with the lake at `location` and `storage` for its storage
 /// options (none for a directory), then the other two answers the same way.
 fn polars(python: &str, location: &str, storage: Option<String>) -> [Vec<String>; 3] {
@@ -183,6 +208,36 @@ fn readers_agree(
     assert_eq!(by_duckdb, expected, "DuckDB's delta_scan and gpuwarden sql");
     let by_polars = polars(&python, location, storage.clone()).map(|a| unquoted(&a));
     assert_eq!(by_polars, expected, "polars' scan_delta and gpuwarden sql");
+
+    // The raw samples, read by DuckDB through their table's log, before and after compaction
+    // (OPTIMIZE) swapped every hour's files: the same rows as gpuwarden's, and the rollups'
+    // answers unchanged.
+    let raw = "SELECT count(*), count(DISTINCT gpu_uuid), sum(ts_ms) FROM samples";
+    let gpuwarden_raw = unquoted(&support::rollups::sql(config, &[], raw));
+    let duckdb_raw = |location: &str| {
+        duckdb_query(
+            &python,
+            secret.clone(),
+            &raw.replace(
+                "FROM samples",
+                &format!("FROM delta_scan('{location}/samples')"),
+            ),
+        )
+    };
+    assert_eq!(
+        duckdb_raw(location),
+        gpuwarden_raw,
+        "DuckDB's delta_scan of samples"
+    );
+    // At the rollups' watermark: the hours it has passed (with the lateness) are compacted.
+    let compacted = ok(gpuwarden(&["compact", "--config", config]));
+    assert!(!compacted.contains("hours compacted: 0;"), "{compacted}");
+    assert_eq!(duckdb_raw(location), gpuwarden_raw, "after OPTIMIZE");
+    assert_eq!(
+        duckdb(&python, location, secret.clone()).map(|a| unquoted(&a)),
+        expected,
+        "the rollups after OPTIMIZE"
+    );
 
     // Late samples of four more GPUs restate the second hour; the answer as the invoice was
     // computed stays reproducible.

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use gpuwarden_pipeline::delta::AsOf;
-use gpuwarden_pipeline::lake::{Intent, Role};
+use gpuwarden_pipeline::delta::{block_on, AppTxn, Appended, NewFile};
+use gpuwarden_pipeline::lake::Role;
 use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
 use support::rollups::{gpuwarden_with as gpuwarden, ok};
@@ -22,131 +23,232 @@ const HOUR: i64 = 3_600_000;
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
 
-fn batch(rows: i64) -> RecordBatch {
-    let ids: Vec<String> = (0..rows).map(|i| format!("row-{i}")).collect();
-    RecordBatch::try_from_iter([
-        (
-            "ts_ms",
-            std::sync::Arc::new(Int64Array::from_iter_values((0..rows).map(|i| T0 + i)))
-                as ArrayRef,
-        ),
-        ("id", std::sync::Arc::new(StringArray::from(ids)) as _),
-    ])
-    .unwrap()
+/// `rows` samples of `hour` (GPU `i` at its start), as ingest buffers them.
+fn samples(rows: i64, hour: i64) -> RecordBatch {
+    use gpuwarden_schema::Record as _;
+    let rows: Vec<gpuwarden_schema::Sample> = (0..rows)
+        .map(|i| {
+            gpuwarden_schema::Sample::from_json(
+                format!(
+                    r#"{{"v":1,"ts_ms":{hour},"interval_ms":5000,"host":"h","gpu_uuid":"GPU-{i}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        })
+        .collect();
+    gpuwarden_schema::Sample::to_record_batch(&rows).unwrap()
 }
 
-fn count(lake: &Lake, dir: &str) -> usize {
-    // The raw tables have fixed schemas; a table of test rows is read as files directly.
+/// `SELECT count(*)` of `table`, through gpuwarden's session at `as_of`.
+fn count_as_of(lake: &Lake, table: &str, as_of: AsOf) -> i64 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let ctx = datafusion::prelude::SessionContext::new();
-        let url = match lake.objects() {
-            Some(objects) => {
-                objects.register(&ctx);
-                objects.dir_url(Path::new(dir))
-            }
-            None => format!("{}/", lake.root().join(dir).display()),
-        };
-        let df = ctx
-            .read_parquet(url, datafusion::prelude::ParquetReadOptions::default())
+    let batches = runtime.block_on(async {
+        let ctx = gpuwarden_pipeline::sql::context_as_of(lake, as_of)
             .await
             .unwrap();
-        df.count().await.unwrap()
-    })
+        ctx.sql(&format!("SELECT count(*) FROM {table}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap()
+    });
+    batches[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0)
+}
+
+fn count(lake: &Lake, table: &str) -> i64 {
+    count_as_of(lake, table, AsOf::Latest)
+}
+
+/// Appends `batch` (rows of `hour` with `offsets`) to its table as source `source` would, its
+/// last offset `last`.
+fn append(
+    lake: &Lake,
+    table: &str,
+    source: &str,
+    batch: &RecordBatch,
+    hour: i64,
+    offsets: &[i64],
+    last: i64,
+) -> Appended {
+    block_on(lake.delta().append(
+        table,
+        &batch.schema(),
+        source,
+        &[NewFile {
+            hour_ms: hour,
+            batch,
+            offsets: Some(offsets),
+        }],
+        Some(&AppTxn {
+            app_id: source.to_string(),
+            last,
+        }),
+    ))
+    .unwrap()
+}
+
+/// A signal row, as ingest buffers it.
+fn signal_rows() -> RecordBatch {
+    use gpuwarden_schema::Record as _;
+    let signal = gpuwarden_schema::Signal::from_json(
+        format!(r#"{{"v":1,"ts_ms":{T0},"kind":"team_spend","window_ms":60000,"team":"a","month_to_date_usd":1.5,"burn_usd_per_hour":0.5}}"#).as_bytes(),
+    )
+    .unwrap();
+    gpuwarden_schema::Signal::to_record_batch(&[signal]).unwrap()
 }
 
 /// What every lake does, wherever it is: `exists` says whether a file (relative to the lake's
 /// root) is in the lake, looked at from outside it.
 fn lake_contract(lake: &Lake, exists: &dyn Fn(&Path) -> bool) {
-    let a = Lake::file_name(
+    // A flush of offsets 10..=19 with rows of two hours, committed hour by hour.
+    let offsets: Vec<i64> = (10..20).collect();
+    let first = append(
+        lake,
         "samples",
-        T0,
         "t-p0",
-        10,
+        &samples(3, T0),
+        T0,
+        &offsets[..3],
         19,
-        gpuwarden_pipeline::buffer::ContentDigest(0),
     );
-    let b = Lake::file_name(
+    assert!(
+        matches!(
+            first,
+            Appended::Committed {
+                rows: 3,
+                files: 1,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    // The table holds the source up to 19 now: a second commit of the same range adds nothing.
+    let again = append(
+        lake,
         "samples",
+        "t-p0",
+        &samples(4, T0 + HOUR),
         T0 + HOUR,
-        "t-p0",
-        10,
+        &offsets[3..7],
         19,
-        gpuwarden_pipeline::buffer::ContentDigest(0),
     );
-    let c = Lake::file_name(
-        "signals",
-        T0,
-        "t-p0",
-        10,
-        19,
-        gpuwarden_pipeline::buffer::ContentDigest(0),
+    assert_eq!(again, Appended::AlreadyThere { held: 19 });
+    assert_eq!(count(lake, "samples"), 3);
+    let files = block_on(lake.delta().files("samples", AsOf::Latest))
+        .unwrap()
+        .unwrap();
+    assert_eq!(files.files.len(), 1);
+    let file = &files.files[0];
+    assert_eq!((file.hour_ms, file.rows), (Some(T0), Some(3)));
+    assert!(
+        file.path.starts_with("2026-01-01T00-t-p0-"),
+        "{}",
+        file.path
     );
-
-    // A flush: journalled, written, then its files are what recovery looks at.
-    lake.write_intent(&Intent {
-        source: "t-p0".into(),
-        first: 10,
-        last: 19,
-        files: vec![a.clone(), b.clone(), c.clone()],
-    })
-    .unwrap();
-    let pending = lake.pending_files().unwrap();
-    assert_eq!(pending.len(), 3, "{pending:?}");
-    for (file, table, hour, rows) in [
-        (&a, "samples", T0, 3),
-        (&b, "samples", T0 + HOUR, 4),
-        (&c, "signals", T0, 5),
-    ] {
-        let bytes = lake.write(file, &batch(rows), table, hour).unwrap();
-        assert!(bytes > 0);
-        assert!(exists(file), "{}", file.display());
-    }
-    assert_eq!(lake.hours("samples").unwrap(), [T0, T0 + HOUR]);
-    assert_eq!(lake.hours("signals").unwrap(), [T0]);
-    assert_eq!(lake.hours("actions").unwrap(), Vec::<i64>::new());
-    assert_eq!(count(lake, "samples"), 7, "every row of the table's files");
-
-    // Writes to the rollups' inputs mark their hours; other tables' do not.
-    assert_eq!(lake.marked_hours("samples").unwrap(), [T0, T0 + HOUR]);
-    assert!(lake.marked_hours("signals").unwrap().is_empty());
-    lake.clear_mark("samples", T0).unwrap();
-    lake.clear_mark("samples", T0).unwrap();
-    assert_eq!(lake.marked_hours("samples").unwrap(), [T0 + HOUR]);
-
-    // Written again (a replay of the same offsets): the same file, not another one.
-    lake.write(&a, &batch(3), "samples", T0).unwrap();
-    assert_eq!(count(lake, "samples"), 7);
-
-    // Committed past the flush: the journal goes, the files stay.
-    assert_eq!(lake.recover("t-p0", Some(20)).unwrap(), 0);
-    assert!(lake.pending_files().unwrap().is_empty());
-    assert!(exists(&a) && exists(&b) && exists(&c));
-
-    // Journalled again and committed only up to 15: the flush's files are removed.
-    lake.write_intent(&Intent {
-        source: "t-p0".into(),
-        first: 10,
-        last: 19,
-        files: vec![a.clone(), b.clone()],
-    })
-    .unwrap();
-    assert_eq!(lake.recover("t-p0", Some(15)).unwrap(), 2);
-    assert!(!exists(&a) && !exists(&b) && exists(&c));
+    assert!(
+        exists(&Path::new("samples").join(&file.path)),
+        "{}",
+        file.path
+    );
     assert_eq!(
-        lake.recover("t-p0", Some(15)).unwrap(),
-        0,
-        "the journal is gone"
+        block_on(lake.delta().txn_version("samples", "t-p0")).unwrap(),
+        Some(19)
     );
-    assert_eq!(count(lake, "signals"), 5);
 
-    // Removing reports whether there was a file.
-    assert!(lake.remove(&c).unwrap());
-    assert!(!lake.remove(&c).unwrap());
-    assert!(!exists(&c));
+    // A replay with other boundaries (a new owner read from an older committed offset): only
+    // the rows after 19 land.
+    let replayed = append(
+        lake,
+        "samples",
+        "t-p0",
+        &samples(6, T0 + HOUR),
+        T0 + HOUR,
+        &[16, 17, 18, 19, 20, 21],
+        21,
+    );
+    assert!(
+        matches!(replayed, Appended::Committed { rows: 2, .. }),
+        "{replayed:?}"
+    );
+    assert_eq!(count(lake, "samples"), 5);
+
+    // Two owners of one partition commit the same range at once: the log lets one in, and the
+    // other, checked against it, adds nothing.
+    let both: Vec<i64> = (22..30).collect();
+    let batch = samples(8, T0 + HOUR);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| append(lake, "samples", "t-p0", &batch, T0 + HOUR, &both, 29));
+        }
+    });
+    assert_eq!(count(lake, "samples"), 13, "the range once");
+    // A partition deleted and created again numbers from 0 again: its offsets are forgotten,
+    // and its new records land.
+    block_on(lake.delta().forget_txn("samples", &batch.schema(), "t-p0")).unwrap();
+    assert_eq!(
+        block_on(lake.delta().txn_version("samples", "t-p0")).unwrap(),
+        Some(-1)
+    );
+    let renumbered = append(
+        lake,
+        "samples",
+        "t-p0",
+        &samples(2, T0 + HOUR),
+        T0 + HOUR,
+        &[0, 1],
+        1,
+    );
+    assert!(
+        matches!(renumbered, Appended::Committed { rows: 2, .. }),
+        "{renumbered:?}"
+    );
+    assert_eq!(count(lake, "samples"), 15);
+    // Another source is another transaction, another table another log.
+    append(lake, "signals", "u-p1", &signal_rows(), T0, &[0], 0);
+    assert_eq!(count(lake, "signals"), 1);
+
+    // The hours commits added rows to, for the rollups.
+    let (latest, hours) = block_on(lake.delta().changed_hours("samples", Some(0)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        hours.unwrap().into_iter().collect::<Vec<_>>(),
+        [T0, T0 + HOUR]
+    );
+    let (_, none) = block_on(lake.delta().changed_hours("samples", Some(latest)))
+        .unwrap()
+        .unwrap();
+    assert!(none.unwrap().is_empty());
+
+    // Files a commit removes stay for the versions that name them.
+    let files = block_on(lake.delta().files("samples", AsOf::Latest))
+        .unwrap()
+        .unwrap();
+    block_on(
+        lake.delta()
+            .remove_files("samples", files.version, &files.files, "true"),
+    )
+    .unwrap();
+    assert_eq!(count(lake, "samples"), 0);
+    assert!(files
+        .files
+        .iter()
+        .all(|f| exists(&Path::new("samples").join(&f.path))));
+    assert_eq!(
+        count_as_of(lake, "samples", AsOf::Version(files.version)),
+        15,
+        "as of the version before the removal"
+    );
 }
 
 #[test]
@@ -287,14 +389,16 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
         ok(gpuwarden(&ingest, &env));
     }
     let keys = server.keys("gw");
-    let hours: Vec<&String> = keys
-        .iter()
-        .filter(|k| k.starts_with("gw/samples/") && k.ends_with(".parquet"))
-        .collect();
-    assert_eq!(hours.len(), 3, "one file per hour: {keys:?}");
+    let data = |keys: &[String]| -> Vec<String> {
+        keys.iter()
+            .filter(|k| k.starts_with("gw/samples/") && !k.contains("/_delta_log/"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(data(&keys).len(), 3, "one file per hour: {keys:?}");
     assert!(
-        keys.contains(&format!("gw/_recompute/samples/{}", T0 + HOUR)),
-        "the rollups will find the hours marked: {keys:?}"
+        keys.contains(&"gw/samples/_delta_log/00000000000000000001.json".to_string()),
+        "committed to the table's log: {keys:?}"
     );
 
     let query = "SELECT date_trunc('hour', to_timestamp_millis(ts_ms)) AS hour, count(*) AS n, \
@@ -387,7 +491,7 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     let keys = server.keys("gw");
     assert!(
         keys.iter()
-            .any(|k| k.starts_with("gw/samples/") && k.contains("/compact-g1-0000-l1.parquet")),
+            .any(|k| k.starts_with("gw/samples/2026-01-01T00-optimized-")),
         "{keys:?}"
     );
     assert!(
@@ -396,7 +500,7 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     );
 
     // Retention on a bucket: with samples kept a day, the watermark years later deletes every
-    // hour of them (retired to _versions/, as a replaced file); the rollups stay.
+    // hour of them (a Delta DELETE; VACUUM deletes the files 30 days later); the rollups stay.
     let mut text = std::fs::read_to_string(&s3_config).unwrap();
     text = text.replace("samples = \"forever\"", "samples = \"1d\"");
     std::fs::write(&s3_config, text).unwrap();
@@ -423,14 +527,9 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     };
     assert_eq!(sql("SELECT count(*) AS n FROM samples"), "n\n0\n");
     assert_eq!(sql(rollups), bucket_rollups, "the rollups stay");
-    let keys = server.keys("gw");
     assert!(
-        !keys.iter().any(|k| k.starts_with("gw/samples/")),
-        "{keys:?}"
-    );
-    assert!(
-        keys.iter().any(|k| k.starts_with("gw/_versions/samples/")),
-        "{keys:?}"
+        !data(&server.keys("gw")).is_empty(),
+        "the files stay for as-of reads of the versions before the deletion"
     );
 }
 
@@ -872,15 +971,16 @@ fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_file
             })
             .collect();
         let batch = gpuwarden_schema::Sample::to_record_batch(&rows).unwrap();
-        let name = Lake::file_name(
+        let offsets: Vec<i64> = (f * per_file..(f + 1) * per_file).collect();
+        append(
+            &lake,
             "samples",
-            T0,
             "gpuwarden.samples-p0",
-            f * per_file,
+            &batch,
+            T0,
+            &offsets,
             (f + 1) * per_file - 1,
-            gpuwarden_pipeline::buffer::ContentDigest(0),
         );
-        lake.write(&name, &batch, "samples", T0).unwrap();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -918,10 +1018,20 @@ fn a_long_query_over_a_bucket_reads_correctly_while_compaction_replaces_its_file
         .unwrap();
     assert_eq!(done.compacted.hours, 1);
     assert_eq!(done.compacted.files_in, files as usize);
-    let listed = server.keys("fleet/samples");
+    let after = block_on(lake.delta().files("samples", AsOf::Latest))
+        .unwrap()
+        .unwrap();
     assert!(
-        listed.iter().all(|k| !k.contains("gpuwarden.samples-p0")),
-        "the inputs are retired: {listed:?}"
+        after.files.iter().all(|f| f.path.contains("-optimized-")),
+        "the latest version names the outputs only: {:?}",
+        after.files
+    );
+    assert!(
+        server
+            .keys("fleet/samples")
+            .iter()
+            .any(|k| k.contains("gpuwarden.samples-p0")),
+        "the inputs stay in the bucket for the versions that name them"
     );
 
     while let Some(batch) = runtime.block_on(stream.next()) {

@@ -506,7 +506,7 @@ fn ingest_backfills_into_a_lake_in_s3_as_into_a_directory() {
     let keys = server.keys("gpuwarden");
     assert!(
         keys.iter()
-            .any(|k| k.starts_with("gpuwarden/samples/date=2026-01-01/hour=00/file-samples-")),
+            .any(|k| k.starts_with("gpuwarden/samples/2026-01-01T00-file-samples-")),
         "{keys:?}"
     );
     assert!(

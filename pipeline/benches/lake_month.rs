@@ -1,18 +1,20 @@
 //! Benchmark: a simulated stretch of a fleet's samples as the pipeline leaves them in the lake
-//! at steady state (one file per partition, minute and hour: what `flush_age = 1m` writes when
-//! traffic is steady), then compacted; three representative queries over raw samples timed on
-//! each. Run with `bench/lake-month.sh`, which times the same queries in DuckDB over the same
-//! rows written once by DuckDB.
+//! at steady state (one commit per partition and minute, each adding that minute's file: what
+//! `flush_age = 1m` commits when traffic is steady), then compacted (OPTIMIZE); three
+//! representative queries over raw samples timed on each, and the time to open the table (read
+//! its log) after those commits. Run with `bench/lake-month.sh`, which times the same queries in
+//! DuckDB's `delta_scan` of the same table.
 //!
-//! `lake_month <dir> <gpus> <days>`: writes `<dir>/lake` with `Lake::write` (the pipeline's
-//! writer: atomic, fsynced, zstd), prints one JSON line per phase on stdout. With
-//! `LAKE_MONTH_REUSE=1`, a lake already in `<dir>` (from a run with the same arguments) is kept
-//! and only queried, after a compaction that has nothing left to do.
+//! `lake_month <dir> <gpus> <days>`: writes `<dir>/lake` with `DeltaTables::append` (ingest's
+//! commit, with each partition's offsets as its transaction), prints one JSON line per phase on
+//! stdout. With `LAKE_MONTH_REUSE=1`, a lake already in `<dir>` (from a run with the same
+//! arguments) is kept and only queried, after a compaction that has nothing left to do.
 
 use std::time::Instant;
 
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use gpuwarden_pipeline::compact::CompactOptions;
+use gpuwarden_pipeline::delta::{block_on, AppTxn, AsOf, NewFile};
 use gpuwarden_pipeline::{Compactor, Lake, Table};
 use std::sync::Arc;
 
@@ -114,21 +116,27 @@ fn batch(gpus: &[usize], minute_ms: i64) -> RecordBatch {
     RecordBatch::try_new(schema.clone(), columns).unwrap()
 }
 
-fn dir_stats(dir: &std::path::Path) -> (u64, u64) {
-    let mut files = 0;
-    let mut bytes = 0;
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            let (f, b) = dir_stats(&path);
-            files += f;
-            bytes += b;
-        } else if path.extension().is_some_and(|x| x == "parquet") {
-            files += 1;
-            bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
-        }
-    }
-    (files, bytes)
+/// The files of the samples table's latest version, their bytes, the version, and how long
+/// opening the table (reading its log from scratch, as a new reader does) took.
+fn table_stats(lake: &Lake) -> (u64, u64, u64, f64) {
+    let started = Instant::now();
+    let files = block_on(lake.delta().load("samples", AsOf::Latest))
+        .unwrap()
+        .map(|table| table.version().unwrap_or(0));
+    let open_s = started.elapsed().as_secs_f64();
+    let Some(version) = files else {
+        return (0, 0, 0, open_s);
+    };
+    let files = block_on(lake.delta().files("samples", AsOf::Latest))
+        .unwrap()
+        .unwrap();
+    let bytes = files.files.iter().map(|f| f.size.max(0) as u64).sum();
+    (
+        files.files.len() as u64,
+        bytes,
+        version,
+        open_s,
+    )
 }
 
 /// Each query `runs` times in a new session (`sql::query`, as `gpuwarden sql` runs it) and,
@@ -179,19 +187,38 @@ fn queries(
 }
 
 /// The engine's own floor: the same queries in a plain DataFusion session (its defaults, none of
-/// gpuwarden's schema, versioned reads or governor), over `path` (DuckDB's file of the same rows,
-/// or the compacted lake's directory); best and median of `runs` in one held session.
+/// gpuwarden's schema, Delta log or governor), over `paths` (DuckDB's file of the same rows, or
+/// the files of the compacted table's latest version); best and median of `runs` in one held
+/// session.
 fn bare_datafusion(
     runtime: &tokio::runtime::Runtime,
     label: &str,
-    path: &str,
+    paths: &[String],
     runs: usize,
     last_day: i64,
     gpu: &str,
 ) {
+    use datafusion::datasource::listing::{
+        ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+    };
     let ctx = datafusion::prelude::SessionContext::new();
-    runtime
-        .block_on(ctx.register_parquet("samples", path, Default::default()))
+    let urls = paths
+        .iter()
+        .map(ListingTableUrl::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let options = ListingOptions::new(Arc::new(
+        datafusion::datasource::file_format::parquet::ParquetFormat::default(),
+    ))
+    .with_file_extension(".parquet");
+    let config = runtime
+        .block_on(
+            ListingTableConfig::new_with_multi_paths(urls)
+                .with_listing_options(options)
+                .infer_schema(&ctx.state()),
+        )
+        .unwrap();
+    ctx.register_table("samples", Arc::new(ListingTable::try_new(config).unwrap()))
         .unwrap();
     for (name, sql) in QUERIES {
         let sql = sql
@@ -242,11 +269,18 @@ fn main() {
         // Run by the script after DuckDB wrote its file: the engine's floor on both files.
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let duck = dir.join("duck.parquet");
-        let lake = dir.join("lake/samples/");
+        let lake = Lake::open(dir.join("lake")).unwrap();
+        let files: Vec<String> = block_on(lake.delta().files("samples", AsOf::Latest))
+            .unwrap()
+            .unwrap()
+            .files
+            .iter()
+            .map(|f| lake.delta().file_url("samples", &f.path))
+            .collect();
         bare_datafusion(
             &runtime,
             "bare datafusion, duckdb's file",
-            duck.to_str().unwrap(),
+            &[duck.display().to_string()],
             3,
             last_day,
             &gpu,
@@ -254,7 +288,7 @@ fn main() {
         bare_datafusion(
             &runtime,
             "bare datafusion, compacted lake",
-            lake.to_str().unwrap(),
+            &files,
             3,
             last_day,
             &gpu,
@@ -267,7 +301,7 @@ fn main() {
         .collect();
     let hours = days * 24;
     let reuse = std::env::var("LAKE_MONTH_REUSE").is_ok_and(|v| v == "1")
-        && lake.root().join("samples").is_dir();
+        && lake.root().join("samples/_delta_log").is_dir();
     let started = Instant::now();
     let mut offsets = [0i64; PARTITIONS];
     for hour in (0..hours).filter(|_| !reuse) {
@@ -279,17 +313,23 @@ fn main() {
                     continue;
                 }
                 let batch = batch(gpus, minute_ms);
-                let first = offsets[p];
                 offsets[p] += batch.num_rows() as i64;
-                let name = Lake::file_name(
+                let source = format!("gpuwarden.samples-p{p}");
+                block_on(lake.delta().append(
                     "samples",
-                    hour_ms,
-                    &format!("gpuwarden.samples-p{p}"),
-                    first,
-                    offsets[p] - 1,
-                    gpuwarden_pipeline::buffer::ContentDigest(0),
-                );
-                lake.write(&name, &batch, "samples", hour_ms).unwrap();
+                    &Table::Samples.schema(),
+                    &source,
+                    &[NewFile {
+                        hour_ms,
+                        batch: &batch,
+                        offsets: None,
+                    }],
+                    Some(&AppTxn {
+                        app_id: format!("{source}@bench"),
+                        last: offsets[p] - 1,
+                    }),
+                ))
+                .unwrap();
             }
         }
         if hour % 24 == 23 {
@@ -301,12 +341,13 @@ fn main() {
         }
     }
     let rows = offsets.iter().sum::<i64>();
-    let (files, bytes) = dir_stats(&lake.root().join("samples"));
+    let write_s = started.elapsed().as_secs_f64();
+    let (files, bytes, version, open_s) = table_stats(&lake);
     println!(
         "{}",
         serde_json::json!({"phase": if reuse { "reused" } else { "written" }, "gpus": gpus, "days": days, "rows": rows, "hours": hours,
             "files": files, "files_per_hour": files as f64 / hours as f64, "bytes": bytes,
-            "write_s": started.elapsed().as_secs_f64()})
+            "commits": version, "open_table_s": open_s, "write_s": write_s})
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -325,13 +366,14 @@ fn main() {
                 .run(Some(T0 + (hours + 1) * HOUR_MS)),
         )
         .unwrap();
-    let (files, bytes) = dir_stats(&lake.root().join("samples"));
+    let compact_s = started.elapsed().as_secs_f64();
+    let (files, bytes, version, open_s) = table_stats(&lake);
     println!(
         "{}",
         serde_json::json!({"phase": "compacted", "hours": done.compacted.hours, "files_in": done.compacted.files_in,
             "files_out": done.compacted.files_out, "rows": done.compacted.rows, "files": files,
             "files_per_hour": files as f64 / hours as f64, "bytes": bytes,
-            "compact_s": started.elapsed().as_secs_f64()})
+            "commits": version, "open_table_s": open_s, "compact_s": compact_s})
     );
     queries(&runtime, &lake, "after compaction", 3, last_day, &gpu);
 }

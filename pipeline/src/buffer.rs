@@ -219,6 +219,9 @@ pub struct Sealed {
     pub digest: ContentDigest,
     /// The batches.
     pub batches: Vec<(Table, i64, RecordBatch)>,
+    /// Each batch's rows' offsets (or lines), ascending: which a commit may leave out
+    /// because the table holds them already.
+    pub offsets: Vec<Vec<i64>>,
     /// About how much memory they hold.
     pub bytes: usize,
 }
@@ -226,6 +229,8 @@ pub struct Sealed {
 /// Rows of one source (a partition, or a file chunk) since its last flush.
 pub struct SourceBuffer {
     hours: BTreeMap<(Table, i64), Rows>,
+    /// The offset of each row of `hours`, in the same order.
+    offsets: BTreeMap<(Table, i64), Vec<i64>>,
     /// The sizes to make each hour's sample builder at ([`Self::with_sample_sizes`]).
     sizes: BTreeMap<i64, SampleCapacity>,
     first: Option<i64>,
@@ -278,6 +283,7 @@ impl Default for SourceBuffer {
     fn default() -> Self {
         Self {
             hours: BTreeMap::new(),
+            offsets: BTreeMap::new(),
             sizes: BTreeMap::new(),
             first: None,
             last: -1,
@@ -315,7 +321,10 @@ impl SourceBuffer {
     ) -> Outcome {
         self.took(offset, payload);
         let (field, reason, outcome) = match self.decode(table, payload, arrival, skews) {
-            Ok(()) => return Outcome::Accepted(table),
+            Ok(hour) => {
+                self.offsets.entry((table, hour)).or_default().push(offset);
+                return Outcome::Accepted(table);
+            }
             Err(Refusal::Invalid(err)) => (
                 err.field().map(str::to_string),
                 err.to_string(),
@@ -361,6 +370,10 @@ impl SourceBuffer {
     pub fn quarantine(&mut self, row: QuarantineRow) {
         self.bytes += row.raw.len() + row.reason.len() + 64;
         let hour = hour_of(row.ts_ms);
+        self.offsets
+            .entry((Table::Quarantine, hour))
+            .or_default()
+            .push(row.offset);
         match self
             .hours
             .entry((Table::Quarantine, hour))
@@ -377,13 +390,14 @@ impl SourceBuffer {
         payload: &[u8],
         arrival: &Arrival<'_>,
         skews: Option<&mut HostSkews>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<i64, Refusal> {
         let within = |ts_ms: i64| {
             arrival
                 .bounds
                 .check(ts_ms, arrival.ms, table == Table::Samples)
                 .map_err(Refusal::OutOfBounds)
         };
+        let decoded;
         match table {
             Table::Samples => {
                 let row = SampleRow::from_json(payload)?;
@@ -392,6 +406,7 @@ impl SourceBuffer {
                 }
                 within(row.ts_ms)?;
                 let hour = hour_of(row.ts_ms);
+                decoded = hour;
                 let entry = self.hours.entry((table, hour)).or_insert_with(|| {
                     let builder = match self.sizes.get(&hour) {
                         Some(size) => SampleBuilder::with_capacity(size),
@@ -412,7 +427,10 @@ impl SourceBuffer {
                 self.bytes += payload.len() + 128;
                 let Rows::LeaseEvents(v) = self
                     .hours
-                    .entry((table, hour_of(event.ts_ms)))
+                    .entry((table, {
+                        decoded = hour_of(event.ts_ms);
+                        decoded
+                    }))
                     .or_insert_with(|| Rows::new(table))
                 else {
                     unreachable!()
@@ -425,7 +443,10 @@ impl SourceBuffer {
                 self.bytes += payload.len() + 128;
                 let Rows::Signals(v) = self
                     .hours
-                    .entry((table, hour_of(signal.ts_ms)))
+                    .entry((table, {
+                        decoded = hour_of(signal.ts_ms);
+                        decoded
+                    }))
                     .or_insert_with(|| Rows::new(table))
                 else {
                     unreachable!()
@@ -438,7 +459,10 @@ impl SourceBuffer {
                 self.bytes += payload.len() + 128;
                 let Rows::Actions(v) = self
                     .hours
-                    .entry((table, hour_of(action.ts_ms)))
+                    .entry((table, {
+                        decoded = hour_of(action.ts_ms);
+                        decoded
+                    }))
                     .or_insert_with(|| Rows::new(table))
                 else {
                     unreachable!()
@@ -447,7 +471,7 @@ impl SourceBuffer {
             }
             Table::Quarantine => unreachable!("nothing is decoded into quarantine"),
         }
-        Ok(())
+        Ok(decoded)
     }
 
     /// Records buffered (quarantined ones included).
@@ -476,10 +500,14 @@ impl SourceBuffer {
             return Ok(None);
         };
         let mut batches = Vec::with_capacity(self.hours.len());
+        let mut offsets = Vec::with_capacity(self.hours.len());
         for ((table, hour), rows) in &mut self.hours {
             let batch = rows.finish()?;
             if batch.num_rows() > 0 {
+                let taken = self.offsets.remove(&(*table, *hour)).unwrap_or_default();
+                debug_assert_eq!(taken.len(), batch.num_rows());
                 batches.push((*table, *hour, batch));
+                offsets.push(taken);
             }
         }
         let sealed = Sealed {
@@ -487,6 +515,7 @@ impl SourceBuffer {
             last: self.last,
             digest: ContentDigest(self.digest.digest()),
             batches,
+            offsets,
             bytes: self.bytes,
         };
         *self = Self::default();

@@ -1,7 +1,11 @@
 //! The Kafka side of ingest: a consumer group over the four topics, feeding per-partition
-//! buffers, flushing them through the writers, and committing each partition's offsets only
-//! after its files are durable (auto-commit off; the committed offset is the *next* one to read,
-//! as librdkafka expects).
+//! buffers, flushing them through the writers, which commit each flush to the Delta tables with
+//! the partition's last offset as a Delta transaction (app id `<topic>-p<partition>`), and
+//! committing each partition's offsets to Kafka after that (auto-commit off; the committed
+//! offset is the *next* one to read, as librdkafka expects). A partition newly assigned resumes
+//! after the offset its topic's table holds: what Kafka had committed before that is skipped,
+//! and a writer leaves out of a commit any row the table holds already, so every record lands
+//! once whoever reads it and however often.
 //!
 //! Consumer-group membership (static `group.instance.id`, the session timeout) comes with the
 //! client settings the caller hands in. A consumer fenced out of the group because another one
@@ -62,6 +66,12 @@ pub enum IngestError {
     /// The lake could not be opened.
     #[error(transparent)]
     Lake(#[from] crate::lake::LakeError),
+    /// The brokers did not say which cluster they are (within 30 s): the tables' transactions
+    /// are kept per cluster.
+    #[error(
+        "cannot read the Kafka cluster's id from the brokers (kafka.brokers): is Kafka reachable?"
+    )]
+    NoClusterId,
     /// librdkafka's consumer failed for good; with static membership, because another consumer
     /// joined the group with the same `group.instance.id`. What was read and not committed is
     /// read again by whoever owns the partitions now.
@@ -121,6 +131,11 @@ const POLL_BATCH: usize = 2_000;
 
 fn source_of(topic: &str, partition: i32) -> String {
     format!("{topic}-p{partition}")
+}
+
+/// The Delta transaction app id of a partition's commits: `<topic>-p<partition>@<cluster id>`.
+fn app_id(topic: &str, partition: i32, cluster: &str) -> String {
+    format!("{}@{cluster}", source_of(topic, partition))
 }
 
 #[derive(Default)]
@@ -193,6 +208,13 @@ pub fn run(
         .get("group.instance.id")
         .map_or_else(|| "(dynamic member)".to_string(), str::to_string);
     let consumer: BaseConsumer<IngestContext> = client.create_with_context(context)?;
+    // Offsets are numbered per cluster: a broker started again empty (the embedded one, a
+    // restarted `gpuwarden broker`) numbers from 0 again. The tables' transactions are kept per
+    // cluster, so its records are new ones, not a replay of the old cluster's.
+    let cluster = consumer
+        .client()
+        .fetch_cluster_id(Duration::from_secs(30))
+        .ok_or(IngestError::NoClusterId)?;
     consumer.subscribe(&topics::ALL)?;
     let writer_stop = Arc::new(AtomicBool::new(false));
     let (writers, done) = Writers::start(
@@ -211,13 +233,15 @@ pub fn run(
         buffers: BTreeMap::new(),
         in_flight: BTreeMap::new(),
         owned: BTreeSet::new(),
+        resume_after: BTreeMap::new(),
         paused: false,
         skews: HostSkews::default(),
+        cluster,
         skews_published: None,
         out_of_bounds_log: Throttle::default(),
         signature_log: Throttle::default(),
     };
-    tracing::info!(group = group_id, instance = %instance, topics = ?topics::ALL, "ingest running");
+    tracing::info!(group = group_id, instance = %instance, cluster = %state.cluster, topics = ?topics::ALL, "ingest running");
     while !stop.load(Ordering::SeqCst) {
         state.rebalance();
         state.collect(&done, Duration::ZERO);
@@ -261,9 +285,14 @@ struct State {
     /// Bytes of each partition's flush being written.
     in_flight: BTreeMap<(&'static str, i32), usize>,
     owned: BTreeSet<(&'static str, i32)>,
+    /// Each owned partition's last offset its table held when it was assigned: records up to
+    /// it are skipped.
+    resume_after: BTreeMap<(&'static str, i32), i64>,
     paused: bool,
     /// Each host's clock skew, published to the metrics every [`SKEW_PUBLISH`].
     skews: HostSkews,
+    /// The Kafka cluster's id.
+    cluster: String,
     skews_published: Option<std::time::Instant>,
     /// Out-of-bounds records are logged at most every 10 s.
     out_of_bounds_log: Throttle,
@@ -302,6 +331,7 @@ impl State {
             };
             self.buffers.remove(&(topic, partition));
             self.owned.remove(&(topic, partition));
+            self.resume_after.remove(&(topic, partition));
         }
         if changes.assigned.is_empty() {
             return;
@@ -314,24 +344,73 @@ impl State {
             .consumer
             .committed_offsets(tpl, Duration::from_secs(30));
         for (topic, partition) in changes.assigned {
-            let next = match &committed {
+            let Some(topic) = static_topic(&topic) else {
+                continue;
+            };
+            let source = app_id(topic, partition, &self.cluster);
+            let table = Table::of_topic(topic).expect("each of the four topics has a table");
+            // The topic's own table is committed last in each flush: what it holds, every
+            // table holds.
+            let held = match crate::delta::block_on(
+                self.lake.delta().txn_version(table.name(), &source),
+            ) {
+                Ok(held) => held,
+                Err(e) => {
+                    // Rows the table holds are still left out when each flush commits.
+                    tracing::warn!(error = %e, topic, partition, "cannot read the offset the table holds for the partition; reading from Kafka's committed offset");
+                    None
+                }
+            };
+            let kafka = match &committed {
                 Ok(list) => list
-                    .find_partition(&topic, partition)
+                    .find_partition(topic, partition)
                     .and_then(|e| match e.offset() {
                         Offset::Offset(o) => Some(o),
                         _ => None,
                     }),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read committed offsets; keeping files of the last flush");
-                    continue;
-                }
+                Err(_) => None,
             };
-            if let Err(e) = self.lake.recover(&source_of(&topic, partition), next) {
-                tracing::error!(error = %e, topic, partition, "cannot clean up an uncommitted flush");
+            // A partition whose offsets end at or below what the table holds was deleted and
+            // created again (offsets from 0 again, on the same cluster): what the table holds
+            // is of the partition before, and its offsets are forgotten.
+            let held = match (
+                held,
+                self.consumer
+                    .fetch_watermarks(topic, partition, Duration::from_secs(10)),
+            ) {
+                (Some(held), Ok((_, high))) if high <= held => {
+                    tracing::warn!(topic, partition, table_holds = held, partition_ends = high, "the partition's offsets end below what the table holds: it was deleted and created again; its offsets in the tables start again");
+                    let tables = [Table::Quarantine, table];
+                    for t in tables {
+                        if let Err(e) = crate::delta::block_on(self.lake.delta().forget_txn(
+                            t.name(),
+                            &t.schema(),
+                            &source,
+                        )) {
+                            tracing::error!(error = %e, table = t.name(), "cannot reset the partition's offsets in the table; its new records up to the old offset are skipped");
+                        }
+                    }
+                    None
+                }
+                (held, _) => held,
+            };
+            if let Some(held) = held {
+                self.resume_after.insert((topic, partition), held);
+                if kafka.is_none_or(|next| next <= held) {
+                    // Skip what the table holds without reading it, where librdkafka lets us
+                    // seek this early; the filter in `poll` skips it otherwise.
+                    let seek = self.consumer.seek(
+                        topic,
+                        partition,
+                        Offset::Offset(held + 1),
+                        Duration::from_secs(5),
+                    );
+                    tracing::info!(topic, partition, kafka_committed = ?kafka, table_holds = held, seeked = seek.is_ok(), "resuming after the offset the table holds");
+                }
+            } else {
+                self.resume_after.remove(&(topic, partition));
             }
-            if let Some(topic) = static_topic(&topic) {
-                self.owned.insert((topic, partition));
-            }
+            self.owned.insert((topic, partition));
         }
         if self.paused {
             // New partitions start paused too while memory is over the bound.
@@ -363,7 +442,7 @@ impl State {
             let key = (topic, done.partition);
             self.in_flight.remove(&key);
             if !self.owned.contains(&key) {
-                // Revoked meanwhile: leave the journal, the next owner replays this range.
+                // Revoked meanwhile: the next owner resumes after what the table holds.
                 continue;
             }
             let mut tpl = TopicPartitionList::new();
@@ -375,10 +454,7 @@ impl State {
             match self.consumer.commit(&tpl, CommitMode::Sync) {
                 Ok(()) => {
                     self.metrics.committed();
-                    if let Err(e) = self.lake.clear_intent(&done.source) {
-                        tracing::warn!(error = %e, "cannot clear the flush journal");
-                    }
-                    tracing::debug!(topic = %done.topic, partition = done.partition, next = done.last + 1, files = done.files.len(), bytes = done.bytes, "committed");
+                    tracing::debug!(topic = %done.topic, partition = done.partition, next = done.last + 1, files = done.files, bytes = done.bytes, "committed");
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, topic = %done.topic, partition = done.partition, "offset commit failed; the range will be replayed after a restart")
@@ -452,6 +528,14 @@ impl State {
             };
             let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
+            if self
+                .resume_after
+                .get(&(topic, partition))
+                .is_some_and(|held| offset <= *held)
+            {
+                // The table holds it already.
+                continue;
+            }
             let arrival = Arrival {
                 ms: arrival_of_message(&*self.options.clock, message.timestamp()),
                 bounds: &self.options.bounds,
@@ -575,10 +659,10 @@ impl State {
         let (topic, partition) = key;
         self.writers.submit(Job {
             source: source_of(topic, partition),
+            app_id: app_id(topic, partition, &self.cluster),
             topic: topic.to_string(),
             partition,
             sealed,
-            journal: true,
         });
     }
 }

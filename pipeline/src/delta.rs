@@ -15,7 +15,7 @@
 //! replaces; an hour's file is named `<YYYY-MM-DD>T<HH>-<uuid>.parquet`, so the files of an hour
 //! are found by name, and its statistics carry the hour, so readers skip the others.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,7 +34,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use deltalake_core::delta_datafusion::{DeltaScanConfig, DeltaScanNext};
 use deltalake_core::kernel::engine::arrow_conversion::{TryFromArrow as _, TryFromKernel as _};
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake_core::kernel::{Action, Add, Remove, StructType};
+use deltalake_core::kernel::{Action, Add, Remove, StructType, Transaction};
 use deltalake_core::logstore::{LogStoreRef, StorageConfig};
 use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
@@ -43,20 +43,9 @@ use gpuwarden_schema::calendar::civil_from_days;
 use object_store::ObjectStoreExt as _;
 use tokio::sync::Mutex;
 
+use crate::base::is_conflict;
+pub use crate::base::DeltaError;
 use crate::store::ObjectLake;
-
-/// A Delta operation of the lake that failed, naming the table.
-#[derive(Debug, thiserror::Error)]
-#[error("Delta table {table} in {lake}: {source}")]
-pub struct DeltaError {
-    /// The table's directory, relative to the lake.
-    pub table: String,
-    /// The lake: its directory or `s3://bucket/prefix`.
-    pub lake: String,
-    /// What went wrong.
-    #[source]
-    pub source: Box<DeltaTableError>,
-}
 
 /// Where the lake's tables are: a directory, or a prefix of a bucket.
 #[derive(Clone)]
@@ -73,8 +62,9 @@ type Slot = Arc<Mutex<Option<DeltaTable>>>;
 pub struct DeltaTables {
     root: Root,
     /// The tables written through this handle, by directory: kept between commits, so a
-    /// commit reads only the log written since the last one.
-    open: Arc<Mutex<HashMap<String, DeltaTable>>>,
+    /// commit reads only the log written since the last one. A lock per table: writers of
+    /// different tables commit side by side.
+    open: Arc<std::sync::Mutex<HashMap<String, Slot>>>,
     /// When each table was last vacuumed through this handle.
     vacuumed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// Each table as the last read of its latest version through this handle loaded it, so
@@ -187,7 +177,7 @@ impl DeltaTables {
     fn new(root: Root) -> Self {
         Self {
             root,
-            open: Arc::new(Mutex::new(HashMap::new())),
+            open: Arc::default(),
             vacuumed: Arc::new(Mutex::new(HashMap::new())),
             latest: Arc::default(),
             read: Arc::default(),
@@ -350,17 +340,9 @@ impl DeltaTables {
         hour: Option<(&str, i64)>,
         batch: Option<&RecordBatch>,
     ) -> Result<u64, DeltaError> {
-        let mut open = self.open.lock().await;
-        let mut table = match open.remove(relative) {
-            Some(mut table) => {
-                table
-                    .update_incremental(None)
-                    .await
-                    .map_err(self.error(relative))?;
-                table
-            }
-            None => self.open_or_create(relative, schema).await?,
-        };
+        let slot = self.writer_slot(relative);
+        let mut open = slot.lock().await;
+        let table = self.writable(&mut open, relative, schema).await?;
         let stored = stored_schema(schema).map_err(self.error(relative))?;
         let prefix = hour.map(|(_, start)| file_prefix(start));
         let now = now_ms();
@@ -391,7 +373,7 @@ impl DeltaTables {
                 prefix.as_deref().unwrap_or(""),
                 uuid::Uuid::new_v4()
             );
-            let bytes = crate::lake::encode(&batch, Path::new(&name))
+            let bytes = crate::base::encode(&batch, Path::new(&name))
                 .map_err(|e| DeltaTableError::Generic(e.to_string()))
                 .map_err(self.error(relative))?;
             let size = bytes.len() as i64;
@@ -412,9 +394,7 @@ impl DeltaTables {
             }));
         }
         if actions.is_empty() {
-            let version = table.version().unwrap_or(0);
-            open.insert(relative.to_string(), table);
-            return Ok(version);
+            return Ok(table.version().unwrap_or(0));
         }
         let predicate = hour.map(|(column, start)| format!("{column} = '{}'", iso(start)));
         let operation = DeltaOperation::Write {
@@ -422,19 +402,574 @@ impl DeltaTables {
             partition_by: None,
             predicate,
         };
-        let state = table.snapshot().map_err(self.error(relative))?;
-        let committed = CommitBuilder::from(CommitProperties::default())
-            .with_actions(actions)
-            .build(Some(state), table.log_store(), operation)
+        commit(table, actions, operation)
             .await
+            .map_err(self.error(relative))
+    }
+
+    /// The writer's slot of the table in `relative`.
+    fn writer_slot(&self, relative: &str) -> Slot {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(open.entry(relative.to_string()).or_default())
+    }
+
+    /// The table a slot holds, brought up to date, or opened (created with `schema` if nothing
+    /// has created it yet).
+    async fn writable<'s>(
+        &self,
+        slot: &'s mut Option<DeltaTable>,
+        relative: &str,
+        schema: &Schema,
+    ) -> Result<&'s mut DeltaTable, DeltaError> {
+        match slot {
+            Some(table) => table
+                .update_incremental(None)
+                .await
+                .map_err(self.error(relative))?,
+            None => *slot = Some(self.open_or_create(relative, schema).await?),
+        }
+        Ok(slot.as_mut().expect("set above"))
+    }
+
+    /// Appends new rows to the table in `relative` (a raw table: `schema` is how its rows are
+    /// stored), in one commit: each of `files` is an hour's rows, put as its own file, named
+    /// `<YYYY-MM-DD>T<HH>-<tag>-<uuid>.parquet`.
+    ///
+    /// With `txn`, the commit is exactly once for a source read in order (a Kafka partition):
+    /// it carries a Delta transaction action, app id `txn.app_id` and version `txn.last` (the
+    /// source's last offset in it), and of each file's rows, whose offsets (ascending) are in
+    /// `offsets`, only those after the version the table already holds for that app id go in.
+    /// A concurrent commit for the same app id makes this one fail Delta's conflict check; it
+    /// is then filtered again against what landed and retried. So a range read twice, by a
+    /// restarted consumer or by two owners of one partition at once, lands once.
+    pub async fn append(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        tag: &str,
+        files: &[NewFile<'_>],
+        txn: Option<&AppTxn>,
+    ) -> Result<Appended, DeltaError> {
+        let slot = self.writer_slot(relative);
+        let mut open = slot.lock().await;
+        let mut attempt = 0;
+        loop {
+            let table = self.writable(&mut open, relative, schema).await?;
+            let held = match txn {
+                Some(txn) => table
+                    .snapshot()
+                    .map_err(self.error(relative))?
+                    .transaction_version(table.log_store().as_ref(), &txn.app_id)
+                    .await
+                    .map_err(self.error(relative))?,
+                None => None,
+            };
+            if let (Some(txn), Some(held)) = (txn, held) {
+                if held >= txn.last {
+                    return Ok(Appended::AlreadyThere { held });
+                }
+            }
+            let mut adds = Vec::new();
+            let mut rows = 0;
+            for file in files {
+                let skip = match (held, file.offsets) {
+                    (Some(held), Some(offsets)) => offsets.partition_point(|o| *o <= held),
+                    _ => 0,
+                };
+                if skip >= file.batch.num_rows() {
+                    continue;
+                }
+                let batch = file.batch.slice(skip, file.batch.num_rows() - skip);
+                rows += batch.num_rows();
+                adds.push(
+                    self.put_batch(table, relative, file.hour_ms, tag, &batch)
+                        .await?,
+                );
+            }
+            let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
+            if let Some(txn) = txn {
+                actions.push(Action::Txn(Transaction::new_with_last_update(
+                    &txn.app_id,
+                    txn.last,
+                    Some(now_ms()),
+                )));
+            }
+            if actions.is_empty() {
+                return Ok(Appended::Committed {
+                    version: table.version().unwrap_or(0),
+                    rows: 0,
+                    files: 0,
+                    bytes: 0,
+                });
+            }
+            let operation = DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by: None,
+                predicate: None,
+            };
+            match commit(table, actions, operation).await {
+                Ok(version) => {
+                    return Ok(Appended::Committed {
+                        version,
+                        rows,
+                        files: adds.len(),
+                        bytes: adds.iter().map(|a| a.size).sum(),
+                    })
+                }
+                Err(e) if txn.is_some() && attempt < 5 && is_conflict(&e) => {
+                    // Another commit for the same source landed first: what it holds is
+                    // left out on the next try. The files put for this one go.
+                    attempt += 1;
+                    tracing::info!(table = relative, error = %e, "a concurrent commit of the same source landed first; filtering again");
+                    self.delete_uncommitted(table, &adds).await;
+                }
+                Err(e) => {
+                    self.delete_uncommitted(table, &adds).await;
+                    return Err(self.error(relative)(e));
+                }
+            }
+        }
+    }
+
+    /// Encodes `batch` (rows of one hour) and puts it in the table's directory as a file no
+    /// commit names yet; returns the `add` that commits it.
+    async fn put_batch(
+        &self,
+        table: &DeltaTable,
+        relative: &str,
+        hour_ms: i64,
+        tag: &str,
+        batch: &RecordBatch,
+    ) -> Result<Add, DeltaError> {
+        let name = data_file_name(hour_ms, tag);
+        let bytes = crate::base::encode(batch, Path::new(&name))
+            .map_err(|e| DeltaTableError::Generic(e.to_string()))
             .map_err(self.error(relative))?;
-        let version = committed.version();
+        let bytes = bytes::Bytes::from(bytes);
+        let stats = parquet_stats(&bytes, &batch.schema())
+            .map_err(|e| DeltaTableError::Generic(format!("reading back {name}: {e}")))
+            .map_err(self.error(relative))?;
+        let size = bytes.len() as i64;
         table
-            .update_incremental(Some(version))
+            .log_store()
+            .object_store(None)
+            .put(&object_store::path::Path::from(name.as_str()), bytes.into())
             .await
-            .map_err(self.error(relative))?;
-        open.insert(relative.to_string(), table);
-        Ok(version)
+            .map_err(|e| self.error(relative)(DeltaTableError::ObjectStore { source: e }))?;
+        Ok(add(name, size, stats, true))
+    }
+
+    /// Deletes files put for a commit that did not land (best effort: a file no commit names
+    /// is never read, and VACUUM removes it).
+    async fn delete_uncommitted(&self, table: &DeltaTable, adds: &[Add]) {
+        let store = table.log_store().object_store(None);
+        for add in adds {
+            let _ = store
+                .delete(&object_store::path::Path::from(add.path.as_str()))
+                .await;
+        }
+    }
+
+    /// Puts the finished Parquet file `local` (rows of `hour_ms`, encoded with the lake's
+    /// settings) in the table's directory, not committed yet, and removes it; returns the
+    /// `add` that commits it. In a bucket a file over 16 MiB goes up as a multipart upload.
+    pub async fn put_local_file(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        local: &Path,
+        hour_ms: i64,
+        tag: &str,
+        data_change: bool,
+    ) -> Result<Add, DeltaError> {
+        let name = data_file_name(hour_ms, tag);
+        let generic = |e: String| self.error(relative)(DeltaTableError::Generic(e));
+        let file = std::fs::File::open(local)
+            .map_err(|e| generic(format!("opening {}: {e}", local.display())))?;
+        let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&file)
+            .map_err(|e| generic(format!("reading {}: {e}", local.display())))?;
+        let stats = stats_of(&metadata, schema);
+        let size = file
+            .metadata()
+            .map_err(|e| generic(format!("reading {}: {e}", local.display())))?
+            .len();
+        drop(file);
+        match &self.root {
+            Root::Dir(dir) => {
+                let table_dir = dir.join(relative);
+                std::fs::create_dir_all(&table_dir)
+                    .map_err(|e| generic(format!("creating {}: {e}", table_dir.display())))?;
+                let target = table_dir.join(&name);
+                if std::fs::rename(local, &target).is_err() {
+                    // Another filesystem: copy, then remove.
+                    std::fs::copy(local, &target)
+                        .map_err(|e| generic(format!("copying to {}: {e}", target.display())))?;
+                    let _ = std::fs::remove_file(local);
+                }
+                std::fs::File::open(&target)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| generic(format!("syncing {}: {e}", target.display())))?;
+            }
+            Root::Bucket(objects) => {
+                let key = Path::new(relative).join(&name);
+                let (objects, local_owned) = (objects.clone(), local.to_path_buf());
+                tokio::task::spawn_blocking(move || objects.put_file(&key, &local_owned))
+                    .await
+                    .map_err(|e| generic(e.to_string()))?
+                    .map_err(|e| generic(e.to_string()))?;
+                let _ = std::fs::remove_file(local);
+            }
+        }
+        Ok(add(name, size as i64, stats, data_change))
+    }
+
+    /// Sets the version the table in `relative` holds for `app_id` to -1, in a commit of its
+    /// own, so that every offset counts as new: for a source whose offsets start again from 0
+    /// (a Kafka partition deleted and created again).
+    pub async fn forget_txn(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        app_id: &str,
+    ) -> Result<(), DeltaError> {
+        let slot = self.writer_slot(relative);
+        let mut open = slot.lock().await;
+        let table = self.writable(&mut open, relative, schema).await?;
+        let actions = vec![Action::Txn(Transaction::new_with_last_update(
+            app_id,
+            -1,
+            Some(now_ms()),
+        ))];
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        };
+        commit(table, actions, operation)
+            .await
+            .map(|_| ())
+            .map_err(self.error(relative))
+    }
+
+    /// Deletes the data file `path` of the table in `relative`, which no commit names.
+    pub async fn delete_file(&self, relative: &str, path: &str) -> Result<(), DeltaError> {
+        let log_store = self.log_store(relative)?;
+        match log_store
+            .object_store(None)
+            .delete(&object_store::path::Path::from(path))
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(relative)(DeltaTableError::ObjectStore {
+                source: e,
+            })),
+        }
+    }
+
+    /// Commits files that are in the table's directory already (`path` relative to it, its
+    /// size and Parquet footer) as an append, in one commit: how `gpuwarden lake migrate` moves
+    /// the old layout's files into the log where they lie.
+    pub async fn adopt(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        files: Vec<(String, i64, Arc<parquet::file::metadata::ParquetMetaData>)>,
+    ) -> Result<u64, DeltaError> {
+        let slot = self.writer_slot(relative);
+        let mut open = slot.lock().await;
+        let table = self.writable(&mut open, relative, schema).await?;
+        let actions = files
+            .into_iter()
+            .map(|(path, size, metadata)| {
+                Action::Add(add(path, size, stats_of(&metadata, schema), true))
+            })
+            .collect();
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        };
+        commit(table, actions, operation)
+            .await
+            .map_err(self.error(relative))
+    }
+
+    /// The version the table in `relative` holds for the source `app_id` (the last offset or
+    /// line committed with it), or `None`.
+    pub async fn txn_version(
+        &self,
+        relative: &str,
+        app_id: &str,
+    ) -> Result<Option<i64>, DeltaError> {
+        let Some(table) = self.latest(relative).await? else {
+            return Ok(None);
+        };
+        table
+            .snapshot()
+            .map_err(self.error(relative))?
+            .transaction_version(table.log_store().as_ref(), app_id)
+            .await
+            .map_err(self.error(relative))
+    }
+
+    /// Commits `adds` (files put with [`DeltaTables::put_local_file`]) to the table in
+    /// `relative` as one append, with the transaction `txn` (app id, version) unless the table
+    /// already holds that app id: then nothing is committed, the files are deleted and the
+    /// answer is [`Appended::AlreadyThere`]. For inputs named by their content, so that the same
+    /// content ingested twice lands once.
+    pub async fn commit_adds(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        adds: Vec<Add>,
+        txn: Option<&AppTxn>,
+    ) -> Result<Appended, DeltaError> {
+        let slot = self.writer_slot(relative);
+        let mut open = slot.lock().await;
+        let table = self.writable(&mut open, relative, schema).await?;
+        if let Some(txn) = txn {
+            let held = table
+                .snapshot()
+                .map_err(self.error(relative))?
+                .transaction_version(table.log_store().as_ref(), &txn.app_id)
+                .await
+                .map_err(self.error(relative))?;
+            if let Some(held) = held {
+                self.delete_uncommitted(table, &adds).await;
+                return Ok(Appended::AlreadyThere { held });
+            }
+        }
+        let rows = adds.iter().map(rows_of).sum();
+        let files = adds.len();
+        let bytes = adds.iter().map(|a| a.size).sum();
+        let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
+        if let Some(txn) = txn {
+            actions.push(Action::Txn(Transaction::new_with_last_update(
+                &txn.app_id,
+                txn.last,
+                Some(now_ms()),
+            )));
+        }
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        };
+        match commit(table, actions, operation).await {
+            Ok(version) => Ok(Appended::Committed {
+                version,
+                rows,
+                files,
+                bytes,
+            }),
+            Err(e) => {
+                self.delete_uncommitted(table, &adds).await;
+                Err(self.error(relative)(e))
+            }
+        }
+    }
+
+    /// The files of the table in `relative` at `as_of` (`None` while nothing created it).
+    pub async fn files(
+        &self,
+        relative: &str,
+        as_of: AsOf,
+    ) -> Result<Option<TableFiles>, DeltaError> {
+        let table = match as_of {
+            AsOf::Latest => self.latest(relative).await?,
+            named => self.load(relative, named).await?,
+        };
+        let Some(table) = table else {
+            return Ok(None);
+        };
+        let state = table.snapshot().map_err(self.error(relative))?;
+        let files = state
+            .log_data()
+            .iter()
+            .map(|file| {
+                let path = file.path().into_owned();
+                DataFile {
+                    hour_ms: hour_of_file(&path),
+                    size: file.size(),
+                    rows: file.num_records().map(|n| n as u64),
+                    path,
+                }
+            })
+            .collect();
+        Ok(Some(TableFiles {
+            version: state.version(),
+            files,
+        }))
+    }
+
+    /// The hours whose rows commits after `since` changed (files added with `dataChange`:
+    /// new rows, not OPTIMIZE's rewrites), and the latest version, read from the commits
+    /// themselves. `None` hours when the log no longer has them all (it keeps 30 days): the
+    /// caller must take every hour as changed.
+    pub async fn changed_hours(
+        &self,
+        relative: &str,
+        since: Option<u64>,
+    ) -> Result<Option<(u64, Option<BTreeSet<i64>>)>, DeltaError> {
+        let Some(table) = self.latest(relative).await? else {
+            return Ok(None);
+        };
+        let latest = table.version().unwrap_or(0);
+        let Some(since) = since else {
+            return Ok(Some((latest, None)));
+        };
+        let mut hours = BTreeSet::new();
+        for version in since + 1..=latest {
+            let Some(bytes) = table
+                .log_store()
+                .read_commit_entry(version)
+                .await
+                .map_err(self.error(relative))?
+            else {
+                return Ok(Some((latest, None)));
+            };
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let action: serde_json::Value = serde_json::from_slice(line)
+                    .map_err(|e| DeltaTableError::Generic(format!("commit {version}: {e}")))
+                    .map_err(self.error(relative))?;
+                let Some(add) = action.get("add") else {
+                    continue;
+                };
+                if add.get("dataChange").and_then(serde_json::Value::as_bool) == Some(false) {
+                    continue;
+                }
+                match add
+                    .get("path")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(hour_of_file)
+                {
+                    Some(hour) => {
+                        hours.insert(hour);
+                    }
+                    // A file not named by its hour: every hour may have changed.
+                    None => return Ok(Some((latest, None))),
+                }
+            }
+        }
+        Ok(Some((latest, Some(hours))))
+    }
+
+    /// Replaces files of the table in `relative` by others holding the same rows (Delta's
+    /// OPTIMIZE: removes and adds with `dataChange` false), in one commit. Fails, changing
+    /// nothing, when a commit since `read` removed one of `removed` (retention, another
+    /// OPTIMIZE); concurrent appends do not conflict.
+    pub async fn rewrite(
+        &self,
+        relative: &str,
+        read: u64,
+        removed: &[DataFile],
+        added: Vec<Add>,
+        target_size: i64,
+    ) -> Result<u64, DeltaError> {
+        let now = now_ms();
+        let mut actions: Vec<Action> = removed
+            .iter()
+            .map(|file| Action::Remove(remove(&file.path, file.size, now, false)))
+            .collect();
+        actions.extend(added.iter().cloned().map(Action::Add));
+        actions.push(maintenance_txn(read, now));
+        let operation = DeltaOperation::Optimize {
+            predicate: None,
+            target_size,
+        };
+        let table = match self.load(relative, AsOf::Version(read)).await? {
+            Some(table) => table,
+            None => {
+                return Err(self.error(relative)(DeltaTableError::NotATable(
+                    relative.into(),
+                )))
+            }
+        };
+        match commit(&mut table.clone(), actions, operation).await {
+            Ok(version) => Ok(version),
+            Err(e) => {
+                self.delete_uncommitted(&table, &added).await;
+                Err(self.error(relative)(e))
+            }
+        }
+    }
+
+    /// Removes `files` from the table in `relative` (Delta's DELETE of whole files, as read at
+    /// version `read`; VACUUM deletes them [`KEEP_REMOVED`] later), in one commit, described by
+    /// `predicate`. Returns the version.
+    pub async fn remove_files(
+        &self,
+        relative: &str,
+        read: u64,
+        files: &[DataFile],
+        predicate: &str,
+    ) -> Result<u64, DeltaError> {
+        let now = now_ms();
+        let mut actions: Vec<Action> = files
+            .iter()
+            .map(|file| Action::Remove(remove(&file.path, file.size, now, true)))
+            .collect();
+        actions.push(maintenance_txn(read, now));
+        let operation = DeltaOperation::Delete {
+            predicate: Some(predicate.to_string()),
+        };
+        let Some(table) = self.load(relative, AsOf::Version(read)).await? else {
+            return Err(self.error(relative)(DeltaTableError::NotATable(
+                relative.into(),
+            )));
+        };
+        commit(&mut table.clone(), actions, operation)
+            .await
+            .map_err(self.error(relative))
+    }
+
+    /// Registers the data files `paths` of the table in `relative` (as a version's log names
+    /// them) as `name` in `ctx`, read as plain Parquet files with `schema`: for a job that knows
+    /// which files it wants (an hour's, as their names say) and need not plan over the whole
+    /// table. No files make an empty table. A bucket's store must be registered with `ctx`
+    /// ([`crate::lake::Lake::register_store`]).
+    pub fn register_files(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        name: &str,
+        relative: &str,
+        paths: &[&str],
+        schema: SchemaRef,
+    ) -> Result<(), DataFusionError> {
+        use datafusion::datasource::file_format::parquet::ParquetFormat;
+        use datafusion::datasource::listing::{
+            ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+        };
+        if paths.is_empty() {
+            let empty = datafusion::datasource::MemTable::try_new(schema, vec![vec![]])?;
+            ctx.register_table(name, Arc::new(empty))?;
+            return Ok(());
+        }
+        let urls = paths
+            .iter()
+            .map(|path| ListingTableUrl::parse(self.file_url(relative, path)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = ListingTableConfig::new_with_multi_paths(urls)
+            .with_listing_options(
+                ListingOptions::new(Arc::new(ParquetFormat::default()))
+                    .with_file_extension(".parquet"),
+            )
+            .with_schema(schema);
+        ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
+        Ok(())
+    }
+
+    /// The URL a session reads the data file `path` of the table in `relative` by (a local
+    /// path, or `s3://bucket/key` of a store registered with the session).
+    pub fn file_url(&self, relative: &str, path: &str) -> String {
+        match &self.root {
+            Root::Dir(dir) => dir.join(relative).join(path).display().to_string(),
+            Root::Bucket(objects) => format!("{}{path}", objects.dir_url(Path::new(relative))),
+        }
     }
 
     /// The version of each table (by directory) that the last query through this handle read
@@ -488,9 +1023,35 @@ impl DeltaTables {
                 relative: relative.to_string(),
                 schema: Arc::new(schema.clone()),
                 as_of,
+                pinned: None,
             }),
         )?;
         Ok(())
+    }
+
+    /// The table in `relative` as its latest version stands now, as a session's table that
+    /// keeps reading that version (`schema`: its declared types), and the version; `None` while
+    /// nothing has created it. For a job that reads one table several times and must see the
+    /// same rows each time (the rollups).
+    pub async fn pinned(
+        &self,
+        relative: &str,
+        schema: &Schema,
+    ) -> Result<Option<(u64, Arc<dyn TableProvider>)>, DeltaError> {
+        let Some(table) = self.latest(relative).await? else {
+            return Ok(None);
+        };
+        let version = table.version().unwrap_or(0);
+        Ok(Some((
+            version,
+            Arc::new(LiveTable {
+                tables: self.clone(),
+                relative: relative.to_string(),
+                schema: Arc::new(schema.clone()),
+                as_of: AsOf::Version(version),
+                pinned: Some(table),
+            }),
+        )))
     }
 }
 
@@ -586,6 +1147,8 @@ struct LiveTable {
     relative: String,
     schema: SchemaRef,
     as_of: AsOf,
+    /// The version read, once loaded for good.
+    pinned: Option<DeltaTable>,
 }
 
 impl fmt::Debug for LiveTable {
@@ -623,9 +1186,10 @@ impl TableProvider for LiveTable {
             AsOf::Latest => session_as_of(),
             named => named,
         };
-        let table = match as_of {
-            AsOf::Latest => self.tables.latest(&self.relative).await,
-            named => self.tables.load(&self.relative, named).await,
+        let table = match (&self.pinned, as_of) {
+            (Some(table), _) => Ok(Some(table.clone())),
+            (None, AsOf::Latest) => self.tables.latest(&self.relative).await,
+            (None, named) => self.tables.load(&self.relative, named).await,
         };
         let Some(table) = table.map_err(external)? else {
             let schema = match projection {
@@ -650,5 +1214,290 @@ impl TableProvider for LiveTable {
         config.schema_force_view_types = false;
         let scan = DeltaScanNext::new(state.snapshot().clone(), config)?;
         scan.scan(session, projection, filters, limit).await
+    }
+}
+
+/// Runs `future` to its end on the Delta tables' own runtime (two `delta-io` threads), for the
+/// lake's synchronous callers: ingest's writer threads, `gpuwarden ingest`.
+pub fn block_on<F>(future: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("delta-io")
+            .enable_all()
+            .build()
+            .expect("starting the Delta tables' runtime")
+    });
+    if tokio::runtime::Handle::try_current().is_err() {
+        return runtime.block_on(future);
+    }
+    // Called from inside another runtime (a test's, say), where blocking on this one is not
+    // allowed: wait on a thread of its own.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime.block_on(future))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// An hour's new rows for [`DeltaTables::append`].
+pub struct NewFile<'a> {
+    /// The hour's start (Unix epoch milliseconds): the file's name begins with it.
+    pub hour_ms: i64,
+    /// The rows.
+    pub batch: &'a RecordBatch,
+    /// Each row's offset in its source, ascending; `None` for rows with no offsets.
+    pub offsets: Option<&'a [i64]>,
+}
+
+/// A source's transaction in a commit: Delta's `txn` action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppTxn {
+    /// The source: `<topic>-p<partition>`, or an input and its content.
+    pub app_id: String,
+    /// The last offset (or line) of the source the commit holds.
+    pub last: i64,
+}
+
+/// What [`DeltaTables::append`] and [`DeltaTables::commit_adds`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Committed as this version (with no files when every row was there already).
+    Committed {
+        /// The version.
+        version: u64,
+        /// Rows added.
+        rows: usize,
+        /// Files added.
+        files: usize,
+        /// Their bytes.
+        bytes: i64,
+    },
+    /// The table already held the source up to `held`, past what this commit would add:
+    /// nothing was committed.
+    AlreadyThere {
+        /// The version the table holds for the source.
+        held: i64,
+    },
+}
+
+/// The data files of a version of a table.
+#[derive(Debug, Clone)]
+pub struct TableFiles {
+    /// The version.
+    pub version: u64,
+    /// Its files.
+    pub files: Vec<DataFile>,
+}
+
+/// A data file of a table, as its version's log names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataFile {
+    /// Its path, relative to the table's directory.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: i64,
+    /// Its rows, when its statistics say.
+    pub rows: Option<u64>,
+    /// The hour its rows are in, from its name (`<YYYY-MM-DD>T<HH>-…`).
+    pub hour_ms: Option<i64>,
+}
+
+/// Commits `actions` to `table` (as it was read) and brings it up to the new version.
+async fn commit(
+    table: &mut DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+) -> Result<u64, DeltaTableError> {
+    let state = table.snapshot()?;
+    let committed = CommitBuilder::from(CommitProperties::default())
+        .with_actions(actions)
+        .build(Some(state), table.log_store(), operation)
+        .await?;
+    let version = committed.version();
+    table.update_incremental(Some(version)).await?;
+    Ok(version as u64)
+}
+
+/// The transaction every OPTIMIZE and retention commit of a table carries, so that two of them
+/// made from the same version conflict. delta-rs's conflict check does not count a file removed
+/// by a commit without `dataChange` (an OPTIMIZE's) as removed twice: without this, a second
+/// OPTIMIZE of an hour, made from the version before the first, would land and add the hour's
+/// rows again. Two commits with a transaction of the same app id always conflict.
+fn maintenance_txn(read: u64, now: i64) -> Action {
+    Action::Txn(Transaction::new_with_last_update(
+        "gpuwarden-maintenance",
+        i64::try_from(read).unwrap_or(i64::MAX).saturating_add(1),
+        Some(now),
+    ))
+}
+
+/// A new data file's name: `<YYYY-MM-DD>T<HH>-<tag>-<uuid>.parquet`.
+fn data_file_name(hour_ms: i64, tag: &str) -> String {
+    format!(
+        "{}{tag}-{}.parquet",
+        file_prefix(hour_ms),
+        uuid::Uuid::new_v4()
+    )
+}
+
+/// The hour a data file's name begins with (`2026-12-06T08-…`).
+pub fn hour_of_file(path: &str) -> Option<i64> {
+    // A file of the layout before Delta, moved into the log where it lay.
+    if let Some(rest) = path.strip_prefix("date=") {
+        let (date, rest) = rest.split_once('/')?;
+        let (hour, _) = rest.strip_prefix("hour=")?.split_once('/')?;
+        return crate::base::parse_hour_partition(&format!("date={date}"), &format!("hour={hour}"));
+    }
+    let name = path.rsplit('/').next()?;
+    let (date, rest) = (name.get(..10)?, name.get(10..)?);
+    let hour: i64 = rest.strip_prefix('T')?.get(..2)?.parse().ok()?;
+    rest.get(3..4).filter(|d| *d == "-")?;
+    let mut parts = date.split('-');
+    let (y, m, d) = (
+        parts.next()?.parse::<i64>().ok()?,
+        parts.next()?.parse::<u32>().ok()?,
+        parts.next()?.parse::<u32>().ok()?,
+    );
+    if !(0..24).contains(&hour) || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    Some(gpuwarden_schema::calendar::days_from_civil(y, m, d) * 86_400_000 + hour * 3_600_000)
+}
+
+fn add(path: String, size: i64, stats: String, data_change: bool) -> Add {
+    Add {
+        path,
+        partition_values: HashMap::new(),
+        size,
+        modification_time: now_ms(),
+        data_change,
+        stats: Some(stats),
+        ..Default::default()
+    }
+}
+
+fn remove(path: &str, size: i64, now: i64, data_change: bool) -> Remove {
+    Remove {
+        path: path.to_string(),
+        data_change,
+        deletion_timestamp: Some(now),
+        extended_file_metadata: Some(true),
+        partition_values: Some(HashMap::new()),
+        size: Some(size),
+        ..Default::default()
+    }
+}
+
+/// The rows an add's statistics count.
+pub fn rows_of(add: &Add) -> usize {
+    add.stats
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+        .and_then(|v| v.get("numRecords").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0) as usize
+}
+
+/// The Delta statistics of the Parquet file `bytes`, from its footer.
+fn parquet_stats(
+    bytes: &bytes::Bytes,
+    schema: &Schema,
+) -> Result<String, parquet::errors::ParquetError> {
+    let metadata = parquet::file::metadata::ParquetMetaDataReader::new().parse_and_finish(bytes)?;
+    Ok(stats_of(&metadata, schema))
+}
+
+/// A file's Delta statistics from its Parquet footer: its rows, and the exact minimum, maximum
+/// and null count of each top-level integer and text column (the time, the GPU, the lease),
+/// which readers (gpuwarden, DuckDB, polars, Spark) use to skip the files a filter rules out.
+pub(crate) fn stats_of(
+    metadata: &parquet::file::metadata::ParquetMetaData,
+    schema: &Schema,
+) -> String {
+    use parquet::file::statistics::Statistics;
+    use serde_json::{json, Map, Value};
+    let rows: i64 = metadata.row_groups().iter().map(|g| g.num_rows()).sum();
+    let (mut min, mut max, mut nulls) = (Map::new(), Map::new(), Map::new());
+    for field in schema.fields() {
+        let name = field.name();
+        let mut lo: Option<Value> = None;
+        let mut hi: Option<Value> = None;
+        let mut null_count = Some(0u64);
+        let mut exact = true;
+        for group in metadata.row_groups() {
+            let Some(column) = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == *name)
+            else {
+                exact = false;
+                break;
+            };
+            let Some(stats) = column.statistics() else {
+                exact = false;
+                break;
+            };
+            null_count = null_count.and_then(|n| stats.null_count_opt().map(|m| n + m));
+            let (a, b) = match stats {
+                Statistics::Int64(s) if s.min_is_exact() && s.max_is_exact() => {
+                    (s.min_opt().map(|v| json!(v)), s.max_opt().map(|v| json!(v)))
+                }
+                Statistics::ByteArray(s)
+                    if s.min_is_exact()
+                        && s.max_is_exact()
+                        && field.data_type() == &arrow_schema::DataType::Utf8 =>
+                {
+                    (
+                        s.min_opt().and_then(|v| v.as_utf8().ok()).map(|v| json!(v)),
+                        s.max_opt().and_then(|v| v.as_utf8().ok()).map(|v| json!(v)),
+                    )
+                }
+                _ => {
+                    exact = false;
+                    break;
+                }
+            };
+            // A row group of nulls only has no bounds, and changes none.
+            if let Some(a) = a {
+                if lo.as_ref().is_none_or(|l| less(&a, l)) {
+                    lo = Some(a);
+                }
+            }
+            if let Some(b) = b {
+                if hi.as_ref().is_none_or(|h| less(h, &b)) {
+                    hi = Some(b);
+                }
+            }
+        }
+        if let Some(n) = null_count.filter(|_| exact || field.data_type().is_primitive()) {
+            if exact {
+                nulls.insert(name.clone(), json!(n));
+            }
+        }
+        if exact {
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                min.insert(name.clone(), lo);
+                max.insert(name.clone(), hi);
+            }
+        }
+    }
+    json!({ "numRecords": rows, "minValues": min, "maxValues": max, "nullCount": nulls })
+        .to_string()
+}
+
+/// `a < b` for two statistics of one column (both numbers or both text).
+fn less(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a, b) {
+        (serde_json::Value::Number(a), serde_json::Value::Number(b)) => {
+            a.as_i64().unwrap_or(i64::MIN) < b.as_i64().unwrap_or(i64::MIN)
+        }
+        (serde_json::Value::String(a), serde_json::Value::String(b)) => a < b,
+        _ => false,
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use object_store::{PutMode, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
-use crate::lake::LakeError;
+use crate::base::LakeError;
 use crate::store::ObjectLake;
 
 /// Where the lease objects are, relative to the lake's root.

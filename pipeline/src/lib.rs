@@ -1,47 +1,49 @@
-//! The pipeline: consumes the four topics into the Parquet lake, rolls samples up into utilization,
-//! waste and cost per GPU, team and lease with DataFusion, computes signals for the enforcer over
-//! its hot window, and serves every table over the Postgres wire protocol.
+//! The pipeline: consumes the four topics into the lake's Delta tables, rolls samples up into
+//! utilization, waste and cost per GPU, team and lease with DataFusion, compacts and expires the
+//! raw tables, computes signals for the enforcer over its hot window, and serves every table over
+//! the Postgres wire protocol.
 //!
 //! It depends on `gpuwarden-schema` only: it meets the collector and the enforcer in Kafka topics.
 //! Ingest: [`consume`] (Kafka) and [`files`] (JSON lines) decode into [`buffer`]s, which writer
-//! threads flush into the [`lake`]; [`metrics`] reports on it. Rollups: [`rollup`] computes the
-//! derived tables from the lake and writes them back to it. Query: [`sql`] registers the lake's
-//! tables in a DataFusion session, which [`endpoint`] serves to Postgres clients and [`governor`]
-//! runs each query of, under its user's limits. Signals: [`hot`]
-//! keeps the hot window from Kafka and publishes what [`signals`] computes.
+//! threads commit to the [`lake`]'s [`delta`] tables; [`metrics`] reports on it. Rollups:
+//! [`rollup`] computes the derived tables from the lake and writes them back to it; [`compact`]
+//! OPTIMIZEs final hours and [`retention`] deletes expired ones. Query: [`sql`] registers the
+//! lake's tables in a DataFusion session, which [`endpoint`] serves to Postgres clients and
+//! [`governor`] runs each query of, under its user's limits. Signals: [`hot`] keeps the hot
+//! window from Kafka and publishes what [`signals`] computes.
 //!
 //! # Layers
 //!
-//! A module uses only modules above it in this list, never one below it:
+//! A module uses only modules above it in this list, never one below it (no cycle; the same
+//! order is in docs/ARCHITECTURE.md#the-pipelines-modules):
 //!
-//! - [`versions`]: keeps the lake files a query listed readable while they are replaced.
-//! - [`store`] (uses `versions`; its errors are `lake`'s `LakeError`): a lake in an
-//!   S3-compatible object store: its client, keys, requests, and the reader DataFusion lists it
-//!   through.
-//! - [`delta`] (uses `store`, `lake`'s `hour_partition` and Parquet settings): the lake's
-//!   Delta tables: their logs, commits that replace an hour, and reads of a version.
-//! - [`lake`] (uses `versions`, `store`, `delta`): the lake's files, in a directory or an object
-//!   store, their partitions, marks and locks.
-//! - [`lease`] (uses `store`, `lake`'s `LakeError`): a role's lock on a lake in an object store,
-//!   as a lease object that expires.
+//! - [`base`]: the lake's errors (`LakeError`, `DeltaError`), Parquet encoding, hour names.
 //! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
-//!   watermark, each host's clock skew.
-//! - [`buffer`] (uses `bounds`, `lake`): the raw tables and the rows waiting to be flushed to
-//!   them.
-//! - [`metrics`] (uses `bounds`): the pipeline's own Prometheus metrics.
-//! - [`listing`]: a directory of the lake as a DataFusion table.
-//! - `writer` (`buffer`, `lake`, `metrics`), then [`consume`] (the same and `writer`), then
-//!   [`files`] (the same and `consume`): ingest.
-//! - [`rollup`] (`buffer`, `lake`, `listing`): the rollup tables, their schemas and how they are
-//!   computed; `rollup::leases` rebuilds leases from their events.
-//! - [`signals`] (`rollup::leases`): signals as a pure function of the hot window.
-//! - [`hot`] (`consume`, `lake`, `listing`, `metrics`, `rollup`, `signals`, `versions`): the
+//!   watermark, each host's clock skew. [`governor`]: runs the queries people submit on threads
+//!   of their own, under their limits.
+//! - [`store`] (`base`): a lake in an S3-compatible object store: its client, keys, requests.
+//! - [`delta`] (`base`, `store`): the lake's Delta tables: commits (ingest's appends with their
+//!   offsets, an hour replaced, OPTIMIZE, DELETE), reads of a version, VACUUM.
+//! - [`lease`] (`base`, `store`): a role's lock on a lake in an object store, as a lease object
+//!   that expires.
+//! - [`lake`] (`base`, `delta`, `lease`, `store`): the lake, in a directory or an object store:
+//!   its tables, roles and state objects.
+//! - [`buffer`] (`bounds`, `lake`): the raw tables and the rows waiting to be flushed to them.
+//! - [`retention`] and [`migrate`] (`buffer`, `delta`, `lake`): deleting expired hours; moving
+//!   a lake of the layout before Delta into its tables.
+//! - [`rollup`] (`bounds`, `buffer`, `delta`, `lake`, `migrate`): the rollup tables, their
+//!   schemas and how they are computed; `rollup::leases` rebuilds leases from their events.
+//! - [`compact`] (`buffer`, `delta`, `lake`, `retention`, `rollup`): OPTIMIZE of final hours.
+//! - [`metrics`] (`bounds`, `compact`): the pipeline's own Prometheus metrics.
+//! - `writer` (`buffer`, `delta`, `lake`, `metrics`), then [`consume`] (the same and `bounds`,
+//!   `writer`), then [`files`] (the same and `consume`): ingest.
+//! - [`signals`] (`rollup`): signals as a pure function of the hot window.
+//! - [`hot`] (`bounds`, `consume`, `delta`, `lake`, `metrics`, `rollup`, `signals`): the
 //!   signals loop.
-//! - [`governor`]: runs the queries people submit on threads of their own, under their limits.
-//! - [`sql`] (`buffer`, `governor`, `lake`, `listing`, `rollup`, `store`, `versions`): the session over
-//!   every table.
-//! - [`endpoint`] (`governor`): serves the session it is handed to Postgres clients.
+//! - [`sql`] (`buffer`, `delta`, `governor`, `lake`, `rollup`): the session over every table.
+//! - [`endpoint`] (`delta`, `governor`): serves the session it is handed to Postgres clients.
 
+pub mod base;
 pub mod bounds;
 pub mod buffer;
 pub mod compact;
@@ -53,14 +55,13 @@ pub mod governor;
 pub mod hot;
 pub mod lake;
 pub mod lease;
-pub mod listing;
 pub mod metrics;
+pub mod migrate;
 pub mod retention;
 pub mod rollup;
 pub mod signals;
 pub mod sql;
 pub mod store;
-pub mod versions;
 mod writer;
 
 pub use buffer::Table;

@@ -71,7 +71,7 @@ pub struct Metrics {
     /// rebuilt.
     compaction: [AtomicU64; 5],
     /// Hours compaction left alone, by [`crate::compact::SkipReason`] (in `ALL`'s order).
-    compaction_skipped: [AtomicU64; 2],
+    compaction_skipped: [AtomicU64; 1],
     /// Retention, by table: hours, files and bytes deleted.
     expired: Mutex<BTreeMap<&'static str, [u64; 3]>>,
     sql_login_failures: AtomicU64,
@@ -180,7 +180,7 @@ impl Metrics {
         for (i, n) in [c.hours, c.files_in, c.files_out].into_iter().enumerate() {
             self.compaction[i].fetch_add(n as u64, Ordering::Relaxed);
         }
-        self.compaction[4].fetch_add(c.manifests_rebuilt as u64, Ordering::Relaxed);
+        self.compaction[4].fetch_add(c.vacuumed as u64, Ordering::Relaxed);
         for (counter, n) in self.compaction_skipped.iter().zip(c.skipped) {
             counter.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -644,8 +644,9 @@ impl Metrics {
                 "Runs of compaction and retention that failed (retried at the next one).",
             ),
             (
-                "gpuwarden_pipeline_compaction_manifests_rebuilt_total",
-                "Lost _compaction.json manifests rebuilt from their hour's compacted files.",
+                "gpuwarden_pipeline_vacuumed_files_total",
+                "Files of the raw tables deleted by VACUUM: removed by a commit (OPTIMIZE, \
+                 retention) longer ago than the tables keep removed files.",
             ),
         ]
         .into_iter()
@@ -674,8 +675,8 @@ impl Metrics {
                 &mut out,
                 "gpuwarden_pipeline_compaction_skipped_partitions_total",
                 "counter",
-                "Hours compaction left alone for an operator (a damaged _compaction.json, or \
-                 compacted files it cannot account for), each run; the log names the file.",
+                "Hours compaction left for its next run, each run: reason=\"conflict\", a \
+                 commit removed one of the hour's files while it was compacted.",
                 labels.iter().map(|(l, v)| (l.as_str(), *v)),
             );
         }

@@ -2,15 +2,14 @@
 //! from the rollups' watermark, are deleted, logged and counted (docs/ARCHITECTURE.md#retention). The rollups, the lease events and the
 //! actions are kept.
 
-use std::fs;
-use std::io::ErrorKind;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpuwarden_schema::config::PipelineConfig;
 
 use crate::buffer::Table;
-use crate::lake::{hour_partition, io, Lake, LakeError};
+use crate::delta::{AsOf, DataFile};
+use crate::lake::{hour_partition, Lake, LakeError};
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -41,16 +40,17 @@ pub struct Expired {
     pub table: &'static str,
     /// Hours deleted.
     pub hours: usize,
-    /// Parquet files deleted.
+    /// Parquet files removed from the table.
     pub files: u64,
     /// Their bytes.
     pub bytes: u64,
 }
 
 /// Deletes the hours of `table` that ended more than `kept` before `watermark` (the event time
-/// the fleet has reached). A file a running query listed stays readable by it for a while
-/// ([`crate::versions`]).
-pub fn expire(
+/// the fleet has reached), in one commit (Delta's DELETE of their files). Their bytes go when
+/// VACUUM deletes the files, [`crate::delta::KEEP_REMOVED`] later: until then `--as-of` a
+/// version before the deletion still reads them.
+pub async fn expire(
     lake: &Lake,
     table: Table,
     kept: Duration,
@@ -61,63 +61,42 @@ pub fn expire(
         table: table.name(),
         ..Expired::default()
     };
-    for hour in lake.hours(table.name())? {
-        if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) > watermark {
-            break;
+    let Some(files) = lake.delta().files(table.name(), AsOf::Latest).await? else {
+        return Ok(expired);
+    };
+    let mut hours: BTreeMap<i64, Vec<DataFile>> = BTreeMap::new();
+    for file in files.files {
+        let Some(hour) = file.hour_ms else { continue };
+        if hour.saturating_add(HOUR_MS).saturating_add(kept_ms) <= watermark {
+            hours.entry(hour).or_default().push(file);
         }
-        let dir = lake.hour_dir(table.name(), hour);
-        let relative = PathBuf::from(table.name()).join(hour_partition(hour));
-        let (mut files, mut bytes) = (0, 0);
-        if let Some(objects) = lake.objects() {
-            // Retired like any replaced file: a query that listed one still reads it.
-            for (name, size) in objects.list_dir(&relative)? {
-                let parquet = name.ends_with(".parquet") && !name.starts_with('.');
-                if objects.retire(&relative.join(&name))? && parquet {
-                    files += 1;
-                    bytes += size;
-                }
-            }
-        } else {
-            for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
-                let entry = entry.map_err(io("listing", &dir))?;
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.ends_with(".parquet") && !name.starts_with('.') {
-                    let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                    if lake.remove(&relative.join(&name))? {
-                        files += 1;
-                        bytes += size;
-                    }
-                } else {
-                    match fs::remove_file(entry.path()) {
-                        Err(e) if e.kind() != ErrorKind::NotFound => {
-                            return Err(io("removing", &entry.path())(e));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            match fs::remove_dir(&dir) {
-                Err(e) if e.kind() != ErrorKind::NotFound => return Err(io("removing", &dir)(e)),
-                _ => {}
-            }
-            if let Some(date) = dir.parent() {
-                // Only an empty day goes; the next hour may be in it.
-                let _ = fs::remove_dir(date);
-            }
-        }
-        // The marks of an hour with no samples left would make the rollups recompute it
-        // from nothing.
-        lake.clear_mark(table.name(), hour)?;
+    }
+    let Some(last) = hours.keys().next_back().copied() else {
+        return Ok(expired);
+    };
+    let removed: Vec<DataFile> = hours.values().flatten().cloned().collect();
+    let version = lake
+        .delta()
+        .remove_files(
+            table.name(),
+            files.version,
+            &removed,
+            &format!("ts_ms < {}", last + HOUR_MS),
+        )
+        .await?;
+    for (hour, files) in &hours {
+        let bytes: u64 = files.iter().map(|f| f.size.max(0) as u64).sum();
         tracing::info!(
             table = table.name(),
-            hour = %hour_partition(hour),
-            files,
+            hour = %hour_partition(*hour),
+            files = files.len(),
             bytes,
             kept_days = kept.as_secs_f64() / 86_400.0,
+            version,
             "deleted an hour past its retention"
         );
         expired.hours += 1;
-        expired.files += files;
+        expired.files += files.len() as u64;
         expired.bytes += bytes;
     }
     Ok(expired)

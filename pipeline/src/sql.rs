@@ -1,10 +1,9 @@
 //! SQL over the lake with DataFusion: every table registered under its name in
 //! docs/ARCHITECTURE.md#sql-tables (raw tables, rollups, and the `lease_usage` and `clock_skew`
-//! views), each stored
-//! one as a listing table with its schema fixed in code. A listing table lists its files at every
-//! scan, so files written after the session started (new flushes, new rollups) are visible to the
-//! next query without a new session, and an empty table is a table with no rows rather than an
-//! error.
+//! views), each a Delta table read with its schema fixed in code, at the version the session
+//! asks for ([`AsOf`]; by default the latest commit when a query is planned, so that commits
+//! made after the session started are visible to its next query). A table nothing has created
+//! yet is a table with no rows rather than an error.
 
 use std::sync::Arc;
 
@@ -20,7 +19,6 @@ use crate::buffer::Table;
 use crate::delta::AsOf;
 use crate::governor::Governor;
 use crate::lake::Lake;
-use crate::listing::{register_dir, register_urls};
 use crate::rollup::RollupTable;
 
 /// `lease_usage`: one row per lease, its identity and its measures over every hour.
@@ -65,6 +63,16 @@ pub async fn context(lake: &Lake) -> Result<SessionContext, DataFusionError> {
     .await
 }
 
+/// [`context`] with every table read at `as_of`.
+pub async fn context_as_of(lake: &Lake, as_of: AsOf) -> Result<SessionContext, DataFusionError> {
+    register_lake(
+        SessionContext::new_with_config(session_config()),
+        lake,
+        as_of,
+    )
+    .await
+}
+
 /// What every session over the lake is configured with: `information_schema` (`tables`,
 /// `columns`, `views`, `df_settings`, …), where people and tools look for the tables and their
 /// columns, and which `SHOW TABLES` and `SHOW COLUMNS` read; and the catalog named as the
@@ -84,46 +92,17 @@ async fn register_lake(
     lake: &Lake,
     as_of: AsOf,
 ) -> Result<SessionContext, DataFusionError> {
-    // DataFusion keeps a table's file listing once it has files, for as long as the session
-    // lives: a session served for days would never see a new flush or rollup. Listing a local
-    // directory at every scan costs little next to reading the files.
-    if let Some(listings) = ctx.runtime_env().cache_manager.get_list_files_cache() {
-        listings.update_cache_limit(0);
-    }
-    if let Some(objects) = lake.objects() {
-        objects.register(&ctx);
-        for table in Table::ALL {
-            let url = objects.dir_url(std::path::Path::new(table.name()));
-            register_urls(&ctx, table.name(), &[url], table.schema())?;
-        }
-        register_rollups(&ctx, lake, as_of)?;
-        ctx.sql(LEASE_USAGE).await?;
-        ctx.sql(CLOCK_SKEW).await?;
-        return Ok(ctx);
-    }
-    // The rollups replace files that a query may have listed and not yet read.
-    crate::versions::VersionedFs::register(&ctx, lake.root());
     for table in Table::ALL {
-        register_dir(
-            &ctx,
-            table.name(),
-            &lake.root().join(table.name()),
-            table.schema(),
-        )?;
+        lake.delta()
+            .register(&ctx, table.name(), table.name(), &table.schema(), as_of)?;
     }
-    register_rollups(&ctx, lake, as_of)?;
+    for table in RollupTable::ALL {
+        lake.delta()
+            .register(&ctx, table.name(), &table.dir(), &table.schema(), as_of)?;
+    }
     ctx.sql(LEASE_USAGE).await?;
     ctx.sql(CLOCK_SKEW).await?;
     Ok(ctx)
-}
-
-/// Registers every rollup table, a Delta table read at `as_of`.
-fn register_rollups(ctx: &SessionContext, lake: &Lake, as_of: AsOf) -> Result<(), DataFusionError> {
-    for table in RollupTable::ALL {
-        lake.delta()
-            .register(ctx, table.name(), &table.dir(), &table.schema(), as_of)?;
-    }
-    Ok(())
 }
 
 fn millis(duration: Option<std::time::Duration>) -> Option<i64> {
@@ -272,34 +251,45 @@ mod tests {
         };
         assert_eq!(count(ctx.clone()).await, 0);
         use gpuwarden_schema::Record as _;
-        let write = |n: i64| {
+        let batch = {
             let sample = gpuwarden_schema::Sample::from_json(
                 br#"{"v":1,"ts_ms":1000,"interval_ms":1000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}"#,
             )
             .unwrap();
-            let batch = gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap();
-            let relative =
-                Lake::file_name("samples", 0, "test", n, n, crate::buffer::ContentDigest(0));
-            lake.write(&relative, &batch, "samples", 0).unwrap();
+            gpuwarden_schema::Sample::to_record_batch(&[sample]).unwrap()
         };
-        write(0);
+        append(&lake, &batch).await;
         assert_eq!(
             count(ctx.clone()).await,
             1,
-            "the same session sees the new file"
+            "the same session sees the new commit"
         );
-        write(1);
-        assert_eq!(
-            count(ctx).await,
-            2,
-            "and the next one: the listing is not cached"
-        );
+        append(&lake, &batch).await;
+        assert_eq!(count(ctx).await, 2, "and the next one");
     }
 
-    /// A query over a file the rollups replace and remove while it runs reads the version it
-    /// listed: no error, and one of the versions' counts, never a torn read.
+    async fn append(lake: &Lake, batch: &RecordBatch) {
+        let table = Table::Samples;
+        lake.delta()
+            .append(
+                table.name(),
+                &table.schema(),
+                "test",
+                &[crate::delta::NewFile {
+                    hour_ms: 0,
+                    batch,
+                    offsets: None,
+                }],
+                None,
+            )
+            .await
+            .unwrap();
+    }
+
+    /// A query over files that commits remove while it runs reads the version it planned
+    /// over: no error, and one of the versions' counts, never a torn read.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn queries_read_whole_versions_of_files_replaced_under_them() {
+    async fn queries_read_whole_versions_of_files_removed_under_them() {
         use gpuwarden_schema::Record as _;
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path()).unwrap();
@@ -318,18 +308,25 @@ mod tests {
             gpuwarden_schema::Sample::to_record_batch(&rows).unwrap()
         };
         let (small, large) = (samples(3), samples(5_000));
-        let relative = std::path::PathBuf::from("samples/date=1970-01-01/hour=00/rollup.parquet");
-        lake.write(&relative, &small, "samples", 0).unwrap();
+        append(&lake, &small).await;
         let writer = {
             let lake = lake.clone();
-            std::thread::spawn(move || {
-                for i in 0..300 {
-                    match i % 3 {
-                        0 => lake.write(&relative, &large, "samples", 0).map(|_| ()),
-                        1 => lake.remove(&relative).map(|_| ()),
-                        _ => lake.write(&relative, &small, "samples", 0).map(|_| ()),
+            tokio::spawn(async move {
+                for i in 0..60 {
+                    if i % 2 == 0 {
+                        let files = lake
+                            .delta()
+                            .files("samples", AsOf::Latest)
+                            .await
+                            .unwrap()
+                            .unwrap();
+                        lake.delta()
+                            .remove_files("samples", files.version, &files.files, "true")
+                            .await
+                            .unwrap();
+                    } else {
+                        append(&lake, if i % 4 == 1 { &large } else { &small }).await;
                     }
-                    .unwrap();
                 }
             })
         };
@@ -342,7 +339,7 @@ mod tests {
                 .unwrap()
                 .collect()
                 .await
-                .unwrap_or_else(|e| panic!("a query over a replaced file failed: {e}"));
+                .unwrap_or_else(|e| panic!("a query over removed files failed: {e}"));
             let count = batches[0]
                 .column(0)
                 .as_any()
@@ -352,7 +349,7 @@ mod tests {
             assert!([0, 3, 5_000].contains(&count), "a torn read: {count} rows");
             seen.insert(count);
         }
-        writer.join().unwrap();
+        writer.await.unwrap();
         assert!(seen.len() > 1, "the queries saw only {seen:?}");
     }
 }

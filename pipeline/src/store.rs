@@ -10,9 +10,8 @@
 //! there too, through object_store's `SpawnedReqwestConnector`.
 //!
 //! Publication needs no temporary object: a PUT (or the completion of a multipart upload) makes
-//! the whole object visible at once, and a file's name is its source and range, so a replay puts
-//! the same object again. A reader of the lake sees it through `LakeReader`, which applies
-//! each hour's compaction manifest to a listing as `VersionedFs` does for a directory.
+//! the whole object visible at once. Which objects make up a table is its Delta log's to say
+//! ([`crate::delta`]); the state objects and the role leases are written conditionally.
 
 use std::fmt;
 use std::future::Future;
@@ -23,7 +22,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::SessionContext;
-use futures::stream::{BoxStream, StreamExt as _, TryStreamExt as _};
+use futures::stream::{BoxStream, TryStreamExt as _};
 use gpuwarden_schema::config::S3Config;
 use object_store::aws::AmazonS3Builder;
 use object_store::client::SpawnedReqwestConnector;
@@ -34,7 +33,7 @@ use object_store::{
     UpdateVersion, WriteMultipart,
 };
 
-use crate::lake::LakeError;
+use crate::base::LakeError;
 
 /// Files larger than this go up as multipart uploads, in parts of this size.
 const PART_BYTES: usize = 16 * 1024 * 1024;
@@ -72,10 +71,6 @@ pub struct ObjectLake {
     /// How long a role's lease lasts unless renewed (`storage.s3.lease_ttl`).
     lease_ttl: std::time::Duration,
 }
-
-/// Where an object the lake replaced or removed is kept for the queries that listed it,
-/// relative to the lake's root: `_versions/<its own relative key>`.
-pub const VERSIONS: &str = "_versions";
 
 impl fmt::Debug for ObjectLake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -234,10 +229,10 @@ impl ObjectLake {
     pub fn put_file(&self, relative: &FsPath, path: &FsPath) -> Result<u64, LakeError> {
         let key = self.key(relative);
         let size = std::fs::metadata(path)
-            .map_err(crate::lake::io("reading", path))?
+            .map_err(crate::base::io("reading", path))?
             .len();
         if size <= PART_BYTES as u64 {
-            let bytes = std::fs::read(path).map_err(crate::lake::io("reading", path))?;
+            let bytes = std::fs::read(path).map_err(crate::base::io("reading", path))?;
             self.put(relative, bytes)?;
             return Ok(size);
         }
@@ -245,7 +240,7 @@ impl ObjectLake {
         self.block(move |store| async move { upload(store, k, path_owned).await })
             .map_err(|e| match e {
                 Upload::Store(source) => self.error("uploading", &key)(source),
-                Upload::Read(source) => crate::lake::io("reading", path)(source),
+                Upload::Read(source) => crate::base::io("reading", path)(source),
             })?;
         Ok(size)
     }
@@ -320,62 +315,6 @@ impl ObjectLake {
         }
     }
 
-    /// The Parquet metadata (footer) of the object `relative`, read with a HEAD and a ranged GET
-    /// of its end (two when the footer is larger than the first guess), not the whole file.
-    /// (Bounded ranges, not suffix ranges: s3s-fs answers 500 to a suffix longer than the
-    /// object, which S3 answers with the whole object.)
-    pub fn parquet_metadata(
-        &self,
-        relative: &FsPath,
-    ) -> Result<parquet::file::metadata::ParquetMetaData, LakeError> {
-        const GUESS: u64 = 64 * 1024;
-        let key = self.key(relative);
-        let k = key.clone();
-        let size = self
-            .block(move |store| async move { store.head(&k).await })
-            .map_err(self.error("reading the footer of", &key))?
-            .size;
-        let suffix = |n: u64| {
-            let k = key.clone();
-            self.block(move |store| async move {
-                let options = GetOptions {
-                    range: Some(object_store::GetRange::Bounded(
-                        size.saturating_sub(n)..size,
-                    )),
-                    ..GetOptions::default()
-                };
-                store.get_opts(&k, options).await?.bytes().await
-            })
-            .map_err(self.error("reading the footer of", &key))
-        };
-        let parquet = |source| LakeError::Parquet {
-            path: relative.to_path_buf(),
-            source,
-        };
-        let mut tail = suffix(GUESS)?;
-        let footer_of = |tail: &Bytes| -> Result<usize, LakeError> {
-            let end: [u8; 8] = tail
-                .get(tail.len().saturating_sub(8)..)
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(|| {
-                    parquet(parquet::errors::ParquetError::General(
-                        "shorter than a Parquet footer".into(),
-                    ))
-                })?;
-            let footer = parquet::file::metadata::FooterTail::try_new(&end).map_err(parquet)?;
-            Ok(footer.metadata_length())
-        };
-        let length = footer_of(&tail)?;
-        if length + 8 > tail.len() {
-            tail = suffix(length as u64 + 8)?;
-        }
-        let start = tail.len() - 8 - length;
-        parquet::file::metadata::ParquetMetaDataReader::decode_metadata(
-            &tail[start..tail.len() - 8],
-        )
-        .map_err(parquet)
-    }
-
     /// Whether the object `relative` exists.
     pub fn exists(&self, relative: &FsPath) -> Result<bool, LakeError> {
         let key = self.key(relative);
@@ -396,53 +335,6 @@ impl ObjectLake {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("deleting", &key)(e)),
         }
-    }
-
-    /// Removes the object `relative` so that a query that listed it still reads it: copied
-    /// first to `_versions/<relative>` (a server-side copy), where
-    /// [`ObjectLake::sweep_versions`] deletes it [`crate::versions::RETAIN`] later, and read
-    /// from there by `LakeReader` when the original is gone. `false` when there was nothing.
-    /// Only objects that are never written again with other bytes are retired this way (raw
-    /// files, whose names are their offsets and digests), so a kept version is the version a
-    /// query listed.
-    pub fn retire(&self, relative: &FsPath) -> Result<bool, LakeError> {
-        let key = self.key(relative);
-        let kept = self.key(&FsPath::new(VERSIONS).join(relative));
-        let (from, to) = (key.clone(), kept);
-        match self.block(move |store| async move { store.copy(&from, &to).await }) {
-            Ok(()) => {}
-            Err(object_store::Error::NotFound { .. }) => return Ok(false),
-            Err(e) => return Err(self.error("keeping a version of", &key)(e)),
-        }
-        self.delete(relative)?;
-        Ok(true)
-    }
-
-    /// Deletes the versions kept by [`ObjectLake::retire`] that were kept longer ago than
-    /// `retain` (by the store's clock, against this host's: they should agree to well within
-    /// it). Returns how many went.
-    pub fn sweep_versions(&self, retain: std::time::Duration) -> Result<usize, LakeError> {
-        let dir = self.key(FsPath::new(VERSIONS));
-        let d = dir.clone();
-        let listed: Vec<ObjectMeta> = self
-            .block(move |store| async move { store.list(Some(&d)).try_collect().await })
-            .map_err(self.error("listing", &dir))?;
-        let cutoff = crate::lease::now_ms()
-            .saturating_sub(i64::try_from(retain.as_millis()).unwrap_or(i64::MAX));
-        let old: Vec<Path> = listed
-            .into_iter()
-            .filter(|meta| meta.last_modified.timestamp_millis() < cutoff)
-            .map(|meta| meta.location)
-            .collect();
-        let count = old.len();
-        for key in old {
-            let k = key.clone();
-            match self.block(move |store| async move { store.delete(&k).await }) {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.error("deleting", &key)(e)),
-            }
-        }
-        Ok(count)
     }
 
     /// The objects right under the directory `relative` (not in its subdirectories): their
@@ -495,12 +387,10 @@ impl ObjectLake {
             .map_err(self.error("listing", &dir))
     }
 
-    /// Serves the lake's objects to `ctx`'s tables at `s3://<bucket>`, read through
-    /// `LakeReader`.
+    /// Serves the lake's objects to `ctx`'s tables at `s3://<bucket>`.
     pub fn register(&self, ctx: &SessionContext) {
         let reader = LakeReader {
             inner: Arc::clone(&self.store),
-            prefix: self.prefix.clone(),
             display: self.display.clone(),
             _io: Arc::clone(&self.io),
         };
@@ -540,13 +430,10 @@ async fn upload(store: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result
     upload.finish().await.map(|_| ()).map_err(Upload::Store)
 }
 
-/// The lake's bucket as DataFusion reads it: listings show each hour as its compaction manifest
-/// says ([`crate::compact::Manifest::shows`]), like `VersionedFs` for a directory; writes go
-/// through unchanged. Holds the lake's runtime, which its client's connections live on.
+/// The lake's bucket as a DataFusion session reads it: the client, holding the lake's runtime,
+/// which its connections live on, for as long as the session keeps it.
 struct LakeReader {
     inner: Arc<dyn ObjectStore>,
-    /// The lake's prefix: a retired object's kept version is `<prefix>/_versions/<relative>`.
-    prefix: Path,
     display: String,
     _io: Arc<IoRuntime>,
 }
@@ -561,25 +448,6 @@ impl fmt::Display for LakeReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
     }
-}
-
-/// Reads the manifest of the hour directory `dir` (a key) through `store`.
-async fn read_manifest(
-    store: Arc<dyn ObjectStore>,
-    dir: String,
-) -> Result<crate::compact::Manifest> {
-    let key = Path::from(dir).join(crate::compact::MANIFEST);
-    let bytes = match store.get(&key).await {
-        Ok(got) => got.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(Default::default()),
-        Err(e) => return Err(e),
-    };
-    crate::compact::Manifest::parse(&bytes, key.as_ref()).map_err(|e| {
-        object_store::Error::Generic {
-            store: "S3",
-            source: Box::new(e),
-        }
-    })
 }
 
 #[async_trait]
@@ -601,26 +469,8 @@ impl ObjectStore for LakeReader {
         self.inner.put_multipart_opts(location, opts).await
     }
 
-    /// A file removed since it was listed (retired: a compaction's input, a replaced rollup
-    /// file) is read from the version kept for this.
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        match self.inner.get_opts(location, options.clone()).await {
-            Err(object_store::Error::NotFound { path, source }) => {
-                let Some(relative) = location.prefix_match(&self.prefix) else {
-                    return Err(object_store::Error::NotFound { path, source });
-                };
-                let kept = relative.fold(self.prefix.clone().join(VERSIONS), |key, part| {
-                    key.join(part.as_ref())
-                });
-                match self.inner.get_opts(&kept, options).await {
-                    Err(object_store::Error::NotFound { .. }) => {
-                        Err(object_store::Error::NotFound { path, source })
-                    }
-                    found => found,
-                }
-            }
-            got => got,
-        }
+        self.inner.get_opts(location, options).await
     }
 
     fn delete_stream(
@@ -631,30 +481,11 @@ impl ObjectStore for LakeReader {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let inner = Arc::clone(&self.inner);
-        let prefix = prefix.cloned();
-        futures::stream::once(async move {
-            let (store, prefix) = (&inner, prefix.as_ref());
-            let list = move || async move { Ok((store.list(prefix).try_collect().await?, ())) };
-            let read = |dir: String| read_manifest(Arc::clone(store), dir);
-            let shown = crate::versions::list_shown("S3", prefix, list, read).await;
-            shown.map(|(shown, ())| shown)
-        })
-        .map_ok(|shown| futures::stream::iter(shown.into_iter().map(Ok)))
-        .try_flatten()
-        .boxed()
+        self.inner.list(prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let store = &self.inner;
-        let list = move || async move {
-            let mut listed = store.list_with_delimiter(prefix).await?;
-            Ok((std::mem::take(&mut listed.objects), listed))
-        };
-        let read = |dir: String| read_manifest(Arc::clone(store), dir);
-        let (shown, mut listed) = crate::versions::list_shown("S3", prefix, list, read).await?;
-        listed.objects = shown;
-        Ok(listed)
+        self.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {

@@ -1,8 +1,9 @@
-//! Writer threads: turn sealed buffers into Parquet files in the lake, durably, and report back
-//! so the consumer commits offsets only for what is on disk. A write that fails is retried with
-//! backoff (the consumer stays paused meanwhile); nothing is acknowledged until it succeeds.
+//! Writer threads: commit sealed buffers to the lake's Delta tables, each with its source's
+//! offsets as a Delta transaction, and report back so the consumer commits the offsets to Kafka
+//! too (for monitoring and as the place a restart starts reading; the tables' transactions are
+//! what makes a replay land once). A write that fails is retried with backoff (the consumer
+//! stays paused meanwhile); nothing is acknowledged until it succeeds.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -11,30 +12,32 @@ use std::time::{Duration, Instant};
 
 use gpuwarden_schema::retry::Backoff;
 
-use crate::buffer::Sealed;
-use crate::lake::{Intent, Lake, LakeError};
+use crate::buffer::{Sealed, Table};
+use crate::delta::{AppTxn, Appended, NewFile};
+use crate::lake::{Lake, LakeError};
 use crate::metrics::Metrics;
 
 /// One flush: a source's sealed rows.
 #[derive(Debug)]
 pub(crate) struct Job {
+    /// `<topic>-p<partition>`: what its files' names say.
     pub(crate) source: String,
+    /// The Delta transaction app id its commits carry.
+    pub(crate) app_id: String,
     pub(crate) topic: String,
     pub(crate) partition: i32,
     pub(crate) sealed: Sealed,
-    /// Whether to journal the flush (Kafka sources: yes; files: their names suffice).
-    pub(crate) journal: bool,
 }
 
 /// A finished flush.
 #[derive(Debug)]
 pub(crate) struct Done {
-    pub(crate) source: String,
     pub(crate) topic: String,
     pub(crate) partition: i32,
     pub(crate) last: i64,
     pub(crate) bytes: usize,
-    pub(crate) files: Vec<PathBuf>,
+    /// Files committed, of every table.
+    pub(crate) files: usize,
 }
 
 /// A pool of writer threads.
@@ -131,7 +134,6 @@ fn write_with_retry(
         match write(lake, metrics, &job, throttle) {
             Ok(files) => {
                 return Some(Done {
-                    source: job.source,
                     topic: job.topic,
                     partition: job.partition,
                     last: job.sealed.last,
@@ -151,39 +153,63 @@ fn write_with_retry(
     }
 }
 
+/// Commits the flush to each table it has rows of: the topic's own table last, so that the
+/// version it holds for the source says every table holds the source up to there (what a new
+/// owner of the partition resumes after).
 fn write(
     lake: &Lake,
     metrics: &Metrics,
     job: &Job,
     throttle: Option<u64>,
-) -> Result<Vec<PathBuf>, LakeError> {
+) -> Result<usize, LakeError> {
     let started = Instant::now();
     let s = &job.sealed;
-    let files: Vec<PathBuf> = s
-        .batches
-        .iter()
-        .map(|(table, hour, _)| {
-            Lake::file_name(table.name(), *hour, &job.source, s.first, s.last, s.digest)
-        })
-        .collect();
-    if job.journal {
-        lake.write_intent(&Intent {
-            source: job.source.clone(),
-            first: s.first,
-            last: s.last,
-            files: files.clone(),
-        })?;
-    }
-    for ((table, hour, batch), file) in s.batches.iter().zip(&files) {
-        let bytes = lake.write(file, batch, table.name(), *hour)?;
-        metrics.written(table.name(), batch.num_rows(), bytes);
-        if let Some(rate) = throttle {
-            std::thread::sleep(Duration::from_secs_f64(
-                bytes.max(1) as f64 / rate.max(1) as f64,
-            ));
+    let main = Table::of_topic(&job.topic);
+    let mut tables: Vec<Table> = s.batches.iter().map(|(table, _, _)| *table).collect();
+    tables.sort_by_key(|t| (Some(*t) == main, t.name()));
+    tables.dedup();
+    let txn = AppTxn {
+        app_id: job.app_id.clone(),
+        last: s.last,
+    };
+    let mut committed = 0;
+    for table in tables {
+        let files: Vec<NewFile<'_>> = s
+            .batches
+            .iter()
+            .zip(&s.offsets)
+            .filter(|((t, _, _), _)| *t == table)
+            .map(|((_, hour, batch), offsets)| NewFile {
+                hour_ms: *hour,
+                batch,
+                offsets: Some(offsets),
+            })
+            .collect();
+        let appended = crate::delta::block_on(lake.delta().append(
+            table.name(),
+            &table.schema(),
+            &job.source,
+            &files,
+            Some(&txn),
+        ))?;
+        match appended {
+            Appended::Committed {
+                rows, files, bytes, ..
+            } => {
+                committed += files;
+                metrics.written(table.name(), rows, bytes as u64);
+                if let Some(rate) = throttle {
+                    std::thread::sleep(Duration::from_secs_f64(
+                        bytes.max(1) as f64 / rate.max(1) as f64,
+                    ));
+                }
+            }
+            Appended::AlreadyThere { held } => {
+                tracing::info!(table = table.name(), source = %job.source, held, last = s.last, "the table holds this range already (another owner of the partition, or a replay after a restart): nothing added");
+            }
         }
     }
     metrics.flushed(started.elapsed().as_secs_f64());
-    tracing::debug!(source = %job.source, first = s.first, last = s.last, files = files.len(), "flushed");
-    Ok(files)
+    tracing::debug!(source = %job.source, first = s.first, last = s.last, files = committed, "flushed");
+    Ok(committed)
 }

@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use gpuwarden_pipeline::delta::{block_on, AsOf};
 use gpuwarden_pipeline::{IngestOptions, Lake};
 use gpuwarden_schema::kafka::EmbeddedBroker;
 use gpuwarden_schema::topics;
@@ -13,16 +14,25 @@ use support::{options, produce, sample_json, sql_i64, sql_pairs, Running};
 
 const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
-/// How many files the lake holds for one table's hour, in its directory or under its prefix.
+/// How many files the latest commit of one table names for an hour.
 fn files_in_hour(lake: &Lake, table: &str, hour_ms: i64) -> usize {
-    let dir = lake.hour_dir(table, hour_ms);
-    match lake.objects() {
-        Some(objects) => objects
-            .list_dir(dir.strip_prefix(lake.root()).unwrap())
-            .unwrap()
-            .len(),
-        None => std::fs::read_dir(dir).unwrap().count(),
-    }
+    block_on(lake.delta().files(table, AsOf::Latest))
+        .unwrap()
+        .map_or(0, |files| {
+            files
+                .files
+                .iter()
+                .filter(|f| f.hour_ms == Some(hour_ms))
+                .count()
+        })
+}
+
+/// The hours commits after version `since` added rows to, and the latest version.
+fn changed_since(lake: &Lake, since: u64) -> (u64, Vec<i64>) {
+    let (latest, hours) = block_on(lake.delta().changed_hours("samples", Some(since)))
+        .unwrap()
+        .unwrap();
+    (latest, hours.unwrap().into_iter().collect())
 }
 
 #[test]
@@ -192,11 +202,11 @@ fn backpressure_holds_memory_under_the_bound_while_the_disk_is_slow_on(lake: Lak
 }
 
 #[test]
-fn late_samples_go_to_a_new_file_and_mark_their_hour_again() {
-    on_each_lake(late_samples_go_to_a_new_file_and_mark_their_hour_again_on);
+fn late_samples_go_to_a_new_file_and_their_commit_names_their_hour() {
+    on_each_lake(late_samples_go_to_a_new_file_and_their_commit_names_their_hour_on);
 }
 
-fn late_samples_go_to_a_new_file_and_mark_their_hour_again_on(lake: Lake) {
+fn late_samples_go_to_a_new_file_and_their_commit_names_their_hour_on(lake: Lake) {
     let broker = EmbeddedBroker::start(1).unwrap();
     let first: Vec<(String, Vec<u8>)> = (0..10)
         .map(|i| ("g".into(), sample_json("GPU-late", T0 + i * 5_000, 10.0)))
@@ -205,12 +215,12 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again_on(lake: Lake) {
     let running = Running::start(broker.bootstrap_servers(), "late-test", &lake, options());
     running.wait_for_records(10, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(800));
+    let (read, hours) = changed_since(&lake, 0);
     assert_eq!(
-        lake.marked_hours("samples").unwrap(),
+        hours,
         vec![T0],
-        "new data marks its hour for the rollups"
+        "the commits say which hour has new rows, for the rollups"
     );
-    lake.clear_mark("samples", T0).unwrap();
     // An hour later, a sample for the first hour arrives.
     produce(
         broker.bootstrap_servers(),
@@ -223,9 +233,9 @@ fn late_samples_go_to_a_new_file_and_mark_their_hour_again_on(lake: Lake) {
     running.wait_for_records(12, Duration::from_secs(30));
     running.stop();
     assert_eq!(
-        lake.marked_hours("samples").unwrap(),
+        changed_since(&lake, read).1,
         vec![T0, T0 + 7_200_000],
-        "the late sample marks its hour again, the new one its own"
+        "the late sample's commit names its hour again, the new one its own"
     );
     assert_eq!(
         files_in_hour(&lake, "samples", T0),

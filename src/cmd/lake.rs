@@ -1,6 +1,6 @@
-//! `gpuwarden lake`: the lake's tools for an operator. `lake migrate` moves the rollup tables of a
-//! lake written before they were Delta tables into their Delta tables; the migration itself is
-//! [`gpuwarden_pipeline::rollup::migrate`]'s.
+//! `gpuwarden lake`: the lake's tools for an operator. `lake migrate` moves the tables of a lake
+//! written before they were Delta tables into their Delta tables; the migrations themselves are
+//! [`gpuwarden_pipeline::migrate`]'s (raw tables) and [`gpuwarden_pipeline::rollup::migrate`]'s.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,20 +22,29 @@ enum Command {
     Migrate(MigrateArgs),
 }
 
-/// Move the rollup tables of a lake written by a gpuwarden before Delta tables into their Delta
-/// tables, in place.
+/// Move the tables of a lake written by a gpuwarden before Delta tables into their Delta tables,
+/// in place.
 ///
-/// Before Delta, each hour of team_hourly, lease_hourly, gpu_hourly and focus_costs was one
+/// Raw tables (samples, lease_events, signals, actions, quarantine): before Delta, an hour was
+/// <table>/date=YYYY-MM-DD/hour=HH/*.parquet, read by gpuwarden's own rules (its
+/// _compaction.json's outputs, not the files they superseded). The files those rules show are
+/// committed to the table's Delta log where they lie (nothing is copied); the table is read back
+/// through the log and its rows and sum of ts_ms compared with the old files'. Only then are the
+/// files the old rules hid, the manifests and the old bookkeeping (_recompute, _versions,
+/// _ingest, _compaction) deleted. A lake whose ingest did not stop cleanly (a flush journal in
+/// _ingest) is refused: start the old version once and stop it cleanly first.
+///
+/// Rollup tables: each hour of team_hourly, lease_hourly, gpu_hourly and focus_costs was one
 /// file, rollups/<table>/date=YYYY-MM-DD/hour=HH/rollup.parquet (in a bucket rollup.v<n>.parquet,
 /// the highest n the hour's), and the leases rollups/leases/leases.parquet. Each is committed to
 /// its table's Delta log as the rollups would write it; then every table is read back and each
 /// hour's rows and the sum of its measure (observed_gpu_hours, cost_usd, BilledCost, gpu_count)
-/// compared with the old file's. Only when all agree are the old files deleted. Stopped anywhere
-/// (a crash, Ctrl-C, a store out of reach), it is finished by running it again; nothing is lost
-/// or counted twice. The rollups refuse to run until it has.
+/// compared with the old file's. Only when all agree are the old files deleted.
 ///
-/// Run it once after upgrading, with `gpuwarden pipeline` stopped (it takes the rollups' role, so
-/// a running rollup makes it exit with 2). The raw tables are not touched.
+/// Stopped anywhere (a crash, Ctrl-C, a store out of reach), it is finished by running it again;
+/// nothing is lost or counted twice. The rollups refuse to run until it has. Run it once after
+/// upgrading, with `gpuwarden pipeline` stopped (it takes the rollups' role, so a running rollup
+/// makes it exit with 2).
 ///
 /// Example: gpuwarden lake migrate -c /etc/gpuwarden/gpuwarden.toml
 #[derive(Debug, clap::Args)]
@@ -58,7 +67,11 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
     let lake = super::open_lake(&config, "lake migrate")?;
     let started = Instant::now();
-    let mut found = 0;
+    let raw = gpuwarden_pipeline::migrate::raw_tables_to_migrate(&lake)?;
+    for table in &raw {
+        eprintln!("{table}: files of the layout before Delta to migrate");
+    }
+    let mut found = raw.len();
     for table in RollupTable::ALL {
         let files = old_files(&lake, table)?.len();
         if files > 0 {
@@ -68,7 +81,7 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     }
     if found == 0 {
         println!(
-            "the rollup tables of {} are Delta tables already: nothing to migrate",
+            "the tables of {} are Delta tables already: nothing to migrate",
             lake.location()
         );
         return Ok(ExitCode::SUCCESS);
@@ -76,7 +89,12 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let reports = match runtime.block_on(migrate(&lake, args.keep_old_files)) {
+    let migrated = runtime.block_on(async {
+        let raw = gpuwarden_pipeline::migrate::migrate_raw(&lake, args.keep_old_files).await?;
+        let rollups = migrate(&lake, args.keep_old_files).await?;
+        Ok::<_, MigrateError>((raw, rollups))
+    });
+    let (raw, reports) = match migrated {
         Ok(reports) => reports,
         Err(e @ MigrateError::Busy(_)) => {
             eprintln!("error: {e}");
@@ -85,10 +103,27 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     println!(
-        "migrated the rollup tables of {} in {:.1}s; each hour's rows and measure compared equal:",
+        "migrated the tables of {} in {:.1}s; rows and sums compared equal:",
         lake.location(),
         started.elapsed().as_secs_f64()
     );
+    let kept = |deleted: usize| {
+        if args.keep_old_files {
+            "none (--keep-old-files)".to_string()
+        } else {
+            deleted.to_string()
+        }
+    };
+    for r in &raw {
+        println!(
+            "  {:<13} raw table: {} hours, {} files moved into its log, {} rows; hidden old files deleted: {}",
+            r.table,
+            r.hours,
+            r.files,
+            r.rows,
+            kept(r.deleted)
+        );
+    }
     for r in &reports {
         println!(
             "  {:<13} {:>6} files  {:>10} rows  sum {:.6}  old files deleted: {}",
@@ -96,11 +131,7 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
             r.files,
             r.rows,
             r.sum,
-            if args.keep_old_files {
-                "none (--keep-old-files)".to_string()
-            } else {
-                r.deleted.to_string()
-            }
+            kept(r.deleted)
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -20,20 +20,25 @@ use gpuwarden_schema::{config, Clock, SystemClock};
 
 use super::kafka::{arm_shutdown_deadline, shutdown_signal, KafkaConnection};
 
-/// Consume Kafka into the Parquet lake, roll it up, and publish signals for the enforcer.
+/// Consume Kafka into the lake's Delta tables, roll them up, and publish signals for the
+/// enforcer.
 ///
 /// Reads gpuwarden.samples, .leases, .signals and .actions in the consumer group
-/// pipeline.group_id, writes them to <lake>/<table>/date=…/hour=…/ as Parquet (zstd), <lake>
-/// being storage.lake (a directory or an S3 prefix) or, unset, <storage.data_dir>/lake, and
-/// commits offsets only after the files are durable, so a crash loses nothing and a replay
-/// rewrites the same files (a file is named after its partition, offsets and a digest of its
-/// records, so records that reuse offsets, after a broker started again empty, add files). Records that do not decode or validate go to the quarantine
+/// pipeline.group_id into one Delta table per topic, <lake>/<table>/ (Parquet, zstd), <lake>
+/// being storage.lake (a directory or an S3 prefix) or, unset, <storage.data_dir>/lake. Each
+/// flush is one commit that carries the partition's last offset as a Delta transaction, and
+/// Kafka's offsets are committed after it: a crash loses nothing, and a replay, or two
+/// instances that both think they own a partition, adds every record once (a commit leaves out
+/// what the table holds; a broker started again empty is another cluster, whose records are
+/// new). Any Delta reader (DuckDB, polars, Spark) reads the tables as they are. Records that do not decode or validate go to the quarantine
 /// table with the reason, and so do those whose time a host's wrong clock set: more than
 /// pipeline.clock.max_skew (5m) ahead of their arrival, or, for samples, more than
 /// pipeline.clock.max_age (1d) behind it. Each host's measured clock skew is on /metrics; a host
 /// out of bounds is reported in a clock_skew signal, which the enforcer alerts on. Every pipeline.rollup_every it rolls up what changed (as `gpuwarden
-/// rollup` does), so the open hour's spend shows in team_hourly within minutes. Run more
-/// instances with the same group to share partitions; one at a time rolls up (a lock file).
+/// rollup` does), so the open hour's spend shows in team_hourly within minutes, then compacts
+/// the final hours (as `gpuwarden compact` does). Run more instances with the same group to
+/// share partitions; one at a time rolls up and one compacts (a lock file, or in a bucket a
+/// lease object).
 ///
 /// Computes signals for the enforcer and publishes them on gpuwarden.signals: it keeps the last
 /// pipeline.signals.window of samples (read from gpuwarden.samples outside the consumer group)

@@ -48,10 +48,10 @@ pub(crate) struct Args {
     /// Memory the query may hold ("512MiB", "4GiB"). Default: pipeline.sql_limits.query_memory.
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
     memory: Option<u64>,
-    /// Read the rollup tables (team_hourly, lease_hourly, gpu_hourly, focus_costs, leases) as
-    /// they stood at a time ("2026-12-03T00:00:00Z": their last commit at or before it) or at a
-    /// version of their Delta logs (a number, "42"), to reproduce an invoice after late data
-    /// restated its hours. The raw tables are read as they are now.
+    /// Read the tables as they stood at a time ("2026-12-03T00:00:00Z": each one's last commit
+    /// at or before it) or at a version of their Delta logs (a number, "42": for a query of one
+    /// table), to reproduce an invoice after late data restated its hours. Versions reach back
+    /// 30 days (the files commits removed are kept that long).
     #[arg(long, value_name = "TIME|VERSION", value_parser = AsOf::parse)]
     as_of: Option<AsOf>,
     /// The query. It may start with a `--` comment, as files of queries/ do.
@@ -113,7 +113,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => anyhow::Error::new(e),
         })
         .context("running the query")?;
-    // Which version of each rollup table the answer comes from (a FOCUS export records it):
+    // Which version of each table the answer comes from (a FOCUS export records it):
     // `--as-of <version>` answers the same for a query of that table.
     for (table, version) in lake.delta().versions_read() {
         let name = table.rsplit('/').next().unwrap_or(&table);

@@ -24,48 +24,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use super::RollupTable;
 use crate::delta::AsOf;
 use crate::lake::{parse_hour_partition, Lake, LakeError, Role};
-
-/// A migration that could not finish. What it committed stays: running it again goes on.
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    /// Reading or removing the old files failed.
-    #[error(transparent)]
-    Lake(#[from] LakeError),
-    /// A commit to a Delta table failed.
-    #[error(transparent)]
-    Delta(#[from] crate::delta::DeltaError),
-    /// An old file could not be decoded.
-    #[error("reading {path}: {message}")]
-    Read {
-        /// The file, relative to the lake.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// The tables read back differ from the old files: nothing was deleted.
-    #[error(
-        "{table}: {hour} holds {got_rows} rows summing {got_sum} in the Delta table, the old \
-         file {want_rows} rows summing {want_sum}; the old files are kept"
-    )]
-    Mismatch {
-        /// The table.
-        table: &'static str,
-        /// The hour (`date=…/hour=…`), or `all rows` for `leases`.
-        hour: String,
-        /// Rows and measure in the Delta table.
-        got_rows: u64,
-        got_sum: f64,
-        /// Rows and measure in the old file.
-        want_rows: u64,
-        want_sum: f64,
-    },
-    /// Another process holds the rollups role.
-    #[error("another process is rolling up {0}; stop it (or wait for its run) and migrate again")]
-    Busy(String),
-    /// Reading the tables back failed.
-    #[error("reading the Delta tables back: {0}")]
-    Query(#[from] datafusion::error::DataFusionError),
-}
+pub use crate::migrate::MigrateError;
 
 /// An old rollup file: where it is, and the hour it holds (`None` for the leases).
 #[derive(Debug, Clone)]

@@ -62,6 +62,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds::FleetWatermark;
 use crate::buffer::Table;
+use crate::delta::{AsOf, DataFile};
 use crate::lake::{hour_partition, Lake, LakeError, LakeLock, Role, StateVersion};
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
@@ -318,8 +319,12 @@ struct State {
     /// When the last run read the hosts' samples, on the rollup's clock.
     #[serde(default)]
     last_run: Option<i64>,
-    /// Hours chosen by a run that has not finished them (their marks may be gone).
+    /// Hours chosen by a run that has not finished them.
     pending: BTreeSet<i64>,
+    /// The version of each raw table (`samples`, `lease_events`) whose new rows the hours
+    /// chosen account for: the next run takes the hours of the commits after it.
+    #[serde(default)]
+    read: BTreeMap<String, u64>,
 }
 
 impl State {
@@ -391,7 +396,13 @@ impl Rollup {
         // An hour replaced here before the migration compared it would be compared against
         // the wrong rows, and its old file would then be kept forever.
         if !self.migrated.load(std::sync::atomic::Ordering::Relaxed) {
-            let unmigrated = migrate::tables_with_old_files(&self.lake)?;
+            let mut unmigrated =
+                crate::migrate::raw_tables_to_migrate(&self.lake).map_err(|e| LakeError::Io {
+                    action: "looking for files of the layout before Delta in",
+                    path: PathBuf::from(self.lake.location()),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            unmigrated.extend(migrate::tables_with_old_files(&self.lake)?);
             if !unmigrated.is_empty() {
                 return Err(RollupError::NotMigrated {
                     tables: unmigrated.join(", "),
@@ -403,19 +414,62 @@ impl Rollup {
         }
 
         let ctx = SessionContext::new();
-        // Reads each hour as its compaction manifest says, and a file replaced meanwhile as
-        // the version it listed.
-        self.lake.register_reader(&ctx);
-        let leases = Leases::from_events(self.lease_events(&ctx).await?);
-        let sample_hours = self.lake.hours(Table::Samples.name())?;
-        let marked_samples = self.lake.marked_hours(Table::Samples.name())?;
-        let marked_leases = self.lake.marked_hours(Table::LeaseEvents.name())?;
-        let hosts_path = Path::new(tables::DIR).join("_hosts.json");
-        let (hosts, now, mut hosts_version) =
-            self.hosts(&ctx, &hosts_path, &marked_samples).await?;
-        let ceiling = now.saturating_add(self.options.max_skew_ms);
+        self.lake.register_store(&ctx);
         let state_path = Path::new(tables::DIR).join("_state.json");
         let (mut state, mut version) = State::load(&self.lake, &state_path)?;
+        // The hours with new rows since the last run, from the commits after the versions it
+        // read (all of them the first time, or when the log no longer reaches back).
+        let delta = self.lake.delta();
+        let samples_name = Table::Samples.name();
+        let leases_name = Table::LeaseEvents.name();
+        let changed_samples = delta
+            .changed_hours(samples_name, state.read.get(samples_name).copied())
+            .await?;
+        let changed_leases = delta
+            .changed_hours(leases_name, state.read.get(leases_name).copied())
+            .await?;
+        let samples = delta.pinned(samples_name, &Table::Samples.schema()).await?;
+        // Each hour's files, from one version: an hour is read from its files alone, as their
+        // names say, without planning over every file of the table.
+        let mut hour_files: BTreeMap<i64, Vec<DataFile>> = BTreeMap::new();
+        if let Some(files) = delta.files(samples_name, AsOf::Latest).await? {
+            for file in files.files {
+                if let Some(hour) = file.hour_ms {
+                    hour_files.entry(hour).or_default().push(file);
+                }
+            }
+        }
+        let sample_hours: BTreeSet<i64> = hour_files.keys().copied().collect();
+        // Every hour with samples, when the log does not say which changed.
+        let marked_samples: Vec<i64> = match &changed_samples {
+            Some((_, Some(hours))) => hours.iter().copied().collect(),
+            Some((_, None)) => sample_hours.iter().copied().collect(),
+            None => Vec::new(),
+        };
+        match samples {
+            Some((_, table)) => {
+                ctx.register_table("samples", table)?;
+            }
+            None => {
+                ctx.register_table(
+                    "samples",
+                    Arc::new(MemTable::try_new(Table::Samples.schema(), vec![vec![]])?),
+                )?;
+            }
+        }
+        let leases = Leases::from_events(self.lease_events(&ctx).await?);
+        // A lease event changes attribution from its own time on: the earliest hour with new
+        // ones, every hour when the log does not say.
+        let marked_leases: Vec<i64> = match &changed_leases {
+            Some((_, Some(hours))) => hours.iter().copied().take(1).collect(),
+            Some((_, None)) => vec![i64::MIN],
+            None => Vec::new(),
+        };
+        let hosts_path = Path::new(tables::DIR).join("_hosts.json");
+        let (hosts, now, mut hosts_version) = self
+            .hosts(&ctx, &hosts_path, &marked_samples, &hour_files)
+            .await?;
+        let ceiling = now.saturating_add(self.options.max_skew_ms);
         // A host is seen only when a run reads its new samples: one run apart is not silence.
         let since_last_run = state
             .last_run
@@ -463,15 +517,17 @@ impl Rollup {
             (is_final && watermark < hour + HOUR_MS + self.options.lateness_ms).then_some(hour)
         }));
         state.pending.clone_from(&todo);
-        state.save(&self.lake, &state_path, &mut version, &lock)?;
-        // The hosts' times are saved before the marks they were read from are cleared.
+        // The hosts' times are saved before the versions they were read up to.
         save_hosts(&self.lake, &hosts_path, &fleet.kept, &mut hosts_version)?;
-        for &hour in &marked_samples {
-            self.lake.clear_mark(Table::Samples.name(), hour)?;
+        for (name, changed) in [
+            (samples_name, &changed_samples),
+            (leases_name, &changed_leases),
+        ] {
+            if let Some((read, _)) = changed {
+                state.read.insert(name.to_string(), *read);
+            }
         }
-        for &hour in &marked_leases {
-            self.lake.clear_mark(Table::LeaseEvents.name(), hour)?;
-        }
+        state.save(&self.lake, &state_path, &mut version, &lock)?;
 
         let known = MemTable::try_new(tables::known_leases(), vec![vec![leases.known_batch()?]])?;
         ctx.register_table("known_leases", Arc::new(known))?;
@@ -485,7 +541,9 @@ impl Rollup {
         for (done, &hour) in todo.iter().enumerate() {
             let is_final = watermark >= hour + HOUR_MS + self.options.lateness_ms;
             lock.check("rolling up an hour")?;
-            report.team_rows += self.hour(&ctx, &leases, hour, watermark, is_final).await?;
+            report.team_rows += self
+                .hour(&ctx, &leases, &hour_files, hour, watermark, is_final)
+                .await?;
             report.hours += 1;
             report.final_hours += usize::from(is_final);
             if candidates.contains(&hour) {
@@ -523,30 +581,23 @@ impl Rollup {
                 }
             }
         }
-        // What compactions replaced in a bucket is kept for the queries that listed it, and
-        // deleted here once none can still be reading it.
-        match self.lake.sweep_versions() {
-            Ok(0) => {}
-            Ok(swept) => {
-                tracing::debug!(swept, "deleted replaced lake files no query can still read")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not delete replaced lake files; the next run tries again")
-            }
-        }
         report.elapsed = started.elapsed();
         drop(lock);
         Ok(report)
     }
 
+    /// Every lease event of the table's latest version.
     async fn lease_events(&self, ctx: &SessionContext) -> Result<Vec<LeaseEvent>, RollupError> {
         let name = Table::LeaseEvents.name();
-        self.lake.register_dirs(
-            ctx,
-            name,
-            &[PathBuf::from(name)],
-            Table::LeaseEvents.schema(),
-        )?;
+        let Some((_, table)) = self
+            .lake
+            .delta()
+            .pinned(name, &Table::LeaseEvents.schema())
+            .await?
+        else {
+            return Ok(Vec::new());
+        };
+        ctx.register_table(name, table)?;
         let batches = ctx.table(name).await?.collect().await?;
         ctx.deregister_table(name)?;
         let mut events = Vec::new();
@@ -564,25 +615,40 @@ impl Rollup {
         ctx: &SessionContext,
         path: &Path,
         marked: &[i64],
+        hour_files: &BTreeMap<i64, Vec<DataFile>>,
     ) -> Result<(Hosts, i64, StateVersion), RollupError> {
         let (known, version) = load_hosts(&self.lake, path)?;
-        let samples = Path::new(Table::Samples.name());
-        let dirs: Vec<PathBuf> = match &known {
-            Some(_) => marked
-                .iter()
-                .map(|&hour| samples.join(hour_partition(hour)))
-                .collect(),
-            None => vec![samples.to_path_buf()],
+        // The new samples: the files of the hours with new rows (every sample, the first time).
+        let table = match &known {
+            Some(_) => {
+                let files: Vec<&str> = marked
+                    .iter()
+                    .filter_map(|h| hour_files.get(h))
+                    .flatten()
+                    .map(|f| f.path.as_str())
+                    .collect();
+                self.lake.delta().register_files(
+                    ctx,
+                    "host_samples",
+                    Table::Samples.name(),
+                    &files,
+                    Table::Samples.schema(),
+                )?;
+                "host_samples"
+            }
+            None => "samples",
         };
         let mut hosts = known.unwrap_or_default();
-        self.lake
-            .register_dirs(ctx, "host_samples", &dirs, Table::Samples.schema())?;
         let batches = ctx
-            .sql("SELECT CAST(host AS VARCHAR), max(ts_ms) FROM host_samples GROUP BY host")
+            .sql(&format!(
+                "SELECT CAST(host AS VARCHAR), max(ts_ms) FROM {table} GROUP BY host"
+            ))
             .await?
             .collect()
             .await?;
-        ctx.deregister_table("host_samples")?;
+        if table == "host_samples" {
+            ctx.deregister_table(table)?;
+        }
         // Read after the scan: files that landed during it are not from the future.
         let now = self.options.clock.now_ms();
         clamp_seen(&mut hosts, now);
@@ -636,19 +702,30 @@ impl Rollup {
         &self,
         ctx: &SessionContext,
         leases: &Leases,
+        hour_files: &BTreeMap<i64, Vec<DataFile>>,
         hour: i64,
         watermark: i64,
         is_final: bool,
     ) -> Result<usize, RollupError> {
         // A sample's interval may begin in the hour before its own (never earlier: intervals
         // are at most an hour), so the hour's time is in its own files and the next hour's.
-        let dirs: Vec<PathBuf> = [hour, hour + HOUR_MS]
-            .into_iter()
-            .map(|h| Path::new(Table::Samples.name()).join(hour_partition(h)))
-            .collect();
         replace(ctx, "hour_samples", None)?;
-        self.lake
-            .register_dirs(ctx, "hour_samples", &dirs, Table::Samples.schema())?;
+        let files: Vec<&DataFile> = [hour, hour + HOUR_MS]
+            .iter()
+            .filter_map(|h| hour_files.get(h))
+            .flatten()
+            .collect();
+        // The rows the files' statistics count: what decides whether the hour is computed in
+        // parts, without a scan.
+        let rows: Option<usize> = files.iter().map(|f| f.rows.map(|r| r as usize)).sum();
+        let files: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        self.lake.delta().register_files(
+            ctx,
+            "hour_samples",
+            Table::Samples.name(),
+            &files,
+            Table::Samples.schema(),
+        )?;
         replace(
             ctx,
             "hour_owners",
@@ -665,7 +742,7 @@ impl Rollup {
             Some(memtable(leases.allocation_batch(hour, watermark)?)?),
         )?;
 
-        let partials = self.partials(ctx, hour).await?;
+        let partials = self.partials(ctx, hour, rows).await?;
         replace(ctx, "partials", Some(partials.table()?))?;
         let price = price_sql(&self.options.pricing, "gpu_model");
         let gpu = run(ctx, GPU_HOURLY_SQL).await?;
@@ -727,9 +804,17 @@ impl Rollup {
     /// and every partial row are per GPU, so the samples are split by GPU into parts of about
     /// `part_rows` rows (spilled to `rollups/_tmp/`), each part's partials computed alone, and
     /// the parts' partials are the hour's: memory follows a part, not the hour.
-    async fn partials(&self, ctx: &SessionContext, hour: i64) -> Result<Rows, RollupError> {
+    async fn partials(
+        &self,
+        ctx: &SessionContext,
+        hour: i64,
+        rows: Option<usize>,
+    ) -> Result<Rows, RollupError> {
         let idle = self.options.pricing.idle_util_pct;
-        let rows = count(ctx, "hour_samples").await?;
+        let rows = match rows {
+            Some(rows) => rows,
+            None => count(ctx, "hour_samples").await?,
+        };
         let parts = rows.div_ceil(self.options.part_rows.max(1));
         if parts <= 1 {
             return partials_of(ctx, "hour_samples", hour, idle).await;
