@@ -131,12 +131,7 @@ fn table_stats(lake: &Lake) -> (u64, u64, u64, f64) {
         .unwrap()
         .unwrap();
     let bytes = files.files.iter().map(|f| f.size.max(0) as u64).sum();
-    (
-        files.files.len() as u64,
-        bytes,
-        version,
-        open_s,
-    )
+    (files.files.len() as u64, bytes, version, open_s)
 }
 
 /// Each query `runs` times in a new session (`sql::query`, as `gpuwarden sql` runs it) and,

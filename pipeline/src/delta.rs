@@ -505,11 +505,7 @@ impl DeltaTables {
                     bytes: 0,
                 });
             }
-            let operation = DeltaOperation::Write {
-                mode: SaveMode::Append,
-                partition_by: None,
-                predicate: None,
-            };
+            let operation = append_operation();
             match commit(table, actions, operation).await {
                 Ok(version) => {
                     return Ok(Appended::Committed {
@@ -636,22 +632,25 @@ impl DeltaTables {
         schema: &Schema,
         app_id: &str,
     ) -> Result<(), DeltaError> {
+        let txn = Transaction::new_with_last_update(app_id, -1, Some(now_ms()));
+        self.commit_append(relative, schema, vec![Action::Txn(txn)])
+            .await
+            .map(|_| ())
+    }
+
+    /// Commits `actions` to the table in `relative` (created with `schema` if nothing has) as
+    /// an append, through the table's writer.
+    async fn commit_append(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        actions: Vec<Action>,
+    ) -> Result<u64, DeltaError> {
         let slot = self.writer_slot(relative);
         let mut open = slot.lock().await;
         let table = self.writable(&mut open, relative, schema).await?;
-        let actions = vec![Action::Txn(Transaction::new_with_last_update(
-            app_id,
-            -1,
-            Some(now_ms()),
-        ))];
-        let operation = DeltaOperation::Write {
-            mode: SaveMode::Append,
-            partition_by: None,
-            predicate: None,
-        };
-        commit(table, actions, operation)
+        commit(table, actions, append_operation())
             .await
-            .map(|_| ())
             .map_err(self.error(relative))
     }
 
@@ -679,23 +678,13 @@ impl DeltaTables {
         schema: &Schema,
         files: Vec<(String, i64, Arc<parquet::file::metadata::ParquetMetaData>)>,
     ) -> Result<u64, DeltaError> {
-        let slot = self.writer_slot(relative);
-        let mut open = slot.lock().await;
-        let table = self.writable(&mut open, relative, schema).await?;
         let actions = files
             .into_iter()
             .map(|(path, size, metadata)| {
                 Action::Add(add(path, size, stats_of(&metadata, schema), true))
             })
             .collect();
-        let operation = DeltaOperation::Write {
-            mode: SaveMode::Append,
-            partition_by: None,
-            predicate: None,
-        };
-        commit(table, actions, operation)
-            .await
-            .map_err(self.error(relative))
+        self.commit_append(relative, schema, actions).await
     }
 
     /// The version the table in `relative` holds for the source `app_id` (the last offset or
@@ -754,11 +743,7 @@ impl DeltaTables {
                 Some(now_ms()),
             )));
         }
-        let operation = DeltaOperation::Write {
-            mode: SaveMode::Append,
-            partition_by: None,
-            predicate: None,
-        };
+        let operation = append_operation();
         match commit(table, actions, operation).await {
             Ok(version) => Ok(Appended::Committed {
                 version,
@@ -1307,6 +1292,15 @@ pub struct DataFile {
     pub rows: Option<u64>,
     /// The hour its rows are in, from its name (`<YYYY-MM-DD>T<HH>-…`).
     pub hour_ms: Option<i64>,
+}
+
+/// A commit that adds files (and transactions) without reading the table: a blind append.
+fn append_operation() -> DeltaOperation {
+    DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: None,
+        predicate: None,
+    }
 }
 
 /// Commits `actions` to `table` (as it was read) and brings it up to the new version.

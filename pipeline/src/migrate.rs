@@ -463,9 +463,7 @@ pub async fn migrate_raw(
                     let full = lake.root().join(dir);
                     match std::fs::remove_dir_all(&full) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(
-                                crate::lake::io("removing", &full)(e).into()
-                            )
+                            return Err(crate::lake::io("removing", &full)(e).into())
                         }
                         _ => {}
                     }
