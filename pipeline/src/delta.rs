@@ -459,12 +459,7 @@ impl DeltaTables {
         loop {
             let table = self.writable(&mut open, relative, schema).await?;
             let held = match txn {
-                Some(txn) => table
-                    .snapshot()
-                    .map_err(self.error(relative))?
-                    .transaction_version(table.log_store().as_ref(), &txn.app_id)
-                    .await
-                    .map_err(self.error(relative))?,
+                Some(txn) => self.held(table, relative, &txn.app_id).await?,
                 None => None,
             };
             if let (Some(txn), Some(held)) = (txn, held) {
@@ -490,13 +485,7 @@ impl DeltaTables {
                 );
             }
             let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
-            if let Some(txn) = txn {
-                actions.push(Action::Txn(Transaction::new_with_last_update(
-                    &txn.app_id,
-                    txn.last,
-                    Some(now_ms()),
-                )));
-            }
+            actions.extend(txn.map(txn_action));
             if actions.is_empty() {
                 return Ok(Appended::Committed {
                     version: table.version().unwrap_or(0),
@@ -697,6 +686,16 @@ impl DeltaTables {
         let Some(table) = self.latest(relative).await? else {
             return Ok(None);
         };
+        self.held(&table, relative, app_id).await
+    }
+
+    /// The version `table` (as loaded) holds for the source `app_id`.
+    async fn held(
+        &self,
+        table: &DeltaTable,
+        relative: &str,
+        app_id: &str,
+    ) -> Result<Option<i64>, DeltaError> {
         table
             .snapshot()
             .map_err(self.error(relative))?
@@ -721,12 +720,7 @@ impl DeltaTables {
         let mut open = slot.lock().await;
         let table = self.writable(&mut open, relative, schema).await?;
         if let Some(txn) = txn {
-            let held = table
-                .snapshot()
-                .map_err(self.error(relative))?
-                .transaction_version(table.log_store().as_ref(), &txn.app_id)
-                .await
-                .map_err(self.error(relative))?;
+            let held = self.held(table, relative, &txn.app_id).await?;
             if let Some(held) = held {
                 self.delete_uncommitted(table, &adds).await;
                 return Ok(Appended::AlreadyThere { held });
@@ -736,13 +730,7 @@ impl DeltaTables {
         let files = adds.len();
         let bytes = adds.iter().map(|a| a.size).sum();
         let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
-        if let Some(txn) = txn {
-            actions.push(Action::Txn(Transaction::new_with_last_update(
-                &txn.app_id,
-                txn.last,
-                Some(now_ms()),
-            )));
-        }
+        actions.extend(txn.map(txn_action));
         let operation = append_operation();
         match commit(table, actions, operation).await {
             Ok(version) => Ok(Appended::Committed {
@@ -1292,6 +1280,15 @@ pub struct DataFile {
     pub rows: Option<u64>,
     /// The hour its rows are in, from its name (`<YYYY-MM-DD>T<HH>-…`).
     pub hour_ms: Option<i64>,
+}
+
+/// A source's transaction as the action a commit carries.
+fn txn_action(txn: &AppTxn) -> Action {
+    Action::Txn(Transaction::new_with_last_update(
+        &txn.app_id,
+        txn.last,
+        Some(now_ms()),
+    ))
 }
 
 /// A commit that adds files (and transactions) without reading the table: a blind append.

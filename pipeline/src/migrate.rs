@@ -6,21 +6,17 @@
 //! (`compact-g*` files) and the ingest files they `superseded`; every other Parquet file that is
 //! not a temporary counts. A migration commits, hour by hour, the files those rules show to the
 //! table's Delta log where they lie (an add each, with statistics from its footer; nothing is
-//! copied), reads the table back with the Delta reader and compares its rows and the sum of
+//! copied), reads back the files its latest version names and compares their rows and the sum of
 //! `ts_ms` with the old files', and only then deletes what the old rules hid (superseded and
 //! uncommitted files, manifests, temporaries) and the old layout's bookkeeping (`_recompute/`,
 //! `_versions/`, `_ingest/`, `_compaction/`). Each step can be repeated: files the log names
 //! already are not added again, so a migration stopped anywhere is finished by running it again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array};
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{
-    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
-};
 use datafusion::prelude::SessionContext;
 use object_store::ObjectStoreExt as _;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
@@ -288,24 +284,17 @@ async fn footer(
 
 /// Rows and the sum of `ts_ms` of the files at `urls`, read as Parquet files.
 async fn totals(
+    lake: &Lake,
     ctx: &SessionContext,
     name: &str,
-    urls: Vec<String>,
+    paths: &[&str],
     table: Table,
 ) -> Result<(u64, i64), MigrateError> {
-    if urls.is_empty() {
+    if paths.is_empty() {
         return Ok((0, 0));
     }
-    let urls = urls
-        .iter()
-        .map(ListingTableUrl::parse)
-        .collect::<Result<Vec<_>, _>>()?;
-    let config = ListingTableConfig::new_with_multi_paths(urls)
-        .with_listing_options(
-            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet"),
-        )
-        .with_schema(table.schema());
-    ctx.register_table(name, Arc::new(ListingTable::try_new(config)?))?;
+    lake.delta()
+        .register_files(ctx, name, table.name(), paths, table.schema())?;
     let result = query_totals(ctx, name).await;
     ctx.deregister_table(name)?;
     result
@@ -386,16 +375,6 @@ pub async fn migrate_raw(
         }
         // Compare: what the old rules showed, read as plain Parquet files, against the table
         // read through its Delta log.
-        let urls: Vec<String> = hours
-            .iter()
-            .flat_map(|h| {
-                h.shown
-                    .iter()
-                    .map(|(n, _)| lake.delta().file_url(table.name(), &relative(h, n)))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let want = totals(&ctx, "old_files", urls, table).await?;
         let old: BTreeSet<String> = hours
             .iter()
             .flat_map(|h| {
@@ -405,15 +384,17 @@ pub async fn migrate_raw(
                     .collect::<Vec<_>>()
             })
             .collect();
+        let old_paths: Vec<&str> = old.iter().map(String::as_str).collect();
+        let want = totals(lake, &ctx, "old_files", &old_paths, table).await?;
         let files = lake.delta().files(table.name(), AsOf::Latest).await?;
-        let urls: Vec<String> = files
+        let adopted: Vec<&str> = files
             .iter()
             .flat_map(|f| f.files.iter())
             .filter(|f| old.contains(&f.path))
-            .map(|f| lake.delta().file_url(table.name(), &f.path))
+            .map(|f| f.path.as_str())
             .collect();
-        let missing = old.len() - urls.len();
-        let got = totals(&ctx, "adopted", urls, table).await?;
+        let missing = old.len() - adopted.len();
+        let got = totals(lake, &ctx, "adopted", &adopted, table).await?;
         if missing > 0 || got != want {
             return Err(MigrateError::Mismatch {
                 table: table.name(),
@@ -472,9 +453,4 @@ pub async fn migrate_raw(
         }
     }
     Ok(reports)
-}
-
-/// Whether a lake has old-layout hours by table, for messages.
-pub fn describe(reports: &[RawMigration]) -> BTreeMap<&'static str, usize> {
-    reports.iter().map(|r| (r.table, r.hours)).collect()
 }

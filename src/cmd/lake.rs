@@ -28,8 +28,9 @@ enum Command {
 /// Raw tables (samples, lease_events, signals, actions, quarantine): before Delta, an hour was
 /// <table>/date=YYYY-MM-DD/hour=HH/*.parquet, read by gpuwarden's own rules (its
 /// _compaction.json's outputs, not the files they superseded). The files those rules show are
-/// committed to the table's Delta log where they lie (nothing is copied); the table is read back
-/// through the log and its rows and sum of ts_ms compared with the old files'. Only then are the
+/// committed to the table's Delta log where they lie (nothing is copied); the files its latest
+/// version names are read back and their rows and sum of ts_ms compared with the old files'.
+/// Only then are the
 /// files the old rules hid, the manifests and the old bookkeeping (_recompute, _versions,
 /// _ingest, _compaction) deleted. A lake whose ingest did not stop cleanly (a flush journal in
 /// _ingest) is refused: start the old version once and stop it cleanly first.
