@@ -8,6 +8,11 @@
 //! every answer is the one the old files gave, the files the old rules hid and the old rollup
 //! files are gone, and the rollups run again.
 //!
+//! `gpuwarden lake migrate --to` moves a lake instead: the old layout in a directory to another
+//! directory, stopped by a crash half way and finished by a second run; a lake of Delta tables
+//! in a bucket to a directory, with the files its ingest committed, so that ingesting them again
+//! at the new location adds nothing. Each time the new location answers as the old one did.
+//!
 //! The old layout is written here from the rows the Delta tables hold (read back with the
 //! library, then written as plain Parquet under the old names), since the code that wrote it is
 //! gone: the files are the same rows, in the same schema, under the same names.
@@ -18,7 +23,9 @@ use std::path::{Path, PathBuf};
 
 use gpuwarden_pipeline::delta::{block_on, AsOf};
 use gpuwarden_pipeline::{sql, Lake, RollupTable};
-use support::rollups::{gpuwarden, gpuwarden_answers, load, ok, unquoted, T0};
+use support::rollups::{
+    gpuwarden, gpuwarden_answers, gpuwarden_with, load, ok, unquoted, MINUTE, T0,
+};
 use support::s3::S3Server;
 
 /// Rewrites the rollup tables of `lake` in the old layout: the Delta tables' rows, hour by
@@ -211,12 +218,67 @@ fn raw_answers(config: &str) -> Vec<String> {
     .collect()
 }
 
+/// `gpuwarden lake migrate --config from --to to`, first killed (`crash_at`: after copying that
+/// table's files, before its commit) when given, then run to the end: the new location answers
+/// `before` (the rollups) and `raw_before` (the raw tables), and a run again commits nothing.
+fn moves(
+    from: &str,
+    to: &str,
+    crash_at: Option<&str>,
+    before: &[Vec<String>; 3],
+    raw_before: &[String],
+) -> String {
+    if let Some(table) = crash_at {
+        let crashed = gpuwarden_with(
+            &["lake", "migrate", "--config", from, "--to", to],
+            &[("GPUWARDEN_MOVE_CRASH_AT", table.to_string())],
+        );
+        assert!(
+            !crashed.status.success(),
+            "killed after copying {table}: {}",
+            String::from_utf8_lossy(&crashed.stderr)
+        );
+    }
+    let moved = ok(gpuwarden(&[
+        "lake", "migrate", "--config", from, "--to", to,
+    ]));
+    println!("{moved}");
+    assert!(moved.contains("compared equal"), "{moved}");
+    assert!(moved.contains("rollups' state: carried"), "{moved}");
+    if crash_at.is_some() {
+        assert!(
+            moved.contains("committed by an earlier run"),
+            "the tables committed before the crash are not committed again: {moved}"
+        );
+    }
+    assert_eq!(
+        &gpuwarden_answers(to, &[]).map(|a| unquoted(&a)),
+        before,
+        "the new location answers as the old one did"
+    );
+    assert_eq!(raw_answers(to), raw_before, "the raw tables moved whole");
+    let again = ok(gpuwarden(&[
+        "lake", "migrate", "--config", from, "--to", to,
+    ]));
+    assert_eq!(
+        again.matches("committed by an earlier run").count(),
+        10,
+        "a move run again commits nothing: {again}"
+    );
+    assert!(again.contains("rollups' state: kept"), "{again}");
+    // The new location's rollups go on from the state carried: same answers.
+    ok(gpuwarden(&["rollup", "--config", to]));
+    assert_eq!(&gpuwarden_answers(to, &[]).map(|a| unquoted(&a)), before);
+    moved
+}
+
 fn migrates(
     config: &str,
     dir: &Path,
     lake: &Lake,
     remove_delta: &dyn Fn(&str),
     old_names: &dyn Fn() -> Vec<String>,
+    move_old_to: Option<&str>,
 ) {
     load(config, dir, "first", 0..8, T0, 150);
     let before = gpuwarden_answers(config, &[]).map(|a| unquoted(&a));
@@ -235,6 +297,19 @@ fn migrates(
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(stderr.contains("gpuwarden lake migrate"), "{stderr}");
+
+    // Moved elsewhere as it stands, old layout and all, and left as it was.
+    if let Some(to) = move_old_to {
+        let old_before = old_names();
+        moves(
+            config,
+            to,
+            Some("rollups/team_hourly"),
+            &before,
+            &raw_before,
+        );
+        assert_eq!(old_names(), old_before, "the old lake is left as it was");
+    }
 
     // Compared, and stopped before anything is deleted: as a crash there leaves it.
     let kept = ok(gpuwarden(&[
@@ -328,12 +403,15 @@ fn a_lake_in_a_directory_is_migrated_to_delta_tables() {
         }
         names
     };
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (to, _) = support::rollups::dir_config(elsewhere.path());
     migrates(
         config.to_str().unwrap(),
         dir.path(),
         &lake,
         &|table| std::fs::remove_dir_all(root.join(table)).unwrap(),
         &old_names,
+        Some(to.to_str().unwrap()),
     );
 }
 
@@ -355,11 +433,40 @@ fn a_lake_in_a_bucket_is_migrated_to_delta_tables() {
             .filter(|k| k.contains("/rollup.v") || k.contains("/leases.v"))
             .collect()
     };
-    migrates(
-        config.to_str().unwrap(),
-        dir.path(),
-        &lake,
-        &remove,
-        &old_names,
+    let config = config.to_str().unwrap();
+    migrates(config, dir.path(), &lake, &remove, &old_names, None);
+
+    // New rows ingested into its Delta tables, then the lake moved to a directory: the files
+    // its ingest committed go with it, so ingesting them again there adds nothing.
+    load(config, dir.path(), "second", 0..8, T0 + 150 * MINUTE, 30);
+    let before = gpuwarden_answers(config, &[]).map(|a| unquoted(&a));
+    let raw_before = raw_answers(config);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (to, _) = support::rollups::dir_config(elsewhere.path());
+    let to = to.to_str().unwrap();
+    let moved = moves(config, to, None, &before, &raw_before);
+    let carried: usize = moved
+        .lines()
+        .filter_map(|l| {
+            l.split("sources ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        carried >= 2,
+        "the ingested files' transactions are carried: {moved}"
     );
+    load(to, elsewhere.path(), "second", 0..8, T0 + 150 * MINUTE, 30);
+    assert_eq!(raw_answers(to), raw_before, "ingested again: nothing added");
+    assert_eq!(gpuwarden_answers(to, &[]).map(|a| unquoted(&a)), before);
+
+    // A location that holds a lake of its own is refused before anything is written.
+    let refused = gpuwarden(&["lake", "migrate", "--config", to, "--to", config]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("already holds samples"), "{stderr}");
 }

@@ -4,6 +4,8 @@
 //! a directory and in a bucket of the tests' S3 server, agreeing with `gpuwarden sql` to the cent
 //! on `team_hourly`, `lease_usage` (leases joined to `lease_hourly`) and `focus_costs`. Then
 //! `gpuwarden sql --as-of` reproduces the answer of a version that late data has since restated.
+//! Last, the readers read over and over while other processes ingest, roll up and OPTIMIZE:
+//! each answer is gpuwarden's at a version the table had meanwhile.
 //!
 //! Needs a Python with duckdb, its delta and httpfs extensions, polars and deltalake:
 //! `GPUWARDEN_PYTHON` (set by .ci/run) names it.
@@ -276,8 +278,153 @@ fn readers_agree(
         again, expected[2],
         "--as-of {version} computes the export again"
     );
-    let by_duckdb = duckdb(&python, location, secret).map(|a| unquoted(&a));
+    let by_duckdb = duckdb(&python, location, secret.clone()).map(|a| unquoted(&a));
     assert_eq!(by_duckdb, restated, "DuckDB reads the latest version");
+
+    readers_agree_while_it_changes(config, dir, location, &python, secret, storage);
+}
+
+/// The team costs of `team_hourly` as gpuwarden answers them.
+const TEAM: &str =
+    "SELECT team, round(sum(cost_usd), 2) FROM team_hourly GROUP BY team ORDER BY team";
+/// The raw samples' rows and sum of `ts_ms`.
+const RAW: &str = "SELECT count(*), sum(ts_ms) FROM samples";
+
+/// While other processes ingest late samples, roll them up and OPTIMIZE the raw tables, the
+/// readers read over and over: each answer of DuckDB's (the latest version when it plans) is
+/// gpuwarden's at one of the versions the table had while it read, and polars', pinned to a
+/// version by `deltalake`, is gpuwarden's at that version (`--as-of`): no reader sees a torn
+/// hour, a file counted twice, or one missing.
+fn readers_agree_while_it_changes(
+    config: &str,
+    dir: &Path,
+    location: &str,
+    python: &str,
+    secret: Option<String>,
+    storage: Option<String>,
+) {
+    let stop = dir.join("readers.stop");
+    let writer = {
+        let (config, dir, stop) = (config.to_string(), dir.to_path_buf(), stop.clone());
+        std::thread::spawn(move || {
+            for round in 0..3 {
+                let gpus = 12 + 2 * round..14 + 2 * round;
+                load(
+                    &config,
+                    &dir,
+                    &format!("round{round}"),
+                    gpus,
+                    T0 + 20 * MINUTE,
+                    90,
+                );
+                ok(gpuwarden(&["compact", "--config", &config]));
+            }
+            std::fs::write(&stop, "").unwrap();
+        })
+    };
+    let delta = extension(python, "duckdb_extension_delta");
+    let httpfs = extension(python, "duckdb_extension_httpfs");
+    let script = r#"
+import json, os, sys, duckdb, polars as pl
+from deltalake import DeltaTable
+location, delta, httpfs, secret, storage, stop = sys.argv[1:]
+storage = eval(storage)
+c = duckdb.connect()
+c.sql(f"LOAD '{delta}'")
+c.sql(f"LOAD '{httpfs}'")
+if secret:
+    c.sql(secret)
+team = f"{location}/rollups/team_hourly"
+samples = f"{location}/samples"
+def version(path):
+    return DeltaTable(path, storage_options=storage).version()
+def rows(result):
+    return [",".join(str(v) for v in row) for row in result]
+while True:
+    last = os.path.exists(stop)
+    t0, s0 = version(team), version(samples)
+    by_duckdb = rows(c.sql(f"SELECT team, round(sum(cost_usd), 2) FROM delta_scan('{team}') GROUP BY 1 ORDER BY 1").fetchall())
+    raw = rows(c.sql(f"SELECT count(*), sum(ts_ms) FROM delta_scan('{samples}')").fetchall())
+    t1, s1 = version(team), version(samples)
+    pinned = version(team)
+    frame = pl.read_delta(team, version=pinned, storage_options=storage)
+    by_polars = rows(frame.group_by("team").agg(pl.col("cost_usd").sum().round(2)).sort("team").iter_rows())
+    print(json.dumps({"team": [t0, t1], "samples": [s0, s1], "duckdb": by_duckdb, "raw": raw,
+                      "pinned": pinned, "polars": by_polars}), flush=True)
+    if last:
+        break
+"#;
+    let out = Command::new(python)
+        .args(["-c", script, location, &delta, &httpfs])
+        .arg(secret.unwrap_or_default())
+        .arg(storage.unwrap_or_else(|| "None".to_string()))
+        .arg(&stop)
+        .output()
+        .unwrap();
+    writer.join().expect("the writer's rounds");
+    let out = ok(out);
+    let seen: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(seen.len() >= 3, "the readers read while it changed: {out}");
+    let mut answers: std::collections::HashMap<(&str, u64), Vec<String>> = Default::default();
+    let mut at = |query: &'static str, version: u64| -> Vec<String> {
+        answers
+            .entry((query, version))
+            .or_insert_with(|| {
+                unquoted(&support::rollups::sql(
+                    config,
+                    &["--as-of", &version.to_string()],
+                    query,
+                ))
+            })
+            .clone()
+    };
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        unquoted(
+            &v.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().to_string())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let range = |v: &serde_json::Value| v[0].as_u64().unwrap()..=v[1].as_u64().unwrap();
+    let mut versions = std::collections::BTreeSet::new();
+    for observed in &seen {
+        let duckdb = strings(&observed["duckdb"]);
+        assert!(
+            range(&observed["team"]).any(|v| at(TEAM, v) == duckdb),
+            "DuckDB's team costs are gpuwarden's at a version it read between: {observed}"
+        );
+        let raw = strings(&observed["raw"]);
+        assert!(
+            range(&observed["samples"]).any(|v| at(RAW, v) == raw),
+            "DuckDB's samples are gpuwarden's at a version it read between: {observed}"
+        );
+        let pinned = observed["pinned"].as_u64().unwrap();
+        assert_eq!(
+            strings(&observed["polars"]),
+            at(TEAM, pinned),
+            "polars at version {pinned}: {observed}"
+        );
+        versions.insert(pinned);
+    }
+    println!(
+        "{} reads while it changed; team_hourly versions polars pinned: {versions:?}",
+        seen.len()
+    );
+    assert!(
+        versions.len() >= 2,
+        "the readers saw the table change under them: {out}"
+    );
+    let last = seen.last().unwrap();
+    assert_eq!(
+        strings(&last["duckdb"]),
+        unquoted(&support::rollups::sql(config, &[], TEAM)),
+        "the last read, after the writers stopped, is the latest answer"
+    );
 }
 
 #[test]

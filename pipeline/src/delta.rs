@@ -365,33 +365,16 @@ impl DeltaTables {
             }
         }
         if let Some(batch) = batch.filter(|b| b.num_rows() > 0) {
-            let batch = conform(&stored, batch, &[])
-                .map_err(|e| DeltaTableError::Generic(e.to_string()))
-                .map_err(self.error(relative))?;
             let name = format!(
                 "{}{}.parquet",
                 prefix.as_deref().unwrap_or(""),
                 uuid::Uuid::new_v4()
             );
-            let bytes = crate::base::encode(&batch, Path::new(&name))
+            let batch = conform(&stored, batch, &[])
                 .map_err(|e| DeltaTableError::Generic(e.to_string()))
                 .map_err(self.error(relative))?;
-            let size = bytes.len() as i64;
-            table
-                .log_store()
-                .object_store(None)
-                .put(&object_store::path::Path::from(name.as_str()), bytes.into())
-                .await
-                .map_err(|e| self.error(relative)(DeltaTableError::ObjectStore { source: e }))?;
-            actions.push(Action::Add(Add {
-                path: name,
-                partition_values: HashMap::new(),
-                size,
-                modification_time: now,
-                data_change: true,
-                stats: Some(stats(&batch, hour)),
-                ..Default::default()
-            }));
+            let add = self.put_batch(relative, name, &batch, hour).await?;
+            actions.push(Action::Add(add));
         }
         if actions.is_empty() {
             return Ok(table.version().unwrap_or(0));
@@ -480,7 +463,7 @@ impl DeltaTables {
                 let batch = file.batch.slice(skip, file.batch.num_rows() - skip);
                 rows += batch.num_rows();
                 adds.push(
-                    self.put_batch(table, relative, file.hour_ms, tag, &batch)
+                    self.put_batch(relative, data_file_name(file.hour_ms, tag), &batch, None)
                         .await?,
                 );
             }
@@ -517,34 +500,6 @@ impl DeltaTables {
                 }
             }
         }
-    }
-
-    /// Encodes `batch` (rows of one hour) and puts it in the table's directory as a file no
-    /// commit names yet; returns the `add` that commits it.
-    async fn put_batch(
-        &self,
-        table: &DeltaTable,
-        relative: &str,
-        hour_ms: i64,
-        tag: &str,
-        batch: &RecordBatch,
-    ) -> Result<Add, DeltaError> {
-        let name = data_file_name(hour_ms, tag);
-        let bytes = crate::base::encode(batch, Path::new(&name))
-            .map_err(|e| DeltaTableError::Generic(e.to_string()))
-            .map_err(self.error(relative))?;
-        let bytes = bytes::Bytes::from(bytes);
-        let stats = parquet_stats(&bytes, &batch.schema())
-            .map_err(|e| DeltaTableError::Generic(format!("reading back {name}: {e}")))
-            .map_err(self.error(relative))?;
-        let size = bytes.len() as i64;
-        table
-            .log_store()
-            .object_store(None)
-            .put(&object_store::path::Path::from(name.as_str()), bytes.into())
-            .await
-            .map_err(|e| self.error(relative)(DeltaTableError::ObjectStore { source: e }))?;
-        Ok(add(name, size, stats, true))
     }
 
     /// Deletes files put for a commit that did not land (best effort: a file no commit names
@@ -673,6 +628,220 @@ impl DeltaTables {
                 Action::Add(add(path, size, stats_of(&metadata, schema), true))
             })
             .collect();
+        self.commit_append(relative, schema, actions).await
+    }
+
+    /// Encodes `batch` (rows as the table stores them) and puts it as the data file `name` of
+    /// the table in `relative`, not committed yet; returns the `add` that commits it. Its
+    /// statistics: with `hour` (a rollup table's hour column and the hour's start), the rows and
+    /// the hour; without, those of its footer ([`stats_of`]).
+    async fn put_batch(
+        &self,
+        relative: &str,
+        name: String,
+        batch: &RecordBatch,
+        hour: Option<(&str, i64)>,
+    ) -> Result<Add, DeltaError> {
+        let generic = |e: String| self.error(relative)(DeltaTableError::Generic(e));
+        let bytes = bytes::Bytes::from(
+            crate::base::encode(batch, Path::new(&name)).map_err(|e| generic(e.to_string()))?,
+        );
+        let stats = match hour {
+            Some(_) => stats(batch, hour),
+            None => parquet_stats(&bytes, &batch.schema())
+                .map_err(|e| generic(format!("reading back {name}: {e}")))?,
+        };
+        let size = bytes.len() as i64;
+        self.put(relative, &name, bytes).await?;
+        Ok(add(name, size, stats, true))
+    }
+
+    /// Puts `bytes` as the file `name` of the table in `relative` (creating a directory
+    /// lake's table directory).
+    async fn put(&self, relative: &str, name: &str, bytes: bytes::Bytes) -> Result<(), DeltaError> {
+        if let Root::Dir(dir) = &self.root {
+            let path = dir.join(relative);
+            std::fs::create_dir_all(&path)
+                .map_err(|e| DeltaTableError::Generic(format!("creating {}: {e}", path.display())))
+                .map_err(self.error(relative))?;
+        }
+        self.log_store(relative)?
+            .object_store(None)
+            .put(&object_store::path::Path::from(name), bytes.into())
+            .await
+            .map_err(|e| self.error(relative)(DeltaTableError::ObjectStore { source: e }))?;
+        Ok(())
+    }
+
+    /// Puts `batch` (a rollup table's rows, conformed to `stored`, its stored schema) as the
+    /// data file `name` of the table in `relative`, not committed yet; returns its `add`.
+    /// `hour`: as [`DeltaTables::replace`] takes it.
+    pub async fn put_rows(
+        &self,
+        relative: &str,
+        stored: &SchemaRef,
+        name: String,
+        batch: &RecordBatch,
+        hour: Option<(&str, i64)>,
+    ) -> Result<Add, DeltaError> {
+        let batch = conform(stored, batch, &[])
+            .map_err(|e| DeltaTableError::Generic(e.to_string()))
+            .map_err(self.error(relative))?;
+        self.put_batch(relative, name, &batch, hour).await
+    }
+
+    /// The bytes of the file `path` of the table in `relative`.
+    pub async fn read_file(&self, relative: &str, path: &str) -> Result<bytes::Bytes, DeltaError> {
+        let store_error = |e| self.error(relative)(DeltaTableError::ObjectStore { source: e });
+        self.log_store(relative)?
+            .object_store(None)
+            .get(&object_store::path::Path::from(path))
+            .await
+            .map_err(store_error)?
+            .bytes()
+            .await
+            .map_err(store_error)
+    }
+
+    /// Puts `bytes` as the file `path` of the table in `relative`, not committed, unless a
+    /// file of their size is there already (put by a move that stopped before its commit).
+    pub async fn put_missing(
+        &self,
+        relative: &str,
+        path: &str,
+        bytes: bytes::Bytes,
+    ) -> Result<(), DeltaError> {
+        let there = match &self.root {
+            Root::Dir(dir) => dir
+                .join(relative)
+                .join(path)
+                .metadata()
+                .ok()
+                .map(|m| m.len()),
+            Root::Bucket(_) => self
+                .log_store(relative)?
+                .object_store(None)
+                .head(&object_store::path::Path::from(path))
+                .await
+                .ok()
+                .map(|m| m.size),
+        };
+        if there == Some(bytes.len() as u64) {
+            return Ok(());
+        }
+        self.put(relative, path, bytes).await
+    }
+
+    /// The table in `relative` at its latest version as a move copies it: each file's `add`
+    /// (with its statistics) and the version each source (transaction app id) holds. `None`
+    /// while nothing created it.
+    pub async fn snapshot(&self, relative: &str) -> Result<Option<TableSnapshot>, DeltaError> {
+        let Some(table) = self.load(relative, AsOf::Latest).await? else {
+            return Ok(None);
+        };
+        let state = table.snapshot().map_err(self.error(relative))?;
+        let version = state.version();
+        #[allow(deprecated)] // The add, with its statistics, is what a move commits again.
+        let adds = state.log_data().iter().map(|f| f.add_action()).collect();
+        let txns = self.app_txns(&table, relative, version).await?;
+        Ok(Some(TableSnapshot {
+            version,
+            adds,
+            txns,
+        }))
+    }
+
+    /// Every transaction (app id and version) the table holds at `version`, from its log: the
+    /// last checkpoint at or before it, then the commits after. (delta-rs answers one app id at
+    /// a time, and a move does not know them all.)
+    async fn app_txns(
+        &self,
+        table: &DeltaTable,
+        relative: &str,
+        version: u64,
+    ) -> Result<std::collections::BTreeMap<String, i64>, DeltaError> {
+        use futures::TryStreamExt as _;
+        let failed = |e: String| self.error(relative)(DeltaTableError::Generic(e));
+        let store = table.log_store().object_store(None);
+        let log = object_store::path::Path::from("_delta_log");
+        let mut checkpoints: std::collections::BTreeMap<u64, Vec<object_store::path::Path>> =
+            std::collections::BTreeMap::new();
+        let listed: Vec<_> = store
+            .list(Some(&log))
+            .try_collect()
+            .await
+            .map_err(|e| failed(format!("listing the log: {e}")))?;
+        for meta in listed {
+            let name = meta.location.filename().unwrap_or_default();
+            if let Some((v, rest)) = name.split_once(".checkpoint") {
+                if let (Ok(v), true) = (v.parse::<u64>(), rest.ends_with(".parquet")) {
+                    if v <= version {
+                        checkpoints
+                            .entry(v)
+                            .or_default()
+                            .push(meta.location.clone());
+                    }
+                }
+            }
+        }
+        let mut txns = std::collections::BTreeMap::new();
+        let mut from = 0;
+        if let Some((v, parts)) = checkpoints.into_iter().next_back() {
+            from = v + 1;
+            for part in parts {
+                let read = match store.get(&part).await {
+                    Ok(got) => got.bytes().await,
+                    Err(e) => Err(e),
+                };
+                let bytes = read.map_err(|e| failed(format!("reading {part}: {e}")))?;
+                checkpoint_txns(bytes, &mut txns)
+                    .map_err(|e| failed(format!("reading {part}: {e}")))?;
+            }
+        }
+        for v in from..=version {
+            let Some(bytes) = table
+                .log_store()
+                .read_commit_entry(v)
+                .await
+                .map_err(self.error(relative))?
+            else {
+                return Err(failed(format!(
+                    "commit {v} is missing from the log, and no checkpoint covers it"
+                )));
+            };
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let action: serde_json::Value =
+                    serde_json::from_slice(line).map_err(|e| failed(format!("commit {v}: {e}")))?;
+                if let Some(txn) = action.get("txn") {
+                    if let (Some(app), Some(n)) = (
+                        txn.get("appId").and_then(serde_json::Value::as_str),
+                        txn.get("version").and_then(serde_json::Value::as_i64),
+                    ) {
+                        txns.insert(app.to_string(), n);
+                    }
+                }
+            }
+        }
+        Ok(txns)
+    }
+
+    /// Commits `adds` (files put with [`DeltaTables::put_missing`] or
+    /// [`DeltaTables::put_rows`]) with the transactions `txns` (app id, version) to the table
+    /// in `relative`, in one commit: how a move lands a table at its new location.
+    pub async fn commit_moved(
+        &self,
+        relative: &str,
+        schema: &Schema,
+        adds: Vec<Add>,
+        txns: &std::collections::BTreeMap<String, i64>,
+    ) -> Result<u64, DeltaError> {
+        let mut actions: Vec<Action> = adds.into_iter().map(Action::Add).collect();
+        actions.extend(txns.iter().map(|(app, version)| {
+            txn_action(&AppTxn {
+                app_id: app.clone(),
+                last: *version,
+            })
+        }));
         self.commit_append(relative, schema, actions).await
     }
 
@@ -1282,6 +1451,88 @@ pub struct DataFile {
     pub hour_ms: Option<i64>,
 }
 
+/// A table's latest version as a move copies it ([`DeltaTables::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct TableSnapshot {
+    /// The version.
+    pub version: u64,
+    /// Each file's `add`, with its statistics.
+    pub adds: Vec<Add>,
+    /// The version each source (transaction app id) holds.
+    pub txns: std::collections::BTreeMap<String, i64>,
+}
+
+/// Adds the transactions of a checkpoint (its `txn` column) to `txns`.
+fn checkpoint_txns(
+    bytes: bytes::Bytes,
+    txns: &mut std::collections::BTreeMap<String, i64>,
+) -> Result<(), String> {
+    use arrow_array::{Array, Int64Array, StringArray, StructArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ProjectionMask;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| e.to_string())?;
+    let Some(index) = builder
+        .parquet_schema()
+        .root_schema()
+        .get_fields()
+        .iter()
+        .position(|f| f.name() == "txn")
+    else {
+        return Ok(());
+    };
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
+    for batch in builder
+        .with_projection(mask)
+        .build()
+        .map_err(|e| e.to_string())?
+    {
+        let batch = batch.map_err(|e| e.to_string())?;
+        let Some(txn) = batch.column(0).as_any().downcast_ref::<StructArray>() else {
+            return Err("its txn column is not a struct".to_string());
+        };
+        let (Some(apps), Some(versions)) =
+            (txn.column_by_name("appId"), txn.column_by_name("version"))
+        else {
+            return Err("its txn column lacks appId or version".to_string());
+        };
+        let apps = cast(apps, &arrow_schema::DataType::Utf8).map_err(|e| e.to_string())?;
+        let versions = cast(versions, &arrow_schema::DataType::Int64).map_err(|e| e.to_string())?;
+        let apps = apps
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("cast to Utf8");
+        let versions = versions
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("cast to Int64");
+        for i in 0..txn.len() {
+            if txn.is_valid(i) && apps.is_valid(i) && versions.is_valid(i) {
+                txns.insert(apps.value(i).to_string(), versions.value(i));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The name a move gives the file `source` (its path in the table it comes from) when it
+/// cannot keep it: `<YYYY-MM-DD>T<HH>-migrated-<digest of source>.parquet` for a file of one
+/// hour, so that the hour's files are found by name, and the same name each time, so that a
+/// move run again finds what it copied.
+pub fn moved_name(hour_ms: Option<i64>, source: &str) -> String {
+    let digest = xxhash_rust::xxh3::xxh3_64(source.as_bytes());
+    format!(
+        "{}migrated-{digest:016x}.parquet",
+        hour_ms.map(file_prefix).unwrap_or_default()
+    )
+}
+
+/// The `add` of the Parquet file `bytes` put at `path` of a table stored as `schema`, with
+/// statistics from its footer.
+pub fn add_of_file(path: String, bytes: &bytes::Bytes, schema: &Schema) -> Result<Add, String> {
+    let stats = parquet_stats(bytes, schema).map_err(|e| e.to_string())?;
+    Ok(add(path, bytes.len() as i64, stats, true))
+}
+
 /// A source's transaction as the action a commit carries.
 fn txn_action(txn: &AppTxn) -> Action {
     Action::Txn(Transaction::new_with_last_update(
@@ -1490,5 +1741,51 @@ fn less(a: &serde_json::Value, b: &serde_json::Value) -> bool {
         }
         (serde_json::Value::String(a), serde_json::Value::String(b)) => a < b,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A move carries every transaction a table holds, those in its checkpoint (written every
+    /// 100 commits) and those in the commits after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_holds_every_transaction_of_the_checkpoint_and_the_commits_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let tables = DeltaTables::in_dir(dir.path());
+        let schema = Schema::new(vec![arrow_schema::Field::new(
+            "ts_ms",
+            arrow_schema::DataType::Int64,
+            false,
+        )]);
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..105_i64 {
+            let mut txns = std::collections::BTreeMap::new();
+            txns.insert(format!("app-{}", i % 7), i);
+            if i == 3 {
+                txns.insert("once".to_string(), 3);
+            }
+            want.extend(txns.clone());
+            tables
+                .commit_moved("t", &schema, Vec::new(), &txns)
+                .await
+                .unwrap();
+        }
+        let log = dir.path().join("t/_delta_log");
+        assert!(
+            std::fs::read_dir(&log)
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(".checkpoint")),
+            "a checkpoint was written"
+        );
+        let snapshot = tables.snapshot("t").await.unwrap().unwrap();
+        assert_eq!(snapshot.txns, want);
+        assert_eq!(
+            tables.txn_version("t", "once").await.unwrap(),
+            Some(3),
+            "as delta-rs reads it"
+        );
     }
 }

@@ -33,6 +33,8 @@
 //!   a lake of the layout before Delta into its tables.
 //! - [`rollup`] (`bounds`, `buffer`, `delta`, `lake`, `migrate`): the rollup tables, their
 //!   schemas and how they are computed; `rollup::leases` rebuilds leases from their events.
+//! - [`relocate`] (`buffer`, `delta`, `lake`, `migrate`, `rollup`): moving a lake to a new
+//!   location.
 //! - [`compact`] (`buffer`, `delta`, `lake`, `retention`, `rollup`): OPTIMIZE of final hours.
 //! - [`metrics`] (`bounds`, `compact`): the pipeline's own Prometheus metrics.
 //! - `writer` (`buffer`, `delta`, `lake`, `metrics`), then [`consume`] (the same and `bounds`,
@@ -57,6 +59,7 @@ pub mod lake;
 pub mod lease;
 pub mod metrics;
 pub mod migrate;
+pub mod relocate;
 pub mod retention;
 pub mod rollup;
 pub mod signals;

@@ -61,6 +61,20 @@ pub enum MigrateError {
         want_rows: u64,
         want_sum: f64,
     },
+    /// A move (`gpuwarden lake migrate --to`) to the lake's own location.
+    #[error("the new location {0} is the lake itself: to migrate in place, leave out --to")]
+    SameLocation(String),
+    /// A move's new location holds a table that no move wrote: another lake.
+    #[error(
+        "{location} already holds {table}, a table not written by a move of this lake: move to \
+         an empty location"
+    )]
+    Occupied {
+        /// The table's directory.
+        table: String,
+        /// The new location.
+        location: String,
+    },
     /// Another process holds the rollups role.
     #[error("another process is rolling up {0}; stop it (or wait for its run) and migrate again")]
     Busy(String),
@@ -98,17 +112,17 @@ struct Manifest {
 }
 
 /// One old hour directory: its files, and which of them the old rules show.
-struct OldHour {
+pub(crate) struct OldHour {
     /// `<table>/date=…/hour=…`, relative to the lake.
-    dir: String,
+    pub(crate) dir: String,
     /// Every object in it, by name, with its size.
     entries: Vec<(String, u64)>,
     /// The Parquet files a reader counted.
-    shown: Vec<(String, u64)>,
+    pub(crate) shown: Vec<(String, u64)>,
 }
 
 /// The old hour directories of `table`, ascending.
-fn old_hours(lake: &Lake, table: Table) -> Result<Vec<OldHour>, MigrateError> {
+pub(crate) fn old_hours(lake: &Lake, table: Table) -> Result<Vec<OldHour>, MigrateError> {
     let mut dirs: Vec<(i64, String)> = Vec::new();
     let name = table.name();
     match lake.objects() {
@@ -225,7 +239,7 @@ pub fn raw_tables_to_migrate(lake: &Lake) -> Result<Vec<&'static str>, MigrateEr
 
 /// Refuses a lake whose ingest stopped without clearing its flush journal: those files' offsets
 /// may be uncommitted, and the consumer would read them again.
-fn check_no_journal(lake: &Lake) -> Result<(), MigrateError> {
+pub(crate) fn check_no_journal(lake: &Lake) -> Result<(), MigrateError> {
     let journals: Vec<PathBuf> = match lake.objects() {
         Some(objects) => objects.list(Path::new("_ingest"))?,
         None => std::fs::read_dir(lake.root().join("_ingest"))

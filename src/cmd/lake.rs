@@ -47,15 +47,31 @@ enum Command {
 /// upgrading, with `gpuwarden pipeline` stopped (it takes the rollups' role, so a running rollup
 /// makes it exit with 2).
 ///
-/// Example: gpuwarden lake migrate -c /etc/gpuwarden/gpuwarden.toml
+/// With --to, the lake is moved instead: to a new location (a directory to a bucket, one bucket
+/// to another), whichever layout it is in, and left as it was. Each table is copied as a reader
+/// of the old lake sees it (a Delta table's latest version, and what the old layout shows),
+/// committed at the new location in one commit with the Kafka offsets (and files ingested) the
+/// old table held, so the new lake's ingest resumes where the old one's stopped; then read back
+/// and compared, hour by hour, with the files it came from. The rollups' state goes with it.
+/// The new location must hold no tables but those of an earlier run of the same move. Stop the
+/// pipeline first, and start it on the new config once this reports success; then remove the
+/// old lake.
+///
+/// Examples:
+///   gpuwarden lake migrate -c /etc/gpuwarden/gpuwarden.toml
+///   gpuwarden lake migrate -c /etc/gpuwarden/gpuwarden.toml --to /etc/gpuwarden/bucket.toml
 #[derive(Debug, clap::Args)]
 struct MigrateArgs {
     /// The config file (storage.lake or storage.data_dir, [storage.s3]).
     #[arg(long, short, value_name = "FILE", env = "GPUWARDEN_CONFIG")]
     config: PathBuf,
     /// Compare, but keep the old files (and say what would be deleted).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "to")]
     keep_old_files: bool,
+    /// Move the lake to the location this config names (its storage.lake or storage.data_dir,
+    /// [storage.s3]) instead of migrating it in place; the old lake is left as it was.
+    #[arg(long, value_name = "CONFIG")]
+    to: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -68,6 +84,11 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let config = config::load(&args.config)?;
     let lake = super::open_lake(&config, "lake migrate")?;
     let started = Instant::now();
+    if let Some(to) = &args.to {
+        let to_config = config::load(to)?;
+        let target = super::open_lake(&to_config, "lake migrate --to")?;
+        return move_lake(&lake, &target, started);
+    }
     let raw = gpuwarden_pipeline::migrate::raw_tables_to_migrate(&lake)?;
     for table in &raw {
         eprintln!("{table}: files of the layout before Delta to migrate");
@@ -135,5 +156,61 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
             kept(r.deleted)
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn move_lake(
+    lake: &gpuwarden_pipeline::Lake,
+    target: &gpuwarden_pipeline::Lake,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let progress = |table: &str| eprintln!("{table}: copying");
+    let moved = runtime.block_on(gpuwarden_pipeline::relocate::move_lake(
+        lake, target, &progress,
+    ));
+    let moved = match moved {
+        Ok(moved) => moved,
+        Err(e @ MigrateError::Busy(_)) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "moved the tables of {} to {} in {:.1}s; rows and sums compared equal:",
+        lake.location(),
+        target.location(),
+        started.elapsed().as_secs_f64()
+    );
+    for t in &moved.tables {
+        println!(
+            "  {:<22} {:>6} files  {:>12} bytes  {:>10} rows  sum {:.6}  sources {}{}",
+            t.table,
+            t.files,
+            t.bytes,
+            t.rows,
+            t.sum,
+            t.txns,
+            if t.earlier {
+                "  (committed by an earlier run)"
+            } else {
+                ""
+            }
+        );
+    }
+    println!(
+        "rollups' state: {}",
+        if moved.state_carried {
+            "carried"
+        } else {
+            "kept (the new location has its own)"
+        }
+    );
+    println!(
+        "the old lake is left as it was: start the pipeline on the new config, then remove it"
+    );
     Ok(ExitCode::SUCCESS)
 }

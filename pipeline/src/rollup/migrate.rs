@@ -162,7 +162,7 @@ pub fn tables_with_old_files(lake: &Lake) -> Result<Vec<&'static str>, LakeError
     Ok(tables)
 }
 
-fn read(lake: &Lake, path: &Path) -> Result<Option<RecordBatch>, MigrateError> {
+pub(crate) fn read(lake: &Lake, path: &Path) -> Result<Option<RecordBatch>, MigrateError> {
     let bytes = match lake.objects() {
         Some(objects) => match objects.get(path)? {
             Some(bytes) => bytes,
@@ -191,7 +191,7 @@ fn read(lake: &Lake, path: &Path) -> Result<Option<RecordBatch>, MigrateError> {
 }
 
 /// Rows and the sum of `column`.
-fn totals(batch: &RecordBatch, column: &str) -> Result<(u64, f64), MigrateError> {
+pub(crate) fn totals(batch: &RecordBatch, column: &str) -> Result<(u64, f64), MigrateError> {
     let Some(values) = batch.column_by_name(column) else {
         return Ok((batch.num_rows() as u64, 0.0));
     };
@@ -205,7 +205,7 @@ fn totals(batch: &RecordBatch, column: &str) -> Result<(u64, f64), MigrateError>
 }
 
 /// Whether two sums are the same to within the rounding of their addition order.
-fn same(a: f64, b: f64) -> bool {
+pub(crate) fn same(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
 
@@ -347,4 +347,61 @@ pub async fn migrate(
     }
     drop(lock);
     Ok(reports)
+}
+
+/// Carries the rollups' state (`rollups/_state.json`, `rollups/_hosts.json`) of `from` to `to`,
+/// a lake whose tables a move has just copied from it (`crate::relocate`), unless `to` has one
+/// already (written by an earlier run of the move, or by its own rollups). The hours computed,
+/// the watermark and the hosts' times stay; the versions read name `to`'s tables (their
+/// versions now), so every hour whose rows changed in `from` after the versions its rollups
+/// read is made pending: `to`'s first run computes it. Returns whether it wrote the state.
+///
+/// Both lakes' rollups role must be held: `from`'s state cannot change meanwhile.
+pub(crate) async fn carry_state(from: &Lake, to: &Lake) -> Result<bool, MigrateError> {
+    let state_path = Path::new(super::tables::DIR).join("_state.json");
+    let hosts_path = Path::new(super::tables::DIR).join("_hosts.json");
+    if to.read_state(&state_path)?.is_some() {
+        return Ok(false);
+    }
+    let state_error = |e: super::RollupError| MigrateError::Read {
+        path: state_path.clone(),
+        message: e.to_string(),
+    };
+    let (mut state, _) = super::State::load(from, &state_path).map_err(state_error)?;
+    let samples = crate::buffer::Table::Samples.name();
+    let leases = crate::buffer::Table::LeaseEvents.name();
+    let mut read = BTreeMap::new();
+    for name in [samples, leases] {
+        // The hours changed since `from`'s rollups read, up to its latest version: at or after
+        // the version copied.
+        let changed = from
+            .delta()
+            .changed_hours(name, state.read.get(name).copied())
+            .await?;
+        let Some((_, Some(hours))) = changed else {
+            // Not read yet, or beyond the log: `to`'s rollups take every hour as changed.
+            continue;
+        };
+        if name == samples {
+            state
+                .pending
+                .extend(hours.iter().flat_map(|&h| [h - super::HOUR_MS, h]));
+        } else if let Some(&first) = hours.first() {
+            // A lease event changes attribution from its own time on.
+            let later: Vec<i64> = state.hours.range(first..).map(|(h, _)| *h).collect();
+            state.pending.extend(later);
+        }
+        if let Some(files) = to.delta().files(name, AsOf::Latest).await? {
+            read.insert(name.to_string(), files.version);
+        }
+    }
+    state.read = read;
+    if let Some((hosts, _)) = from.read_state(&hosts_path)? {
+        if to.read_state(&hosts_path)?.is_none() {
+            to.write_state(&hosts_path, hosts, &mut Default::default(), Role::Rollups)?;
+        }
+    }
+    let bytes = serde_json::to_vec(&state).expect("the state serializes");
+    to.write_state(&state_path, bytes, &mut Default::default(), Role::Rollups)?;
+    Ok(true)
 }
