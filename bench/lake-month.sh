@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The lake after a month (issues: compaction, Delta tables): a simulated fleet's samples committed
 # as the pipeline commits them at steady state (a commit per partition and minute, a file each),
-# the time to open the samples Delta table after those commits, three queries over raw samples
-# before and after compaction (OPTIMIZE), and the same queries in DuckDB: over the same Delta
+# each hour OPTIMIZEd once final as the pipeline's compaction does (LAKE_MONTH_COMPACT=end: once,
+# at the end, with the queries timed before it too), the time to open the samples Delta table
+# after each day of those commits, three queries over raw samples, and the same queries in
+# DuckDB: over the same Delta
 # table with its delta extension (delta_scan), and over the same rows written once by DuckDB
 # (one COPY); all on 2 threads, best of 3. gpuwarden's queries after compaction
 # are timed in a new session each (`gpuwarden sql`) and in one held session (the SQL endpoint's

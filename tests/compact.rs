@@ -90,6 +90,59 @@ enum Files<'a> {
 }
 
 impl Files<'_> {
+    /// The data files of the samples table where they are kept (in a bucket, the server's own
+    /// files behind its objects), by their path in the table.
+    fn samples_files(&self) -> Vec<(String, PathBuf)> {
+        match self {
+            Self::Dir(dir) => std::fs::read_dir(dir.join("samples"))
+                .unwrap()
+                .flatten()
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .filter(|(name, _)| name.ends_with(".parquet"))
+                .collect(),
+            Self::Bucket(server, prefix, _) => server
+                .keys(&format!("{prefix}/samples/"))
+                .into_iter()
+                .filter(|k| k.ends_with(".parquet") && !k.contains("/_delta_log/"))
+                .map(|k| {
+                    let name = k.rsplit('/').next().unwrap().to_string();
+                    (name, server.object_path(&k))
+                })
+                .collect(),
+        }
+    }
+
+    /// The paths of the files the samples table's commits ever added (from each commit in
+    /// its log, where it is kept).
+    fn samples_ever_added(&self) -> std::collections::BTreeSet<String> {
+        let commits: Vec<PathBuf> = match self {
+            Self::Dir(dir) => std::fs::read_dir(dir.join("samples/_delta_log"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .collect(),
+            Self::Bucket(server, prefix, _) => server
+                .keys(&format!("{prefix}/samples/_delta_log/"))
+                .into_iter()
+                .map(|k| server.object_path(&k))
+                .collect(),
+        };
+        commits
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .flat_map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| {
+                        let action: serde_json::Value = serde_json::from_str(l).ok()?;
+                        Some(action.get("add")?.get("path")?.as_str()?.to_string())
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// The lake.
     fn lake(&self) -> gpuwarden_pipeline::Lake {
         match self {
@@ -218,6 +271,44 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("hours compacted: 0"), "{stdout}");
+
+    // The killed runs' outputs are files no commit ever added. Once older than the table keeps
+    // removed files (30 days), a compaction's VACUUM deletes them; the files OPTIMIZE replaced
+    // stay while as-of reads may need them (their removal is recent), whatever their age.
+    let added = files.samples_ever_added();
+    let (orphans, committed): (Vec<_>, Vec<_>) = files
+        .samples_files()
+        .into_iter()
+        .partition(|(name, _)| !added.contains(name));
+    let orphans: Vec<PathBuf> = orphans.into_iter().map(|(_, path)| path).collect();
+    assert!(!orphans.is_empty(), "the killed runs left their outputs");
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(31 * 24 * 3600);
+    for path in orphans.iter().chain(committed.iter().map(|(_, p)| p)) {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+    }
+    let out = compact_output(&config, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        orphans.iter().all(|p| !p.exists()),
+        "the orphans are deleted: {orphans:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        committed.iter().all(|(_, p)| p.exists()),
+        "every file a commit added is kept"
+    );
+    assert_eq!(figures(), expected);
+    assert_eq!(files_per_hour(&lake), [1, 1]);
 }
 
 /// Whether the process `pid` is stopped (by SIGSTOP).

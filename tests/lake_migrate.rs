@@ -464,6 +464,18 @@ fn a_lake_in_a_bucket_is_migrated_to_delta_tables() {
     assert_eq!(raw_answers(to), raw_before, "ingested again: nothing added");
     assert_eq!(gpuwarden_answers(to, &[]).map(|a| unquoted(&a)), before);
 
+    // The old lake goes on (a pipeline not stopped yet): a move run again still compares
+    // each table with the version it copied.
+    load(config, dir.path(), "third", 0..8, T0 + 180 * MINUTE, 30);
+    let again = ok(gpuwarden(&[
+        "lake", "migrate", "--config", config, "--to", to,
+    ]));
+    assert_eq!(
+        again.matches("committed by an earlier run").count(),
+        10,
+        "{again}"
+    );
+
     // A location that holds a lake of its own is refused before anything is written.
     let refused = gpuwarden(&["lake", "migrate", "--config", to, "--to", config]);
     let stderr = String::from_utf8_lossy(&refused.stderr);

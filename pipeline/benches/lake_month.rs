@@ -1,6 +1,8 @@
 //! Benchmark: a simulated stretch of a fleet's samples as the pipeline leaves them in the lake
 //! at steady state (one commit per partition and minute, each adding that minute's file: what
-//! `flush_age = 1m` commits when traffic is steady), then compacted (OPTIMIZE); three
+//! `flush_age = 1m` commits when traffic is steady), compacted (OPTIMIZE) hour by hour as each
+//! becomes final, as the pipeline's compaction does (`LAKE_MONTH_COMPACT=end`: once, at the
+//! end, with the queries timed before it too); three
 //! representative queries over raw samples timed on each, and the time to open the table (read
 //! its log) after those commits. Run with `bench/lake-month.sh`, which times the same queries in
 //! DuckDB's `delta_scan` of the same table.
@@ -297,6 +299,10 @@ fn main() {
     let hours = days * 24;
     let reuse = std::env::var("LAKE_MONTH_REUSE").is_ok_and(|v| v == "1")
         && lake.root().join("samples/_delta_log").is_dir();
+    // OPTIMIZE each hour once it is final, as the pipeline does (the default), or once at the
+    // end (`LAKE_MONTH_COMPACT=end`: the queries are timed before it too).
+    let hourly = std::env::var("LAKE_MONTH_COMPACT").map_or(true, |v| v != "end");
+    let mut compacted_files_in = 0;
     let started = Instant::now();
     let mut offsets = [0i64; PARTITIONS];
     for hour in (0..hours).filter(|_| !reuse) {
@@ -327,11 +333,27 @@ fn main() {
                 .unwrap();
             }
         }
+        if hourly {
+            // The hours final by the end of this one, as the pipeline's compaction takes them.
+            let done = block_on(
+                Compactor::new(lake.clone(), CompactOptions::default())
+                    .run(Some(hour_ms + HOUR_MS)),
+            )
+            .unwrap();
+            compacted_files_in += done.compacted.files_in;
+        }
         if hour % 24 == 23 {
+            let (_, _, version, open_s) = table_stats(&lake);
             eprintln!(
-                "wrote day {} of {days} ({:.0} s)",
+                "wrote day {} of {days} ({:.0} s; commits {version}, table opened in {open_s:.3} s)",
                 hour / 24 + 1,
                 started.elapsed().as_secs_f64()
+            );
+            println!(
+                "{}",
+                serde_json::json!({"phase": "day written", "day": hour / 24 + 1,
+                    "elapsed_s": started.elapsed().as_secs_f64(), "commits": version,
+                    "open_table_s": open_s})
             );
         }
     }
@@ -349,7 +371,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    if !reuse && std::env::var("LAKE_MONTH_SKIP_BEFORE").is_err() {
+    if !reuse && !hourly && std::env::var("LAKE_MONTH_SKIP_BEFORE").is_err() {
         // Once: over thousands of small files a query takes minutes.
         queries(&runtime, &lake, "before compaction", 1, last_day, &gpu);
     }
@@ -365,7 +387,8 @@ fn main() {
     let (files, bytes, version, open_s) = table_stats(&lake);
     println!(
         "{}",
-        serde_json::json!({"phase": "compacted", "hours": done.compacted.hours, "files_in": done.compacted.files_in,
+        serde_json::json!({"phase": "compacted", "hours": done.compacted.hours,
+            "files_in": done.compacted.files_in + compacted_files_in,
             "files_out": done.compacted.files_out, "rows": done.compacted.rows, "files": files,
             "files_per_hour": files as f64 / hours as f64, "bytes": bytes,
             "commits": version, "open_table_s": open_s, "compact_s": compact_s})

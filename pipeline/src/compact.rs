@@ -277,8 +277,12 @@ impl Compactor {
         if self.options.enabled {
             maintenance.compacted = self.compact(watermark, &lock).await?;
         }
+        // Files no commit names are deleted once every table is migrated: before, the old
+        // layout's files are such files too.
+        let migrated =
+            crate::migrate::raw_tables_to_migrate(&self.lake).is_ok_and(|left| left.is_empty());
         for table in Table::ALL {
-            match self.lake.delta().vacuum(table.name()).await {
+            match self.lake.delta().vacuum(table.name(), migrated).await {
                 Ok(deleted) => maintenance.compacted.vacuumed += deleted,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not vacuum a raw table; the next run tries again")

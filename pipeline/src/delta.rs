@@ -91,6 +91,9 @@ pub const KEEP_REMOVED: &str = "interval 30 days";
 /// How often [`DeltaTables::vacuum`] looks for removed files to delete, per table.
 const VACUUM_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// How often [`DeltaTables::vacuum`] lists a table for files no commit names, per table.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Which version of a table a read sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsOf {
@@ -732,11 +735,15 @@ impl DeltaTables {
         self.put(relative, path, bytes).await
     }
 
-    /// The table in `relative` at its latest version as a move copies it: each file's `add`
-    /// (with its statistics) and the version each source (transaction app id) holds. `None`
-    /// while nothing created it.
-    pub async fn snapshot(&self, relative: &str) -> Result<Option<TableSnapshot>, DeltaError> {
-        let Some(table) = self.load(relative, AsOf::Latest).await? else {
+    /// The table in `relative` at `as_of` as a move copies it: each file's `add` (with its
+    /// statistics) and the version each source (transaction app id) holds. `None` while
+    /// nothing created it.
+    pub async fn snapshot(
+        &self,
+        relative: &str,
+        as_of: AsOf,
+    ) -> Result<Option<TableSnapshot>, DeltaError> {
+        let Some(table) = self.load(relative, as_of).await? else {
             return Ok(None);
         };
         let state = table.snapshot().map_err(self.error(relative))?;
@@ -1126,24 +1133,44 @@ impl DeltaTables {
 
     /// Deletes the files of the table in `relative` that commits removed more than
     /// [`KEEP_REMOVED`] ago (Delta's VACUUM, from the log's tombstones: nothing is listed), at
-    /// most once an hour through this handle. Returns how many went.
-    pub async fn vacuum(&self, relative: &str) -> Result<usize, DeltaError> {
+    /// most once an hour through this handle. With `orphans`, at most once a day it lists the
+    /// table instead and also deletes the files no commit names that are older than that
+    /// (VACUUM's full mode): files put for a commit that never landed, by a process killed
+    /// between the two. `orphans` must be false while the table's directory may hold files of
+    /// the layout before Delta that are not migrated yet: no commit names them either. Returns
+    /// how many went.
+    pub async fn vacuum(&self, relative: &str, orphans: bool) -> Result<usize, DeltaError> {
         let mut vacuumed = self.vacuumed.lock().await;
-        if vacuumed
-            .get(relative)
-            .is_some_and(|at| at.elapsed() < VACUUM_EVERY)
+        let swept = format!("{relative} (orphans)");
+        let full = orphans
+            && vacuumed
+                .get(&swept)
+                .is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
+        if !full
+            && vacuumed
+                .get(relative)
+                .is_some_and(|at| at.elapsed() < VACUUM_EVERY)
         {
             return Ok(0);
         }
         let Some(table) = self.latest(relative).await? else {
             return Ok(0);
         };
+        let mode = if full {
+            VacuumMode::Full
+        } else {
+            VacuumMode::Lite
+        };
         let (_, metrics) = table
             .vacuum()
-            .with_mode(VacuumMode::Lite)
+            .with_mode(mode)
             .await
             .map_err(self.error(relative))?;
-        vacuumed.insert(relative.to_string(), std::time::Instant::now());
+        let now = std::time::Instant::now();
+        vacuumed.insert(relative.to_string(), now);
+        if full {
+            vacuumed.insert(swept, now);
+        }
         Ok(metrics.files_deleted.len())
     }
 
@@ -1780,7 +1807,7 @@ mod tests {
                 .any(|e| e.file_name().to_string_lossy().contains(".checkpoint")),
             "a checkpoint was written"
         );
-        let snapshot = tables.snapshot("t").await.unwrap().unwrap();
+        let snapshot = tables.snapshot("t", AsOf::Latest).await.unwrap().unwrap();
         assert_eq!(snapshot.txns, want);
         assert_eq!(
             tables.txn_version("t", "once").await.unwrap(),

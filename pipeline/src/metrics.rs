@@ -646,7 +646,8 @@ impl Metrics {
             (
                 "gpuwarden_pipeline_vacuumed_files_total",
                 "Files of the raw tables deleted by VACUUM: removed by a commit (OPTIMIZE, \
-                 retention) longer ago than the tables keep removed files.",
+                 retention), or named by none (put by a process killed before its commit), \
+                 longer ago than the tables keep removed files.",
             ),
         ]
         .into_iter()

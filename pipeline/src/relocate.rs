@@ -21,8 +21,9 @@
 //!
 //! Stopped anywhere, the move is finished by running it again: the files a run copied are
 //! found by name and size and not copied again, a table committed is not committed again (its
-//! [`MOVED_FROM`] transaction says so) but compared again, and a destination that holds a table
-//! this move did not write is refused before anything is written to it.
+//! [`MOVED_FROM`] transaction says so) but compared again with the version it copied, and a
+//! destination that holds a table this move did not write is refused before anything is
+//! written to it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -43,7 +44,7 @@ use crate::rollup::migrate as rollups;
 use crate::rollup::RollupTable;
 
 /// The transaction app id a moved table's commit carries, with the version of the table it was
-/// copied from (0 for a table of the layout before Delta).
+/// copied from (-1 when the old lake had no Delta table, only files of the layout before).
 pub const MOVED_FROM: &str = "gpuwarden-lake-move";
 
 const HOUR_MS: i64 = 3_600_000;
@@ -166,12 +167,20 @@ async fn move_table(
         path: PathBuf::from(relative),
         message: e.to_string(),
     })?;
-    let earlier = to
-        .delta()
-        .txn_version(relative, MOVED_FROM)
-        .await?
-        .is_some();
-    let snapshot = from.delta().snapshot(relative).await?;
+    // A table an earlier run committed is compared with the version it copied (the old lake
+    // may have moved on since).
+    let moved = to.delta().txn_version(relative, MOVED_FROM).await?;
+    let earlier = moved.is_some();
+    let snapshot = match moved {
+        None => from.delta().snapshot(relative, AsOf::Latest).await?,
+        Some(-1) => None,
+        Some(version) => {
+            let version = u64::try_from(version).unwrap_or(0);
+            from.delta()
+                .snapshot(relative, AsOf::Version(version))
+                .await?
+        }
+    };
     let mut report = MovedTable {
         table: spec.relative.clone(),
         earlier,
@@ -271,7 +280,7 @@ async fn move_table(
         report.txns = txns.len();
         txns.insert(
             MOVED_FROM.to_string(),
-            snapshot.as_ref().map_or(0, |s| s.version as i64),
+            snapshot.as_ref().map_or(-1, |s| s.version as i64),
         );
         to.delta()
             .commit_moved(relative, &spec.schema, adds, &txns)

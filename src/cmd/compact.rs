@@ -72,7 +72,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let c = &done.compacted;
     println!(
-        "hours compacted: {}; files: {} -> {} ({} -> {} bytes, {} rows); removed files vacuumed: {}; took {:.1}s",
+        "hours compacted: {}; files: {} -> {} ({} -> {} bytes, {} rows); files vacuumed: {}; took {:.1}s",
         c.hours,
         c.files_in,
         c.files_out,

@@ -571,7 +571,8 @@ impl Rollup {
         // The files the tables' commits removed are kept for as-of reads, and deleted once
         // older than the tables keep them.
         for table in RollupTable::ALL {
-            match self.lake.delta().vacuum(&table.dir()).await {
+            // Migrated (checked above): every file of the table's directory is the log's.
+            match self.lake.delta().vacuum(&table.dir(), true).await {
                 Ok(0) => {}
                 Ok(deleted) => {
                     tracing::info!(table = table.name(), deleted, "vacuumed a rollup table")
