@@ -60,6 +60,9 @@ pub struct MovedTable {
     pub bytes: u64,
     /// Its rows, equal in both lakes.
     pub rows: u64,
+    /// What is summed to compare it: `ts_ms % 3600000` (its place in its hour) for a raw
+    /// table, the rollup table's measure.
+    pub measure: &'static str,
     /// The sum of its measure, equal in both lakes.
     pub sum: f64,
     /// Sources' transactions carried (Kafka partitions, files ingested).
@@ -91,13 +94,9 @@ struct Spec {
 /// Rows and the sum of the measure, per hour (`None`: a table without hours).
 type Totals = BTreeMap<Option<i64>, (u64, f64)>;
 
-/// Moves every table of `from` to `to` (see the module's documentation). `progress` hears of
-/// each table as it starts.
-pub async fn move_lake(
-    from: &Lake,
-    to: &Lake,
-    progress: &(dyn Fn(&str) + Sync),
-) -> Result<Moved, MigrateError> {
+/// Moves every table of `from` to `to` (see the module's documentation), logging each table
+/// as it starts and ends.
+pub async fn move_lake(from: &Lake, to: &Lake) -> Result<Moved, MigrateError> {
     if from.location() == to.location() {
         return Err(MigrateError::SameLocation(to.location()));
     }
@@ -139,7 +138,7 @@ pub async fn move_lake(
         .iter()
         .zip(Table::ALL.iter().map(Some).chain(std::iter::repeat(None)))
     {
-        progress(&spec.relative);
+        tracing::info!(table = %spec.relative, "moving a table");
         let started = Instant::now();
         let table = move_table(from, to, spec, raw.copied()).await?;
         tracing::info!(
@@ -183,6 +182,7 @@ async fn move_table(
     };
     let mut report = MovedTable {
         table: spec.relative.clone(),
+        measure: spec.rollup.map_or("ts_ms % 3600000", |(_, m)| m),
         earlier,
         ..MovedTable::default()
     };

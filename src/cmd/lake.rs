@@ -167,10 +167,7 @@ fn move_lake(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let progress = |table: &str| eprintln!("{table}: copying");
-    let moved = runtime.block_on(gpuwarden_pipeline::relocate::move_lake(
-        lake, target, &progress,
-    ));
+    let moved = runtime.block_on(gpuwarden_pipeline::relocate::move_lake(lake, target));
     let moved = match moved {
         Ok(moved) => moved,
         Err(e @ MigrateError::Busy(_)) => {
@@ -180,18 +177,20 @@ fn move_lake(
         Err(e) => return Err(e.into()),
     };
     println!(
-        "moved the tables of {} to {} in {:.1}s; rows and sums compared equal:",
+        "moved the tables of {} to {} in {:.1}s; rows and sums compared equal, hour by hour \
+         (sources: the Kafka partitions and files ingested whose offsets went with the table):",
         lake.location(),
         target.location(),
         started.elapsed().as_secs_f64()
     );
     for t in &moved.tables {
         println!(
-            "  {:<22} {:>6} files  {:>12} bytes  {:>10} rows  sum {:.6}  sources {}{}",
+            "  {:<22} {:>6} files  {:>12} bytes  {:>10} rows  sum of {} {:.6}  sources {}{}",
             t.table,
             t.files,
             t.bytes,
             t.rows,
+            t.measure,
             t.sum,
             t.txns,
             if t.earlier {
