@@ -382,6 +382,54 @@ fn a_broker_started_again_from_offset_zero_replaces_no_file_of_the_one_before() 
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), 1_280);
 }
 
+/// A lake moved (`gpuwarden lake migrate --to`) while its pipeline went on: the old lake's
+/// consumer group committed offsets past the version copied. The pipeline of the new lake, in
+/// the same group, reads again from after the offsets its tables hold, not from Kafka's: every
+/// record is in the new lake once.
+#[test]
+fn a_lake_moved_while_its_pipeline_went_on_reads_again_from_its_own_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("broker")).unwrap();
+    let broker = Broker::start(&dir.path().join("broker"));
+    let old_dir = dir.path().join("old");
+    let new_dir = dir.path().join("new");
+    std::fs::create_dir_all(&old_dir).unwrap();
+    std::fs::create_dir_all(&new_dir).unwrap();
+    let old = config(&old_dir, &broker.bootstrap);
+    let new = config(&new_dir, &broker.bootstrap);
+    let (old_lake, new_lake) = (old_dir.join("data/lake"), new_dir.join("data/lake"));
+    let run_until = |config: &Path, lake: &Path, want: i64| {
+        let (pipeline, _) = start_pipeline(config);
+        eventually(
+            "the samples",
+            Duration::from_secs(60),
+            || match distinct_samples(lake) {
+                n if n == want => Ok(()),
+                n => Err(format!("{n} of {want}; log:\n{}", pipeline.log.join("\n"))),
+            },
+        );
+        let (status, _) = pipeline.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{status}");
+    };
+    produce_samples(&broker.bootstrap, 0, 640);
+    run_until(&old, &old_lake, 640);
+    let moved = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["lake", "migrate", "--config", old.to_str().unwrap()])
+        .args(["--to", new.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        moved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    // The old pipeline goes on: Kafka's committed offsets pass what the new lake holds.
+    produce_samples(&broker.bootstrap, 10, 640);
+    run_until(&old, &old_lake, 1_280);
+    run_until(&new, &new_lake, 1_280);
+    assert_eq!(lake_i64(&new_lake, "SELECT count(*) FROM samples"), 1_280);
+}
+
 /// Distinct samples in the lake; 0 while recovery leaves no file to read.
 fn distinct_samples(lake: &Path) -> i64 {
     support::try_lake_i64(

@@ -234,6 +234,7 @@ pub fn run(
         in_flight: BTreeMap::new(),
         owned: BTreeSet::new(),
         resume_after: BTreeMap::new(),
+        rewind: BTreeMap::new(),
         paused: false,
         skews: HostSkews::default(),
         cluster,
@@ -288,6 +289,10 @@ struct State {
     /// Each owned partition's last offset its table held when it was assigned: records up to
     /// it are skipped.
     resume_after: BTreeMap<(&'static str, i32), i64>,
+    /// Owned partitions whose committed offset in Kafka was past what their table held when
+    /// they were assigned (a lake moved or restored from an earlier version, commits lost):
+    /// read again from the offset after the table's.
+    rewind: BTreeMap<(&'static str, i32), Rewind>,
     paused: bool,
     /// Each host's clock skew, published to the metrics every [`SKEW_PUBLISH`].
     skews: HostSkews,
@@ -332,6 +337,7 @@ impl State {
             self.buffers.remove(&(topic, partition));
             self.owned.remove(&(topic, partition));
             self.resume_after.remove(&(topic, partition));
+            self.rewind.remove(&(topic, partition));
         }
         if changes.assigned.is_empty() {
             return;
@@ -373,12 +379,11 @@ impl State {
             // A partition whose offsets end at or below what the table holds was deleted and
             // created again (offsets from 0 again, on the same cluster): what the table holds
             // is of the partition before, and its offsets are forgotten.
-            let held = match (
-                held,
+            let watermarks =
                 self.consumer
-                    .fetch_watermarks(topic, partition, Duration::from_secs(10)),
-            ) {
-                (Some(held), Ok((_, high))) if high <= held => {
+                    .fetch_watermarks(topic, partition, Duration::from_secs(10));
+            let held = match (held, &watermarks) {
+                (Some(held), Ok((_, high))) if *high <= held => {
                     tracing::warn!(topic, partition, table_holds = held, partition_ends = high, "the partition's offsets end below what the table holds: it was deleted and created again; its offsets in the tables start again");
                     let tables = [Table::Quarantine, table];
                     for t in tables {
@@ -396,7 +401,30 @@ impl State {
             };
             if let Some(held) = held {
                 self.resume_after.insert((topic, partition), held);
-                if kafka.is_none_or(|next| next <= held) {
+                if kafka.is_some_and(|next| next > held + 1) {
+                    // The records after the table's offset are not in it: read them again
+                    // (from the oldest Kafka still has, if it has dropped some).
+                    let low = watermarks.as_ref().map_or(0, |(low, _)| *low);
+                    let to = (held + 1).max(low);
+                    tracing::warn!(topic, partition, kafka_committed = ?kafka, table_holds = held, reading_from = to, "Kafka's committed offset is past what the table holds (a lake moved or restored from an earlier version, or commits lost): reading again from after the table's offset");
+                    if to > held + 1 {
+                        tracing::error!(
+                            topic,
+                            partition,
+                            from = held + 1,
+                            to,
+                            "Kafka no longer holds records the table lacks; they are lost"
+                        );
+                    }
+                    let _ = self.consumer.seek(
+                        topic,
+                        partition,
+                        Offset::Offset(to),
+                        Duration::from_secs(5),
+                    );
+                    self.rewind
+                        .insert((topic, partition), Rewind { to, seeked: false });
+                } else if kafka.is_none_or(|next| next <= held) {
                     // Skip what the table holds without reading it, where librdkafka lets us
                     // seek this early; the filter in `poll` skips it otherwise.
                     let seek = self.consumer.seek(
@@ -528,6 +556,38 @@ impl State {
             };
             let topic = topics::ALL[i];
             let (partition, offset) = (message.partition(), message.offset());
+            if let Some(rewind) = self.rewind.get_mut(&(topic, partition)) {
+                // A partition to read again from an earlier offset: a seek at assignment may
+                // not have held (librdkafka starts fetching from the committed offset), so the
+                // first record past it seeks again, now that the partition is being fetched.
+                // Once: after it, what comes is read (an offset may be missing for good).
+                if offset > rewind.to && !rewind.seeked {
+                    rewind.seeked = true;
+                    let to = rewind.to;
+                    match self.consumer.seek(
+                        topic,
+                        partition,
+                        Offset::Offset(to),
+                        Duration::from_secs(5),
+                    ) {
+                        Ok(()) => {
+                            tracing::info!(
+                                topic,
+                                partition,
+                                from = to,
+                                "reading again from after the table's offset"
+                            );
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, topic, partition, from = to, to = offset, "cannot go back to the offset after the table's; those records are not read");
+                            self.rewind.remove(&(topic, partition));
+                        }
+                    }
+                } else if offset <= rewind.to || rewind.seeked {
+                    self.rewind.remove(&(topic, partition));
+                }
+            }
             if self
                 .resume_after
                 .get(&(topic, partition))
@@ -697,4 +757,13 @@ impl Throttle {
 /// Wall-clock milliseconds, for dating records that carry no time of their own.
 pub(crate) fn wall_ms() -> i64 {
     gpuwarden_schema::clock::wall_now_ms()
+}
+
+/// A partition read again from an earlier offset than Kafka's committed one.
+#[derive(Debug, Clone, Copy)]
+struct Rewind {
+    /// The offset to read from: the one after what the table holds (or Kafka's oldest).
+    to: i64,
+    /// Whether a record past it made the consumer seek back already.
+    seeked: bool,
 }
