@@ -471,9 +471,11 @@ fn a_lake_in_a_bucket_is_migrated_to_delta_tables() {
     assert_eq!(raw_answers(to), raw_before, "ingested again: nothing added");
     assert_eq!(gpuwarden_answers(to, &[]).map(|a| unquoted(&a)), before);
 
-    // The old lake goes on (a pipeline not stopped yet): a move run again still compares
-    // each table with the version it copied.
+    // Both lakes go on (the old one's pipeline not stopped yet, the new one's started): a move
+    // run again still compares each table's move commit with the version it copied.
     load(config, dir.path(), "third", 0..8, T0 + 180 * MINUTE, 30);
+    load(to, elsewhere.path(), "fourth", 0..8, T0 + 210 * MINUTE, 30);
+    assert_ne!(raw_answers(to), raw_before, "the new lake took in new rows");
     moved_again(config, to);
 
     // A location that holds a lake of its own is refused before anything is written.

@@ -832,6 +832,43 @@ impl DeltaTables {
         Ok(txns)
     }
 
+    /// The first version of the table in `relative` whose commit carries a transaction of
+    /// `app_id`, read from its commits in order; `None` when none does, or the log no longer
+    /// reaches back to it.
+    pub async fn version_with_txn(
+        &self,
+        relative: &str,
+        app_id: &str,
+    ) -> Result<Option<u64>, DeltaError> {
+        let Some(table) = self.latest(relative).await? else {
+            return Ok(None);
+        };
+        for version in 0..=table.version().unwrap_or(0) {
+            let Some(bytes) = table
+                .log_store()
+                .read_commit_entry(version)
+                .await
+                .map_err(self.error(relative))?
+            else {
+                return Ok(None);
+            };
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+                    continue;
+                };
+                if action
+                    .get("txn")
+                    .and_then(|t| t.get("appId"))
+                    .and_then(serde_json::Value::as_str)
+                    == Some(app_id)
+                {
+                    return Ok(Some(version));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Commits `adds` (files put with [`DeltaTables::put_missing`] or
     /// [`DeltaTables::put_rows`]) with the transactions `txns` (app id, version) to the table
     /// in `relative`, in one commit: how a move lands a table at its new location.

@@ -286,8 +286,13 @@ async fn move_table(
             .commit_moved(relative, &spec.schema, adds, &txns)
             .await?;
     }
-    // Read back through the new log, as queries read it.
-    let got = table_totals(to, spec).await?;
+    // Read back through the new log, as queries read it: at the move's commit (the new lake's
+    // pipeline may have committed since, when an earlier run finished).
+    let at = match to.delta().version_with_txn(relative, MOVED_FROM).await? {
+        Some(version) => AsOf::Version(version),
+        None => AsOf::Latest,
+    };
+    let got = table_totals(to, spec, at).await?;
     let hours: BTreeSet<&Option<i64>> = want.keys().chain(got.keys()).collect();
     for hour in hours {
         let (want_rows, want_sum) = want.get(hour).copied().unwrap_or_default();
@@ -308,7 +313,7 @@ async fn move_table(
     if earlier {
         report.files = to
             .delta()
-            .files(relative, AsOf::Latest)
+            .files(relative, at)
             .await?
             .map_or(0, |f| f.files.len());
     }
@@ -394,12 +399,12 @@ fn file_totals(
     Ok(())
 }
 
-/// The same totals of the table at `lake`'s latest version, through a session.
-async fn table_totals(lake: &Lake, spec: &Spec) -> Result<Totals, MigrateError> {
+/// The same totals of the table in `lake` at `as_of`, through a session.
+async fn table_totals(lake: &Lake, spec: &Spec, as_of: AsOf) -> Result<Totals, MigrateError> {
     let ctx = SessionContext::new();
     lake.register_store(&ctx);
     lake.delta()
-        .register(&ctx, "t", &spec.relative, &spec.schema, AsOf::Latest)?;
+        .register(&ctx, "t", &spec.relative, &spec.schema, as_of)?;
     let query = match spec.rollup {
         None => "SELECT ts_ms - ts_ms % 3600000, count(*), sum(CAST(ts_ms % 3600000 AS DOUBLE)) \
                  FROM t GROUP BY 1"
