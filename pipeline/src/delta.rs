@@ -806,19 +806,12 @@ impl DeltaTables {
             }
         }
         for v in from..=version {
-            let Some(bytes) = table
-                .log_store()
-                .read_commit_entry(v)
-                .await
-                .map_err(self.error(relative))?
-            else {
+            let Some(actions) = self.commit_actions(table, relative, v).await? else {
                 return Err(failed(format!(
                     "commit {v} is missing from the log, and no checkpoint covers it"
                 )));
             };
-            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                let action: serde_json::Value =
-                    serde_json::from_slice(line).map_err(|e| failed(format!("commit {v}: {e}")))?;
+            for action in actions {
                 if let Some(txn) = action.get("txn") {
                     if let (Some(app), Some(n)) = (
                         txn.get("appId").and_then(serde_json::Value::as_str),
@@ -830,6 +823,35 @@ impl DeltaTables {
             }
         }
         Ok(txns)
+    }
+
+    /// The actions of commit `version` of `table` (the table in `relative`), one JSON object
+    /// each; `None` when the log no longer has it. A line that is not JSON is an error naming
+    /// the commit.
+    async fn commit_actions(
+        &self,
+        table: &DeltaTable,
+        relative: &str,
+        version: u64,
+    ) -> Result<Option<Vec<serde_json::Value>>, DeltaError> {
+        let Some(bytes) = table
+            .log_store()
+            .read_commit_entry(version)
+            .await
+            .map_err(self.error(relative))?
+        else {
+            return Ok(None);
+        };
+        bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                serde_json::from_slice(line)
+                    .map_err(|e| DeltaTableError::Generic(format!("commit {version}: {e}")))
+                    .map_err(self.error(relative))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// The first version of the table in `relative` whose commit carries a transaction of
@@ -844,18 +866,10 @@ impl DeltaTables {
             return Ok(None);
         };
         for version in 0..=table.version().unwrap_or(0) {
-            let Some(bytes) = table
-                .log_store()
-                .read_commit_entry(version)
-                .await
-                .map_err(self.error(relative))?
-            else {
+            let Some(actions) = self.commit_actions(&table, relative, version).await? else {
                 return Ok(None);
             };
-            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
-                    continue;
-                };
+            for action in actions {
                 if action
                     .get("txn")
                     .and_then(|t| t.get("appId"))
@@ -1010,18 +1024,10 @@ impl DeltaTables {
         };
         let mut hours = BTreeSet::new();
         for version in since + 1..=latest {
-            let Some(bytes) = table
-                .log_store()
-                .read_commit_entry(version)
-                .await
-                .map_err(self.error(relative))?
-            else {
+            let Some(actions) = self.commit_actions(&table, relative, version).await? else {
                 return Ok(Some((latest, None)));
             };
-            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                let action: serde_json::Value = serde_json::from_slice(line)
-                    .map_err(|e| DeltaTableError::Generic(format!("commit {version}: {e}")))
-                    .map_err(self.error(relative))?;
+            for action in actions {
                 let Some(add) = action.get("add") else {
                     continue;
                 };
