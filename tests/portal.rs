@@ -565,8 +565,11 @@ async fn a_member_asks_sees_the_estimate_is_refused_over_quota_and_releases() {
     b.fill("project", "llm").await;
     b.fill("duration", "2h").await;
     b.fill("gpus", "1").await;
+    // Each field's estimate arrives on its own: wait for the one that has seen all three.
     let one = b
-        .text_until("#estimate-summary", |t| t.contains("= $4.00/h"))
+        .text_until("#estimate-summary", |t| {
+            t.contains("= $4.00/h") && t.contains("for 2h")
+        })
         .await;
     assert!(one.starts_with("Would be admitted"), "{one}");
     assert!(one.contains("up to $8.00 for 2h"), "{one}");
