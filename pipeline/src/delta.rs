@@ -553,9 +553,7 @@ impl DeltaTables {
                         .map_err(|e| generic(format!("copying to {}: {e}", target.display())))?;
                     let _ = std::fs::remove_file(local);
                 }
-                std::fs::File::open(&target)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| generic(format!("syncing {}: {e}", target.display())))?;
+                self.sync_file(relative, &target)?;
             }
             Root::Bucket(objects) => {
                 let key = Path::new(relative).join(&name);
@@ -660,7 +658,9 @@ impl DeltaTables {
     }
 
     /// Puts `bytes` as the file `name` of the table in `relative` (creating a directory
-    /// lake's table directory).
+    /// lake's table directory). In a directory the file and its directory entry are synced
+    /// before this returns, so a commit that names it never outlives it on a machine that loses
+    /// power (a PUT's success is durable in a bucket).
     async fn put(&self, relative: &str, name: &str, bytes: bytes::Bytes) -> Result<(), DeltaError> {
         if let Root::Dir(dir) = &self.root {
             let path = dir.join(relative);
@@ -673,7 +673,24 @@ impl DeltaTables {
             .put(&object_store::path::Path::from(name), bytes.into())
             .await
             .map_err(|e| self.error(relative)(DeltaTableError::ObjectStore { source: e }))?;
+        if let Root::Dir(dir) = &self.root {
+            self.sync_file(relative, &dir.join(relative).join(name))?;
+        }
         Ok(())
+    }
+
+    /// Syncs the file `path` of the table in `relative`, a directory lake's, and its directory.
+    fn sync_file(&self, relative: &str, path: &Path) -> Result<(), DeltaError> {
+        let synced = std::fs::File::open(path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("syncing {}: {e}", path.display()))
+            .and_then(|()| match path.parent() {
+                Some(dir) => crate::base::sync_dir(dir).map_err(|e| e.to_string()),
+                None => Ok(()),
+            });
+        synced
+            .map_err(DeltaTableError::Generic)
+            .map_err(self.error(relative))
     }
 
     /// Puts `batch` (a rollup table's rows, conformed to `stored`, its stored schema) as the

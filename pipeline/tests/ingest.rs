@@ -214,8 +214,21 @@ fn late_samples_go_to_a_new_file_and_their_commit_names_their_hour_on(lake: Lake
     produce(broker.bootstrap_servers(), topics::SAMPLES, &first);
     let running = Running::start(broker.bootstrap_servers(), "late-test", &lake, options());
     running.wait_for_records(10, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(800));
-    let (read, hours) = changed_since(&lake, 0);
+    // Read is not committed yet: the flush lands within its age, later on a loaded machine.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let (read, hours) = loop {
+        let committed = block_on(lake.delta().changed_hours("samples", Some(0))).unwrap();
+        match committed {
+            Some((_, Some(hours))) if !hours.is_empty() || std::time::Instant::now() > until => {
+                break changed_since(&lake, 0);
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+        assert!(
+            std::time::Instant::now() < until + Duration::from_secs(1),
+            "no commit within 30 s"
+        );
+    };
     assert_eq!(
         hours,
         vec![T0],
