@@ -194,6 +194,10 @@ pub struct Maintenance {
 pub struct Compactor {
     lake: Lake,
     options: CompactOptions,
+    /// Set once a run found no raw file of the layout before Delta: the check lists every
+    /// table, which a long-lived pipeline need not do every run (nothing writes that layout
+    /// again).
+    migrated: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The columns each table's compacted files are sorted by: what its queries filter on first.
@@ -244,7 +248,11 @@ fn is_output(path: &str) -> bool {
 impl Compactor {
     /// A compactor of `lake`.
     pub fn new(lake: Lake, options: CompactOptions) -> Self {
-        Self { lake, options }
+        Self {
+            lake,
+            options,
+            migrated: Default::default(),
+        }
     }
 
     /// The lake it works on.
@@ -279,8 +287,10 @@ impl Compactor {
         }
         // Files no commit names are deleted once every table is migrated: before, the old
         // layout's files are such files too.
-        let migrated =
-            crate::migrate::raw_tables_to_migrate(&self.lake).is_ok_and(|left| left.is_empty());
+        let migrated = self.migrated.load(std::sync::atomic::Ordering::Relaxed)
+            || crate::migrate::raw_tables_to_migrate(&self.lake).is_ok_and(|left| left.is_empty());
+        self.migrated
+            .store(migrated, std::sync::atomic::Ordering::Relaxed);
         for table in Table::ALL {
             match self.lake.delta().vacuum(table.name(), migrated).await {
                 Ok(deleted) => maintenance.compacted.vacuumed += deleted,

@@ -584,7 +584,8 @@ impl State {
                             self.rewind.remove(&(topic, partition));
                         }
                     }
-                } else if offset <= rewind.to || rewind.seeked {
+                } else {
+                    // At or before the offset, or past it after the seek: read from here on.
                     self.rewind.remove(&(topic, partition));
                 }
             }

@@ -373,10 +373,7 @@ impl DeltaTables {
                 prefix.as_deref().unwrap_or(""),
                 uuid::Uuid::new_v4()
             );
-            let batch = conform(&stored, batch, &[])
-                .map_err(|e| DeltaTableError::Generic(e.to_string()))
-                .map_err(self.error(relative))?;
-            let add = self.put_batch(relative, name, &batch, hour).await?;
+            let add = self.put_rows(relative, &stored, name, batch, hour).await?;
             actions.push(Action::Add(add));
         }
         if actions.is_empty() {
