@@ -1218,11 +1218,26 @@ impl DeltaTables {
         } else {
             VacuumMode::Lite
         };
-        let (_, metrics) = table
+        let (table, metrics) = table
             .vacuum()
             .with_mode(mode)
+            .with_commit_properties(
+                CommitProperties::default().with_cleanup_expired_logs(Some(false)),
+            )
             .await
             .map_err(self.error(relative))?;
+        // The log's commits older than its retention (`delta.logRetentionDuration`, 30 days),
+        // up to a checkpoint that stays: commits do not clean the log (see `commit`).
+        let expired = deltalake_core::protocol::checkpoints::cleanup_metadata(&table, None)
+            .await
+            .map_err(self.error(relative))?;
+        if expired > 0 {
+            tracing::info!(
+                table = relative,
+                expired,
+                "removed expired commits from the Delta log"
+            );
+        }
         let now = std::time::Instant::now();
         vacuumed.insert(relative.to_string(), now);
         if full {
@@ -1642,12 +1657,25 @@ async fn commit(
     operation: DeltaOperation,
 ) -> Result<u64, DeltaTableError> {
     let state = table.snapshot()?;
-    let committed = CommitBuilder::from(CommitProperties::default())
-        .with_actions(actions)
-        .build(Some(state), table.log_store(), operation)
-        .await?;
+    // delta-rs would also clean the log after every commit, listing all of it (with each
+    // file's metadata) to find what expired: on a table with a month of minute-by-minute
+    // commits, a quarter of a million files per commit. [`DeltaTables::vacuum`] cleans it
+    // hourly instead; the checkpoint every hundred commits stays.
+    let committed =
+        CommitBuilder::from(CommitProperties::default().with_cleanup_expired_logs(Some(false)))
+            .with_actions(actions)
+            .build(Some(state), table.log_store(), operation)
+            .await?;
     let version = committed.version();
-    table.update_incremental(Some(version)).await?;
+    if committed.metrics.new_checkpoint_created {
+        // Read again, to start from the checkpoint this commit wrote: the state the commit
+        // brings back was read before it.
+        table.update_incremental(Some(version)).await?;
+    } else {
+        // The commit read the log up to itself already: reading it again would list the log
+        // once more (on a directory, all of it).
+        table.state = Some(committed.snapshot());
+    }
     Ok(version as u64)
 }
 
@@ -1871,5 +1899,82 @@ mod tests {
             Some(3),
             "as delta-rs reads it"
         );
+    }
+
+    /// Commits leave the log alone; the hourly VACUUM removes the commits older than the log's
+    /// retention up to a checkpoint, and the table reads as before. 106 appends through one
+    /// handle (a checkpoint at 99 in between) also keep its transactions and rows right.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn vacuum_cleans_the_log_that_commits_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        let tables = DeltaTables::in_dir(dir.path());
+        let schema = Schema::new(vec![arrow_schema::Field::new(
+            "ts_ms",
+            arrow_schema::DataType::Int64,
+            false,
+        )]);
+        let append = |tables: DeltaTables, i: i64| {
+            let schema = schema.clone();
+            async move {
+                let batch = RecordBatch::try_new(
+                    Arc::new(schema.clone()),
+                    vec![Arc::new(arrow_array::Int64Array::from(vec![i, i + 1]))],
+                )
+                .unwrap();
+                let appended = tables
+                    .append(
+                        "t",
+                        &schema,
+                        "test",
+                        &[NewFile {
+                            hour_ms: 0,
+                            batch: &batch,
+                            offsets: Some(&[2 * i, 2 * i + 1]),
+                        }],
+                        Some(&AppTxn {
+                            app_id: format!("app-{}", i % 3),
+                            last: 2 * i + 1,
+                        }),
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(appended, Appended::Committed { rows: 2, .. }));
+            }
+        };
+        for i in 0..105 {
+            append(tables.clone(), i).await;
+        }
+        let log = dir.path().join("t/_delta_log");
+        let first = log.join("00000000000000000000.json");
+        let month_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(31 * 86_400);
+        for entry in std::fs::read_dir(&log).unwrap().flatten() {
+            std::fs::File::options()
+                .write(true)
+                .open(entry.path())
+                .unwrap()
+                .set_modified(month_ago)
+                .unwrap();
+        }
+        append(tables.clone(), 105).await;
+        assert!(first.exists(), "a commit removes no expired commit");
+
+        tables.vacuum("t", false).await.unwrap();
+        assert!(!first.exists(), "VACUUM removed the expired commits");
+        assert!(!log.join("00000000000000000098.json").exists());
+        for kept in [
+            "00000000000000000099.checkpoint.parquet",
+            "00000000000000000100.json",
+        ] {
+            assert!(log.join(kept).exists(), "{kept} stays");
+        }
+        for reader in [tables.clone(), DeltaTables::in_dir(dir.path())] {
+            let files = reader.files("t", AsOf::Latest).await.unwrap().unwrap();
+            assert_eq!(files.files.len(), 106);
+            assert_eq!(files.version, 106);
+            for (app, last) in [("app-0", 211), ("app-1", 207), ("app-2", 209)] {
+                assert_eq!(reader.txn_version("t", app).await.unwrap(), Some(last));
+            }
+        }
+        append(tables.clone(), 106).await;
     }
 }
