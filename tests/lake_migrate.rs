@@ -259,10 +259,30 @@ fn moves(
     assert_eq!(raw_answers(to), raw_before, "the raw tables moved whole");
     let again = moved_again(from, to);
     assert!(again.contains("rollups' state: kept"), "{again}");
+    assert_eq!(
+        sources(&again),
+        sources(&moved),
+        "a run again reports the sources the first carried: {again}"
+    );
     // The new location's rollups go on from the state carried: same answers.
     ok(gpuwarden(&["rollup", "--config", to]));
     assert_eq!(&gpuwarden_answers(to, &[]).map(|a| unquoted(&a)), before);
     moved
+}
+
+/// The sources' transactions a move reports for each table.
+fn sources(moved: &str) -> Vec<usize> {
+    moved
+        .lines()
+        .filter_map(|l| {
+            l.split("sources ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .collect()
 }
 
 /// A move from `from` to `to` run once more, after one that finished: every table (5 raw, 5
@@ -452,17 +472,7 @@ fn a_lake_in_a_bucket_is_migrated_to_delta_tables() {
     let (to, _) = support::rollups::dir_config(elsewhere.path());
     let to = to.to_str().unwrap();
     let moved = moves(config, to, None, &before, &raw_before);
-    let carried: usize = moved
-        .lines()
-        .filter_map(|l| {
-            l.split("sources ")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .sum();
+    let carried: usize = sources(&moved).iter().sum();
     assert!(
         carried >= 2,
         "the ingested files' transactions are carried: {moved}"

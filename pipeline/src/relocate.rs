@@ -272,12 +272,14 @@ async fn move_table(
     }
     report.files = adds.len();
     crash_point(relative);
+    // The sources' transactions the old table held at the version copied: those an earlier
+    // run committed too.
+    report.txns = snapshot.as_ref().map_or(0, |s| s.txns.len());
     if !earlier {
         let mut txns = snapshot
             .as_ref()
             .map(|s| s.txns.clone())
             .unwrap_or_default();
-        report.txns = txns.len();
         txns.insert(
             MOVED_FROM.to_string(),
             snapshot.as_ref().map_or(-1, |s| s.version as i64),
