@@ -328,6 +328,31 @@ fn migrates(
     // Moved elsewhere as it stands, old layout and all, and left as it was.
     if let Some(to) = move_old_to {
         let old_before = old_names();
+        // Not to itself under another name: a lake in the old layout has no log to tell.
+        let alias = tempfile::tempdir().unwrap();
+        let same = alias.path().join("same");
+        std::os::unix::fs::symlink(dir, &same).unwrap();
+        let aliased = alias.path().join("c.toml");
+        std::fs::write(
+            &aliased,
+            format!(
+                "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
+                alias.path().join("data").display(),
+                same.join("lake").display()
+            ),
+        )
+        .unwrap();
+        let refused = gpuwarden(&[
+            "lake",
+            "migrate",
+            "--config",
+            config,
+            "--to",
+            aliased.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{stderr}");
+        assert!(stderr.contains("is the lake itself"), "{stderr}");
         moves(
             config,
             to,

@@ -94,10 +94,23 @@ struct Spec {
 /// Rows and the sum of the measure, per hour (`None`: a table without hours).
 type Totals = BTreeMap<Option<i64>, (u64, f64)>;
 
+/// Whether two lakes are one place: one directory however its path is spelled (a symlink,
+/// `..`), or one bucket and prefix.
+fn same_location(a: &Lake, b: &Lake) -> bool {
+    match (a.objects(), b.objects()) {
+        (None, None) => {
+            let canonical =
+                |lake: &Lake| std::fs::canonicalize(lake.root()).unwrap_or(lake.root().into());
+            canonical(a) == canonical(b)
+        }
+        _ => a.location() == b.location(),
+    }
+}
+
 /// Moves every table of `from` to `to` (see the module's documentation), logging each table
 /// as it starts and ends.
 pub async fn move_lake(from: &Lake, to: &Lake) -> Result<Moved, MigrateError> {
-    if from.location() == to.location() {
+    if same_location(from, to) {
         return Err(MigrateError::SameLocation(to.location()));
     }
     crate::migrate::check_no_journal(from)?;
