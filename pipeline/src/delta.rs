@@ -1860,10 +1860,8 @@ fn less(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 mod tests {
     use super::*;
 
-    /// A move carries every transaction a table holds, those in its checkpoint (written every
-    /// 100 commits) and those in the commits after it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_snapshot_holds_every_transaction_of_the_checkpoint_and_the_commits_after() {
+    /// A directory lake, and the schema of its test tables: one column, `ts_ms`.
+    fn one_column_lake() -> (tempfile::TempDir, DeltaTables, Schema) {
         let dir = tempfile::tempdir().unwrap();
         let tables = DeltaTables::in_dir(dir.path());
         let schema = Schema::new(vec![arrow_schema::Field::new(
@@ -1871,6 +1869,14 @@ mod tests {
             arrow_schema::DataType::Int64,
             false,
         )]);
+        (dir, tables, schema)
+    }
+
+    /// A move carries every transaction a table holds, those in its checkpoint (written every
+    /// 100 commits) and those in the commits after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_holds_every_transaction_of_the_checkpoint_and_the_commits_after() {
+        let (dir, tables, schema) = one_column_lake();
         let mut want = std::collections::BTreeMap::new();
         for i in 0..105_i64 {
             let mut txns = std::collections::BTreeMap::new();
@@ -1906,13 +1912,7 @@ mod tests {
     /// handle (a checkpoint at 99 in between) also keep its transactions and rows right.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn vacuum_cleans_the_log_that_commits_leave() {
-        let dir = tempfile::tempdir().unwrap();
-        let tables = DeltaTables::in_dir(dir.path());
-        let schema = Schema::new(vec![arrow_schema::Field::new(
-            "ts_ms",
-            arrow_schema::DataType::Int64,
-            false,
-        )]);
+        let (dir, tables, schema) = one_column_lake();
         let append = |tables: DeltaTables, i: i64| {
             let schema = schema.clone();
             async move {
