@@ -330,18 +330,8 @@ fn migrates(
         let old_before = old_names();
         // Not to itself under another name: a lake in the old layout has no log to tell.
         let alias = tempfile::tempdir().unwrap();
-        let same = alias.path().join("same");
-        std::os::unix::fs::symlink(dir, &same).unwrap();
-        let aliased = alias.path().join("c.toml");
-        std::fs::write(
-            &aliased,
-            format!(
-                "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-                alias.path().join("data").display(),
-                same.join("lake").display()
-            ),
-        )
-        .unwrap();
+        let (aliased, same) = support::rollups::dir_config(alias.path());
+        std::os::unix::fs::symlink(lake.root(), same).unwrap();
         let refused = gpuwarden(&[
             "lake",
             "migrate",
