@@ -3,7 +3,14 @@
 # collector, the pipeline and the enforcer in one process, samples every 5 s in real time, for a
 # while. Every 30 s it records the process's RSS and CPU time and the pipeline's consumer lag,
 # samples read and signal computations; at the end it prints peak RSS, CPU per sample, the lag's
-# maximum and last value, and the signal computations against the periods that passed.
+# maximum and last value, and the signal computations against the periods that passed. From the
+# log's "rolled up" lines it then prints the rollup runs: their time (median, worst, how many
+# took longer than pipeline.rollup_every), the hours each computed from kept partials, how far
+# behind the wall clock team_hourly was when each run ended (its watermark's age: samples up to
+# the watermark are in team_hourly from then on), and the longest a sample waited to be in
+# team_hourly: a sample taken just after one run's watermark is in by the end of the next run
+# (the end of run i less the watermark of run i - 1; it includes pipeline.flush_age, the time
+# ingest may buffer a sample before its file lands).
 #
 #   bench/up-fleet.sh [GPUS] [MINUTES]     default 100000 GPUs, 20 minutes
 #
@@ -84,4 +91,37 @@ print(json.dumps({"summary": True, "minutes": minutes, "peak_rss_mib": max(r["pe
     "cpu_us_per_sample": 1e6 * last["cpu_s"] / max(last["samples_in"], 1),
     "lag_max": max(r["lag"] for r in rows), "lag_last": last["lag"],
     "signal_computations": last["computations"], "periods": minutes * 60 / 30}))
+PY
+python3 - "$DIR/up.log" <<'PY'
+import json, statistics, sys
+from datetime import datetime
+runs = []
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        continue
+    fields = entry.get("fields", entry)  # the JSON log puts fields at the top level
+    if fields.get("message") != "rolled up":
+        continue
+    ended = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+    runs.append({"elapsed_s": fields["elapsed_ms"] / 1000, "hours": fields.get("hours"),
+                 "incremental_hours": fields.get("incremental_hours"), "ended": ended,
+                 "watermark": fields.get("watermark"),
+                 "behind_s": (ended - fields["watermark"]) / 1000 if fields.get("watermark") else None})
+if not runs:
+    sys.exit("no rollup run ended; see " + sys.argv[1])
+every = 60.0  # pipeline.rollup_every of examples/gpuwarden.toml
+elapsed = [r["elapsed_s"] for r in runs]
+behind = [r["behind_s"] for r in runs if r["behind_s"] is not None]
+waited = [(b["ended"] - a["watermark"]) / 1000 for a, b in zip(runs, runs[1:]) if a["watermark"]]
+print(json.dumps({"rollup_runs": len(runs), "run_s_median": round(statistics.median(elapsed), 2),
+    "run_s_worst": round(max(elapsed), 2), "runs_over_rollup_every": sum(e > every for e in elapsed),
+    "incremental_hours": sum(r["incremental_hours"] or 0 for r in runs),
+    "hours": sum(r["hours"] or 0 for r in runs),
+    "team_hourly_behind_s_median": round(statistics.median(behind), 1) if behind else None,
+    "team_hourly_behind_s_worst": round(max(behind), 1) if behind else None,
+    "sample_to_team_hourly_s_worst": round(max(waited), 1) if waited else None}))
+for r in runs:
+    print(json.dumps(r))
 PY

@@ -15,7 +15,7 @@
 //! replaces; an hour's file is named `<YYYY-MM-DD>T<HH>-<uuid>.parquet`, so the files of an hour
 //! are found by name, and its statistics carry the hour, so readers skip the others.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1008,6 +1008,7 @@ impl DeltaTables {
                 let path = file.path().into_owned();
                 DataFile {
                     hour_ms: hour_of_file(&path),
+                    ts_range: file.stats().as_deref().and_then(ts_range),
                     size: file.size(),
                     rows: file.num_records().map(|n| n as u64),
                     path,
@@ -1029,6 +1030,20 @@ impl DeltaTables {
         relative: &str,
         since: Option<u64>,
     ) -> Result<Option<(u64, Option<BTreeSet<i64>>)>, DeltaError> {
+        Ok(self
+            .changes(relative, since)
+            .await?
+            .map(|(latest, changes)| (latest, changes.map(|c| c.added.into_keys().collect()))))
+    }
+
+    /// [`DeltaTables::changed_hours`], with what the added files' statistics say of each
+    /// hour's new rows ([`Span`]), and the hours that lost rows (files removed with
+    /// `dataChange`: retention's `DELETE`).
+    pub async fn changes(
+        &self,
+        relative: &str,
+        since: Option<u64>,
+    ) -> Result<Option<(u64, Option<Changes>)>, DeltaError> {
         let Some(table) = self.latest(relative).await? else {
             return Ok(None);
         };
@@ -1036,32 +1051,45 @@ impl DeltaTables {
         let Some(since) = since else {
             return Ok(Some((latest, None)));
         };
-        let mut hours = BTreeSet::new();
+        let mut changes = Changes::default();
         for version in since + 1..=latest {
             let Some(actions) = self.commit_actions(&table, relative, version).await? else {
                 return Ok(Some((latest, None)));
             };
             for action in actions {
-                let Some(add) = action.get("add") else {
-                    continue;
+                let (file, removed) = match (action.get("add"), action.get("remove")) {
+                    (Some(add), _) => (add, false),
+                    (None, Some(remove)) => (remove, true),
+                    (None, None) => continue,
                 };
-                if add.get("dataChange").and_then(serde_json::Value::as_bool) == Some(false) {
+                if file.get("dataChange").and_then(serde_json::Value::as_bool) == Some(false) {
                     continue;
                 }
-                match add
+                let Some(hour) = file
                     .get("path")
                     .and_then(serde_json::Value::as_str)
                     .and_then(hour_of_file)
-                {
-                    Some(hour) => {
-                        hours.insert(hour);
-                    }
+                else {
                     // A file not named by its hour: every hour may have changed.
-                    None => return Ok(Some((latest, None))),
+                    return Ok(Some((latest, None)));
+                };
+                if removed {
+                    changes.removed.insert(hour);
+                    continue;
                 }
+                let span = file
+                    .get("stats")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(Span::of_stats)
+                    .unwrap_or(Span::UNKNOWN);
+                changes
+                    .added
+                    .entry(hour)
+                    .and_modify(|s| *s = s.union(span))
+                    .or_insert(span);
             }
         }
-        Ok(Some((latest, Some(hours))))
+        Ok(Some((latest, Some(changes))))
     }
 
     /// Replaces files of the table in `relative` by others holding the same rows (Delta's
@@ -1548,6 +1576,76 @@ pub struct DataFile {
     pub rows: Option<u64>,
     /// The hour its rows are in, from its name (`<YYYY-MM-DD>T<HH>-…`).
     pub hour_ms: Option<i64>,
+    /// The least and greatest `ts_ms` of its rows, when its statistics say (raw tables).
+    pub ts_range: Option<(i64, i64)>,
+}
+
+/// What commits changed in a raw table, by hour ([`DeltaTables::changes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// The hours with new rows, and what the added files' statistics say of them.
+    pub added: BTreeMap<i64, Span>,
+    /// The hours that lost rows.
+    pub removed: BTreeSet<i64>,
+}
+
+/// What the statistics of the files a commit added say of their rows: the least `ts_ms`, and
+/// the least `ts_ms - interval_ms` any row can have (the earliest a sample's interval can
+/// begin). [`Span::UNKNOWN`] when they do not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The least `ts_ms`.
+    pub min_ts: i64,
+    /// No row's `ts_ms - interval_ms` is less (`min_ts` less the greatest `interval_ms`;
+    /// `min_ts` for a table without intervals).
+    pub min_start: i64,
+}
+
+impl Span {
+    /// Rows that may be of any time.
+    pub const UNKNOWN: Span = Span {
+        min_ts: i64::MIN,
+        min_start: i64::MIN,
+    };
+
+    fn union(self, other: Span) -> Span {
+        Span {
+            min_ts: self.min_ts.min(other.min_ts),
+            min_start: self.min_start.min(other.min_start),
+        }
+    }
+
+    /// The span of an add's statistics (its JSON `stats`).
+    fn of_stats(stats: &str) -> Option<Span> {
+        let stats: TsStats = serde_json::from_str(stats).ok()?;
+        let min_ts = stats.min_values?.ts_ms?;
+        let interval = stats.max_values.and_then(|m| m.interval_ms).unwrap_or(0);
+        Some(Span {
+            min_ts,
+            min_start: min_ts.saturating_sub(interval.max(0)),
+        })
+    }
+}
+
+/// The parts of a file's statistics that [`Span`] and [`DataFile::ts_range`] read.
+#[derive(serde::Deserialize)]
+struct TsStats {
+    #[serde(rename = "minValues")]
+    min_values: Option<TsValues>,
+    #[serde(rename = "maxValues")]
+    max_values: Option<TsValues>,
+}
+
+#[derive(serde::Deserialize)]
+struct TsValues {
+    ts_ms: Option<i64>,
+    interval_ms: Option<i64>,
+}
+
+/// The `ts_ms` range of a file's statistics.
+fn ts_range(stats: &str) -> Option<(i64, i64)> {
+    let stats: TsStats = serde_json::from_str(stats).ok()?;
+    Some((stats.min_values?.ts_ms?, stats.max_values?.ts_ms?))
 }
 
 /// A table's latest version as a move copies it ([`DeltaTables::snapshot`]).

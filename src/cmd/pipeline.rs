@@ -342,6 +342,7 @@ async fn rollup_loop(
             Ok(report) if report.hours > 0 => tracing::info!(
                 hours = report.hours,
                 final_hours = report.final_hours,
+                incremental_hours = report.incremental_hours,
                 team_rows = report.team_rows,
                 leases = report.leases,
                 watermark = report.watermark,

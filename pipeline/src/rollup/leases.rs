@@ -408,54 +408,6 @@ impl Leases {
         )
     }
 
-    /// `hour_owners` for one hour.
-    pub fn owners_batch(&self, hour: i64) -> Result<RecordBatch, ArrowError> {
-        let owners = self.owners(hour);
-        RecordBatch::try_new(
-            tables::owners(),
-            vec![
-                Arc::new(
-                    owners
-                        .iter()
-                        .map(|o| Some(o.gpu_uuid.as_str()))
-                        .collect::<StringArray>(),
-                ),
-                Arc::new(Int64Array::from_iter_values(owners.iter().map(|o| o.start))),
-                Arc::new(Int64Array::from_iter_values(owners.iter().map(|o| o.end))),
-                Arc::new(
-                    owners
-                        .iter()
-                        .map(|o| Some(o.lease_id.as_str()))
-                        .collect::<StringArray>(),
-                ),
-            ],
-        )
-    }
-
-    /// `hour_holds` for one hour.
-    pub fn holds_batch(&self, hour: i64) -> Result<RecordBatch, ArrowError> {
-        let holds = self.holds(hour);
-        RecordBatch::try_new(
-            tables::holds(),
-            vec![
-                Arc::new(
-                    holds
-                        .iter()
-                        .map(|h| Some(h.lease_id.as_str()))
-                        .collect::<StringArray>(),
-                ),
-                Arc::new(
-                    holds
-                        .iter()
-                        .map(|h| h.gpu_uuid.as_deref())
-                        .collect::<StringArray>(),
-                ),
-                Arc::new(Int64Array::from_iter_values(holds.iter().map(|h| h.start))),
-                Arc::new(Int64Array::from_iter_values(holds.iter().map(|h| h.end))),
-            ],
-        )
-    }
-
     /// `hour_allocation(lease_id, allocated_gpu_hours)` for one hour.
     pub fn allocation_batch(&self, hour: i64, watermark: i64) -> Result<RecordBatch, ArrowError> {
         let allocation = self.allocation(hour, watermark);

@@ -13,11 +13,14 @@
 //!    final, every hour the lake marked because new or late samples landed in it, and every
 //!    hour from the earliest marked lease event on (a lease event changes attribution and
 //!    allocation from its own time onward, never before);
-//! 3. computes each hour with SQL over that hour's sample files and the next hour's (whose
-//!    first samples' intervals began in it) and rewrites the hour's files atomically. An hour
-//!    of more than `part_rows` samples is computed in parts split by GPU (`parts`), so
-//!    memory follows a part, not the hour, and never the lake. An hour is `final` once the
-//!    watermark has passed its end plus `pipeline.lateness`; until then every run refreshes it.
+//! 3. computes each hour from that hour's sample files and the next hour's (whose first
+//!    samples' intervals began in it): the samples become per-GPU-and-lease partials in Rust
+//!    (`attribute`), SQL turns them into the tables, and each table's hour is replaced in one
+//!    commit. An hour of more than `part_rows` samples is attributed in parts split by GPU
+//!    (`parts`), so memory follows a part, not the hour, and never the lake. A run keeps each
+//!    open hour's partials over its settled samples for the next run of the same [`Rollup`],
+//!    which reads only the samples after them. An hour is `final` once the watermark has passed
+//!    its end plus `pipeline.lateness`; until then every run refreshes it.
 //!
 //! Rules the SQL alone does not show, decided here once:
 //! - Duplicate samples (same `gpu_uuid`, `ts_ms`) count once; where they disagree each column
@@ -38,6 +41,7 @@
 //! which hours are final, which are being recomputed — is in `rollups/_state.json`, and marks
 //! are cleared only after the hours they name are recorded as pending there.
 
+mod attribute;
 pub mod leases;
 pub mod migrate;
 mod parts;
@@ -56,14 +60,16 @@ use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
+use futures::StreamExt as _;
 use gpuwarden_schema::config::{Config, PricingConfig};
 use gpuwarden_schema::{ArrowConvertError, Clock, LeaseEvent, Record as _, SystemClock};
 use serde::{Deserialize, Serialize};
 
 use crate::bounds::FleetWatermark;
 use crate::buffer::Table;
-use crate::delta::{AsOf, DataFile};
+use crate::delta::{AsOf, Changes, DataFile, Span};
 use crate::lake::{hour_partition, Lake, LakeError, LakeLock, Role, StateVersion};
+use attribute::{Attributor, Partials};
 use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
 use leases::Leases;
@@ -95,13 +101,16 @@ pub struct RollupOptions {
     /// An hour with more sample rows than this is computed a part at a time (see
     /// [`Rollup::run`]'s step 3): [`DEFAULT_PART_ROWS`] unless a test wants many parts.
     pub part_rows: usize,
+    /// Samples this far behind the watermark are taken as settled: a run keeps their partials
+    /// for the next, which reads again only the samples after them (see [`Rollup`]). A sample
+    /// that lands later than that behind them makes its hour computed whole again.
+    pub settle_ms: i64,
 }
 
-/// The sample rows of one part of an hour computed at a time. A part's computation was seen to
-/// hold about 1.2 KB per row at its peak (`bench/up-fleet.sh`, 100,000 GPUs: 1.1 GB more for
-/// parts of 920,000 rows), so 256 Ki rows keep it near 300 MiB, for about 280 parts in a
-/// 100,000-GPU hour (72 M samples).
-pub const DEFAULT_PART_ROWS: usize = 1 << 18;
+/// The sample rows of one part of an hour computed at a time. The attribution ([`attribute`])
+/// holds 64 bytes per row besides the strings it interns, so 4 Mi rows keep a part near
+/// 300 MiB, for about 18 parts in a 100,000-GPU hour (72 M samples).
+pub const DEFAULT_PART_ROWS: usize = 1 << 22;
 
 impl RollupOptions {
     /// The options of a config file.
@@ -113,6 +122,7 @@ impl RollupOptions {
             max_skew_ms: duration_ms(config.pipeline.clock.max_skew),
             clock: Arc::new(SystemClock),
             part_rows: DEFAULT_PART_ROWS,
+            settle_ms: (2 * duration_ms(config.pipeline.flush_age)).max(60_000),
         }
     }
 
@@ -196,6 +206,9 @@ pub struct Report {
     pub hours: usize,
     /// Of those, hours now final.
     pub final_hours: usize,
+    /// Of those, hours computed from the partials the last run kept, reading only the samples
+    /// after them.
+    pub incremental_hours: usize,
     /// Leases known.
     pub leases: usize,
     /// `team_hourly` rows written.
@@ -358,6 +371,13 @@ impl State {
 }
 
 /// Rolls up one lake.
+///
+/// A run keeps, for the next run of the same `Rollup`, the partials of each hour that is not
+/// final over the samples before a cut (the watermark less `settle_ms`): the next run reads
+/// only the samples from that cut on, the new ones among them, and adds. The kept partials are
+/// dropped, and the hour computed whole again, when a commit since brings samples before the
+/// cut (late data, a duplicate) or lease events before it (they change attribution from their
+/// own time on); a process that starts computes every hour it needs whole, once.
 #[derive(Debug, Clone)]
 pub struct Rollup {
     lake: Lake,
@@ -365,6 +385,55 @@ pub struct Rollup {
     /// Set once a run found no rollup file of the layout before Delta: the check lists every
     /// file of the tables, which a long-lived pipeline need not do every `rollup_every`.
     migrated: Arc<std::sync::atomic::AtomicBool>,
+    /// What the last run kept for this one; taken by a run, put back when it ends well.
+    kept: Arc<std::sync::Mutex<Option<Kept>>>,
+}
+
+/// What a run keeps for the next: each hour's partials of the samples before its cut, valid
+/// for the raw tables' versions the run read.
+#[derive(Debug, Default)]
+struct Kept {
+    /// The versions of `samples` and `lease_events` the run read (`_state.json`'s `read`).
+    read: BTreeMap<String, u64>,
+    hours: BTreeMap<i64, Settled>,
+}
+
+/// An hour's partials over the samples with `ts_ms` before `cut` (in the files of the hour and
+/// the next).
+#[derive(Debug)]
+struct Settled {
+    cut: i64,
+    partials: Partials,
+}
+
+impl Kept {
+    /// Drops the hours that the commits since no longer let it keep: `samples` and `leases`
+    /// are the changes [`crate::delta::DeltaTables::changes`] found since the versions kept
+    /// (`None`: the log does not say).
+    fn invalidate(&mut self, samples: Option<&Changes>, leases: Option<&Changes>) {
+        let (Some(samples), Some(leases)) = (samples, leases) else {
+            self.hours.clear();
+            return;
+        };
+        // A lease event changes the attribution of the samples after it.
+        let lease_from = match leases.removed.is_empty() {
+            true => leases.added.values().map(|s| s.min_ts).min(),
+            false => Some(i64::MIN),
+        };
+        let lease_from = lease_from.unwrap_or(i64::MAX);
+        self.hours.retain(|&hour, settled| {
+            let hours = [hour, hour + HOUR_MS];
+            let sample_from = hours
+                .iter()
+                .filter_map(|h| samples.added.get(h))
+                .map(|s| s.min_ts)
+                .min()
+                .unwrap_or(i64::MAX);
+            settled.cut <= lease_from
+                && settled.cut <= sample_from
+                && !hours.iter().any(|h| samples.removed.contains(h))
+        });
+    }
 }
 
 impl Rollup {
@@ -374,6 +443,7 @@ impl Rollup {
             lake,
             options,
             migrated: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -423,11 +493,32 @@ impl Rollup {
         let samples_name = Table::Samples.name();
         let leases_name = Table::LeaseEvents.name();
         let changed_samples = delta
-            .changed_hours(samples_name, state.read.get(samples_name).copied())
+            .changes(samples_name, state.read.get(samples_name).copied())
             .await?;
         let changed_leases = delta
-            .changed_hours(leases_name, state.read.get(leases_name).copied())
+            .changes(leases_name, state.read.get(leases_name).copied())
             .await?;
+        // What the last run of this process kept, if it read up to the versions these changes
+        // start from.
+        let mut kept = self
+            .kept
+            .lock()
+            .expect("the kept partials' lock")
+            .take()
+            .filter(|kept| kept.read == state.read)
+            .unwrap_or_default();
+        // A table not created yet has no changes; one whose log does not say has any.
+        fn said<'a>(
+            changes: &'a Option<(u64, Option<Changes>)>,
+            none: &'a Changes,
+        ) -> Option<&'a Changes> {
+            match changes {
+                None => Some(none),
+                Some((_, changes)) => changes.as_ref(),
+            }
+        }
+        let none = Changes::default();
+        kept.invalidate(said(&changed_samples, &none), said(&changed_leases, &none));
         let samples = delta.pinned(samples_name, &Table::Samples.schema()).await?;
         // Each hour's files, from one version: an hour is read from its files alone, as their
         // names say, without planning over every file of the table.
@@ -441,10 +532,10 @@ impl Rollup {
         }
         let sample_hours: BTreeSet<i64> = hour_files.keys().copied().collect();
         // Every hour with samples, when the log does not say which changed.
-        let marked_samples: Vec<i64> = match &changed_samples {
-            Some((_, Some(hours))) => hours.iter().copied().collect(),
-            Some((_, None)) => sample_hours.iter().copied().collect(),
-            None => Vec::new(),
+        let marked_samples: BTreeMap<i64, Span> = match &changed_samples {
+            Some((_, Some(changes))) => changes.added.clone(),
+            Some((_, None)) => sample_hours.iter().map(|&h| (h, Span::UNKNOWN)).collect(),
+            None => BTreeMap::new(),
         };
         match samples {
             Some((_, table)) => {
@@ -461,7 +552,7 @@ impl Rollup {
         // A lease event changes attribution from its own time on: the earliest hour with new
         // ones, every hour when the log does not say.
         let marked_leases: Vec<i64> = match &changed_leases {
-            Some((_, Some(hours))) => hours.iter().copied().take(1).collect(),
+            Some((_, Some(changes))) => changes.added.keys().copied().take(1).collect(),
             Some((_, None)) => vec![i64::MIN],
             None => Vec::new(),
         };
@@ -505,7 +596,12 @@ impl Rollup {
                 .iter()
                 .filter(|h| state.hours.get(h) != Some(&true)),
         );
-        todo.extend(marked_samples.iter().flat_map(|&h| [h - HOUR_MS, h]));
+        // The hour before a sample's own holds the part of its interval that reaches back.
+        todo.extend(marked_samples.iter().flat_map(|(&h, span)| {
+            [(span.min_start < h).then_some(h - HOUR_MS), Some(h)]
+                .into_iter()
+                .flatten()
+        }));
         if let Some(&from) = marked_leases.first() {
             todo.extend(candidates.range(from..));
             todo.extend(state.hours.range(from..).map(|(h, _)| *h));
@@ -531,6 +627,9 @@ impl Rollup {
 
         let known = MemTable::try_new(tables::known_leases(), vec![vec![leases.known_batch()?]])?;
         ctx.register_table("known_leases", Arc::new(known))?;
+        // Samples up to here are taken as settled: the hours keep their partials.
+        let cut = watermark.saturating_sub(self.options.settle_ms);
+        let mut keep = Kept::default();
         let mut report = Report {
             watermark: Some(watermark),
             hosts: fleet.kept.len(),
@@ -541,9 +640,15 @@ impl Rollup {
         for (done, &hour) in todo.iter().enumerate() {
             let is_final = watermark >= hour + HOUR_MS + self.options.lateness_ms;
             lock.check("rolling up an hour")?;
-            report.team_rows += self
-                .hour(&ctx, &leases, &hour_files, hour, watermark, is_final)
+            let settled = kept.hours.remove(&hour);
+            report.incremental_hours += usize::from(settled.is_some());
+            let (team_rows, settled) = self
+                .hour(&ctx, &leases, &hour_files, hour, watermark, settled, cut)
                 .await?;
+            report.team_rows += team_rows;
+            if !is_final {
+                keep.hours.insert(hour, settled);
+            }
             report.hours += 1;
             report.final_hours += usize::from(is_final);
             if candidates.contains(&hour) {
@@ -568,6 +673,8 @@ impl Rollup {
             }
         }
         state.save(&self.lake, &state_path, &mut version, &lock)?;
+        keep.read.clone_from(&state.read);
+        *self.kept.lock().expect("the kept partials' lock") = Some(keep);
         // The files the tables' commits removed are kept for as-of reads, and deleted once
         // older than the tables keep them.
         for table in RollupTable::ALL {
@@ -615,17 +722,18 @@ impl Rollup {
         &self,
         ctx: &SessionContext,
         path: &Path,
-        marked: &[i64],
+        marked: &BTreeMap<i64, Span>,
         hour_files: &BTreeMap<i64, Vec<DataFile>>,
     ) -> Result<(Hosts, i64, StateVersion), RollupError> {
         let (known, version) = load_hosts(&self.lake, path)?;
         // The new samples: the files of the hours with new rows (every sample, the first time).
         let table = match &known {
             Some(_) => {
+                // The files of the hours with new rows that can hold them.
                 let files: Vec<&str> = marked
                     .iter()
-                    .filter_map(|h| hour_files.get(h))
-                    .flatten()
+                    .filter_map(|(h, span)| Some((hour_files.get(h)?, span.min_ts)))
+                    .flat_map(|(files, from)| files.iter().filter(move |f| reaches(f, from)))
                     .map(|f| f.path.as_str())
                     .collect();
                 self.lake.delta().register_files(
@@ -698,7 +806,11 @@ impl Rollup {
         Ok(())
     }
 
-    /// Computes one hour and rewrites its files; returns its `team_hourly` rows.
+    /// Computes one hour and rewrites its files; returns its `team_hourly` rows and its
+    /// partials over the samples before `cut` (or before the cut `settled` was kept at, if
+    /// that is later), for the next run. With `settled`, only the samples from its cut on are
+    /// read.
+    #[allow(clippy::too_many_arguments)]
     async fn hour(
         &self,
         ctx: &SessionContext,
@@ -706,8 +818,18 @@ impl Rollup {
         hour_files: &BTreeMap<i64, Vec<DataFile>>,
         hour: i64,
         watermark: i64,
-        is_final: bool,
-    ) -> Result<usize, RollupError> {
+        settled: Option<Settled>,
+        cut: i64,
+    ) -> Result<(usize, Settled), RollupError> {
+        let is_final = watermark >= hour + HOUR_MS + self.options.lateness_ms;
+        let Settled {
+            cut: from,
+            partials: mut before,
+        } = settled.unwrap_or(Settled {
+            cut: hour,
+            partials: Partials::default(),
+        });
+        let cut = cut.max(from);
         // A sample's interval may begin in the hour before its own (never earlier: intervals
         // are at most an hour), so the hour's time is in its own files and the next hour's.
         replace(ctx, "hour_samples", None)?;
@@ -715,6 +837,7 @@ impl Rollup {
             .iter()
             .filter_map(|h| hour_files.get(h))
             .flatten()
+            .filter(|f| reaches(f, from))
             .collect();
         // The rows the files' statistics count: what decides whether the hour is computed in
         // parts, without a scan.
@@ -729,22 +852,15 @@ impl Rollup {
         )?;
         replace(
             ctx,
-            "hour_owners",
-            Some(memtable(leases.owners_batch(hour)?)?),
-        )?;
-        replace(
-            ctx,
-            "hour_holds",
-            Some(memtable(leases.holds_batch(hour)?)?),
-        )?;
-        replace(
-            ctx,
             "hour_allocation",
             Some(memtable(leases.allocation_batch(hour, watermark)?)?),
         )?;
 
-        let partials = self.partials(ctx, hour, rows).await?;
-        replace(ctx, "partials", Some(partials.table()?))?;
+        let (settling, after) = self.partials(ctx, leases, hour, from, cut, rows).await?;
+        before.merge(&settling);
+        let mut partials = before.clone();
+        partials.merge(&after);
+        replace(ctx, "partials", Some(memtable(partials.to_batch()?)?))?;
         let price = price_sql(&self.options.pricing, "gpu_model");
         let gpu = run(ctx, GPU_HOURLY_SQL).await?;
         let lease_rows = run(ctx, &lease_hourly_sql(&price)).await?;
@@ -797,38 +913,63 @@ impl Rollup {
             ],
         )
         .await?;
-        Ok(team_rows)
+        Ok((
+            team_rows,
+            Settled {
+                cut,
+                partials: before,
+            },
+        ))
     }
 
-    /// The hour's `partials` (see [`partials_sql`]) from `hour_samples`: at once when the hour
-    /// has at most `part_rows` sample rows, else a part at a time. Deduplication, attribution
-    /// and every partial row are per GPU, so the samples are split by GPU into parts of about
-    /// `part_rows` rows (spilled to `rollups/_tmp/`), each part's partials computed alone, and
-    /// the parts' partials are the hour's: memory follows a part, not the hour.
+    /// The partials ([`attribute`]) of the samples in `hour_samples` with `ts_ms` from `from`
+    /// on: of those before `cut`, and of the others. At once when there are at most
+    /// `part_rows` sample rows, else a part at a time: attribution is per sample and
+    /// deduplication per GPU, so the samples are split by GPU into parts of about `part_rows`
+    /// rows (spilled to `rollups/_tmp/`), each part attributed alone, and the parts' partials
+    /// added: memory follows a part, not the hour.
     async fn partials(
         &self,
         ctx: &SessionContext,
+        leases: &Leases,
         hour: i64,
+        from: i64,
+        cut: i64,
         rows: Option<usize>,
-    ) -> Result<Rows, RollupError> {
+    ) -> Result<(Partials, Partials), RollupError> {
         let idle = self.options.pricing.idle_util_pct;
         let rows = match rows {
             Some(rows) => rows,
             None => count(ctx, "hour_samples").await?,
         };
         let parts = rows.div_ceil(self.options.part_rows.max(1));
+        // Intervals are at most an hour: no sample after the next hour reaches into this one.
+        let query = format!(
+            "SELECT {} FROM hour_samples WHERE ts_ms >= {from} AND ts_ms < {}",
+            attribute::COLUMNS,
+            hour + 2 * HOUR_MS
+        );
         if parts <= 1 {
-            return partials_of(ctx, "hour_samples", hour, idle).await;
+            let mut attributor = Attributor::new(hour, idle, cut, leases);
+            let mut stream = ctx.sql(&query).await?.execute_stream().await?;
+            while let Some(batch) = stream.next().await {
+                attributor.add(&batch?)?;
+            }
+            return Ok(attributor.finish());
         }
         let started = Instant::now();
         let dir = self.dir().join(TMP);
-        let spill = parts::split(ctx, "hour_samples", hour, parts, &dir).await?;
-        let mut runs = Vec::with_capacity(parts);
+        let spill = parts::split(ctx, &query, parts, &dir).await?;
+        let (mut before, mut after) = (Partials::default(), Partials::default());
         for part in 0..parts {
-            replace(ctx, "part_samples", Some(spill.read(part)?))?;
-            runs.push(partials_of(ctx, "part_samples", hour, idle).await?);
+            let mut attributor = Attributor::new(hour, idle, cut, leases);
+            for batch in spill.read(part)? {
+                attributor.add(&batch)?;
+            }
+            let (b, a) = attributor.finish();
+            before.merge(&b);
+            after.merge(&a);
         }
-        replace(ctx, "part_samples", None)?;
         drop(spill);
         tracing::debug!(
             hour = %hour_partition(hour),
@@ -837,7 +978,7 @@ impl Rollup {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "rolled up an hour in parts"
         );
-        Ok(Rows::concat(runs)?)
+        Ok((before, after))
     }
 
     /// Replaces one hour of `table` with `batches` (removes it when they have no rows), in
@@ -891,31 +1032,6 @@ impl Rows {
     fn table(&self) -> Result<MemTable, DataFusionError> {
         MemTable::try_new(Arc::clone(&self.schema), vec![self.batches.clone()])
     }
-
-    /// The rows of several runs of one query, whose batches may disagree on nullability (the
-    /// batches say what their rows are): under the first's schema with every column nullable.
-    fn concat(runs: Vec<Rows>) -> Result<Self, ArrowError> {
-        let first = runs
-            .iter()
-            .flat_map(|rows| rows.batches.first())
-            .map(RecordBatch::schema)
-            .next()
-            .or_else(|| runs.first().map(|rows| Arc::clone(&rows.schema)))
-            .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
-        let schema = Arc::new(arrow_schema::Schema::new(
-            first
-                .fields()
-                .iter()
-                .map(|field| field.as_ref().clone().with_nullable(true))
-                .collect::<Vec<_>>(),
-        ));
-        let batches = runs
-            .into_iter()
-            .flat_map(|rows| rows.batches)
-            .map(|batch| RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec()))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { schema, batches })
-    }
 }
 
 /// The rows of `table`, from the Parquet footers where it is files.
@@ -937,22 +1053,6 @@ async fn count(ctx: &SessionContext, table: &str) -> Result<usize, RollupError> 
         .map(|counts| counts.value(0))
         .ok_or_else(|| DataFusionError::Internal(format!("count(*) of {table} has no row")))?;
     Ok(usize::try_from(count).unwrap_or(0))
-}
-
-/// The partials of the samples in `table` (all of an hour's samples of the GPUs it holds).
-async fn partials_of(
-    ctx: &SessionContext,
-    table: &str,
-    hour: i64,
-    idle_util_pct: f64,
-) -> Result<Rows, RollupError> {
-    // The hour's part of each sample's interval is read three times: kept in memory once
-    // (about as much as deduplicating the samples holds anyway).
-    let intervals = run(ctx, &intervals_sql(table, hour)).await?;
-    replace(ctx, "hour_intervals", Some(intervals.table()?))?;
-    let partials = run(ctx, &partials_sql(idle_util_pct)).await?;
-    replace(ctx, "hour_intervals", None)?;
-    Ok(partials)
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Result<Rows, DataFusionError> {
@@ -993,96 +1093,6 @@ pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
     )
     .expect("writing to a String");
     sql
-}
-
-/// The deduplicated samples whose interval `[ts_ms - interval_ms, ts_ms)` reaches into the hour
-/// starting at `hour`, or whose `ts_ms` is in it (`own`: counted here),
-/// with the part of the interval inside the hour, `[a, b)` (empty for a sample taken exactly at
-/// the hour's start), and the lease it names if the lake knows that lease (`named`).
-fn intervals_sql(table: &str, hour: i64) -> String {
-    let (from, to) = (hour, hour + HOUR_MS);
-    format!(
-        "WITH d AS (
-            SELECT gpu_uuid, ts_ms, max(host) AS host, max(gpu_model) AS gpu_model,
-                   max(interval_ms) AS interval_ms, max(util_gpu_pct) AS util_gpu_pct,
-                   max(mem_used_bytes) AS mem_used_bytes, max(power_w) AS power_w,
-                   max(lease_id) AS lease_id
-            FROM {table}
-            WHERE ts_ms >= {from}
-            GROUP BY gpu_uuid, ts_ms
-        )
-        SELECT d.gpu_uuid, d.ts_ms, d.host, d.gpu_model, d.util_gpu_pct, d.power_w,
-               d.mem_used_bytes, k.lease_id AS named,
-               CAST(CASE WHEN d.ts_ms < {to} THEN 1 ELSE 0 END AS BIGINT) AS own,
-               greatest(d.ts_ms - d.interval_ms, {from}) AS a,
-               least(d.ts_ms, {to}) AS b
-        FROM d LEFT JOIN known_leases k ON d.lease_id = k.lease_id
-        WHERE d.ts_ms - d.interval_ms < {to}"
-    )
-}
-
-/// One row per GPU and lease within the hour: each sample's part of the hour
-/// (`hour_intervals`) cut where the lease it names starts or stops holding its GPU
-/// (`hour_holds`) and where an owner's interval starts or ends (`hour_owners`), each piece
-/// attributed (docs/ARCHITECTURE.md#attribution) and the pieces summed. The time no lease holds
-/// is what is left of the interval: its row has a null `lease_id`, and so does the row that
-/// counts the samples (a sample is counted once, in its own hour, however its time is split) and
-/// takes their memory peak (of every sample with time or `ts_ms` in the hour, so a GPU's row
-/// always has one). Everything after works on these few rows.
-fn partials_sql(idle_util_pct: f64) -> String {
-    format!(
-        "WITH named AS (
-            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
-                   s.named AS lease_id,
-                   greatest(s.a, h.start_ms) AS a, least(s.b, h.end_ms) AS b
-            FROM hour_intervals s
-            JOIN hour_holds h
-              ON h.lease_id = s.named AND (h.gpu_uuid IS NULL OR h.gpu_uuid = s.gpu_uuid)
-             AND h.start_ms < s.b AND h.end_ms > s.a
-        ), owned AS (
-            -- An owner's piece, less what the lease the sample names holds of it.
-            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
-                   o.lease_id,
-                   least(s.b, o.end_ms) - greatest(s.a, o.start_ms)
-                   - sum(CASE WHEN n.a IS NULL THEN 0
-                              ELSE greatest(least(s.b, o.end_ms, n.b)
-                                            - greatest(s.a, o.start_ms, n.a), 0) END) AS ms
-            FROM hour_intervals s
-            JOIN hour_owners o
-              ON s.gpu_uuid = o.gpu_uuid AND o.start_ms < s.b AND o.end_ms > s.a
-            LEFT JOIN named n ON n.gpu_uuid = s.gpu_uuid AND n.ts_ms = s.ts_ms
-            GROUP BY s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
-                     o.lease_id, o.start_ms, o.end_ms, s.a, s.b
-        ), attributed AS (
-            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, b - a AS ms
-            FROM named
-            UNION ALL
-            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, ms
-            FROM owned WHERE ms > 0
-        ), attributed_ms AS (
-            SELECT gpu_uuid, ts_ms, sum(ms) AS ms FROM attributed GROUP BY gpu_uuid, ts_ms
-        ), pieces AS (
-            SELECT gpu_uuid, ts_ms, host, gpu_model, util_gpu_pct, power_w, lease_id, ms,
-                   CAST(0 AS BIGINT) AS own, CAST(NULL AS BIGINT) AS mem_used_bytes
-            FROM attributed
-            UNION ALL
-            SELECT s.gpu_uuid, s.ts_ms, s.host, s.gpu_model, s.util_gpu_pct, s.power_w,
-                   CAST(NULL AS VARCHAR) AS lease_id, s.b - s.a - COALESCE(m.ms, 0) AS ms,
-                   s.own, s.mem_used_bytes
-            FROM hour_intervals s
-            LEFT JOIN attributed_ms m ON m.gpu_uuid = s.gpu_uuid AND m.ts_ms = s.ts_ms
-        )
-        SELECT host, gpu_uuid, gpu_model, lease_id,
-               sum(own) AS samples,
-               sum(ms) AS observed_ms,
-               sum(CAST(ms AS DOUBLE) * util_gpu_pct) AS busy_ms_pct,
-               sum(CASE WHEN util_gpu_pct < CAST({idle_util_pct:?} AS DOUBLE)
-                        THEN ms ELSE 0 END) AS idle_ms,
-               sum(COALESCE(power_w, 0.0) * CAST(ms AS DOUBLE)) AS energy_w_ms,
-               max(mem_used_bytes) AS mem_used_max_bytes
-        FROM pieces
-        GROUP BY host, gpu_uuid, gpu_model, lease_id"
-    )
 }
 
 const GPU_HOURLY_SQL: &str = "
@@ -1194,4 +1204,9 @@ fn focus_sql(price: &str) -> String {
            LEFT JOIN known_leases k ON l.lease_id = k.lease_id
            ORDER BY l.team, l.gpu_model, l.lease_id"#
     )
+}
+
+/// Whether `file` can hold samples with `ts_ms` from `from` on (a file without statistics can).
+fn reaches(file: &DataFile, from: i64) -> bool {
+    file.ts_range.is_none_or(|(_, max)| max >= from)
 }

@@ -10,25 +10,18 @@
 use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use arrow_array::{RecordBatch, UInt32Array};
-use arrow_schema::SchemaRef;
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
-use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt as _;
 
 use super::RollupError;
 use crate::lake::{io, LakeError};
-
-/// The columns of `samples` the rollup reads ([`super::intervals_sql`]).
-const COLUMNS: &str = "gpu_uuid, ts_ms, host, gpu_model, interval_ms, util_gpu_pct, \
-                       mem_used_bytes, power_w, lease_id";
 
 /// Rows gathered for a part before they are written as one IPC batch.
 const BATCH_ROWS: usize = 8192;
@@ -37,34 +30,25 @@ const BATCH_ROWS: usize = 8192;
 pub(super) struct Spill {
     dir: PathBuf,
     files: Vec<PathBuf>,
-    schema: SchemaRef,
 }
 
-/// Splits the samples of `table` with `ts_ms` from `hour` on into `parts` parts by GPU, under
-/// `dir` (emptied first).
+/// Splits the rows of `query` (samples whose first column is `gpu_uuid`) into `parts` parts by
+/// GPU, under `dir` (emptied first).
 pub(super) async fn split(
     ctx: &SessionContext,
-    table: &str,
-    hour: i64,
+    query: &str,
     parts: usize,
     dir: &Path,
 ) -> Result<Spill, RollupError> {
     remove(dir)?;
     fs::create_dir_all(dir).map_err(io("creating", dir))?;
-    let mut stream = ctx
-        .sql(&format!(
-            "SELECT {COLUMNS} FROM {table} WHERE ts_ms >= {hour}"
-        ))
-        .await?
-        .execute_stream()
-        .await?;
+    let mut stream = ctx.sql(query).await?.execute_stream().await?;
     let schema = stream.schema();
     let options =
         IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME))?;
     let mut spill = Spill {
         dir: dir.to_owned(),
         files: Vec::with_capacity(parts),
-        schema: Arc::clone(&schema),
     };
     let mut writers = Vec::with_capacity(parts);
     for part in 0..parts {
@@ -117,13 +101,12 @@ pub(super) async fn split(
 }
 
 impl Spill {
-    /// Part `part`'s samples as a table.
-    pub(super) fn read(&self, part: usize) -> Result<MemTable, RollupError> {
+    /// Part `part`'s samples.
+    pub(super) fn read(&self, part: usize) -> Result<Vec<RecordBatch>, RollupError> {
         let path = &self.files[part];
         let file = File::open(path).map_err(io("opening", path))?;
-        let batches = FileReader::try_new(std::io::BufReader::new(file), None)?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(MemTable::try_new(Arc::clone(&self.schema), vec![batches])?)
+        Ok(FileReader::try_new(std::io::BufReader::new(file), None)?
+            .collect::<Result<Vec<_>, _>>()?)
     }
 }
 

@@ -234,27 +234,6 @@ pub fn known_leases() -> SchemaRef {
     ]))
 }
 
-/// `hour_owners`: which lease owns which GPU when, within one hour; intervals never overlap.
-pub fn owners() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        f("gpu_uuid", DataType::Utf8, false),
-        f("start_ms", DataType::Int64, false),
-        f("end_ms", DataType::Int64, false),
-        f("lease_id", DataType::Utf8, false),
-    ]))
-}
-
-/// `hour_holds`: when each lease holds which GPU within one hour, for the samples naming it;
-/// `gpu_uuid` null: any GPU (a segment that lists none).
-pub fn holds() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        f("lease_id", DataType::Utf8, false),
-        f("gpu_uuid", DataType::Utf8, true),
-        f("start_ms", DataType::Int64, false),
-        f("end_ms", DataType::Int64, false),
-    ]))
-}
-
 /// `hour_allocation`: GPU-hours each lease held within one hour.
 pub fn allocation() -> SchemaRef {
     Arc::new(Schema::new(vec![
