@@ -10,7 +10,8 @@
 # the watermark are in team_hourly from then on), and the longest a sample waited to be in
 # team_hourly: a sample taken just after one run's watermark is in by the end of the next run
 # (the end of run i less the watermark of run i - 1; it includes pipeline.flush_age, the time
-# ingest may buffer a sample before its file lands).
+# ingest may buffer a sample before its file lands), and from its file landing (a file landing
+# just after run i - 1 started is read by run i).
 #
 #   bench/up-fleet.sh [GPUS] [MINUTES]     default 100000 GPUs, 20 minutes
 #
@@ -115,13 +116,16 @@ every = 60.0  # pipeline.rollup_every of examples/gpuwarden.toml
 elapsed = [r["elapsed_s"] for r in runs]
 behind = [r["behind_s"] for r in runs if r["behind_s"] is not None]
 waited = [(b["ended"] - a["watermark"]) / 1000 for a, b in zip(runs, runs[1:]) if a["watermark"]]
+# A file that lands just after a run started is read by the next one.
+landed = [(b["ended"] - a["ended"]) / 1000 + a["elapsed_s"] for a, b in zip(runs, runs[1:])]
 print(json.dumps({"rollup_runs": len(runs), "run_s_median": round(statistics.median(elapsed), 2),
     "run_s_worst": round(max(elapsed), 2), "runs_over_rollup_every": sum(e > every for e in elapsed),
     "incremental_hours": sum(r["incremental_hours"] or 0 for r in runs),
     "hours": sum(r["hours"] or 0 for r in runs),
     "team_hourly_behind_s_median": round(statistics.median(behind), 1) if behind else None,
     "team_hourly_behind_s_worst": round(max(behind), 1) if behind else None,
-    "sample_to_team_hourly_s_worst": round(max(waited), 1) if waited else None}))
+    "sample_to_team_hourly_s_worst": round(max(waited), 1) if waited else None,
+    "landed_to_team_hourly_s_worst": round(max(landed), 1) if landed else None}))
 for r in runs:
     print(json.dumps(r))
 PY

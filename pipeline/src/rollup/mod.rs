@@ -107,7 +107,7 @@ pub struct RollupOptions {
     pub settle_ms: i64,
 }
 
-/// The sample rows of one part of an hour computed at a time. The attribution ([`attribute`])
+/// The sample rows of one part of an hour computed at a time. The attribution (`attribute`)
 /// holds 64 bytes per row besides the strings it interns, so 4 Mi rows keep a part near
 /// 300 MiB, for about 18 parts in a 100,000-GPU hour (72 M samples).
 pub const DEFAULT_PART_ROWS: usize = 1 << 22;
