@@ -12,8 +12,8 @@
 //!
 //! The SQL this replaces (joins of every sample against the leases' holds and owners, then an
 //! aggregation keyed by strings) spent its time copying and hashing strings; here a row is a
-//! few integers, strings are interned once per batch value, and the leases are looked up by
-//! GPU and by lease in small sorted lists.
+//! few integers (each string is interned as it is read), and a sample's owners and holds are
+//! found in the short lists of its GPU and of the lease it names.
 
 use std::sync::Arc;
 
