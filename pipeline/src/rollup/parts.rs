@@ -101,12 +101,14 @@ pub(super) async fn split(
 }
 
 impl Spill {
-    /// Part `part`'s samples.
-    pub(super) fn read(&self, part: usize) -> Result<Vec<RecordBatch>, RollupError> {
+    /// Part `part`'s samples, a batch at a time.
+    pub(super) fn read(
+        &self,
+        part: usize,
+    ) -> Result<FileReader<std::io::BufReader<File>>, RollupError> {
         let path = &self.files[part];
         let file = File::open(path).map_err(io("opening", path))?;
-        Ok(FileReader::try_new(std::io::BufReader::new(file), None)?
-            .collect::<Result<Vec<_>, _>>()?)
+        Ok(FileReader::try_new(std::io::BufReader::new(file), None)?)
     }
 }
 
