@@ -7,12 +7,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use support::{
     eventually, http, log_line, metric, sha256_hex, start_fake_nvml_collector,
-    start_pipeline_with_sql, Broker, Psql, Running,
+    start_pipeline_with_sql, Broker, BrokerKind, Psql, Running,
 };
 
 const TOKEN: &str = "e2e-portal-token";
@@ -69,10 +68,13 @@ fn write_nvml_script(dir: &Path) -> PathBuf {
     path
 }
 
-#[test]
-fn collector_broker_pipeline_and_psql_agree_on_the_numbers() {
+support::on_both_brokers!(
+    collector_broker_pipeline_and_psql_agree_on_the_numbers,
+    collector_to_psql
+);
+fn collector_to_psql(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
+    let broker = Broker::of(kind, dir.path());
     let config = dir.path().join("gpuwarden.toml");
     std::fs::write(
         &config,
@@ -117,22 +119,13 @@ usd_per_gpu_hour = 1.8
         "user": "alice", "project": "llm", "workload": "training", "substrate": "box",
         "gpu_model": "NVIDIA L40S", "gpu_count": 1, "gpu_uuids": ["GPU-e2e-0"]
     });
-    let mut kcat = Command::new("kcat")
-        .args([
-            "-P",
-            "-b",
-            &broker.bootstrap,
-            "-t",
-            "gpuwarden.leases",
-            "-K",
-            "\t",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("kcat is installed (.ci/run installs it)");
-    use std::io::Write as _;
-    writeln!(kcat.stdin.take().unwrap(), "l-e2e-0\t{grant}").unwrap();
-    assert!(kcat.wait().unwrap().success());
+    support::kafka::produce(
+        &broker.bootstrap,
+        "gpuwarden.leases",
+        "l-e2e-0",
+        &grant.to_string(),
+        &[],
+    );
 
     let (pipeline, port) = start_pipeline_with_sql(&config);
     let psql = Psql::new(port, "anyone", None);
@@ -246,10 +239,13 @@ usd_per_gpu_hour = 1.8
     stop(pipeline, "the pipeline");
 }
 
-#[test]
-fn an_admission_over_http_is_priced_in_team_hourly_for_its_team() {
+support::on_both_brokers!(
+    an_admission_over_http_is_priced_in_team_hourly_for_its_team,
+    admission_to_team_hourly
+);
+fn admission_to_team_hourly(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
+    let broker = Broker::of(kind, dir.path());
     let hash = sha256_hex(TOKEN);
     let config = dir.path().join("gpuwarden.toml");
     std::fs::write(

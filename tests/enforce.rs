@@ -17,7 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{eventually, http, log_line, sha256_hex, Broker, Running, Webhook};
+use support::{eventually, http, log_line, sha256_hex, Broker, BrokerKind, Running, Webhook};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -414,7 +414,7 @@ fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-fn restart_scenario(kill_the_local_process: bool) {
+fn restart_scenario(kill_the_local_process: bool, kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
     // First run: Kafka is unreachable, so every event waits in the outbox.
     let config = write_config(dir.path(), &format!("127.0.0.1:{}", closed_port()));
@@ -449,7 +449,7 @@ fn restart_scenario(kill_the_local_process: bool) {
     }
 
     // Second run, same data dir, Kafka now there.
-    let broker = Broker::start(dir.path());
+    let broker = Broker::of(kind, dir.path());
     let config = write_config(dir.path(), &broker.bootstrap);
     let (enforcer, api) = start_enforcer(&config);
     let readopted: Value = enforcer
@@ -531,37 +531,27 @@ fn restart_scenario(kill_the_local_process: bool) {
     }
 }
 
-#[test]
-fn a_restarted_enforcer_keeps_leases_and_quota_readopts_the_local_process_and_publishes_its_outbox()
-{
-    restart_scenario(false);
+support::on_both_brokers!(
+    a_restarted_enforcer_keeps_leases_and_quota_readopts_the_local_process_and_publishes_its_outbox,
+    restart_keeping_the_process
+);
+fn restart_keeping_the_process(kind: BrokerKind) {
+    restart_scenario(false, kind);
 }
 
-#[test]
-fn a_restarted_enforcer_marks_a_lease_whose_process_died_failed() {
-    restart_scenario(true);
+support::on_both_brokers!(
+    a_restarted_enforcer_marks_a_lease_whose_process_died_failed,
+    restart_after_the_process_died
+);
+fn restart_after_the_process_died(kind: BrokerKind) {
+    restart_scenario(true, kind);
 }
 
-/// Writes one message to gpuwarden.signals with kcat (a real Kafka client, as an intruder would),
-/// keyed `key`, with `header` when given.
-fn kcat_signal(bootstrap: &str, key: &str, payload: &str, header: Option<&str>) {
-    let mut args = vec!["-P", "-b", bootstrap, "-t", "gpuwarden.signals", "-k", key];
-    let header = header.map(|h| format!("{}={h}", signing::HEADER));
-    if let Some(h) = &header {
-        args.extend(["-H", h.as_str()]);
-    }
-    let mut kcat = Command::new("kcat")
-        .args(&args)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("kcat runs (apt install kcat)");
-    std::io::Write::write_all(
-        kcat.stdin.as_mut().unwrap(),
-        format!("{payload}\n").as_bytes(),
-    )
-    .unwrap();
-    drop(kcat.stdin.take());
-    assert!(kcat.wait().unwrap().success());
+/// Writes one message to gpuwarden.signals with a Kafka client of the test's own (as an
+/// intruder would), keyed `key`, with `header` when given.
+fn write_signal(bootstrap: &str, key: &str, payload: &str, header: Option<&str>) {
+    let headers: Vec<(&str, &str)> = header.map(|h| (signing::HEADER, h)).into_iter().collect();
+    support::kafka::produce(bootstrap, "gpuwarden.signals", key, payload, &headers);
 }
 
 /// The signature the pipeline would put on `payload` with `key`.
@@ -571,13 +561,17 @@ fn signature(key: &str, payload: &str) -> String {
         .unwrap()
 }
 
-/// A forged `team_spend` written with kcat, unsigned or signed with a wrong key, blocks nobody:
-/// it is refused, counted, and alerted on. One signed with the previous key while keys rotate
-/// is acted on: ml's spend counts at admission and its request is denied `budget_exceeded`.
-#[test]
-fn forged_signals_block_nobody_and_raise_an_alert_and_the_previous_key_is_accepted() {
+support::on_both_brokers!(
+    forged_signals_block_nobody_and_raise_an_alert_and_the_previous_key_is_accepted,
+    forged_signals
+);
+/// A forged `team_spend` written by a Kafka client of the test's own, unsigned or signed with a
+/// wrong key, blocks nobody: it is refused, counted, and alerted on. One signed with the
+/// previous key while keys rotate is acted on: ml's spend counts at admission and its request
+/// is denied `budget_exceeded`.
+fn forged_signals(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
+    let broker = Broker::of(kind, dir.path());
     let webhook = Webhook::start();
     let config = write_config(dir.path(), &broker.bootstrap);
     let text = std::fs::read_to_string(&config).unwrap().replace(
@@ -625,9 +619,9 @@ fn forged_signals_block_nobody_and_raise_an_alert_and_the_previous_key_is_accept
     };
 
     // The forgeries: unsigned, and signed with a key that is not the enforcer's.
-    kcat_signal(&broker.bootstrap, "ml", &spend, None);
+    write_signal(&broker.bootstrap, "ml", &spend, None);
     let wrong = signature("a-key-the-intruder-made-up-0123456789abcdef", &spend);
-    kcat_signal(&broker.bootstrap, "ml", &spend, Some(&wrong));
+    write_signal(&broker.bootstrap, "ml", &spend, Some(&wrong));
     eventually(
         "both forgeries are refused",
         Duration::from_secs(60),
@@ -665,13 +659,13 @@ fn forged_signals_block_nobody_and_raise_an_alert_and_the_previous_key_is_accept
     // A signed signal whose payload is not a signal is skipped, not fatal; then the spend,
     // signed with the previous key during a rotation, is acted on.
     let garbage = "not json";
-    kcat_signal(
+    write_signal(
         &broker.bootstrap,
         "ml",
         garbage,
         Some(&signature(SIGNING_KEY, garbage)),
     );
-    kcat_signal(
+    write_signal(
         &broker.bootstrap,
         "ml",
         &spend,

@@ -13,7 +13,7 @@ use gpuwarden_collector::sim::Fleet;
 use gpuwarden_collector::sink::producer_config;
 use gpuwarden_collector::{KafkaSink, Metrics, SinkSettings};
 use gpuwarden_schema::config;
-use gpuwarden_schema::kafka::EmbeddedBroker;
+use gpuwarden_schema::kafka::{ensure_topics, EmbeddedBroker};
 use gpuwarden_schema::{Record, Sample};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -165,9 +165,23 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let broker = EmbeddedBroker::start(6).unwrap();
+    // GPUWARDEN_BENCH_BROKER: a broker of its own process (bench/tansu.sh); else the mock
+    // cluster in this one.
+    let embedded;
+    let bootstrap = match std::env::var("GPUWARDEN_BENCH_BROKER") {
+        Ok(bootstrap) => {
+            println!("broker: {bootstrap}, a process of its own (its CPU not counted)");
+            bootstrap
+        }
+        Err(_) => {
+            embedded = EmbeddedBroker::start(6).unwrap();
+            println!("broker: librdkafka's mock cluster in this process");
+            embedded.bootstrap_servers().to_string()
+        }
+    };
     let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", broker.bootstrap_servers());
+    client.set("bootstrap.servers", &bootstrap);
+    ensure_topics(&client, &gpuwarden_schema::topics::ALL, 6, 1).unwrap();
     // Every round is handed over at once (no 5 s pause between them), so the buffer must hold
     // the whole run; the default 64 MiB would (rightly) drop the oldest.
     let settings = SinkSettings {

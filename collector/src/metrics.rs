@@ -50,6 +50,7 @@ pub struct Metrics {
     podresources_errors: AtomicU64,
     buffer_bytes: AtomicU64,
     buffer_samples: AtomicU64,
+    in_flight_samples: AtomicU64,
     latency: Mutex<Histogram>,
     latest: RwLock<Vec<Sample>>,
 }
@@ -65,6 +66,7 @@ impl Default for Metrics {
             podresources_errors: AtomicU64::default(),
             buffer_bytes: AtomicU64::default(),
             buffer_samples: AtomicU64::default(),
+            in_flight_samples: AtomicU64::default(),
             latency: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
             latest: RwLock::default(),
         }
@@ -123,9 +125,11 @@ impl Metrics {
     }
 
     /// Sets the buffer gauges.
-    pub fn buffer(&self, bytes: usize, samples: usize) {
+    pub fn buffer(&self, bytes: usize, samples: usize, in_flight: usize) {
         self.buffer_bytes.store(bytes as u64, Ordering::Relaxed);
         self.buffer_samples.store(samples as u64, Ordering::Relaxed);
+        self.in_flight_samples
+            .store(in_flight as u64, Ordering::Relaxed);
     }
 
     /// Remembers the newest sample of each GPU for the dcgm gauges.
@@ -242,6 +246,14 @@ impl Metrics {
             "Samples waiting for Kafka.",
             [("", load(&self.buffer_samples))],
         );
+        family(
+            &mut out,
+            "gpuwarden_collector_in_flight_samples",
+            "gauge",
+            "Samples handed to the Kafka producer and not yet acknowledged by the brokers (retried by it while they are away).",
+            [("", load(&self.in_flight_samples))],
+        );
+        gpuwarden_schema::kafka::broker_errors().render(&mut out);
         self.latency
             .lock()
             .unwrap_or_else(|e| e.into_inner())

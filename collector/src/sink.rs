@@ -9,12 +9,13 @@
 //! buffered is flushed within a deadline, and whatever could not be delivered is counted.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use gpuwarden_schema::kafka::broker_errors;
 use gpuwarden_schema::{Record, Sample};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -76,24 +77,55 @@ struct Meta {
 
 struct Shared {
     metrics: Arc<Metrics>,
+    /// Bytes handed to librdkafka and not yet acknowledged or returned.
     in_flight: AtomicUsize,
+    /// Samples handed to librdkafka and not yet acknowledged or returned.
+    in_flight_samples: AtomicUsize,
     returned: Mutex<Vec<Pending>>,
+    /// Whether librdkafka last said every broker is down (and no delivery succeeded since).
+    unreachable: AtomicBool,
+    /// The bounds, for the log line that says the samples now wait.
+    bounds: (usize, Duration),
 }
 
 struct SinkContext {
     shared: Arc<Shared>,
 }
 
-impl ClientContext for SinkContext {}
+impl ClientContext for SinkContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        broker_errors().report("collector", &error, reason);
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
+            && !self.shared.unreachable.swap(true, Ordering::AcqRel)
+        {
+            let (max_bytes, max_age) = self.shared.bounds;
+            tracing::warn!(
+                max_bytes,
+                max_age_s = max_age.as_secs(),
+                "Kafka unreachable: samples wait in memory until it is back, up to collector.buffer_max_bytes and collector.buffer_max_age (the oldest are dropped past either)"
+            );
+        }
+    }
+}
 
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<Meta>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, meta: Box<Meta>) {
         self.shared.in_flight.fetch_sub(meta.size, Ordering::AcqRel);
+        self.shared.in_flight_samples.fetch_sub(1, Ordering::AcqRel);
         match result {
-            Ok(_) => self.shared.metrics.published(meta.taken.elapsed()),
+            Ok(_) => {
+                self.shared.metrics.published(meta.taken.elapsed());
+                if self.shared.unreachable.swap(false, Ordering::AcqRel) {
+                    tracing::info!(
+                        waiting = self.shared.in_flight_samples.load(Ordering::Acquire),
+                        "Kafka reachable again: publishing the samples that waited"
+                    );
+                }
+            }
             Err((err, message)) if retriable(err) => {
+                broker_errors().report("collector", err, "");
                 let pending = Pending {
                     key: message.key().unwrap_or_default().to_vec(),
                     payload: message.payload().unwrap_or_default().to_vec(),
@@ -106,6 +138,7 @@ impl ProducerContext for SinkContext {
                     .push(pending);
             }
             Err((err, _)) => {
+                broker_errors().report("collector", err, "");
                 self.shared.metrics.dropped(DropReason::Undeliverable, 1);
                 tracing::warn!(error = %err, "Kafka refused a sample for good; dropped");
             }
@@ -189,16 +222,22 @@ impl KafkaSink {
         let shared = Arc::new(Shared {
             metrics,
             in_flight: AtomicUsize::new(0),
+            in_flight_samples: AtomicUsize::new(0),
             returned: Mutex::new(Vec::new()),
+            unreachable: AtomicBool::new(false),
+            bounds: (settings.max_buffer_bytes, settings.max_buffer_age),
         });
         let producer: ThreadedProducer<SinkContext> = client.create_with_context(SinkContext {
             shared: Arc::clone(&shared),
         })?;
+        let producer_client = client.clone();
         let (commands, receiver) = mpsc::channel();
         let topic = topic.to_string();
         let thread = std::thread::Builder::new()
             .name("kafka-sink".into())
-            .spawn(move || Worker::new(producer, topic, settings, shared).run(receiver))
+            .spawn(move || {
+                Worker::new(producer, producer_client, topic, settings, shared).run(receiver)
+            })
             .expect("spawning the sink thread");
         Ok(Self {
             commands,
@@ -239,6 +278,8 @@ impl Drop for KafkaSink {
 
 struct Worker {
     producer: ThreadedProducer<SinkContext>,
+    /// The producer's settings, to make a new one after a fatal error.
+    client: ClientConfig,
     topic: String,
     settings: SinkSettings,
     shared: Arc<Shared>,
@@ -251,12 +292,14 @@ struct Worker {
 impl Worker {
     fn new(
         producer: ThreadedProducer<SinkContext>,
+        client: ClientConfig,
         topic: String,
         settings: SinkSettings,
         shared: Arc<Shared>,
     ) -> Self {
         Self {
             producer,
+            client,
             topic,
             settings,
             shared,
@@ -301,8 +344,33 @@ impl Worker {
         }
     }
 
+    /// An idempotent producer that hit a fatal error (the broker fenced it, its sequence numbers
+    /// broke) fails every send after it: librdkafka's rule is to make a new one. What the old
+    /// one held is purged back into the buffer (the delivery reports return it) first.
+    fn replace_if_fatal(&mut self) {
+        let Some((code, reason)) = self.producer.client().fatal_error() else {
+            return;
+        };
+        let context = SinkContext {
+            shared: Arc::clone(&self.shared),
+        };
+        match self.client.create_with_context(context) {
+            Ok(producer) => {
+                tracing::warn!(error = ?code, reason = %reason, "the Kafka producer failed for good; publishing through a new one");
+                self.producer
+                    .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+                let _ = self.producer.flush(Duration::from_millis(100));
+                self.producer = producer;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, fatal = %reason, "cannot make a new Kafka producer after a fatal error; trying again");
+            }
+        }
+    }
+
     /// Takes back timed-out deliveries, enforces the bounds, and feeds the producer.
     fn pump(&mut self) {
+        self.replace_if_fatal();
         let returned = std::mem::take(
             &mut *self
                 .shared
@@ -337,10 +405,12 @@ impl Worker {
                 .key(&pending.key)
                 .payload(&pending.payload);
             self.shared.in_flight.fetch_add(size, Ordering::AcqRel);
+            self.shared.in_flight_samples.fetch_add(1, Ordering::AcqRel);
             match self.producer.send(record) {
                 Ok(()) => self.buffer_bytes -= size,
                 Err((err, _record)) => {
                     self.shared.in_flight.fetch_sub(size, Ordering::AcqRel);
+                    self.shared.in_flight_samples.fetch_sub(1, Ordering::AcqRel);
                     self.buffer.push_front(pending);
                     if err.rdkafka_error_code() != Some(RDKafkaErrorCode::QueueFull) {
                         tracing::warn!(error = %err, "cannot hand samples to librdkafka; they stay buffered");
@@ -349,9 +419,11 @@ impl Worker {
                 }
             }
         }
-        self.shared
-            .metrics
-            .buffer(self.buffer_bytes, self.buffer.len());
+        self.shared.metrics.buffer(
+            self.buffer_bytes,
+            self.buffer.len(),
+            self.shared.in_flight_samples.load(Ordering::Acquire),
+        );
     }
 
     fn enforce_bounds(&mut self) {
@@ -430,7 +502,7 @@ impl Worker {
                 "Kafka did not take every buffered sample before the shutdown deadline"
             );
         }
-        self.shared.metrics.buffer(0, 0);
+        self.shared.metrics.buffer(0, 0, 0);
         SinkReport {
             published: self.shared.metrics.published_total(),
             dropped: self.shared.metrics.dropped_total(),

@@ -150,6 +150,10 @@ struct IngestContext {
 }
 
 impl ClientContext for IngestContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        gpuwarden_schema::kafka::broker_errors().report("pipeline", &error, reason);
+    }
+
     fn stats(&self, statistics: Statistics) {
         let lag: i64 = statistics
             .topics
@@ -329,6 +333,14 @@ impl State {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()),
         );
+        if !changes.revoked.is_empty() || !changes.assigned.is_empty() {
+            tracing::info!(
+                assigned = changes.assigned.len(),
+                revoked = changes.revoked.len(),
+                owned_before = self.owned.len(),
+                "consumer group rebalanced"
+            );
+        }
         for (topic, partition) in changes.revoked {
             // Uncommitted rows of a partition we no longer own are replayed by its next owner.
             let Some(topic) = static_topic(&topic) else {
@@ -541,7 +553,7 @@ impl State {
             let message = match message {
                 Ok(m) => m,
                 Err(e) => {
-                    tracing::warn!(error = %e, "Kafka consumer error");
+                    gpuwarden_schema::kafka::broker_errors().report("pipeline", &e, "");
                     healthy = false;
                     break;
                 }

@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, Producer as _};
 use thiserror::Error;
 
 use crate::config::{Config, KafkaConfig};
@@ -38,6 +38,17 @@ pub enum KafkaSetupError {
         topic: String,
         /// The broker's reason.
         reason: String,
+    },
+    /// The brokers answered, but refused gpuwarden's login or its TLS handshake, or never
+    /// answered the metadata request; `check` says what to look at.
+    #[error("Kafka at {bootstrap}: {reason}; check {check}")]
+    Broker {
+        /// `bootstrap.servers`.
+        bootstrap: String,
+        /// librdkafka's words for what went wrong.
+        reason: String,
+        /// The settings or the part to check.
+        check: &'static str,
     },
     /// The embedded broker's thread ended before it reported its address.
     #[error("the embedded Kafka broker did not start")]
@@ -215,6 +226,157 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// A client context that keeps what librdkafka's error callback said last, so that a failed
+/// request can say why (a refused login, a failed TLS handshake) instead of timing out.
+#[derive(Debug, Default)]
+struct SetupContext {
+    last: std::sync::Mutex<Option<(Option<RDKafkaErrorCode>, String)>>,
+}
+
+impl rdkafka::ClientContext for SetupContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let reason = if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_string()
+        };
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.rdkafka_error_code(), reason));
+    }
+}
+
+impl rdkafka::producer::ProducerContext for SetupContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+}
+
+impl SetupContext {
+    /// The last error, when it is one that retrying will not mend: a refused login, a failed
+    /// TLS handshake, an authorization failure.
+    fn refusal(&self) -> Option<(Option<RDKafkaErrorCode>, String)> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.clone().filter(|(code, _)| refused(*code))
+    }
+}
+
+/// Errors that mean the brokers answered and said no: retrying with the same settings will not
+/// change the answer.
+fn refused(code: Option<RDKafkaErrorCode>) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        Some(
+            C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::SSL
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
+}
+
+/// A client whose error events are served (a producer's poll serves its main queue, where
+/// librdkafka puts them), for [`metadata`] and [`check_login`].
+fn setup_client(client: &ClientConfig) -> Result<BaseProducer<SetupContext>, KafkaSetupError> {
+    client
+        .create_with_context(SetupContext::default())
+        .map_err(|source| KafkaSetupError::Client {
+            what: "client",
+            source,
+        })
+}
+
+/// The cluster's metadata, asked for once a second until `timeout`; a refusal (see [`refused`])
+/// ends the wait at once with the broker's reason and the settings to check.
+fn metadata(
+    client: &ClientConfig,
+    timeout: Duration,
+) -> Result<rdkafka::metadata::Metadata, KafkaSetupError> {
+    let probe = setup_client(client)?;
+    let bootstrap = client
+        .get("bootstrap.servers")
+        .unwrap_or_default()
+        .to_string();
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let result = probe
+            .client()
+            .fetch_metadata(None, left.min(Duration::from_secs(1)));
+        let source = match result {
+            Ok(metadata) => return Ok(metadata),
+            Err(source) => source,
+        };
+        probe.poll(Duration::ZERO);
+        let context = probe.context();
+        if let Some((code, reason)) = context.refusal() {
+            return Err(KafkaSetupError::Broker {
+                bootstrap,
+                reason,
+                check: hint(code),
+            });
+        }
+        if std::time::Instant::now() >= until {
+            let last = context
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            return Err(match last {
+                Some((code, reason)) => KafkaSetupError::Broker {
+                    bootstrap,
+                    reason,
+                    check: hint(code),
+                },
+                None => KafkaSetupError::Client {
+                    what: "metadata request",
+                    source,
+                },
+            });
+        }
+    }
+}
+
+/// Fails when the brokers refuse this client's login or TLS handshake (see [`refused`]); passes
+/// when they accept it, when they cannot be reached, and when `wait` passes without an answer:
+/// for a command that starts while Kafka is down and waits for it (the enforcer).
+pub fn check_login(client: &ClientConfig, wait: Duration) -> Result<(), KafkaSetupError> {
+    use RDKafkaErrorCode as C;
+    let probe = setup_client(client)?;
+    let until = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < until {
+        if probe
+            .client()
+            .fetch_metadata(None, Duration::from_millis(250))
+            .is_ok()
+        {
+            return Ok(());
+        }
+        probe.poll(Duration::ZERO);
+        let context = probe.context();
+        if let Some((code, reason)) = context.refusal() {
+            return Err(KafkaSetupError::Broker {
+                bootstrap: client
+                    .get("bootstrap.servers")
+                    .unwrap_or_default()
+                    .to_string(),
+                reason,
+                check: hint(code),
+            });
+        }
+        let last = context
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some((Some(C::AllBrokersDown | C::Resolve), _)) = last {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// Creates the topics that do not exist yet; existing ones are left as they are.
 ///
 /// Existing topics are found from the cluster's metadata first, so a cluster where they all exist
@@ -225,18 +387,7 @@ pub fn ensure_topics(
     partitions: i32,
     replication: i32,
 ) -> Result<(), KafkaSetupError> {
-    let admin: AdminClient<DefaultClientContext> =
-        client.create().map_err(|source| KafkaSetupError::Client {
-            what: "admin client",
-            source,
-        })?;
-    let metadata = admin
-        .inner()
-        .fetch_metadata(None, Duration::from_secs(30))
-        .map_err(|source| KafkaSetupError::Client {
-            what: "metadata request",
-            source,
-        })?;
+    let metadata = metadata(client, Duration::from_secs(30))?;
     let missing: Vec<&str> = topics
         .iter()
         .copied()
@@ -254,6 +405,11 @@ pub fn ensure_topics(
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
         .collect();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        client.create().map_err(|source| KafkaSetupError::Client {
+            what: "admin client",
+            source,
+        })?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results =
         futures::executor::block_on(admin.create_topics(&new, &options)).map_err(|e| {
@@ -275,6 +431,120 @@ pub fn ensure_topics(
         }
     }
     Ok(())
+}
+
+/// How often one kind of broker error is logged at most (each one is counted).
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What the Kafka clients of this process heard from the brokers that went wrong, by error:
+/// librdkafka's error callback (a broker down, a failed authentication), a consumer's poll, a
+/// delivery report. Each is counted for `/metrics` (`gpuwarden_kafka_errors_total{error}`) and
+/// logged once per [`ERROR_LOG_EVERY`] and error with what to check, so that a broker answering
+/// every request with an error makes one line every ten seconds, not one per retry.
+///
+/// Process-wide: the components of `gpuwarden up` share one `/metrics` family per process.
+#[derive(Debug, Default)]
+pub struct BrokerErrors {
+    seen: std::sync::Mutex<std::collections::BTreeMap<String, Seen>>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    count: u64,
+    logged: Option<std::time::Instant>,
+    since_logged: u64,
+}
+
+/// The errors of this process's Kafka clients; see [`BrokerErrors`].
+pub fn broker_errors() -> &'static BrokerErrors {
+    static ERRORS: std::sync::OnceLock<BrokerErrors> = std::sync::OnceLock::new();
+    ERRORS.get_or_init(BrokerErrors::default)
+}
+
+impl BrokerErrors {
+    /// Counts and (at most every ten seconds per error) logs `error` that the `client` (the
+    /// component: `collector`, `pipeline`, `enforcer`) got, with librdkafka's `reason` when it
+    /// gave one.
+    pub fn report(&self, client: &str, error: &KafkaError, reason: &str) {
+        let code = error.rdkafka_error_code();
+        let name = code.map_or_else(|| "other".to_string(), |c| format!("{c:?}"));
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = seen.entry(name.clone()).or_insert(Seen {
+            count: 0,
+            logged: None,
+            since_logged: 0,
+        });
+        entry.count += 1;
+        entry.since_logged += 1;
+        if entry.logged.is_some_and(|t| t.elapsed() < ERROR_LOG_EVERY) {
+            return;
+        }
+        let times = entry.since_logged;
+        entry.logged = Some(std::time::Instant::now());
+        entry.since_logged = 0;
+        drop(seen);
+        let reason = if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_string()
+        };
+        tracing::warn!(
+            client,
+            error = %name,
+            reason = %reason,
+            times,
+            check = hint(code),
+            "Kafka broker error"
+        );
+    }
+
+    /// `gpuwarden_kafka_errors_total{error}`, in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let samples: Vec<(String, f64)> = seen
+            .iter()
+            .map(|(name, s)| {
+                (
+                    format!("error=\"{}\"", crate::prom::escape(name)),
+                    s.count as f64,
+                )
+            })
+            .collect();
+        crate::prom::family(
+            out,
+            "gpuwarden_kafka_errors_total",
+            "counter",
+            "Errors this process's Kafka clients got from or about the brokers, by librdkafka error code.",
+            samples.iter().map(|(l, v)| (l.as_str(), *v)),
+        );
+    }
+}
+
+/// What an operator checks first for an error, in the words of gpuwarden's settings.
+fn hint(code: Option<RDKafkaErrorCode>) -> &'static str {
+    use RDKafkaErrorCode as C;
+    match code {
+        Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve) => {
+            "that kafka.brokers is right and the brokers are up; records wait in memory meanwhile"
+        }
+        Some(C::Authentication | C::SaslAuthenticationFailed) => {
+            "sasl.mechanism, sasl.username and sasl.password in [kafka.properties]"
+        }
+        Some(C::SSL) => {
+            "the ssl.* settings in [kafka.properties] (CA, certificate, host name) and security.protocol"
+        }
+        Some(
+            C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed,
+        ) => "the ACLs of gpuwarden's user: it reads and writes the gpuwarden.* topics and uses its consumer groups",
+        Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => {
+            "that the gpuwarden.* topics exist (gpuwarden creates them at start; one deleted since is not made again)"
+        }
+        Some(C::ThrottlingQuotaExceeded) => "the broker's quotas for gpuwarden's client ids",
+        _ => "the broker's log",
+    }
 }
 
 enum Control {

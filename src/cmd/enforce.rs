@@ -299,6 +299,7 @@ pub(crate) async fn start(
     let app = gpuwarden_enforcer::portal::app(AppState::new(service), Some(insights)).merge(
         super::metrics_http::metrics_only(move || {
             let mut page = metrics.render_with(store.commit_stats());
+            gpuwarden_schema::kafka::broker_errors().render(&mut page);
             render_leadership(&mut page, &leadership);
             let listeners: Vec<&ServerTls> = reloads.iter().chain(&webhook_tls).collect();
             if !listeners.is_empty() {

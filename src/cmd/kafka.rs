@@ -7,6 +7,10 @@ use gpuwarden_schema::config::Config;
 use gpuwarden_schema::kafka::{self, EmbeddedBroker};
 use rdkafka::config::ClientConfig;
 
+/// How long a command that may start while Kafka is down waits to hear whether the brokers
+/// accept its login ([`KafkaConnection::open_lazy`]).
+const LOGIN_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A connection to Kafka that lives as long as the command (the embedded broker with it).
 pub(crate) struct KafkaConnection {
     pub(crate) bootstrap: String,
@@ -43,18 +47,23 @@ impl KafkaConnection {
         }
     }
 
-    /// Like [`open`](Self::open), but does not reach an external cluster now: a command that
+    /// Like [`open`](Self::open), but does not wait for an external cluster: a command that
     /// must start while Kafka is down (the enforcer, whose outbox waits for it) hands
-    /// [`topic_setup`](Self::topic_setup) to what creates the topics later, when it can.
+    /// [`topic_setup`](Self::topic_setup) to what creates the topics later, when it can. It
+    /// does fail when the brokers answer and refuse the login or the TLS handshake.
     pub(crate) fn open_lazy(config: &Config) -> anyhow::Result<Self> {
         if config.kafka.is_embedded() {
             return Self::open(config);
         }
-        Ok(Self {
+        let connection = Self {
             bootstrap: config.kafka.brokers.clone(),
             _embedded: None,
             config: config.kafka.clone(),
-        })
+        };
+        // Kafka may be down, but a login it refuses will not mend by waiting: say so now.
+        kafka::check_login(&connection.client("admin"), LOGIN_CHECK)
+            .with_context(|| format!("logging in to Kafka at {}", config.kafka.brokers))?;
+        Ok(connection)
     }
 
     /// What creating gpuwarden's topics on this cluster takes; none for the embedded broker,

@@ -171,6 +171,7 @@ pub(crate) async fn start(
         let (metrics, sql_tls) = (Arc::clone(&metrics), Arc::clone(&sql_tls));
         super::metrics_http::router(move || {
             let mut page = metrics.render();
+            gpuwarden_schema::kafka::broker_errors().render(&mut page);
             if let Some(tls) = sql_tls.get() {
                 tls.render_metrics(&mut page);
             }

@@ -3,7 +3,9 @@
 //! psql and its APIs over plain HTTP; wait for what it is expected to do. `grafana` and
 //! `prometheus` hold what tests/dashboards.rs needs to run the dashboards as Grafana does; `pki`
 //! makes the CAs and certificates of the TLS tests; `slurm` starts a private Slurm cluster; `s3`
-//! starts an S3-compatible server.
+//! starts an S3-compatible server; `tansu` starts tansu, the independent Kafka-protocol broker
+//! the Kafka-facing suites also run on ([`on_both_brokers!`]), and `kafka` is the tests' own
+//! Kafka client.
 //!
 //! Every test binary includes this module and uses a part of it, hence the `allow` below.
 
@@ -11,6 +13,7 @@
 
 pub mod accounts;
 pub mod grafana;
+pub mod kafka;
 pub mod kube_api;
 #[cfg(feature = "libvirt")]
 pub mod libvirtd;
@@ -21,6 +24,7 @@ pub mod prometheus;
 pub mod rollups;
 pub mod s3;
 pub mod slurm;
+pub mod tansu;
 
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -135,6 +139,14 @@ impl Running {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Every log line so far, those that arrived since the last look included.
+    pub fn log_so_far(&mut self) -> String {
+        while let Ok(line) = self.lines.try_recv() {
+            self.log.push(line);
+        }
+        self.log.join("\n")
     }
 
     /// Sends SIGTERM and waits for the exit, collecting the rest of the log.
@@ -343,34 +355,93 @@ impl Demo {
     }
 }
 
-/// A `gpuwarden broker` process and its bootstrap address.
+/// Which Kafka-protocol broker a test runs against: the suites that talk to Kafka run on both
+/// ([`on_both_brokers!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// librdkafka's mock cluster in a `gpuwarden broker` process.
+    Mock,
+    /// tansu, an independent implementation of the protocol, in memory ([`tansu`]).
+    Tansu,
+}
+
+/// A broker in a process of its own, three partitions per topic, and its bootstrap address;
+/// stopped when dropped.
 pub struct Broker {
-    pub process: Running,
     pub bootstrap: String,
+    pub kind: BrokerKind,
+    _mock: Option<Running>,
+    _tansu: Option<tansu::Tansu>,
 }
 
 impl Broker {
+    /// A `gpuwarden broker` process (librdkafka's mock cluster).
     pub fn start(dir: &Path) -> Self {
-        let file = dir.join("bootstrap.txt");
-        let process = Running::start(
-            &[
-                "broker",
-                "--partitions",
-                "3",
-                "--bootstrap-file",
-                file.to_str().unwrap(),
-            ],
-            &[],
-        );
-        let bootstrap = eventually(
-            "the broker's bootstrap file",
-            Duration::from_secs(20),
-            || std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display())),
-        );
-        let bootstrap = bootstrap.trim().to_string();
-        Self { process, bootstrap }
+        Self::of(BrokerKind::Mock, dir)
+    }
+
+    /// A broker of `kind`, its files (tansu's log) under `dir`.
+    pub fn of(kind: BrokerKind, dir: &Path) -> Self {
+        match kind {
+            BrokerKind::Mock => {
+                let file = dir.join("bootstrap.txt");
+                let process = Running::start(
+                    &[
+                        "broker",
+                        "--partitions",
+                        "3",
+                        "--bootstrap-file",
+                        file.to_str().unwrap(),
+                    ],
+                    &[],
+                );
+                let bootstrap = eventually(
+                    "the broker's bootstrap file",
+                    Duration::from_secs(20),
+                    || {
+                        std::fs::read_to_string(&file)
+                            .map_err(|e| format!("{}: {e}", file.display()))
+                    },
+                );
+                Self {
+                    bootstrap: bootstrap.trim().to_string(),
+                    kind,
+                    _mock: Some(process),
+                    _tansu: None,
+                }
+            }
+            BrokerKind::Tansu => {
+                let broker = tansu::Tansu::start(dir, tansu::Storage::Memory, 3);
+                Self {
+                    bootstrap: broker.bootstrap.clone(),
+                    kind,
+                    _mock: None,
+                    _tansu: Some(broker),
+                }
+            }
+        }
     }
 }
+
+/// Makes `scenario` (a `fn(BrokerKind)`) two tests, `name::mock` and `name::tansu`, one on each
+/// broker of [`BrokerKind`].
+#[macro_export]
+macro_rules! on_both_brokers {
+    ($name:ident, $scenario:ident) => {
+        mod $name {
+            #[test]
+            fn mock() {
+                super::$scenario($crate::support::BrokerKind::Mock)
+            }
+            #[test]
+            fn tansu() {
+                super::$scenario($crate::support::BrokerKind::Tansu)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_brokers;
 
 /// One plain HTTP/1.1 GET on 127.0.0.1, returning (status, body).
 pub fn http_get(address: &str, path: &str) -> (u16, String) {

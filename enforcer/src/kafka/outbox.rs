@@ -16,8 +16,8 @@ use gpuwarden_schema::retry::Backoff;
 use gpuwarden_schema::signing::SigningKeys;
 use gpuwarden_schema::{topics, Clock};
 use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 use tokio::sync::watch;
 
@@ -66,6 +66,8 @@ impl TopicSetup {
 /// Publishes the lease store's outbox; see the module docs.
 pub struct Publisher {
     store: Store,
+    /// The producer's settings, to make a new one after a fatal error.
+    client: ClientConfig,
     producer: FutureProducer,
     clock: Arc<dyn Clock>,
     signing: SigningKeys,
@@ -96,6 +98,7 @@ impl Publisher {
         Ok(Self {
             store,
             producer: client.create()?,
+            client,
             clock,
             signing,
             last_warning: None,
@@ -188,14 +191,26 @@ impl Publisher {
         let results = futures::future::join_all(sends).await;
         let mut delivered = Vec::with_capacity(rows.len());
         let mut failure = None;
+        let mut fenced = None;
         for (row, result) in rows.iter().zip(results) {
             match result {
                 Ok(_) => delivered.push(row.id),
                 Err((e, _)) => {
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::ProducerFenced
+                                | RDKafkaErrorCode::InvalidProducerEpoch
+                        )
+                    ) {
+                        fenced.get_or_insert_with(|| e.to_string());
+                    }
+                    gpuwarden_schema::kafka::broker_errors().report("enforcer", &e, "");
                     failure.get_or_insert_with(|| format!("publishing to {}: {e}", row.topic));
                 }
             }
         }
+        self.replace_if_dead(fenced);
         let count = delivered.len();
         if !delivered.is_empty() {
             let now = self.clock.now_ms();
@@ -207,6 +222,31 @@ impl Publisher {
         match failure {
             None => Ok(count),
             Some(why) => Err(why),
+        }
+    }
+
+    /// An idempotent producer that hit a fatal error (its sequence numbers broke), or that the
+    /// brokers fence (`fenced`: another producer holds its id and epoch), fails every send after
+    /// it: librdkafka's rule is to make a new one, which gets an id of its own. The rows it did
+    /// not deliver are still pending in the outbox; the new producer sends them.
+    fn replace_if_dead(&mut self, fenced: Option<String>) {
+        let Some(reason) = self
+            .producer
+            .client()
+            .fatal_error()
+            .map(|(_, reason)| reason)
+            .or(fenced)
+        else {
+            return;
+        };
+        match self.client.create() {
+            Ok(producer) => {
+                tracing::warn!(reason = %reason, "the Kafka producer failed for good; publishing the outbox through a new one");
+                self.producer = producer;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, fatal = %reason, "cannot make a new Kafka producer after a fatal error; trying again");
+            }
         }
     }
 
