@@ -338,7 +338,8 @@ fn metadata(
     }
 }
 
-/// Fails when the brokers refuse this client's login or TLS handshake (see [`refused`]); passes
+/// Fails when the brokers answer and say no (a refused SASL login, a failed TLS handshake, an
+/// authorization failure); passes
 /// when they accept it, when they cannot be reached, and when `wait` passes without an answer:
 /// for a command that starts while Kafka is down and waits for it (the enforcer).
 pub fn check_login(client: &ClientConfig, wait: Duration) -> Result<(), KafkaSetupError> {
@@ -439,7 +440,7 @@ const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
 /// What the Kafka clients of this process heard from the brokers that went wrong, by error:
 /// librdkafka's error callback (a broker down, a failed authentication), a consumer's poll, a
 /// delivery report. Each is counted for `/metrics` (`gpuwarden_kafka_errors_total{error}`) and
-/// logged once per [`ERROR_LOG_EVERY`] and error with what to check, so that a broker answering
+/// logged once per ten seconds and error with what to check, so that a broker answering
 /// every request with an error makes one line every ten seconds, not one per retry.
 ///
 /// Process-wide: the components of `gpuwarden up` share one `/metrics` family per process.
