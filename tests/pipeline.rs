@@ -1072,6 +1072,7 @@ fn a_running_pipeline_rolls_up_the_open_hour_within_its_rollup_period() {
     assert!(status.success(), "{}", log.join("\n"));
     assert!(
         log.iter().any(|l| l.contains("rolled up")),
-        "the rollup logs its runs"
+        "the rollup logs its runs; the log:\n{}",
+        log.join("\n")
     );
 }
