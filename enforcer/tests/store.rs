@@ -1326,14 +1326,23 @@ fn a_store_reaches_postgres_over_verified_tls() {
 
     let store = Store::open_postgres(&tls_url("verify-full", &ca.cert), None).unwrap();
     assert!(admit(&store, &config(4), 1, 8));
-    let over_tls: i64 = Postgres::client(&url)
-        .query_one(
-            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
-             WHERE application_name = 'gpuwarden-enforcer' AND ssl",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    // The listener connects on a task of its own: it may come a moment after the open returns.
+    let mut client = Postgres::client(&url);
+    let started = std::time::Instant::now();
+    let over_tls = loop {
+        let over_tls: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+                 WHERE application_name = 'gpuwarden-enforcer' AND ssl",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if over_tls >= 2 || started.elapsed() > Duration::from_secs(20) {
+            break over_tls;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         over_tls >= 2,
         "the writer and the listener use TLS: {over_tls}"
