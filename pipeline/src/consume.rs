@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuwarden_schema::log_throttle::Throttle;
 use gpuwarden_schema::signing::{self, SigningKeys, Verdict};
 use gpuwarden_schema::{topics, Clock};
 use rdkafka::config::ClientConfig;
@@ -737,33 +738,6 @@ impl State {
             partition,
             sealed,
         });
-    }
-}
-
-/// Logs a warning at most every ten seconds, saying how many like it were held back.
-#[derive(Debug, Default)]
-pub(crate) struct Throttle {
-    last: Option<std::time::Instant>,
-    held: u64,
-}
-
-impl Throttle {
-    /// Whether to log one more now; if so, also how many were held back since the last one.
-    pub(crate) fn ready(&mut self) -> Option<u64> {
-        self.ready_n(1)
-    }
-
-    /// [`Throttle::ready`] for `n` alike at once; the answer leaves them out.
-    pub(crate) fn ready_n(&mut self, n: u64) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
-        {
-            self.held += n;
-            return None;
-        }
-        self.last = Some(std::time::Instant::now());
-        Some(std::mem::take(&mut self.held))
     }
 }
 

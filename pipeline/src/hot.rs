@@ -54,13 +54,13 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bounds::{arrival_of_message, Bounds, FleetWatermark, OutOfBounds};
-use crate::consume::Throttle;
 use crate::lake::{Lake, LakeError, LakeLock};
 use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
 use crate::rollup::{RollupTable, UNALLOCATED};
 use crate::signals::window::{Kept, SampleFields, SampleWindow, BUCKET_MS};
 use crate::signals::{Period, SignalEngine};
+use gpuwarden_schema::log_throttle::Throttle;
 
 /// The lock file of the one publisher, relative to the lake root.
 pub const LOCK: &str = "signals.lock";

@@ -434,9 +434,6 @@ pub fn ensure_topics(
     Ok(())
 }
 
-/// How often one kind of broker error is logged at most (each one is counted).
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
-
 /// What the Kafka clients of this process heard from the brokers that went wrong, by error:
 /// librdkafka's error callback (a broker down, a failed authentication), a consumer's poll, a
 /// delivery report. Each is counted for `/metrics` (`gpuwarden_kafka_errors_total{error}`) and
@@ -449,11 +446,10 @@ pub struct BrokerErrors {
     seen: std::sync::Mutex<std::collections::BTreeMap<String, Seen>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Seen {
     count: u64,
-    logged: Option<std::time::Instant>,
-    since_logged: u64,
+    log: crate::log_throttle::Throttle,
 }
 
 /// The errors of this process's Kafka clients; see [`BrokerErrors`].
@@ -470,19 +466,12 @@ impl BrokerErrors {
         let code = error.rdkafka_error_code();
         let name = code.map_or_else(|| "other".to_string(), |c| format!("{c:?}"));
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = seen.entry(name.clone()).or_insert(Seen {
-            count: 0,
-            logged: None,
-            since_logged: 0,
-        });
+        let entry = seen.entry(name.clone()).or_default();
         entry.count += 1;
-        entry.since_logged += 1;
-        if entry.logged.is_some_and(|t| t.elapsed() < ERROR_LOG_EVERY) {
+        let Some(held) = entry.log.ready() else {
             return;
-        }
-        let times = entry.since_logged;
-        entry.logged = Some(std::time::Instant::now());
-        entry.since_logged = 0;
+        };
+        let times = held + 1;
         drop(seen);
         let reason = if reason.is_empty() {
             error.to_string()

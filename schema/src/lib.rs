@@ -23,6 +23,7 @@ pub mod kafka;
 pub mod kubernetes;
 pub mod lease;
 pub mod libvirt;
+pub mod log_throttle;
 pub mod login_limit;
 pub mod prom;
 pub mod record;
