@@ -527,3 +527,58 @@ fn store_copy_moves_an_sqlite_store_to_postgres_and_refuses_what_it_must() {
         "{stderr}"
     );
 }
+
+/// A relative `storage.data_dir` (the example config's "gpuwarden-data") is taken from the
+/// current directory: `ingest` writes the lake's Delta tables there and `sql` reads them back.
+/// Delta's log stores take only absolute file URLs, which once turned every write of such a
+/// lake into "Cannot infer storage location".
+#[test]
+fn a_relative_data_dir_is_a_lake_under_the_current_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("gw.toml"),
+        "[storage]\ndata_dir = \"gpuwarden-data\"\n",
+    )
+    .unwrap();
+    let lines: Vec<String> = (0..24)
+        .map(|i| {
+            format!(
+                r#"{{"v":1,"ts_ms":{},"interval_ms":5000,"host":"h","gpu_uuid":"GPU-{}","gpu_model":"M","util_gpu_pct":50,"mem_used_bytes":1,"mem_total_bytes":2}}"#,
+                1_767_225_600_000i64 + (i / 4) * 60_000,
+                i % 4
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("samples.jsonl"), lines.join("\n")).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .env_remove("GPUWARDEN_CONFIG")
+            .env_remove("GPUWARDEN_LOG_FORMAT")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stdout}{stderr}");
+        stdout + &stderr
+    };
+    let ingested = run(&["ingest", "-c", "gw.toml", "--samples", "samples.jsonl"]);
+    assert!(
+        ingested.contains("24 samples records read, 24 written"),
+        "{ingested}"
+    );
+    assert!(dir
+        .path()
+        .join("gpuwarden-data/lake/samples/_delta_log/00000000000000000000.json")
+        .exists());
+    let counted = run(&[
+        "sql",
+        "-c",
+        "gw.toml",
+        "--format",
+        "csv",
+        "SELECT count(*) AS n FROM samples",
+    ]);
+    assert!(counted.contains("n\n24\n"), "{counted}");
+}

@@ -211,6 +211,8 @@ fn objects() -> Vec<(String, Object)> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        // kustomize's own file, not an object for the API server: its own test below.
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     assert!(files.len() >= 8, "{files:?}");
@@ -889,4 +891,87 @@ fn the_webhook_match_condition_sends_gpu_pods_only() {
     for (what, object, expected) in &cases {
         assert_eq!(sends(object), *expected, "{what}");
     }
+}
+
+/// `kustomization.yaml`, the fields used here (kustomize's `Kustomization`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Kustomization {
+    api_version: String,
+    kind: String,
+    resources: Vec<String>,
+    images: Vec<KustomizeImage>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct KustomizeImage {
+    name: String,
+    new_name: String,
+    new_tag: String,
+}
+
+/// The image is named in one place: kustomization.yaml's `images:` replaces the name
+/// `gpuwarden`, which every container of the manifests uses, with the registry's reference at
+/// this release's version; its resources are every manifest but the two applied at steps of
+/// their own (cert-manager.yaml, webhook.yaml); every container runs the binary where the
+/// image (deploy/image/build) puts it.
+#[test]
+fn the_image_is_named_once_in_the_kustomization() {
+    let text = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    let kustomization: Kustomization = serde_saphyr::from_str(&text)
+        .unwrap_or_else(|e| panic!("kustomization.yaml has a field kustomize does not: {e}"));
+    assert_eq!(kustomization.api_version, "kustomize.config.k8s.io/v1beta1");
+    assert_eq!(kustomization.kind, "Kustomization");
+    let mut resources = kustomization.resources.clone();
+    resources.sort();
+    let mut manifests: Vec<String> = objects().into_iter().map(|(file, _)| file).collect();
+    manifests.sort();
+    manifests.dedup();
+    manifests.retain(|f| f != "cert-manager.yaml" && f != "webhook.yaml");
+    assert_eq!(resources, manifests, "kustomization.yaml's resources");
+
+    assert_eq!(kustomization.images.len(), 1, "{:?}", kustomization.images);
+    let image = &kustomization.images[0];
+    assert_eq!(image.name, "gpuwarden");
+    assert!(!image.new_name.is_empty() && !image.new_name.contains(':'));
+    assert_eq!(
+        image.new_tag,
+        env!("CARGO_PKG_VERSION"),
+        "the release's tag"
+    );
+
+    let build =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/image/build"))
+            .unwrap();
+    assert!(build.contains("--config.entrypoint /usr/local/bin/gpuwarden"));
+    let mut containers = 0;
+    for (file, object) in objects() {
+        let spec = match &object {
+            Object::Deployment(d) => d.spec.as_ref().unwrap().template.spec.clone(),
+            Object::DaemonSet(d) => d.spec.as_ref().unwrap().template.spec.clone(),
+            _ => continue,
+        };
+        let spec = spec.unwrap();
+        for container in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            containers += 1;
+            assert_eq!(
+                container.image.as_deref(),
+                Some("gpuwarden"),
+                "{file}: container {}",
+                container.name
+            );
+            assert_eq!(
+                container.command.as_deref(),
+                Some(&["/usr/local/bin/gpuwarden".to_string()][..]),
+                "{file}: container {}",
+                container.name
+            );
+        }
+    }
+    assert!(containers >= 2, "the enforcer's and the collector's");
 }

@@ -1115,7 +1115,11 @@ fn replicas_migrate_once_and_refuse_a_newer_schema() {
     );
     assert_eq!(
         err.to_string(),
-        "the lease store is at schema version 7; this build knows up to 5"
+        format!(
+            "the lease store is at schema version 7; this gpuwarden ({}) knows up to 5: upgrade \
+             gpuwarden",
+            env!("CARGO_PKG_VERSION")
+        )
     );
 }
 

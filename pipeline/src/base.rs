@@ -70,6 +70,10 @@ pub enum LakeError {
         /// The lake, `s3://bucket/prefix`.
         lake: String,
     },
+    /// The lake, or one of its state objects, was written by a newer gpuwarden in a format this
+    /// build does not read (`_gpuwarden.json`'s layout, a state object's `version`).
+    #[error(transparent)]
+    TooNew(#[from] gpuwarden_schema::format::TooNew),
 }
 
 /// A Delta operation of the lake that failed, naming the table.

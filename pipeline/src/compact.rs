@@ -538,7 +538,9 @@ fn close(tmp: PathBuf, writer: ArrowWriter<fs::File>) -> Result<PathBuf, Compact
 }
 
 /// The watermark of the rollups' last run (`<lake>/rollups/_state.json`): the event time
-/// compaction and the pipeline agree an hour is final at.
+/// compaction and the pipeline agree an hour is final at. None from a state of a newer format
+/// than this build's, whose watermark may mean something else: nothing is final then (the
+/// rollups refuse that state, naming both versions).
 pub fn rollup_watermark(lake: &Lake) -> Option<i64> {
     #[derive(Deserialize)]
     struct State {
@@ -546,6 +548,15 @@ pub fn rollup_watermark(lake: &Lake) -> Option<i64> {
     }
     let path = Path::new(crate::rollup::tables::DIR).join("_state.json");
     let (bytes, _) = lake.read_state(&path).ok()??;
+    let newer = gpuwarden_schema::format::check_json(
+        &bytes,
+        || path.display().to_string(),
+        "state",
+        crate::rollup::STATE_VERSION,
+    );
+    if newer.is_err() {
+        return None;
+    }
     serde_json::from_slice::<State>(&bytes).ok()?.watermark
 }
 

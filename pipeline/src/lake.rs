@@ -222,28 +222,118 @@ fn holder_name() -> String {
 #[derive(Debug, Clone, Default)]
 pub struct StateVersion(Option<object_store::UpdateVersion>);
 
+/// gpuwarden's layout of a lake, kept in [`LAYOUT_FILE`] at its root: which tables there are,
+/// where their files and state objects lie, and how they are read. Layout 1 was the layout
+/// before Delta tables (`<table>/date=…/hour=…/`, which `gpuwarden lake migrate` moves and
+/// [`crate::rollup::Rollup::run`] refuses to roll up until it has); layout 2 is every table a
+/// Delta table (docs/ARCHITECTURE.md#lake-layout). A lake without the file is of the layout
+/// before it was kept: 2, unless it still holds files of layout 1.
+pub const LAKE_LAYOUT: u64 = 2;
+
+/// The object at a lake's root that names its layout ([`LAKE_LAYOUT`]) and the gpuwarden that
+/// wrote it.
+pub const LAYOUT_FILE: &str = "_gpuwarden.json";
+
+/// [`LAYOUT_FILE`]'s content. Its `layout` field stays in every later layout, so that every
+/// gpuwarden can tell a lake it cannot read.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct LayoutMarker {
+    layout: u64,
+    #[serde(default)]
+    written_by: Option<String>,
+}
+
 impl Lake {
-    /// The lake rooted at `root` (created if missing).
+    /// The lake rooted at `root` (created if missing); a relative `root` is taken from the
+    /// current directory, as the config's `storage.data_dir` is. A lake of a layout newer than
+    /// this build's ([`LAKE_LAYOUT`]) is refused with [`LakeError::TooNew`].
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, LakeError> {
-        let root = root.into();
+        let lake = Self::open_dir(root.into())?;
+        lake.check_layout()?;
+        Ok(lake)
+    }
+
+    fn open_dir(root: PathBuf) -> Result<Self, LakeError> {
         fs::create_dir_all(&root).map_err(io("creating", &root))?;
+        // Delta's log stores take a file URL, which only an absolute path makes.
+        let absolute = std::path::absolute(&root).map_err(io("resolving", &root))?;
         Ok(Self {
-            delta: crate::delta::DeltaTables::in_dir(&root),
+            delta: crate::delta::DeltaTables::in_dir(&absolute),
             root,
             objects: None,
         })
     }
 
     /// The lake in `objects`, whose files are encoded under the local directory `staging`
-    /// (created if missing) before they are uploaded.
+    /// (created if missing) before they are uploaded. Refused as [`Lake::open`] refuses one.
     pub fn in_object_store(
         objects: ObjectLake,
         staging: impl Into<PathBuf>,
     ) -> Result<Self, LakeError> {
-        let mut lake = Self::open(staging)?;
+        let mut lake = Self::open_dir(staging.into())?;
         lake.delta = crate::delta::DeltaTables::in_bucket(objects.clone());
         lake.objects = Some(Arc::new(objects));
+        lake.check_layout()?;
         Ok(lake)
+    }
+
+    /// The layout [`LAYOUT_FILE`] names, and the gpuwarden that wrote it; `None` for a lake
+    /// without one.
+    pub fn layout(&self) -> Result<Option<(u64, Option<String>)>, LakeError> {
+        let Some((bytes, _)) = self.read_state(Path::new(LAYOUT_FILE))? else {
+            return Ok(None);
+        };
+        let marker: LayoutMarker = serde_json::from_slice(&bytes).map_err(|e| LakeError::Io {
+            action: "reading the lake's layout from",
+            path: PathBuf::from(format!("{}/{LAYOUT_FILE}", self.location())),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })?;
+        Ok(Some((marker.layout, marker.written_by)))
+    }
+
+    /// Refuses a lake whose layout is newer than this build's. A lake whose layout cannot be
+    /// read now (a bucket out of reach) is let through with a warning: opening a lake touched
+    /// nothing before the layout was kept, and a process that only sometimes reads it (the
+    /// enforcer's portal) must still start; what reads the lake later fails on its own.
+    fn check_layout(&self) -> Result<(), LakeError> {
+        let layout = match self.layout() {
+            Ok(layout) => layout,
+            Err(e) => {
+                tracing::warn!(lake = %self.location(), error = %e, "cannot read the lake's layout; not checked");
+                None
+            }
+        };
+        if let Some((layout, written_by)) = layout {
+            gpuwarden_schema::format::check(
+                || format!("the lake at {}", self.location()),
+                "layout",
+                layout,
+                LAKE_LAYOUT,
+                written_by,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Writes [`LAYOUT_FILE`] naming this build's layout where the lake has none, once its
+    /// tables are known to be of it (the rollups do, under their role, once they find no file of
+    /// the layout before Delta). In a bucket the write is conditional on there being no object
+    /// yet: another process that wrote one first wins, and its layout is checked instead.
+    pub fn mark_layout(&self) -> Result<(), LakeError> {
+        if self.layout()?.is_some() {
+            return self.check_layout();
+        }
+        let marker = LayoutMarker {
+            layout: LAKE_LAYOUT,
+            written_by: Some(gpuwarden_schema::format::GPUWARDEN_VERSION.to_owned()),
+        };
+        let bytes = serde_json::to_vec(&marker).expect("the layout marker serializes");
+        let path = Path::new(LAYOUT_FILE);
+        match self.write_state(path, bytes, &mut StateVersion::default(), Role::Rollups) {
+            Ok(()) => Ok(()),
+            Err(LakeError::Deposed { .. }) => self.check_layout(),
+            Err(e) => Err(e),
+        }
     }
 
     /// The lake the config names (`storage.lake`, `[storage.s3]`): a directory, or a prefix of

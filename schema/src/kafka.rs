@@ -338,6 +338,17 @@ fn metadata(
     }
 }
 
+/// The cluster's metadata (brokers, topics, partitions), asked for until `timeout` as
+/// [`ensure_topics`] asks for it: a refused login or TLS handshake ends the wait at once, with
+/// the broker's reason and the settings to check. For a command that examines the brokers rather
+/// than waits for them (`gpuwarden doctor`).
+pub fn cluster_metadata(
+    client: &ClientConfig,
+    timeout: Duration,
+) -> Result<rdkafka::metadata::Metadata, KafkaSetupError> {
+    metadata(client, timeout)
+}
+
 /// Fails when the brokers answer and say no (a refused SASL login, a failed TLS handshake, an
 /// authorization failure); passes
 /// when they accept it, when they cannot be reached, and when `wait` passes without an answer:

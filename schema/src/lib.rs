@@ -5,9 +5,9 @@
 //! [`Signal`], [`Action`]), their JSON form (what travels on the topics), their Arrow form (what the
 //! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
 //! wall clock is read), the retry pause every component waits between tries ([`retry`]), how many
-//! failed logins a client may make ([`login_limit`]), and the one configuration file every
-//! process reads ([`config`]). It does no I/O beyond reading that file, except behind its
-//! features: `kafka` (Kafka client settings, topic creation, the embedded broker) and `tls` (the
+//! failed logins a client may make ([`login_limit`]), the one configuration file every
+//! process reads ([`config`]), and the versions of what gpuwarden persists ([`format`]). It does
+//! no I/O beyond reading that file, except behind its features: `kafka` (Kafka client settings, topic creation, the embedded broker) and `tls` (the
 //! listeners' certificates, read again when they change).
 
 pub mod action;
@@ -17,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod fleet;
+pub mod format;
 pub mod json_schema;
 #[cfg(feature = "kafka")]
 pub mod kafka;

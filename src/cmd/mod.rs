@@ -14,6 +14,7 @@ mod check_config;
 mod collect;
 mod compact;
 mod demo;
+mod doctor;
 mod enforce;
 mod ingest;
 mod kafka;
@@ -40,6 +41,7 @@ use clap::Subcommand;
 pub(crate) enum Command {
     Demo(demo::Args),
     CheckConfig(check_config::Args),
+    Doctor(doctor::Args),
     Collect(collect::Args),
     Pipeline(pipeline::Args),
     Ingest(ingest::Args),
@@ -93,6 +95,7 @@ pub(crate) fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args),
         Command::CheckConfig(args) => check_config::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Collect(args) => collect::run(args),
         Command::Pipeline(args) => pipeline::run(args),
         Command::Ingest(args) => ingest::run(args),

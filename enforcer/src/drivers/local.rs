@@ -32,7 +32,7 @@
 //! Linux only: liveness and start times come from `/proc`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -86,9 +86,17 @@ enum Entry {
     Exited(Option<i32>),
 }
 
+/// The version of a lease record's format this build reads and writes; a record without one
+/// is version 1, as every record before the field was. A newer one makes the driver refuse to
+/// start, naming both versions, rather than lose track of the lease's process.
+const RECORD_VERSION: u64 = 1;
+
 /// What `<state_dir>/<lease_id>.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
+    /// The format's version ([`RECORD_VERSION`]).
+    #[serde(default = "gpuwarden_schema::format::one")]
+    version: u64,
     lease_id: String,
     gpu_uuids: Vec<String>,
     /// The lease's process, absent for a lease without a command.
@@ -427,6 +435,7 @@ impl Driver for LocalDriver {
             _ => (None, None),
         };
         let record = Record {
+            version: RECORD_VERSION,
             lease_id: lease.lease_id.clone(),
             gpu_uuids: lease.gpu_uuids.clone(),
             process,
@@ -590,10 +599,22 @@ fn read_records(substrate: &str, dir: &Path) -> Result<Vec<Record>, DriverError>
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
-        let parsed = File::open(&path).map_err(|e| e.to_string()).and_then(|f| {
-            serde_json::from_reader::<_, Record>(std::io::BufReader::new(f))
-                .map_err(|e| e.to_string())
-        });
+        let bytes = std::fs::read(&path);
+        if let Ok(bytes) = &bytes {
+            gpuwarden_schema::format::check_json(
+                bytes,
+                || format!("the lease record {}", path.display()),
+                "record",
+                RECORD_VERSION,
+            )
+            .map_err(|e| DriverError::Unavailable {
+                substrate: substrate.to_owned(),
+                message: e.to_string(),
+            })?;
+        }
+        let parsed = bytes
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice::<Record>(&bytes).map_err(|e| e.to_string()));
         match parsed {
             Ok(record) if check_lease_id(substrate, &record.lease_id).is_ok() => {
                 records.push(record)

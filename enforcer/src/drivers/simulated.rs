@@ -44,8 +44,15 @@ pub struct SimulatedDriver {
     state: Mutex<(BTreeMap<String, Vec<String>>, File)>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// The version of `leases.json`'s format this build reads and writes (absent: 1, as before the
+/// field). It covers `leases.log` too, which each start empties after writing the snapshot.
+const STATE_VERSION: u64 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
 struct State {
+    /// The format's version ([`STATE_VERSION`]).
+    #[serde(default = "gpuwarden_schema::format::one")]
+    version: u64,
     leases: BTreeMap<String, Vec<String>>,
 }
 
@@ -62,6 +69,13 @@ fn replay(dir: &Path) -> Result<BTreeMap<String, Vec<String>>, String> {
     let snapshot = dir.join("leases.json");
     let mut leases = match std::fs::read(&snapshot) {
         Ok(bytes) => {
+            gpuwarden_schema::format::check_json(
+                &bytes,
+                || format!("the simulated leases {}", snapshot.display()),
+                "state",
+                STATE_VERSION,
+            )
+            .map_err(|e| e.to_string())?;
             serde_json::from_slice::<State>(&bytes)
                 .map_err(|e| format!("cannot read {}: {e}", snapshot.display()))?
                 .leases
@@ -124,6 +138,7 @@ impl SimulatedDriver {
         // Compact: the snapshot takes in the log, then the log starts empty.
         let snapshot = dir.join("leases.json");
         let bytes = serde_json::to_vec_pretty(&State {
+            version: STATE_VERSION,
             leases: leases.clone(),
         })
         .map_err(|e| unavailable(format!("cannot encode the lease table: {e}")))?;

@@ -45,6 +45,7 @@
 //! - [`leader`]: which replica leads, and the fence its changes carry;
 //! - [`copy`]: copying a whole store into an empty one in another database (`gpuwarden store
 //!   copy`);
+//! - [`probe`]: a store's schema version, read without opening the store (`gpuwarden doctor`);
 //! - this file: [`Store`], which ties memory and the writer together.
 
 use std::fs::File;
@@ -66,6 +67,7 @@ pub mod leader;
 mod memory;
 mod migrations;
 mod postgres;
+pub mod probe;
 mod rows;
 mod types;
 mod writer;

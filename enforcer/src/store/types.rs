@@ -57,7 +57,11 @@ pub enum StoreError {
     #[error("the lease store stopped after a failed commit ({0}); restart the enforcer to reload it from disk")]
     Broken(String),
     /// The database was written by a newer gpuwarden.
-    #[error("the lease store is at schema version {found}; this build knows up to {known}")]
+    #[error(
+        "the lease store is at schema version {found}; this gpuwarden ({}) knows up to \
+         {known}: upgrade gpuwarden",
+        gpuwarden_schema::format::GPUWARDEN_VERSION
+    )]
     TooNew {
         /// Version in the file.
         found: i64,

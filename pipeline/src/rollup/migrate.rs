@@ -401,7 +401,7 @@ pub(crate) async fn carry_state(from: &Lake, to: &Lake) -> Result<bool, MigrateE
             to.write_state(&hosts_path, hosts, &mut Default::default(), Role::Rollups)?;
         }
     }
-    let bytes = serde_json::to_vec(&state).expect("the state serializes");
+    let bytes = serde_json::to_vec(&state.written()).expect("the state serializes");
     to.write_state(&state_path, bytes, &mut Default::default(), Role::Rollups)?;
     Ok(true)
 }

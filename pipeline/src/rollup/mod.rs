@@ -324,6 +324,12 @@ fn state_error(path: &Path, e: LakeError) -> RollupError {
     }
 }
 
+/// The version of `_state.json`'s format this build reads and writes; a file without one is
+/// version 1, as every file before the field was.
+pub const STATE_VERSION: u64 = 1;
+
+/// `_state.json`, less its `version` and `written_by` fields: [`State::load`] checks them before
+/// decoding the rest, and [`State::written`] sets them to this build's.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct State {
     /// Hours computed, and whether they were final then.
@@ -343,14 +349,25 @@ struct State {
 }
 
 impl State {
+    /// The state, and the version read for the write that replaces it. A state of a newer
+    /// format is refused before it is decoded: its hours may mean what this build cannot tell.
     fn load(lake: &Lake, path: &Path) -> Result<(Self, StateVersion), RollupError> {
         match lake.read_state(path) {
-            Ok(Some((bytes, version))) => serde_json::from_slice(&bytes)
-                .map(|state| (state, version))
-                .map_err(|e| RollupError::State {
-                    path: path.to_owned(),
-                    message: format!("unreadable ({e}); delete it to recompute every hour"),
-                }),
+            Ok(Some((bytes, version))) => {
+                gpuwarden_schema::format::check_json(
+                    &bytes,
+                    || format!("{} in {}", path.display(), lake.location()),
+                    "state",
+                    STATE_VERSION,
+                )
+                .map_err(LakeError::from)?;
+                serde_json::from_slice(&bytes)
+                    .map(|state| (state, version))
+                    .map_err(|e| RollupError::State {
+                        path: path.to_owned(),
+                        message: format!("unreadable ({e}); delete it to recompute every hour"),
+                    })
+            }
             Ok(None) => Ok((Self::default(), StateVersion::default())),
             Err(e) => Err(state_error(path, e)),
         }
@@ -366,10 +383,28 @@ impl State {
         lock: &LakeLock,
     ) -> Result<(), RollupError> {
         lock.check("saving the rollups' state")?;
-        let bytes = serde_json::to_vec(self).expect("the state serializes");
+        let bytes = serde_json::to_vec(&self.written()).expect("the state serializes");
         lake.write_state(path, bytes, version, Role::Rollups)
             .map_err(|e| state_error(path, e))
     }
+
+    /// The state as this build writes it: its format's version, and this gpuwarden's.
+    pub(crate) fn written(&self) -> WrittenState<'_> {
+        WrittenState {
+            version: STATE_VERSION,
+            written_by: gpuwarden_schema::format::GPUWARDEN_VERSION,
+            state: self,
+        }
+    }
+}
+
+/// [`State`] as written: the version fields set to this build's, whatever the state read said.
+#[derive(Serialize)]
+pub(crate) struct WrittenState<'a> {
+    version: u64,
+    written_by: &'static str,
+    #[serde(flatten)]
+    state: &'a State,
 }
 
 /// Rolls up one lake.
@@ -481,6 +516,8 @@ impl Rollup {
                     lake: self.lake.location(),
                 });
             }
+            // Every table is of this build's layout now: a lake without its marker gets it.
+            self.lake.mark_layout()?;
             self.migrated
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }

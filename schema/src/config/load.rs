@@ -16,6 +16,9 @@ use toml::Value;
 use super::{validate, Config, DriverKind};
 use crate::lease::Workload;
 
+/// The config format this build reads: the file's optional top-level `version` (absent: 1).
+pub const CONFIG_VERSION: u64 = 1;
+
 /// One problem in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -262,6 +265,11 @@ impl<'t> Context<'t> {
             self.report_at(path, Site::Value, msg)
         });
 
+        if let Some(version) = root.remove("version") {
+            if !self.version(&version) {
+                return None;
+            }
+        }
         const SECTIONS: [&str; 11] = [
             "kafka",
             "storage",
@@ -309,6 +317,36 @@ impl<'t> Context<'t> {
             tokens: tokens?,
             signing: signing?,
         })
+    }
+
+    /// The file's top-level `version`: the config format it is written in, [`CONFIG_VERSION`]
+    /// when absent. A newer one is refused, naming both versions, before its sections are read
+    /// by rules it may have changed: false then, and nothing more is read.
+    fn version(&mut self, value: &Value) -> bool {
+        let at = [key("version")];
+        match value.as_integer() {
+            Some(v) if v >= 1 => {
+                let file = self.file;
+                if let Err(e) = crate::format::check(
+                    || format!("the config {file}"),
+                    "config",
+                    v as u64,
+                    CONFIG_VERSION,
+                    None,
+                ) {
+                    self.report_at(&at, Site::Value, e.to_string());
+                    return false;
+                }
+            }
+            _ => self.report_at(
+                &at,
+                Site::Value,
+                format!(
+                    "the config's format version must be an integer from 1 to {CONFIG_VERSION}"
+                ),
+            ),
+        }
+        true
     }
 
     /// A table section; absent means all defaults.

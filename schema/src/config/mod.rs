@@ -25,7 +25,9 @@ use serde::Deserialize;
 use crate::lease::Workload;
 
 pub use duration::parse as parse_duration;
-pub use load::{load, load_for_build, parse, parse_for_build, ConfigError, ConfigErrors};
+pub use load::{
+    load, load_for_build, parse, parse_for_build, ConfigError, ConfigErrors, CONFIG_VERSION,
+};
 pub use size::parse as parse_size;
 
 /// The whole configuration file.
