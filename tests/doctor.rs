@@ -177,6 +177,19 @@ fn closed_port() -> u16 {
         .port()
 }
 
+/// A PostgreSQL database whose lease store is at schema `version`, as a gpuwarden of that
+/// schema left it.
+fn store_at_schema(version: i64) -> String {
+    let store = pg::server().database();
+    pg::Postgres::client(&store)
+        .batch_execute(&format!(
+            "CREATE TABLE schema_version (version BIGINT NOT NULL); \
+             INSERT INTO schema_version VALUES ({version});"
+        ))
+        .unwrap();
+    store
+}
+
 #[test]
 fn a_healthy_installation_passes_every_check() {
     let dir = tempfile::tempdir().unwrap();
@@ -184,13 +197,7 @@ fn a_healthy_installation_passes_every_check() {
     let broker = Broker::start(dir);
     produce_at(&broker.bootstrap, "gpuwarden.samples", now_ms());
     // A store an older gpuwarden left: schema version 1, which the enforcer migrates.
-    let store = pg::server().database();
-    pg::Postgres::client(&store)
-        .batch_execute(
-            "CREATE TABLE schema_version (version BIGINT NOT NULL); \
-             INSERT INTO schema_version VALUES (1);",
-        )
-        .unwrap();
+    let store = store_at_schema(1);
     let kube = KubeApi::start(vec![gpu_node("gpu-0", "NVIDIA-H100-80GB-HBM3", 8, false)]);
     let kubeconfig = kube.kubeconfig(dir);
     let (api_cert, api_key) = certificate(dir, "api", 365);
@@ -430,13 +437,7 @@ fn a_lake_in_a_bucket_that_refuses_the_credentials_fails() {
 #[test]
 fn a_store_newer_than_this_build_fails_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let store = pg::server().database();
-    pg::Postgres::client(&store)
-        .batch_execute(
-            "CREATE TABLE schema_version (version BIGINT NOT NULL); \
-             INSERT INTO schema_version VALUES (999);",
-        )
-        .unwrap();
+    let store = store_at_schema(999);
     let config = config(
         dir.path(),
         "embedded",

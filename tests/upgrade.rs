@@ -188,21 +188,27 @@ fn figures(config: &str) -> Vec<String> {
     all
 }
 
-#[test]
-fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let lake = dir.path().join("lake");
+/// A copy of the 0.1.0 lake in `dir`, and a config naming it: the lake's path and the config's.
+fn fixture_lake_in(dir: &Path) -> (PathBuf, PathBuf) {
+    let lake = dir.join("lake");
     copy_dir(&fixture("lake"), &lake);
-    let config = dir.path().join("c.toml");
+    let config = dir.join("c.toml");
     std::fs::write(
         &config,
         format!(
             "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-            dir.path().join("data").display(),
+            dir.join("data").display(),
             lake.display()
         ),
     )
     .unwrap();
+    (lake, config)
+}
+
+#[test]
+fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, config) = fixture_lake_in(dir.path());
     let config = config.to_str().unwrap();
     assert!(!lake.join("_gpuwarden.json").exists(), "0.1.0 wrote none");
 
@@ -262,18 +268,7 @@ fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
 #[test]
 fn a_lake_or_rollup_state_of_a_newer_release_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let lake = dir.path().join("lake");
-    copy_dir(&fixture("lake"), &lake);
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-            dir.path().join("data").display(),
-            lake.display()
-        ),
-    )
-    .unwrap();
+    let (lake, config) = fixture_lake_in(dir.path());
     let config = config.to_str().unwrap();
 
     // The rollups' state of a newer format: the rollups stop and say why; nothing is written.
