@@ -6,7 +6,7 @@
 //! lake stores), their validation, the topic names, the [`Clock`] that drives event time (and the one place the
 //! wall clock is read), the retry pause every component waits between tries ([`retry`]), how many
 //! failed logins a client may make ([`login_limit`]), the one configuration file every
-//! process reads ([`config`]), and the versions of what gpuwarden persists ([`format`]). It does
+//! process reads ([`config`]), and the versions of what gpuwarden persists ([`mod@format`]). It does
 //! no I/O beyond reading that file, except behind its features: `kafka` (Kafka client settings, topic creation, the embedded broker) and `tls` (the
 //! listeners' certificates, read again when they change).
 
