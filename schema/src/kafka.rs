@@ -226,14 +226,11 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// A client context that keeps what librdkafka's error callback said, so that a failed request
-/// can say why (a refused login, a failed TLS handshake) instead of timing out: the last error,
-/// and the first refusal, which the transport errors that follow one (a handshake that failed
-/// leaves the connection down) must not hide.
+/// A client context that keeps what librdkafka's error callback said last, so that a failed
+/// request can say why (a refused login, a failed TLS handshake) instead of timing out.
 #[derive(Debug, Default)]
 struct SetupContext {
     last: std::sync::Mutex<Option<(Option<RDKafkaErrorCode>, String)>>,
-    refused: std::sync::Mutex<Option<(Option<RDKafkaErrorCode>, String)>>,
 }
 
 impl rdkafka::ClientContext for SetupContext {
@@ -243,49 +240,8 @@ impl rdkafka::ClientContext for SetupContext {
         } else {
             reason.to_string()
         };
-        let code = error.rdkafka_error_code();
-        if refused(code) {
-            self.refused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(|| (code, reason.clone()));
-        }
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((code, reason));
-    }
-
-    /// Logged as librdkafka's default logger does; besides, a failed TLS handshake or SASL
-    /// login that librdkafka reports in its connection log (facility `FAIL`) counts as a
-    /// refusal, as its error event does: the log line comes first, and under load the error
-    /// event may only come after the request gave up.
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {fac} {log_message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", "librdkafka: {fac} {log_message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
-        }
-        let code = if fac != "FAIL" {
-            None
-        } else if log_message.contains("SSL handshake failed")
-            || log_message.contains("certificate verify failed")
-        {
-            Some(RDKafkaErrorCode::SSL)
-        } else if log_message.contains("SASL authentication error") {
-            Some(RDKafkaErrorCode::Authentication)
-        } else {
-            None
-        };
-        if let Some(code) = code {
-            self.refused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(|| (Some(code), log_message.to_string()));
-        }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.rdkafka_error_code(), reason));
     }
 }
 
@@ -299,10 +255,8 @@ impl SetupContext {
     /// The last error, when it is one that retrying will not mend: a refused login, a failed
     /// TLS handshake, an authorization failure.
     fn refusal(&self) -> Option<(Option<RDKafkaErrorCode>, String)> {
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.clone().filter(|(code, _)| refused(*code))
     }
 }
 
@@ -354,9 +308,7 @@ fn metadata(
             Ok(metadata) => return Ok(metadata),
             Err(source) => source,
         };
-        // The error events of the attempt, which librdkafka may queue just after the request
-        // gave up.
-        probe.poll(Duration::from_millis(100));
+        probe.poll(Duration::ZERO);
         let context = probe.context();
         if let Some((code, reason)) = context.refusal() {
             return Err(KafkaSetupError::Broker {
@@ -413,7 +365,7 @@ pub fn check_login(client: &ClientConfig, wait: Duration) -> Result<(), KafkaSet
         {
             return Ok(());
         }
-        probe.poll(Duration::from_millis(100));
+        probe.poll(Duration::ZERO);
         let context = probe.context();
         if let Some((code, reason)) = context.refusal() {
             return Err(KafkaSetupError::Broker {
