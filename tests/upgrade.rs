@@ -190,18 +190,8 @@ fn figures(config: &str) -> Vec<String> {
 
 /// A copy of the 0.1.0 lake in `dir`, and a config naming it: the lake's path and the config's.
 fn fixture_lake_in(dir: &Path) -> (PathBuf, PathBuf) {
-    let lake = dir.join("lake");
+    let (config, lake) = support::rollups::dir_config(dir);
     copy_dir(&fixture("lake"), &lake);
-    let config = dir.join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\nlake = \"{}\"\n",
-            dir.join("data").display(),
-            lake.display()
-        ),
-    )
-    .unwrap();
     (lake, config)
 }
 
