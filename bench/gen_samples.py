@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes N Sample records (v1, docs/ARCHITECTURE.md#sample) as JSON lines: a fleet of GPUs
+"""Writes N Sample records (v1, docs/src/contributors/records.md#sample) as JSON lines: a fleet of GPUs
 sampled every 5 s, seeded, with the optional fields filled as NVML would. Used by the ingest
 benchmark.
 

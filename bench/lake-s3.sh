@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lake in an S3 bucket against the lake in a directory (docs/ARCHITECTURE.md#the-lake-on-object-storage):
+# The lake in an S3 bucket against the lake in a directory (docs/src/contributors/object-storage.md):
 # the same samples ingested (`gpuwarden ingest`), rolled up (`gpuwarden rollup`) and compacted
 # (`gpuwarden compact`) into a directory and into a bucket of the tests' S3 server
 # (dev/s3-test-server: s3s-fs on this machine's disk, on 127.0.0.1), one after the other in one

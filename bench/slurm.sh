@@ -107,7 +107,7 @@ EOF
   workload_substrate=sim
   on_unavailable=admit
 else
-  # The Slurm substrate (README: "Slurm"). The hook's conf names it `substrate = slurm`; its
+  # The Slurm substrate (docs/src/operators/slurm.md). The hook's conf names it `substrate = slurm`; its
   # ClusterName is "$cluster". Jobs name no account, which maps to team bench; their workload is
   # the default, batch.
   substrate_block=$(cat <<EOF

@@ -1,5 +1,5 @@
 -- team_hourly computed by DuckDB straight from the lake's raw Delta tables (delta_scan), following
--- docs/ARCHITECTURE.md "What the numbers mean" (the same rules as pipeline/src/rollup): the
+-- docs/src/finops/definitions.md (the same rules as pipeline/src/rollup): the
 -- peer of `gpuwarden rollup` in bench/rollup-vs-duckdb.sh, which also checks that both give the
 -- same rows. {lake}, {price}, {idle} and {lateness_ms} are filled in by the script.
 WITH
@@ -32,7 +32,7 @@ segments AS (
 ),
 segs AS (SELECT * FROM segments WHERE event <> 'released'),
 samples AS (SELECT * FROM delta_scan('{lake}/samples')),
--- The fleet's watermark (docs/ARCHITECTURE.md#hours-and-the-watermark) as one rollup run over a
+-- The fleet's watermark (docs/src/finops/definitions.md#hours-and-the-watermark) as one rollup run over a
 -- lake loaded at once takes it: the earliest latest sample among the hosts no more than
 -- pipeline.clock.idle_timeout (5 min) behind the median host's latest, or the latest lease
 -- event if that is later.
@@ -43,7 +43,7 @@ watermark AS (
           WHERE t >= (SELECT median(t) FROM host_latest) - 300000),
         (SELECT max(ts_ms) FROM raw_events)) AS w
 ),
--- Attribution (docs/ARCHITECTURE.md#attribution) is of time: each sample's interval
+-- Attribution (docs/src/finops/definitions.md#attribution) is of time: each sample's interval
 -- [ts_ms - interval_ms, ts_ms) is cut at hour edges and where a lease starts or stops holding
 -- its GPU, and each piece goes to the lease it names while that lease holds the GPU (a segment
 -- listing it, or listing none), else to the owner of the GPU then, else to nobody.

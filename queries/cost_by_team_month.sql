@@ -9,7 +9,7 @@
 -- Parameters: one month only: add `WHERE hour >= TIMESTAMPTZ '2026-01-01T00:00:00Z' AND
 --   hour < TIMESTAMPTZ '2026-02-01T00:00:00Z'` after `FROM team_hourly`. By year instead of
 --   month: use '%Y' in to_char. Money is rounded to cents, hours to 1/1000.
--- Source: team_hourly (docs/ARCHITECTURE.md "What the numbers mean").
+-- Source: team_hourly (docs/src/finops/definitions.md).
 WITH monthly AS (
     SELECT to_char(hour, '%Y-%m') AS month,
            team,

@@ -8,7 +8,7 @@
 --   (GPUs that would run the same work at the target utilization; at least 1), cost_usd,
 --   idle_cost_usd, savings_usd_per_hour_at_suggested (what dropping to suggested_gpus saves per
 --   hour at the lease's rate). Largest cost first.
--- A lease's samples are those attributed to it (docs/ARCHITECTURE.md "Attribution": the samples
+-- A lease's samples are those attributed to it (docs/src/finops/definitions.md#attribution: the samples
 --   naming it, and those of the GPUs its segments hold while they hold them; where grants
 --   overlap, the most recently granted lease's).
 -- Parameters: `params`: peak memory under max_peak_mem_pct (50) and utilization under

@@ -5,7 +5,7 @@
 -- A sample is unattributed when it names no lease the lake knows and no lease's segment holds
 --   its GPU at its ts_ms (segments from lease_events, each grant or resize to the lease's next
 --   event); it is rogue work when it is also busy, at or above pricing.idle_util_pct. Judged
---   whole at ts_ms: the rollups (docs/ARCHITECTURE.md "Attribution") split an interval that
+--   whole at ts_ms: the rollups (docs/src/finops/definitions.md#attribution) split an interval that
 --   straddles a grant or a release, so this list can differ from team_hourly's unallocated
 --   busy time by those parts of intervals.
 -- Columns: host, gpu_uuid, gpu_model, first_seen, last_seen (the intervals' ends, UTC),

@@ -1,12 +1,16 @@
 //! The `gpuwarden` binary: the command line and nothing else. Each subcommand is a module under
 //! `cmd/` with its own clap `Args`; the work itself lives in the library crates.
+//!
+//! Modules are declared lowest layer first; a module uses only modules above it in this list
+//! (`tests/workspace.rs` checks it, here and among `cmd`'s modules): [`logging`] sets up
+//! logging, and [`cmd`] holds the subcommands.
 
+mod logging;
 // The doc comments of the subcommands' clap `Args` are their `--help` text, written for a
 // terminal: `<lake>/rollups/<table>/` and `[[teams]]` are what an operator reads there, not
 // HTML tags or intra-doc links.
 #[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 mod cmd;
-mod logging;
 
 use std::process::ExitCode;
 

@@ -3,10 +3,15 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-// Only the PostgreSQL server of the support module, for `store copy`.
+// Of the support module, only the config builder and the PostgreSQL server (for `store copy`).
+#[allow(dead_code, unreachable_pub)]
+#[path = "support/config.rs"]
+mod config;
 #[allow(dead_code, unreachable_pub)]
 #[path = "support/postgres.rs"]
 mod pg;
+
+use config::{Config, Team};
 
 fn gpuwarden(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -256,18 +261,22 @@ fn text_logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
 #[test]
 fn up_without_an_nvml_library_stops_what_it_started_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gw.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"embedded\"\n[storage]\ndata_dir = \"{}\"\n\
-             [collector]\nsource = \"nvml\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n\
-             metrics_listen = \"127.0.0.1:0\"\n[pipeline]\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [enforcer]\nlisten = \"127.0.0.1:0\"\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.path().join("data"))
+        .raw(
+            r#"
+[collector]
+source = "nvml"
+nvml_library = "/nonexistent/libnvidia-ml.so.1"
+metrics_listen = "127.0.0.1:0"
+
+[pipeline]
+metrics_listen = "127.0.0.1:0"
+"#,
+        )
+        .enforcer()
+        .write(dir.path().join("gw.toml"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["up", "--config", config.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
@@ -295,11 +304,10 @@ fn up_without_an_nvml_library_stops_what_it_started_and_says_why() {
 #[test]
 fn check_config_sums_the_largest_quotas_without_overflow() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("big.toml");
-    let team = |name: &str| {
-        format!("[[teams]]\nname = \"{name}\"\ngpu_quota = 4294967295\nmonthly_budget_usd = 1.0\n")
-    };
-    std::fs::write(&file, format!("{}{}", team("a"), team("b"))).unwrap();
+    let file = Config::new()
+        .team(Team::new("a", u32::MAX, 1.0))
+        .team(Team::new("b", u32::MAX, 1.0))
+        .write(dir.path().join("big.toml"));
     let out = gpuwarden(&["check-config", file.to_str().unwrap()]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
@@ -309,12 +317,9 @@ fn check_config_sums_the_largest_quotas_without_overflow() {
 /// `gpuwarden sql` over an empty lake in `dir`: its output, its error output, and whether it
 /// succeeded.
 fn sql_on_empty_lake(dir: &std::path::Path, args: &[&str]) -> (String, String, bool) {
-    let config = dir.join("gw.toml");
-    std::fs::write(
-        &config,
-        format!("[storage]\ndata_dir = \"{}\"\n", dir.join("data").display()),
-    )
-    .unwrap();
+    let config = Config::new()
+        .data_dir(&dir.join("data"))
+        .write(dir.join("gw.toml"));
     let mut all = vec!["sql", "--config", config.to_str().unwrap()];
     all.extend_from_slice(args);
     let out = gpuwarden(&all);

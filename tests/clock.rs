@@ -1,4 +1,4 @@
-//! One host with a wrong clock, as an operator meets it (docs/ARCHITECTURE.md#event-time).
+//! One host with a wrong clock, as an operator meets it (docs/src/contributors/delivery.md#event-time).
 //!
 //! - With `gpuwarden ingest` and `gpuwarden rollup`: a few hours of an ordinary fleet (about
 //!   20,000 samples, 6 leases, one still open, and one host whose clock runs 2 minutes ahead),
@@ -17,13 +17,12 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use support::{eventually, http, http_get, sha256_hex, Psql, Running, Webhook};
+use support::{eventually, http, http_get, Config, Psql, Running, Substrate, Team, Webhook, H100};
 
 const S: i64 = 1_000;
 const MIN: i64 = 60 * S;
 const HOUR: i64 = 60 * MIN;
 const DAY: i64 = 24 * HOUR;
-const H100: &str = "NVIDIA H100 80GB HBM3";
 
 fn wall_ms() -> i64 {
     SystemTime::now()
@@ -135,15 +134,10 @@ fn fleet(end: i64) -> (String, String) {
 /// of rollup, and the rollup's wall time.
 fn lake(dir: &Path, samples: &str, events: &str) -> (PathBuf, String, String, Duration) {
     std::fs::create_dir_all(dir).unwrap();
-    let config = dir.join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\n\n[pricing]\ndefault_usd_per_gpu_hour = 1.79\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .data_dir(&dir.join("data"))
+        .pricing(1.79)
+        .write(dir.join("gpuwarden.toml"));
     let (samples_file, events_file) = (dir.join("samples.jsonl"), dir.join("leases.jsonl"));
     std::fs::write(&samples_file, samples).unwrap();
     std::fs::write(&events_file, events).unwrap();
@@ -326,61 +320,21 @@ const TOKEN: &str = "tok-clock-admin";
 fn through_kafka_a_wrong_clock_blocks_no_team_builds_no_signal_and_raises_one_alert() {
     let dir = tempfile::tempdir().unwrap();
     let webhook = Webhook::start();
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[collector]
-source = "simulated"
-interval = "10s"
-metrics_listen = "127.0.0.1:0"
-
-[pipeline]
-flush_age = "300ms"
-rollup_every = "2s"
-metrics_listen = "127.0.0.1:0"
-sql_listen = "127.0.0.1:0"
-sql_allow_anonymous = true
-
-[pipeline.signals]
-every = "1m"
-window = "3m"
-
-[pricing]
-default_usd_per_gpu_hour = 40.0
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 16
-monthly_budget_usd = 1000.0
-
-[enforcer]
-listen = "127.0.0.1:0"
-alert_webhooks = ["{hook}"]
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 2, gpus = 8, gpu_model = "{H100}" }}]
-
-[[tokens]]
-name = "admin"
-sha256 = "{hash}"
-role = "admin"
-"#,
-            data = dir.path().join("data").display(),
-            hook = webhook.url,
-            hash = sha256_hex(TOKEN),
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.path().join("data"))
+        .up()
+        .anonymous_sql()
+        .signals("1m", "3m")
+        .pricing(40.0)
+        .team(Team::new("ml", 16, 1000.0).members(&["ada"]))
+        .raw(&format!(
+            "[enforcer]\nalert_webhooks = [\"{}\"]\n",
+            webhook.url
+        ))
+        .substrate(Substrate::simulated("sim").hosts("h", 2, 8, H100))
+        .token("admin", TOKEN, "admin", &[])
+        .write(dir.path().join("gpuwarden.toml"));
     // Event time at 60× from 01:00 UTC today: the test's hours stay in one UTC day (one alert
     // a day is the rule), and a year ahead of anything is still a year ahead.
     let start = wall_ms() / DAY * DAY + HOUR;
@@ -399,7 +353,7 @@ role = "admin"
     let line = up.wait_for_log("gpuwarden up", Duration::from_secs(120));
     let field = |name: &str| line[name].as_str().unwrap().to_string();
     let api = field("api").trim_start_matches("http://").to_string();
-    let sql_port: u16 = field("sql").rsplit(':').next().unwrap().parse().unwrap();
+    let sql_port = support::sql_port(&line);
     let metrics = field("pipeline_metrics")
         .trim_start_matches("http://")
         .trim_end_matches("/metrics")

@@ -5,21 +5,20 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use support::{eventually, http_get, log_line, metric, start_fake_nvml_collector, Broker, Running};
+use support::{
+    eventually, http_get, log_line, metric, metrics_address, start_fake_nvml_collector, Broker,
+    Config, Running, Substrate, H100,
+};
 
-fn write_config(dir: &std::path::Path, bootstrap: &str) -> std::path::PathBuf {
-    let config = dir.join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 3\n\n[collector]\nsource = \"nvml\"\ninterval = \"1s\"\nhost = \"e2e-host\"\n"
-        ),
-    )
-    .unwrap();
-    config
+/// The collector on NVML, sampling every second as host `e2e-host`, into the broker.
+fn config(bootstrap: &str) -> Config {
+    Config::new()
+        .broker(bootstrap)
+        .raw("[collector]\nsource = \"nvml\"\ninterval = \"1s\"\nhost = \"e2e-host\"\n")
 }
 
 fn write_script(dir: &std::path::Path) -> std::path::PathBuf {
@@ -62,23 +61,12 @@ fn write_script_with_processes(
     path
 }
 
-#[test]
-fn collector_and_broker_processes_meet_over_tcp() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &broker.bootstrap);
-    let script = write_script(dir.path());
-
-    let (collector, running) = start_fake_nvml_collector(&config, &script);
-    let metrics_url = running["metrics"]
-        .as_str()
-        .expect("the log names the metrics URL")
-        .to_string();
-    let address = metrics_url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    // 2 GPUs sampled every second: two rounds published within seconds.
+/// Starts the collector on the fake NVML playing `script` and waits until it has published 4
+/// samples: its 2 GPUs sampled every second, two rounds within seconds. Returns it and the
+/// address of its `/metrics`.
+fn collect_two_rounds(config: &Path, script: &Path) -> (Running, String) {
+    let (collector, running) = start_fake_nvml_collector(config, script);
+    let address = metrics_address(&running);
     eventually(
         "4 samples published",
         Duration::from_secs(30),
@@ -87,6 +75,17 @@ fn collector_and_broker_processes_meet_over_tcp() {
             n => Err(format!("{n:?}")),
         },
     );
+    (collector, address)
+}
+
+#[test]
+fn collector_and_broker_processes_meet_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = config(&broker.bootstrap).write(dir.path().join("gpuwarden.toml"));
+    let script = write_script(dir.path());
+
+    let (collector, address) = collect_two_rounds(&config, &script);
 
     let (status, body) = http_get(&address, "/metrics");
     assert_eq!(status, 200);
@@ -209,11 +208,10 @@ impl Drop for JobProcess {
 fn samples_name_the_slurm_job_of_the_gpus_processes() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &broker.bootstrap);
     // This node's cluster, for a job whose environment does not name its own.
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("slurm_cluster = \"e2e\"\n");
-    std::fs::write(&config, text).unwrap();
+    let config = config(&broker.bootstrap)
+        .raw("[collector]\nslurm_cluster = \"e2e\"\n")
+        .write(dir.path().join("gpuwarden.toml"));
     // GPU 0: task 1 of array 4242 (run as job 4243) on cluster "study", as Slurm sets it up.
     // GPU 1: job 99, with no SLURM_CLUSTER_NAME.
     let array_task = JobProcess::start(&[
@@ -228,21 +226,7 @@ fn samples_name_the_slurm_job_of_the_gpus_processes() {
         [Some(array_task.0.id()), Some(plain_job.0.id())],
     );
 
-    let (collector, running) = start_fake_nvml_collector(&config, &script);
-    let address = running["metrics"]
-        .as_str()
-        .expect("the log names the metrics URL")
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    eventually(
-        "4 samples published",
-        Duration::from_secs(30),
-        || match metric(&address, "gpuwarden_collector_samples_published_total") {
-            Some(n) if n >= 4.0 => Ok(()),
-            n => Err(format!("{n:?}")),
-        },
-    );
+    let (collector, _) = collect_two_rounds(&config, &script);
     let (status, log) = collector.terminate(Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", log.join("\n"));
 
@@ -263,7 +247,6 @@ fn samples_name_the_slurm_job_of_the_gpus_processes() {
 fn in_a_virtual_machine_idle_gpus_carry_the_lease_its_smbios_names() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &broker.bootstrap);
     // The guest's /sys/firmware/dmi/entries: QEMU's OEM Strings structure for the libvirt
     // driver's `<oemStrings>`, the lease after another string.
     let dmi = dir.path().join("dmi");
@@ -273,23 +256,17 @@ fn in_a_virtual_machine_idle_gpus_carry_the_lease_its_smbios_names() {
         b"\x0b\x05\x00\x0e\x02vendor=acme\0gpuwarden.lease_id=l-vm-e2e\0\0",
     )
     .unwrap();
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str(&format!("dmi_entries_dir = \"{}\"\n", dmi.display()));
-    std::fs::write(&config, text).unwrap();
+    let config = config(&broker.bootstrap)
+        .raw(&format!(
+            "[collector]\ndmi_entries_dir = \"{}\"\n",
+            dmi.display()
+        ))
+        .write(dir.path().join("gpuwarden.toml"));
     // GPU 0 runs a Slurm job inside the guest, which names its own lease; GPU 1 is idle.
     let job = JobProcess::start(&[("SLURM_JOB_ID", "77"), ("SLURM_CLUSTER_NAME", "vmc")]);
     let script = write_script_with_processes(dir.path(), [Some(job.0.id()), None]);
 
-    let (collector, running) = start_fake_nvml_collector(&config, &script);
-    let address = support::metrics_address(&running);
-    eventually(
-        "4 samples published",
-        Duration::from_secs(30),
-        || match metric(&address, "gpuwarden_collector_samples_published_total") {
-            Some(n) if n >= 4.0 => Ok(()),
-            n => Err(format!("{n:?}")),
-        },
-    );
+    let (collector, _) = collect_two_rounds(&config, &script);
     let (status, log) = collector.terminate(Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", log.join("\n"));
     let found = log_line(
@@ -342,17 +319,11 @@ fn collect_without_a_driver_library_fails_with_advice() {
 fn the_simulated_fleet_runs_the_leases_it_reads_from_kafka() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = dir.path().join("sim.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\npartitions = 3\n\n[collector]\nsource = \"simulated\"\ninterval = \"5s\"\n\n\
-             [[substrates]]\nname = \"sim\"\ndriver = \"simulated\"\n\
-             hosts = [{{ prefix = \"h100\", count = 1, gpus = 4, gpu_model = \"NVIDIA H100 80GB HBM3\" }}]\n",
-            broker.bootstrap
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .broker(&broker.bootstrap)
+        .raw("[collector]\nsource = \"simulated\"\ninterval = \"5s\"\n")
+        .substrate(Substrate::simulated("sim").hosts("h100", 1, 4, H100))
+        .write(dir.path().join("sim.toml"));
     // A lease granted on two GPUs picked by the fleet (no UUIDs), as the enforcer would publish it.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::process::ok;
 use support::s3::S3Server;
-use support::{config_lake_i64, eventually, ingest_samples, lake_i64, Broker};
+use support::{config_lake_i64, eventually, ingest_samples, lake_i64, Broker, Config};
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
@@ -49,16 +50,10 @@ fn lines(gpus: std::ops::Range<usize>, hours: i64) -> String {
 const KEEP: &str = "[pipeline.retention]\nsamples = \"forever\"\n";
 
 fn storage_config(dir: &Path, extra: &str) -> PathBuf {
-    let config = dir.join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[storage]\ndata_dir = \"{}\"\n{extra}",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    config
+    Config::new()
+        .data_dir(&dir.join("data"))
+        .raw(extra)
+        .write(dir.join("c.toml"))
 }
 
 fn compact(config: &Path) -> Command {
@@ -156,15 +151,11 @@ impl Files<'_> {
 /// and `lease_ttl = "3s"` (a killed run's role is free 3 s later), and the config reaching it.
 fn bucket_lake(dir: &Path) -> (S3Server, PathBuf) {
     let server = S3Server::start(&dir.join("s3"), "lake");
-    let config = dir.join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}lease_ttl = \"3s\"\n{KEEP}",
-            server.storage_config(&dir.join("data"), "fleet")
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .raw(&server.storage_config(&dir.join("data"), "fleet"))
+        .raw("[storage.s3]\nlease_ttl = \"3s\"\n")
+        .raw(KEEP)
+        .write(dir.join("c.toml"));
     (server, config)
 }
 
@@ -252,13 +243,7 @@ fn killed_at_any_step(dir: &Path, config: &Path, files: &Files<'_>) {
         expected = figures();
     }
 
-    let out = compact_output(&config, None);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(compact_output(&config, None));
     assert!(stdout.contains("hours compacted: 2"), "{stdout}");
     assert_eq!(figures(), expected);
     assert_eq!(files_per_hour(&lake), [1, 1]);
@@ -508,29 +493,17 @@ fn retention_deletes_old_hours_and_says_so_while_rollups_stay() {
 
     // Retention counts back from the fleet's watermark, not the wall clock: a lake of history
     // (these samples are from 2026-01-01) keeps what is recent in it.
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+    let stdout = ok(Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["compact", "--config", config.to_str().unwrap()])
         .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap());
     assert!(
         stdout.contains("retention: samples: 0 hours deleted"),
         "{stdout}"
     );
     assert_eq!(lake_i64(&lake, "SELECT count(*) FROM samples"), samples);
 
-    let out = compact(&config).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(compact(&config).output().unwrap());
     assert!(
         stdout.contains("retention: samples: 2 hours deleted (2 files"),
         "{stdout}"
@@ -550,18 +523,19 @@ fn retention_deletes_old_hours_and_says_so_while_rollups_stay() {
 fn a_running_pipeline_compacts_the_hours_it_finds_final() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\n\
-             flush_rows = 500\nflush_age = \"300ms\"\nrollup_every = \"1s\"\n\
-             clock.max_age = \"3650d\"\n",
-            broker.bootstrap,
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = Config::new()
+        .kafka(&broker.bootstrap)
+        .data_dir(&dir.path().join("data"))
+        .raw(
+            r#"
+[pipeline]
+flush_rows = 500
+flush_age = "300ms"
+rollup_every = "1s"
+clock.max_age = "3650d"
+"#,
+        )
+        .write(dir.path().join("gpuwarden.toml"));
     let lake = dir.path().join("data/lake");
 
     // Three hours of 8 GPUs every 30 s, dated 2026-01-01: the first two are final once the
@@ -572,7 +546,7 @@ fn a_running_pipeline_compacts_the_hours_it_finds_final() {
         })
         .collect();
     let n = records.len() as i64;
-    support::produce(&broker.bootstrap, "gpuwarden.samples", records);
+    support::kafka::produce_all(&broker.bootstrap, "gpuwarden.samples", records);
 
     let (mut pipeline, running) = support::start_pipeline(&config);
     let metrics = support::metrics_address(&running);

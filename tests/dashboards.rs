@@ -451,16 +451,7 @@ fn every_panel_answers_on_demo_data_through_psql_and_a_real_prometheus() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(&dir.path().join("demo"));
     let psql = Psql::new(demo.sql_port, "demo", Some("demo"));
-    let count = |sql: &str| -> i64 {
-        let out = psql.run(sql);
-        if !out.status.success() {
-            return 0;
-        }
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
+    let count = |sql: &str| psql.number_or_zero(sql);
 
     // Prometheus scrapes the demo with dashboards/prometheus.yml, its addresses the demo's.
     let mut scrape = read(&repo().join("dashboards/prometheus.yml"));

@@ -44,16 +44,7 @@ fn the_demo_prints_what_to_paste_and_fills_team_hourly_and_actions_within_two_mi
     assert_eq!(status, 200);
 
     let psql = Psql::new(port, "demo", Some("demo"));
-    let count = |sql: &str| -> i64 {
-        let out = psql.run(sql);
-        if !out.status.success() {
-            return 0;
-        }
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
+    let count = |sql: &str| psql.number_or_zero(sql);
     // Two minutes from the start, the banner's time included.
     let left = Duration::from_secs(120).saturating_sub(started.elapsed());
     let seen = eventually("team_hourly rows, reclaims, denials", left, || {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use support::kube_api::{gpu_node, KubeApi};
-use support::{pg, Broker, BrokerKind};
+use support::{pg, Broker, BrokerKind, Config, Substrate, Team};
 
 const SIGNING_KEY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
@@ -145,27 +145,26 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// A config file of its parts: `[kafka]` (brokers `bootstrap`, 3 partitions), `[storage]` with
-/// the data dir under `dir` and `lake` when given, the signing key unless `signing` is false,
-/// and `more` (sections) after them.
-fn config(dir: &Path, bootstrap: &str, signing: bool, lake: Option<&Path>, more: &str) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let signing = if signing {
-        format!("[signing]\nkey = \"{SIGNING_KEY}\"\n")
-    } else {
-        String::new()
-    };
-    let lake = lake.map_or_else(String::new, |l| format!("lake = \"{}\"\n", l.display()));
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 3\n\n\
-             [storage]\ndata_dir = \"{}\"\n{lake}\n{signing}\n{more}",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    path
+/// What every check's config has: `[kafka]` (brokers `bootstrap`, 3 partitions), `[storage]`
+/// with the data dir under `dir`, and the signing key; a test adds what it checks, then writes it
+/// with [`write`].
+fn config(dir: &Path, bootstrap: &str) -> Config {
+    unsigned(dir, bootstrap).signing(SIGNING_KEY)
+}
+
+/// [`config`] without the signing key.
+fn unsigned(dir: &Path, bootstrap: &str) -> Config {
+    Config::new().broker(bootstrap).data_dir(&dir.join("data"))
+}
+
+/// `[storage] lake`.
+fn lake_section(lake: &Path) -> String {
+    format!("[storage]\nlake = \"{}\"\n", lake.display())
+}
+
+/// Writes `config` as `dir`/gpuwarden.toml.
+fn write(config: Config, dir: &Path) -> PathBuf {
+    config.write(dir.join("gpuwarden.toml"))
 }
 
 /// A port of 127.0.0.1 nothing listens on (it was free a moment ago).
@@ -205,51 +204,32 @@ fn a_healthy_installation_passes_every_check() {
     let (hook_cert, hook_key) = certificate(dir, "webhook", 90);
     let lake = dir.join("lake");
     std::fs::create_dir_all(&lake).unwrap();
-    let config = config(
-        dir,
-        &broker.bootstrap,
-        true,
-        Some(&lake),
-        &format!(
-            r#"[enforcer.store]
-url = "{store}"
-
-[enforcer.tls]
-cert = "{api_cert}"
-key = "{api_key}"
-client_ca = "{ca}"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 8
-monthly_budget_usd = 1000.0
-
-[[substrates]]
-name = "box"
-driver = "local"
+    let local = Substrate::new("box", "local").raw(&format!(
+        r#"
 gpu_model = "NVIDIA L4"
 gpu_uuids = ["GPU-box-0", "GPU-box-1"]
-accounts = {{ ada = "{account}" }}
-
-[[substrates]]
-name = "k8s"
-driver = "kubernetes"
-
-[substrates.kubernetes]
-kubeconfig = "{kubeconfig}"
-webhook_listen = "127.0.0.1:0"
-webhook_tls = {{ cert = "{hook_cert}", key = "{hook_key}" }}
+accounts = {{ ada = "{}" }}
 "#,
-            api_cert = api_cert.display(),
-            api_key = api_key.display(),
-            ca = ca.display(),
-            account = support::accounts::lease_account(),
-            kubeconfig = kubeconfig.display(),
-            hook_cert = hook_cert.display(),
-            hook_key = hook_key.display(),
-        ),
-    );
+        support::accounts::lease_account()
+    ));
+    let config = config(dir, &broker.bootstrap)
+        .raw(&lake_section(&lake))
+        .store(&store)
+        .raw(&format!(
+            "[enforcer.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+            api_cert.display(),
+            api_key.display(),
+            ca.display()
+        ))
+        .team(Team::new("ml", 8, 1000.0).members(&["ada"]))
+        .substrate(local)
+        .substrate(Substrate::kubernetes(
+            "k8s",
+            &kubeconfig,
+            &hook_cert,
+            &hook_key,
+        ));
+    let config = write(config, dir);
 
     let report = Report::of(doctor(&config, &[]));
     assert_eq!(report.code, Some(0), "{report}");
@@ -297,7 +277,7 @@ webhook_tls = {{ cert = "{hook_cert}", key = "{hook_key}" }}
 fn brokers_that_do_not_answer_fail_and_their_checks_are_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let bootstrap = format!("127.0.0.1:{}", closed_port());
-    let config = config(dir.path(), &bootstrap, true, None, "");
+    let config = write(config(dir.path(), &bootstrap), dir.path());
     let started = Instant::now();
     let report = Report::of(doctor(&config, &["--timeout", "3s"]));
     assert!(started.elapsed() < Duration::from_secs(15), "{report}");
@@ -331,12 +311,9 @@ fn brokers_that_do_not_answer_fail_and_their_checks_are_skipped() {
 fn topics_of_another_partition_count_fail_each() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = config(dir.path(), &broker.bootstrap, true, None, "");
     // The config says 6; the broker's topics have 3.
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("partitions = 3", "partitions = 6");
-    std::fs::write(&config, text).unwrap();
+    let six = config(dir.path(), &broker.bootstrap).raw("[kafka]\npartitions = 6\n");
+    let config = write(six, dir.path());
     let report = Report::of(doctor(&config, &[]));
     let expected: Vec<String> = gpuwarden_schema::topics::ALL
         .iter()
@@ -365,7 +342,8 @@ fn a_missing_topic_is_a_warning_the_components_mend_at_start() {
     ))
     .unwrap();
     assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
-    let config = config(dir.path(), &broker.bootstrap, true, None, "");
+    let base = config(dir.path(), &broker.bootstrap);
+    let config = write(base.clone(), dir.path());
     let report = Report::of(doctor(&config, &[]));
     assert_eq!(report.code, Some(0), "{report}");
     assert!(report.failures().is_empty(), "{report}");
@@ -379,11 +357,7 @@ fn a_missing_topic_is_a_warning_the_components_mend_at_start() {
         "{report}"
     );
     // Where the replication factor cannot be met, the components could not create it either.
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "partitions = 3\n",
-        "partitions = 3\nreplication_factor = 3\n",
-    );
-    std::fs::write(&config, text).unwrap();
+    write(base.raw("[kafka]\nreplication_factor = 3\n"), dir.path());
     Report::of(doctor(&config, &[])).assert_fails_with(&[
         "FAIL    topic gpuwarden.actions: does not exist, and cannot be created with \
          kafka.replication_factor = 3 on 1 broker; fix: set kafka.replication_factor to at most \
@@ -398,7 +372,10 @@ fn a_lake_under_a_regular_file_fails() {
     let file = dir.path().join("file");
     std::fs::write(&file, "not a directory").unwrap();
     let lake = file.join("lake");
-    let config = config(dir.path(), "embedded", true, Some(&lake), "");
+    let config = write(
+        config(dir.path(), "embedded").raw(&lake_section(&lake)),
+        dir.path(),
+    );
     Report::of(doctor(&config, &[])).assert_fails_with(&[&format!(
         "FAIL    lake: {lake} cannot be made: {file} is a file, not a directory; fix: set \
          storage.lake to a directory, or move {file} out of the way",
@@ -438,13 +415,7 @@ fn a_lake_in_a_bucket_that_refuses_the_credentials_fails() {
 fn a_store_newer_than_this_build_fails_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_at_schema(999);
-    let config = config(
-        dir.path(),
-        "embedded",
-        true,
-        None,
-        &format!("[enforcer.store]\nurl = \"{store}\"\n"),
-    );
+    let config = write(config(dir.path(), "embedded").store(&store), dir.path());
     let known = gpuwarden_enforcer::store::probe::postgres_version();
     Report::of(doctor(&config, &[])).assert_fails_with(&[&format!(
         "FAIL    store: {store} is at schema version 999, newer than this build's {known}: a \
@@ -462,20 +433,8 @@ fn a_kubernetes_api_server_that_refuses_connections_fails_its_substrate() {
         dir.path(),
     );
     let (cert, key) = certificate(dir.path(), "webhook", 365);
-    let config = config(
-        dir.path(),
-        "embedded",
-        true,
-        None,
-        &format!(
-            "[[substrates]]\nname = \"k8s\"\ndriver = \"kubernetes\"\n\n\
-             [substrates.kubernetes]\nkubeconfig = \"{}\"\nwebhook_listen = \"127.0.0.1:0\"\n\
-             webhook_tls = {{ cert = \"{}\", key = \"{}\" }}\n",
-            kubeconfig.display(),
-            cert.display(),
-            key.display()
-        ),
-    );
+    let k8s = Substrate::kubernetes("k8s", &kubeconfig, &cert, &key);
+    let config = write(config(dir.path(), "embedded").substrate(k8s), dir.path());
     Report::of(doctor(&config, &[])).assert_only_failure(
         "FAIL    substrate k8s: substrate k8s: listing the nodes: ",
         "client error (Connect)",
@@ -499,17 +458,11 @@ fn a_slurm_whose_commands_hang_fails_its_substrate_at_the_deadline() {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let config = config(
-        dir.path(),
-        "embedded",
-        true,
-        None,
-        &format!(
-            "[[substrates]]\nname = \"hpc\"\ndriver = \"slurm\"\n\n\
-             [substrates.slurm]\ncluster = \"hpc\"\nbin_dir = \"{}\"\n",
-            bin.display()
-        ),
-    );
+    let hpc = Substrate::new("hpc", "slurm").raw(&format!(
+        "[slurm]\ncluster = \"hpc\"\nbin_dir = \"{}\"\n",
+        bin.display()
+    ));
+    let config = write(config(dir.path(), "embedded").substrate(hpc), dir.path());
     let started = Instant::now();
     let report = Report::of(doctor(&config, &["--timeout", "2s"]));
     assert!(started.elapsed() < Duration::from_secs(10), "{report}");
@@ -531,18 +484,13 @@ fn a_certificate_close_to_expiry_and_a_missing_ca_fail() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "api", 3);
     let missing = dir.path().join("clients-ca.pem");
-    let config = config(
-        dir.path(),
-        "embedded",
-        true,
-        None,
-        &format!(
-            "[enforcer.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
-            cert.display(),
-            key.display(),
-            missing.display()
-        ),
+    let tls = format!(
+        "[enforcer.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+        cert.display(),
+        key.display(),
+        missing.display()
     );
+    let config = write(config(dir.path(), "embedded").raw(&tls), dir.path());
     let report = Report::of(doctor(&config, &[]));
     assert_eq!(report.code, Some(1), "{report}");
     let failures = report.failures();
@@ -575,7 +523,7 @@ fn a_certificate_close_to_expiry_and_a_missing_ca_fail() {
 fn no_signing_key_fails_where_records_are_signed() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = config(dir.path(), &broker.bootstrap, false, None, "");
+    let config = write(unsigned(dir.path(), &broker.bootstrap), dir.path());
     Report::of(doctor(&config, &[])).assert_fails_with(&[
         "FAIL    signing: signing.key is not set: the pipeline signs no signal and the enforcer \
          refuses every one, so budgets, idle reclaim and autoscaling never act, and lease events \
@@ -595,7 +543,7 @@ fn a_record_stamped_past_max_skew_fails_the_clock() {
         "gpuwarden.samples",
         now_ms() + 3_600_000 + 30_000,
     );
-    let config = config(dir.path(), &broker.bootstrap, true, None, "");
+    let config = write(config(dir.path(), &broker.bootstrap), dir.path());
     report_clock(Report::of(doctor(&config, &[])));
 
     fn report_clock(report: Report) {

@@ -1,6 +1,6 @@
 //! The whole path as a user meets it, in separate processes that meet only in a broker process:
 //! GPUs sampled by the collector land in the lake through the pipeline, and psql reads the
-//! numbers as docs/ARCHITECTURE.md#what-the-numbers-mean defines them; an admission over HTTP
+//! numbers as docs/src/finops/definitions.md defines them; an admission over HTTP
 //! becomes a lease event, the simulated fleet runs it, and its cost appears in `team_hourly`
 //! under its team.
 
@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::{
-    eventually, http, log_line, metric, sha256_hex, start_fake_nvml_collector,
-    start_pipeline_with_sql, Broker, BrokerKind, Psql, Running,
+    eventually, http, log_line, metric, metrics_address, start_fake_nvml_collector,
+    start_pipeline_with_sql, Broker, BrokerKind, Config, Psql, Running, Substrate, Team, Workload,
+    H100,
 };
 
 const TOKEN: &str = "e2e-portal-token";
@@ -28,16 +29,6 @@ fn stop(process: Running, what: &str) {
         "{what} stops cleanly on SIGTERM\n{}",
         log.join("\n")
     );
-}
-
-/// `host:port` of the `/metrics` a "running" log line names.
-fn metrics_address(running: &serde_json::Value) -> String {
-    running["metrics"]
-        .as_str()
-        .expect("the log names the metrics URL")
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string()
 }
 
 /// Two L40S GPUs through the fake libnvidia-ml.so, one at 80 % and one at 20 %, both at 200 W.
@@ -68,6 +59,16 @@ fn write_nvml_script(dir: &Path) -> PathBuf {
     path
 }
 
+/// The broker at `bootstrap`, the data dir under `dir`, and a pipeline that flushes at 300 ms,
+/// rolls up every second and lets psql in as anyone.
+fn config(dir: &Path, bootstrap: &str) -> Config {
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join("data"))
+        .raw("[pipeline]\nflush_age = \"300ms\"\nrollup_every = \"1s\"\n")
+        .anonymous_sql()
+}
+
 support::on_both_brokers!(
     collector_broker_pipeline_and_psql_agree_on_the_numbers,
     collector_to_psql
@@ -75,38 +76,18 @@ support::on_both_brokers!(
 fn collector_to_psql(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::of(kind, dir.path());
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
+    let config = config(dir.path(), &broker.bootstrap)
+        .raw(
+            r#"
 [collector]
 source = "nvml"
 interval = "1s"
 host = "e2e-host"
-
-[pipeline]
-flush_age = "300ms"
-rollup_every = "1s"
-sql_allow_anonymous = true
-
-[pricing]
-default_usd_per_gpu_hour = 1.0
-[[pricing.gpu]]
-match = "l40s"
-usd_per_gpu_hour = 1.8
 "#,
-            bootstrap = broker.bootstrap,
-            data = dir.path().join("data").display(),
-        ),
-    )
-    .unwrap();
+        )
+        .pricing(1.0)
+        .gpu_price("l40s", 1.8)
+        .write(dir.path().join("gpuwarden.toml"));
 
     // GPU-e2e-0 is leased to team research from a minute before the collector starts.
     let granted_ms = std::time::SystemTime::now()
@@ -246,62 +227,16 @@ support::on_both_brokers!(
 fn admission_to_team_hourly(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::of(kind, dir.path());
-    let hash = sha256_hex(TOKEN);
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
-[collector]
-source = "simulated"
-interval = "1s"
-
-[pipeline]
-flush_age = "300ms"
-rollup_every = "1s"
-sql_allow_anonymous = true
-
-[pricing]
-default_usd_per_gpu_hour = 1.0
-[[pricing.gpu]]
-match = "h100"
-usd_per_gpu_hour = 4.0
-
-[[teams]]
-name = "research"
-members = ["alice"]
-gpu_quota = 8
-monthly_budget_usd = 10000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 1, gpus = 4, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[tokens]]
-name = "portal"
-sha256 = "{hash}"
-role = "service"
-teams = ["research"]
-"#,
-            bootstrap = broker.bootstrap,
-            data = dir.path().join("data").display(),
-        ),
-    )
-    .unwrap();
+    let config = config(dir.path(), &broker.bootstrap)
+        .raw("[collector]\nsource = \"simulated\"\ninterval = \"1s\"\n")
+        .pricing(1.0)
+        .gpu_price("h100", 4.0)
+        .team(Team::new("research", 8, 10000.0).members(&["alice"]))
+        .workload(Workload::new("training").max_gpus(8).max_duration("24h"))
+        .enforcer()
+        .substrate(Substrate::simulated("sim").hosts("h", 1, 4, H100))
+        .token("portal", TOKEN, "service", &["research"])
+        .write(dir.path().join("gpuwarden.toml"));
 
     let (pipeline, port) = start_pipeline_with_sql(&config);
     let psql = Psql::new(port, "anyone", None);

@@ -17,7 +17,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use support::{eventually, http, log_line, sha256_hex, Broker, BrokerKind, Running, Webhook};
+use support::{
+    eventually, http, log_line, Broker, BrokerKind, Config, Running, Substrate, Team, Webhook,
+    Workload, H100,
+};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -26,68 +29,58 @@ const SIGNING_KEY: &str = "enforce-test-signing-key-0123456789abcdef";
 const PREVIOUS_SIGNING_KEY: &str = "enforce-test-previous-key-0123456789abcdef";
 
 /// Team `ml` (quota 4, member ada), a simulated substrate `sim` of 8 H100s for training, and a
-/// local substrate `box` of two L4s for batch work.
+/// local substrate `box` of two L4s for batch work, whose leases run as ada's test account.
 fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let data = dir.join("data");
-    let text = format!(
-        r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
+    config(dir, bootstrap).write(dir.join("gpuwarden.toml"))
+}
 
-[storage]
-data_dir = "{data}"
+/// The config [`write_config`] writes.
+fn config(dir: &Path, bootstrap: &str) -> Config {
+    let account = support::accounts::lease_account();
+    config_with(dir, bootstrap, &["ada"], &[("ada", &account)])
+}
 
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 4
-monthly_budget_usd = 100000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-substrates = ["sim"]
-
-[workloads.batch]
-max_gpus = 2
-max_duration = "24h"
-substrates = ["box"]
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 1, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[substrates]]
-name = "box"
-driver = "local"
-gpu_model = "NVIDIA L4"
+/// [`config`] with `members` in team `ml`, and `box` running the leases of each user of
+/// `accounts` as the account paired with it.
+fn config_with(dir: &Path, bootstrap: &str, members: &[&str], accounts: &[(&str, &str)]) -> Config {
+    let accounts: Vec<String> = accounts
+        .iter()
+        .map(|(user, account)| format!("{user} = \"{account}\""))
+        .collect();
+    let local = Substrate::new("box", "local").raw(&format!(
+        r#"gpu_model = "NVIDIA L4"
 gpu_uuids = ["GPU-box-0", "GPU-box-1"]
 grace_period = "1s"
-accounts = {{ ada = "{account}" }}
+accounts = {{ {accounts} }}
 run_as_enforcer = {as_self}
-
-[[tokens]]
-name = "ada"
-sha256 = "{hash}"
-role = "member"
-teams = ["ml"]
-
-[signing]
-key = "{SIGNING_KEY}"
-previous_key = "{PREVIOUS_SIGNING_KEY}"
 "#,
-        data = data.display(),
-        hash = sha256_hex(TOKEN),
-        account = support::accounts::lease_account(),
+        accounts = accounts.join(", "),
         as_self = !support::accounts::running_as_root(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    ));
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join("data"))
+        .team(Team::new("ml", 4, 100000.0).members(members))
+        .workload(
+            Workload::new("training")
+                .max_gpus(8)
+                .max_duration("24h")
+                .substrates(&["sim"]),
+        )
+        .workload(
+            Workload::new("batch")
+                .max_gpus(2)
+                .max_duration("24h")
+                .substrates(&["box"]),
+        )
+        .enforcer()
+        .substrate(Substrate::simulated("sim").hosts("h", 1, 8, H100))
+        .substrate(local)
+        .token("ada", TOKEN, "member", &["ml"])
+        .signing(SIGNING_KEY)
+        .raw(&format!(
+            "[signing]\nprevious_key = \"{PREVIOUS_SIGNING_KEY}\"\n"
+        ))
 }
 
 /// Starts the enforcer and returns it with its API's base URL.
@@ -100,13 +93,7 @@ fn start_enforcer(config: &Path) -> (Running, String) {
 
 /// Runs a self-service command against `api`.
 fn cli(api: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        .env("GPUWARDEN_API", api)
-        .env("GPUWARDEN_TOKEN", TOKEN)
-        .env("GPUWARDEN_USER", "ada")
-        .output()
-        .expect("runs gpuwarden")
+    support::self_service(api, TOKEN, args)
 }
 
 fn stdout(output: &Output) -> String {
@@ -297,29 +284,15 @@ fn a_member_s_lease_command_runs_as_their_account_and_unmapped_or_root_users_are
     let account = support::accounts::TestAccount::create("api");
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = write_config(dir.path(), &broker.bootstrap);
-    let text = std::fs::read_to_string(&config).unwrap();
-    let text = text
-        .replace(
-            &format!(
-                "accounts = {{ ada = \"{}\" }}",
-                support::accounts::lease_account()
-            ),
-            &format!(
-                "accounts = {{ ada = \"{}\", rooted = \"root\" }}",
-                account.name
-            ),
-        )
-        .replace(
-            r#"members = ["ada"]"#,
-            r#"members = ["ada", "bob", "rooted"]"#,
-        );
     const ADMIN: &str = "admin-secret-token";
-    let text = format!(
-        "{text}\n[[tokens]]\nname = \"root-admin\"\nsha256 = \"{}\"\nrole = \"admin\"\n",
-        sha256_hex(ADMIN)
-    );
-    std::fs::write(&config, text).unwrap();
+    let config = config_with(
+        dir.path(),
+        &broker.bootstrap,
+        &["ada", "bob", "rooted"],
+        &[("ada", &account.name), ("rooted", "root")],
+    )
+    .token("root-admin", ADMIN, "admin", &[])
+    .write(dir.path().join("gpuwarden.toml"));
     let (enforcer, api) = start_enforcer(&config);
     let address = api.trim_start_matches("http://");
     let admit = |token: &str, user: &str| {
@@ -573,12 +546,12 @@ fn forged_signals(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::of(kind, dir.path());
     let webhook = Webhook::start();
-    let config = write_config(dir.path(), &broker.bootstrap);
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "[enforcer]\n",
-        &format!("[enforcer]\nalert_webhooks = [\"{}\"]\n", webhook.url),
-    );
-    std::fs::write(&config, text).unwrap();
+    let config = config(dir.path(), &broker.bootstrap)
+        .raw(&format!(
+            "[enforcer]\nalert_webhooks = [\"{}\"]\n",
+            webhook.url
+        ))
+        .write(dir.path().join("gpuwarden.toml"));
     let (enforcer, api) = start_enforcer(&config);
     let address = api.trim_start_matches("http://").to_owned();
     let request = || {

@@ -1,7 +1,7 @@
 //! Where tansu, the independent broker the Kafka-facing suites also run on
 //! (tests/support/tansu.rs), departs from Kafka's documented behaviour in a way a test works
 //! around: each departure shown with a plain librdkafka client, nothing of gpuwarden's. When one
-//! of these fails, tansu has changed: the workaround it names can go. docs/kafka-brokers.md
+//! of these fails, tansu has changed: the workaround it names can go. docs/src/operators/kafka-brokers.md
 //! lists them with their reproductions.
 
 mod support;

@@ -12,62 +12,39 @@ use std::time::{Duration, Instant};
 
 use support::s3::S3Server;
 use support::tansu::{Storage, Tansu, TlsFront};
-use support::{eventually, http, metric, metrics_address, sha256_hex, start_pipeline, Running};
+use support::{
+    eventually, http, metric, metrics_address, start_pipeline, Config, Running, Substrate, Team,
+    Workload, H100,
+};
 
 const TOKEN: &str = "faults-portal-token";
 
 fn write_config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
-    let config = dir.join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
+    config(dir, bootstrap).write(dir.join("gpuwarden.toml"))
+}
 
-[storage]
-data_dir = "{data}"
-
+/// Team `research` (quota 8, member alice) on a simulated fleet of 8 H100s, the collector
+/// sampling every second, and a service token for it.
+fn config(dir: &Path, bootstrap: &str) -> Config {
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join("data"))
+        .raw(
+            r#"
 [collector]
 source = "simulated"
 interval = "1s"
 
 [pipeline]
 flush_age = "300ms"
-
-[pricing]
-default_usd_per_gpu_hour = 2.0
-
-[[teams]]
-name = "research"
-members = ["alice"]
-gpu_quota = 8
-monthly_budget_usd = 100000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 2, gpus = 4, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[tokens]]
-name = "portal"
-sha256 = "{hash}"
-role = "service"
-teams = ["research"]
 "#,
-            data = dir.join("data").display(),
-            hash = sha256_hex(TOKEN),
-        ),
-    )
-    .unwrap();
-    config
+        )
+        .pricing(2.0)
+        .team(Team::new("research", 8, 100000.0).members(&["alice"]))
+        .workload(Workload::new("training").max_gpus(8).max_duration("24h"))
+        .enforcer()
+        .substrate(Substrate::simulated("sim").hosts("h", 2, 4, H100))
+        .token("portal", TOKEN, "service", &["research"])
 }
 
 /// Admits one GPU for research and returns the lease id.
@@ -291,14 +268,17 @@ fn a_broker_down_for_30_s_loses_and_doubles_nothing_and_everything_catches_up() 
 fn a_refused_login_stops_each_command_at_start_naming_the_settings() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Tansu::start_refusing_logins(&dir.path().join("tansu"));
-    let config = write_config(dir.path(), &broker.bootstrap);
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "partitions = 3\n",
-        "partitions = 3\n[kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\
-         \"sasl.mechanism\" = \"SCRAM-SHA-256\"\n\"sasl.username\" = \"gpuwarden\"\n\
-         \"sasl.password\" = \"not-the-password\"\n",
-    );
-    std::fs::write(&config, text).unwrap();
+    let config = config(dir.path(), &broker.bootstrap)
+        .raw(
+            r#"
+[kafka.properties]
+"security.protocol" = "SASL_PLAINTEXT"
+"sasl.mechanism" = "SCRAM-SHA-256"
+"sasl.username" = "gpuwarden"
+"sasl.password" = "not-the-password"
+"#,
+        )
+        .write(dir.path().join("gpuwarden.toml"));
     for command in ["collect", "pipeline", "enforce"] {
         let started = Instant::now();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -346,7 +326,7 @@ fn run_to_end(command: &str, config: &Path) -> (Option<i32>, String) {
     )
 }
 
-/// TLS to the brokers. tansu's build here serves no TLS (docs/kafka-brokers.md), so stunnel
+/// TLS to the brokers. tansu's build here serves no TLS (docs/src/operators/kafka-brokers.md), so stunnel
 /// terminates it in front of the broker, which advertises the TLS port: gpuwarden's clients make
 /// a real TLS handshake and verify the certificate against `ssl.ca.location`. With the CA that
 /// signed it, samples go collector → broker → pipeline into the lake; with another CA, and with

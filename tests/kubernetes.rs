@@ -17,8 +17,8 @@ use gpuwarden_schema::tls::client_config;
 use http_body_util::{BodyExt as _, Full};
 use serde_json::{json, Value};
 use support::kube_api::{gpu_node, KubeApi};
-use support::pki::Ca;
-use support::{sha256_hex, Running};
+use support::pki::{Ca, Leaf};
+use support::{Config, Running, Substrate, Team, Workload};
 
 const ADMIN_TOKEN: &str = "admin-secret-token";
 
@@ -41,65 +41,41 @@ fn write_config(dir: &Path, api: &KubeApi, ca: &Ca) -> PathBuf {
 
 /// [`write_config`] with `kubeconfig` naming the API server.
 fn write_config_for(dir: &Path, kubeconfig: &Path, ca: &Ca) -> PathBuf {
-    let leaf = ca.server("webhook");
-    let path = dir.join("gpuwarden.toml");
-    let team = |name: &str, members: &str, quota: u32, budget: f64, models: &str| {
-        format!(
-            "[[teams]]\nname = \"{name}\"\nmembers = [{members}]\ngpu_quota = {quota}\n\
-             monthly_budget_usd = {budget:?}\nallowed_models = [{models}]\n\n"
-        )
+    config(dir, cluster(kubeconfig, &ca.server("webhook"))).write(dir.join("gpuwarden.toml"))
+}
+
+/// [`write_config`]'s teams and workloads, with `k8s` as the one substrate.
+fn config(dir: &Path, k8s: Substrate) -> Config {
+    let team = |name: &str, members: &[&str], budget: f64, models: &[&str]| {
+        Team::new(name, 16, budget)
+            .members(members)
+            .allowed_models(models)
     };
-    let text = format!(
-        r#"[storage]
-data_dir = "{data}"
+    Config::new()
+        .data_dir(&dir.join("data"))
+        .enforcer()
+        .pricing(2.0)
+        .team(team("ml", &["ada", "bob"], 100000.0, &[]))
+        .team(team("vision", &["cy"], 100000.0, &["A100"]))
+        .team(team("lean", &["dee"], 1.0, &[]))
+        .team(team("burst", &["eve"], 1000000.0, &[]))
+        .workload(Workload::new("inference").max_gpus(64).max_duration("24h"))
+        .workload(Workload::new("training").max_gpus(64).max_duration("72h"))
+        .substrate(k8s)
+        .token("root", ADMIN_TOKEN, "admin", &[])
+}
 
-[enforcer]
-listen = "127.0.0.1:0"
-
-[pricing]
-default_usd_per_gpu_hour = 2.0
-
-{teams}
-[workloads.inference]
-max_gpus = 64
-max_duration = "24h"
-
-[workloads.training]
-max_gpus = 64
-max_duration = "72h"
-
-[[substrates]]
-name = "k8s"
-driver = "kubernetes"
-
-[substrates.kubernetes]
-kubeconfig = "{kubeconfig}"
-webhook_listen = "127.0.0.1:0"
-webhook_tls = {{ cert = "{cert}", key = "{key}" }}
-teams = {{ "ml-research" = "ml" }}
-users = {{ "oidc:ada@example.com" = "ada" }}
+/// The cluster `k8s`, its API server as `kubeconfig` says, its webhook serving `leaf`: namespace
+/// `ml-research` is team ml's, `oidc:ada@example.com` is ada, and a pod has 45 s to stop.
+fn cluster(kubeconfig: &Path, leaf: &Leaf) -> Substrate {
+    Substrate::kubernetes("k8s", kubeconfig, &leaf.cert, &leaf.key).raw(
+        r#"
+[kubernetes]
+teams = { "ml-research" = "ml" }
+users = { "oidc:ada@example.com" = "ada" }
 grace_period = "45s"
-
-[[tokens]]
-name = "root"
-sha256 = "{hash}"
-role = "admin"
 "#,
-        data = dir.join("data").display(),
-        teams = [
-            team("ml", "\"ada\", \"bob\"", 16, 100000.0, ""),
-            team("vision", "\"cy\"", 16, 100000.0, "\"A100\""),
-            team("lean", "\"dee\"", 16, 1.0, ""),
-            team("burst", "\"eve\"", 16, 1000000.0, ""),
-        ]
-        .concat(),
-        kubeconfig = kubeconfig.display(),
-        cert = leaf.cert.display(),
-        key = leaf.key.display(),
-        hash = sha256_hex(ADMIN_TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
 /// A pod being created, as the API server sends it to a validating webhook.
@@ -243,6 +219,13 @@ fn start(dir: &Path) -> (Running, Webhook, String, KubeApi) {
     let api_server = KubeApi::start(nodes());
     let ca = Ca::new(dir, "webhook-ca");
     let config = write_config(dir, &api_server, &ca);
+    let (enforcer, webhook, api) = start_enforcer(&config, &ca);
+    (enforcer, webhook, api, api_server)
+}
+
+/// Starts the enforcer on `config`; returns it, a client of its webhook trusting `ca`, and its
+/// API's URL.
+fn start_enforcer(config: &Path, ca: &Ca) -> (Running, Webhook, String) {
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
     let line = enforcer.wait_for_log(
         "kubernetes admission webhook running",
@@ -252,15 +235,11 @@ fn start(dir: &Path) -> (Running, Webhook, String, KubeApi) {
     let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
     let api = line["api"].as_str().unwrap().to_owned();
     let tls = client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap();
-    (
-        enforcer,
-        Webhook {
-            client: http_client_with_tls(tls),
-            url,
-        },
-        api,
-        api_server,
-    )
+    let webhook = Webhook {
+        client: http_client_with_tls(tls),
+        url,
+    };
+    (enforcer, webhook, api)
 }
 
 /// `GET {api}{path}` without a token: status and body.
@@ -562,18 +541,7 @@ fn while_the_api_server_is_unreachable_the_enforcer_is_not_ready_and_says_why_po
     let kubeconfig = support::kube_api::kubeconfig_for(&format!("http://{address}"), dir.path());
     let ca = Ca::new(dir.path(), "webhook-ca");
     let config = write_config_for(dir.path(), &kubeconfig, &ca);
-    let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
-    let line = enforcer.wait_for_log(
-        "kubernetes admission webhook running",
-        Duration::from_secs(60),
-    );
-    let url = line["url"].as_str().unwrap().to_owned();
-    let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
-    let api = line["api"].as_str().unwrap().to_owned();
-    let webhook = Webhook {
-        client: http_client_with_tls(client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap()),
-        url,
-    };
+    let (enforcer, webhook, api) = start_enforcer(&config, &ca);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _api_server = runtime.block_on(async {
         // Alive, not ready, and saying why.
@@ -678,24 +646,16 @@ fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let api = KubeApi::start(nodes());
     let ca = Ca::new(dir.path(), "webhook-ca");
-    let config = write_config(dir.path(), &api, &ca);
-    let text = std::fs::read_to_string(&config).unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let leaf = ca.server("webhook");
 
     // The webhook's key file missing (a renewal tool that has not run yet).
-    let missing = dir.path().join("missing.toml");
-    let key = text
-        .lines()
-        .find(|l| l.starts_with("webhook_tls"))
-        .unwrap()
-        .to_owned();
-    std::fs::write(
-        &missing,
-        text.replace(
-            &key,
-            "webhook_tls = { cert = \"/nonexistent.pem\", key = \"/nonexistent.key\" }",
-        ),
-    )
-    .unwrap();
+    let nowhere = Leaf {
+        cert: "/nonexistent.pem".into(),
+        key: "/nonexistent.key".into(),
+    };
+    let missing =
+        config(dir.path(), cluster(&kubeconfig, &nowhere)).write(dir.path().join("missing.toml"));
     let (code, error) = enforce_exits(&missing);
     assert_eq!(code, Some(1), "{error}");
     assert!(
@@ -707,16 +667,9 @@ fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
     // The API's port taken by another process.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let busy = dir.path().join("busy.toml");
-    std::fs::write(
-        &busy,
-        text.replacen(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-            1,
-        ),
-    )
-    .unwrap();
+    let busy = config(dir.path(), cluster(&kubeconfig, &leaf))
+        .raw(&format!("[enforcer]\nlisten = \"127.0.0.1:{port}\"\n"))
+        .write(dir.path().join("busy.toml"));
     let (code, error) = enforce_exits(&busy);
     assert_eq!(code, Some(1), "{error}");
     assert!(
@@ -725,15 +678,12 @@ fn a_missing_webhook_certificate_or_a_taken_port_stops_the_enforcer_at_once() {
     );
 
     // The webhook's port taken.
-    let hooked = dir.path().join("hooked.toml");
-    std::fs::write(
-        &hooked,
-        text.replace(
-            "webhook_listen = \"127.0.0.1:0\"",
-            &format!("webhook_listen = \"127.0.0.1:{port}\""),
-        ),
+    let webhook_on_port = format!("[kubernetes]\nwebhook_listen = \"127.0.0.1:{port}\"\n");
+    let hooked = config(
+        dir.path(),
+        cluster(&kubeconfig, &leaf).raw(&webhook_on_port),
     )
-    .unwrap();
+    .write(dir.path().join("hooked.toml"));
     let (code, error) = enforce_exits(&hooked);
     assert_eq!(code, Some(1), "{error}");
     assert!(error.contains("admission webhook to 127.0.0.1:"), "{error}");
@@ -762,35 +712,15 @@ fn reviews_through_two_replicas_on_postgres_share_one_quota_and_survive_one_kill
     for name in ["r0", "r1"] {
         let home = dir.path().join(name);
         std::fs::create_dir_all(&home).unwrap();
-        let config = write_config_for(&home, &api_server.kubeconfig(&home), &ca);
-        let mut text = std::fs::read_to_string(&config).unwrap().replacen(
-            "grace_period = \"45s\"",
-            &format!(
-                "grace_period = \"45s\"\npod_template = \"{}\"",
-                template.display()
-            ),
-            1,
-        );
-        text.push_str(&format!(
-            "\n[enforcer.store]\nurl = \"{store}\"\n\n[enforcer.leader]\nlease = \"2s\"\nreplica = \"{name}\"\n"
-        ));
-        std::fs::write(&config, text).unwrap();
-        let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
-        let line = enforcer.wait_for_log(
-            "kubernetes admission webhook running",
-            Duration::from_secs(60),
-        );
-        let url = line["url"].as_str().unwrap().to_owned();
-        let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
-        apis.push(line["api"].as_str().unwrap().to_owned());
-        let tls = client_config(&ca.cert, None, ("ca", "cert", "key")).unwrap();
-        replicas.push((
-            Some(enforcer),
-            Webhook {
-                client: http_client_with_tls(tls),
-                url,
-            },
-        ));
+        let pod_template = format!("[kubernetes]\npod_template = \"{}\"\n", template.display());
+        let k8s = cluster(&api_server.kubeconfig(&home), &ca.server("webhook")).raw(&pod_template);
+        let config = config(&home, k8s)
+            .store(&store)
+            .leader("2s", name)
+            .write(home.join("gpuwarden.toml"));
+        let (enforcer, webhook, api) = start_enforcer(&config, &ca);
+        apis.push(api);
+        replicas.push((Some(enforcer), webhook));
     }
     // The API server sends the pods created through it to the second replica's webhook.
     let second = replicas[1].1.url.clone();

@@ -1,6 +1,6 @@
-//! The rollup tables read by Delta readers that are not gpuwarden's, as README "Reading the lake
-//! with any Delta reader" shows them: DuckDB with its `delta` extension and polars' `scan_delta`
-//! (through the `deltalake` package), each running the README's examples as written, on a lake in
+//! The rollup tables read by Delta readers that are not gpuwarden's, as the book's page "Reading
+//! the lake with any Delta reader" (docs/src/finops/delta-readers.md) shows them: DuckDB with its `delta` extension and polars' `scan_delta`
+//! (through the `deltalake` package), each running the page's examples as written, on a lake in
 //! a directory and in a bucket of the tests' S3 server, agreeing with `gpuwarden sql` to the cent
 //! on `team_hourly`, `lease_usage` (leases joined to `lease_hourly`) and `focus_costs`. Then
 //! `gpuwarden sql --as-of` reproduces the answer of a version that late data has since restated.
@@ -18,31 +18,35 @@ use std::process::Command;
 use support::rollups::{gpuwarden, gpuwarden_answers, load, ok, unquoted, MINUTE, T0};
 use support::s3::S3Server;
 
-/// A fenced block of README "Reading the lake with any Delta reader" that begins with `marker`.
+/// The book's page that shows how other Delta readers read the lake.
+const READERS_PAGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/docs/src/finops/delta-readers.md"
+);
+
+/// A fenced block of the page "Reading the lake with any Delta reader" that begins with `marker`.
 fn readme_example(marker: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("### Reading the lake with any Delta reader")
+    let page = std::fs::read_to_string(READERS_PAGE).unwrap();
+    let section = page
+        .split("# Reading the lake with any Delta reader")
         .nth(1)
-        .expect("README.md has the section");
+        .expect("docs/src/finops/delta-readers.md has the section");
     let block = section
         .split("```")
         .find(|b| b.lines().nth(1) == Some(marker))
-        .unwrap_or_else(|| panic!("README.md's section has a block starting {marker}"));
+        .unwrap_or_else(|| panic!("delta-readers.md has a block starting {marker}"));
     block.split_once('\n').unwrap().1.to_string()
 }
 
-/// The file of a DuckDB extension from its PyPI package, found by the README's own command.
+/// The file of a DuckDB extension from its PyPI package, found by the page's own command.
 fn extension(python: &str, package: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let page = std::fs::read_to_string(READERS_PAGE).unwrap();
     let prefix = format!("python3 -c \"import {package}");
-    let finder = readme
+    let finder = page
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.strip_suffix('"'))
-        .unwrap_or_else(|| panic!("README.md says how to find {package}'s file"));
+        .unwrap_or_else(|| panic!("delta-readers.md says how to find {package}'s file"));
     let path = ok(Command::new(python)
         .args(["-c", &format!("import {package}{finder}")])
         .output()
@@ -50,7 +54,7 @@ fn extension(python: &str, package: &str) -> String {
     path.trim().to_string()
 }
 
-/// The README's DuckDB example with the lake at `location` (its `s3://gpuwarden-lake/prod`
+/// The page's DuckDB example with the lake at `location` (its `s3://gpuwarden-lake/prod`
 /// replaced), the extensions loaded from their files, and `secret` for its secret (none for a
 /// directory): its three answers as `key,value` lines.
 fn duckdb(python: &str, location: &str, secret: Option<String>) -> [Vec<String>; 3] {
@@ -122,7 +126,7 @@ fn duckdb_query(python: &str, secret: Option<String>, query: &str) -> Vec<String
     unquoted(&out.lines().map(str::to_owned).collect::<Vec<_>>())
 }
 
-/// The README's polars example with the lake at `location` and `storage` for its storage
+/// The page's polars example with the lake at `location` and `storage` for its storage
 /// options (none for a directory), then the other two answers the same way.
 fn polars(python: &str, location: &str, storage: Option<String>) -> [Vec<String>; 3] {
     let example = readme_example("# polars");

@@ -1,4 +1,4 @@
-//! The lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), against the tests'
+//! The lake in an S3 bucket (docs/src/contributors/object-storage.md), against the tests'
 //! S3 server (s3s-fs): the lake's operations as one contract run on a directory and on a bucket,
 //! `gpuwarden ingest`, `sql`, `rollup` and `compact` reaching the bucket through the standard AWS
 //! environment and answering as on a directory, retention on a bucket, a role's lease object
@@ -11,10 +11,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use gpuwarden_pipeline::bucket_lock::{BucketLock, Held};
 use gpuwarden_pipeline::delta::AsOf;
 use gpuwarden_pipeline::delta::{block_on, AppTxn, Appended, NewFile};
 use gpuwarden_pipeline::lake::Role;
-use gpuwarden_pipeline::lease::{Held, Lease};
 use gpuwarden_pipeline::Lake;
 use support::rollups::{gpuwarden_with as gpuwarden, ok};
 use support::s3::S3Server;
@@ -533,7 +533,7 @@ fn ingest_and_sql_reach_a_bucket_through_the_aws_environment() {
     );
 }
 
-fn object_lake(server: &S3Server) -> gpuwarden_pipeline::store::ObjectLake {
+fn object_lake(server: &S3Server) -> gpuwarden_pipeline::objects::ObjectLake {
     use support::s3::{ACCESS_KEY, REGION, SECRET_KEY};
     let s3 = gpuwarden_schema::config::S3Config {
         endpoint: Some(server.endpoint.clone()),
@@ -543,7 +543,7 @@ fn object_lake(server: &S3Server) -> gpuwarden_pipeline::store::ObjectLake {
         allow_http: Some(true),
         ..Default::default()
     };
-    gpuwarden_pipeline::store::ObjectLake::s3(&server.bucket, "fleet/lake", &s3).unwrap()
+    gpuwarden_pipeline::objects::ObjectLake::s3(&server.bucket, "fleet/lake", &s3).unwrap()
 }
 
 /// A role's lease, one holder after another: taken, refused to a second taker while it lasts,
@@ -556,7 +556,7 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
     let server = S3Server::start(&dir.path().join("s3"), "lake");
     let (a_lake, b_lake) = (object_lake(&server), object_lake(&server));
 
-    let mut a = Lease::try_take(&a_lake, "rollups", "a", TTL)
+    let mut a = BucketLock::try_take(&a_lake, "rollups", "a", TTL)
         .unwrap()
         .expect("a free lease is taken");
     assert_eq!((a.holder(), a.generation()), ("a", 1));
@@ -566,13 +566,13 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
         ["fleet/lake/_leases/rollups.json"]
     );
     assert!(
-        Lease::try_take(&b_lake, "rollups", "b", TTL)
+        BucketLock::try_take(&b_lake, "rollups", "b", TTL)
             .unwrap()
             .is_none(),
         "taken while a's lease lasts"
     );
     // Another role is another lease.
-    let signals = Lease::try_take(&b_lake, "signals", "b", TTL)
+    let signals = BucketLock::try_take(&b_lake, "signals", "b", TTL)
         .unwrap()
         .expect("another role's lease is free");
 
@@ -581,7 +581,7 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
     assert_eq!(a.renew().unwrap(), Held::Kept);
     std::thread::sleep(TTL * 2 / 3);
     assert!(
-        Lease::try_take(&b_lake, "rollups", "b", TTL)
+        BucketLock::try_take(&b_lake, "rollups", "b", TTL)
             .unwrap()
             .is_none(),
         "a renewed lease lasts from its renewal"
@@ -590,7 +590,7 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
     // a stops renewing (stuck, or cut off); once its lease has expired, b takes it over.
     std::thread::sleep(TTL);
     assert_eq!(a.remaining(), Duration::ZERO, "a counts its lease as ended");
-    let b = Lease::try_take(&b_lake, "rollups", "b", TTL)
+    let b = BucketLock::try_take(&b_lake, "rollups", "b", TTL)
         .unwrap()
         .expect("an expired lease is taken over");
     assert_eq!((b.holder(), b.generation()), ("b", 2));
@@ -599,7 +599,7 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
     assert_eq!(a.remaining(), Duration::ZERO);
     assert_eq!(a.release().unwrap(), Held::Deposed);
     assert!(
-        Lease::try_take(&a_lake, "rollups", "a", TTL)
+        BucketLock::try_take(&a_lake, "rollups", "a", TTL)
             .unwrap()
             .is_none(),
         "b's lease stands after a's refused writes"
@@ -607,7 +607,7 @@ fn a_lease_is_taken_renewed_taken_over_after_expiry_and_released() {
 
     // b releases: the next taker need not wait for the expiry.
     assert_eq!(b.release().unwrap(), Held::Kept);
-    let again = Lease::try_take(&a_lake, "rollups", "a", TTL)
+    let again = BucketLock::try_take(&a_lake, "rollups", "a", TTL)
         .unwrap()
         .expect("a released lease is taken at once");
     assert_eq!(again.generation(), 3);
@@ -628,23 +628,23 @@ fn a_lease_is_handed_over_to_the_holder_it_names() {
         object_lake(&server),
     );
 
-    let a = Lease::try_take(&a_lake, "compaction", "a", TTL)
+    let a = BucketLock::try_take(&a_lake, "compaction", "a", TTL)
         .unwrap()
         .expect("a free lease is taken");
     assert_eq!(a.hand_over("b").unwrap(), Held::Kept);
     assert!(
-        Lease::try_take(&c_lake, "compaction", "c", TTL)
+        BucketLock::try_take(&c_lake, "compaction", "c", TTL)
             .unwrap()
             .is_none(),
         "a lease handed over is not free"
     );
     assert!(
-        Lease::adopt(&c_lake, "compaction", "c", TTL)
+        BucketLock::adopt(&c_lake, "compaction", "c", TTL)
             .unwrap()
             .is_none(),
         "handed to b, not to c"
     );
-    let mut b = Lease::adopt(&b_lake, "compaction", "b", TTL)
+    let mut b = BucketLock::adopt(&b_lake, "compaction", "b", TTL)
         .unwrap()
         .expect("b takes up the lease handed to it");
     assert_eq!((b.holder(), b.generation()), ("b", 2));
@@ -654,17 +654,17 @@ fn a_lease_is_handed_over_to_the_holder_it_names() {
 
     // A holder deposed after its lease expired cannot hand the role on.
     let short = Duration::from_millis(300);
-    let a = Lease::try_take(&a_lake, "compaction", "a", short)
+    let a = BucketLock::try_take(&a_lake, "compaction", "a", short)
         .unwrap()
         .expect("a released lease is taken");
     std::thread::sleep(short + Duration::from_millis(100));
-    let c = Lease::try_take(&c_lake, "compaction", "c", TTL)
+    let c = BucketLock::try_take(&c_lake, "compaction", "c", TTL)
         .unwrap()
         .expect("an expired lease is taken over");
     assert_eq!(c.generation(), 4);
     assert_eq!(a.hand_over("b").unwrap(), Held::Deposed);
     assert!(
-        Lease::adopt(&b_lake, "compaction", "b", TTL)
+        BucketLock::adopt(&b_lake, "compaction", "b", TTL)
             .unwrap()
             .is_none(),
         "c holds it, handed to nobody"
@@ -685,7 +685,7 @@ fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("s3"), "lake");
     let lakes: Vec<_> = (0..TAKERS).map(|_| object_lake(&server)).collect();
-    let race = |role: &str| -> Vec<Lease> {
+    let race = |role: &str| -> Vec<BucketLock> {
         let barrier = std::sync::Barrier::new(TAKERS);
         std::thread::scope(|scope| {
             let tries: Vec<_> = lakes
@@ -695,7 +695,7 @@ fn of_concurrent_takers_of_a_lease_exactly_one_wins() {
                     let barrier = &barrier;
                     scope.spawn(move || {
                         barrier.wait();
-                        Lease::try_take(lake, role, &format!("taker-{i}"), TTL).unwrap()
+                        BucketLock::try_take(lake, role, &format!("taker-{i}"), TTL).unwrap()
                     })
                 })
                 .collect();

@@ -18,7 +18,7 @@ use gpuwarden_schema::config::SubstrateConfig;
 use gpuwarden_schema::{ReleaseReason, Workload};
 use support::libvirtd::{give_to_daemon, SessionDaemon};
 
-use support::{sha256_hex, Broker, Running};
+use support::{Broker, Config, Running, Substrate, Team};
 
 const TOKEN: &str = "libvirt-test-token";
 const H100: &str = "NVIDIA H100 80GB HBM3";
@@ -31,66 +31,42 @@ fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
          <os><type>hvm</type></os><devices/></domain>",
     )
     .unwrap();
-    let path = dir.join("gpuwarden.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 4
-monthly_budget_usd = 100000.0
-
-[workloads.training]
-max_gpus = 4
-max_duration = "24h"
-substrates = ["vm-host-1"]
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "vm-host-1"
-driver = "libvirt"
-[substrates.libvirt]
-uri = "test:///default"
-domain_template = "{template}"
-grace_period = "1s"
+    let gpus = format!(
+        r#"
+[libvirt]
 gpus = [
   {{ pci = "0000:41:00.0", model = "{H100}" }},
   {{ pci = "0000:42:00.0", model = "{H100}" }},
 ]
+"#
+    );
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join("data"))
+        .team(Team::new("ml", 4, 100000.0).members(&["ada"]))
+        .workload(
+            support::Workload::new("training")
+                .max_gpus(4)
+                .max_duration("24h")
+                .substrates(&["vm-host-1"]),
+        )
+        .enforcer()
+        .substrate(libvirt("vm-host-1", "test:///default", &template).raw(&gpus))
+        .token("ada", TOKEN, "member", &["ml"])
+        .write(dir.join("gpuwarden.toml"))
+}
 
-[[tokens]]
-name = "ada"
-sha256 = "{hash}"
-role = "member"
-teams = ["ml"]
-"#,
-            data = dir.join("data").display(),
-            template = template.display(),
-            hash = sha256_hex(TOKEN),
-        ),
-    )
-    .unwrap();
-    path
+/// A libvirt substrate on the daemon at `uri`, its domains made from `template`, a guest given
+/// a second to shut down before it is destroyed.
+fn libvirt(name: &str, uri: &str, template: &Path) -> Substrate {
+    Substrate::new(name, "libvirt").raw(&format!(
+        "[libvirt]\nuri = \"{uri}\"\ndomain_template = \"{}\"\ngrace_period = \"1s\"\n",
+        template.display()
+    ))
 }
 
 fn cli(api: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        .env("GPUWARDEN_API", api)
-        .env("GPUWARDEN_TOKEN", TOKEN)
-        .env("GPUWARDEN_USER", "ada")
-        .output()
-        .expect("runs gpuwarden")
+    support::self_service(api, TOKEN, args)
 }
 
 fn text(output: &Output) -> String {
@@ -287,12 +263,9 @@ async fn a_guest_booted_by_the_driver_finds_its_lease_in_smbios_as_the_collector
     .unwrap();
     let config: SubstrateConfig = gpuwarden_schema::config::parse(
         "vm.toml",
-        &format!(
-            "[[substrates]]\nname = \"vms\"\ndriver = \"libvirt\"\n[substrates.libvirt]\n\
-             uri = \"{}\"\ndomain_template = \"{}\"\ngrace_period = \"1s\"\n",
-            daemon.uri(),
-            template.display()
-        ),
+        &Config::new()
+            .substrate(libvirt("vms", &daemon.uri(), &template))
+            .text(),
     )
     .unwrap()
     .substrates

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{sha256_hex, Psql, Running};
+use support::psql::{error_fields, RawClient};
+use support::{Config, Psql, Running, Team};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -97,37 +98,19 @@ fn promtool_accepts(dir: &Path, metrics: &str) {
 #[test]
 fn wrong_bearer_tokens_lock_their_address_out_with_429_and_retry_after() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 4
-monthly_budget_usd = 1000.0
-
+    let config = Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.path().join("data"))
+        .team(Team::new("ml", 4, 1000.0).members(&["ada"]))
+        .enforcer()
+        .raw(
+            r#"
 [enforcer]
-listen = "127.0.0.1:0"
-login_limits = {{ max_failures = 100, max_failures_per_source = 3, window = "1m" }}
-
-[[tokens]]
-name = "ada"
-sha256 = "{hash}"
-role = "member"
-teams = ["ml"]
+login_limits = { max_failures = 100, max_failures_per_source = 3, window = "1m" }
 "#,
-            data = dir.path().join("data").display(),
-            hash = sha256_hex(TOKEN),
-        ),
-    )
-    .unwrap();
+        )
+        .token("ada", TOKEN, "member", &["ml"])
+        .write(dir.path().join("gpuwarden.toml"));
     let mut enforcer = Running::start(&["enforce", "--config", config.to_str().unwrap()], &[]);
     let line = enforcer.wait_for_log("enforcer running", Duration::from_secs(60));
     let api = line["api"].as_str().expect("the api field").to_string();
@@ -201,56 +184,27 @@ teams = ["ml"]
 /// for an ErrorResponse its SQLSTATE and message (psql does not print the SQLSTATE of a refused
 /// connection).
 fn startup_answer(port: u16, user: &str) -> (u8, String, String) {
-    use std::io::{Read as _, Write as _};
-    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut body = 196_608_u32.to_be_bytes().to_vec();
-    for part in ["user", user, "database", "gpuwarden", ""] {
-        body.extend_from_slice(part.as_bytes());
-        body.push(0);
-    }
-    let mut message = u32::try_from(body.len() + 4)
-        .unwrap()
-        .to_be_bytes()
-        .to_vec();
-    message.extend_from_slice(&body);
-    socket.write_all(&message).unwrap();
-    let mut header = [0u8; 5];
-    socket.read_exact(&mut header).unwrap();
-    let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
-    let mut body = vec![0u8; length - 4];
-    socket.read_exact(&mut body).unwrap();
-    let (mut code, mut text) = (String::new(), String::new());
-    if header[0] == b'E' {
-        for field in body.split(|b| *b == 0).filter(|f| !f.is_empty()) {
-            let value = String::from_utf8_lossy(&field[1..]).into_owned();
-            match field[0] {
-                b'C' => code = value,
-                b'M' => text = value,
-                _ => {}
-            }
-        }
-    }
-    (header[0], code, text)
+    let (kind, body) = RawClient::start(port, user)
+        .next()
+        .expect("an answer to the startup message");
+    let (code, text) = if kind == b'E' {
+        error_fields(&body)
+    } else {
+        (String::new(), String::new())
+    };
+    (kind, code, text)
 }
 
 #[test]
 fn wrong_sql_passwords_lock_the_user_out_then_the_address() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
+    let config = Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.path().join("data"))
+        .raw(
+            r#"
 [pipeline]
-login_limits = {{ max_failures = 3, max_failures_per_source = 6, window = "1m" }}
+login_limits = { max_failures = 3, max_failures_per_source = 6, window = "1m" }
 
 [[pipeline.sql_users]]
 name = "finops"
@@ -260,28 +214,10 @@ password = "correct horse"
 name = "grafana"
 password = "battery staple"
 "#,
-            data = dir.path().join("data").display(),
-        ),
-    )
-    .unwrap();
-    let mut pipeline = Running::start(
-        &[
-            "pipeline",
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--sql-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    let running = pipeline.wait_for_log("pipeline running", Duration::from_secs(60));
-    let port: u16 = running["sql"]
-        .as_str()
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .expect("the sql field");
+        )
+        .write(dir.path().join("gpuwarden.toml"));
+    let (pipeline, running) = support::start_pipeline_serving_sql(&config);
+    let port = support::sql_port(&running);
     let metrics_url = running["metrics"].as_str().expect("the metrics field");
     let refused = |user: &str, password: &str| {
         let out = Psql::new(port, user, Some(password)).run("SELECT 1");

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::{http, sha256_hex, Broker, Running};
+use support::{http, Broker, Config, Running, Substrate, Team, Workload, H100};
 
 const ADMIN_TOKEN: &str = "schemathesis-admin-token";
 
@@ -33,68 +33,37 @@ fn schemathesis() -> PathBuf {
 /// L40S, and an admin token, so that admissions succeed, are denied for quota, budget and
 /// capacity, and leases can be followed through every operation.
 fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
-[[teams]]
-name = "research"
-members = ["alice", "bob"]
-gpu_quota = 24
-monthly_budget_usd = 50000.0
-
-[[teams]]
-name = "analytics"
-members = ["carol"]
-gpu_quota = 4
-monthly_budget_usd = 10.0
-allowed_models = ["L40S"]
-
-[workloads.training]
-max_gpus = 8
-max_duration = "72h"
-
-[workloads.inference]
-max_gpus = 4
-
-[workloads.notebook]
-max_gpus = 1
-max_duration = "8h"
-
-[workloads.batch]
-max_gpus = 4
-max_duration = "24h"
-
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join("data"))
+        .team(Team::new("research", 24, 50000.0).members(&["alice", "bob"]))
+        .team(
+            Team::new("analytics", 4, 10.0)
+                .members(&["carol"])
+                .allowed_models(&["L40S"]),
+        )
+        .workload(Workload::new("training").max_gpus(8).max_duration("72h"))
+        .workload(Workload::new("inference").max_gpus(4))
+        .workload(Workload::new("notebook").max_gpus(1).max_duration("8h"))
+        .workload(Workload::new("batch").max_gpus(4).max_duration("24h"))
+        .enforcer()
+        // Schemathesis sends wrong tokens on purpose (its authentication checks), from one
+        // address: too many to ever lock it out, so that every answer is the one its check
+        // expects.
+        .raw(
+            r#"
 [enforcer]
-listen = "127.0.0.1:0"
 max_request_bytes = 16384
-# Schemathesis sends wrong tokens on purpose (its authentication checks), from one address: too
-# many to ever lock it out, so that every answer is the one its check expects.
-login_limits = {{ max_failures = 1000000, max_failures_per_source = 1000000 }}
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [
-  {{ prefix = "h100-", count = 4, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }},
-  {{ prefix = "l40s-", count = 2, gpus = 8, gpu_model = "NVIDIA L40S" }},
-]
-
-[[tokens]]
-name = "root"
-sha256 = "{hash}"
-role = "admin"
+login_limits = { max_failures = 1000000, max_failures_per_source = 1000000 }
 "#,
-        data = dir.join("data").display(),
-        hash = sha256_hex(ADMIN_TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+        )
+        .substrate(
+            Substrate::simulated("sim")
+                .hosts("h100-", 4, 8, H100)
+                .hosts("l40s-", 2, 8, "NVIDIA L40S"),
+        )
+        .token("root", ADMIN_TOKEN, "admin", &[])
+        .write(dir.join("gpuwarden.toml"))
 }
 
 #[test]

@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use support::process::ok;
 use support::s3::S3Server;
 use support::{
     config_lake_i64, eventually, lake_i64, parquet_files, start_pipeline, Broker, BrokerKind,
+    Config,
 };
 
 const T0: i64 = 1_767_225_600_000;
@@ -27,31 +29,41 @@ fn sample(gpu: usize, ts_ms: i64) -> String {
     .to_string()
 }
 
-fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    std::fs::write(
-        &path,
-        format!(
-            // A short session timeout lets the restarted pipeline take over the killed one's
-            // partitions in seconds instead of the default 45.
-            // The records are dated 2026-01-01 and sent now: history on Kafka, let through.
-            "[kafka]\nbrokers = \"{bootstrap}\"\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_rows = 500\nflush_age = \"300ms\"\nclock.max_age = \"3650d\"\n",
-            dir.join("data").display()
-        ),
+/// The pipeline [`config`] writes, reading from the broker at `bootstrap`. A short session
+/// timeout lets the restarted pipeline take over the killed one's partitions in seconds instead
+/// of the default 45.
+fn pipeline_config(dir: &Path, bootstrap: &str) -> Config {
+    lake_config(dir).kafka(bootstrap).raw(
+        r#"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+"#,
     )
-    .unwrap();
-    path
+}
+
+/// A lake under `dir` whose pipeline flushes every 500 rows or 300 ms, and lets through records
+/// of any age: they are dated 2026-01-01 and sent now, history on Kafka.
+fn lake_config(dir: &Path) -> Config {
+    Config::new().data_dir(&dir.join("data")).raw(
+        r#"
+[pipeline]
+flush_rows = 500
+flush_age = "300ms"
+clock.max_age = "3650d"
+"#,
+    )
+}
+
+fn config(dir: &Path, bootstrap: &str) -> std::path::PathBuf {
+    pipeline_config(dir, bootstrap).write(dir.join("gpuwarden.toml"))
 }
 
 /// A config with only a data dir under `dir`: enough for `ingest` and `sql`.
 fn storage_config(dir: &Path) -> std::path::PathBuf {
-    let config = dir.join("c.toml");
-    std::fs::write(
-        &config,
-        format!("[storage]\ndata_dir = \"{}\"\n", dir.join("data").display()),
-    )
-    .unwrap();
-    config
+    Config::new()
+        .data_dir(&dir.join("data"))
+        .write(dir.join("c.toml"))
 }
 
 support::on_both_brokers!(
@@ -144,7 +156,7 @@ fn killed_mid_run(kind: BrokerKind) {
         log.join("\n")
     );
 
-    // The dedup rule (docs/ARCHITECTURE.md#duplicates): (gpu_uuid, ts_ms) counts once. Every
+    // The dedup rule (docs/src/finops/definitions.md#duplicates): (gpu_uuid, ts_ms) counts once. Every
     // produced sample is there...
     assert_eq!(
         lake_i64(
@@ -200,30 +212,17 @@ fn two_pipelines_one_killed(kind: BrokerKind) {
         .map(|name| {
             let home = dir.path().join(name);
             std::fs::create_dir_all(&home).unwrap();
-            let base = std::fs::read_to_string(config(&home, &broker.bootstrap)).unwrap();
-            let path = home.join("gpuwarden.toml");
             // The [storage] of `config` is replaced by the bucket's.
-            let mut base = base.split("\n[storage]").next().unwrap().to_string();
+            let mut config = pipeline_config(&home, &broker.bootstrap)
+                .raw(&server.storage_config(&home.join("data"), "fleet"))
+                .raw("[storage.s3]\nlease_ttl = \"3s\"\n\n[pipeline]\nrollup_every = \"1s\"\n");
             if kind == BrokerKind::Tansu {
                 // tansu never removes a static member whose session expired: the killed one
-                // would keep its partitions for good (docs/kafka-brokers.md). Apache Kafka
+                // would keep its partitions for good (docs/src/operators/kafka-brokers.md). Apache Kafka
                 // removes it after session.timeout.ms; on tansu the members are dynamic.
-                base = base.replacen(
-                    "[kafka.properties]",
-                    "static_membership = false\n[kafka.properties]",
-                    1,
-                );
+                config = config.raw("[kafka]\nstatic_membership = false\n");
             }
-            std::fs::write(
-                &path,
-                format!(
-                    "{base}\n{}lease_ttl = \"3s\"\n\n[pipeline]\nflush_rows = 500\n\
-                     flush_age = \"300ms\"\nclock.max_age = \"3650d\"\nrollup_every = \"1s\"\n",
-                    server.storage_config(&home.join("data"), "fleet")
-                ),
-            )
-            .unwrap();
-            path
+            config.write(home.join("gpuwarden.toml"))
         })
         .collect();
     let lake_files = server.object_path("fleet/samples");
@@ -353,7 +352,7 @@ fn two_pipelines_one_killed(kind: BrokerKind) {
 
 /// Sends `count` samples of 64 GPUs, the first at `T0 + first * 5 s` (per GPU).
 fn produce_samples(bootstrap: &str, first: usize, count: usize) {
-    support::produce(
+    support::kafka::produce_all(
         bootstrap,
         "gpuwarden.samples",
         (first * 64..first * 64 + count).map(|i| {
@@ -470,16 +469,10 @@ support::on_both_brokers!(
 fn killed_and_restarted_at_once(kind: BrokerKind) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::of(kind, dir.path());
-    let config = dir.path().join("gpuwarden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\nsession_timeout = \"6s\"\n\n[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nflush_rows = 500\nflush_age = \"300ms\"\nclock.max_age = \"3650d\"\n",
-            broker.bootstrap,
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
+    let config = lake_config(dir.path())
+        .kafka(&broker.bootstrap)
+        .raw("[kafka]\nsession_timeout = \"6s\"\n")
+        .write(dir.path().join("gpuwarden.toml"));
     let lake = dir.path().join("data/lake");
     let (before, after) = (3_200usize, 3_200usize);
     produce_samples(&broker.bootstrap, 0, before);
@@ -557,25 +550,30 @@ fn killed_and_restarted_at_once(kind: BrokerKind) {
     );
 }
 
-#[test]
-fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
+/// Runs `scenario` (given a temp dir and a config) over a lake in a directory.
+fn in_a_directory(scenario: fn(&Path, &Path)) {
     let dir = tempfile::tempdir().unwrap();
-    let config = storage_config(dir.path());
-    ingest_backfills(dir.path(), &config);
+    scenario(dir.path(), &storage_config(dir.path()));
 }
 
-/// The same backfill into a lake in an S3 bucket (the tests' s3s-fs), through the same binary.
-#[test]
-fn ingest_backfills_into_a_lake_in_s3_as_into_a_directory() {
+/// Runs `scenario` over a lake under `gpuwarden/` in a bucket of the tests' S3 server (s3s-fs);
+/// returns the temp dir and the server, for what the test checks after.
+fn in_a_bucket(scenario: fn(&Path, &Path)) -> (tempfile::TempDir, S3Server) {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("s3"), "lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        server.storage_config(&dir.path().join("data"), "gpuwarden"),
-    )
-    .unwrap();
-    ingest_backfills(dir.path(), &config);
+    scenario(dir.path(), &server.config_file(dir.path(), "gpuwarden"));
+    (dir, server)
+}
+
+#[test]
+fn ingest_backfills_json_lines_idempotently_and_quarantines_bad_lines() {
+    in_a_directory(ingest_backfills);
+}
+
+/// The same backfill into a lake in an S3 bucket, through the same binary.
+#[test]
+fn ingest_backfills_into_a_lake_in_s3_as_into_a_directory() {
+    let (dir, server) = in_a_bucket(ingest_backfills);
     let keys = server.keys("gpuwarden");
     assert!(
         keys.iter()
@@ -652,13 +650,7 @@ fn ingest_backfills(dir: &Path, config: &Path) {
             .output()
             .unwrap()
     };
-    let out = run();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(run());
     assert!(
         stdout.contains("2502 samples records read, 2500 written, 2 quarantined"),
         "{stdout}"
@@ -814,14 +806,7 @@ fn ingests_by_content(dir: &Path, config: &Path) {
         let mut input = child.stdin.take().unwrap();
         input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
         drop(input);
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        ok(child.wait_with_output().unwrap())
     };
     let gpus = || {
         config_lake_i64(
@@ -881,23 +866,13 @@ fn ingests_by_content(dir: &Path, config: &Path) {
 
 #[test]
 fn sql_queries_the_lake_as_a_table_csv_or_json_lines() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = storage_config(dir.path());
-    sql_queries(dir.path(), &config);
+    in_a_directory(sql_queries);
 }
 
-/// The same queries over a lake in an S3 bucket (the tests' s3s-fs).
+/// The same queries over a lake in an S3 bucket.
 #[test]
 fn sql_queries_a_lake_in_s3_as_a_directory() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = S3Server::start(&dir.path().join("s3"), "lake");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        server.storage_config(&dir.path().join("data"), "gpuwarden"),
-    )
-    .unwrap();
-    sql_queries(dir.path(), &config);
+    let (_dir, _server) = in_a_bucket(sql_queries);
 }
 
 /// `gpuwarden sql` in each format before and after an ingest into the lake `config` names.
@@ -1013,9 +988,9 @@ fn sql_queries(dir: &Path, config: &Path) {
 fn a_running_pipeline_rolls_up_the_open_hour_within_its_rollup_period() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
-    let config = config(dir.path(), &broker.bootstrap);
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, format!("{text}rollup_every = \"500ms\"\n")).unwrap();
+    let config = pipeline_config(dir.path(), &broker.bootstrap)
+        .raw("[pipeline]\nrollup_every = \"500ms\"\n")
+        .write(dir.path().join("gpuwarden.toml"));
     let lake = dir.path().join("data/lake");
 
     // 4 GPUs × 60 samples of 5 s; GPU-0001 is held by a lease from T0 on, still running.

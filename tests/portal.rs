@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
-use support::{http, sha256_hex, Demo, Running};
+use support::{http, Config, Demo, Running, Substrate, Team, Workload, H100};
 
 const ADA: &str = "portal-test-ada-token";
 const EVE: &str = "portal-test-eve-token";
@@ -38,76 +38,21 @@ const ROOT: &str = "portal-test-root-token";
 /// Team ml (quota 4, members ada and bob), team cv (eve); one simulated host of 8 H100s at
 /// $4 a GPU-hour; tokens for ada and eve (members), a viewer of ml and an admin.
 fn write_config(dir: &Path) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[pricing]
-default_usd_per_gpu_hour = 2.0
-
-[[pricing.gpu]]
-match = "H100"
-usd_per_gpu_hour = 4.0
-
-[[teams]]
-name = "ml"
-members = ["ada", "bob"]
-gpu_quota = 4
-monthly_budget_usd = 1000.0
-
-[[teams]]
-name = "cv"
-members = ["eve"]
-gpu_quota = 4
-monthly_budget_usd = 1000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 1, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[tokens]]
-name = "ada"
-sha256 = "{ada}"
-role = "member"
-teams = ["ml"]
-
-[[tokens]]
-name = "eve"
-sha256 = "{eve}"
-role = "member"
-teams = ["cv"]
-
-[[tokens]]
-name = "watcher"
-sha256 = "{watcher}"
-role = "viewer"
-teams = ["ml"]
-
-[[tokens]]
-name = "root"
-sha256 = "{root}"
-role = "admin"
-"#,
-        data = dir.join("data").display(),
-        ada = sha256_hex(ADA),
-        eve = sha256_hex(EVE),
-        watcher = sha256_hex(WATCHER),
-        root = sha256_hex(ROOT),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.join("data"))
+        .pricing(2.0)
+        .gpu_price("H100", 4.0)
+        .team(Team::new("ml", 4, 1000.0).members(&["ada", "bob"]))
+        .team(Team::new("cv", 4, 1000.0).members(&["eve"]))
+        .workload(Workload::new("training").max_gpus(8).max_duration("24h"))
+        .enforcer()
+        .substrate(Substrate::simulated("sim").hosts("h", 1, 8, H100))
+        .token("ada", ADA, "member", &["ml"])
+        .token("eve", EVE, "member", &["cv"])
+        .token("watcher", WATCHER, "viewer", &["ml"])
+        .token("root", ROOT, "admin", &[])
+        .write(dir.join("gpuwarden.toml"))
 }
 
 /// `gpuwarden enforce` on `config`: the process and its API's `host:port`.
@@ -185,51 +130,45 @@ impl Drop for Chromedriver {
     }
 }
 
-/// chromedriver's browser log (`POST /session/{id}/se/log`), which WebDriver itself lacks.
+/// A POST to an endpoint of chromedriver's own under the session, which WebDriver itself lacks:
+/// `se/log` (the browser's log), `goog/cdp/execute` (a DevTools command).
 #[derive(Debug)]
-struct BrowserLog;
+struct SessionPost {
+    path: &'static str,
+    body: Value,
+}
 
-impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(
-        &self,
-        base_url: &url::Url,
-        session_id: Option<&str>,
-    ) -> Result<url::Url, url::ParseError> {
-        base_url.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
-        ))
+impl SessionPost {
+    fn browser_log() -> Self {
+        Self {
+            path: "se/log",
+            body: json!({"type": "browser"}),
+        }
     }
 
-    fn method_and_body(&self, _: &url::Url) -> (axum::http::Method, Option<String>) {
-        (
-            axum::http::Method::POST,
-            Some(r#"{"type":"browser"}"#.to_string()),
-        )
+    fn cdp(cmd: &str, params: Value) -> Self {
+        Self {
+            path: "goog/cdp/execute",
+            body: json!({"cmd": cmd, "params": params}),
+        }
     }
 }
 
-/// A DevTools command through chromedriver (`POST /session/{id}/goog/cdp/execute`).
-#[derive(Debug)]
-struct Cdp(&'static str, Value);
-
-impl WebDriverCompatibleCommand for Cdp {
+impl WebDriverCompatibleCommand for SessionPost {
     fn endpoint(
         &self,
         base_url: &url::Url,
         session_id: Option<&str>,
     ) -> Result<url::Url, url::ParseError> {
         base_url.join(&format!(
-            "session/{}/goog/cdp/execute",
-            session_id.unwrap_or_default()
+            "session/{}/{}",
+            session_id.unwrap_or_default(),
+            self.path
         ))
     }
 
     fn method_and_body(&self, _: &url::Url) -> (axum::http::Method, Option<String>) {
-        (
-            axum::http::Method::POST,
-            Some(json!({"cmd": self.0, "params": self.1}).to_string()),
-        )
+        (axum::http::Method::POST, Some(self.body.to_string()))
     }
 }
 
@@ -256,7 +195,7 @@ impl Browser {
             return;
         }
         self.client
-            .issue_cmd(Cdp(
+            .issue_cmd(SessionPost::cdp(
                 "Emulation.setDeviceMetricsOverride",
                 json!({"width": self.width, "height": height, "deviceScaleFactor": 1, "mobile": true}),
             ))
@@ -278,7 +217,11 @@ impl Browser {
     /// entries are left out: a refusal page's 401 or 403 is logged there, and is what a test
     /// asks for.
     async fn no_js_errors(&self) {
-        let log = self.client.issue_cmd(BrowserLog).await.unwrap();
+        let log = self
+            .client
+            .issue_cmd(SessionPost::browser_log())
+            .await
+            .unwrap();
         let severe: Vec<&Value> = log
             .as_array()
             .map(|entries| {

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use support::process::ok;
 use support::{start_pipeline_with_sql, Psql};
 
 /// The price of a GPU-hour in queries/fixture/gpuwarden.toml.
@@ -87,13 +88,7 @@ fn build_lake(config: &Path) {
         args.push(fixture_dir().join(file).to_str().unwrap().into());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = gpuwarden(&args);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(gpuwarden(&args));
     for (_, file, table) in inputs {
         let n = lines_in(&fixture_dir().join(file));
         assert!(n > 0, "queries/fixture/{file} is empty");

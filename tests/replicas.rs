@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::pg::Postgres;
-use support::{eventually, sha256_hex, Broker, Running};
+use support::{eventually, Broker, Config, Running, Substrate, Team, Workload};
 
 const TOKEN: &str = "ada-secret-token";
 
@@ -127,57 +127,30 @@ fn write_config(
     bootstrap: &str,
     provisioner: &str,
 ) -> PathBuf {
-    let path = dir.join(format!("{name}.toml"));
-    let data = dir.join(name);
-    let text = format!(
-        r#"[kafka]
-brokers = "{bootstrap}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 1000
-monthly_budget_usd = 100000000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-substrates = ["portal"]
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[enforcer.store]
-url = "{store}"
-
-[enforcer.leader]
-lease = "2s"
-replica = "{name}"
-
-[[substrates]]
-name = "portal"
-driver = "webhook"
+    Config::new()
+        .broker(bootstrap)
+        .data_dir(&dir.join(name))
+        .team(Team::new("ml", 1000, 100000000.0).members(&["ada"]))
+        .workload(
+            Workload::new("training")
+                .max_gpus(8)
+                .max_duration("24h")
+                .substrates(&["portal"]),
+        )
+        .enforcer()
+        .store(store)
+        .leader("2s", name)
+        .substrate(Substrate::new("portal", "webhook").raw(&format!(
+            r#"
 url = "{provisioner}"
 gpu_model = "NVIDIA A100-SXM4-80GB"
 capacity = 1000
 timeout = "2s"
 retries = 1
-
-[[tokens]]
-name = "ada"
-sha256 = "{hash}"
-role = "member"
-teams = ["ml"]
-"#,
-        data = data.display(),
-        hash = sha256_hex(TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+"#
+        )))
+        .token("ada", TOKEN, "member", &["ml"])
+        .write(dir.join(format!("{name}.toml")))
 }
 
 /// A replica: its process and its API's address (host:port).

@@ -880,7 +880,7 @@ fn rollups_agree_with_the_polars_reference_through_late_data() {
     assert_hand_checked("polars", &polars);
     assert_hand_checked("DataFusion", &datafusion);
     // Every piece of a sample's interval counts for the lease holding its GPU then, so no lease
-    // is observed longer than it held GPUs (docs/ARCHITECTURE.md#attribution).
+    // is observed longer than it held GPUs (docs/src/finops/definitions.md#attribution).
     for (who, tables) in [("polars", &polars), ("DataFusion", &datafusion)] {
         for row in &tables.lease_usage {
             let [observed, allocated] =

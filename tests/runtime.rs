@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{eventually, http, sha256_hex, Psql, Running};
+use support::{eventually, http, Config, Psql, Running, Substrate, Team, Workload, H100};
 
 const TOKEN: &str = "tok-runtime-admin";
 /// 2026-01-10T03:30:00Z: the inference load's trough is at 03:00 and it rises from there.
@@ -53,86 +53,41 @@ const HOURS: Pace = Pace {
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn write_config(dir: &Path, mode: &str, pace: Pace) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let hash = sha256_hex(TOKEN);
-    let text = format!(
-        r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[collector]
-source = "simulated"
-interval = "10s"
-metrics_listen = "127.0.0.1:0"
-
-[pipeline]
-flush_age = "300ms"
-rollup_every = "2s"
-metrics_listen = "127.0.0.1:0"
-sql_listen = "127.0.0.1:0"
-sql_allow_anonymous = true
-
-[pipeline.signals]
-every = "{every}m"
-window = "{window}m"
-
-[pricing]
-default_usd_per_gpu_hour = 40.0
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 16
-monthly_budget_usd = 1000000.0
-
-[[teams]]
-name = "ops"
-members = ["bob"]
-gpu_quota = 16
-monthly_budget_usd = 30.0
-
-[workloads.notebook]
-max_gpus = 2
-idle_timeout = "4m"
-warn_before = "1m"
-on_idle = "reclaim"
-
-[workloads.training]
-max_gpus = 8
-idle_timeout = "4m"
-on_idle = "reclaim"
-
-[workloads.inference]
-min_gpus = 1
-max_gpus = 4
-target_util_pct = 60.0
-
-# Offered, with no rule of its own: its lease only expires (a config that defines some
-# [workloads.*] offers only those).
-[workloads.batch]
-
-[enforcer]
-listen = "127.0.0.1:0"
-mode = "{mode}"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 2, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[tokens]]
-name = "admin"
-sha256 = "{hash}"
-role = "admin"
-"#,
-        data = dir.join("data").display(),
-        every = pace.every_min,
-        window = pace.window_min,
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.join("data"))
+        .up()
+        .anonymous_sql()
+        .signals(
+            &format!("{}m", pace.every_min),
+            &format!("{}m", pace.window_min),
+        )
+        .pricing(40.0)
+        .team(Team::new("ml", 16, 1000000.0).members(&["ada"]))
+        .team(Team::new("ops", 16, 30.0).members(&["bob"]))
+        .workload(
+            Workload::new("notebook")
+                .max_gpus(2)
+                .on_idle("reclaim", "4m")
+                .raw("warn_before = \"1m\""),
+        )
+        .workload(
+            Workload::new("training")
+                .max_gpus(8)
+                .on_idle("reclaim", "4m"),
+        )
+        .workload(
+            Workload::new("inference")
+                .max_gpus(4)
+                .raw("min_gpus = 1\ntarget_util_pct = 60.0"),
+        )
+        // Offered, with no rule of its own: its lease only expires (a config that defines some
+        // [workloads.*] offers only those).
+        .workload(Workload::new("batch"))
+        .raw(&format!("[enforcer]\nmode = \"{mode}\"\n"))
+        .substrate(Substrate::simulated("sim").hosts("h", 2, 8, H100))
+        .token("admin", TOKEN, "admin", &[])
+        .write(dir.join("gpuwarden.toml"))
 }
 
 struct Up {
@@ -163,14 +118,7 @@ fn up(dir: &Path, mode: &str, pace: Pace) -> Up {
         .unwrap()
         .trim_start_matches("http://")
         .to_string();
-    let sql_port = line["sql"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let sql_port = support::sql_port(&line);
     Up {
         process,
         pace,

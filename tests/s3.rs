@@ -1,4 +1,4 @@
-//! What the lake on object storage (docs/ARCHITECTURE.md#the-lake-on-object-storage) asks of an
+//! What the lake on object storage (docs/src/contributors/object-storage.md) asks of an
 //! S3 store, checked through object_store's S3 client (the one
 //! DataFusion reads with) against the tests' S3 server, s3s-fs: objects and listings, multipart
 //! uploads, range reads and copies, and the conditional writes that publication and the

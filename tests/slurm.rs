@@ -15,7 +15,10 @@ use std::time::Duration;
 use serde_json::Value;
 use support::accounts::TestAccount;
 use support::slurm::{can_run_slurm, SlurmCluster, SlurmOptions};
-use support::{eventually, http, sha256_hex, start_fake_nvml_collector, Broker, Psql, Running};
+use support::{
+    eventually, http, start_fake_nvml_collector, Broker, Config, Psql, Running, Substrate, Team,
+    Workload,
+};
 
 const TOKEN: &str = "slurm-e2e-admin-token";
 const HOOK_TOKEN: &str = "slurm-e2e-hook-token";
@@ -38,113 +41,57 @@ fn skip() -> bool {
 /// `tiny` (a budget of half a cent), every one with `user` as a member; jobs without an account
 /// belong to `gpu`.
 fn write_config(dir: &Path, cluster: &SlurmCluster, user: &str, kafka: &str) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[kafka]
-brokers = "{kafka}"
-partitions = 3
-
-[storage]
-data_dir = "{data}"
-
+    let team =
+        |name: &str, quota: u32, budget: f64| Team::new(name, quota, budget).members(&[user]);
+    Config::new()
+        .broker(kafka)
+        .data_dir(&dir.join("data"))
+        .raw(&format!(
+            r#"
 [collector]
 source = "nvml"
 interval = "1s"
 metrics_listen = "127.0.0.1:0"
-slurm_cluster = "{cluster_name}"
+slurm_cluster = "{cluster}"
 
 [pipeline]
 flush_age = "300ms"
 rollup_every = "1s"
 metrics_listen = "127.0.0.1:0"
 sql_listen = "127.0.0.1:0"
-sql_allow_anonymous = true
-
-[pipeline.signals]
-every = "{every}ms"
-window = "10s"
-
-[pricing]
-default_usd_per_gpu_hour = 1.0
-[[pricing.gpu]]
-match = "h100"
-usd_per_gpu_hour = 4.0
-
-[[teams]]
-name = "gpu"
-members = ["{user}"]
-gpu_quota = 4
-monthly_budget_usd = 10000.0
-
-[[teams]]
-name = "lean"
-members = ["{user}"]
-gpu_quota = 8
-monthly_budget_usd = 1.0
-
-[[teams]]
-name = "a100s"
-members = ["{user}"]
-gpu_quota = 8
-monthly_budget_usd = 10000.0
-allowed_models = ["A100"]
-
-[[teams]]
-name = "tiny"
-members = ["{user}"]
-gpu_quota = 8
-monthly_budget_usd = 0.005
-
-[workloads.batch]
-max_gpus = 8
-max_duration = "2h"
-idle_timeout = "{idle}ms"
-warn_before = "4s"
-on_idle = "reclaim"
-
-[signing]
-key = "{key}"
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "hpc"
-driver = "slurm"
-same_name_accounts = true
-work_dir = "{jobs}"
-
-[substrates.slurm]
-cluster = "{cluster_name}"
-slurm_conf = "{conf}"
-poll = "500ms"
-hold_timeout = "15s"
-teams = {{ "" = "gpu" }}
-models = {{ h100 = "{H100}" }}
-
-[[tokens]]
-name = "admin"
-sha256 = "{admin}"
-role = "admin"
-
-[[tokens]]
-name = "slurm-hook"
-sha256 = "{hook}"
-role = "service"
-teams = ["gpu", "lean", "a100s", "tiny"]
 "#,
-        data = dir.join("data").display(),
-        cluster_name = cluster.name,
-        every = SIGNALS_EVERY_MS,
-        idle = IDLE_TIMEOUT_MS,
-        key = SIGNING_KEY,
-        jobs = cluster.jobs_dir.display(),
-        conf = cluster.conf_path().display(),
-        admin = sha256_hex(TOKEN),
-        hook = sha256_hex(HOOK_TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+            cluster = cluster.name,
+        ))
+        .anonymous_sql()
+        .signals(&format!("{SIGNALS_EVERY_MS}ms"), "10s")
+        .pricing(1.0)
+        .gpu_price("h100", 4.0)
+        .team(team("gpu", 4, 10000.0))
+        .team(team("lean", 8, 1.0))
+        .team(team("a100s", 8, 10000.0).allowed_models(&["A100"]))
+        .team(team("tiny", 8, 0.005))
+        .workload(
+            Workload::new("batch")
+                .max_gpus(8)
+                .max_duration("2h")
+                .on_idle("reclaim", &format!("{IDLE_TIMEOUT_MS}ms"))
+                .raw("warn_before = \"4s\""),
+        )
+        .signing(SIGNING_KEY)
+        .enforcer()
+        .substrate(
+            Substrate::new("hpc", "slurm")
+                .raw(&cluster.substrate_settings())
+                .raw("[slurm]\nhold_timeout = \"15s\""),
+        )
+        .token("admin", TOKEN, "admin", &[])
+        .token(
+            "slurm-hook",
+            HOOK_TOKEN,
+            "service",
+            &["gpu", "lean", "a100s", "tiny"],
+        )
+        .write(dir.join("gpuwarden.toml"))
 }
 
 /// The hook's gpuwarden.conf, pointing at `url`.

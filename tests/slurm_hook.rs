@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::accounts::TestAccount;
 use support::slurm::{can_run_slurm, SlurmCluster, SlurmOptions};
-use support::{eventually, http, sha256_hex, Running};
+use support::{eventually, http, Config, Running, Substrate, Team, Workload};
 
 const HOOK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/slurm/job_submit.lua");
 const TOKEN: &str = "slurm-hook-test-token";
@@ -679,70 +679,23 @@ const ADMIN_TOKEN: &str = "slurm-hook-test-admin-token";
 /// account; the hook's token is a service token, [`ADMIN_TOKEN`] an admin's.
 fn replica_config(dir: &Path, cluster: &SlurmCluster, user: &str, store: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[signing]
-key = "slurm-hook-test-signing-key-0123456789abcdef"
-
-[pricing]
-default_usd_per_gpu_hour = 1.0
-
-[[teams]]
-name = "gpu"
-members = ["{user}"]
-gpu_quota = 8
-monthly_budget_usd = 10000.0
-
-[workloads.batch]
-max_gpus = 8
-max_duration = "2h"
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[enforcer.store]
-url = "{store}"
-
-[[substrates]]
-name = "{SUBSTRATE}"
-driver = "slurm"
-same_name_accounts = true
-work_dir = "{jobs}"
-
-[substrates.slurm]
-cluster = "{cluster_name}"
-slurm_conf = "{conf}"
-poll = "500ms"
-hold_timeout = "60s"
-teams = {{ "" = "gpu" }}
-models = {{ h100 = "NVIDIA H100 80GB HBM3" }}
-
-[[tokens]]
-name = "admin"
-sha256 = "{admin}"
-role = "admin"
-
-[[tokens]]
-name = "slurm-hook"
-sha256 = "{hook}"
-role = "service"
-teams = ["gpu"]
-"#,
-        data = dir.join("data").display(),
-        jobs = cluster.jobs_dir.display(),
-        cluster_name = cluster.name,
-        conf = cluster.conf_path().display(),
-        admin = sha256_hex(ADMIN_TOKEN),
-        hook = sha256_hex(TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.join("data"))
+        .signing("slurm-hook-test-signing-key-0123456789abcdef")
+        .pricing(1.0)
+        .team(Team::new("gpu", 8, 10000.0).members(&[user]))
+        .workload(Workload::new("batch").max_gpus(8).max_duration("2h"))
+        .enforcer()
+        .store(store)
+        .substrate(
+            Substrate::new(SUBSTRATE, "slurm")
+                .raw(&cluster.substrate_settings())
+                .raw("[slurm]\nhold_timeout = \"60s\""),
+        )
+        .token("admin", ADMIN_TOKEN, "admin", &[])
+        .token("slurm-hook", TOKEN, "service", &["gpu"])
+        .write(dir.join("gpuwarden.toml"))
 }
 
 /// `gpuwarden enforce` on `config`, and its API's `host:port`.

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use support::psql::{error_fields, RawClient};
 use support::s3::S3Server;
 use support::{
     eventually, ingest_samples, sql_threads_busy, start_pipeline_with_sql, until_sql_threads_busy,
@@ -116,7 +117,7 @@ fn psql_reads_the_lake_and_sees_files_written_after_the_start() {
     reads_the_lake_and_files_written_after_the_start(Endpoint::with_users());
 }
 
-/// The same with the lake in an S3 bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage).
+/// The same with the lake in an S3 bucket (docs/src/contributors/object-storage.md).
 #[test]
 fn psql_reads_a_lake_in_a_bucket_and_sees_files_written_after_the_start() {
     reads_the_lake_and_files_written_after_the_start(Endpoint::with_users_on(true));
@@ -138,7 +139,7 @@ fn reads_the_lake_and_files_written_after_the_start(endpoint: Endpoint) {
             "2026-11-30 11:00:00.000000|240"
         ]
     );
-    // Every table of docs/ARCHITECTURE.md#sql-tables is there, empty ones included.
+    // Every table of docs/src/contributors/pipeline.md#sql-tables is there, empty ones included.
     assert_eq!(endpoint.one("SELECT count(*) FROM lease_events"), "0");
 
     // Another 30 minutes, ingested while the pipeline runs: the next query sees them.
@@ -801,60 +802,6 @@ const RUNAWAY: &str = "SELECT a.host, b.host, c.host FROM samples a, samples b, 
                        ORDER BY a.ts_ms, b.ts_ms LIMIT 5";
 /// One aggregate holding 720² model names, none of which it can spill.
 const MEMORY_HOG: &str = "SELECT cardinality(array_agg(a.gpu_model)) FROM samples a, samples b";
-
-/// A connection that sends a startup message (protocol 3.0, no password), and what it reads back.
-struct RawClient(std::net::TcpStream);
-
-impl RawClient {
-    fn start(port: u16, user: &str) -> Self {
-        let socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut body = 196_608_u32.to_be_bytes().to_vec();
-        for part in ["user", user, "database", "gpuwarden", ""] {
-            body.extend_from_slice(part.as_bytes());
-            body.push(0);
-        }
-        let mut client = Self(socket);
-        client.send(None, &body);
-        client
-    }
-
-    fn send(&mut self, kind: Option<u8>, body: &[u8]) {
-        use std::io::Write as _;
-        let mut message: Vec<u8> = kind.into_iter().collect();
-        message.extend_from_slice(&u32::try_from(body.len() + 4).unwrap().to_be_bytes());
-        message.extend_from_slice(body);
-        // The server may have closed its end already.
-        let _ = self.0.write_all(&message);
-    }
-
-    /// The next message's type and body; `None` at the end of the stream.
-    fn next(&mut self) -> Option<(u8, Vec<u8>)> {
-        use std::io::Read as _;
-        let mut header = [0u8; 5];
-        self.0.read_exact(&mut header).ok()?;
-        let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
-        let mut body = vec![0u8; length - 4];
-        self.0.read_exact(&mut body).ok()?;
-        Some((header[0], body))
-    }
-}
-
-/// The SQLSTATE and message of an ErrorResponse body.
-fn error_fields(body: &[u8]) -> (String, String) {
-    let (mut code, mut text) = (String::new(), String::new());
-    for field in body.split(|b| *b == 0).filter(|f| !f.is_empty()) {
-        let value = String::from_utf8_lossy(&field[1..]).into_owned();
-        match field[0] {
-            b'C' => code = value,
-            b'M' => text = value,
-            _ => {}
-        }
-    }
-    (code, text)
-}
 
 /// psql's error for `sql`, verbose (with its SQLSTATE); panics if it succeeds.
 #[track_caller]

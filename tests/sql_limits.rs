@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    eventually, http_get, metric, sql_threads_busy, until_sql_threads_busy, Psql, Running,
+    eventually, http_get, metric, sql_threads_busy, until_sql_threads_busy, Config, Psql, Running,
+    Substrate, Team, H100,
 };
 
 const T0: i64 = 1_796_032_800_000;
@@ -24,24 +25,13 @@ const ROLLUP_EVERY: Duration = Duration::from_secs(2);
 const SIGNALS_EVERY: Duration = Duration::from_secs(1);
 
 fn write_config(dir: &Path) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[kafka]
-brokers = "embedded"
-
-[storage]
-data_dir = "{data}"
-
-[collector]
-source = "simulated"
-interval = "10s"
-metrics_listen = "127.0.0.1:0"
-
+    Config::new()
+        .kafka("embedded")
+        .data_dir(&dir.join("data"))
+        .up()
+        .raw(
+            r#"
 [pipeline]
-flush_age = "300ms"
-rollup_every = "2s"
-metrics_listen = "127.0.0.1:0"
-sql_listen = "127.0.0.1:0"
 shutdown_deadline = "20s"
 
 [[pipeline.sql_users]]
@@ -51,29 +41,12 @@ password = "analyst-pw"
 [[pipeline.sql_users]]
 name = "finops"
 password = "finops-pw"
-
-[pipeline.signals]
-every = "1m"
-window = "3m"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 16
-monthly_budget_usd = 1000000.0
-
-[enforcer]
-listen = "127.0.0.1:0"
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 1, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
 "#,
-        data = dir.join("data").display(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+        )
+        .signals("1m", "3m")
+        .team(Team::new("ml", 16, 1000000.0).members(&["ada"]))
+        .substrate(Substrate::simulated("sim").hosts("h", 1, 8, H100))
+        .write(dir.join("gpuwarden.toml"))
 }
 
 /// 1,500 samples in the lake before the start, so that the cross join is a runaway at once.
@@ -137,14 +110,7 @@ fn a_runaway_query_holds_back_neither_the_pipeline_nor_other_users_and_stops_whe
         &[],
     );
     let line = up.wait_for_log("gpuwarden up", Duration::from_secs(120));
-    let port: u16 = line["sql"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let port = support::sql_port(&line);
     let metrics = line["pipeline_metrics"]
         .as_str()
         .unwrap()

@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use support::pki::{Ca, Leaf};
-use support::{eventually, sha256_hex, Running};
+use support::{eventually, Config, Running, Substrate, Team, Workload, H100};
 
 const TOKEN: &str = "ada-secret-token";
 const SQL_PASSWORD: &str = "sql-secret";
@@ -20,11 +20,10 @@ const SQL_PASSWORD: &str = "sql-secret";
 /// Team `ml` with member ada (a member token), a simulated fleet of 8 H100s for training, and
 /// `extra` appended (the TLS sections).
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
-    let path = dir.join("gpuwarden.toml");
-    let text = format!(
-        r#"[storage]
-data_dir = "{data}"
-
+    Config::new()
+        .data_dir(&dir.join("data"))
+        .raw(&format!(
+            r#"
 [pipeline]
 sql_listen = "127.0.0.1:0"
 metrics_listen = "127.0.0.1:0"
@@ -32,36 +31,19 @@ metrics_listen = "127.0.0.1:0"
 [[pipeline.sql_users]]
 name = "finops"
 password = "{SQL_PASSWORD}"
-
-[[teams]]
-name = "ml"
-members = ["ada"]
-gpu_quota = 4
-monthly_budget_usd = 100000.0
-
-[workloads.training]
-max_gpus = 8
-max_duration = "24h"
-substrates = ["sim"]
-
-[[substrates]]
-name = "sim"
-driver = "simulated"
-hosts = [{{ prefix = "h", count = 1, gpus = 8, gpu_model = "NVIDIA H100 80GB HBM3" }}]
-
-[[tokens]]
-name = "ada"
-sha256 = "{hash}"
-role = "member"
-teams = ["ml"]
-
-{extra}
-"#,
-        data = dir.join("data").display(),
-        hash = sha256_hex(TOKEN),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+"#
+        ))
+        .team(Team::new("ml", 4, 100000.0).members(&["ada"]))
+        .workload(
+            Workload::new("training")
+                .max_gpus(8)
+                .max_duration("24h")
+                .substrates(&["sim"]),
+        )
+        .substrate(Substrate::simulated("sim").hosts("h", 1, 8, H100))
+        .token("ada", TOKEN, "member", &["ml"])
+        .raw(extra)
+        .write(dir.join("gpuwarden.toml"))
 }
 
 /// The enforcer section, on a free port of 127.0.0.1, with TLS from `cert`/`key` and `more`.
@@ -141,14 +123,8 @@ fn args(list: &[String]) -> Vec<&str> {
 }
 
 /// Runs a self-service command against `api`.
-fn cli(api: &str, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(extra)
-        .env("GPUWARDEN_API", api)
-        .env("GPUWARDEN_TOKEN", TOKEN)
-        .env("GPUWARDEN_USER", "ada")
-        .output()
-        .expect("runs gpuwarden")
+fn cli(api: &str, args: &[&str]) -> Output {
+    support::self_service(api, TOKEN, args)
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Upgrades: what the previous release wrote, opened by today's gpuwarden, and what a newer
-//! release writes, refused by it (docs/ARCHITECTURE.md#upgrades).
+//! release writes, refused by it (docs/src/contributors/upgrades.md).
 //!
 //! `tests/fixtures/upgrade/0.1.0/` holds a lake, a lease store and a config written by gpuwarden
 //! 0.1.0 (its README says how, and the figures it answered). Each test copies one to a temp dir

@@ -8,10 +8,26 @@
 //! [`metrics`] counts and renders them for `/metrics`. On a Kubernetes node, [`kubelet`] tells
 //! which pod holds each GPU; inside a virtual machine, [`guest`] reads the machine's lease from
 //! its SMBIOS OEM strings.
+//!
+//! # Layers
+//!
+//! Modules are declared lowest layer first; a module uses only modules above it in this list
+//! (`tests/workspace.rs` checks it):
+//!
+//! - [`metrics`]: the collector's counters and the `/metrics` text;
+//! - [`environ`]: a process's environment, where it names its lease;
+//! - [`guest`]: the lease of the virtual machine the collector runs in;
+//! - [`kubelet`] (`environ`, `metrics`): which pod holds which GPU;
+//! - [`nvml`] (`environ`, `guest`, `kubelet`, `metrics`): the NVML source;
+//! - [`sim`]: the simulated fleet, the other source;
+//! - [`sink`] (`metrics`): publishing to Kafka;
+//! - [`source`] (`kubelet`, `metrics`, `nvml`, `sim`, `sink`): the sampling loop over a source
+//!   and the sink.
 
+pub mod metrics;
+pub mod environ;
 pub mod guest;
 pub mod kubelet;
-pub mod metrics;
 pub mod nvml;
 pub mod sim;
 pub mod sink;

@@ -11,9 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
+use gpuwarden_schema::sample::{CONTAINER_LABEL, NAMESPACE_LABEL, POD_LABEL};
 use gpuwarden_schema::Sample;
-
-use crate::kubelet::pods::{CONTAINER_LABEL, NAMESPACE_LABEL, POD_LABEL};
 
 /// Why samples were dropped instead of published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

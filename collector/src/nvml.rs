@@ -30,11 +30,9 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use thiserror::Error;
 
+use crate::environ::{env_var, LEASE_ENV};
 use crate::kubelet::{KubeletSettings, PodMap, PodWatcher};
 use crate::metrics::Metrics;
-
-/// The environment variable that names a process's lease.
-pub const LEASE_ENV: &str = "GPUWARDEN_LEASE_ID";
 
 /// Slurm's environment of a job's processes: the array's job id (one lease per array), the
 /// job's own id, and the cluster's name.
@@ -398,15 +396,6 @@ impl LeaseFinder {
         let seen = std::mem::take(&mut self.seen);
         self.cache.retain(|pid, _| seen.contains(pid));
     }
-}
-
-/// The value of `name` in a NUL-separated environment, the first if it appears twice (as
-/// `getenv` does).
-pub(crate) fn env_var<'e>(environ: &'e [u8], name: &str) -> Option<&'e [u8]> {
-    environ.split(|b| *b == 0).find_map(|var| {
-        var.strip_prefix(name.as_bytes())
-            .and_then(|rest| rest.strip_prefix(b"="))
-    })
 }
 
 /// The lease an environment names: `GPUWARDEN_LEASE_ID`; else its Slurm job's, the array's id

@@ -1,6 +1,7 @@
-//! The enforcer's own counters, rendered as Prometheus text for the binary's `/metrics`. Labels
-//! come from bounded sets (decision, reason code, login limit scope); lease ids and client
-//! addresses never become label values.
+//! The enforcer's own counters and its replica's role ([`render_leadership`]), rendered as
+//! Prometheus text for the binary's `/metrics`. Labels come from bounded sets (decision, reason
+//! code, login limit scope, replica names); lease ids and client addresses never become label
+//! values.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +10,7 @@ use gpuwarden_schema::login_limit::{Failure, Scope};
 use gpuwarden_schema::signing::Verdict;
 
 use crate::policy::ReasonCode;
+use crate::store::leader::Leadership;
 use crate::store::CommitStats;
 
 /// Counters the API updates; cheap to share behind an `Arc`.
@@ -203,6 +205,39 @@ impl Metrics {
         );
         out
     }
+}
+
+/// This replica's role and the leader it knows of, in Prometheus' text format: the binary's
+/// `/metrics` appends it to [`Metrics::render_with`].
+pub fn render_leadership(page: &mut String, leadership: &Leadership) {
+    use gpuwarden_schema::prom::{escape, family};
+    let (leader, term) = leadership.leader();
+    family(
+        page,
+        "gpuwarden_enforcer_leader",
+        "gauge",
+        "Whether this replica leads (does the runtime rules, expiry, watchers' changes and publishing).",
+        [("", f64::from(u8::from(leadership.is_leader())))],
+    );
+    family(
+        page,
+        "gpuwarden_enforcer_leader_term",
+        "gauge",
+        "The leader's term (its fencing token), as this replica last read it.",
+        [("", term as f64)],
+    );
+    let labels = format!(
+        "replica=\"{}\",leader=\"{}\"",
+        escape(&leadership.replica()),
+        escape(&leader)
+    );
+    family(
+        page,
+        "gpuwarden_enforcer_replica_info",
+        "gauge",
+        "This replica's name and the leader's.",
+        [(labels.as_str(), 1.0)],
+    );
 }
 
 fn scope_index(scope: Scope) -> usize {

@@ -1,5 +1,5 @@
 //! Runtime rules: what the enforcer does with the pipeline's signals
-//! (docs/ARCHITECTURE.md#runtime-rules).
+//! (docs/src/contributors/enforcer.md#runtime-rules).
 //!
 //! - `lease_utilization`: a lease whose GPUs have all been idle for its workload's
 //!   `idle_timeout` gets `on_idle` — an alert, a reclaim (reason `idle`), or a resize to
@@ -10,7 +10,7 @@
 //!   its current size.
 //! - `gpu_unattributed`: an alert, once per GPU per hour.
 //! - `clock_skew`: an alert, once per host per UTC day while its clock stays wrong.
-//! - A signal refused for its signature (see [`crate::kafka::signals`]) is never acted on: an
+//! - A signal refused for its signature (see `kafka::signals`) is never acted on: an
 //!   alert `signal_refused`, once per kind (unsigned, badly signed) every 10 minutes.
 //! - `team_spend`: recorded for admission's budget check; a team whose month-to-date spend
 //!   passes its budget is blocked (admissions then fail with `team_blocked`), with an alert, and
@@ -311,16 +311,8 @@ impl Rules {
                 month_to_date_usd,
                 burn_usd_per_hour,
             } => {
-                let pricing = &self.service.config().pricing;
                 self.service
-                    .store()
-                    .record_team_spend(
-                        team,
-                        *month_to_date_usd,
-                        *burn_usd_per_hour,
-                        signal.ts_ms,
-                        pricing,
-                    )
+                    .record_team_spend(team, *month_to_date_usd, *burn_usd_per_hour, signal.ts_ms)
                     .await?;
                 self.check_budgets().await
             }
@@ -352,7 +344,7 @@ impl Rules {
     /// Records `action` once under `key` and, when it is new and not a dry run, sends it to the
     /// webhooks.
     async fn alert_once(&self, key: &str, action: &Action) -> Result<(), ServiceError> {
-        if self.service.store().record_once(key, action).await? && action.outcome == Outcome::Ok {
+        if self.service.record_once(key, action).await? && action.outcome == Outcome::Ok {
             tracing::info!(reason = %action.reason, lease_id = ?action.lease_id, team = ?action.team, detail = %action.detail, "alert");
             self.alerts.send(action);
         }
@@ -365,8 +357,7 @@ impl Rules {
         util: &Utilization,
         window_ms: i64,
     ) -> Result<(), ServiceError> {
-        let store = self.service.store();
-        let Some(lease) = store.lease(lease_id).await? else {
+        let Some(lease) = self.service.stored_lease(lease_id).await? else {
             tracing::debug!(lease_id, "signal about an unknown lease; ignored");
             return Ok(());
         };
@@ -393,9 +384,9 @@ impl Rules {
         }
         // Only a signal newer than every one handled for this lease, in this run or an earlier
         // one: an old idle signal replayed after a restart must not reclaim a lease busy since.
-        if !store
+        if !self
+            .service
             .note_utilization_signal(lease_id, util.ts_ms, ceiling)
-            .applied()
             .await?
         {
             return Ok(());
@@ -411,7 +402,7 @@ impl Rules {
         let config = self.service.config();
         let policy = config.workload(lease.workload);
         let now = self.service.now();
-        let exempt = store.exempt_until(lease_id).is_some_and(|u| u > now);
+        let exempt = self.service.exempt_until(lease_id).is_some_and(|u| u > now);
         // Judge a size only once a whole window has measured it (and at least two signal
         // periods), so the samples of the size before, and the fleet's lag in following a
         // resize, do not count.
@@ -523,7 +514,6 @@ impl Rules {
         reason: &str,
         detail: &str,
     ) -> Result<bool, ServiceError> {
-        let store = self.service.store();
         let now = self.service.now();
         let key = format!(
             "{reason}:{}:{}:{}→{gpus}",
@@ -538,7 +528,7 @@ impl Rules {
                 format!("{detail}: would resize {} → {gpus} GPUs", lease.gpu_count),
                 now,
             );
-            store
+            self.service
                 .record_once(&format!("dry_run:{key}"), &action)
                 .await?;
             return Ok(false);
@@ -591,7 +581,6 @@ impl Rules {
         reason: ReleaseReason,
         detail: &str,
     ) -> Result<(), ServiceError> {
-        let store = self.service.store();
         if self.service.dry_run() {
             let action = lease_action(
                 ActionKind::Reclaim,
@@ -601,7 +590,7 @@ impl Rules {
                 format!("{detail}; would reclaim {} GPU(s)", lease.gpu_count),
                 self.service.now(),
             );
-            store
+            self.service
                 .record_once(&format!("dry_run:reclaim:{}", lease.id), &action)
                 .await?;
             return Ok(());
@@ -650,7 +639,7 @@ impl Rules {
     pub async fn check_budgets(&self) -> Result<(), ServiceError> {
         let config = self.service.config().clone();
         let now = self.service.now();
-        let ledger = self.service.store().ledger(now, &config.pricing)?;
+        let ledger = self.service.ledger(now)?;
         let (year, month) = month_of(now);
         for team in &config.teams {
             let spend = ledger.spend_usd.get(&team.name).copied().unwrap_or(0.0);
@@ -672,7 +661,6 @@ impl Rules {
                         now,
                     );
                     self.service
-                        .store()
                         .record_once(&format!("dry_run:block:{month_key}"), &action)
                         .await?;
                     continue;

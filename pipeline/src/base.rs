@@ -43,7 +43,7 @@ pub enum LakeError {
     /// The object store refused or failed a request, after its client's own retries (an
     /// external system: retried again later where the caller retries, e.g. ingest's writers).
     #[error("{action} {key} in {lake}: {source}")]
-    Store {
+    ObjectStore {
         /// What was being done.
         action: &'static str,
         /// The object's key (empty for the store as a whole).
@@ -57,11 +57,11 @@ pub enum LakeError {
     /// conflicted with another past its retries).
     #[error(transparent)]
     Delta(#[from] DeltaError),
-    /// This process no longer holds the role it was working under: its lease on the lake
-    /// expired without a renewal, or another process took the role over, or a conditional
+    /// This process no longer holds the role it was working under: its lock on the lake in a
+    /// bucket expired without a renewal, or another process took the role over, or a conditional
     /// write found an object written by another holder since this one read it. Its work stops
     /// there, uncommitted; the holder now does it.
-    #[error("{what} in {lake}: this process no longer holds the {role} role (its lease lapsed or another process took it over)")]
+    #[error("{what} in {lake}: this process no longer holds the {role} role (its lock lapsed or another process took it over)")]
     Deposed {
         /// The role ("rollups").
         role: &'static str,

@@ -1,4 +1,4 @@
-//! Event time against arrival (docs/ARCHITECTURE.md#event-time): the bounds a record's time
+//! Event time against arrival (docs/src/contributors/delivery.md#event-time): the bounds a record's time
 //! must keep to be trusted, the watermark the fleet as a whole moves, and each host's clock skew
 //! as measured.
 //!

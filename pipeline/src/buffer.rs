@@ -3,7 +3,7 @@
 //! into quarantine rows. One [`SourceBuffer`] holds one Kafka partition's (or one file chunk's)
 //! rows between flushes, with the offset range they came from and a digest of the records'
 //! bytes: a lake file is named after both, so that the same records written again replace their
-//! file and other records never do (docs/ARCHITECTURE.md#atomic-and-idempotent-writes).
+//! file and other records never do (docs/src/contributors/lake.md#exactly-once-from-kafka-through-the-log).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Compaction: Delta's OPTIMIZE of the raw tables' final hours, and retention, the deletion of
-//! hours past `[pipeline.retention]` (docs/ARCHITECTURE.md#compaction).
+//! hours past `[pipeline.retention]` (docs/src/contributors/lake.md#compaction).
 //!
 //! Ingest commits about one file per partition, table and hour at every flush (hundreds per
 //! hour); queries over a month of them spend their time opening files. Once an hour is final,
@@ -9,7 +9,7 @@
 //! Every reader sees the hour before or after that commit, never both or neither. Outputs put
 //! before a commit that did not land (a crash, a conflict) are named by no commit: no reader
 //! reads them, and they are deleted when the commit fails (after a crash, by nothing: see
-//! docs/ARCHITECTURE.md#compaction).
+//! docs/src/contributors/lake.md#compaction).
 //!
 //! Concurrency is the log's: an OPTIMIZE conflicts only with a commit that removed one of its
 //! inputs since it read the table (another OPTIMIZE of the hour, retention); it is then skipped
@@ -214,7 +214,7 @@ pub fn sort_columns(table: Table) -> &'static [&'static str] {
 /// A fault injected at a named step, for the tests that prove a crash or a pause anywhere loses
 /// nothing: `GPUWARDEN_COMPACT_CRASH_AT=<step>` kills the process with SIGKILL when it gets
 /// there; `GPUWARDEN_COMPACT_STOP_AT=<step>` stops it with SIGSTOP the first time it gets
-/// there (a holder paused past its lease: the test resumes it with SIGCONT).
+/// there (a holder paused past its bucket lock: the test resumes it with SIGCONT).
 fn fault_point(step: &str) {
     use rustix::process::{getpid, kill_process, Signal};
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -391,7 +391,7 @@ impl Compactor {
             SessionConfig::new().with_target_partitions(2),
             runtime,
         );
-        self.lake.register_store(&ctx);
+        self.lake.register_object_store(&ctx);
         let schema = table.schema();
         let paths: Vec<&str> = inputs.iter().map(|file| file.path.as_str()).collect();
         self.lake
@@ -779,7 +779,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        // Both made from the same version: as two compactors would, one paused past its lease.
+        // Both made from the same version: as two compactors would, one paused past its bucket lock.
         let outcomes: Vec<_> = (0..2)
             .map(|_| {
                 let inputs: Vec<&DataFile> = read.files.iter().collect();

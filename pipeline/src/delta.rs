@@ -1,4 +1,4 @@
-//! The lake's Delta tables (docs/ARCHITECTURE.md#delta-tables): where each one's transaction log
+//! The lake's Delta tables (docs/src/contributors/lake.md#delta-tables): where each one's transaction log
 //! is, how gpuwarden commits to it, and how a session reads a version of it.
 //!
 //! A Delta table is a directory (or a prefix of a bucket) of Parquet files and a log,
@@ -40,12 +40,13 @@ use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError, TableProperty};
 use gpuwarden_schema::calendar::civil_from_days;
+use gpuwarden_schema::clock::wall_now_ms;
 use object_store::ObjectStoreExt as _;
 use tokio::sync::Mutex;
 
 use crate::base::is_conflict;
 pub use crate::base::DeltaError;
-use crate::store::ObjectLake;
+use crate::objects::ObjectLake;
 
 /// Where the lake's tables are: a directory, or a prefix of a bucket.
 #[derive(Clone)]
@@ -218,7 +219,7 @@ impl DeltaTables {
                 Root::Bucket(objects) => {
                     let url = url::Url::parse(&objects.dir_url(Path::new(relative)))
                         .map_err(|e| DeltaTableError::InvalidTableLocation(e.to_string()))?;
-                    let root = objects.store();
+                    let root = objects.client();
                     let prefixed: Arc<dyn object_store::ObjectStore> =
                         Arc::new(object_store::prefix::PrefixStore::new(
                             Arc::clone(&root),
@@ -348,7 +349,7 @@ impl DeltaTables {
         let table = self.writable(&mut open, relative, schema).await?;
         let stored = stored_schema(schema).map_err(self.error(relative))?;
         let prefix = hour.map(|(_, start)| file_prefix(start));
-        let now = now_ms();
+        let now = wall_now_ms();
         let mut actions: Vec<Action> = Vec::new();
         {
             let state = table.snapshot().map_err(self.error(relative))?;
@@ -574,7 +575,7 @@ impl DeltaTables {
         schema: &Schema,
         app_id: &str,
     ) -> Result<(), DeltaError> {
-        let txn = Transaction::new_with_last_update(app_id, -1, Some(now_ms()));
+        let txn = Transaction::new_with_last_update(app_id, -1, Some(wall_now_ms()));
         self.commit_append(relative, schema, vec![Action::Txn(txn)])
             .await
             .map(|_| ())
@@ -1104,7 +1105,7 @@ impl DeltaTables {
         added: Vec<Add>,
         target_size: i64,
     ) -> Result<u64, DeltaError> {
-        let now = now_ms();
+        let now = wall_now_ms();
         let mut actions: Vec<Action> = removed
             .iter()
             .map(|file| Action::Remove(remove(&file.path, file.size, now, false)))
@@ -1142,7 +1143,7 @@ impl DeltaTables {
         files: &[DataFile],
         predicate: &str,
     ) -> Result<u64, DeltaError> {
-        let now = now_ms();
+        let now = wall_now_ms();
         let mut actions: Vec<Action> = files
             .iter()
             .map(|file| Action::Remove(remove(&file.path, file.size, now, true)))
@@ -1165,7 +1166,7 @@ impl DeltaTables {
     /// them) as `name` in `ctx`, read as plain Parquet files with `schema`: for a job that knows
     /// which files it wants (an hour's, as their names say) and need not plan over the whole
     /// table. No files make an empty table. A bucket's store must be registered with `ctx`
-    /// ([`crate::lake::Lake::register_store`]).
+    /// (`Lake::register_object_store`).
     pub fn register_files(
         &self,
         ctx: &datafusion::prelude::SessionContext,
@@ -1400,12 +1401,6 @@ fn stats(batch: &RecordBatch, hour: Option<(&str, i64)>) -> String {
         stats["nullCount"] = serde_json::json!({ column: 0 });
     }
     stats.to_string()
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A Delta table as a session's table: each scan plans over the version [`AsOf`] names, the
@@ -1735,7 +1730,7 @@ fn txn_action(txn: &AppTxn) -> Action {
     Action::Txn(Transaction::new_with_last_update(
         &txn.app_id,
         txn.last,
-        Some(now_ms()),
+        Some(wall_now_ms()),
     ))
 }
 
@@ -1828,7 +1823,7 @@ fn add(path: String, size: i64, stats: String, data_change: bool) -> Add {
         path,
         partition_values: HashMap::new(),
         size,
-        modification_time: now_ms(),
+        modification_time: wall_now_ms(),
         data_change,
         stats: Some(stats),
         ..Default::default()
@@ -2044,7 +2039,8 @@ mod tests {
         }
         let log = dir.path().join("t/_delta_log");
         let first = log.join("00000000000000000000.json");
-        let month_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(31 * 86_400);
+        let month_ago =
+            gpuwarden_schema::clock::wall_now() - std::time::Duration::from_secs(31 * 86_400);
         for entry in std::fs::read_dir(&log).unwrap().flatten() {
             std::fs::File::options()
                 .write(true)

@@ -430,7 +430,7 @@ pub fn run(
         let taken = match lake.try_lock(crate::lake::Role::Signals) {
             Ok(taken) => taken,
             // A bucket out of reach for a while: the role is tried again, as a held one is.
-            Err(e @ LakeError::Store { .. }) => {
+            Err(e @ LakeError::ObjectStore { .. }) => {
                 tracing::warn!(error = %e, "cannot reach the lake to take the signals role; trying again");
                 sleep_unless_stopped(options.lock_retry, &stop);
                 continue;
@@ -459,7 +459,7 @@ pub fn run(
         metrics.set_window_bytes(0);
         drop(lock);
         result?;
-        // Stopped, or the role was lost (a lease on a bucket that lapsed): the latter stands
+        // Stopped, or the role was lost (a bucket lock that lapsed): the latter stands
         // by again, and takes the role back when it is free.
         standing_by = false;
     }
@@ -686,7 +686,7 @@ impl<'a> Publisher<'a> {
         Ok(())
     }
 
-    /// Publishes until `stop` is set or `lock` is lost (its lease on a bucket lapsed or was
+    /// Publishes until `stop` is set or `lock` is lost (its bucket lock lapsed or was
     /// taken over): then another process publishes, and this one stops before its next signal.
     fn run(mut self, runtime: &tokio::runtime::Runtime, stop: &AtomicBool, lock: &LakeLock) {
         let mut last_check = Instant::now();

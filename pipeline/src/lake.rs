@@ -1,8 +1,8 @@
-//! The lake: a directory, or a prefix of an S3 bucket ([`crate::store`]), holding one Delta
-//! table per raw table and per rollup table ([`crate::delta`]), the rollups' small state
-//! objects, and the roles: the one process rolling up, compacting or publishing signals is an
-//! `flock` in a directory and a lease object that expires in a bucket ([`Lake::try_lock`],
-//! [`crate::lease`]) (docs/ARCHITECTURE.md#lake-layout).
+//! The lake ([`Lake`]): a directory, or a prefix of an S3 bucket ([`crate::objects`]), holding
+//! one Delta table per raw table and per rollup table ([`crate::delta`]), the rollups' small
+//! state objects, and the roles: the one process rolling up, compacting or publishing signals is
+//! an `flock` in a directory and a lock object that expires in a bucket ([`Lake::try_lock`],
+//! [`crate::bucket_lock`]) (docs/src/contributors/lake.md#lake-layout).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -12,7 +12,8 @@ pub use crate::base::{
     hour_partition, parse_hour_partition, DeltaError, LakeError, ROW_GROUP_ROWS,
 };
 pub(crate) use crate::base::{io, replace_durably, writer_properties};
-use crate::store::ObjectLake;
+use crate::bucket_lock::{self, BucketLock};
+use crate::objects::ObjectLake;
 
 /// The lake: a root directory (`<data_dir>/lake`), or a prefix of an object store.
 #[derive(Debug, Clone)]
@@ -40,7 +41,7 @@ pub enum Role {
 }
 
 impl Role {
-    /// Its name, as in its lease object's.
+    /// Its name, as in its lock object's.
     pub fn name(self) -> &'static str {
         match self {
             Self::Rollups => "rollups",
@@ -61,35 +62,36 @@ impl Role {
 
 /// A role held on a lake ([`Lake::try_lock`]), given up when dropped. In a directory it is an
 /// `flock` on the role's lock file, which the kernel drops with the process. In a bucket it is
-/// the role's [`crate::lease::Lease`], renewed every third of its length by a thread of its own
-/// while held and released when dropped; a holder that dies gives the role up when the lease
-/// expires. A lease can be lost (renewals failing until it expires, or another process taking
-/// the role over meanwhile): the holder asks [`LakeLock::check`] before each step it commits,
-/// and its commits are conditional writes ([`Lake::write_state`]) besides.
+/// the role's [`BucketLock`], renewed every third of its length by a thread of its own while
+/// held and released when dropped; a holder that dies gives the role up when the lock expires.
+/// A bucket lock can be lost (renewals failing until it expires, or another process taking the
+/// role over meanwhile): the holder asks [`LakeLock::check`] before each step it commits, and
+/// its commits are conditional writes ([`Lake::write_state`]) besides.
 #[derive(Debug)]
 pub struct LakeLock {
     path: PathBuf,
-    held: Held,
+    holding: Holding,
 }
 
+/// How a [`LakeLock`] holds its role.
 #[derive(Debug)]
-enum Held {
+enum Holding {
     File(#[allow(dead_code)] File),
-    Lease(LeaseKeeper),
+    Bucket(Keeper),
 }
 
-/// The thread renewing a held lease, and what it found.
+/// The thread renewing a held bucket lock, and what it found.
 #[derive(Debug)]
-struct LeaseKeeper {
-    shared: Arc<LeaseShared>,
+struct Keeper {
+    shared: Arc<KeeperShared>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// The lease's generation: greater for every later holder of the role.
+    /// The lock's generation: greater for every later holder of the role.
     generation: u64,
 }
 
 #[derive(Debug)]
-struct LeaseShared {
-    lease: std::sync::Mutex<Option<crate::lease::Lease>>,
+struct KeeperShared {
+    lock: std::sync::Mutex<Option<BucketLock>>,
     /// Set to stop the renewals; the condition variable wakes the thread for it.
     stop: std::sync::Mutex<bool>,
     wake: std::sync::Condvar,
@@ -99,9 +101,9 @@ struct LeaseShared {
     lake: String,
 }
 
-impl LeaseShared {
-    /// Renews every third of the lease's length until stopped or deposed. A failed renewal
-    /// (the store unreachable) is retried at the next turn: the lease stays valid until it
+impl KeeperShared {
+    /// Renews every third of the lock's length until stopped or deposed. A failed renewal
+    /// (the object store unreachable) is retried at the next turn: the lock stays valid until it
     /// expires, which [`LakeLock::check`] tells by its own clock.
     fn keep(&self, ttl: std::time::Duration) {
         let every = ttl / 3;
@@ -115,19 +117,19 @@ impl LeaseShared {
                 return;
             }
             drop(stop);
-            let mut lease = self.lease.lock().expect("not poisoned");
-            let Some(held) = lease.as_mut() else { return };
+            let mut lock = self.lock.lock().expect("not poisoned");
+            let Some(held) = lock.as_mut() else { return };
             match held.renew() {
-                Ok(crate::lease::Held::Kept) => {}
-                Ok(crate::lease::Held::Deposed) => {
-                    tracing::warn!(role = self.role.name(), lake = %self.lake, "another process took this process's role over: its lease had lapsed");
+                Ok(bucket_lock::Held::Kept) => {}
+                Ok(bucket_lock::Held::Deposed) => {
+                    tracing::warn!(role = self.role.name(), lake = %self.lake, "another process took this process's role over: its lock had lapsed");
                     self.deposed
                         .store(true, std::sync::atomic::Ordering::SeqCst);
-                    *lease = None;
+                    *lock = None;
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(role = self.role.name(), lake = %self.lake, error = %e, remaining_ms = held.remaining().as_millis() as u64, "could not renew this process's lease on its role; retrying");
+                    tracing::warn!(role = self.role.name(), lake = %self.lake, error = %e, remaining_ms = held.remaining().as_millis() as u64, "could not renew this process's lock on its role; retrying");
                 }
             }
         }
@@ -135,33 +137,33 @@ impl LeaseShared {
 }
 
 impl LakeLock {
-    /// The lock file, or the lease object, relative to the lake's root.
+    /// The lock file, or the lock object, relative to the lake's root.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// The generation of the lease this holder took (a bucket's; `None` for a directory's
-    /// lock, which no other process can take while this one lives): a later holder of the
+    /// The generation of the bucket lock this holder took (`None` for a directory's lock,
+    /// which no other process can take while this one lives): a later holder of the
     /// role always has a greater one, so names carrying it never collide between holders.
     pub fn generation(&self) -> Option<u64> {
-        match &self.held {
-            Held::Lease(keeper) => Some(keeper.generation),
-            Held::File(_) => None,
+        match &self.holding {
+            Holding::Bucket(keeper) => Some(keeper.generation),
+            Holding::File(_) => None,
         }
     }
 
-    /// `Ok` while the role is still this process's with time to spare (a third of its lease
-    /// at least; always, for a directory's lock): the holder asks before each step it commits.
+    /// `Ok` while the role is still this process's with time to spare (a third of its bucket
+    /// lock's length at least; always, for a directory's lock): the holder asks before each step it commits.
     /// [`LakeError::Deposed`] once it is not, naming `what` was about to be done.
     pub fn check(&self, what: &str) -> Result<(), LakeError> {
-        let Held::Lease(keeper) = &self.held else {
+        let Holding::Bucket(keeper) = &self.holding else {
             return Ok(());
         };
         let shared = &keeper.shared;
-        let lease = shared.lease.lock().expect("not poisoned");
-        let spare = lease
+        let lock = shared.lock.lock().expect("not poisoned");
+        let spare = lock
             .as_ref()
-            .is_some_and(|lease| lease.remaining() >= lease.ttl() / 3);
+            .is_some_and(|lock| lock.remaining() >= lock.ttl() / 3);
         if spare && !shared.deposed.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -175,7 +177,7 @@ impl LakeLock {
 
 impl Drop for LakeLock {
     fn drop(&mut self) {
-        let Held::Lease(keeper) = &mut self.held else {
+        let Holding::Bucket(keeper) = &mut self.holding else {
             return;
         };
         *keeper.shared.stop.lock().expect("not poisoned") = true;
@@ -183,18 +185,18 @@ impl Drop for LakeLock {
         if let Some(thread) = keeper.thread.take() {
             let _ = thread.join();
         }
-        let lease = keeper.shared.lease.lock().expect("not poisoned").take();
-        if let Some(lease) = lease {
+        let lock = keeper.shared.lock.lock().expect("not poisoned").take();
+        if let Some(lock) = lock {
             // Released, the next holder need not wait out the expiry; failing to release costs
             // only that wait.
-            if let Err(e) = lease.release() {
-                tracing::warn!(role = keeper.shared.role.name(), lake = %keeper.shared.lake, error = %e, "could not release this process's lease; the role passes on when it expires");
+            if let Err(e) = lock.release() {
+                tracing::warn!(role = keeper.shared.role.name(), lake = %keeper.shared.lake, error = %e, "could not release this process's lock; the role passes on when it expires");
             }
         }
     }
 }
 
-/// This process's name as a lease holder: host, process id and start time, so that a restarted
+/// This process's name as a bucket lock's holder: host, process id and start time, so that a restarted
 /// process never takes itself for its predecessor.
 fn holder_name() -> String {
     static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -208,7 +210,7 @@ fn holder_name() -> String {
                     .map(|h| h.trim().to_string())
             })
             .unwrap_or_else(|| "host".into());
-        let started = std::time::SystemTime::now()
+        let started = gpuwarden_schema::clock::wall_now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros());
         format!("{host}/{}/{started:x}", std::process::id())
@@ -225,9 +227,9 @@ pub struct StateVersion(Option<object_store::UpdateVersion>);
 /// gpuwarden's layout of a lake, kept in [`LAYOUT_FILE`] at its root: which tables there are,
 /// where their files and state objects lie, and how they are read. Layout 1 was the layout
 /// before Delta tables (`<table>/date=…/hour=…/`, which `gpuwarden lake migrate` moves and
-/// [`crate::rollup::Rollup::run`] refuses to roll up until it has); layout 2 is every table a
-/// Delta table (docs/ARCHITECTURE.md#lake-layout). A lake without the file is of the layout
-/// before it was kept: 2, unless it still holds files of layout 1.
+/// `Rollup::run` refuses to roll up until it has); layout 2 is every table a Delta table
+/// (docs/src/contributors/lake.md#lake-layout). A lake without the file is of the layout before it was
+/// kept: 2, unless it still holds files of layout 1.
 pub const LAKE_LAYOUT: u64 = 2;
 
 /// The object at a lake's root that names its layout ([`LAKE_LAYOUT`]) and the gpuwarden that
@@ -388,7 +390,7 @@ impl Lake {
 
     /// Serves the lake's objects to `ctx` at `s3://<bucket>`, for the tables read file by file
     /// ([`crate::delta::DeltaTables::file_url`]); nothing to do for a directory.
-    pub fn register_store(&self, ctx: &datafusion::prelude::SessionContext) {
+    pub fn register_object_store(&self, ctx: &datafusion::prelude::SessionContext) {
         if let Some(objects) = &self.objects {
             objects.register(ctx);
         }
@@ -399,21 +401,19 @@ impl Lake {
     ///
     /// In a directory it is an exclusive `flock` on the role's lock file (created if missing),
     /// which lasts as long as the returned value and ends with the process however it ends, so
-    /// a crash never leaves it taken. In a bucket it is the role's lease object
-    /// (`_leases/<role>.json`, [`crate::lease::Lease`]) for `storage.s3.lease_ttl`, renewed
-    /// while held and released when dropped; after a crash the role is free once the lease
-    /// expires.
+    /// a crash never leaves it taken. In a bucket it is the role's lock object
+    /// (`_leases/<role>.json`, [`BucketLock`]) for `storage.s3.lease_ttl`, renewed while held
+    /// and released when dropped; after a crash the role is free once the lock expires.
     pub fn try_lock(&self, role: Role) -> Result<Option<LakeLock>, LakeError> {
         if let Some(objects) = &self.objects {
-            let ttl = objects.lease_ttl();
-            let Some(lease) =
-                crate::lease::Lease::try_take(objects, role.name(), &holder_name(), ttl)?
+            let ttl = objects.lock_ttl();
+            let Some(lock) = BucketLock::try_take(objects, role.name(), &holder_name(), ttl)?
             else {
                 return Ok(None);
             };
-            let generation = lease.generation();
-            let shared = Arc::new(LeaseShared {
-                lease: std::sync::Mutex::new(Some(lease)),
+            let generation = lock.generation();
+            let shared = Arc::new(KeeperShared {
+                lock: std::sync::Mutex::new(Some(lock)),
                 stop: std::sync::Mutex::new(false),
                 wake: std::sync::Condvar::new(),
                 deposed: std::sync::atomic::AtomicBool::new(false),
@@ -422,12 +422,12 @@ impl Lake {
             });
             let keeping = Arc::clone(&shared);
             let thread = std::thread::Builder::new()
-                .name(format!("lease-{}", role.name()))
+                .name(format!("lock-{}", role.name()))
                 .spawn(move || keeping.keep(ttl))
-                .map_err(io("starting the lease thread of", Path::new(role.name())))?;
+                .map_err(io("starting the lock thread of", Path::new(role.name())))?;
             return Ok(Some(LakeLock {
-                path: crate::lease::Lease::path(role.name()),
-                held: Held::Lease(LeaseKeeper {
+                path: BucketLock::path(role.name()),
+                holding: Holding::Bucket(Keeper {
                     shared,
                     thread: Some(thread),
                     generation,
@@ -442,7 +442,7 @@ impl Lake {
         match file.try_lock() {
             Ok(()) => Ok(Some(LakeLock {
                 path,
-                held: Held::File(file),
+                holding: Holding::File(file),
             })),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
             Err(fs::TryLockError::Error(source)) => Err(LakeError::Io {
@@ -453,13 +453,13 @@ impl Lake {
         }
     }
 
-    /// Where `role` is held on this lake, for messages: its lock file, or its lease object's URL.
+    /// Where `role` is held on this lake, for messages: its lock file, or its lock object's URL.
     pub fn lock_location(&self, role: Role) -> PathBuf {
         match &self.objects {
             Some(objects) => PathBuf::from(format!(
                 "{}/{}",
                 objects.display(),
-                crate::lease::Lease::path(role.name()).display()
+                BucketLock::path(role.name()).display()
             )),
             None => self.root.join(role.lock_file()),
         }

@@ -14,58 +14,78 @@
 //!
 //! # Layers
 //!
-//! A module uses only modules above it in this list, never one below it (no cycle; the same
-//! order is in docs/ARCHITECTURE.md#the-pipelines-modules):
-//!
-//! - [`base`]: the lake's errors (`LakeError`, `DeltaError`), Parquet encoding, hour names.
-//! - [`bounds`]: event time against arrival: the bounds a record's time must keep, the fleet's
-//!   watermark, each host's clock skew. [`governor`]: runs the queries people submit on threads
-//!   of their own, under their limits.
-//! - [`store`] (`base`): a lake in an S3-compatible object store: its client, keys, requests.
-//! - [`delta`] (`base`, `store`): the lake's Delta tables: commits (ingest's appends with their
-//!   offsets, an hour replaced, OPTIMIZE, DELETE), reads of a version, VACUUM.
-//! - [`lease`] (`base`, `store`): a role's lock on a lake in an object store, as a lease object
-//!   that expires.
-//! - [`lake`] (`base`, `delta`, `lease`, `store`): the lake, in a directory or an object store:
-//!   its tables, roles and state objects.
-//! - [`buffer`] (`bounds`, `lake`): the raw tables and the rows waiting to be flushed to them.
-//! - [`retention`] and [`migrate`] (`buffer`, `delta`, `lake`): deleting expired hours; moving
-//!   a lake of the layout before Delta into its tables.
-//! - [`rollup`] (`bounds`, `buffer`, `delta`, `lake`, `migrate`): the rollup tables, their
-//!   schemas and how they are computed; `rollup::leases` rebuilds leases from their events.
-//! - [`relocate`] (`buffer`, `delta`, `lake`, `migrate`, `rollup`): moving a lake to a new
-//!   location.
-//! - [`compact`] (`buffer`, `delta`, `lake`, `retention`, `rollup`): OPTIMIZE of final hours.
-//! - [`metrics`] (`bounds`, `compact`): the pipeline's own Prometheus metrics.
-//! - `writer` (`buffer`, `delta`, `lake`, `metrics`), then [`consume`] (the same and `bounds`,
-//!   `writer`), then [`files`] (the same and `consume`): ingest.
-//! - [`signals`] (`rollup`): signals as a pure function of the hot window.
-//! - [`hot`] (`bounds`, `consume`, `delta`, `lake`, `metrics`, `rollup`, `signals`): the
-//!   signals loop.
-//! - [`sql`] (`buffer`, `delta`, `governor`, `lake`, `rollup`): the session over every table.
-//! - [`endpoint`] (`delta`, `governor`): serves the session it is handed to Postgres clients.
+//! Modules are declared lowest layer first; a module uses only modules above it in this list
+//! (each declaration's comment names them), never one below it, so there is no cycle. The same
+//! order is in docs/ARCHITECTURE.md#the-pipelines-modules. Each declaration stands alone, so that
+//! rustfmt keeps the order.
 
+// base: the lake's errors (`LakeError`, `DeltaError`), Parquet encoding, hour names.
 pub mod base;
+
+// bounds: event time against arrival: the bounds a record's time must keep, the fleet's watermark,
+// each host's clock skew.
 pub mod bounds;
-pub mod buffer;
-pub mod compact;
-pub mod consume;
-pub mod delta;
-pub mod endpoint;
-pub mod files;
+
+// governor: runs the queries people submit on threads of their own, under their limits.
 pub mod governor;
-pub mod hot;
+
+// objects (base): the object-store client of a lake in an S3-compatible bucket: keys, requests.
+pub mod objects;
+
+// delta (base, objects): the lake's Delta tables: commits (ingest's appends with their offsets, an
+// hour replaced, OPTIMIZE, DELETE), reads of a version, VACUUM.
+pub mod delta;
+
+// bucket_lock (base, objects): a role's lock on a lake in a bucket, as an object that expires.
+pub mod bucket_lock;
+
+// lake (base, bucket_lock, delta, objects): the lake, in a directory or a bucket: its tables,
+// roles and state objects.
 pub mod lake;
-pub mod lease;
-pub mod metrics;
-pub mod migrate;
-pub mod relocate;
+
+// buffer (bounds, lake): the raw tables and the rows waiting to be flushed to them.
+pub mod buffer;
+
+// retention (buffer, delta, lake): deleting expired hours.
 pub mod retention;
+
+// migrate (buffer, delta, lake): moving a lake of the layout before Delta into its tables.
+pub mod migrate;
+
+// rollup (bounds, buffer, delta, lake, migrate): the rollup tables, their columns and queries, and
+// running them; `rollup::leases` rebuilds GPU leases from their events.
 pub mod rollup;
-pub mod signals;
+
+// relocate (buffer, delta, lake, migrate, rollup): moving a lake to a new location.
+pub mod relocate;
+
+// sql (buffer, delta, governor, lake, rollup): the session over every table.
 pub mod sql;
-pub mod store;
+
+// compact (buffer, delta, lake, migrate, retention, rollup; sql in its tests): OPTIMIZE of final
+// hours.
+pub mod compact;
+
+// metrics (bounds, compact): the pipeline's own Prometheus metrics.
+pub mod metrics;
+
+// writer (buffer, delta, lake, metrics): the writer threads of ingest.
 mod writer;
+
+// consume (bounds, buffer, delta, lake, metrics, writer): ingest from Kafka.
+pub mod consume;
+
+// files (bounds, buffer, consume, delta, lake, metrics): ingest from JSON lines files.
+pub mod files;
+
+// signals (rollup): signals as a pure function of the hot window.
+pub mod signals;
+
+// hot (bounds, consume, delta, lake, metrics, rollup, signals): the signals loop.
+pub mod hot;
+
+// endpoint (delta, governor, metrics): serves the session it is handed to Postgres clients.
+pub mod endpoint;
 
 pub use buffer::Table;
 pub use compact::{CompactOptions, Compactor};

@@ -1,5 +1,5 @@
 //! Moving a lake's raw tables from the layout before Delta into their Delta tables, in place
-//! (`gpuwarden lake migrate`, docs/ARCHITECTURE.md#moving-a-lake-to-delta).
+//! (`gpuwarden lake migrate`, docs/src/contributors/lake.md#moving-a-lake-to-delta).
 //!
 //! Before Delta, a raw table was `<table>/date=YYYY-MM-DD/hour=HH/*.parquet`, read by
 //! gpuwarden's own rules: an hour's `_compaction.json` names its current compacted outputs
@@ -26,7 +26,7 @@ use crate::buffer::Table;
 use crate::delta::AsOf;
 use crate::lake::{parse_hour_partition, Lake, LakeError};
 
-/// A migration (of the raw tables, or of the rollup tables: [`crate::rollup::migrate`]) that
+/// A migration (of the raw tables, or of the rollup tables: `rollup::migrate`) that
 /// could not finish. What it committed stays: running it again goes on.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
@@ -343,7 +343,7 @@ pub async fn migrate_raw(
         return Err(MigrateError::Busy(lake.location()));
     };
     let ctx = SessionContext::new();
-    lake.register_store(&ctx);
+    lake.register_object_store(&ctx);
     let mut reports = Vec::new();
     for table in Table::ALL {
         let hours = tokio::task::block_in_place(|| old_hours(lake, table))?;

@@ -1,5 +1,5 @@
 //! Moving a lake to a new location (`gpuwarden lake migrate --to`,
-//! docs/ARCHITECTURE.md#moving-a-lake): a directory to a bucket, one bucket to another, or a
+//! docs/src/contributors/lake.md#moving-a-lake): a directory to a bucket, one bucket to another, or a
 //! lake of the layout before Delta into Delta tables elsewhere, leaving it as it was.
 //!
 //! Each table is copied as a reader of the old lake sees it: a Delta table's latest version
@@ -417,7 +417,7 @@ fn file_totals(
 /// The same totals of the table in `lake` at `as_of`, through a session.
 async fn table_totals(lake: &Lake, spec: &Spec, as_of: AsOf) -> Result<Totals, MigrateError> {
     let ctx = SessionContext::new();
-    lake.register_store(&ctx);
+    lake.register_object_store(&ctx);
     lake.delta()
         .register(&ctx, "t", &spec.relative, &spec.schema, as_of)?;
     let query = match spec.rollup {

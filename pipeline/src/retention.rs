@@ -1,6 +1,6 @@
 //! Retention: the hours of the raw tables older than `[pipeline.retention]` allows, measured back
-//! from the rollups' watermark, are deleted, logged and counted (docs/ARCHITECTURE.md#retention). The rollups, the lease events and the
-//! actions are kept.
+//! from the rollups' watermark, are deleted, logged and counted
+//! (docs/src/contributors/lake.md#retention). The rollups, the lease events and the actions are kept.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Signals: what the enforcer acts on, measured over the hot window (docs/ARCHITECTURE.md#signal).
+//! Signals: what the enforcer acts on, measured over the hot window (docs/src/contributors/records.md#signal).
 //!
 //! [`SignalEngine::signals`] takes the window's samples ([`SampleWindow`]: deduplicated as they
 //! arrive and kept per GPU in one-minute buckets, [`window`]), the leases (rebuilt from their
@@ -13,7 +13,7 @@
 //! order, the figures are those of the raw samples. [`SignalEngine::compute`] does the same over
 //! Arrow batches in the `samples` schema.
 //!
-//! What the numbers mean, exactly (docs/ARCHITECTURE.md#signal-figures summarizes them):
+//! What the numbers mean, exactly (docs/src/finops/definitions.md#signal-figures summarizes them):
 //! - Samples are deduplicated on `(gpu_uuid, ts_ms)` (each column's maximum, as the rollups do)
 //!   and counted when `ts - window < ts_ms <= ts`.
 //! - A sample belongs to the open lease it names; one that names no open lease belongs to the

@@ -1,5 +1,5 @@
 //! SQL over the lake with DataFusion: every table registered under its name in
-//! docs/ARCHITECTURE.md#sql-tables (raw tables, rollups, and the `lease_usage` and `clock_skew`
+//! docs/src/contributors/pipeline.md#sql-tables (raw tables, rollups, and the `lease_usage` and `clock_skew`
 //! views), each a Delta table read with its schema fixed in code, at the version the session
 //! asks for ([`AsOf`]; by default the latest commit when a query is planned, so that commits
 //! made after the session started are visible to its next query). A table nothing has created

@@ -1,5 +1,5 @@
 //! The rollups against a small lake whose every number was computed by hand, one definition of
-//! docs/ARCHITECTURE.md#what-the-numbers-mean at a time. The fixture, in minutes after hour H
+//! docs/src/finops/definitions.md at a time. The fixture, in minutes after hour H
 //! (every sample's interval is one minute: the sample at k covers minute k − 1 to k, so the one
 //! at 0 lies in the hour before H):
 //!
@@ -975,7 +975,7 @@ fn lease_hourly(rt: &tokio::runtime::Runtime, lake: &Lake) -> BTreeMap<(i64, Str
     .collect()
 }
 
-/// The worked case of docs/ARCHITECTURE.md#attribution: samples whose intervals straddle a
+/// The worked case of docs/src/finops/definitions.md#attribution: samples whose intervals straddle a
 /// grant, a resize that adds a GPU, a resize that takes one away, a release and hour edges.
 #[test]
 fn attribution_splits_intervals_at_grants_resizes_releases_and_hours() {

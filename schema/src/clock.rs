@@ -2,8 +2,8 @@
 //! so the demo and the tests can run a day of fleet time in minutes and land on the same numbers.
 //!
 //! What genuinely needs the wall clock (a signature's timestamp, the time a record arrived, the
-//! age of a kept file, a fresh directory's name) reads it through [`wall_now_ms`] or
-//! [`wall_now_s`], here and nowhere else.
+//! age of a kept file, a fresh directory's name) reads it through [`wall_now_ms`],
+//! [`wall_now_s`] or [`wall_now`], here and nowhere else.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -39,10 +39,16 @@ pub trait Clock: Debug + Send + Sync {
     }
 }
 
+/// The machine's wall clock as a [`SystemTime`], for what takes one (a file's modified time) or
+/// needs finer than a millisecond (a unique name).
+pub fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
 /// The machine's wall clock in Unix epoch milliseconds (UTC); 0 before 1970. Event time comes
 /// from a [`Clock`]; this is for what must be dated in real time whatever the clock runs at.
 pub fn wall_now_ms() -> i64 {
-    let since = SystemTime::now()
+    let since = wall_now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)

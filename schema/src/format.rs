@@ -1,5 +1,5 @@
 //! The versions of what gpuwarden keeps between runs, and the one refusal every reader of them
-//! gives for data written by a newer gpuwarden (docs/ARCHITECTURE.md#upgrades).
+//! gives for data written by a newer gpuwarden (docs/src/contributors/upgrades.md).
 //!
 //! Each persisted format carries its own version: the lease store's `schema_version` table
 //! (the enforcer's migrations), the lake's `_gpuwarden.json` (its layout), a `version` field in

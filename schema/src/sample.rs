@@ -17,6 +17,14 @@ use crate::version::V1;
 /// The longest sampling interval a sample may cover: one hour, in milliseconds.
 pub const MAX_INTERVAL_MS: i64 = 3_600_000;
 
+/// The [`Sample::labels`] keys of a GPU that a Kubernetes pod holds, as the collector writes
+/// them and the lake keeps them: the pod's namespace.
+pub const NAMESPACE_LABEL: &str = "k8s_namespace";
+/// The pod's name (see [`NAMESPACE_LABEL`]).
+pub const POD_LABEL: &str = "k8s_pod";
+/// The container's name, when known (see [`NAMESPACE_LABEL`]).
+pub const CONTAINER_LABEL: &str = "k8s_container";
+
 /// One GPU, one sampling interval: covers `[ts_ms - interval_ms, ts_ms)`.
 ///
 /// Optional fields are `null` when the device cannot report them.

@@ -10,7 +10,7 @@
 //! and checks, so it takes three steps, each everywhere before the next: `key = old,
 //! previous_key = new`; then `key = new, previous_key = old`; then `previous_key` dropped.
 //!
-//! Who signs and who checks (docs/ARCHITECTURE.md, "Trust between the parts"): the pipeline signs
+//! Who signs and who checks (docs/src/contributors/delivery.md#trust-between-the-parts): the pipeline signs
 //! `gpuwarden.signals`, which the enforcer refuses unsigned or badly signed; the enforcer signs
 //! `gpuwarden.leases` and `gpuwarden.actions`, which the pipeline quarantines unsigned or badly
 //! signed when it has a key.

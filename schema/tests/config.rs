@@ -1062,14 +1062,16 @@ fn a_lake_that_cannot_be_reached_is_reported_at_its_field() {
         .contains("unknown"));
 }
 
-/// Every TOML block of README.md is a config, or a part of one, that gpuwarden accepts as it is
-/// written there (with its `${…}` references set): a new user copies them. A part that maps to
-/// the README's teams without defining them (research, serving) is checked beside those two.
+/// Every TOML block of README.md and of the book (`docs/src/**/*.md`) is a config, or a part of
+/// one, that gpuwarden accepts as it is written there (with its `${…}` references set): a new user
+/// copies them. A part that maps to the book's teams without defining them (research, serving) is
+/// checked beside those two. A sketch that is not meant to load is fenced as `toml,ignore`.
 #[test]
-fn every_toml_block_of_the_readme_is_a_valid_config() {
-    let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
+fn every_toml_block_of_the_readme_and_the_book_is_a_valid_config() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    markdown_files(&root.join("docs/src"), &mut files);
+    assert!(files.len() > 1, "no pages under docs/src");
     for (name, value) in [
         (
             "GPUWARDEN_SIGNING_KEY",
@@ -1085,27 +1087,51 @@ fn every_toml_block_of_the_readme_is_a_valid_config() {
         std::env::set_var(name, value);
     }
     let mut blocks = 0;
-    let mut rest = readme.as_str();
-    while let Some(start) = rest.find("```toml\n") {
-        let line = readme[..readme.len() - rest.len() + start].lines().count() + 1;
-        let body = &rest[start + "```toml\n".len()..];
-        let end = body.find("```").expect("a TOML block ends");
-        let block = &body[..end];
-        let text = if block.contains("[[teams]]") {
-            block.to_string()
-        } else {
-            format!(
-                "{block}\n[[teams]]\nname = \"research\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n\
-                 [[teams]]\nname = \"serving\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n"
-            )
-        };
-        if let Err(e) = config::parse("README.md", &text) {
-            panic!("README.md's TOML block at line {line}:\n{e}");
+    for file in &files {
+        let page = std::fs::read_to_string(file).unwrap();
+        let shown = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let mut rest = page.as_str();
+        while let Some(start) = rest.find("```toml\n") {
+            let line = page[..page.len() - rest.len() + start].lines().count() + 1;
+            let body = &rest[start + "```toml\n".len()..];
+            let end = body.find("```").expect("a TOML block ends");
+            let block = &body[..end];
+            let text = if block.contains("[[teams]]") {
+                block.to_string()
+            } else {
+                format!(
+                    "{block}\n[[teams]]\nname = \"research\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n\
+                     [[teams]]\nname = \"serving\"\ngpu_quota = 1\nmonthly_budget_usd = 1\n"
+                )
+            };
+            if let Err(e) = config::parse(&shown, &text) {
+                panic!("{shown}'s TOML block at line {line}:\n{e}");
+            }
+            blocks += 1;
+            rest = &body[end..];
         }
-        blocks += 1;
-        rest = &body[end..];
     }
     assert!(blocks >= 7, "{blocks} TOML blocks");
+}
+
+/// Every `.md` file under `dir`, sorted, appended to `out`.
+fn markdown_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            markdown_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "md") {
+            out.push(path);
+        }
+    }
 }
 
 /// `[enforcer.store]` and `[enforcer.leader]`: a store URL of no known kind, a password file

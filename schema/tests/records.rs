@@ -1,4 +1,4 @@
-//! The v1 records against docs/ARCHITECTURE.md#record-contracts: every invalid case is rejected
+//! The v1 records against docs/src/contributors/records.md: every invalid case is rejected
 //! with a reason naming its field, valid records survive JSON and Arrow round trips unchanged,
 //! and no bytes make the decoder panic.
 

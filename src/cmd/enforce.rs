@@ -217,6 +217,7 @@ pub(crate) async fn start(
         kafka: kafka.clone(),
         clock: clock.clone(),
         service: service.leading(),
+        outbox: store.leading(),
     };
     if service.dry_run() {
         tracing::warn!("enforcer.mode = \"dry_run\": runtime rules record what they would do and change nothing");
@@ -288,7 +289,7 @@ pub(crate) async fn start(
         )));
         webhook_tls.push(tls);
     }
-    let (metrics, store) = (service.metrics().clone(), service.store().clone());
+    let (metrics, store) = (service.metrics().clone(), store.clone());
     let leadership = store.leadership().clone();
     let reloads = tls.clone();
     // The portal reads idle cost and the scorecard's evidence from the lake under the data dir
@@ -300,7 +301,7 @@ pub(crate) async fn start(
         super::metrics_http::metrics_only(move || {
             let mut page = metrics.render_with(store.commit_stats());
             gpuwarden_schema::kafka::broker_errors().render(&mut page);
-            render_leadership(&mut page, &leadership);
+            gpuwarden_enforcer::metrics::render_leadership(&mut page, &leadership);
             let listeners: Vec<&ServerTls> = reloads.iter().chain(&webhook_tls).collect();
             if !listeners.is_empty() {
                 gpuwarden_schema::tls::render_reloads(&mut page, &listeners);
@@ -341,48 +342,16 @@ pub(crate) async fn start(
     })
 }
 
-/// This replica's role and the leader it knows of, in Prometheus' text format.
-fn render_leadership(
-    page: &mut String,
-    leadership: &gpuwarden_enforcer::store::leader::Leadership,
-) {
-    use gpuwarden_schema::prom::{escape, family};
-    let (leader, term) = leadership.leader();
-    family(
-        page,
-        "gpuwarden_enforcer_leader",
-        "gauge",
-        "Whether this replica leads (does the runtime rules, expiry, watchers' changes and publishing).",
-        [("", f64::from(u8::from(leadership.is_leader())))],
-    );
-    family(
-        page,
-        "gpuwarden_enforcer_leader_term",
-        "gauge",
-        "The leader's term (its fencing token), as this replica last read it.",
-        [("", term as f64)],
-    );
-    let labels = format!(
-        "replica=\"{}\",leader=\"{}\"",
-        escape(&leadership.replica()),
-        escape(&leader)
-    );
-    family(
-        page,
-        "gpuwarden_enforcer_replica_info",
-        "gauge",
-        "This replica's name and the leader's.",
-        [(labels.as_str(), 1.0)],
-    );
-}
-
-/// What the leader's work needs: the leading (fenced) view of the service, and how to reach
-/// Kafka.
+/// What the leader's work needs: the leading (fenced) views of the service and of the store's
+/// outbox, and how to reach Kafka.
 struct LeaderContext {
     config: Arc<config::Config>,
     kafka: Arc<KafkaConnection>,
     clock: Arc<dyn Clock>,
+    /// The service's leading view: every change it makes is fenced by the leadership.
     service: Service,
+    /// The store's leading view, whose outbox the leader publishes to Kafka and prunes.
+    outbox: Store,
 }
 
 /// The work only the leader does, while it leads: re-adopting open leases, the runtime rules
@@ -417,7 +386,7 @@ impl LeaderContext {
         let signing = SigningKeys::from_config(&config.signing);
         let publisher = Publisher::new(
             &self.kafka.client("enforcer"),
-            service.store().clone(),
+            self.outbox.clone(),
             clock.clone(),
             signing.clone(),
         )
@@ -441,7 +410,7 @@ impl LeaderContext {
         ));
         let pruning = config.enforcer.outbox_retention.map(|retention| {
             tokio::spawn(prune_loop(
-                service.store().clone(),
+                self.outbox.clone(),
                 clock.clone(),
                 retention,
                 PRUNE_EVERY,

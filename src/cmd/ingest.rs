@@ -16,7 +16,7 @@ use gpuwarden_schema::config;
 ///
 /// Each line of --samples is one Sample record, of --lease-events one LeaseEvent, of --actions
 /// one Action and of --signals one Signal: the JSON of the v1 record contracts
-/// (docs/ARCHITECTURE.md#record-contracts), as they travel on gpuwarden.samples,
+/// (docs/src/contributors/records.md), as they travel on gpuwarden.samples,
 /// gpuwarden.leases, gpuwarden.actions and gpuwarden.signals ("-" reads standard input, for one
 /// of them). Valid records are written as Parquet to the lake's samples, lease_events, actions
 /// and signals tables; invalid ones to the quarantine table with the reason naming the field.

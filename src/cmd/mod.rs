@@ -6,29 +6,38 @@
 //! commands share: the connection to Kafka ([`kafka`]), the `/metrics` endpoint
 //! ([`metrics_http`]), the SQL endpoint ([`sql_endpoint`]) and the self-service commands' API
 //! client ([`api_client`]).
+//!
+//! Modules are declared lowest layer first; a module uses only modules above it in this list
+//! (`tests/workspace.rs` checks it): the shared wiring, then the commands. A command that runs
+//! another's parts comes after it: `enforce` serves the portal through [`assess`]'s lake
+//! reader, `up` runs [`collect`], [`pipeline`] and [`enforce`] in one process, and `demo` runs
+//! `up`'s stack with demo teams.
 
+// The wiring several commands share.
 mod api_client;
+mod kafka;
+mod metrics_http;
+mod sql_endpoint;
+
+// The commands.
 mod assess;
 mod broker;
 mod check_config;
 mod collect;
 mod compact;
-mod demo;
 mod doctor;
 mod enforce;
 mod ingest;
-mod kafka;
 mod lake;
 mod leases;
-mod metrics_http;
 mod pipeline;
 mod release;
 mod request;
 mod rollup;
 mod sql;
-mod sql_endpoint;
 mod store;
 mod up;
+mod demo;
 
 use std::process::ExitCode;
 
@@ -71,7 +80,7 @@ pub(crate) fn fresh_signing_key() -> anyhow::Result<String> {
 }
 
 /// Where the lake `config` names is, for `gpuwarden <command>`: a directory or a prefix of a
-/// bucket (docs/ARCHITECTURE.md#the-lake-on-object-storage), or an error naming storage.lake.
+/// bucket (docs/src/contributors/object-storage.md), or an error naming storage.lake.
 pub(crate) fn lake_location(
     config: &gpuwarden_schema::config::Config,
     command: &str,

@@ -3,7 +3,7 @@
 Parquet files: the independent second implementation that tests/rollup_polars.rs checks
 DataFusion's rollups against.
 
-It follows docs/ARCHITECTURE.md "What the numbers mean", made precise as twelve numbered rules;
+It follows docs/src/finops/definitions.md, made precise as twelve numbered rules;
 each function below implements one or two of them and quotes them in its docstring. It shares no
 code with the pipeline: keep it that way, or the cross-check stops meaning anything.
 

@@ -1,7 +1,7 @@
 //! A Kafka client of the tests' own (librdkafka through the rdkafka crate, not gpuwarden's
 //! code): what a test writes to a topic or reads back from one, on any of the brokers of
 //! [`BrokerKind`](super::BrokerKind). kcat (Debian's, librdkafka 2.0.2) fails the handshake
-//! with tansu (docs/kafka-brokers.md), so the tests that run on both brokers use this instead.
+//! with tansu (docs/src/operators/kafka-brokers.md), so the tests that run on both brokers use this instead.
 
 use std::time::Duration;
 
@@ -34,4 +34,29 @@ pub fn produce(bootstrap: &str, topic: &str, key: &str, payload: &str, headers: 
     producer
         .flush(Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("producing to {topic} on {bootstrap}: {e}"));
+}
+
+/// Sends each `(key, payload)` of `records` to `topic` on the broker at `bootstrap`, waiting
+/// while the producer's queue is full, then waits until every one is delivered.
+pub fn produce_all(
+    bootstrap: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (String, String)>,
+) {
+    let producer: BaseProducer = client(bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .expect("a producer for the test broker");
+    for (key, payload) in records {
+        while producer
+            .send(BaseRecord::to(topic).key(&key).payload(&payload))
+            .is_err()
+        {
+            producer.poll(Duration::from_millis(5));
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("the test broker takes every record");
 }

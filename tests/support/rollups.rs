@@ -4,6 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
+// The lake suites (lake_migrate, lake_readers, lake_s3) take it from here.
+pub use super::process::ok;
+
 /// 2026-01-01T00:00:00Z.
 pub const T0: i64 = 1_767_225_600_000;
 pub const MINUTE: i64 = 60_000;
@@ -100,16 +103,6 @@ pub fn dir_config(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     )
     .unwrap();
     (config, lake)
-}
-
-pub fn ok(out: std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// `gpuwarden sql`'s answer as `key,value` lines, the form the readers print.

@@ -8,7 +8,7 @@
 //! It keeps each object as a file, `<root>/<bucket>/<key>`. s3s-fs alone checks a conditional
 //! write before writing, so concurrent conditional writes to one key could both succeed, and a GET
 //! reads the body and the ETag in two steps; the lock makes each request see one version of the
-//! key (docs/ARCHITECTURE.md#the-lake-on-object-storage).
+//! key (docs/src/contributors/object-storage.md).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -192,7 +192,7 @@ impl S3Server {
             allow_http: Some(true),
             ..Default::default()
         };
-        let objects = gpuwarden_pipeline::store::ObjectLake::s3(&self.bucket, prefix, &s3)
+        let objects = gpuwarden_pipeline::objects::ObjectLake::s3(&self.bucket, prefix, &s3)
             .expect("a client of the test server");
         gpuwarden_pipeline::Lake::in_object_store(objects, staging).expect("the lake in the bucket")
     }
@@ -235,7 +235,7 @@ impl Drop for S3Server {
 }
 
 /// Runs `test` on a lake in a directory, then on one in a bucket of an S3 server of the test's
-/// own (docs/ARCHITECTURE.md#the-lake-on-object-storage): the test's checks must hold on both.
+/// own (docs/src/contributors/object-storage.md): the test's checks must hold on both.
 pub fn on_each_lake(test: fn(gpuwarden_pipeline::Lake)) {
     let dir = tempfile::tempdir().unwrap();
     test(gpuwarden_pipeline::Lake::open(dir.path().join("lake")).unwrap());

@@ -289,6 +289,29 @@ PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscri
         &self.conf
     }
 
+    /// This cluster's settings in a gpuwarden `[[substrates]]` entry of driver `slurm`, as TOML
+    /// (the support module's `Substrate::raw` takes it): jobs run as the account of the user's
+    /// name, from [`Self::jobs_dir`], their state polled every 500 ms; jobs without an account
+    /// are team `gpu`'s, and GPU type `h100` is an H100.
+    pub fn substrate_settings(&self) -> String {
+        format!(
+            r#"
+same_name_accounts = true
+work_dir = "{jobs}"
+
+[slurm]
+cluster = "{cluster}"
+slurm_conf = "{conf}"
+poll = "500ms"
+teams = {{ "" = "gpu" }}
+models = {{ h100 = "NVIDIA H100 80GB HBM3" }}
+"#,
+            jobs = self.jobs_dir.display(),
+            cluster = self.name,
+            conf = self.conf.display(),
+        )
+    }
+
     /// A client command (sbatch, squeue, scontrol, ...) for this cluster, run as root from
     /// [`Self::jobs_dir`].
     pub fn command(&self, program: &str) -> Command {

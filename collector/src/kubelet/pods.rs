@@ -14,16 +14,10 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use gpuwarden_schema::lease::{is_lease_id, kubernetes_lease_id};
+use gpuwarden_schema::sample::{CONTAINER_LABEL, NAMESPACE_LABEL, POD_LABEL};
 
 use super::podresources::ListPodResourcesResponse;
-use crate::nvml::{env_var, LEASE_ENV};
-
-/// The sample label keys of a GPU's pod, as the lake keeps them.
-pub const NAMESPACE_LABEL: &str = "k8s_namespace";
-/// See [`NAMESPACE_LABEL`].
-pub const POD_LABEL: &str = "k8s_pod";
-/// See [`NAMESPACE_LABEL`].
-pub const CONTAINER_LABEL: &str = "k8s_container";
+use crate::environ::{env_var, LEASE_ENV};
 
 /// Whether `resource` is one the NVIDIA device plugin advertises GPUs under: `nvidia.com/gpu`,
 /// or a MIG profile with the `mixed` strategy (`nvidia.com/mig-1g.10gb`).

@@ -10,7 +10,8 @@ use axum::Json;
 use super::types::{
     AdmissionResponse, ExemptRequest, ExtendRequest, Lease, LeaseQuery, ResizeRequest, TeamView,
 };
-use super::{openapi_json, ApiError, ApiJson, AppState, ErrorBody};
+use super::{ApiError, ApiJson, AppState, ErrorBody};
+use crate::door;
 use crate::fields;
 use crate::policy::{AdmissionRequest, Principal};
 
@@ -45,11 +46,11 @@ pub(super) async fn admission(
                 .map_err(|why| ApiError::field(IDEMPOTENCY_KEY, why))?,
         ),
     };
-    let admission = state
-        .service
-        .admit(&principal, request, key.as_deref())
-        .await?;
-    Ok(Json(admission.into()))
+    let grant = door::Grant::Provision {
+        key: key.as_deref(),
+    };
+    let answer = door::admit(state.service(), &principal, grant, request).await?;
+    Ok(Json(answer.into_result()?.into()))
 }
 
 /// The header that names one admission request across its retries.
@@ -70,7 +71,7 @@ pub(super) async fn list_leases(
 ) -> Result<Json<Vec<Lease>>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::field("query", e.body_text()))?;
     let leases = state
-        .service
+        .service()
         .leases(&principal, query.team, query.state.map(Into::into))
         .await?;
     Ok(Json(leases.into_iter().map(Lease::from).collect()))
@@ -89,7 +90,7 @@ pub(super) async fn get_lease(
     principal: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Lease>, ApiError> {
-    Ok(Json(state.service.lease(&principal, &id).await?.into()))
+    Ok(Json(state.service().lease(&principal, &id).await?.into()))
 }
 
 /// Ends a lease and frees its GPUs.
@@ -108,7 +109,7 @@ pub(super) async fn release_lease(
     Path(id): Path<String>,
 ) -> Result<Json<Lease>, ApiError> {
     Ok(Json(
-        state.service.release_by(&principal, &id).await?.into(),
+        state.service().release_by(&principal, &id).await?.into(),
     ))
 }
 
@@ -131,7 +132,7 @@ pub(super) async fn extend_lease(
 ) -> Result<Json<Lease>, ApiError> {
     let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
     Ok(Json(
-        state.service.extend(&principal, &id, by).await?.into(),
+        state.service().extend(&principal, &id, by).await?.into(),
     ))
 }
 
@@ -154,7 +155,7 @@ pub(super) async fn exempt_lease(
 ) -> Result<Json<Lease>, ApiError> {
     let by = fields::parse_duration(&body.duration).map_err(|e| ApiError::field("duration", e))?;
     let lease = state
-        .service
+        .service()
         .exempt(&principal, &id, by, &body.reason)
         .await?;
     Ok(Json(lease.into()))
@@ -178,7 +179,7 @@ pub(super) async fn resize_lease(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ResizeRequest>,
 ) -> Result<Json<AdmissionResponse>, ApiError> {
-    let resized = state.service.resize(&principal, &id, body.gpus).await?;
+    let resized = state.service().resize(&principal, &id, body.gpus).await?;
     Ok(Json(resized.into()))
 }
 
@@ -195,67 +196,14 @@ pub(super) async fn get_team(
     principal: Principal,
     Path(team): Path<String>,
 ) -> Result<Json<TeamView>, ApiError> {
-    Ok(Json(state.service.team(&principal, &team).await?.into()))
-}
-
-/// The Slurm submit hook's question about a job being submitted. The answer is `text/plain`
-/// for a Lua plugin: `admit` or `deny`, then `admin_comment=`, `time_limit=` (minutes) and
-/// `message=` lines (see `deploy/slurm/job_submit.lua`).
-#[utoipa::path(post, path = "/v1/slurm/{substrate}/submit", request_body = crate::slurm::SubmitRequest,
-    params(("substrate" = String, Path, description = "The Slurm substrate's name")),
-    responses(
-        (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
-        (status = 403, description = "The token is not a service's or an admin's", body = ErrorBody),
-        (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
-        (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
-        (status = 503, description = "The enforcer has not read the cluster yet (the hook applies its on_unavailable)", body = ErrorBody),
-    ),
-    security(("bearer" = [])))]
-pub(super) async fn slurm_submit(
-    State(state): State<AppState>,
-    principal: Principal,
-    Path(substrate): Path<String>,
-    ApiJson(request): ApiJson<crate::slurm::SubmitRequest>,
-) -> Result<Response, ApiError> {
-    let answer = crate::slurm::submit(&state.service, &principal, &substrate, request).await?;
-    Ok(hook_answer(&answer))
-}
-
-/// The Slurm submit hook's question about a pending job whose GPUs change (`scontrol update`).
-/// Answered like [`slurm_submit`].
-#[utoipa::path(post, path = "/v1/slurm/{substrate}/modify", request_body = crate::slurm::ModifyRequest,
-    params(("substrate" = String, Path, description = "The Slurm substrate's name")),
-    responses(
-        (status = 200, description = "The decision, as lines: `admit` or `deny`, then `key=value`", body = String, content_type = "text/plain"),
-        (status = 403, description = "The token is not a service's or an admin's", body = ErrorBody),
-        (status = 404, description = "No such substrate, or it is not a Slurm cluster", body = ErrorBody),
-        (status = 422, description = "A field is missing or of the wrong type (the error names it)", body = ErrorBody),
-        (status = 503, description = "The enforcer has not read the cluster yet (the hook applies its on_unavailable)", body = ErrorBody),
-    ),
-    security(("bearer" = [])))]
-pub(super) async fn slurm_modify(
-    State(state): State<AppState>,
-    principal: Principal,
-    Path(substrate): Path<String>,
-    ApiJson(request): ApiJson<crate::slurm::ModifyRequest>,
-) -> Result<Response, ApiError> {
-    let answer = crate::slurm::modify(&state.service, &principal, &substrate, request).await?;
-    Ok(hook_answer(&answer))
-}
-
-fn hook_answer(answer: &crate::slurm::Answer) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        answer.to_text(),
-    )
-        .into_response()
+    Ok(Json(state.service().team(&principal, &team).await?.into()))
 }
 
 /// Liveness: answers while the process serves, with this replica's role (`leader` or
 /// `follower`) and the leader it knows of, one `name: value` per line after `ok`.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Serving: `ok`, then the replica's role and the leader", body = String)))]
 pub(super) async fn healthz(State(state): State<AppState>) -> String {
-    let leadership = state.service.store().leadership();
+    let leadership = state.service().leadership();
     let (leader, term) = leadership.leader();
     let role = if leadership.is_leader() {
         "leader"
@@ -282,13 +230,10 @@ pub(super) async fn healthz(State(state): State<AppState>) -> String {
 ))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     // A replica that cannot reach a shared store cannot admit: route no one to it.
-    let store = state.service.store();
-    if store.is_shared() {
-        if let Err(e) = store.schema_version().await {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response();
-        }
+    if let Err(e) = state.service().store_answers().await {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response();
     }
-    match state.service.readiness().await {
+    match state.service().readiness().await {
         Ok(()) => "ready\n".into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -301,8 +246,4 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
 /// Any path the API does not have: a 404 in the API's one error shape.
 pub(super) async fn no_route(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(format!("there is no {} in this API", uri.path()))
-}
-
-pub(super) async fn openapi_document() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
 }

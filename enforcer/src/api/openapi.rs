@@ -1,14 +1,21 @@
 //! The API's OpenAPI document: the operations (from each handler's `#[utoipa::path]`), the
 //! bodies, the bearer scheme, the answers every operation shares, the field rules, and the links
-//! from each answer carrying a lease to the operations on it.
+//! from each answer carrying a lease to the operations on it; and `/openapi.json`, which
+//! serves it.
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::OpenApi;
 
 // The operations by name, with the `__path_` items `#[utoipa::path]` writes beside each: named
-// through a module path, utoipa would tag every operation with the module's name.
+// through a module path, utoipa would tag every operation with the module's name. The Slurm
+// hook's operations are its own door's (`slurm::routes`); the API's document describes them.
 #[allow(clippy::wildcard_imports)]
 use super::handlers::*;
+#[allow(clippy::wildcard_imports)]
+use crate::slurm::routes::*;
+
 use super::types::{
     AdmissionResponse, DecisionKind, ExemptRequest, ExtendRequest, Lease, LeaseState,
     ResizeRequest, TeamView,
@@ -271,4 +278,9 @@ pub fn openapi_json() -> String {
         serde_json::to_string_pretty(&document).expect("an OpenAPI document is plain JSON");
     text.push('\n');
     text
+}
+
+/// `/openapi.json`: [`openapi_json`].
+pub(super) async fn openapi_document() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
 }

@@ -3,7 +3,7 @@
 //! unchanged).
 //!
 //! The cluster runs GPU pods that people create themselves; gpuwarden admits them in the
-//! validating admission webhook (`crate::kubernetes`), which records each admitted pod as lease
+//! validating admission webhook (the enforcer's `kubernetes` module), which records each admitted pod as lease
 //! `k8s-<pod uid>` with the pod's namespace, name and uid in its labels (`k8s_namespace`,
 //! `k8s_pod`, `k8s_pod_uid`): that is where the driver finds the pod to reclaim, on any replica.
 //! A pod or Deployment the driver creates itself is written down on its lease

@@ -50,43 +50,9 @@ pub use local::LocalDriver;
 pub use simulated::SimulatedDriver;
 pub use slurm::SlurmDriver;
 pub use webhook::WebhookDriver;
-
-/// One GPU a substrate can hand out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gpu {
-    /// NVML UUID.
-    pub uuid: String,
-    /// Host it is on.
-    pub host: String,
-    /// Index on its host (what `CUDA_VISIBLE_DEVICES` names).
-    pub index: u32,
-    /// Full NVML model name.
-    pub model: String,
-}
-
-impl From<gpuwarden_schema::fleet::InventoryGpu> for Gpu {
-    /// A GPU of a simulated fleet, as the simulated driver reports it.
-    fn from(g: gpuwarden_schema::fleet::InventoryGpu) -> Self {
-        Self {
-            uuid: g.uuid,
-            host: g.host,
-            index: g.index,
-            model: g.model,
-        }
-    }
-}
-
-/// What a substrate has: GPUs it names, or a count of GPUs of a model it hands out itself.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Inventory {
-    /// GPUs by UUID, when the substrate names them (simulated, local).
-    pub gpus: Vec<Gpu>,
-    /// Anonymous capacity `(model, count)` for substrates that pick devices themselves (webhook).
-    pub pooled: Vec<(String, u32)>,
-    /// The substrate queues what it cannot start now (Slurm): a request fits when its pooled
-    /// capacity of the model is large enough in all, however much open leases hold of it.
-    pub queues: bool,
-}
+// What a driver reports lives below the policy, which decides from it; named here too, where
+// drivers and their callers look for it.
+pub use crate::inventory::{Gpu, Inventory, Refusal, RefusalCode};
 
 /// A lease as a driver sees it: who, what, and where (placement already chose the GPUs).
 #[derive(Debug, Clone, PartialEq)]
@@ -125,25 +91,6 @@ pub enum LeaseStatus {
     Exited(Option<i32>),
     /// The substrate knows nothing of it (for example after a restart lost it).
     Gone,
-}
-
-/// Why a substrate will not take a lease for a user at all, whatever GPUs are free: admission
-/// denies it with this code before placing anything.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// What kind of refusal.
-    pub code: RefusalCode,
-    /// For a person: the user, the account and the setting behind it.
-    pub message: String,
-}
-
-/// The kinds of [`Refusal`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefusalCode {
-    /// The user has no system account this substrate can run commands as.
-    AccountUnmapped,
-    /// The user's account is root, in root's group, or under the substrate's `min_uid`.
-    AccountPrivileged,
 }
 
 /// A driver call that failed.

@@ -40,7 +40,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
-use gpuwarden_schema::config::{KubernetesSettings, KueueSettings, Role};
+use gpuwarden_schema::config::{KubernetesSettings, KueueSettings};
 use gpuwarden_schema::ReleaseReason;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
@@ -49,8 +49,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{model_of, pods, team_of, workload_of};
+use crate::door::{self, Grant};
 use crate::fields;
-use crate::policy::{AdmissionRequest, Decision, Principal, ReasonCode};
+use crate::policy::{Decision, ReasonCode};
 use crate::service::{Service, ServiceError};
 use crate::store::Lease;
 
@@ -287,14 +288,8 @@ impl Controller {
             .list(&ListParams::default())
             .await
             .map_err(|e| self.api_error("listing the Workloads", e))?;
-        let config = self.service.config().clone();
         let mut open: BTreeMap<String, Lease> = BTreeMap::new();
-        for lease in self
-            .service
-            .store()
-            .open_leases()
-            .map_err(ServiceError::from)?
-        {
+        for lease in self.service.open_leases()? {
             if lease.substrate != self.substrate {
                 continue;
             }
@@ -302,12 +297,7 @@ impl Controller {
                 open.insert(uid.clone(), lease);
             }
         }
-        let blocked = self
-            .service
-            .store()
-            .ledger(self.service.now(), &config.pricing)
-            .map_err(ServiceError::from)?
-            .blocked;
+        let blocked = self.service.ledger(self.service.now())?.blocked;
         let mut seen = BTreeSet::new();
         for workload in &workloads.items {
             let uid = workload.metadata.uid.clone().unwrap_or_default();
@@ -480,12 +470,7 @@ impl Controller {
                             // Made Ready without a lease: a Workload without GPUs.
                             return Ok(());
                         };
-                        let ended = self
-                            .service
-                            .store()
-                            .lease(&id)
-                            .await
-                            .map_err(ServiceError::from)?;
+                        let ended = self.service.stored_lease(&id).await?;
                         let reason = ended
                             .as_ref()
                             .and_then(|l| l.release_reason)
@@ -523,19 +508,76 @@ impl Controller {
             .map(str::to_owned)
     }
 
-    /// Maps a Workload whose quota Kueue reserved to an admission request and asks the service.
+    /// Maps a Workload whose quota Kueue reserved to an admission request and asks the service,
+    /// as lease `lease`'s id when it had one already.
     async fn decide(
         &self,
         object: &DynamicObject,
         spec: &WorkloadSpec,
         lease: Option<&Lease>,
     ) -> Result<Verdict, KueueError> {
+        let mut work = match self.read_workload(object, spec).await? {
+            Ok(work) => work,
+            Err(verdict) => return Ok(verdict),
+        };
+        let meta = &object.metadata;
+        let uid = meta.uid.clone().unwrap_or_default();
+        let lease_id = match lease {
+            Some(lease) => lease.id.clone(),
+            None => self.next_lease_id(&uid).await?,
+        };
+        work.labels = BTreeMap::from([
+            (
+                "k8s_namespace".to_owned(),
+                meta.namespace.clone().unwrap_or_default(),
+            ),
+            (
+                "kueue_workload".to_owned(),
+                meta.name.clone().unwrap_or_default(),
+            ),
+            (WORKLOAD_UID_LABEL.to_owned(), uid),
+        ]);
+        if let Some(queue) = &spec.queue_name {
+            work.labels.insert("kueue_queue".to_owned(), queue.clone());
+        }
+        let config = self.service.config();
+        let request = work.request(config);
+        let principal = door::substrate_principal(config, format!("kueue:{}", self.substrate));
+        let grant = Grant::Named(&lease_id);
+        Ok(
+            match door::admit(&self.service, &principal, grant, request.clone()).await? {
+                door::Answer::Admitted(admission) => Verdict::Ready {
+                    message: door::admitted(&request, &admission.decision, &lease_id),
+                    lease: Some(lease_id),
+                },
+                door::Answer::Denied { admission, message } if may_clear(&admission.decision) => {
+                    Verdict::Retry(message)
+                }
+                door::Answer::Denied { message, .. } => Verdict::Rejected(message),
+                door::Answer::Refused(e) => Verdict::Rejected(format!("gpuwarden: rejected: {e}")),
+            },
+        )
+    }
+
+    /// Reads a Workload into what it asks admission for: its GPUs (each pod set's `count` × the
+    /// GPUs of its pod template), team (from its namespace), user, workload and project (its
+    /// labels or annotations, else its pod templates'), model (the templates' `nodeSelector`,
+    /// else the cluster's only one; one for all its pod sets) and duration (its
+    /// `maximumExecutionTimeSeconds`); its labels are the caller's to set. Otherwise the verdict:
+    /// `Ready` for a Workload asking for no GPU, `Rejected` for one that gets something wrong.
+    async fn read_workload(
+        &self,
+        object: &DynamicObject,
+        spec: &WorkloadSpec,
+    ) -> Result<Result<door::WorkAsk, Verdict>, KueueError> {
         let settings = &self.settings;
-        let config = self.service.config().clone();
-        let name = object.metadata.name.clone().unwrap_or_default();
+        let config = self.service.config();
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
-        let uid = object.metadata.uid.clone().unwrap_or_default();
-        let reject = |why: String| Ok(Verdict::Rejected(format!("gpuwarden: rejected: {why}")));
+        let reject = |why: String| {
+            Ok(Err(Verdict::Rejected(format!(
+                "gpuwarden: rejected: {why}"
+            ))))
+        };
         // The Workload's own labels and annotations, then its pod templates'.
         let meta = |key: &str| -> Option<String> {
             let own = [&object.metadata.labels, &object.metadata.annotations];
@@ -569,12 +611,12 @@ impl Controller {
             sum.saturating_add(count.saturating_mul(ask.count))
         });
         if gpus == 0 {
-            return Ok(Verdict::Ready {
+            return Ok(Err(Verdict::Ready {
                 message: "gpuwarden: the Workload asks for no GPU".into(),
                 lease: None,
-            });
+            }));
         }
-        let Some(team) = team_of(settings, &config, &namespace) else {
+        let Some(team) = team_of(settings, config, &namespace) else {
             return reject(format!(
                 "namespace {namespace:?} maps to no team (ask an administrator to add it to \
                  substrate {}'s kubernetes.teams)",
@@ -635,94 +677,28 @@ impl Controller {
             )
             .into());
         };
-        let max = config.workload(workload).max_duration;
-        let asked = spec
-            .maximum_execution_time_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map(Duration::from_secs);
-        let duration = match (asked, max) {
-            (Some(a), Some(m)) => Some(a.min(m)),
-            (a, m) => a.or(m),
-        };
-        let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
-        let lease_id = match lease {
-            Some(lease) => lease.id.clone(),
-            None => self.next_lease_id(&uid).await?,
-        };
-        let mut labels = BTreeMap::from([
-            ("k8s_namespace".to_owned(), namespace.clone()),
-            ("kueue_workload".to_owned(), name.clone()),
-            (WORKLOAD_UID_LABEL.to_owned(), uid.clone()),
-        ]);
-        if let Some(queue) = &spec.queue_name {
-            labels.insert("kueue_queue".to_owned(), queue.clone());
-        }
-        let request = AdmissionRequest {
-            team: team.clone(),
+        Ok(Ok(door::WorkAsk {
+            substrate: self.substrate.clone(),
+            team,
             user,
             project,
             workload,
             gpus,
-            gpu_model: Some(model.clone()),
-            substrate: Some(self.substrate.clone()),
-            duration,
-            labels: Some(labels),
+            gpu_model: model,
+            asked: spec
+                .maximum_execution_time_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs),
+            labels: BTreeMap::new(),
             dry_run: false,
-            command: None,
-        };
-        let principal = Principal {
-            name: format!("kueue:{}", self.substrate),
-            role: Role::Service,
-            teams: config.teams.iter().map(|t| t.name.clone()).collect(),
-        };
-        let admission = match self
-            .service
-            .admit_named(&principal, request, &lease_id)
-            .await
-        {
-            Ok(admission) => admission,
-            Err(
-                e @ (ServiceError::Forbidden(_)
-                | ServiceError::NotFound(_)
-                | ServiceError::Invalid { .. }),
-            ) => return reject(e.to_string()),
-            Err(e) => return Err(e.into()),
-        };
-        let decision = &admission.decision;
-        if decision.admitted() {
-            return Ok(Verdict::Ready {
-                message: format!(
-                    "gpuwarden: admitted for team {team} as {workload}: {gpus} x {model}, about \
-                     ${:.2}/h, lease {lease_id}{}",
-                    decision.estimate.usd_per_hour,
-                    duration.map_or(String::new(), |d| format!(
-                        ", ends after {}",
-                        humantime::format_duration(d)
-                    )),
-                ),
-                lease: Some(lease_id),
-            });
-        }
-        let message = crate::slurm::denial(&team, Some(&model), gpus, decision);
-        Ok(if may_clear(decision) {
-            Verdict::Retry(message)
-        } else {
-            Verdict::Rejected(message)
-        })
+        }))
     }
 
     /// The first lease id of the Workload's attempts that names no lease yet.
     async fn next_lease_id(&self, uid: &str) -> Result<String, KueueError> {
         for attempt in 1..=1000 {
             let id = gpuwarden_schema::lease::kueue_lease_id(uid, attempt);
-            if self
-                .service
-                .store()
-                .lease(&id)
-                .await
-                .map_err(ServiceError::from)?
-                .is_none()
-            {
+            if self.service.stored_lease(&id).await?.is_none() {
                 return Ok(id);
             }
         }

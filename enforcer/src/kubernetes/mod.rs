@@ -32,14 +32,14 @@
 //! is allowed with a warning naming it; one naming a lease that is not open, or smaller than
 //! the pod, is denied.
 
-pub mod kueue;
 pub mod pods;
+pub mod kueue;
 pub mod watch;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gpuwarden_schema::config::{KubernetesSettings, Role};
+use gpuwarden_schema::config::KubernetesSettings;
 use gpuwarden_schema::Workload;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::core::admission::{
@@ -47,9 +47,9 @@ use kube::core::admission::{
 };
 use kube::core::DynamicObject;
 
+use crate::door::{self, Grant};
 use crate::drivers::Inventory;
 use crate::fields;
-use crate::policy::{AdmissionRequest, Principal};
 use crate::service::{Service, ServiceError};
 
 /// The only `AdmissionReview` version spoken (the API server sends the first of the webhook's
@@ -175,6 +175,16 @@ fn admit_failed(
     }
 }
 
+/// A GPU pod under review: the review, the pod, what it asks for and where it is to run.
+struct GpuPod<'a> {
+    request: &'a Review<DynamicObject>,
+    pod: &'a Pod,
+    spec: &'a PodSpec,
+    ask: &'a pods::GpuAsk,
+    namespace: &'a str,
+    name: &'a str,
+}
+
 async fn answer(
     service: &Service,
     substrate: &str,
@@ -212,8 +222,6 @@ async fn answer(
             "substrate {substrate} is not a Kubernetes cluster"
         )));
     };
-    let settings = kubernetes.settings();
-    let config = service.config();
     let namespace = request
         .namespace
         .clone()
@@ -231,43 +239,115 @@ async fn answer(
                 .into(),
         ));
     };
+    let gpu_pod = GpuPod {
+        request,
+        pod: &pod,
+        spec,
+        ask: &ask,
+        namespace: &namespace,
+        name: &name,
+    };
     // A pod that Kueue starts for a Workload gpuwarden's admission check admitted carries that
     // Workload's lease (the check's podSetUpdates, see `kueue`): it runs under it, and is not a
-    // second lease. Any pod of the namespace could name the lease, but it is its own team's.
+    // second lease.
     let annotations = pod.metadata.annotations.as_ref();
     if let Some(lease_id) = annotations.and_then(|a| a.get(kueue::LEASE_ANNOTATION)) {
         if lease_id.starts_with(gpuwarden_schema::lease::KUEUE_LEASE_PREFIX) {
-            let lease = service
-                .store()
-                .open_lease(lease_id)
-                .map_err(|e| ReviewError::Unavailable(e.to_string()))?
-                .filter(|l| {
-                    l.substrate == substrate
-                        && l.labels.get("k8s_namespace") == Some(&namespace)
-                        && u64::from(l.gpu_count) >= ask.count
-                });
-            let Some(lease) = lease else {
-                return Ok(deny(
-                    request,
-                    format!(
-                        "gpuwarden: denied: the pod names lease {lease_id} ({}), which is not an \
-                         open lease of a Kueue Workload in namespace {namespace} holding {} GPUs",
-                        kueue::LEASE_ANNOTATION,
-                        ask.count
-                    ),
-                ));
-            };
-            let mut allow = allow;
-            allow.warnings = Some(vec![format!(
-                "gpuwarden: runs under lease {lease_id} of Kueue Workload {namespace}/{}",
-                lease
-                    .labels
-                    .get("kueue_workload")
-                    .map_or("?", String::as_str)
-            )]);
-            return Ok(allow);
+            return under_kueue_lease(service, substrate, &gpu_pod, lease_id);
         }
     }
+    // The pod gpuwarden's own driver is creating for a lease admitted through the HTTP API:
+    // answered from that lease, once.
+    let labels = pod.metadata.labels.as_ref();
+    if let Some(id) = labels.and_then(|l| l.get(crate::drivers::kubernetes::LEASE_LABEL)) {
+        return Ok(claim(service, substrate, kubernetes, &gpu_pod, id).await);
+    }
+    let mut work = match read_pod(service, substrate, &*driver, kubernetes, &gpu_pod).await {
+        Ok(work) => work,
+        Err(answered) => return Ok(answered),
+    };
+    work.labels = BTreeMap::from([
+        ("k8s_namespace".to_owned(), namespace.clone()),
+        ("k8s_pod".to_owned(), name.clone()),
+        ("k8s_pod_uid".to_owned(), uid.clone()),
+    ]);
+    let lease_id = lease_id(&uid);
+    let asked = work.request(service.config());
+    let principal = door::substrate_principal(service.config(), format!("kubernetes:{substrate}"));
+    match door::admit(service, &principal, Grant::Named(&lease_id), asked.clone()).await {
+        Ok(door::Answer::Admitted(admission)) => {
+            let mut allow = allow;
+            let line = door::admitted(&asked, &admission.decision, &lease_id);
+            allow.warnings = Some(vec![line]);
+            Ok(allow)
+        }
+        Ok(door::Answer::Denied { message, .. }) => Ok(deny(request, message)),
+        Ok(door::Answer::Refused(e)) | Err(e) => admit_failed(request, substrate, e),
+    }
+}
+
+/// Answers for a pod annotated with lease `lease_id` of a Kueue Workload: allowed, with a warning
+/// naming the Workload, when that lease is open on this substrate, of the pod's namespace, and
+/// holds at least the pod's GPUs; denied otherwise. Any pod of the namespace could name the
+/// lease, but it is its own team's.
+fn under_kueue_lease(
+    service: &Service,
+    substrate: &str,
+    pod: &GpuPod<'_>,
+    lease_id: &str,
+) -> Result<AdmissionResponse, ReviewError> {
+    let (namespace, ask) = (pod.namespace, pod.ask);
+    let lease = service
+        .open_lease(lease_id)
+        .map_err(|e| ReviewError::Unavailable(e.to_string()))?
+        .filter(|l| {
+            l.substrate == substrate
+                && l.labels.get("k8s_namespace").map(String::as_str) == Some(namespace)
+                && u64::from(l.gpu_count) >= ask.count
+        });
+    let Some(lease) = lease else {
+        return Ok(deny(
+            pod.request,
+            format!(
+                "gpuwarden: denied: the pod names lease {lease_id} ({}), which is not an open \
+                 lease of a Kueue Workload in namespace {namespace} holding {} GPUs",
+                kueue::LEASE_ANNOTATION,
+                ask.count
+            ),
+        ));
+    };
+    let mut allow = AdmissionResponse::from(pod.request);
+    allow.warnings = Some(vec![format!(
+        "gpuwarden: runs under lease {lease_id} of Kueue Workload {namespace}/{}",
+        lease
+            .labels
+            .get("kueue_workload")
+            .map_or("?", String::as_str)
+    )]);
+    Ok(allow)
+}
+
+/// Reads a GPU pod into what it asks admission for: its team (from its namespace), user (its
+/// `user_label`, else the review's user through `users`), workload and project (its labels or
+/// annotations), model (the one it pins, else the cluster's only one) and duration (its
+/// `activeDeadlineSeconds`); its labels are the caller's to set. Otherwise the answer: a denial
+/// of what the pod gets wrong, or a 503 refusal when the cluster's nodes cannot be read.
+async fn read_pod(
+    service: &Service,
+    substrate: &str,
+    driver: &dyn crate::drivers::Driver,
+    kubernetes: &crate::drivers::KubernetesDriver,
+    gpu_pod: &GpuPod<'_>,
+) -> Result<door::WorkAsk, AdmissionResponse> {
+    let GpuPod {
+        request,
+        pod,
+        spec,
+        ask,
+        namespace,
+        ..
+    } = *gpu_pod;
+    let settings = kubernetes.settings();
     let meta = |key: &str| -> Option<String> {
         pod.metadata
             .labels
@@ -277,21 +357,8 @@ async fn answer(
             .filter(|v| !v.is_empty())
             .cloned()
     };
-    // The pod gpuwarden's own driver is creating for a lease admitted through the HTTP API:
-    // answered from that lease, once.
-    if let Some(id) = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::drivers::kubernetes::LEASE_LABEL))
-    {
-        return Ok(claim(
-            service, substrate, kubernetes, request, id, &namespace, &name, &ask,
-        )
-        .await);
-    }
-    let Some(team) = team_of(settings, config, &namespace) else {
-        return Ok(deny(
+    let Some(team) = team_of(settings, service.config(), namespace) else {
+        return Err(deny(
             request,
             format!(
                 "gpuwarden: denied: namespace {namespace:?} maps to no team (ask an administrator \
@@ -307,7 +374,7 @@ async fn answer(
         }
     };
     if let Err(why) = fields::check_name(&user) {
-        return Ok(deny(
+        return Err(deny(
             request,
             format!(
                 "gpuwarden: denied: user {user:?} is not a name gpuwarden accepts: {why} (set the \
@@ -319,99 +386,64 @@ async fn answer(
     let (workload, project_from_workload) =
         match workload_of(meta(&settings.workload_label).as_deref(), settings) {
             Ok(found) => found,
-            Err(why) => return Ok(deny(request, format!("gpuwarden: denied: {why}"))),
+            Err(why) => return Err(deny(request, format!("gpuwarden: denied: {why}"))),
         };
     let project = meta(&settings.project_label)
         .or(project_from_workload)
-        .unwrap_or_else(|| namespace.clone());
+        .unwrap_or_else(|| namespace.to_owned());
     // Its model: the one it pins, else the cluster's only one.
     let inventory = match driver.inventory().await {
         Ok(inventory) => inventory,
         Err(e) => {
             tracing::error!(substrate = %substrate, error = %e, "cannot check GPU pods: the cluster's nodes cannot be read from the Kubernetes API; GPU pods are refused (503) until they can");
-            return Ok(unavailable(
+            return Err(unavailable(
                 request,
                 Unavailable::ApiUnreachable(&e.to_string()),
             ));
         }
     };
-    let model = match model_of(spec, &ask, settings, &inventory) {
+    let gpu_model = match model_of(spec, ask, settings, &inventory) {
         Ok(model) => model,
-        Err(why) => return Ok(deny(request, format!("gpuwarden: denied: {why}"))),
+        Err(why) => return Err(deny(request, format!("gpuwarden: denied: {why}"))),
     };
-    let max = config.workload(workload).max_duration;
-    let asked = spec
-        .active_deadline_seconds
-        .and_then(|s| u64::try_from(s).ok())
-        .map(Duration::from_secs);
-    let duration = match (asked, max) {
-        (Some(a), Some(m)) => Some(a.min(m)),
-        (a, m) => a.or(m),
-    };
-    let gpus = u32::try_from(ask.count).unwrap_or(u32::MAX);
-    let lease_id = lease_id(&uid);
-    let labels = BTreeMap::from([
-        ("k8s_namespace".to_owned(), namespace.clone()),
-        ("k8s_pod".to_owned(), name.clone()),
-        ("k8s_pod_uid".to_owned(), uid.clone()),
-    ]);
-    let admission = AdmissionRequest {
-        team: team.clone(),
+    Ok(door::WorkAsk {
+        substrate: substrate.to_owned(),
+        team,
         user,
         project,
         workload,
-        gpus,
-        gpu_model: Some(model.clone()),
-        substrate: Some(substrate.to_owned()),
-        duration,
-        labels: Some(labels),
+        gpus: ask.count,
+        gpu_model,
+        asked: spec
+            .active_deadline_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs),
+        labels: BTreeMap::new(),
         dry_run: request.dry_run,
-        command: None,
-    };
-    let principal = Principal {
-        name: format!("kubernetes:{substrate}"),
-        role: Role::Service,
-        teams: config.teams.iter().map(|t| t.name.clone()).collect(),
-    };
-    let admission = match service.admit_named(&principal, admission, &lease_id).await {
-        Ok(admission) => admission,
-        Err(e) => return admit_failed(request, substrate, e),
-    };
-    let decision = &admission.decision;
-    if !decision.admitted() {
-        return Ok(deny(
-            request,
-            crate::slurm::denial(&team, Some(&model), gpus, decision),
-        ));
-    }
-    let mut allow = allow;
-    allow.warnings = Some(vec![format!(
-        "gpuwarden: {} for team {team} as {workload}: {gpus} x {model}, about ${:.2}/h, lease {lease_id}{}",
-        if request.dry_run { "would admit" } else { "admitted" },
-        decision.estimate.usd_per_hour,
-        duration.map_or(String::new(), |d| format!(", ends after {}", humantime::format_duration(d))),
-    )]);
-    Ok(allow)
+    })
 }
 
 /// Answers for a pod that names lease `id` in its `gpuwarden.io/lease` label: allowed only when
 /// it is the pod the driver tracks for that open, granted lease of this substrate (same
 /// namespace and name, not created yet), or a replica of the Deployment it tracks for it (same
 /// namespace, named after it), and asks for no more GPUs than the lease holds.
-#[allow(clippy::too_many_arguments)]
 async fn claim(
     service: &Service,
     substrate: &str,
     kubernetes: &crate::drivers::KubernetesDriver,
-    request: &Review<DynamicObject>,
+    pod: &GpuPod<'_>,
     id: &str,
-    namespace: &str,
-    name: &str,
-    ask: &pods::GpuAsk,
 ) -> AdmissionResponse {
+    let GpuPod {
+        request,
+        ask,
+        namespace,
+        name,
+        ..
+    } = *pod;
     // As every replica has committed it: the driver that created the pod wrote it down on
     // the lease on whichever replica it runs.
-    let lease = match service.store().current_lease(id).await {
+    let lease = match service.current_lease(id).await {
         Ok(Some(lease)) => lease,
         _ => {
             return deny(
@@ -530,18 +562,13 @@ pub(crate) fn model_of(
     Ok(model)
 }
 
-/// The team of a namespace: `teams`, else a team of the same name, else `teams."*"`.
+/// The team of a namespace (see [`door::team_of`]).
 pub(crate) fn team_of(
     settings: &KubernetesSettings,
     config: &gpuwarden_schema::config::Config,
     namespace: &str,
 ) -> Option<String> {
-    settings
-        .teams
-        .get(namespace)
-        .cloned()
-        .or_else(|| config.team(namespace).map(|t| t.name.clone()))
-        .or_else(|| settings.teams.get("*").cloned())
+    door::team_of(&settings.teams, config, namespace)
 }
 
 /// The webhook's HTTP side for substrate `substrate`: `POST /validate` with an

@@ -66,7 +66,7 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
     let mut listed: Option<HashSet<String>> = None;
     // Every replica watches (its readiness waits for the first list); only the leader follows
     // the pods into leases, and one that becomes leader lists them all again first.
-    let mut leads = service.store().leadership().subscribe();
+    let mut leads = service.leadership().subscribe();
     tracing::info!(substrate = %substrate, "watching the cluster's pods");
     loop {
         let event = tokio::select! {
@@ -81,7 +81,7 @@ pub async fn run(service: Service, substrate: String, mut stop: watch::Receiver<
             }
             _ = stop.wait_for(|s| *s) => return,
         };
-        let leading = service.store().leadership().is_leader();
+        let leading = service.leadership().is_leader();
         let Some(event) = event else { return };
         let event = match event {
             Ok(event) => event,
@@ -160,7 +160,7 @@ pub fn lease_of(driver: &KubernetesDriver, pod: &Pod) -> Option<String> {
 
 /// The open lease `id` of `substrate`, if any.
 fn open(service: &Service, substrate: &str, id: &str) -> Option<Lease> {
-    match service.store().open_lease(id) {
+    match service.open_lease(id) {
         Ok(lease) => lease.filter(|l| l.substrate == substrate),
         Err(e) => {
             tracing::warn!(lease = id, error = %e, "reading the lease store failed");
@@ -220,7 +220,7 @@ async fn follow(service: &Service, substrate: &str, id: &str, pod: &Pod) {
 async fn end(service: &Service, substrate: &str, id: &str, reason: ReleaseReason, detail: &str) {
     // As every replica has committed it: a release another replica is carrying out (its
     // deletion of the pod is what ended the pod) is that replica's to finish.
-    let lease = match service.store().current_lease(id).await {
+    let lease = match service.current_lease(id).await {
         Ok(Some(lease)) if lease.substrate == substrate => lease,
         Ok(_) => return,
         Err(e) => {
@@ -259,7 +259,7 @@ async fn forget_missing(
     substrate: &str,
     seen: &HashSet<String>,
 ) {
-    let leases = match service.store().open_leases() {
+    let leases = match service.open_leases() {
         Ok(leases) => leases,
         Err(e) => {
             tracing::warn!(error = %e, "reading the lease store failed");

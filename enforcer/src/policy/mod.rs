@@ -30,7 +30,7 @@ use self::placement::FreeGpus;
 pub use self::placement::{FleetIndex, HeldGpus, Placements};
 pub use self::request::{AdmissionRequest, Holding, Principal, Request};
 pub(crate) use self::request::{ReleaseReasonName, WorkloadName};
-use crate::drivers::{Inventory, Refusal, RefusalCode};
+use crate::inventory::{Inventory, Refusal, RefusalCode};
 
 /// One substrate as placement sees it: what it has and what open leases hold of it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -633,7 +633,7 @@ fn place(
 mod tests {
     use super::placement::{pick, RECENT_CHANGES};
     use super::*;
-    use crate::drivers::Gpu;
+    use crate::inventory::Gpu;
     use gpuwarden_schema::config::Role;
     use gpuwarden_schema::config::{GpuPrice, PricingConfig, TeamConfig, WorkloadPolicy};
     use gpuwarden_schema::Workload;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gpuwarden_schema::Workload;
 
-use crate::drivers::{Gpu, Inventory};
+use crate::inventory::{Gpu, Inventory};
 
 /// A substrate's named GPUs arranged for placement: by model, then by host, with the hosts
 /// ordered by name and by size. Built once per inventory, so that placing a lease costs in the

@@ -1,5 +1,5 @@
 //! The portal's HTML: the one escaping function every shown value goes through ([`e`]), the page
-//! layout, and the formats of money, durations and times.
+//! layout, redirects and failures, and the formats of money, durations, times and query values.
 //!
 //! Pages are written with `format!`; a value that is not a literal of this crate is written as
 //! `{}` of [`e`]`(value)`, which escapes `& < > " '`, so team, user, project and label values
@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use gpuwarden_schema::config::Role;
 
 use crate::policy::Principal;
+use crate::service::ServiceError;
+use crate::web::ApiError;
 
 /// `value`, displayed with `& < > " '` escaped for HTML text and quoted attributes.
 pub(crate) fn e<T: Display>(value: T) -> Escaped<T> {
@@ -254,6 +256,59 @@ pub(crate) fn role_name(role: Role) -> &'static str {
     }
 }
 
+/// A redirect to `to` (a portal path) with the portal's security headers: what a form answers
+/// when it succeeded, so that a reload does not send it again.
+pub(crate) fn see_other(to: &str) -> Response {
+    let mut response = StatusCode::SEE_OTHER.into_response();
+    response.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(to).expect("a portal path is a header value"),
+    );
+    secure_headers(response.headers_mut());
+    response
+}
+
+/// A service error as a status and a sentence for the page; an internal failure is logged and
+/// told only as such.
+pub(crate) fn failure(e: ServiceError) -> (StatusCode, String) {
+    let e = ApiError::from(e);
+    let message = match &e {
+        ApiError::Internal(detail) => {
+            tracing::error!(error = %detail, "portal request failed");
+            "the enforcer failed; try again, and tell an admin if it goes on".to_owned()
+        }
+        other => other.to_string(),
+    };
+    (e.status(), message)
+}
+
+/// The page for a shared store that could not be reached (503, try again).
+pub(crate) fn store_failed(e: ServiceError) -> Response {
+    tracing::warn!(error = %e, "the portal could not reach the lease store");
+    let mut response = page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Unavailable",
+        None,
+        Tab::None,
+        "<p>The enforcer cannot reach its database just now. Try again in a moment.</p>",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// `text` for a query string: letters, digits, `-` and `_` as they are, anything else
+/// percent-encoded.
+pub(crate) fn query_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A paragraph saying something went wrong, for a screen reader too.
 pub(crate) fn alert(message: &str) -> String {
     format!(r#"<p class="error" role="alert">{}</p>"#, e(message))
@@ -291,6 +346,12 @@ mod tests {
         assert_eq!(span(3 * 86_400_000 + 4 * 3_600_000), "3d 4h");
         assert_eq!(span(-5), "0s");
         assert_eq!(at(1_767_225_600_000), "2026-01-01 00:00 UTC");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(query_value("0193-ab_C"), "0193-ab_C");
+        assert_eq!(query_value("a b&c"), "a%20b%26c");
     }
 
     #[test]

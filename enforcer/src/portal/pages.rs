@@ -1,6 +1,6 @@
-//! The body of each page, as escaped HTML: the sign-in form, the request form with its
-//! estimate and decision, the leases, the team, the admin's overview and the scorecard. Every
-//! value shown goes through [`e`]; numbers are formatted by [`super::html`].
+//! The body of each page, as escaped HTML: the request form with its estimate and decision,
+//! the leases, the team, the admin's overview and the scorecard. Every value shown goes through
+//! [`e`]; numbers are formatted by [`super::html`]. The sign-in form is [`super::session`]'s.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -10,25 +10,15 @@ use gpuwarden_schema::config::{Config, Role};
 use gpuwarden_schema::{Action, ActionKind, LeaseEvent, LeaseEventKind, ReleaseReason, Workload};
 use serde_json::{json, Value};
 
-use super::html::{alert, at, e, span, usd};
+use super::forms::{Outcome, RequestForm};
+use super::html::{alert, at, e, query_value, span, usd};
 use super::insights::TeamIdle;
 use super::reasons::{explain, Context, Explained};
-use super::{Outcome, Portal, RequestForm, Signed};
+use super::session::Signed;
+use super::state::{random_token, Portal};
 use crate::scorecard;
 use crate::service::ServiceError;
 use crate::store::{Lease, LeaseState};
-
-pub(super) fn signin(error: Option<&str>) -> String {
-    format!(
-        r#"{error}<form method="post" action="/ui/signin" class="card" id="signin">
-<p>Sign in with the API token an admin gave you. The portal keeps it only for this check: your browser then holds a session cookie, never the token.</p>
-<label for="token">API token</label>
-<input id="token" name="token" type="password" autocomplete="current-password" required>
-<button type="submit">Sign in</button>
-</form>"#,
-        error = error.map(alert).unwrap_or_default()
-    )
-}
 
 fn options(values: &[String], selected: &str) -> String {
     let mut out = String::new();
@@ -83,7 +73,7 @@ fn estimate_text(outcome: &Outcome) -> String {
 
 fn explained(portal: &Portal, signed: &Signed, outcome: &Outcome) -> Vec<Explained> {
     let config = portal.service().config();
-    let teams = super::teams_of(portal, &signed.principal);
+    let teams = portal.teams_of(&signed.principal);
     let ctx = Context {
         config,
         request: &outcome.request,
@@ -311,7 +301,7 @@ pub(super) fn request(
 </section>
 </div>"#,
         csrf = e(&signed.csrf),
-        submission = super::random_token(),
+        submission = random_token(),
         teams = options(teams, &form.team),
         project = e(&form.project),
         workloads = options(&workloads, &form.workload),
@@ -413,9 +403,9 @@ pub(super) async fn leases(portal: &Portal, signed: &Signed) -> Result<String, S
         .fold(since, i64::min);
     let mut asked = ids.clone();
     asked.extend(shown.iter().map(|l| l.id.clone()));
-    let actions = service.store().lease_actions(asked, actions_since).await?;
+    let actions = service.lease_actions(asked, actions_since).await?;
     let warned = warnings(&actions);
-    let sizes = sizes(&service.store().lease_events(ids, since).await?);
+    let sizes = sizes(&service.lease_events(ids, since).await?);
     let mut out = String::new();
     if open_leases.is_empty() {
         out.push_str(r#"<p id="no-leases">No open leases."#);
@@ -674,7 +664,7 @@ pub(super) async fn team(
             let _ = write!(
                 out,
                 r#"<li><a href="/ui/team?team={q}"{current}>{t}</a></li>"#,
-                q = e(super::query_value(other)),
+                q = e(query_value(other)),
                 t = e(other)
             );
         }
@@ -724,7 +714,7 @@ pub(super) async fn team(
         now = at(now),
     );
     out.push_str(r#"<section class="card" aria-labelledby="idle-title"><h2 id="idle-title">Idle cost this month</h2>"#);
-    match &portal.0.insights {
+    match portal.insights() {
         None => out.push_str(
             r#"<p id="idle">Idle cost is read from the lake, and this enforcer runs without one.</p>"#,
         ),
@@ -851,7 +841,7 @@ pub(super) async fn admin(portal: &Portal, signed: &Signed) -> Result<String, Se
             out,
             r#"<tr data-team="{name}"><td data-label="Team"><a href="/ui/team?team={q}">{name}</a></td><td data-label="GPUs held">{held} of {quota}</td><td data-label="Spent this month">{mtd} of {budget}</td><td data-label="Blocked">{blocked}</td></tr>"#,
             name = e(&team.name),
-            q = e(super::query_value(&team.name)),
+            q = e(query_value(&team.name)),
             held = team.gpus_held,
             quota = team.gpu_quota,
             mtd = usd(team.month_to_date_usd),
@@ -870,14 +860,14 @@ pub(super) async fn admin(portal: &Portal, signed: &Signed) -> Result<String, Se
         }
     );
     // A release names who asked in its own detail: no lease is read to name its holder.
-    let actions = service.store().recent_actions(50, None).await?;
+    let actions = service.recent_actions(50, None).await?;
     out.push_str(&actions_table(&actions));
     out.push_str(r#"<p><a href="/ui/scorecard">The maturity scorecard</a></p>"#);
     Ok(out)
 }
 
 pub(super) async fn scorecard(portal: &Portal) -> String {
-    let Some(insights) = &portal.0.insights else {
+    let Some(insights) = portal.insights() else {
         return alert(
             "The scorecard reads the lake, and this enforcer runs without one; run `gpuwarden assess --config FILE` where the lake is.",
         );

@@ -2,12 +2,14 @@
 //! exemption, resizing and the team view, over the store, the pure policy and the substrate
 //! drivers.
 //!
-//! Every entry point of the enforcer goes through [`Service`]: the HTTP API (`api`)
-//! translates requests into its calls and its [`ServiceError`]s into statuses; the runtime
-//! rules (`rules`) call it for reclaims and resizes; the binary calls it to re-adopt
-//! leases at start and to expire them on a timer. A substrate's own admission hook (a submit
-//! plugin, an admission webhook) is one more such caller. The service knows nothing of HTTP,
-//! Kafka or tokens: it is told who asks ([`Principal`]) and answers in its own types.
+//! Every entry point of the enforcer goes through [`Service`], and none holds the store: the
+//! front doors (the HTTP API, the portal, a substrate's own admission hook: a submit plugin, an
+//! admission webhook, a Kueue check) ask admission through one adapter (`door`) and call the
+//! rest directly, translating its [`ServiceError`]s into their answers; the runtime rules
+//! (`rules`) and the substrates' watchers call it for reclaims, resizes and what they record
+//! (`records`); the binary calls it to re-adopt leases at start and to expire them on a timer.
+//! The service knows nothing of HTTP, Kafka or tokens: it is told who asks ([`Principal`]) and
+//! answers in its own types.
 //!
 //! Each change follows the same order: the policy decides inside the store's transaction (so
 //! the decision and the lease it creates cannot disagree), the store records it (with its
@@ -16,6 +18,8 @@
 //! [`ServiceError::Substrate`].
 
 mod error;
+mod queries;
+mod records;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -141,7 +145,10 @@ impl Service {
         }
     }
 
-    /// The lease store.
+    /// The lease store itself, for tests that set up or inspect what lies beneath the service.
+    /// Nothing in the enforcer calls it: the doors, the rules and the watchers go through the
+    /// service's methods, and the binary keeps the store it opened.
+    #[doc(hidden)]
     pub fn store(&self) -> &Store {
         &self.store
     }

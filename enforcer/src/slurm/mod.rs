@@ -17,7 +17,10 @@
 //! answer only checks that the lease is this user's, on this substrate, and not yet claimed by
 //! another job.
 
+pub(crate) mod routes;
 pub mod watch;
+
+pub use self::routes::router;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,10 +28,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use crate::door::{self, Grant};
 use crate::drivers::slurm::jobs::{array_tasks, GpuRequest, TresFields};
 use crate::drivers::SlurmDriver;
 use crate::fields;
-use crate::policy::{AdmissionRequest, Decision, Principal};
+use crate::policy::Principal;
 use crate::service::{Service, ServiceError};
 use crate::store::LeaseState;
 use gpuwarden_schema::config::{Config, Role, SlurmSettings, SlurmTeamFrom, SlurmWorkloadFrom};
@@ -214,15 +218,9 @@ pub(crate) fn team_name<'a>(
     }
 }
 
-/// The team Slurm name `name` maps to: its `teams` entry, else the team of that very name, else
-/// the `"*"` entry.
+/// The team Slurm name `name` maps to (see [`door::team_of`]).
 pub(crate) fn team_of(settings: &SlurmSettings, config: &Config, name: &str) -> Option<String> {
-    settings
-        .teams
-        .get(name)
-        .cloned()
-        .or_else(|| config.team(name).map(|t| t.name.clone()))
-        .or_else(|| settings.teams.get("*").cloned())
+    door::team_of(&settings.teams, config, name)
 }
 
 /// A job's workload and project from `<workload>[:<project>]` in the field `workload_from`
@@ -321,6 +319,77 @@ pub async fn submit(
         )
         .await);
     }
+    let job = match read_job(slurm, service.config(), substrate, &request, &wanted) {
+        Ok(job) => job,
+        Err(denied) => return Ok(denied),
+    };
+    let (team, model, workload, asked) = (
+        job.ask.team.clone(),
+        job.ask.gpu_model.clone(),
+        job.ask.workload,
+        job.ask.asked,
+    );
+    let request = job.ask.request(service.config());
+    let admission = match door::admit(service, principal, Grant::Hold, request).await? {
+        door::Answer::Admitted(admission) => admission,
+        door::Answer::Denied { message, .. } => return Ok(Answer::deny(message)),
+        // What the user can fix (a name, a team it is not in) is a denial, not an outage.
+        door::Answer::Refused(e) => return Ok(Answer::deny(format!("gpuwarden: denied: {e}"))),
+    };
+    let decision = &admission.decision;
+    let Some(hold) = admission.lease else {
+        return Err(ServiceError::Bug(
+            "an admitted hold came back without its lease".into(),
+        ));
+    };
+    // The model is matched as a part of a name; only the very model counts.
+    if hold.gpu_model != model {
+        service.drop_hold(&hold.id).await?;
+        return Ok(Answer::deny(format!(
+            "gpuwarden: denied: this cluster has no GPUs of model {model}"
+        )));
+    }
+    let minutes = decision.duration.map(|d| d.as_secs().div_ceil(60).max(1));
+    let clamped = match (asked, decision.duration) {
+        (None, Some(_)) => " (the workload's longest)",
+        (Some(a), Some(d)) if d < a => " (cut to the workload's longest)",
+        _ => "",
+    };
+    Ok(Answer {
+        admit: true,
+        admin_comment: Some(format!("{HOLD_COMMENT}{}", hold.id)),
+        time_limit: minutes,
+        message: format!(
+            "gpuwarden: admitted for team {team} as {workload}: {} x {}{}, about \
+             ${:.2}/h{}{clamped}",
+            hold.gpu_count,
+            hold.gpu_model,
+            job.array_note,
+            decision.estimate.usd_per_hour,
+            minutes.map_or(String::new(), |m| format!(", time limit {m} min")),
+        ),
+    })
+}
+
+/// A job being submitted, read into what it asks admission for.
+struct Job {
+    /// Its team, user, workload, project, GPUs, model, time limit and labels.
+    ask: door::WorkAsk,
+    /// For an array, how many tasks and how many at once, for the answer's message.
+    array_note: String,
+}
+
+/// Reads a job being submitted to `substrate`, which `wanted` GPUs: its team (from its account
+/// or partition), user, workload and project, GPUs (an array's tasks that may run at once, each
+/// with the job's), model (its GRES type's), time limit and labels; or the denial of a job that
+/// names none of them in a way gpuwarden can use.
+fn read_job(
+    slurm: &SlurmDriver,
+    config: &Config,
+    substrate: &str,
+    request: &SubmitRequest,
+    wanted: &GpuRequest,
+) -> Result<Job, Answer> {
     let settings = slurm.settings();
     // Its team, from its account or partition.
     let partition = match &request.partition {
@@ -333,15 +402,14 @@ pub async fn submit(
         request.account.as_deref().unwrap_or(""),
         partition.as_deref().unwrap_or(""),
     );
-    let config = service.config();
     let Some(team) = team_of(settings, config, name) else {
-        return Ok(Answer::deny(format!(
+        return Err(Answer::deny(format!(
             "gpuwarden: denied: the job's {from} {name:?} maps to no team (ask an \
              administrator to add it to substrate {substrate}'s slurm.teams)"
         )));
     };
     if let Err(why) = fields::check_name(&request.user) {
-        return Ok(Answer::deny(format!(
+        return Err(Answer::deny(format!(
             "gpuwarden: denied: Slurm user {:?} is not a name gpuwarden accepts: {why}",
             request.user
         )));
@@ -358,7 +426,7 @@ pub async fn submit(
     let mut at_once_label = None;
     if let Some(index) = request.array_inx.as_deref().filter(|i| !i.is_empty()) {
         let Some((count, at_once)) = array_tasks(index) else {
-            return Ok(Answer::deny(format!(
+            return Err(Answer::deny(format!(
                 "gpuwarden: denied: cannot read the array index {index:?}"
             )));
         };
@@ -378,7 +446,7 @@ pub async fn submit(
             match models.as_slice() {
                 [one] => one.clone(),
                 _ => {
-                    return Ok(Answer::deny(format!(
+                    return Err(Answer::deny(format!(
                         "gpuwarden: denied: name a GPU type (--gres=gpu:<type>:N or \
                          --gpus=<type>:N): this cluster has {}",
                         models.join(", ")
@@ -387,16 +455,9 @@ pub async fn submit(
             }
         }
     };
-    let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
-    // The time limit: the workload's longest when the job asks for more or for none.
-    let max = config.workload(workload).max_duration;
     let asked = request
         .time_limit
         .map(|m| Duration::from_secs(m.saturating_mul(60)));
-    let duration = match (asked, max) {
-        (Some(a), Some(m)) => Some(a.min(m)),
-        (a, m) => a.or(m),
-    };
     let mut labels = BTreeMap::from([("slurm_cluster".to_owned(), settings.cluster.clone())]);
     for (key, value) in [
         ("slurm_account", request.account.as_deref()),
@@ -410,82 +471,21 @@ pub async fn submit(
     if let Some(n) = at_once_label {
         labels.insert(ARRAY_AT_ONCE.to_owned(), n.to_string());
     }
-    let admission = AdmissionRequest {
-        team,
-        user: request.user.clone(),
-        project,
-        workload,
-        gpus,
-        gpu_model: Some(model.clone()),
-        substrate: Some(substrate.to_owned()),
-        duration,
-        labels: Some(labels),
-        dry_run: false,
-        command: None,
-    };
-    let team = admission.team.clone();
-    let admission = match service.hold(principal, admission).await {
-        Ok(admission) => admission,
-        // What the user can fix (a name, a team it is not in) is a denial, not an outage.
-        Err(
-            e @ (ServiceError::Forbidden(_)
-            | ServiceError::NotFound(_)
-            | ServiceError::Invalid { .. }),
-        ) => return Ok(Answer::deny(format!("gpuwarden: denied: {e}"))),
-        Err(e) => return Err(e),
-    };
-    let decision = &admission.decision;
-    match admission.lease {
-        // The model is matched as a part of a name; only the very model counts.
-        Some(hold) if hold.gpu_model != model => {
-            service.drop_hold(&hold.id).await?;
-            Ok(Answer::deny(format!(
-                "gpuwarden: denied: this cluster has no GPUs of model {model}"
-            )))
-        }
-        Some(hold) => {
-            let minutes = decision.duration.map(|d| d.as_secs().div_ceil(60).max(1));
-            let clamped = match (asked, decision.duration) {
-                (None, Some(_)) => " (the workload's longest)",
-                (Some(a), Some(d)) if d < a => " (cut to the workload's longest)",
-                _ => "",
-            };
-            Ok(Answer {
-                admit: true,
-                admin_comment: Some(format!("{HOLD_COMMENT}{}", hold.id)),
-                time_limit: minutes,
-                message: format!(
-                    "gpuwarden: admitted for team {team} as {}: {} x {}{array_note}, about ${:.2}/h{}{}",
-                    workload,
-                    hold.gpu_count,
-                    hold.gpu_model,
-                    decision.estimate.usd_per_hour,
-                    minutes.map_or(String::new(), |m| format!(", time limit {m} min")),
-                    clamped,
-                ),
-            })
-        }
-        None => Ok(Answer::deny(denial(&team, Some(&model), gpus, decision))),
-    }
-}
-
-/// The user's line for a denied decision: every reason, with its code, and the estimate.
-pub(crate) fn denial(team: &str, model: Option<&str>, gpus: u32, decision: &Decision) -> String {
-    let reasons: Vec<String> = decision
-        .reasons
-        .iter()
-        .map(|r| format!("{}: {}", r.code.as_str(), r.message))
-        .collect();
-    let reasons = if reasons.is_empty() {
-        "no_capacity: no GPUs fit".to_owned()
-    } else {
-        reasons.join("; ")
-    };
-    format!(
-        "gpuwarden: denied {gpus} x {} for team {team}: {reasons} (estimate ${:.2}/h)",
-        model.unwrap_or("GPU"),
-        decision.estimate.usd_per_hour
-    )
+    Ok(Job {
+        ask: door::WorkAsk {
+            substrate: substrate.to_owned(),
+            team,
+            user: request.user.clone(),
+            project,
+            workload,
+            gpus,
+            gpu_model: model,
+            asked,
+            labels,
+            dry_run: false,
+        },
+        array_note,
+    })
 }
 
 /// Admits a job the driver submitted for lease `lease_id`, once: the lease must be open,
@@ -509,7 +509,7 @@ async fn claim(
         ))
     };
     // From memory: a made-up id must not make the hook wait for the store's writer.
-    let lease = match service.store().open_lease(lease_id) {
+    let lease = match service.open_lease(lease_id) {
         Ok(Some(lease)) => lease,
         Ok(None) => return refused("names no open lease"),
         Err(_) => return refused("cannot be checked now"),
@@ -550,8 +550,7 @@ pub async fn modify(
     })?;
     require_snapshot(slurm, substrate)?;
     // Everything from memory: the hook must not wait for the store's writer.
-    let store = service.store();
-    let open = |id: &str| store.open_lease(id);
+    let open = |id: &str| service.open_lease(id);
     let comment = request.admin_comment.as_deref().unwrap_or("");
     let lease = if let Some(hold) = comment.strip_prefix(HOLD_COMMENT) {
         // Bound already, or still a hold.
@@ -647,7 +646,7 @@ pub async fn modify(
             lease.id
         ))
     } else {
-        Answer::deny(denial(
+        Answer::deny(door::denial(
             &lease.team,
             Some(&lease.gpu_model),
             gpus,

@@ -103,7 +103,6 @@ impl Watcher {
             .ok_or_else(|| format!("substrate {substrate} is not a Slurm cluster"))?;
         // Open leases first: one created after this read is not missing from the queue below.
         let open: BTreeMap<String, Lease> = service
-            .store()
             .open_leases()
             .map_err(|e| e.to_string())?
             .into_iter()
@@ -116,7 +115,7 @@ impl Watcher {
             .map_err(|e| e.to_string())?;
         // Every replica reads the queue (its submit hook answers from the snapshot); only the
         // leader follows it into leases.
-        if !service.store().leadership().is_leader() {
+        if !service.leadership().is_leader() {
             self.seen.clear();
             return Ok(());
         }
@@ -202,7 +201,7 @@ impl Watcher {
         let mut job_lease = slurm.lease_id(lease_job);
         if named.is_none() && (running || pending || may_bind) && !open.contains_key(&job_lease) {
             for _ in 0..8 {
-                match service.store().lease(&job_lease).await? {
+                match service.stored_lease(&job_lease).await? {
                     Some(ended) if !ended.state.is_open() => {
                         let at = ended.released_at.unwrap_or(ended.updated_at);
                         job_lease = format!("{}-{at}", slurm.lease_id(lease_job));
@@ -237,7 +236,7 @@ impl Watcher {
                     &phases,
                 )
                 .await;
-        } else if service.store().lease(&job_lease).await?.is_some() {
+        } else if service.stored_lease(&job_lease).await?.is_some() {
             // Its lease ended already (reclaimed, or ended while its job still shows).
             return Ok(None);
         } else if running || pending {
@@ -302,8 +301,7 @@ impl Watcher {
             return Ok(Some(hold));
         }
         let now_open = service
-            .store()
-            .lease(&hold)
+            .stored_lease(&hold)
             .await?
             .is_some_and(|l| l.state.is_open());
         Ok(now_open.then_some(hold))
@@ -387,7 +385,6 @@ impl Watcher {
                 ),
             );
             if service
-                .store()
                 .record_once(&format!("slurm_unattributed:{lease_id}"), &record)
                 .await?
             {

@@ -31,18 +31,20 @@
 //! in one place, `Store::mutate` in this file: every method that changes something describes its
 //! change as a closure over memory and hands it to `mutate`.
 //!
-//! The code is split along the same lines, each part using only those before it:
+//! The code is split along the same lines; its parts are declared in this order, each using
+//! only those before it:
 //!
 //! - `types.rs`: the records ([`Lease`], [`LeaseState`], [`Ledger`], [`LeaseFilter`],
 //!   [`OutboxRow`]) and [`StoreError`];
-//! - `migrations.rs`: the schema, as the migrations run when the store opens;
 //! - `rows.rs`: a lease as a row of the `leases` table;
+//! - [`leader`]: which replica leads, and the fence its changes carry;
+//! - `db.rs`: the queries memory does not answer, for either database (`Db`);
 //! - `memory.rs`: what admission reads in memory, and the ledger and spend maths over it;
 //! - `writer.rs`: the queue, the writer thread and its group commit, and [`Pending`];
-//! - [`audit`]: the one builder of Action records;
-//! - `db.rs`: the queries memory does not answer, for either database (`Db`);
+//! - `migrations.rs`: the schema, as the migrations run when the store opens;
 //! - `postgres.rs`: the PostgreSQL store, for several replicas (see [`Store::open_postgres`]);
-//! - [`leader`]: which replica leads, and the fence its changes carry;
+//! - `election.rs`: the PostgreSQL elector thread that claims and renews the leadership;
+//! - [`audit`]: the one builder of Action records;
 //! - [`copy`]: copying a whole store into an empty one in another database (`gpuwarden store
 //!   copy`);
 //! - [`probe`]: a store's schema version, read without opening the store (`gpuwarden doctor`);
@@ -60,17 +62,18 @@ use rusqlite::Connection;
 
 use crate::policy::{AdmissionRequest, Decision};
 
-pub mod audit;
-pub mod copy;
-mod db;
+mod types;
+mod rows;
 pub mod leader;
+mod db;
 mod memory;
+mod writer;
 mod migrations;
 mod postgres;
+mod election;
+pub mod audit;
+pub mod copy;
 pub mod probe;
-mod rows;
-mod types;
-mod writer;
 
 pub use db::{LoginFailure, Session as PortalSession};
 /// The store's test lease, for the unit tests of the modules that use the store.
@@ -447,7 +450,7 @@ impl Store {
                     return Ok(());
                 }
                 self.inner.leadership.rename(replica);
-                *elector = Some(leader::spawn(
+                *elector = Some(election::spawn(
                     target.as_ref().clone(),
                     self.inner.leadership.clone(),
                     lease,

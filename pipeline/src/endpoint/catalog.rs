@@ -1,6 +1,7 @@
-//! What Postgres clients read to discover the lake, shaped as Postgres's own: the endpoint's
-//! `information_schema`, and the catalog functions their discovery queries call that neither
-//! DataFusion nor datafusion-postgres provides (`format`, `col_description`, `obj_description`).
+//! What Postgres clients read to discover the lake, shaped as Postgres's own ([`prepare`]): the
+//! endpoint's `information_schema`, datafusion-postgres's `pg_catalog` and functions, and the
+//! catalog functions their discovery queries call that neither DataFusion nor datafusion-postgres
+//! provides (`format`, `col_description`, `obj_description`).
 //!
 //! DataFusion's `information_schema` has the tables and the columns but not their Postgres shape:
 //! its `columns` names Arrow types (`Int64`, `Utf8`), counts positions from 0 and has no
@@ -35,11 +36,35 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::SessionContext;
 use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
 use datafusion_postgres::pgwire::api::Type;
+
+use super::settings::CurrentSetting;
+use super::EndpointError;
+
+/// Gives the session what Postgres clients query besides the lake's tables: this
+/// `information_schema`, `pg_catalog`, datafusion-postgres's Postgres functions, and
+/// `current_setting`.
+pub(super) fn prepare(ctx: &SessionContext) -> Result<(), EndpointError> {
+    register(ctx).map_err(EndpointError::Session)?;
+    let catalog = ctx
+        .state()
+        .config()
+        .options()
+        .catalog
+        .default_catalog
+        .clone();
+    setup_pg_catalog(ctx, &catalog, EmptyContextProvider)
+        .map_err(|e| EndpointError::Session(*e))?;
+    datafusion_postgres::datafusion_pg_functions::register_all(&mut *ctx.state_ref().write());
+    ctx.register_udf(ScalarUDF::new_from_impl(CurrentSetting::new()));
+    Ok(())
+}
 
 /// Replaces DataFusion's `information_schema` in `ctx`'s default catalog with the Postgres-shaped
 /// one, and registers the catalog functions.
-pub(super) fn register(ctx: &SessionContext) -> Result<(), DataFusionError> {
+fn register(ctx: &SessionContext) -> Result<(), DataFusionError> {
     let catalog_name = {
         let state = ctx.state_ref();
         let mut state = state.write();
@@ -650,5 +675,40 @@ mod tests {
         assert_eq!(quote_identifier("samples"), "samples");
         assert_eq!(quote_identifier("team hourly"), "\"team hourly\"");
         assert_eq!(quote_identifier("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[tokio::test]
+    async fn current_setting_answers_what_the_server_announces() {
+        let ctx = SessionContext::new();
+        prepare(&ctx).unwrap();
+        let one = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move {
+                let batches = ctx.sql(sql).await?.collect().await?;
+                Ok::<_, DataFusionError>(
+                    datafusion::arrow::util::pretty::pretty_format_columns(
+                        "v",
+                        &[Arc::clone(batches[0].column(0))],
+                    )?
+                    .to_string(),
+                )
+            }
+        };
+        assert!(
+            one("SELECT current_setting('server_version_num')::int / 100")
+                .await
+                .unwrap()
+                .contains("1600")
+        );
+        assert!(one("SELECT current_setting('nope', true)")
+            .await
+            .unwrap()
+            .contains("|   |"));
+        let err = one("SELECT current_setting('nope')").await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unrecognized configuration parameter \"nope\""),
+            "{err}"
+        );
     }
 }

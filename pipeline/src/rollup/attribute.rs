@@ -1,6 +1,6 @@
 //! Attribution of one hour, in Rust: the samples of the hour's files become `partials`, one row
 //! per host, GPU, model and lease, with every sample's time attributed as
-//! docs/ARCHITECTURE.md#attribution defines it (and as the module documentation of
+//! docs/src/finops/definitions.md#attribution defines it (and as the module documentation of
 //! [`super`] lists the rules the definitions leave open).
 //!
 //! Each sample is attributed alone: its interval `[ts_ms - interval_ms, ts_ms)`, cut to the
@@ -95,7 +95,8 @@ impl Partials {
         }
     }
 
-    /// The `partials` table that [`super::GPU_HOURLY_SQL`] and the queries after it read.
+    /// The `partials` table that the queries of `gpu_hourly` and `lease_hourly` read
+    /// ([`super::tables`]).
     pub(super) fn to_batch(&self) -> Result<RecordBatch, ArrowError> {
         let mut rows: Vec<(&Key, &Sums)> = self.rows.iter().collect();
         rows.sort_by(|a, b| a.0.cmp(b.0));

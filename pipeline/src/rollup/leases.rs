@@ -1,5 +1,5 @@
 //! Leases as the rollups see them, rebuilt from the `lease_events` table on every run: each
-//! lease's identity, its segments (docs/ARCHITECTURE.md#lease-segments), and from those the
+//! lease's identity, its segments (docs/src/finops/definitions.md#lease-segments), and from those the
 //! three things an hour's rollup needs — how many GPU-hours each lease held in the hour, which
 //! lease owns each GPU at each instant of the hour when several grants overlap, and when each
 //! lease holds a GPU for the samples that name it.
@@ -69,7 +69,7 @@ pub struct Owner {
 }
 
 /// A stretch of one hour in which a lease holds a GPU for the samples that name it
-/// (docs/ARCHITECTURE.md#attribution): `[start, end)` of one of its segments, for one GPU the
+/// (docs/src/finops/definitions.md#attribution): `[start, end)` of one of its segments, for one GPU the
 /// segment lists, or for any GPU (`gpu_uuid` `None`) when the segment lists none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
@@ -213,7 +213,7 @@ impl Leases {
     }
 
     /// GPU-hours each lease held in the hour starting at `hour` (allocated GPU-hours,
-    /// docs/ARCHITECTURE.md#measures): open segments run to the watermark. Leases holding nothing
+    /// docs/src/finops/definitions.md#measures): open segments run to the watermark. Leases holding nothing
     /// in the hour are left out.
     pub fn allocation(&self, hour: i64, watermark: i64) -> Vec<(&str, f64)> {
         let (from, to) = (hour, hour + HOUR_MS);

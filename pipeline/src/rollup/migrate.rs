@@ -1,5 +1,5 @@
 //! Moving a lake's rollup tables from the layout before Delta into their Delta tables
-//! (`gpuwarden lake migrate`, docs/ARCHITECTURE.md#delta-tables).
+//! (`gpuwarden lake migrate`, docs/src/contributors/lake.md#delta-tables).
 //!
 //! Before Delta, each hour of a rollup table was one Parquet file,
 //! `rollups/<table>/date=YYYY-MM-DD/hour=HH/rollup.parquet` (in a bucket
@@ -350,7 +350,7 @@ pub async fn migrate(
 }
 
 /// Carries the rollups' state (`rollups/_state.json`, `rollups/_hosts.json`) of `from` to `to`,
-/// a lake whose tables a move has just copied from it (`crate::relocate`), unless `to` has one
+/// a lake whose tables a move has just copied from it (`relocate`), unless `to` has one
 /// already (written by an earlier run of the move, or by its own rollups). The hours computed,
 /// the watermark and the hosts' times stay; the versions read name `to`'s tables (their
 /// versions now), so every hour whose rows changed in `from` after the versions its rollups

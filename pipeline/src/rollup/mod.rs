@@ -1,6 +1,6 @@
 //! Rollups: DataFusion turns the lake's raw `samples` and `lease_events` into utilization, waste
 //! and cost per GPU, lease and team, hour by hour, exactly as
-//! docs/ARCHITECTURE.md#what-the-numbers-mean defines them, and commits them to the lake's Delta
+//! docs/src/finops/definitions.md defines them, and commits them to the lake's Delta
 //! tables under `rollups/<table>/` ([`crate::delta`]), an hour of a table per commit.
 //!
 //! One run ([`Rollup::run`]):
@@ -15,12 +15,13 @@
 //!    allocation from its own time onward, never before);
 //! 3. computes each hour from that hour's sample files and the next hour's (whose first
 //!    samples' intervals began in it): the samples become per-GPU-and-lease partials in Rust
-//!    (`attribute`), SQL turns them into the tables, and each table's hour is replaced in one
-//!    commit. An hour of more than `part_rows` samples is attributed in parts split by GPU
-//!    (`parts`), so memory follows a part, not the hour, and never the lake. A run keeps each
-//!    open hour's partials over its settled samples for the next run of the same [`Rollup`],
-//!    which reads only the samples after them. An hour is `final` once the watermark has passed
-//!    its end plus `pipeline.lateness`; until then every run refreshes it.
+//!    (`attribute`), each table's query ([`tables`], where its columns are declared) turns them
+//!    into its rows, and each table's hour is replaced in one commit. An hour of more than
+//!    `part_rows` samples is attributed in parts split by GPU (`parts`), so memory follows a
+//!    part, not the hour, and never the lake. A run keeps each open hour's partials over its
+//!    settled samples for the next run of the same [`Rollup`], which reads only the samples
+//!    after them. An hour is `final` once the watermark has passed its end plus
+//!    `pipeline.lateness`; until then every run refreshes it.
 //!
 //! Rules the SQL alone does not show, decided here once:
 //! - Duplicate samples (same `gpu_uuid`, `ts_ms`) count once; where they disagree each column
@@ -41,14 +42,21 @@
 //! which hours are final, which are being recomputed — is in `rollups/_state.json`, and marks
 //! are cleared only after the hours they name are recorded as pending there.
 
-mod attribute;
-pub mod leases;
-pub mod migrate;
-mod parts;
+// In layer order, one group each, so that rustfmt keeps the order: `tables` declares the
+// tables; `leases` rebuilds leases from their events; `attribute` attributes an hour's samples to
+// them; `parts` splits an hour too large to attribute at once; `migrate` moves rollup tables of
+// the layout before Delta.
 pub mod tables;
 
+pub mod leases;
+
+mod attribute;
+
+mod parts;
+
+pub mod migrate;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,18 +78,14 @@ use crate::buffer::Table;
 use crate::delta::{AsOf, Changes, DataFile, Span};
 use crate::lake::{hour_partition, Lake, LakeError, LakeLock, Role, StateVersion};
 use attribute::{Attributor, Partials};
-use gpuwarden_schema::calendar::month_of;
 use gpuwarden_schema::clock::duration_ms;
 use leases::Leases;
-pub use tables::RollupTable;
+pub use tables::{price_sql, RollupTable, UNALLOCATED};
 
 const HOUR_MS: i64 = 3_600_000;
 
 /// Where an hour computed in parts keeps them, relative to the rollups' directory.
 const TMP: &str = "_tmp";
-
-/// The team of capacity no lease holds.
-pub const UNALLOCATED: &str = "(unallocated)";
 
 /// What the rollups need from the config.
 #[derive(Debug, Clone)]
@@ -286,7 +290,7 @@ fn load_hosts(lake: &Lake, path: &Path) -> Result<(Option<Hosts>, StateVersion),
     let (bytes, version) = match lake.read_state(path) {
         Ok(Some(read)) => read,
         Ok(None) => return Ok((None, StateVersion::default())),
-        Err(e @ LakeError::Store { .. }) => return Err(e.into()),
+        Err(e @ LakeError::ObjectStore { .. }) => return Err(e.into()),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot read the hosts' latest times; reading every sample again");
             return Ok((None, StateVersion::default()));
@@ -523,7 +527,7 @@ impl Rollup {
         }
 
         let ctx = SessionContext::new();
-        self.lake.register_store(&ctx);
+        self.lake.register_object_store(&ctx);
         let state_path = Path::new(tables::DIR).join("_state.json");
         let (mut state, mut version) = State::load(&self.lake, &state_path)?;
         // The hours with new rows since the last run, from the commits after the versions it
@@ -900,58 +904,23 @@ impl Rollup {
         let mut partials = before.clone();
         partials.merge(&after);
         replace(ctx, "partials", Some(memtable(partials.to_batch()?)?))?;
-        let price = price_sql(&self.options.pricing, "gpu_model");
-        let gpu = run(ctx, GPU_HOURLY_SQL).await?;
-        let lease_rows = run(ctx, &lease_hourly_sql(&price)).await?;
-        replace(ctx, "lease_rows", Some(lease_rows.table()?))?;
-        let team = run(ctx, &team_hourly_sql(&price)).await?;
-        let focus = run(
-            ctx,
-            &focus_sql(&price_sql(&self.options.pricing, "l.gpu_model")),
-        )
-        .await?;
-
-        let time = |ms: i64| ScalarValue::TimestampMillisecond(Some(ms), Some("UTC".into()));
-        let text = |s: &str| ScalarValue::Utf8(Some(s.to_owned()));
-        let common = [
-            ("hour", time(hour)),
-            ("final", ScalarValue::Boolean(Some(is_final))),
-        ];
-        self.write_hour(RollupTable::GpuHourly, hour, &gpu.batches, &common)
-            .await?;
-        self.write_hour(RollupTable::LeaseHourly, hour, &lease_rows.batches, &common)
-            .await?;
-        let team_rows = self
-            .write_hour(RollupTable::TeamHourly, hour, &team.batches, &common)
-            .await?;
+        // In this order: `team_hourly` and `focus_costs` read `lease_hourly`'s rows.
         let pricing = &self.options.pricing;
-        let (month_start, month_end) = month_of(hour);
-        self.write_hour(
-            RollupTable::FocusCosts,
-            hour,
-            &focus.batches,
-            &[
-                ("BillingAccountId", text(&pricing.billing_account)),
-                ("BillingAccountName", text(&pricing.billing_account)),
-                ("BillingCurrency", text(&pricing.currency)),
-                ("BillingPeriodStart", time(month_start)),
-                ("BillingPeriodEnd", time(month_end)),
-                ("ChargeCategory", text("Usage")),
-                ("ChargeClass", ScalarValue::Utf8(None)),
-                ("ChargeFrequency", text("Usage-Based")),
-                ("ChargePeriodStart", time(hour)),
-                ("ChargePeriodEnd", time(hour + HOUR_MS)),
-                ("ConsumedUnit", text("GPU-Hours")),
-                ("PricingUnit", text("GPU-Hours")),
-                ("InvoiceIssuerName", text(&pricing.provider)),
-                ("ProviderName", text(&pricing.provider)),
-                ("PublisherName", text(&pricing.provider)),
-                ("ServiceCategory", text("Compute")),
-                ("ServiceName", text("GPU Compute")),
-                ("x_Final", ScalarValue::Boolean(Some(is_final))),
-            ],
-        )
-        .await?;
+        let query = |table: RollupTable| table.query(pricing).expect("an hourly table's query");
+        let gpu = run(ctx, &query(RollupTable::GpuHourly)).await?;
+        let lease_rows = run(ctx, &query(RollupTable::LeaseHourly)).await?;
+        replace(ctx, "lease_rows", Some(lease_rows.table()?))?;
+        let team = run(ctx, &query(RollupTable::TeamHourly)).await?;
+        let focus = run(ctx, &query(RollupTable::FocusCosts)).await?;
+
+        let write = |table: RollupTable, rows: Rows| async move {
+            let filled = table.filled(hour, is_final, pricing);
+            self.write_hour(table, hour, &rows.batches, &filled).await
+        };
+        write(RollupTable::GpuHourly, gpu).await?;
+        write(RollupTable::LeaseHourly, lease_rows).await?;
+        let team_rows = write(RollupTable::TeamHourly, team).await?;
+        write(RollupTable::FocusCosts, focus).await?;
         Ok((
             team_rows,
             Settled {
@@ -1108,144 +1077,75 @@ fn memtable(batch: RecordBatch) -> Result<MemTable, DataFusionError> {
     MemTable::try_new(batch.schema(), vec![vec![batch]])
 }
 
-/// SQL for the price of a GPU-hour of the model in `column` (docs/ARCHITECTURE.md#price): the
-/// first matching `[[pricing.gpu]]` entry, else the default, as
-/// [`PricingConfig::usd_per_gpu_hour`] computes it in Rust.
-pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
-    if pricing.gpu.is_empty() {
-        return format!("CAST({:?} AS DOUBLE)", pricing.default_usd_per_gpu_hour);
-    }
-    let mut sql = String::from("CASE");
-    for entry in &pricing.gpu {
-        let needle = entry.model_match.to_lowercase().replace('\'', "''");
-        write!(
-            sql,
-            " WHEN strpos(lower({column}), '{needle}') > 0 THEN CAST({:?} AS DOUBLE)",
-            entry.usd_per_gpu_hour
-        )
-        .expect("writing to a String");
-    }
-    write!(
-        sql,
-        " ELSE CAST({:?} AS DOUBLE) END",
-        pricing.default_usd_per_gpu_hour
-    )
-    .expect("writing to a String");
-    sql
-}
-
-const GPU_HOURLY_SQL: &str = "
-    SELECT host, gpu_uuid, gpu_model, sum(samples) AS samples,
-           sum(observed_ms) / 3600000.0 AS observed_gpu_hours,
-           sum(busy_ms_pct) / 360000000.0 AS busy_gpu_hours,
-           sum(idle_ms) / 3600000.0 AS idle_gpu_hours,
-           CASE WHEN sum(observed_ms) > 0
-                THEN sum(busy_ms_pct) / CAST(sum(observed_ms) AS DOUBLE) END AS utilization_pct,
-           sum(energy_w_ms) / 3600000000.0 AS energy_kwh,
-           max(mem_used_max_bytes) AS mem_used_max_bytes
-    FROM partials
-    GROUP BY host, gpu_uuid, gpu_model
-    ORDER BY gpu_uuid, host";
-
-/// Per lease (and per model for unallocated samples): allocation joined to what was observed.
-fn lease_hourly_sql(price: &str) -> String {
-    format!(
-        "WITH used AS (
-            SELECT lease_id, CASE WHEN lease_id IS NULL THEN gpu_model END AS own_model,
-                   sum(observed_ms) AS observed_ms, sum(busy_ms_pct) AS busy_ms_pct,
-                   sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms
-            FROM partials
-            GROUP BY 1, 2
-            HAVING sum(observed_ms) > 0
-        ), joined AS (
-            SELECT COALESCE(u.lease_id, a.lease_id) AS lease_id, u.own_model,
-                   a.allocated_gpu_hours,
-                   COALESCE(u.observed_ms, 0) AS observed_ms,
-                   COALESCE(u.busy_ms_pct, 0.0) AS busy_ms_pct,
-                   COALESCE(u.idle_ms, 0) AS idle_ms,
-                   COALESCE(u.energy_w_ms, 0.0) AS energy_w_ms
-            FROM used u FULL OUTER JOIN hour_allocation a ON u.lease_id = a.lease_id
-        ), measured AS (
-            SELECT j.lease_id,
-                   COALESCE(k.team, '{UNALLOCATED}') AS team,
-                   COALESCE(k.gpu_model, j.own_model) AS gpu_model,
-                   CASE WHEN j.lease_id IS NULL THEN j.observed_ms / 3600000.0
-                        ELSE COALESCE(j.allocated_gpu_hours, 0.0) END AS allocated_gpu_hours,
-                   j.observed_ms / 3600000.0 AS observed_gpu_hours,
-                   j.busy_ms_pct / 360000000.0 AS busy_gpu_hours,
-                   j.idle_ms / 3600000.0 AS idle_gpu_hours,
-                   CASE WHEN j.observed_ms > 0
-                        THEN j.busy_ms_pct / CAST(j.observed_ms AS DOUBLE) END AS utilization_pct,
-                   j.energy_w_ms / 3600000000.0 AS energy_kwh
-            FROM joined j LEFT JOIN known_leases k ON j.lease_id = k.lease_id
-        )
-        SELECT lease_id, team, gpu_model, allocated_gpu_hours, observed_gpu_hours,
-               busy_gpu_hours, idle_gpu_hours, utilization_pct,
-               allocated_gpu_hours * ({price}) AS cost_usd,
-               idle_gpu_hours * ({price}) AS idle_cost_usd,
-               energy_kwh
-        FROM measured
-        ORDER BY team, gpu_model, lease_id"
-    )
-}
-
-fn team_hourly_sql(price: &str) -> String {
-    format!(
-        "SELECT team, gpu_model,
-                sum(allocated_gpu_hours) AS allocated_gpu_hours,
-                sum(observed_gpu_hours) AS observed_gpu_hours,
-                sum(busy_gpu_hours) AS busy_gpu_hours,
-                sum(idle_gpu_hours) AS idle_gpu_hours,
-                CASE WHEN sum(observed_gpu_hours) > 0
-                     THEN 100.0 * sum(busy_gpu_hours) / sum(observed_gpu_hours) END
-                    AS utilization_pct,
-                sum(allocated_gpu_hours) * ({price}) AS cost_usd,
-                sum(idle_gpu_hours) * ({price}) AS idle_cost_usd,
-                sum(energy_kwh) AS energy_kwh
-         FROM lease_rows
-         GROUP BY team, gpu_model
-         ORDER BY team, gpu_model"
-    )
-}
-
-/// FOCUS 1.2 rows from `lease_rows`; the columns that are the same on every row of the hour
-/// are filled in by the caller. `price` reads `l.gpu_model`.
-fn focus_sql(price: &str) -> String {
-    format!(
-        r#"SELECT l.cost_usd AS "BilledCost",
-                  l.cost_usd AS "ContractedCost",
-                  l.cost_usd AS "EffectiveCost",
-                  l.cost_usd AS "ListCost",
-                  {price} AS "ContractedUnitPrice",
-                  {price} AS "ListUnitPrice",
-                  l.allocated_gpu_hours AS "PricingQuantity",
-                  l.allocated_gpu_hours AS "ConsumedQuantity",
-                  CASE WHEN l.lease_id IS NULL
-                       THEN 'Unallocated ' || l.gpu_model || ' capacity'
-                       ELSE l.gpu_model || ' GPUs held by lease ' || l.lease_id END
-                      AS "ChargeDescription",
-                  l.lease_id AS "ResourceId",
-                  l.lease_id AS "ResourceName",
-                  CASE WHEN l.lease_id IS NULL THEN 'Unallocated GPU capacity'
-                       ELSE 'GPU lease' END AS "ResourceType",
-                  l.gpu_model AS "SkuId",
-                  l.team AS "SubAccountId",
-                  l.team AS "SubAccountName",
-                  COALESCE(k.tags, '{{}}') AS "Tags",
-                  l.gpu_model AS "x_GpuModel",
-                  l.observed_gpu_hours AS "x_ObservedGpuHours",
-                  l.busy_gpu_hours AS "x_BusyGpuHours",
-                  l.idle_gpu_hours AS "x_IdleGpuHours",
-                  l.utilization_pct AS "x_UtilizationPct",
-                  l.idle_cost_usd AS "x_IdleCost",
-                  l.energy_kwh AS "x_EnergyKwh"
-           FROM lease_rows l
-           LEFT JOIN known_leases k ON l.lease_id = k.lease_id
-           ORDER BY l.team, l.gpu_model, l.lease_id"#
-    )
-}
-
 /// Whether `file` can hold samples with `ts_ms` from `from` on (a file without statistics can).
 fn reaches(file: &DataFile, from: i64) -> bool {
     file.ts_range.is_none_or(|(_, max)| max >= from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwarden_schema::config::GpuPrice;
+
+    /// Each hourly table's query plans over the hour's tables, gives its rows in the columns its
+    /// declaration computes in SQL, under their names, and with those the rollup fills in makes
+    /// every column of the table once, each value of the column's type or one cast to it.
+    #[tokio::test]
+    async fn each_hourly_query_computes_the_columns_its_table_declares() {
+        let ctx = SessionContext::new();
+        let empty = |schema: SchemaRef| Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap());
+        ctx.register_table("partials", empty(attribute::schema()))
+            .unwrap();
+        ctx.register_table("hour_allocation", empty(tables::allocation()))
+            .unwrap();
+        ctx.register_table("known_leases", empty(tables::known_leases()))
+            .unwrap();
+        let pricing = PricingConfig {
+            gpu: vec![GpuPrice {
+                model_match: "H100".into(),
+                usd_per_gpu_hour: 4.0,
+            }],
+            ..PricingConfig::default()
+        };
+        let names = |fields: &arrow_schema::Fields| -> BTreeSet<String> {
+            fields.iter().map(|f| f.name().clone()).collect()
+        };
+        for table in [
+            RollupTable::GpuHourly,
+            RollupTable::LeaseHourly,
+            RollupTable::TeamHourly,
+            RollupTable::FocusCosts,
+        ] {
+            let query = table.query(&pricing).unwrap();
+            let planned = ctx
+                .sql(&query)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}\n{query}", table.name()));
+            let computed = names(planned.schema().as_arrow().fields());
+            if table == RollupTable::LeaseHourly {
+                let rows = Arc::new(planned.schema().as_arrow().clone());
+                ctx.register_table("lease_rows", empty(rows)).unwrap();
+            }
+            let schema = table.schema();
+            let filled = table.filled(0, false, &pricing);
+            for (name, value) in &filled {
+                let field = schema.field_with_name(name).unwrap();
+                assert!(
+                    arrow_schema::DataType::eq(&value.data_type(), field.data_type())
+                        || datafusion::arrow::compute::can_cast_types(
+                            &value.data_type(),
+                            field.data_type()
+                        ),
+                    "{}.{name}",
+                    table.name()
+                );
+            }
+            let filled: BTreeSet<String> = filled.iter().map(|(n, _)| n.to_string()).collect();
+            assert!(computed.is_disjoint(&filled), "{}", table.name());
+            let both: BTreeSet<String> = computed.union(&filled).cloned().collect();
+            assert_eq!(both, names(schema.fields()), "{}", table.name());
+        }
+        assert_eq!(RollupTable::Leases.query(&pricing), None);
+        assert!(RollupTable::Leases.filled(0, false, &pricing).is_empty());
+    }
 }

@@ -1,15 +1,31 @@
-//! The derived tables: [`RollupTable`], the ones the rollups write under `lake/rollups/` (their
-//! names, directories and schemas), and the schemas of the small per-run tables they join
-//! samples against. Types and nullability are fixed here, not inferred from a query, so every
-//! file of a table has the same schema and `focus_costs` says exactly what FOCUS 1.2 says of
-//! each column.
+//! The rollup tables ([`RollupTable`]), each declared once, column by column: its name, type
+//! and nullability, and where its value comes from — an expression of the SQL that computes the
+//! table's hour, a value the rollup fills in for the whole hour, or Rust (`leases`). Its Arrow
+//! schema and its query are both derived from that one list. Also here: the schemas of the small
+//! per-run tables the queries join samples against. Types and nullability are fixed here, not
+//! inferred from a query, so every file of a table has the same schema and `focus_costs` says
+//! exactly what FOCUS 1.2 says of each column.
+//!
+//! The queries run in order over the hour's tables: `partials` (the hour's samples attributed,
+//! `attribute`), `hour_allocation` ([`allocation`]) and `known_leases`
+//! ([`known_leases`]) make `gpu_hourly` and `lease_hourly`; `lease_hourly`'s rows, registered as
+//! `lease_rows`, make `team_hourly` and `focus_costs`.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::common::ScalarValue;
+use gpuwarden_schema::calendar::month_of;
+use gpuwarden_schema::config::PricingConfig;
+
+use super::HOUR_MS;
 
 /// The directory under the lake root that holds every rollup table and the rollups' own state.
 pub const DIR: &str = "rollups";
+
+/// The team of capacity no lease holds.
+pub const UNALLOCATED: &str = "(unallocated)";
 
 /// A table the rollups write, each under `rollups/<name>/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +80,73 @@ impl RollupTable {
 
     /// The table's Arrow schema.
     pub fn schema(self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.columns()
+                .into_iter()
+                .map(|c| Field::new(c.name, c.data_type, c.nullable))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    /// The query that computes the table's rows of an hour, but for the columns the rollup
+    /// fills in ([`RollupTable::filled`]), with the prices of `pricing`; `None` for `leases`,
+    /// which is written from Rust.
+    pub(crate) fn query(self, pricing: &PricingConfig) -> Option<String> {
+        let query = match self {
+            Self::GpuHourly => &GPU_HOURLY,
+            Self::LeaseHourly => &LEASE_HOURLY,
+            Self::TeamHourly => &TEAM_HOURLY,
+            Self::FocusCosts => &FOCUS_COSTS,
+            Self::Leases => return None,
+        };
+        let price = query
+            .model
+            .map(|column| price_sql(pricing, column))
+            .unwrap_or_default();
+        let select: Vec<String> = self
+            .columns()
+            .iter()
+            .filter_map(|c| match c.value {
+                Value::Sql(expression) => Some(format!(
+                    "{} AS \"{}\"",
+                    expression.replace("{price}", &price),
+                    c.name
+                )),
+                Value::Filled(_) | Value::Rust => None,
+            })
+            .collect();
+        Some(format!(
+            "{}SELECT {}\n{}",
+            query.with.replace("{unallocated}", UNALLOCATED),
+            select.join(",\n       "),
+            query.from
+        ))
+    }
+
+    /// The values of the columns the rollup fills in for a whole hour (starting at `hour`,
+    /// `is_final` or not): the same on every row of it.
+    pub(crate) fn filled(
+        self,
+        hour: i64,
+        is_final: bool,
+        pricing: &PricingConfig,
+    ) -> Vec<(&'static str, ScalarValue)> {
+        let of = Hour {
+            start: hour,
+            is_final,
+            pricing,
+        };
+        self.columns()
+            .into_iter()
+            .filter_map(|c| match c.value {
+                Value::Filled(value) => Some((c.name, value(&of))),
+                Value::Sql(_) | Value::Rust => None,
+            })
+            .collect()
+    }
+
+    /// The table's columns, in its schema's order.
+    fn columns(self) -> Vec<Column> {
         match self {
             Self::GpuHourly => gpu_hourly(),
             Self::LeaseHourly => lease_hourly(),
@@ -82,162 +165,432 @@ pub fn timestamp() -> DataType {
 /// FOCUS's Decimal columns.
 pub const DECIMAL: DataType = DataType::Decimal128(38, 10);
 
-fn f(name: &str, data_type: DataType, nullable: bool) -> Field {
-    Field::new(name, data_type, nullable)
+/// SQL for the price of a GPU-hour of the model in `column` (docs/src/finops/definitions.md#price): the
+/// first matching `[[pricing.gpu]]` entry, else the default, as
+/// [`PricingConfig::usd_per_gpu_hour`] computes it in Rust.
+pub fn price_sql(pricing: &PricingConfig, column: &str) -> String {
+    if pricing.gpu.is_empty() {
+        return format!("CAST({:?} AS DOUBLE)", pricing.default_usd_per_gpu_hour);
+    }
+    let mut sql = String::from("CASE");
+    for entry in &pricing.gpu {
+        let needle = entry.model_match.to_lowercase().replace('\'', "''");
+        write!(
+            sql,
+            " WHEN strpos(lower({column}), '{needle}') > 0 THEN CAST({:?} AS DOUBLE)",
+            entry.usd_per_gpu_hour
+        )
+        .expect("writing to a String");
+    }
+    write!(
+        sql,
+        " ELSE CAST({:?} AS DOUBLE) END",
+        pricing.default_usd_per_gpu_hour
+    )
+    .expect("writing to a String");
+    sql
 }
 
-fn measures(with_cost: bool) -> Vec<Field> {
-    let mut fields = vec![
-        f("allocated_gpu_hours", DataType::Float64, false),
-        f("observed_gpu_hours", DataType::Float64, false),
-        f("busy_gpu_hours", DataType::Float64, false),
-        f("idle_gpu_hours", DataType::Float64, false),
-        f("utilization_pct", DataType::Float64, true),
-    ];
-    if with_cost {
-        fields.push(f("cost_usd", DataType::Float64, false));
-        fields.push(f("idle_cost_usd", DataType::Float64, false));
+/// One column of a rollup table.
+struct Column {
+    name: &'static str,
+    data_type: DataType,
+    nullable: bool,
+    value: Value,
+}
+
+/// Where a column's values come from.
+#[derive(Clone, Copy)]
+enum Value {
+    /// This expression of the table's query; `{price}` stands for the price of a GPU-hour of
+    /// the row's model ([`price_sql`]).
+    Sql(&'static str),
+    /// The rollup, the same for every row of an hour.
+    Filled(fn(&Hour) -> ScalarValue),
+    /// Rust code, row by row (`leases`, `Leases::to_batch`).
+    Rust,
+}
+
+/// The hour whose rows the rollup fills in ([`Value::Filled`]).
+struct Hour<'a> {
+    start: i64,
+    is_final: bool,
+    pricing: &'a PricingConfig,
+}
+
+/// What a table's query reads, around the SELECT list its columns make.
+struct Query {
+    /// What comes before the SELECT (a WITH clause, or nothing); `{unallocated}` stands for
+    /// [`UNALLOCATED`].
+    with: &'static str,
+    /// What comes after it: FROM, GROUP BY, ORDER BY.
+    from: &'static str,
+    /// The column that names a row's GPU model, for `{price}`.
+    model: Option<&'static str>,
+}
+
+fn sql(
+    name: &'static str,
+    data_type: DataType,
+    nullable: bool,
+    expression: &'static str,
+) -> Column {
+    Column {
+        name,
+        data_type,
+        nullable,
+        value: Value::Sql(expression),
     }
-    fields.push(f("energy_kwh", DataType::Float64, false));
-    fields
+}
+
+fn filled(
+    name: &'static str,
+    data_type: DataType,
+    nullable: bool,
+    value: fn(&Hour) -> ScalarValue,
+) -> Column {
+    Column {
+        name,
+        data_type,
+        nullable,
+        value: Value::Filled(value),
+    }
+}
+
+fn rust(name: &'static str, data_type: DataType, nullable: bool) -> Column {
+    Column {
+        name,
+        data_type,
+        nullable,
+        value: Value::Rust,
+    }
+}
+
+fn time(ms: i64) -> ScalarValue {
+    ScalarValue::TimestampMillisecond(Some(ms), Some("UTC".into()))
+}
+
+fn text(s: &str) -> ScalarValue {
+    ScalarValue::Utf8(Some(s.to_owned()))
+}
+
+/// Every hourly table's first column: the hour's start.
+fn hour() -> Column {
+    filled("hour", timestamp(), false, |h| time(h.start))
+}
+
+/// Every hourly table's last column: whether the hour is final.
+fn is_final() -> Column {
+    filled("final", DataType::Boolean, false, |h| {
+        ScalarValue::Boolean(Some(h.is_final))
+    })
 }
 
 /// `gpu_hourly`: one row per GPU and hour with samples or sampled time.
-fn gpu_hourly() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        f("hour", timestamp(), false),
-        f("host", DataType::Utf8, false),
-        f("gpu_uuid", DataType::Utf8, false),
-        f("gpu_model", DataType::Utf8, false),
-        f("samples", DataType::Int64, false),
-        f("observed_gpu_hours", DataType::Float64, false),
-        f("busy_gpu_hours", DataType::Float64, false),
-        f("idle_gpu_hours", DataType::Float64, false),
-        f("utilization_pct", DataType::Float64, true),
-        f("energy_kwh", DataType::Float64, false),
-        f("mem_used_max_bytes", DataType::Int64, false),
-        f("final", DataType::Boolean, false),
-    ]))
+fn gpu_hourly() -> Vec<Column> {
+    use DataType::{Float64, Int64, Utf8};
+    vec![
+        hour(),
+        sql("host", Utf8, false, "host"),
+        sql("gpu_uuid", Utf8, false, "gpu_uuid"),
+        sql("gpu_model", Utf8, false, "gpu_model"),
+        sql("samples", Int64, false, "sum(samples)"),
+        sql(
+            "observed_gpu_hours",
+            Float64,
+            false,
+            "sum(observed_ms) / 3600000.0",
+        ),
+        sql(
+            "busy_gpu_hours",
+            Float64,
+            false,
+            "sum(busy_ms_pct) / 360000000.0",
+        ),
+        sql("idle_gpu_hours", Float64, false, "sum(idle_ms) / 3600000.0"),
+        sql(
+            "utilization_pct",
+            Float64,
+            true,
+            "CASE WHEN sum(observed_ms) > 0 \
+             THEN sum(busy_ms_pct) / CAST(sum(observed_ms) AS DOUBLE) END",
+        ),
+        sql(
+            "energy_kwh",
+            Float64,
+            false,
+            "sum(energy_w_ms) / 3600000000.0",
+        ),
+        sql(
+            "mem_used_max_bytes",
+            Int64,
+            false,
+            "max(mem_used_max_bytes)",
+        ),
+        is_final(),
+    ]
 }
+
+const GPU_HOURLY: Query = Query {
+    with: "",
+    from: "FROM partials
+GROUP BY host, gpu_uuid, gpu_model
+ORDER BY gpu_uuid, host",
+    model: None,
+};
 
 /// `lease_hourly`: one row per lease and hour with an allocation or attributed time, plus one
 /// per GPU model for `(unallocated)` (null `lease_id`). `lease_usage` and `focus_costs` come
 /// from it.
-fn lease_hourly() -> SchemaRef {
-    let mut fields = vec![
-        f("hour", timestamp(), false),
-        f("lease_id", DataType::Utf8, true),
-        f("team", DataType::Utf8, false),
-        f("gpu_model", DataType::Utf8, false),
-    ];
-    fields.extend(measures(true));
-    fields.push(f("final", DataType::Boolean, false));
-    Arc::new(Schema::new(fields))
+fn lease_hourly() -> Vec<Column> {
+    use DataType::{Float64, Utf8};
+    vec![
+        hour(),
+        sql("lease_id", Utf8, true, "lease_id"),
+        sql("team", Utf8, false, "team"),
+        sql("gpu_model", Utf8, false, "gpu_model"),
+        sql("allocated_gpu_hours", Float64, false, "allocated_gpu_hours"),
+        sql("observed_gpu_hours", Float64, false, "observed_gpu_hours"),
+        sql("busy_gpu_hours", Float64, false, "busy_gpu_hours"),
+        sql("idle_gpu_hours", Float64, false, "idle_gpu_hours"),
+        sql("utilization_pct", Float64, true, "utilization_pct"),
+        sql(
+            "cost_usd",
+            Float64,
+            false,
+            "allocated_gpu_hours * ({price})",
+        ),
+        sql(
+            "idle_cost_usd",
+            Float64,
+            false,
+            "idle_gpu_hours * ({price})",
+        ),
+        sql("energy_kwh", Float64, false, "energy_kwh"),
+        is_final(),
+    ]
 }
+
+/// Per lease (and per model for unallocated samples): allocation joined to what was observed.
+const LEASE_HOURLY: Query = Query {
+    with: "WITH used AS (
+    SELECT lease_id, CASE WHEN lease_id IS NULL THEN gpu_model END AS own_model,
+           sum(observed_ms) AS observed_ms, sum(busy_ms_pct) AS busy_ms_pct,
+           sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms
+    FROM partials
+    GROUP BY 1, 2
+    HAVING sum(observed_ms) > 0
+), joined AS (
+    SELECT COALESCE(u.lease_id, a.lease_id) AS lease_id, u.own_model,
+           a.allocated_gpu_hours,
+           COALESCE(u.observed_ms, 0) AS observed_ms,
+           COALESCE(u.busy_ms_pct, 0.0) AS busy_ms_pct,
+           COALESCE(u.idle_ms, 0) AS idle_ms,
+           COALESCE(u.energy_w_ms, 0.0) AS energy_w_ms
+    FROM used u FULL OUTER JOIN hour_allocation a ON u.lease_id = a.lease_id
+), measured AS (
+    SELECT j.lease_id,
+           COALESCE(k.team, '{unallocated}') AS team,
+           COALESCE(k.gpu_model, j.own_model) AS gpu_model,
+           CASE WHEN j.lease_id IS NULL THEN j.observed_ms / 3600000.0
+                ELSE COALESCE(j.allocated_gpu_hours, 0.0) END AS allocated_gpu_hours,
+           j.observed_ms / 3600000.0 AS observed_gpu_hours,
+           j.busy_ms_pct / 360000000.0 AS busy_gpu_hours,
+           j.idle_ms / 3600000.0 AS idle_gpu_hours,
+           CASE WHEN j.observed_ms > 0
+                THEN j.busy_ms_pct / CAST(j.observed_ms AS DOUBLE) END AS utilization_pct,
+           j.energy_w_ms / 3600000000.0 AS energy_kwh
+    FROM joined j LEFT JOIN known_leases k ON j.lease_id = k.lease_id
+)
+",
+    from: "FROM measured
+ORDER BY team, gpu_model, lease_id",
+    model: Some("gpu_model"),
+};
 
 /// `team_hourly`: one row per team, GPU model and hour with an allocation or attributed time
-/// (docs/ARCHITECTURE.md#rollup-tables).
-fn team_hourly() -> SchemaRef {
-    let mut fields = vec![
-        f("hour", timestamp(), false),
-        f("team", DataType::Utf8, false),
-        f("gpu_model", DataType::Utf8, false),
-    ];
-    fields.extend(measures(true));
-    fields.push(f("final", DataType::Boolean, false));
-    Arc::new(Schema::new(fields))
+/// (docs/src/contributors/lake.md#rollup-tables), from `lease_rows`.
+fn team_hourly() -> Vec<Column> {
+    use DataType::{Float64, Utf8};
+    vec![
+        hour(),
+        sql("team", Utf8, false, "team"),
+        sql("gpu_model", Utf8, false, "gpu_model"),
+        sql(
+            "allocated_gpu_hours",
+            Float64,
+            false,
+            "sum(allocated_gpu_hours)",
+        ),
+        sql(
+            "observed_gpu_hours",
+            Float64,
+            false,
+            "sum(observed_gpu_hours)",
+        ),
+        sql("busy_gpu_hours", Float64, false, "sum(busy_gpu_hours)"),
+        sql("idle_gpu_hours", Float64, false, "sum(idle_gpu_hours)"),
+        sql(
+            "utilization_pct",
+            Float64,
+            true,
+            "CASE WHEN sum(observed_gpu_hours) > 0 \
+             THEN 100.0 * sum(busy_gpu_hours) / sum(observed_gpu_hours) END",
+        ),
+        sql(
+            "cost_usd",
+            Float64,
+            false,
+            "sum(allocated_gpu_hours) * ({price})",
+        ),
+        sql(
+            "idle_cost_usd",
+            Float64,
+            false,
+            "sum(idle_gpu_hours) * ({price})",
+        ),
+        sql("energy_kwh", Float64, false, "sum(energy_kwh)"),
+        is_final(),
+    ]
 }
 
+const TEAM_HOURLY: Query = Query {
+    with: "",
+    from: "FROM lease_rows
+GROUP BY team, gpu_model
+ORDER BY team, gpu_model",
+    model: Some("gpu_model"),
+};
+
 /// `leases`: one row per lease, its current state.
-fn leases() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        f("lease_id", DataType::Utf8, false),
-        f("state", DataType::Utf8, false),
-        f("team", DataType::Utf8, false),
-        f("user", DataType::Utf8, false),
-        f("project", DataType::Utf8, false),
-        f("workload", DataType::Utf8, false),
-        f("substrate", DataType::Utf8, false),
-        f("gpu_model", DataType::Utf8, false),
-        f("gpu_count", DataType::Int64, false),
-        f(
+fn leases() -> Vec<Column> {
+    use DataType::{Int64, Utf8};
+    vec![
+        rust("lease_id", Utf8, false),
+        rust("state", Utf8, false),
+        rust("team", Utf8, false),
+        rust("user", Utf8, false),
+        rust("project", Utf8, false),
+        rust("workload", Utf8, false),
+        rust("substrate", Utf8, false),
+        rust("gpu_model", Utf8, false),
+        rust("gpu_count", Int64, false),
+        rust(
             "gpu_uuids",
-            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            DataType::List(Arc::new(Field::new("item", Utf8, true))),
             false,
         ),
-        f("labels", DataType::Utf8, true),
-        f("granted_at", timestamp(), false),
-        f("updated_at", timestamp(), false),
-        f("released_at", timestamp(), true),
-        f("release_reason", DataType::Utf8, true),
-    ]))
+        rust("labels", Utf8, true),
+        rust("granted_at", timestamp(), false),
+        rust("updated_at", timestamp(), false),
+        rust("released_at", timestamp(), true),
+        rust("release_reason", Utf8, true),
+    ]
 }
 
 /// FOCUS 1.2 cost and usage rows: one per lease and hour, and one per GPU model and hour for
-/// `(unallocated)` capacity. Column names, types and nullability as the FOCUS specification
-/// gives them; `x_` columns are gpuwarden's own.
-fn focus_costs() -> SchemaRef {
-    let text = DataType::Utf8;
-    Arc::new(Schema::new(vec![
-        f("BilledCost", DECIMAL, false),
-        f("BillingAccountId", text.clone(), false),
-        f("BillingAccountName", text.clone(), true),
-        f("BillingCurrency", text.clone(), false),
-        f("BillingPeriodEnd", timestamp(), false),
-        f("BillingPeriodStart", timestamp(), false),
-        f("ChargeCategory", text.clone(), false),
-        f("ChargeClass", text.clone(), true),
-        f("ChargeDescription", text.clone(), true),
-        f("ChargeFrequency", text.clone(), true),
-        f("ChargePeriodEnd", timestamp(), false),
-        f("ChargePeriodStart", timestamp(), false),
-        f("ConsumedQuantity", DECIMAL, true),
-        f("ConsumedUnit", text.clone(), true),
-        f("ContractedCost", DECIMAL, false),
-        f("ContractedUnitPrice", DECIMAL, true),
-        f("EffectiveCost", DECIMAL, false),
-        f("InvoiceIssuerName", text.clone(), false),
-        f("ListCost", DECIMAL, false),
-        f("ListUnitPrice", DECIMAL, true),
-        f("PricingQuantity", DECIMAL, true),
-        f("PricingUnit", text.clone(), true),
-        f("ProviderName", text.clone(), false),
-        f("PublisherName", text.clone(), false),
-        f("ResourceId", text.clone(), true),
-        f("ResourceName", text.clone(), true),
-        f("ResourceType", text.clone(), true),
-        f("ServiceCategory", text.clone(), false),
-        f("ServiceName", text.clone(), false),
-        f("SkuId", text.clone(), true),
-        f("SubAccountId", text.clone(), true),
-        f("SubAccountName", text.clone(), true),
-        f("Tags", text.clone(), true),
-        f("x_GpuModel", text.clone(), false),
-        f("x_ObservedGpuHours", DataType::Float64, false),
-        f("x_BusyGpuHours", DataType::Float64, false),
-        f("x_IdleGpuHours", DataType::Float64, false),
-        f("x_UtilizationPct", DataType::Float64, true),
-        f("x_IdleCost", DECIMAL, false),
-        f("x_EnergyKwh", DataType::Float64, false),
-        f("x_Final", DataType::Boolean, false),
-    ]))
+/// `(unallocated)` capacity, from `lease_rows`. Column names, types and nullability as the FOCUS
+/// specification gives them; `x_` columns are gpuwarden's own.
+fn focus_costs() -> Vec<Column> {
+    use DataType::{Boolean, Float64, Utf8};
+    vec![
+        sql("BilledCost", DECIMAL, false, "l.cost_usd"),
+        filled("BillingAccountId", Utf8, false, |h| {
+            text(&h.pricing.billing_account)
+        }),
+        filled("BillingAccountName", Utf8, true, |h| {
+            text(&h.pricing.billing_account)
+        }),
+        filled("BillingCurrency", Utf8, false, |h| {
+            text(&h.pricing.currency)
+        }),
+        filled("BillingPeriodEnd", timestamp(), false, |h| {
+            time(month_of(h.start).1)
+        }),
+        filled("BillingPeriodStart", timestamp(), false, |h| {
+            time(month_of(h.start).0)
+        }),
+        filled("ChargeCategory", Utf8, false, |_| text("Usage")),
+        filled("ChargeClass", Utf8, true, |_| ScalarValue::Utf8(None)),
+        sql(
+            "ChargeDescription",
+            Utf8,
+            true,
+            "CASE WHEN l.lease_id IS NULL \
+             THEN 'Unallocated ' || l.gpu_model || ' capacity' \
+             ELSE l.gpu_model || ' GPUs held by lease ' || l.lease_id END",
+        ),
+        filled("ChargeFrequency", Utf8, true, |_| text("Usage-Based")),
+        filled("ChargePeriodEnd", timestamp(), false, |h| {
+            time(h.start + HOUR_MS)
+        }),
+        filled("ChargePeriodStart", timestamp(), false, |h| time(h.start)),
+        sql("ConsumedQuantity", DECIMAL, true, "l.allocated_gpu_hours"),
+        filled("ConsumedUnit", Utf8, true, |_| text("GPU-Hours")),
+        sql("ContractedCost", DECIMAL, false, "l.cost_usd"),
+        sql("ContractedUnitPrice", DECIMAL, true, "{price}"),
+        sql("EffectiveCost", DECIMAL, false, "l.cost_usd"),
+        filled("InvoiceIssuerName", Utf8, false, |h| {
+            text(&h.pricing.provider)
+        }),
+        sql("ListCost", DECIMAL, false, "l.cost_usd"),
+        sql("ListUnitPrice", DECIMAL, true, "{price}"),
+        sql("PricingQuantity", DECIMAL, true, "l.allocated_gpu_hours"),
+        filled("PricingUnit", Utf8, true, |_| text("GPU-Hours")),
+        filled("ProviderName", Utf8, false, |h| text(&h.pricing.provider)),
+        filled("PublisherName", Utf8, false, |h| text(&h.pricing.provider)),
+        sql("ResourceId", Utf8, true, "l.lease_id"),
+        sql("ResourceName", Utf8, true, "l.lease_id"),
+        sql(
+            "ResourceType",
+            Utf8,
+            true,
+            "CASE WHEN l.lease_id IS NULL THEN 'Unallocated GPU capacity' \
+             ELSE 'GPU lease' END",
+        ),
+        filled("ServiceCategory", Utf8, false, |_| text("Compute")),
+        filled("ServiceName", Utf8, false, |_| text("GPU Compute")),
+        sql("SkuId", Utf8, true, "l.gpu_model"),
+        sql("SubAccountId", Utf8, true, "l.team"),
+        sql("SubAccountName", Utf8, true, "l.team"),
+        sql("Tags", Utf8, true, "COALESCE(k.tags, '{}')"),
+        sql("x_GpuModel", Utf8, false, "l.gpu_model"),
+        sql("x_ObservedGpuHours", Float64, false, "l.observed_gpu_hours"),
+        sql("x_BusyGpuHours", Float64, false, "l.busy_gpu_hours"),
+        sql("x_IdleGpuHours", Float64, false, "l.idle_gpu_hours"),
+        sql("x_UtilizationPct", Float64, true, "l.utilization_pct"),
+        sql("x_IdleCost", DECIMAL, false, "l.idle_cost_usd"),
+        sql("x_EnergyKwh", Float64, false, "l.energy_kwh"),
+        filled("x_Final", Boolean, false, |h| {
+            ScalarValue::Boolean(Some(h.is_final))
+        }),
+    ]
 }
+
+/// FOCUS 1.2 rows from `lease_rows`, with each lease's tags. `{price}` reads `l.gpu_model`.
+const FOCUS_COSTS: Query = Query {
+    with: "",
+    from: "FROM lease_rows l
+LEFT JOIN known_leases k ON l.lease_id = k.lease_id
+ORDER BY l.team, l.gpu_model, l.lease_id",
+    model: Some("l.gpu_model"),
+};
 
 /// `known_leases`: every lease the lake knows, for joining samples to their lease (team and
 /// model) and FOCUS rows to their tags.
 pub fn known_leases() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        f("lease_id", DataType::Utf8, false),
-        f("team", DataType::Utf8, false),
-        f("gpu_model", DataType::Utf8, false),
-        f("tags", DataType::Utf8, false),
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("team", DataType::Utf8, false),
+        Field::new("gpu_model", DataType::Utf8, false),
+        Field::new("tags", DataType::Utf8, false),
     ]))
 }
 
 /// `hour_allocation`: GPU-hours each lease held within one hour.
 pub fn allocation() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        f("lease_id", DataType::Utf8, false),
-        f("allocated_gpu_hours", DataType::Float64, false),
+        Field::new("lease_id", DataType::Utf8, false),
+        Field::new("allocated_gpu_hours", DataType::Float64, false),
     ]))
 }

@@ -13,7 +13,7 @@
 //! arrive in.
 //!
 //! Why points keep values rather than only a set of seen `ts_ms`: copies of a sample that
-//! disagree take each column's largest value (docs/ARCHITECTURE.md#duplicates), which changes the
+//! disagree take each column's largest value (docs/src/finops/definitions.md#duplicates), which changes the
 //! sums only if the first copy's values are known, and a lease event that arrives after the
 //! samples of its minute cuts that minute where no aggregate made at arrival could be split.
 //!

@@ -36,6 +36,19 @@ pub(crate) fn or_forever<'de, D: Deserializer<'de>>(
         .map_err(|e| serde::de::Error::custom(format!("{e}, or \"forever\"")))
 }
 
+/// The JSON Schema of a duration in the config (`#[schemars(schema_with)]` on each such field):
+/// text such as `"30s"`. The generated reference page of the config keys reads it.
+pub(crate) fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "string", "format": "duration" })
+}
+
+/// [`schema`] for a field read with [`or_forever`].
+pub(crate) fn schema_or_forever(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "anyOf": [{ "type": "string", "format": "duration" }, { "const": "forever" }]
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

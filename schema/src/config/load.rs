@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use toml::Value;
 
+use super::field_path::{display_path, key, FieldPath, Seg};
 use super::{validate, Config, DriverKind};
 use crate::lease::Workload;
 
@@ -144,35 +145,6 @@ pub fn parse_for_build(
         }
     }
     Err(ctx.finish())
-}
-
-/// One step of a field path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Seg {
-    Key(String),
-    Index(usize),
-}
-
-pub(crate) type FieldPath = Vec<Seg>;
-
-pub(crate) fn key(k: &str) -> Seg {
-    Seg::Key(k.to_string())
-}
-
-fn display_path(path: &[Seg]) -> String {
-    let mut out = String::new();
-    for seg in path {
-        match seg {
-            Seg::Key(k) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(k);
-            }
-            Seg::Index(i) => out.push_str(&format!("[{i}]")),
-        }
-    }
-    out
 }
 
 /// Which part of a `key = value` pair a message points at.

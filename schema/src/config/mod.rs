@@ -7,11 +7,21 @@
 //!
 //! [`load`] parses the TOML, substitutes `${ENV}` references, checks every key and value, and
 //! reports every problem it finds with its line, column and field path ([`ConfigErrors`]).
+//!
+//! Every section derives `JsonSchema` as well (durations and sizes through `schema_with`), so
+//! that the reference page of the keys, docs/src/reference/config.md, is generated from these
+//! types: their doc comments, types and `Default`s (tests/reference.rs).
+//!
+//! Its modules are declared lowest layer first, each using only those above it: how durations
+//! and sizes are written (`duration`, `size`), where a field is (`field_path`), the rules a
+//! config must follow beyond its keys and types (`validate`), and reading the file, which applies
+//! them (`load`).
 
 mod duration;
-mod load;
 mod size;
+mod field_path;
 mod validate;
+mod load;
 
 pub use validate::{MAX_SIMULATED_GPUS, MAX_SIMULATED_GPUS_PER_HOST};
 
@@ -20,7 +30,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::lease::Workload;
 
@@ -31,7 +42,7 @@ pub use load::{
 pub use size::parse as parse_size;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, JsonSchema)]
 pub struct Config {
     /// `[kafka]`: where the topics are.
     pub kafka: KafkaConfig,
@@ -59,7 +70,7 @@ pub struct Config {
 
 /// `[signing]`: the shared HMAC key of the records between the pipeline and the enforcer
 /// (signals one way, lease events and actions the other; see `gpuwarden_schema::signing`).
-#[derive(Clone, Default, PartialEq, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SigningConfig {
     /// Signs and verifies; at least 32 bytes, e.g. `${GPUWARDEN_SIGNING_KEY}` holding
@@ -139,7 +150,7 @@ impl Config {
 }
 
 /// `[kafka]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap servers (`host:port,host:port`), or `"embedded"` for an in-process mock cluster.
@@ -169,6 +180,7 @@ pub struct KafkaConfig {
     /// tenth of it). Kafka brokers accept 6s to 30m by default. Shorter notices a dead member
     /// sooner; too short rebalances on every network hiccup.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub session_timeout: Duration,
 }
 
@@ -195,7 +207,7 @@ impl KafkaConfig {
 }
 
 /// `[storage]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     /// Root of everything gpuwarden writes on this machine: the lake (unless `lake` puts it
@@ -222,7 +234,7 @@ impl Default for StorageConfig {
 /// `[storage.s3]`: the endpoint, region and credentials of an `s3://` lake. Each one left unset
 /// comes from the standard AWS environment variable in brackets, and then from the instance's
 /// role (EC2 instance metadata, ECS task role, EKS web identity), as AWS's own tools find them.
-#[derive(Clone, Default, PartialEq, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct S3Config {
     /// The store's URL, for stores other than AWS: MinIO, Ceph, R2, … (`AWS_ENDPOINT_URL`).
@@ -244,6 +256,7 @@ pub struct S3Config {
     /// it): the one process rolling up, compacting, or publishing signals. A process that dies
     /// holding one gives its role up this long after its last renewal. Unset: 30 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub lease_ttl: Option<Duration>,
 }
 
@@ -370,7 +383,7 @@ fn valid_bucket(name: &str) -> bool {
 }
 
 /// Where the collector reads GPUs from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CollectorSource {
     /// The host's GPUs through NVML (`libnvidia-ml.so`).
@@ -381,13 +394,14 @@ pub enum CollectorSource {
 }
 
 /// `[collector]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CollectorConfig {
     /// `nvml` or `simulated`.
     pub source: CollectorSource,
     /// Sampling interval, 1 s to 1 h.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub interval: Duration,
     /// Address of the Prometheus `/metrics` endpoint.
     pub metrics_listen: SocketAddr,
@@ -419,6 +433,7 @@ pub struct CollectorConfig {
     pub buffer_max_bytes: u64,
     /// Oldest buffered sample kept while Kafka is unreachable.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub buffer_max_age: Duration,
     /// `[collector.simulated]`: settings of the simulated source.
     pub simulated: SimulatedSourceConfig,
@@ -444,7 +459,7 @@ impl Default for CollectorConfig {
 }
 
 /// `[collector.simulated]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SimulatedSourceConfig {
     /// The `simulated` substrate whose fleet to run; the only one when unset.
@@ -466,7 +481,7 @@ impl Default for SimulatedSourceConfig {
 }
 
 /// `[pipeline]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     /// Kafka consumer group of the pipeline instances.
@@ -475,15 +490,19 @@ pub struct PipelineConfig {
     pub flush_rows: usize,
     /// Longest a buffered row waits before its file is written.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub flush_age: Duration,
     /// Memory the ingest buffers may hold before consumption pauses: bytes, or `"512MiB"`.
     #[serde(deserialize_with = "size::required")]
+    #[schemars(schema_with = "size::schema")]
     pub max_buffered_bytes: u64,
     /// How long after an hour ends its data may still arrive before it is final.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub lateness: Duration,
     /// How often the open hour's rollups are refreshed.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub rollup_every: Duration,
     /// Address of the pipeline's Prometheus `/metrics` endpoint.
     pub metrics_listen: SocketAddr,
@@ -504,6 +523,7 @@ pub struct PipelineConfig {
     /// buffered rows are written and committed) before it exits anyway, with status 1. Whatever
     /// was not committed is read again from Kafka at the next start.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub shutdown_deadline: Duration,
     /// `[pipeline.signals]`: the hot window and how often signals are computed.
     pub signals: SignalsConfig,
@@ -546,7 +566,7 @@ impl Default for PipelineConfig {
 }
 
 /// `[[pipeline.sql_users]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SqlUser {
     /// User name given by the client.
@@ -555,9 +575,11 @@ pub struct SqlUser {
     pub password: String,
     /// This user's statement timeout; `sql_limits.statement_timeout` when unset.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub statement_timeout: Option<Duration>,
     /// Memory one of this user's queries may hold; `sql_limits.query_memory` when unset.
     #[serde(default, deserialize_with = "size::optional")]
+    #[schemars(schema_with = "size::schema")]
     pub query_memory: Option<u64>,
     /// Queries this user may run at once; `sql_limits.max_queries_per_user` when unset.
     #[serde(default)]
@@ -567,16 +589,18 @@ pub struct SqlUser {
 /// `[pipeline.sql_limits]`: the limits of the SQL endpoint and of `gpuwarden sql`. Queries run on
 /// threads of their own, at a lower CPU priority than ingest, rollups and signals, so that no
 /// query can hold those back.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SqlLimits {
     /// Longest a query may run; past it the query is canceled with SQLSTATE 57014. `"0s"` for
     /// no limit. A client may ask for less with `SET statement_timeout`, never for more.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub statement_timeout: Duration,
     /// Memory one query may hold: bytes, or `"1GiB"`. Sorts, aggregations and joins that can
     /// spill to disk do so past it; a query that still needs more fails with SQLSTATE 53200.
     #[serde(deserialize_with = "size::required")]
+    #[schemars(schema_with = "size::schema")]
     pub query_memory: u64,
     /// Queries one user may run at once (a `[[pipeline.sql_users]]` entry's `max_queries`
     /// overrides it).
@@ -586,6 +610,7 @@ pub struct SqlLimits {
     /// How long a query waits for a free slot when a maximum is reached before it is refused
     /// with SQLSTATE 53300. `"0s"` refuses it at once.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub queue_timeout: Duration,
     /// Connections open at once; more are refused with SQLSTATE 53300.
     pub max_connections: usize,
@@ -611,7 +636,7 @@ impl Default for SqlLimits {
 /// token that matches no `[[tokens]]` entry; a wrong SQL password) a source address and a
 /// principal may make within `window` before they are locked out for one `window`
 /// ([`crate::login_limit`]).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoginLimits {
     /// Failures of one principal (a SQL user name; for the API, one token presented) that lock
@@ -623,6 +648,7 @@ pub struct LoginLimits {
     pub max_failures_per_source: u32,
     /// How long failures are counted, and how long a lockout lasts.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub window: Duration,
     /// Keys (addresses, principals) tracked per scope; past it, the counts that matter least
     /// are forgotten early, so that memory stays bounded under a spray of keys.
@@ -640,21 +666,23 @@ impl Default for LoginLimits {
     }
 }
 
-/// `[pipeline.compaction]`: once an hour is final (docs/ARCHITECTURE.md#compaction), the files
+/// `[pipeline.compaction]`: once an hour is final (docs/src/contributors/lake.md#compaction), the files
 /// of each raw table's hour are rewritten into as few files as `target_file_size` allows,
 /// sorted for pruning.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CompactionConfig {
     /// Compact final hours. On unless set to false.
     pub enabled: bool,
     /// A compacted file is closed once it holds about this much: bytes, or `"256MiB"`.
     #[serde(deserialize_with = "size::required")]
+    #[schemars(schema_with = "size::schema")]
     pub target_file_size: u64,
     /// Rows per Parquet row group of a compacted file.
     pub row_group_rows: usize,
     /// Memory the sort of one hour may hold before it spills to `<lake>/_compaction/tmp`.
     #[serde(deserialize_with = "size::required")]
+    #[schemars(schema_with = "size::schema")]
     pub sort_memory: u64,
 }
 
@@ -673,18 +701,21 @@ impl Default for CompactionConfig {
 /// wall clock; `"forever"` keeps them. The rollups (`gpu_hourly`, `lease_hourly`,
 /// `team_hourly`, `focus_costs`, `leases`) are always kept, and so are the lease events and
 /// actions, which are the record of what was granted and done.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Raw samples; kept at least an hour longer than `pipeline.clock.max_age` whatever this
     /// says, so that a late sample never reopens an hour already deleted.
     #[serde(deserialize_with = "duration::or_forever")]
+    #[schemars(schema_with = "duration::schema_or_forever")]
     pub samples: Option<Duration>,
     /// Signals as published.
     #[serde(deserialize_with = "duration::or_forever")]
+    #[schemars(schema_with = "duration::schema_or_forever")]
     pub signals: Option<Duration>,
     /// Records that failed to decode or validate.
     #[serde(deserialize_with = "duration::or_forever")]
+    #[schemars(schema_with = "duration::schema_or_forever")]
     pub quarantine: Option<Duration>,
 }
 
@@ -699,14 +730,16 @@ impl Default for RetentionConfig {
 }
 
 /// `[pipeline.signals]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SignalsConfig {
     /// How often (event time) signals are computed and published.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub every: Duration,
     /// The hot window, kept in memory, that signals are computed over.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub window: Duration,
 }
 
@@ -720,21 +753,24 @@ impl Default for SignalsConfig {
 }
 
 /// `[pipeline.clock]`: the bounds on event time that keep one host's wrong clock out of the
-/// rollups and signals (docs/ARCHITECTURE.md#event-time).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// rollups and signals (docs/src/contributors/delivery.md#event-time).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClockBounds {
     /// How far a record's time may run ahead of its arrival (the Kafka message's timestamp, or
     /// the time `gpuwarden ingest` read it). A record further ahead is quarantined.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub max_skew: Duration,
     /// How far a sample's time may lag its arrival on Kafka before it is quarantined instead of
     /// reopening hours long final. `gpuwarden ingest`, for backfills, accepts any age.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub max_age: Duration,
     /// A host whose latest sample is this far behind the fleet's median host stops holding the
     /// watermark back.
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub idle_timeout: Duration,
 }
 
@@ -749,7 +785,7 @@ impl Default for ClockBounds {
 }
 
 /// `[pricing]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PricingConfig {
     /// ISO 4217 currency of every price (FOCUS `BillingCurrency`).
@@ -810,7 +846,7 @@ pub fn contains_ignoring_case(text: &str, pattern: &str) -> bool {
 }
 
 /// `[[pricing.gpu]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuPrice {
     /// Case-insensitive substring of the NVML model name, e.g. `"H100"`.
@@ -821,7 +857,7 @@ pub struct GpuPrice {
 }
 
 /// `[[teams]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TeamConfig {
     /// The team's name, as used in leases and reports.
@@ -839,7 +875,7 @@ pub struct TeamConfig {
 }
 
 /// What to do with a lease idle for its `idle_timeout`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnIdle {
     /// Tell its holder and its team's webhooks; change nothing.
@@ -863,7 +899,7 @@ impl OnIdle {
 }
 
 /// `[workloads.<training|inference|notebook|batch>]`.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkloadPolicy {
     /// Most GPUs one lease may hold (also the autoscale ceiling).
@@ -872,12 +908,15 @@ pub struct WorkloadPolicy {
     pub min_gpus: Option<u32>,
     /// Longest a lease may run, extensions included.
     #[serde(deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub max_duration: Option<Duration>,
     /// How long all of a lease's GPUs may stay idle before `on_idle`.
     #[serde(deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub idle_timeout: Option<Duration>,
     /// How long before the idle deadline the holder is warned.
     #[serde(deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub warn_before: Option<Duration>,
     /// `alert`, `reclaim` or `resize` (to `min_gpus`).
     pub on_idle: OnIdle,
@@ -891,7 +930,7 @@ pub struct WorkloadPolicy {
 }
 
 /// Whether the enforcer acts or only records what it would do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EnforcerMode {
     /// Decide and act.
@@ -902,7 +941,7 @@ pub enum EnforcerMode {
 }
 
 /// `[enforcer]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnforcerConfig {
     /// Address of the admission API (and its `/metrics`).
@@ -927,6 +966,7 @@ pub struct EnforcerConfig {
     /// live on in the topics and the lake); `"forever"` keeps them. Rows of leases still open are
     /// kept whatever their age: the portal reads a lease's history from them.
     #[serde(deserialize_with = "duration::or_forever")]
+    #[schemars(schema_with = "duration::schema_or_forever")]
     pub outbox_retention: Option<Duration>,
     /// `[enforcer.store]`: where the lease store lives, when not the SQLite file of `database`.
     pub store: StoreConfig,
@@ -939,11 +979,12 @@ pub struct EnforcerConfig {
 /// renews its lease every third of `lease`; when it stops (killed, paused, cut off), another
 /// replica takes over once the lease has run out, so `lease` bounds how long the runtime rules,
 /// expiry, watchers and publishing pause. On SQLite the one enforcer always leads.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaderConfig {
     /// How long a leader's claim lasts without renewal (default 6 s; at least 1 s).
     #[serde(deserialize_with = "duration::required")]
+    #[schemars(schema_with = "duration::schema")]
     pub lease: Duration,
     /// This replica's name, as `/metrics` and `/healthz` show the leader (default: the host's
     /// name and the process id; a Kubernetes pod's name is its host name).
@@ -962,7 +1003,7 @@ impl Default for LeaderConfig {
 /// `[enforcer.store]`: the lease store's database. Unset, it is the embedded SQLite file of
 /// `enforcer.database` (one enforcer per file). A `postgres://` URL puts it in PostgreSQL, where
 /// several enforcer replicas share it.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// `sqlite:<path>` (or a plain path), or `postgres://user@host:port/dbname?options` as libpq
@@ -1010,7 +1051,7 @@ impl Default for EnforcerConfig {
 
 /// `[enforcer.tls]` and `[pipeline.sql_tls]`: a listener's certificate, and whom it asks for one.
 /// The certificate and key files are read again when they change (a renewal needs no restart).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM file of the server's certificate, then any intermediates.
@@ -1028,7 +1069,7 @@ pub struct TlsConfig {
 }
 
 /// Whether a client certificate is required (`[enforcer.tls].client_auth`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ClientAuth {
     /// Every client shows a certificate signed by `client_ca`.
@@ -1076,7 +1117,7 @@ impl Config {
 }
 
 /// The substrate drivers this build knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DriverKind {
     /// The simulated fleet (`hosts`).
@@ -1111,7 +1152,7 @@ impl DriverKind {
 }
 
 /// `[[substrates]]`. Which fields apply depends on `driver`; the others must be left out.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubstrateConfig {
     /// The substrate's name, used in leases and `[workloads.*].substrates`.
@@ -1132,6 +1173,7 @@ pub struct SubstrateConfig {
     pub capacity: Option<u32>,
     /// local: time between SIGTERM and SIGKILL on reclaim.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub grace_period: Option<Duration>,
     /// webhook: URL that receives `{action, lease}`.
     pub url: Option<String>,
@@ -1139,6 +1181,7 @@ pub struct SubstrateConfig {
     pub secret: Option<String>,
     /// webhook: time allowed per call.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub timeout: Option<Duration>,
     /// webhook: attempts after the first failure.
     pub retries: Option<u32>,
@@ -1172,7 +1215,7 @@ pub struct SubstrateConfig {
 
 /// `[substrates.libvirt]`: a libvirt host on which each lease is a virtual machine (a libvirt
 /// domain) with the lease's GPUs passed through to it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LibvirtSettings {
     /// The libvirt connection URI. Default `qemu:///system`.
@@ -1195,6 +1238,7 @@ pub struct LibvirtSettings {
     /// Time a reclaimed VM gets between the shutdown request (ACPI) and its destruction
     /// (power off). Default 2 min.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub grace_period: Option<Duration>,
     /// Delete a reclaimed VM's disk volumes (those in a libvirt storage pool) after it is
     /// undefined. Default false: disks are kept.
@@ -1202,6 +1246,7 @@ pub struct LibvirtSettings {
     pub delete_disks: bool,
     /// How often the host's node devices are read for the inventory. Default 30 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub poll: Option<Duration>,
 }
 
@@ -1213,7 +1258,7 @@ impl LibvirtSettings {
 
 /// `[[substrates.libvirt.gpus]]`: one GPU (`pci`) or vGPU (`mdev`) the libvirt driver may pass
 /// through.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LibvirtGpu {
     /// PCI address of a GPU passed through whole (`0000:41:00.0`).
@@ -1227,7 +1272,7 @@ pub struct LibvirtGpu {
 
 /// `[substrates.kubernetes]`: a Kubernetes cluster, and how its GPU pods map to gpuwarden's
 /// names.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesSettings {
     /// The kubeconfig file that says how to reach the API server and as whom; the in-cluster
@@ -1277,10 +1322,12 @@ pub struct KubernetesSettings {
     pub models: BTreeMap<String, String>,
     /// How often the cluster's nodes are read for the inventory. Default 10 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub poll: Option<Duration>,
     /// Time a reclaimed pod gets between SIGTERM and SIGKILL (its deletion's grace period).
     /// Default 30 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub grace_period: Option<Duration>,
     /// A Pod manifest (YAML or JSON) the driver creates for each lease admitted through the
     /// HTTP API on this substrate: in the namespace of the lease's team (the first of `teams`
@@ -1306,7 +1353,7 @@ pub struct KubernetesSettings {
 }
 
 /// How the kubernetes driver ends a reclaimed pod (`[substrates.kubernetes].reclaim`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KubernetesReclaim {
     /// Delete the pod with the grace period.
@@ -1319,7 +1366,7 @@ pub enum KubernetesReclaim {
 /// `[substrates.kubernetes.kueue]`: the Kueue `AdmissionCheck`s gpuwarden decides, and how often
 /// it reads them and their Workloads. A Workload's team, user, workload and model are read as
 /// the webhook reads a pod's, through the `[substrates.kubernetes]` settings above.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KueueSettings {
     /// The `spec.controllerName` of the AdmissionChecks gpuwarden answers for. Default
@@ -1332,6 +1379,7 @@ pub struct KueueSettings {
     pub api_version: String,
     /// How often the AdmissionChecks and Workloads are read. Default 5 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub poll: Option<Duration>,
 }
 
@@ -1400,7 +1448,7 @@ impl KubernetesSettings {
 }
 
 /// `[substrates.slurm]`: a Slurm cluster, and how its jobs' names map to gpuwarden's.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlurmSettings {
     /// Slurm's `ClusterName`: lease ids of its jobs are `slurm-<cluster>-<job id>`.
@@ -1429,6 +1477,7 @@ pub struct SlurmSettings {
     pub models: BTreeMap<String, String>,
     /// How often the cluster's jobs and nodes are read. Default 2 s.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub poll: Option<Duration>,
     /// Jobs that bypassed the submit hook (submitted before gpuwarden, or by root) become leases
     /// when their team maps (default true); otherwise they are only reported as unattributed.
@@ -1436,6 +1485,7 @@ pub struct SlurmSettings {
     /// How long an admission waits for its job to appear in the queue before its GPUs are
     /// given back (Slurm refused the job after the hook admitted it). Default 1 min.
     #[serde(default, deserialize_with = "duration::optional")]
+    #[schemars(schema_with = "duration::schema")]
     pub hold_timeout: Option<Duration>,
 }
 
@@ -1446,7 +1496,7 @@ impl SlurmSettings {
 }
 
 /// Which Slurm name says a job's team.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SlurmTeamFrom {
     /// `--account`.
@@ -1457,7 +1507,7 @@ pub enum SlurmTeamFrom {
 }
 
 /// Which Slurm field says a job's workload and project.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SlurmWorkloadFrom {
     /// `--wckey`.
@@ -1471,7 +1521,7 @@ pub enum SlurmWorkloadFrom {
 
 /// A group of identical simulated hosts: `count` hosts named `<prefix>-<n>`, each with `gpus`
 /// GPUs of `gpu_model`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FleetHosts {
     /// Host name prefix.
@@ -1485,7 +1535,7 @@ pub struct FleetHosts {
 }
 
 /// What a principal may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Everything, for every team.
@@ -1499,7 +1549,7 @@ pub enum Role {
 }
 
 /// `[[tokens]]`: an API principal. The token itself is never stored, only its SHA-256.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenConfig {
     /// The principal's name (a user for `member`, a front-end for `service`).

@@ -65,6 +65,13 @@ pub(crate) fn optional<'de, D: Deserializer<'de>>(
     deserializer.deserialize_any(Size).map(Some)
 }
 
+/// The JSON Schema of a size in the config (`#[schemars(schema_with)]` on each such field): a
+/// number of bytes or text such as `"512MiB"`. The generated reference page of the config keys
+/// reads it.
+pub(crate) fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": ["integer", "string"], "format": "size" })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

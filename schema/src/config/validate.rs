@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::load::{key, FieldPath, Seg};
+use super::field_path::{key, FieldPath, Seg};
 use super::{
     CollectorSource, Config, DriverKind, KubernetesSettings, KueueSettings, LibvirtSettings,
     Listener, LoginLimits, OnIdle, Role, SlurmSettings, SubstrateConfig, TlsConfig,

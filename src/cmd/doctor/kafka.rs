@@ -8,7 +8,7 @@
 //! with `message.timestamp.type=LogAppendTime` the broker stamped it with its own clock when the
 //! record arrived; on the default `CreateTime` its producer did, with the producing host's clock,
 //! which is the time the pipeline takes as the record's arrival (`pipeline/src/bounds.rs`,
-//! docs/ARCHITECTURE.md#event-time) and measures `pipeline.clock.max_skew` against. Either way
+//! docs/src/contributors/delivery.md#event-time) and measures `pipeline.clock.max_skew` against. Either way
 //! the stamp is a clock the pipeline trusts, read where it lives. The comparison is sound in one
 //! direction for any record: the stamping clock read `ts` when it stamped, so now it reads at
 //! least `ts`, and a `ts` more than `max_skew` ahead of this machine's now means this clock is
@@ -191,7 +191,7 @@ pub(super) fn topic_line(
             check,
             format!("the brokers answered {error} for it"),
             "check the ACLs of gpuwarden's Kafka user: Describe, and Read or Write, on the \
-             gpuwarden.* topics (docs/ARCHITECTURE.md, \"Trust between the parts\")",
+             gpuwarden.* topics (docs/src/contributors/delivery.md#trust-between-the-parts)",
         );
     }
     if i32::try_from(found.partitions).ok() != Some(partitions) {

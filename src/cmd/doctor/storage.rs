@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use gpuwarden_enforcer::store::probe::{self, SchemaState};
 use gpuwarden_pipeline::lake::{Lake, Role, StateVersion};
-use gpuwarden_pipeline::store::ObjectLake;
+use gpuwarden_pipeline::objects::ObjectLake;
 use gpuwarden_schema::config::{Config, LakeLocation, StoreLocation};
 
 use super::{without_password, Line};

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuwarden_schema::clock::wall_now;
 use gpuwarden_schema::config::{Config, TlsConfig};
 use gpuwarden_schema::tls::ServerTls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
@@ -130,7 +131,7 @@ pub(super) fn check(config: &Config) -> Vec<Line> {
              sslrootcert, kafka ssl.*.location)",
         )];
     }
-    let now = SystemTime::now();
+    let now = wall_now();
     let mut lines = Vec::new();
     for (files, listener) in groups {
         let first = lines.len();

@@ -31,8 +31,8 @@
 //!   hook's modify check decides. The driver says so instead of pretending.
 //!
 //! Jobs submitted with `sbatch` by the cluster's users are admitted by the submit hook
-//! (`deploy/slurm/job_submit.lua`, [`crate::slurm`]); the watcher ([`crate::slurm::watch`])
-//! turns the queue into lease changes.
+//! (`deploy/slurm/job_submit.lua`, answered by the enforcer's `slurm` module, a layer above the
+//! drivers); its watcher (`slurm::watch`) turns the queue into lease changes.
 
 pub mod jobs;
 

@@ -110,7 +110,7 @@ impl ApiError {
         }
     }
 
-    pub(super) fn field(name: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn field(name: &str, message: impl Into<String>) -> Self {
         Self::InvalidField {
             field: name.into(),
             message: message.into(),
@@ -216,7 +216,7 @@ impl IntoResponse for ApiError {
 struct Failure(String);
 
 /// Logs each internal failure with the method and path of the request it failed.
-pub(super) async fn log_failures(request: Request, next: Next) -> Response {
+pub(crate) async fn log_failures(request: Request, next: Next) -> Response {
     // Both clones share the request's buffers: no copy on the way through.
     let (method, uri) = (request.method().clone(), request.uri().clone());
     let response = next.run(request).await;

@@ -1,6 +1,6 @@
-//! A lake in an S3-compatible object store (`storage.lake = "s3://bucket/prefix"`): the client,
-//! the keys the lake's relative paths map to, and the reads and writes [`crate::lake::Lake`]
-//! makes of it there (docs/ARCHITECTURE.md#the-lake-on-object-storage).
+//! The lake's object-store client ([`ObjectLake`]) for a lake in an S3-compatible bucket
+//! (`storage.lake = "s3://bucket/prefix"`): the keys the lake's relative paths map to, and the
+//! reads and writes the lake makes there (docs/src/contributors/object-storage.md).
 //!
 //! Every request runs on a small runtime of the lake's own (`lake-io` threads): the lake's callers
 //! are writer threads, the ingest's finishing threads and query threads, each with its own
@@ -11,7 +11,7 @@
 //!
 //! Publication needs no temporary object: a PUT (or the completion of a multipart upload) makes
 //! the whole object visible at once. Which objects make up a table is its Delta log's to say
-//! ([`crate::delta`]); the state objects and the role leases are written conditionally.
+//! (`delta`); the state objects and the roles' lock objects are written conditionally.
 
 use std::fmt;
 use std::future::Future;
@@ -60,7 +60,7 @@ impl Drop for IoRuntime {
 /// and its runtime.
 #[derive(Clone)]
 pub struct ObjectLake {
-    store: Arc<dyn ObjectStore>,
+    client: Arc<dyn ObjectStore>,
     /// `s3://<bucket>`: the store's URL in a DataFusion session.
     url: ObjectStoreUrl,
     /// Every key of the lake starts with it; empty for a whole bucket.
@@ -68,8 +68,8 @@ pub struct ObjectLake {
     /// `s3://bucket/prefix`, for messages.
     display: String,
     io: Arc<IoRuntime>,
-    /// How long a role's lease lasts unless renewed (`storage.s3.lease_ttl`).
-    lease_ttl: std::time::Duration,
+    /// How long a role's lock lasts unless renewed (`storage.s3.lease_ttl`).
+    lock_ttl: std::time::Duration,
 }
 
 impl fmt::Debug for ObjectLake {
@@ -120,14 +120,14 @@ impl ObjectLake {
         if let Some(allow) = s3.allow_http {
             builder = builder.with_allow_http(allow);
         }
-        let store = builder.build().map_err(|source| LakeError::Store {
+        let client = builder.build().map_err(|source| LakeError::ObjectStore {
             action: "configuring the client of",
             key: String::new(),
             lake: display.clone(),
             source: Box::new(source),
         })?;
-        let url =
-            ObjectStoreUrl::parse(format!("s3://{bucket}")).map_err(|e| LakeError::Store {
+        let url = ObjectStoreUrl::parse(format!("s3://{bucket}")).map_err(|e| {
+            LakeError::ObjectStore {
                 action: "naming",
                 key: String::new(),
                 lake: display.clone(),
@@ -135,31 +135,33 @@ impl ObjectLake {
                     store: "S3",
                     source: Box::new(e),
                 }),
-            })?;
-        let prefix = Path::parse(prefix).map_err(|source| LakeError::Store {
+            }
+        })?;
+        let prefix = Path::parse(prefix).map_err(|source| LakeError::ObjectStore {
             action: "reading the prefix of",
             key: prefix.to_string(),
             lake: display.clone(),
             source: Box::new(source.into()),
         })?;
         Ok(Self {
-            store: Arc::new(store),
+            client: Arc::new(client),
             url,
             prefix,
             display,
             io,
-            lease_ttl: s3.lease_ttl(),
+            lock_ttl: s3.lease_ttl(),
         })
     }
 
-    /// How long a role's lease on this lake lasts unless its holder renews it.
-    pub fn lease_ttl(&self) -> std::time::Duration {
-        self.lease_ttl
+    /// How long a role's lock object on this lake lasts unless its holder renews it
+    /// (`storage.s3.lease_ttl`).
+    pub fn lock_ttl(&self) -> std::time::Duration {
+        self.lock_ttl
     }
 
     /// The client, with `/` the bucket's root.
-    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
-        Arc::clone(&self.store)
+    pub(crate) fn client(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.client)
     }
 
     /// `s3://bucket/prefix`.
@@ -189,7 +191,7 @@ impl ObjectLake {
         T: Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let request = request(Arc::clone(&self.store));
+        let request = request(Arc::clone(&self.client));
         self.io.handle().spawn(async move {
             let _ = tx.send(request.await);
         });
@@ -203,7 +205,7 @@ impl ObjectLake {
         key: &Path,
     ) -> impl FnOnce(object_store::Error) -> LakeError {
         let (key, lake) = (key.to_string(), self.display.clone());
-        move |source| LakeError::Store {
+        move |source| LakeError::ObjectStore {
             action,
             key,
             lake,
@@ -215,9 +217,9 @@ impl ObjectLake {
     pub fn put(&self, relative: &FsPath, bytes: Vec<u8>) -> Result<(), LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        self.block(
-            move |store| async move { store.put(&k, PutPayload::from(bytes)).await.map(|_| ()) },
-        )
+        self.block(move |client| async move {
+            client.put(&k, PutPayload::from(bytes)).await.map(|_| ())
+        })
         .map_err(self.error("writing", &key))
     }
 
@@ -237,9 +239,9 @@ impl ObjectLake {
             return Ok(size);
         }
         let (k, path_owned) = (key.clone(), path.to_path_buf());
-        self.block(move |store| async move { upload(store, k, path_owned).await })
+        self.block(move |client| async move { upload(client, k, path_owned).await })
             .map_err(|e| match e {
-                Upload::Store(source) => self.error("uploading", &key)(source),
+                Upload::ObjectStore(source) => self.error("uploading", &key)(source),
                 Upload::Read(source) => crate::base::io("reading", path)(source),
             })?;
         Ok(size)
@@ -249,8 +251,8 @@ impl ObjectLake {
     pub fn get(&self, relative: &FsPath) -> Result<Option<Bytes>, LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        match self.block(move |store| async move {
-            match store.get(&k).await {
+        match self.block(move |client| async move {
+            match client.get(&k).await {
                 Ok(got) => got.bytes().await,
                 Err(e) => Err(e),
             }
@@ -270,8 +272,8 @@ impl ObjectLake {
     ) -> Result<Option<(Bytes, UpdateVersion)>, LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        match self.block(move |store| async move {
-            let got = store.get(&k).await?;
+        match self.block(move |client| async move {
+            let got = client.get(&k).await?;
             let version = UpdateVersion {
                 e_tag: got.meta.e_tag.clone(),
                 version: got.meta.version.clone(),
@@ -298,8 +300,8 @@ impl ObjectLake {
     ) -> Result<Option<UpdateVersion>, LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        match self.block(move |store| async move {
-            store
+        match self.block(move |client| async move {
+            client
                 .put_opts(&k, PutPayload::from(bytes), PutOptions::from(mode))
                 .await
         }) {
@@ -319,7 +321,7 @@ impl ObjectLake {
     pub fn exists(&self, relative: &FsPath) -> Result<bool, LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        match self.block(move |store| async move { store.head(&k).await }) {
+        match self.block(move |client| async move { client.head(&k).await }) {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(self.error("looking up", &key)(e)),
@@ -331,7 +333,7 @@ impl ObjectLake {
     pub fn delete(&self, relative: &FsPath) -> Result<(), LakeError> {
         let key = self.key(relative);
         let k = key.clone();
-        match self.block(move |store| async move { store.delete(&k).await }) {
+        match self.block(move |client| async move { client.delete(&k).await }) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("deleting", &key)(e)),
         }
@@ -353,7 +355,7 @@ impl ObjectLake {
         let dir = self.key(relative);
         let d = dir.clone();
         let listed: Vec<ObjectMeta> = self
-            .block(move |store| async move { store.list(Some(&d)).try_collect().await })
+            .block(move |client| async move { client.list(Some(&d)).try_collect().await })
             .map_err(self.error("listing", &dir))?;
         Ok(listed
             .into_iter()
@@ -383,14 +385,14 @@ impl ObjectLake {
     fn list_with_delimiter(&self, relative: &FsPath) -> Result<ListResult, LakeError> {
         let dir = self.key(relative);
         let d = dir.clone();
-        self.block(move |store| async move { store.list_with_delimiter(Some(&d)).await })
+        self.block(move |client| async move { client.list_with_delimiter(Some(&d)).await })
             .map_err(self.error("listing", &dir))
     }
 
     /// Serves the lake's objects to `ctx`'s tables at `s3://<bucket>`.
     pub fn register(&self, ctx: &SessionContext) {
         let reader = LakeReader {
-            inner: Arc::clone(&self.store),
+            inner: Arc::clone(&self.client),
             display: self.display.clone(),
             _io: Arc::clone(&self.io),
         };
@@ -399,16 +401,20 @@ impl ObjectLake {
     }
 }
 
+/// Why a multipart upload failed: the object store's answer, or reading the local file.
 enum Upload {
-    Store(object_store::Error),
+    ObjectStore(object_store::Error),
     Read(std::io::Error),
 }
 
-async fn upload(store: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result<(), Upload> {
+async fn upload(client: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result<(), Upload> {
     use tokio::io::AsyncReadExt as _;
     let mut file = tokio::fs::File::open(&path).await.map_err(Upload::Read)?;
     let mut upload = WriteMultipart::new_with_chunk_size(
-        store.put_multipart(&key).await.map_err(Upload::Store)?,
+        client
+            .put_multipart(&key)
+            .await
+            .map_err(Upload::ObjectStore)?,
         PART_BYTES,
     );
     let mut buffer = vec![0; PART_BYTES];
@@ -423,11 +429,15 @@ async fn upload(store: Arc<dyn ObjectStore>, key: Path, path: PathBuf) -> Result
         };
         if let Err(e) = upload.wait_for_capacity(2).await {
             let _ = upload.abort().await;
-            return Err(Upload::Store(e));
+            return Err(Upload::ObjectStore(e));
         }
         upload.write(&buffer[..read]);
     }
-    upload.finish().await.map(|_| ()).map_err(Upload::Store)
+    upload
+        .finish()
+        .await
+        .map(|_| ())
+        .map_err(Upload::ObjectStore)
 }
 
 /// The lake's bucket as a DataFusion session reads it: the client, holding the lake's runtime,

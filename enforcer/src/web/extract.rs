@@ -87,7 +87,7 @@ impl Logins {
 /// for as long as `logins` lives: a source address or a token is locked out on every replica,
 /// whichever it tried (within a second). Failures older than the limits' window are not taken.
 pub(super) async fn follow_failures(
-    store: crate::store::Store,
+    service: crate::service::Service,
     logins: std::sync::Weak<Logins>,
     window: std::time::Duration,
 ) {
@@ -99,7 +99,7 @@ pub(super) async fn follow_failures(
             return;
         };
         let since = gpuwarden_schema::clock::wall_now_ms() - window_ms;
-        let failures = match store.login_failures(after, since).await {
+        let failures = match service.login_failures(after, since).await {
             Ok(failures) => failures,
             Err(e) => {
                 tracing::debug!(error = %e, "could not read the other replicas' failed logins");
@@ -201,14 +201,11 @@ impl AppState {
         }
         let failure = self.logins.limiter().failed(source, Some(&digest), now);
         // Told to the other replicas of a shared store, which count it too (`follow_failures`).
-        let store = self.service.store();
-        if store.is_shared() {
-            drop(store.login_failed(
-                source.map(|s| s.to_string()),
-                Some(hex(&digest)),
-                gpuwarden_schema::clock::wall_now_ms(),
-            ));
-        }
+        self.service.share_failed_login(
+            source.map(|s| s.to_string()),
+            Some(hex(&digest)),
+            gpuwarden_schema::clock::wall_now_ms(),
+        );
         metrics.count_login_failure(&failure);
         for locked in failure.lockouts() {
             log_lockout(source, locked);
