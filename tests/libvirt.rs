@@ -274,7 +274,7 @@ async fn a_guest_booted_by_the_driver_finds_its_lease_in_smbios_as_the_collector
         &config,
         &DriverContext {
             state_dir: dir.join("state"),
-            store: None,
+            lease_refs: None,
         },
     )
     .unwrap();

@@ -410,7 +410,7 @@ fn main() {
         for s in &config.substrates {
             let context = DriverContext {
                 state_dir: dir.path().join("drivers").join(&s.name),
-                store: Some(store.clone()),
+                lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
             };
             built.insert(s.name.clone(), Arc::from(drivers::build(s, &context).unwrap()));
         }
@@ -454,7 +454,7 @@ fn main() {
                 for s in &replica_config.substrates {
                     let context = DriverContext {
                         state_dir: dir.join("drivers").join(&s.name),
-                        store: Some(store.clone()),
+                        lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
                     };
                     built.insert(s.name.clone(), Arc::from(drivers::build(s, &context).unwrap()));
                 }

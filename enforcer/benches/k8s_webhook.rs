@@ -166,7 +166,7 @@ async fn enforcer_router(path: &Path) -> axum::Router {
     for s in &config.substrates {
         let context = DriverContext {
             state_dir: config.storage.data_dir.join("drivers").join(&s.name),
-            store: Some(store.clone()),
+            lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
         };
         built.insert(
             s.name.clone(),

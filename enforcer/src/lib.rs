@@ -15,11 +15,13 @@
 //! - [`policy`]: decides (pure: a function of the request, a snapshot and the placement state);
 //! - [`store`]: remembers (SQLite or PostgreSQL, with an outbox for Kafka; [`store::audit`]
 //!   builds every Action);
-//! - [`drivers`]: act on substrates (one trait, one registry; the Kubernetes driver writes down
-//!   its pods on their leases in the store);
+//! - [`drivers`]: act on substrates (one trait, one registry); the one thing a driver writes to
+//!   the store, where the substrate holds a lease (the Kubernetes driver's pods), goes through
+//!   [`drivers::LeaseRefs`], which the service implements;
 //! - [`metrics`]: the enforcer's counters;
 //! - [`service`]: the lease lifecycle over the ones above, with a typed error saying whose
-//!   fault; nothing above it holds the store;
+//!   fault; nothing above it holds the store, and nothing below it writes the store but
+//!   through it;
 //! - [`door`]: the one adapter between every front door and admission: a door's request into
 //!   the service's admission request, the service's answer into what the door says;
 //! - [`alerts`], [`rules`]: act on the pipeline's signals through the service, alerting through
@@ -34,7 +36,7 @@
 //! Retries back off with `gpuwarden_schema::retry::Backoff` and time comes from the schema's
 //! clock, as everywhere in gpuwarden.
 //!
-//! `docs/ARCHITECTURE.md` ("The enforcer") draws the same map.
+//! `docs/ARCHITECTURE.md` and `docs/src/contributors/enforcer.md` draw the same map.
 
 pub mod fields;
 pub mod outbound;

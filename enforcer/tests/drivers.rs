@@ -35,7 +35,7 @@ fn substrate(text: &str) -> SubstrateConfig {
 fn context(dir: &Path) -> DriverContext {
     DriverContext {
         state_dir: dir.join("drivers").join("test"),
-        store: None,
+        lease_refs: None,
     }
 }
 
@@ -57,7 +57,7 @@ async fn k8s_store(dir: &Path, ids: &[&str]) -> Store {
 /// [`context`] with `store`.
 fn context_with(dir: &Path, store: &Store) -> DriverContext {
     DriverContext {
-        store: Some(store.clone()),
+        lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
         ..context(dir)
     }
 }
@@ -1488,7 +1488,7 @@ fn pooled_lease(id: &str) -> LeaseSpec {
 fn no_state() -> DriverContext {
     DriverContext {
         state_dir: "/nonexistent/webhook-keeps-no-state".into(),
-        store: None,
+        lease_refs: None,
     }
 }
 

@@ -162,7 +162,7 @@ impl Cluster {
         let store = Store::open(&dir.path().join("enforcer.db")).unwrap();
         let context = DriverContext {
             state_dir: dir.path().join("drivers").join("k8s"),
-            store: Some(store.clone()),
+            lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
         };
         let driver: Arc<dyn Driver> =
             Arc::from(drivers::build(&config.substrates[0], &context).unwrap());

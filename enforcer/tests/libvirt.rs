@@ -91,7 +91,7 @@ impl Host {
     fn context(&self) -> DriverContext {
         DriverContext {
             state_dir: self.dir.path().join("drivers/vms"),
-            store: None,
+            lease_refs: None,
         }
     }
 

@@ -1020,7 +1020,7 @@ fn grants_a_dead_replica_left_unstarted_are_settled_once_the_grace_has_passed() 
     .unwrap();
     let context = DriverContext {
         state_dir: dir.path().join("sim"),
-        store: None,
+        lease_refs: None,
     };
     let driver: Arc<dyn Driver> = Arc::from(drivers::build(&sim, &context).unwrap());
     let minute = 60_000;

@@ -185,7 +185,7 @@ pub(crate) async fn start(
                 .data_dir
                 .join("drivers")
                 .join(&substrate.name),
-            store: Some(store.clone()),
+            lease_refs: Some(gpuwarden_enforcer::service::lease_refs(store.clone())),
         };
         let driver = drivers::build(substrate, &context)
             .with_context(|| format!("starting the driver of substrate {}", substrate.name))?;

@@ -97,8 +97,9 @@ struct JournalLine {
 pub struct KubernetesDriver {
     name: String,
     settings: KubernetesSettings,
-    /// The lease store, where each lease's pod is written down.
-    store: crate::store::Store,
+    /// Where each lease's pod is written down: on the lease, in the lease store, through the
+    /// service.
+    lease_refs: Arc<dyn super::LeaseRefs>,
     /// `<state_dir>/pods.jsonl`, an earlier version's record of the pods, read once by
     /// [`KubernetesDriver::import_journal`].
     journal: PathBuf,
@@ -161,7 +162,7 @@ impl KubernetesDriver {
                 )
             })?),
         };
-        let store = context.store.clone().ok_or_else(|| {
+        let lease_refs = context.lease_refs.clone().ok_or_else(|| {
             config_error(
                 config,
                 "driver",
@@ -173,7 +174,7 @@ impl KubernetesDriver {
         Ok(Self {
             name: config.name.clone(),
             settings,
-            store,
+            lease_refs,
             journal,
             client: tokio::sync::OnceCell::new(),
             template,
@@ -243,7 +244,7 @@ impl KubernetesDriver {
     pub async fn track(&self, lease_id: &str, pod: &PodRef) -> Result<(), DriverError> {
         check_lease_id(&self.name, lease_id)?;
         let written = serde_json::to_string(pod).expect("a PodRef serializes");
-        match self.store.set_substrate_ref(lease_id, Some(written)).await {
+        match self.lease_refs.set(lease_id, Some(written)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(DriverError::Rejected {
                 substrate: self.name.clone(),
@@ -255,7 +256,7 @@ impl KubernetesDriver {
 
     /// Forgets lease `lease_id`'s pod (it was reclaimed, or ended).
     pub async fn untrack(&self, lease_id: &str) {
-        if let Err(e) = self.store.set_substrate_ref(lease_id, None).await {
+        if let Err(e) = self.lease_refs.set(lease_id, None).await {
             tracing::warn!(substrate = %self.name, lease = lease_id, error = %e, "recording a forgotten pod failed");
         }
     }
@@ -263,7 +264,7 @@ impl KubernetesDriver {
     /// Where lease `lease_id`'s pod is, from this replica's memory of the lease store (see
     /// [`pod_of`]); None when the lease is not open.
     pub fn tracked(&self, lease_id: &str) -> Option<PodRef> {
-        let lease = self.store.open_lease(lease_id).ok().flatten()?;
+        let lease = self.lease_refs.open_lease(lease_id)?;
         self.pod_of(&lease)
     }
 
@@ -1013,6 +1014,25 @@ mod tests {
         }
     }
 
+    /// The lease store's substrate refs as the service hands them to drivers (kept here, in
+    /// the driver's layer, so its tests do not reach up to the service).
+    #[derive(Debug)]
+    struct Refs(Store);
+
+    #[async_trait::async_trait]
+    impl crate::drivers::LeaseRefs for Refs {
+        async fn set(&self, lease_id: &str, substrate_ref: Option<String>) -> Result<bool, String> {
+            self.0
+                .set_substrate_ref(lease_id, substrate_ref)
+                .await
+                .map_err(|e| e.to_string())
+        }
+
+        fn open_lease(&self, lease_id: &str) -> Option<Lease> {
+            self.0.open_lease(lease_id).ok().flatten()
+        }
+    }
+
     fn driver(dir: &std::path::Path, store: &Store) -> KubernetesDriver {
         let config: SubstrateConfig = toml::from_str(
             "name = \"k8s\"\ndriver = \"kubernetes\"\n[kubernetes]\nwebhook_listen = \"127.0.0.1:0\"\n\
@@ -1021,7 +1041,7 @@ mod tests {
         .unwrap();
         let context = DriverContext {
             state_dir: dir.join("drivers").join("k8s"),
-            store: Some(store.clone()),
+            lease_refs: Some(Arc::new(Refs(store.clone()))),
         };
         KubernetesDriver::new(&config, &context).unwrap()
     }

@@ -173,9 +173,24 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
 pub struct DriverContext {
     /// `<storage.data_dir>/drivers/<substrate>/`.
     pub state_dir: PathBuf,
-    /// The lease store, for a driver that keeps what every replica must find on the lease
-    /// itself (the Kubernetes driver's pods); others leave it be.
-    pub store: Option<crate::store::Store>,
+    /// Where a driver writes down, on an open lease itself, what every replica's driver must
+    /// find (the Kubernetes driver's pods); others leave it be. The service makes it over its
+    /// lease store (`service::lease_refs`): a driver never holds the store.
+    pub lease_refs: Option<Arc<dyn LeaseRefs>>,
+}
+
+/// The one write a driver makes to the lease store, and the read that goes with it: where the
+/// substrate holds an open lease ([`crate::store::Lease::substrate_ref`]). Implemented by the
+/// service, which owns every write to the store.
+#[async_trait::async_trait]
+pub trait LeaseRefs: Send + Sync + std::fmt::Debug {
+    /// Writes down (None: forgets) where the substrate holds open lease `lease_id`. Whether
+    /// the lease is open: nothing is written for one that is not. Err: the store's refusal.
+    async fn set(&self, lease_id: &str, substrate_ref: Option<String>) -> Result<bool, String>;
+
+    /// Open lease `lease_id`, from this replica's memory of the store; None when it is not
+    /// open (or the store cannot answer).
+    fn open_lease(&self, lease_id: &str) -> Option<crate::store::Lease>;
 }
 
 /// Builds the driver a `[[substrates]]` entry names.

@@ -29,6 +29,7 @@ use gpuwarden_schema::config::{Config, EnforcerMode, Role};
 use gpuwarden_schema::{ActionKind, Clock, Outcome, ReleaseReason};
 
 pub use self::error::ServiceError;
+pub use self::records::lease_refs;
 use crate::drivers::{Driver, Inventory, LeaseSpec, LeaseStatus};
 use crate::fields;
 use crate::metrics::Metrics;

@@ -12,8 +12,34 @@ use std::sync::Arc;
 use gpuwarden_schema::Action;
 
 use super::{Service, ServiceError};
+use crate::drivers::LeaseRefs;
 use crate::store::leader::Leadership;
-use crate::store::{Lease, Ledger, LoginFailure};
+use crate::store::{Lease, Ledger, LoginFailure, Store};
+
+/// What the service hands each driver it builds ([`crate::drivers::DriverContext`]): the one
+/// write a driver makes to lease store `store`, where the substrate holds an open lease (the
+/// Kubernetes driver's pods), and the read that goes with it. Drivers never hold the store.
+pub fn lease_refs(store: Store) -> Arc<dyn LeaseRefs> {
+    Arc::new(StoreLeaseRefs(store))
+}
+
+/// [`lease_refs`]' answer.
+#[derive(Debug)]
+struct StoreLeaseRefs(Store);
+
+#[async_trait::async_trait]
+impl LeaseRefs for StoreLeaseRefs {
+    async fn set(&self, lease_id: &str, substrate_ref: Option<String>) -> Result<bool, String> {
+        self.0
+            .set_substrate_ref(lease_id, substrate_ref)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn open_lease(&self, lease_id: &str) -> Option<Lease> {
+        self.0.open_lease(lease_id).ok().flatten()
+    }
+}
 
 impl Service {
     /// Lease `id` if it is open, from this replica's memory: never waits for the store's writer

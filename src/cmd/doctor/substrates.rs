@@ -93,7 +93,7 @@ async fn probe(substrate: &SubstrateConfig, scratch: &Path) -> Result<String, (S
     };
     let context = DriverContext {
         state_dir: scratch.to_path_buf(),
-        store,
+        lease_refs: store.map(gpuwarden_enforcer::service::lease_refs),
     };
     let settings_fix = format!(
         "correct [[substrates]] {} (`gpuwarden check-config` checks the rest)",
