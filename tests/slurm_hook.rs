@@ -13,7 +13,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -156,10 +156,32 @@ fn cluster_with_hook(dir: &Path, conf: &Path) -> SlurmCluster {
     )
 }
 
-/// A port on 127.0.0.1 nothing listens on (it was free a moment ago).
-fn closed_port_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("http://{}", listener.local_addr().unwrap())
+/// A URL on 127.0.0.1 where connections are refused, for as long as the value lives: its port is
+/// bound to a socket that never listens, so no listener the test starts later (a fake enforcer
+/// bound to port 0) can be given the same port and answer there. A port merely found free and
+/// let go was, once, handed to the next fake enforcer, and "refused" became "silent".
+struct ClosedPort {
+    url: String,
+    _bound: rustix::fd::OwnedFd,
+}
+
+impl ClosedPort {
+    fn new() -> ClosedPort {
+        use rustix::net::{AddressFamily, SocketType};
+        let socket = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&socket, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let bound = SocketAddrV4::try_from(rustix::net::getsockname(&socket).unwrap()).unwrap();
+        ClosedPort {
+            url: format!("http://{bound}"),
+            _bound: socket,
+        }
+    }
+}
+
+impl std::fmt::Display for ClosedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
 }
 
 macro_rules! needs_root {
@@ -218,8 +240,9 @@ fn with_the_enforcer_unreachable_gpu_jobs_are_rejected_and_cpu_jobs_pass() {
     needs_root!();
     let user = TestAccount::create("unr");
     let dir = tempfile::tempdir().unwrap();
-    let url = closed_port_url();
-    let conf = hook_conf(dir.path(), &url, "");
+    let closed = ClosedPort::new();
+    let url = &closed.url;
+    let conf = hook_conf(dir.path(), url, "");
     let cluster = cluster_with_hook(dir.path(), &conf);
 
     let error = cluster
@@ -263,7 +286,8 @@ fn on_unavailable_admit_lets_gpu_jobs_in_while_the_enforcer_is_unreachable() {
     needs_root!();
     let user = TestAccount::create("adm");
     let dir = tempfile::tempdir().unwrap();
-    let conf = hook_conf(dir.path(), &closed_port_url(), "on_unavailable = admit");
+    let closed = ClosedPort::new();
+    let conf = hook_conf(dir.path(), &closed.url, "on_unavailable = admit");
     let cluster = cluster_with_hook(dir.path(), &conf);
     let job = cluster
         .sbatch_as(
@@ -580,7 +604,7 @@ fn with_several_enforcers_the_hook_moves_on_only_from_one_that_decided_nothing()
     needs_root!();
     let user = TestAccount::create("many");
     let dir = tempfile::tempdir().unwrap();
-    let refused = closed_port_url();
+    let refused = ClosedPort::new();
     let store_away = FakeEnforcer::start_with(Some((503, STORE_UNAVAILABLE)));
     let admitting = FakeEnforcer::start(Some("admit\nadmin_comment=gpuwarden:hold=h1\n"));
     let conf = hook_conf(
@@ -603,7 +627,7 @@ fn with_several_enforcers_the_hook_moves_on_only_from_one_that_decided_nothing()
     assert_eq!(admitting.seen().len(), 1);
     let log = cluster.hook_log();
     for (from, why, to) in [
-        (&refused, "connection refused", &store_away.url),
+        (&refused.url, "connection refused", &store_away.url),
         (
             &store_away.url,
             "HTTP status 503: store_unavailable",
@@ -717,7 +741,8 @@ fn a_slurm_submission_keeps_working_while_one_of_two_enforcers_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     // The cluster first: the enforcers' configs name its slurm.conf. Until they run, the hook
     // points nowhere.
-    let conf = hook_conf(dir.path(), &closed_port_url(), "");
+    let closed = ClosedPort::new();
+    let conf = hook_conf(dir.path(), &closed.url, "");
     let cluster = cluster_with_hook(dir.path(), &conf);
     let store = support::pg::server().database();
     let (first, first_api) = start_enforcer(&replica_config(
