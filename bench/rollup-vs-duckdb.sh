@@ -57,7 +57,10 @@ if [[ ! -e $DATA/.complete ]]; then
   touch "$DATA/.complete"
 fi
 LAKE=$DATA/lake
-sed -e "s|{lake}|$LAKE|g" -e "s|{price}|$PRICE|g" -e "s|{idle}|5.0|g" -e "s|{lateness_ms}|600000|g" \
+# The config's defaults: idle by utilization, no MIG overrides, energy free, no CO2e factor.
+sed -e "s|{lake}|$LAKE|g" -e "s|{price}|$PRICE|g" -e "s|{idle_sm}|5.0|g" -e "s|{idle}|5.0|g" \
+  -e "s|{measure}|NULL|g" -e "s|{default_measure}|'util'|g" -e "s|{mig_share}|NULL|g" \
+  -e "s|{energy_price}|0.0|g" -e "s|{co2e_per_kwh}|NULL|g" -e "s|{lateness_ms}|600000|g" \
   bench/team_hourly.duckdb.sql > "$DATA/team_hourly.sql"
 
 measure() { # label, command...: prints "label seconds max_rss_kib"
@@ -93,7 +96,7 @@ echo "$results" | awk '
       printf "median: gpuwarden %.2f s, duckdb %.2f s -> time ratio %.2f (target <= 1.0); peak RSS %.0f vs %.0f MiB -> ratio %.2f (target <= 0.25)\n", mg, md, mg/md, mgr/1024, mdr/1024, mgr/mdr}'
 
 "$BIN" sql --config "$CONFIG" --format csv \
-  "SELECT CAST(hour AS BIGINT) AS hour, team, gpu_model, allocated_gpu_hours, observed_gpu_hours, busy_gpu_hours, idle_gpu_hours, utilization_pct, cost_usd, idle_cost_usd, energy_kwh, final FROM team_hourly ORDER BY hour, team, gpu_model" \
+  "SELECT CAST(hour AS BIGINT) AS hour, team, gpu_model, allocated_gpu_hours, observed_gpu_hours, busy_gpu_hours, idle_gpu_hours, utilization_pct, cost_usd, idle_cost_usd, energy_kwh, final, sm_active_gpu_hours, gpm_observed_gpu_hours, idle_measure, energy_cost_usd, co2e_kg FROM team_hourly ORDER BY hour, team, gpu_model" \
   > "$DATA/gpuwarden-team-hourly.csv"
 "$VENV/bin/python" - "$DATA/gpuwarden-team-hourly.csv" "$DATA/duckdb-team-hourly.csv" <<'EOF'
 import csv, math, sys
@@ -106,7 +109,7 @@ for k in set(a) & set(b):
         y = b[k][col]
         if col in ("hour", "team", "gpu_model"):
             continue
-        if col == "final":
+        if col in ("final", "idle_measure"):
             same = x.lower() == y.lower()
         elif x == "" or y == "":
             same = x == y

@@ -1,7 +1,8 @@
 //! `gpuwarden collect` and `gpuwarden broker` as separate processes meeting over TCP, as in
 //! production: the collector samples GPUs through the fake libnvidia-ml.so, kcat (a real Kafka
 //! client) reads them back from the broker process, and /metrics serves dcgm-exporter's names.
-//! A GPU's processes name its lease, directly or through their Slurm job.
+//! A GPU's processes name its lease, directly or through their Slurm job. A GPU with GPM carries
+//! its SM activity, and a GPU in MIG mode is published as its MIG devices.
 
 mod support;
 
@@ -423,4 +424,112 @@ fn the_simulated_fleet_runs_the_leases_it_reads_from_kafka() {
             .all(|s| s["util_gpu_pct"] == 0.0 && s["lease_id"].is_null()),
         "free GPUs stay idle"
     );
+}
+
+/// A spinning H100 with GPM (utilization 100 %, SM active 2 %) and an H100 in MIG mode split into
+/// three `1g.10gb` and a `3g.40gb`, one slice unused.
+fn write_gpm_and_mig_script(dir: &Path) -> std::path::PathBuf {
+    let instance = |n: u32, profile: &str, slices: u32| {
+        serde_json::json!({
+            "uuid": format!("MIG-0000000{n}-aaaa-4bbb-8ccc-dddddddddddd"), "profile": profile,
+            "slices": slices, "gpu_instance_id": 7 + n, "memory_total_bytes": 10200547328u64 * u64::from(slices),
+            "memory_used_bytes": 0, "processes": [[]]
+        })
+    };
+    let script = serde_json::json!({"devices": [
+        {
+            "uuid": "GPU-00000000-1111-2222-3333-444444444444", "name": "NVIDIA H100 80GB HBM3",
+            "index": 0, "pci_bus_id": "00000000:17:00.0",
+            "memory_total_bytes": 85520809984u64, "memory_used_bytes": [1073741824u64],
+            "util_gpu_pct": 100, "util_mem_pct": 1, "power_mw": 150000, "processes": [[]],
+            "gpm": {"sm_util": 2, "sm_occupancy": 1, "graphics_util": 100, "any_tensor_util": 0,
+                    "dram_bw_util": 1}
+        },
+        {
+            "uuid": "GPU-00000001-1111-2222-3333-444444444444", "name": "NVIDIA H100 80GB HBM3",
+            "index": 1, "pci_bus_id": "00000000:27:00.0",
+            "memory_total_bytes": 85520809984u64, "memory_used_bytes": 0,
+            "power_mw": 210000, "energy_mj": 7000000, "gpm": {},
+            "mig": {"enabled": true, "slices": 7, "instances": [
+                instance(0, "1g.10gb", 1), instance(1, "1g.10gb", 1),
+                instance(2, "1g.10gb", 1), instance(3, "3g.40gb", 3)
+            ]}
+        }
+    ]});
+    let path = dir.join("nvml.json");
+    std::fs::write(&path, script.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn sm_activity_and_mig_devices_reach_metrics_and_kafka() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let config = config(&broker.bootstrap).write(dir.path().join("gpuwarden.toml"));
+    let script = write_gpm_and_mig_script(dir.path());
+    let (collector, running) = start_fake_nvml_collector(&config, &script);
+    let address = metrics_address(&running);
+    // Each round: the H100, 4 MIG devices and the unsliced rest.
+    eventually(
+        "two rounds published",
+        Duration::from_secs(30),
+        || match metric(&address, "gpuwarden_collector_samples_published_total") {
+            Some(n) if n >= 12.0 => Ok(()),
+            n => Err(format!("{n:?}")),
+        },
+    );
+    let (status, body) = http_get(&address, "/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-00000000-1111-2222-3333-444444444444\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"e2e-host\"} 0.02",
+        "DCGM_FI_DEV_POWER_USAGE{gpu=\"1\",UUID=\"GPU-00000001-1111-2222-3333-444444444444\",pci_bus_id=\"00000000:27:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"3g.40gb\",Hostname=\"e2e-host\",mig_uuid=\"MIG-00000003-aaaa-4bbb-8ccc-dddddddddddd\"} 90",
+        "DCGM_FI_DEV_POWER_USAGE{gpu=\"1\",UUID=\"GPU-00000001-1111-2222-3333-444444444444\",pci_bus_id=\"00000000:27:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"e2e-host\"} 30",
+    ] {
+        assert!(
+            body.lines().any(|l| l == line),
+            "/metrics lacks `{line}`:\n{body}"
+        );
+    }
+
+    let (status, log) = collector.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", log.join("\n"));
+    let records = published_samples(&broker.bootstrap);
+    let of = |uuid: &str| -> Vec<&serde_json::Value> {
+        records
+            .iter()
+            .filter(|(key, _)| key == uuid)
+            .map(|(_, s)| s)
+            .collect()
+    };
+    let spinning = of("GPU-00000000-1111-2222-3333-444444444444");
+    assert!(spinning.iter().all(|s| s["util_gpu_pct"] == 100.0));
+    assert_eq!(
+        spinning[0].get("sm_active_pct"),
+        None,
+        "no interval before the first sample"
+    );
+    assert!(spinning[1..].iter().all(|s| s["sm_active_pct"] == 2.0));
+    let slice = of("MIG-00000003-aaaa-4bbb-8ccc-dddddddddddd");
+    assert!(slice.len() >= 2);
+    for s in &slice {
+        assert_eq!(
+            s["mig_parent_uuid"],
+            "GPU-00000001-1111-2222-3333-444444444444"
+        );
+        assert_eq!(s["mig_profile"], "3g.40gb");
+        assert_eq!(
+            (s["mig_slices"].as_u64(), s["mig_parent_slices"].as_u64()),
+            (Some(3), Some(7))
+        );
+        assert_eq!(s["gpu_model"], "NVIDIA H100 80GB HBM3 MIG 3g.40gb");
+        assert_eq!(s["util_gpu_pct"], 0.0, "no process on it");
+    }
+    let rest = of("GPU-00000001-1111-2222-3333-444444444444");
+    assert_eq!(rest.len(), slice.len(), "the unsliced rest, once a round");
+    for s in &rest {
+        assert_eq!(s["mig_slices"], 1, "the one slice no MIG device holds");
+        assert_eq!(s["mig_parent_slices"], 7);
+        assert!(s["mig_profile"].is_null() && s["lease_id"].is_null(), "{s}");
+        assert_eq!(s["util_gpu_pct"], 0.0);
+    }
 }

@@ -455,6 +455,41 @@ fn hand_checked_numbers(outputs: &BTreeMap<String, String>) {
         95.0 / 60.0 * H100,
     );
 
+    // Energy: every sample's power over its interval, from the fixture's own lines, is some
+    // team's (or unallocated) energy; priced at $0.15 a kWh and 400 g CO2e a kWh
+    // (queries/fixture/gpuwarden.toml).
+    let energy = table("energy_cost_by_team");
+    let drawn: f64 = std::fs::read_to_string(fixture_dir().join("samples.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let s: serde_json::Value = serde_json::from_str(l).unwrap();
+            s["power_w"].as_f64().unwrap_or(0.0) * s["interval_ms"].as_f64().unwrap() / 3.6e9
+        })
+        .sum();
+    let kwh: Vec<f64> = energy
+        .column("energy_kwh")
+        .iter()
+        .map(|k| k.parse().unwrap())
+        .collect();
+    let total: f64 = kwh.iter().sum();
+    assert!(
+        (total - drawn).abs() <= 0.0005 * kwh.len() as f64,
+        "the fixture's GPUs drew {drawn:.4} kWh; the teams' energy adds up to {total}"
+    );
+    for (i, row) in energy.rows.iter().enumerate() {
+        let [cost, co2e] = ["energy_cost_usd", "co2e_kg"].map(|c| row[c].parse::<f64>().unwrap());
+        assert!(
+            (cost - kwh[i] * 0.15).abs() <= 0.005 + 0.0005 * 0.15,
+            "{row:?}"
+        );
+        assert!(
+            (co2e - kwh[i] * 0.4).abs() <= 0.0005 + 0.0005 * 0.4,
+            "{row:?}"
+        );
+    }
+
     // alice's lease-01: 2 H100s for 4 hours.
     assert_usd(
         "alice's cost",

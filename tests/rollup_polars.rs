@@ -25,7 +25,14 @@ const MINUTE: i64 = 60_000;
 const LATENESS: &str = "10m";
 const LATENESS_MS: i64 = 10 * MINUTE;
 const IDLE_UTIL_PCT: f64 = 5.0;
+/// Below this SM activity a GPU is idle for `training` leases (`[workloads.training]
+/// idle_measure = "sm_active"`); every other lease and unallocated time is judged by utilization.
+const IDLE_SM_ACTIVE_PCT: f64 = 10.0;
 const DEFAULT_PRICE: f64 = 2.0;
+const ENERGY_PRICE: f64 = 0.12;
+const CO2E_G_PER_KWH: f64 = 350.0;
+/// `[[pricing.mig]]`: a 2g.20gb slice costs 0.3 of its GPU rather than 2/7.
+const MIG_OVERRIDE: (&str, f64) = ("2g.20gb", 0.3);
 /// `[[pricing.gpu]]` in order. Order matters twice: "H100" shadows the more specific entry after
 /// it (so an H100 80GB HBM3 costs 4.5, never 9), and the lower-case A100-SXM4 entry must be
 /// tried (case-insensitively) before the plain "A100".
@@ -44,6 +51,10 @@ const L40S: &str = "NVIDIA L40S";
 /// Matched by no entry: the default price.
 const T4: &str = "Tesla T4";
 const A6000: &str = "NVIDIA RTX A6000";
+/// MIG slices of an H100, as NVML names them: priced by "H100", times their share.
+const H100_3G: &str = "NVIDIA H100 80GB HBM3 MIG 3g.40gb";
+const H100_2G: &str = "NVIDIA H100 80GB HBM3 MIG 2g.20gb";
+const H100_1G: &str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb";
 const UNALLOCATED: &str = "(unallocated)";
 
 /// Time `h` hours and `m` minutes after T0.
@@ -100,6 +111,16 @@ impl Rng {
         }
     }
 
+    /// An SM activity: often low (a spinning GPU reads busy by utilization and idle by this),
+    /// sometimes exactly the idle threshold (not idle).
+    fn sm_active(&mut self) -> f64 {
+        match self.below(10) {
+            0..=2 => Self::round(self.unit() * IDLE_SM_ACTIVE_PCT * 0.99),
+            3 => IDLE_SM_ACTIVE_PCT,
+            _ => Self::round(IDLE_SM_ACTIVE_PCT + self.unit() * (100.0 - IDLE_SM_ACTIVE_PCT)),
+        }
+    }
+
     /// Power draw, or none in one sample of ten.
     fn power(&mut self) -> Option<f64> {
         (self.below(10) != 0).then(|| Self::round(50.0 + self.unit() * 650.0))
@@ -113,9 +134,14 @@ struct Gpu {
     interval_ms: i64,
     /// Drops about one sample in twenty (a flaky exporter).
     flaky: bool,
+    /// Reports GPM's SM activity (Hopper): H100s and their slices.
+    gpm: bool,
+    /// A MIG device: its profile ("" for the unsliced rest of a MIG GPU), its compute slices
+    /// and its GPU's.
+    mig: Option<(&'static str, u32, u32)>,
 }
 
-const GPUS: [Gpu; 14] = [
+const GPUS: [Gpu; 20] = [
     gpu("GPU-A0", "node-a", H100, 60_000, false),
     gpu("GPU-A1", "node-a", H100, 60_000, true),
     gpu("GPU-A2", "node-a", H100, 60_000, false),
@@ -130,6 +156,13 @@ const GPUS: [Gpu; 14] = [
     gpu("GPU-D1", "node-d", L40S, 60_000, false),
     gpu("GPU-E0", "node-e", T4, 60_000, false),
     gpu("GPU-F0", "node-f", A6000, 60_000, false),
+    // GPU-M, an H100 in four slices (3 + 2 + 1 + 1 of 7); GPU-N, one 1g slice and 6/7 unsliced.
+    mig("MIG-M0", "node-g", H100_3G, ("3g.40gb", 3, 7)),
+    mig("MIG-M1", "node-g", H100_2G, ("2g.20gb", 2, 7)),
+    mig("MIG-M2", "node-g", H100_1G, ("1g.10gb", 1, 7)),
+    mig("MIG-M3", "node-g", H100_1G, ("1g.10gb", 1, 7)),
+    mig("MIG-N0", "node-h", H100_1G, ("1g.10gb", 1, 7)),
+    mig("GPU-N", "node-h", H100, ("", 6, 7)),
 ];
 
 const fn gpu(
@@ -145,6 +178,26 @@ const fn gpu(
         model,
         interval_ms,
         flaky,
+        gpm: matches!(model.as_bytes(), b"NVIDIA H100 80GB HBM3"),
+        mig: None,
+    }
+}
+
+const fn mig(
+    uuid: &'static str,
+    host: &'static str,
+    model: &'static str,
+    shape: (&'static str, u32, u32),
+) -> Gpu {
+    Gpu {
+        uuid,
+        host,
+        model,
+        interval_ms: 60_000,
+        flaky: false,
+        // The unsliced rest is no GPU instance: no GPM of its own.
+        gpm: !shape.0.is_empty(),
+        mig: Some(shape),
     }
 }
 
@@ -202,6 +255,9 @@ const TIE_2: Lease = lease("L-tie-2", "serving", "carol", "batch", A100_PCIE);
 const PCIE: Lease = lease("L-pcie", "research", "bob", "training", A100_PCIE);
 const EMPTY: Lease = lease("L-empty", "serving", "carol", "batch", T4);
 const LATE: Lease = lease("L-late", "serving", "dave", "inference", A100_SXM);
+const MIG_A: Lease = lease("L-mig-a", "vision", "erin", "training", H100);
+const MIG_B: Lease = lease("L-mig-b", "serving", "frank", "inference", H100);
+const MIG_C: Lease = lease("L-mig-c", "vision", "gina", "notebook", H100);
 
 const fn lease(
     id: &'static str,
@@ -273,7 +329,26 @@ fn fixture() -> Fixture {
                 continue;
             }
             let lease = named_lease(gpu.uuid, this, &mut rng);
-            let s = sample(gpu, this, util, power, lease);
+            let mut s = sample(gpu, this, util, power, lease);
+            // A3 lost GPM at 2:00 (a driver update): judged by utilization from then on.
+            if gpu.gpm && !(gpu.uuid == "GPU-A3" && this >= at(2, 0)) {
+                s["sm_active_pct"] = json!(rng.sm_active());
+            }
+            if let Some((profile, slices, parent)) = gpu.mig {
+                s["mig_slices"] = json!(slices);
+                s["mig_parent_slices"] = json!(parent);
+                if profile.is_empty() {
+                    // The unsliced rest: idle capacity nobody holds.
+                    s["util_gpu_pct"] = json!(0.0);
+                } else {
+                    s["mig_profile"] = json!(profile);
+                    s["mig_parent_uuid"] = json!(if gpu.uuid.starts_with("MIG-M") {
+                        "GPU-M"
+                    } else {
+                        "GPU-N"
+                    });
+                }
+            }
             // B1's samples from 2:00 to 2:40 arrive late, after the first rollup.
             let late = gpu.uuid == "GPU-B1" && (at(2, 0)..at(2, 40)).contains(&this);
             let phase = usize::from(late || this > end_of_phase_1());
@@ -344,6 +419,11 @@ fn fixture() -> Fixture {
             PCIE.released(at(1, 45), 1, &["GPU-C0"], "budget"),
             EMPTY.granted(at(1, 0), 1, &[]),
             EMPTY.released(at(2, 0), 1, &[], "admin"),
+            MIG_A.granted(at(0, 20), 2, &["MIG-M0", "MIG-M2"]),
+            MIG_A.released(at(3, 0), 2, &["MIG-M0", "MIG-M2"], "user"),
+            MIG_B.granted(at(1, 0), 1, &["MIG-M1"]),
+            MIG_C.granted(at(0, 0), 1, &["MIG-N0"]),
+            MIG_C.released(at(2, 0), 1, &["MIG-N0"], "idle"),
         ],
         vec![
             // Late: a whole lease in hours already final ...
@@ -370,13 +450,18 @@ fn fixture() -> Fixture {
 
 fn write_config(dir: &Path) -> PathBuf {
     let mut toml = format!(
-        "[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nlateness = \"{LATENESS}\"\n\n[pricing]\n\
-         idle_util_pct = {IDLE_UTIL_PCT:?}\ndefault_usd_per_gpu_hour = {DEFAULT_PRICE:?}\n",
+        "[storage]\ndata_dir = \"{}\"\n\n[pipeline]\nlateness = \"{LATENESS}\"\n\n\
+         [workloads.training]\nidle_measure = \"sm_active\"\n\n[pricing]\n\
+         idle_util_pct = {IDLE_UTIL_PCT:?}\nidle_sm_active_pct = {IDLE_SM_ACTIVE_PCT:?}\n\
+         default_usd_per_gpu_hour = {DEFAULT_PRICE:?}\nenergy_usd_per_kwh = {ENERGY_PRICE:?}\n\
+         co2e_g_per_kwh = {CO2E_G_PER_KWH:?}\n",
         dir.join("data").display()
     );
     for (m, usd) in PRICES {
         toml += &format!("\n[[pricing.gpu]]\nmatch = \"{m}\"\nusd_per_gpu_hour = {usd:?}\n");
     }
+    let (profile, share) = MIG_OVERRIDE;
+    toml += &format!("\n[[pricing.mig]]\nprofile = \"{profile}\"\nshare = {share:?}\n");
     let path = dir.join("gpuwarden.toml");
     std::fs::write(&path, toml).unwrap();
     path
@@ -392,9 +477,15 @@ fn polars_params() -> String {
         "lateness_ms": LATENESS_MS,
         "pricing": {
             "idle_util_pct": IDLE_UTIL_PCT,
+            "idle_sm_active_pct": IDLE_SM_ACTIVE_PCT,
+            "idle_measure": "util",
             "default_usd_per_gpu_hour": DEFAULT_PRICE,
+            "energy_usd_per_kwh": ENERGY_PRICE,
+            "co2e_g_per_kwh": CO2E_G_PER_KWH,
             "gpu": gpu,
+            "mig": [{"profile": MIG_OVERRIDE.0, "share": MIG_OVERRIDE.1}],
         },
+        "workloads": {"training": "sm_active"},
     })
     .to_string()
 }
@@ -461,7 +552,7 @@ fn polars_rollups(python: &str, lake: &Path) -> Tables {
     }
 }
 
-const MEASURES: [&str; 8] = [
+const MEASURES: [&str; 13] = [
     "allocated_gpu_hours",
     "observed_gpu_hours",
     "busy_gpu_hours",
@@ -470,6 +561,11 @@ const MEASURES: [&str; 8] = [
     "cost_usd",
     "idle_cost_usd",
     "energy_kwh",
+    "sm_active_gpu_hours",
+    "gpm_observed_gpu_hours",
+    "idle_measure",
+    "energy_cost_usd",
+    "co2e_kg",
 ];
 const TEAM_HOURLY_KEY: [&str; 3] = ["hour", "team", "gpu_model"];
 const LEASE_IDENTITY: [&str; 11] = [
@@ -669,6 +765,10 @@ fn assert_hand_checked(who: &str, t: &Tables) {
             ("utilization_pct", json!(50.0)),
             ("cost_usd", json!(2.0)),
             ("energy_kwh", json!(0.07)),
+            ("energy_cost_usd", json!(0.07 * ENERGY_PRICE)),
+            ("co2e_kg", json!(0.07 * CO2E_G_PER_KWH / 1000.0)),
+            ("idle_measure", json!("util")),
+            ("sm_active_gpu_hours", json!(0.0)),
             ("final", json!(true)),
         ],
     );
@@ -798,6 +898,74 @@ fn assert_hand_checked(who: &str, t: &Tables) {
             ("cost_usd", json!(2.0)),
         ],
     );
+    // MIG: a lease holds its slices' shares. L-mig-c, one 1g slice (1/7) from 0:00 to 2:00;
+    // L-mig-b, a 2g slice at its [[pricing.mig]] share, 0.3, from 1:00 to the watermark, 5:20;
+    // L-mig-a, 3g + 1g (4/7), 0:20 to 3:00. Priced as H100s.
+    let seventh = 1.0 / 7.0;
+    expect(
+        usage,
+        &lease_key(MIG_C.id),
+        &[
+            ("allocated_gpu_hours", json!(2.0 * seventh)),
+            ("observed_gpu_hours", json!(2.0 * seventh)),
+            ("cost_usd", json!(2.0 * seventh * 4.5)),
+            ("idle_measure", json!("util")),
+        ],
+    );
+    expect(
+        usage,
+        &lease_key(MIG_B.id),
+        &[
+            ("allocated_gpu_hours", json!(260.0 / 60.0 * 0.3)),
+            ("cost_usd", json!(260.0 / 60.0 * 0.3 * 4.5)),
+        ],
+    );
+    expect(
+        usage,
+        &lease_key(MIG_A.id),
+        &[
+            ("allocated_gpu_hours", json!(160.0 / 60.0 * 4.0 * seventh)),
+            ("observed_gpu_hours", json!(160.0 / 60.0 * 4.0 * seventh)),
+            (
+                "gpm_observed_gpu_hours",
+                json!(160.0 / 60.0 * 4.0 * seventh),
+            ),
+            ("idle_measure", json!("sm_active")),
+        ],
+    );
+    // Hour 0's free slices: MIG-M3 all hour and MIG-M2 until L-mig-a took it at 0:20.
+    expect(
+        hourly,
+        &hour_key(0, UNALLOCATED, H100_1G),
+        &[
+            ("observed_gpu_hours", json!(80.0 / 60.0 * seventh)),
+            ("allocated_gpu_hours", json!(80.0 / 60.0 * seventh)),
+            ("cost_usd", json!(80.0 / 60.0 * seventh * 4.5)),
+        ],
+    );
+    // Training is judged by SM activity where there is GPM: L-train's H100s had it, but A3 lost
+    // it at 2:00 (so hour 1 is mixed already: A3's sample at 2:00 covers 1:59-2:00); L-new's
+    // A100 never had it.
+    expect(
+        usage,
+        &lease_key(TRAIN.id),
+        &[("idle_measure", json!("mixed"))],
+    );
+    expect(
+        usage,
+        &lease_key(NEW.id),
+        &[("idle_measure", json!("util"))],
+    );
+    expect(
+        hourly,
+        &hour_key(0, "research", H100),
+        &[("idle_measure", json!("sm_active"))],
+    );
+    expect(
+        hourly,
+        &hour_key(1, "research", H100),
+        &[("idle_measure", json!("mixed"))],
+    );
     assert!(
         wrong.is_empty(),
         "{who} disagrees with the numbers worked out by hand:\n{}",
@@ -818,6 +986,9 @@ fn assert_hand_checked(who: &str, t: &Tables) {
         PCIE.id,
         EMPTY.id,
         LATE.id,
+        MIG_A.id,
+        MIG_B.id,
+        MIG_C.id,
     ];
     assert_eq!(
         leases,

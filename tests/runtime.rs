@@ -4,9 +4,10 @@
 //! tests ask for leases over HTTP as a front-end would and find every step with psql in
 //! `actions`.
 //!
-//! Policies: notebooks are reclaimed after 4 min idle (warned 1 min before); training after
-//! 4 min idle; inference autoscales between 1 and 4 GPUs toward 60 %; the collector samples
-//! every 10 s; every GPU costs 40 $/h; team ops may spend 30 $ a month.
+//! Policies: notebooks are reclaimed after 4 min idle (warned 1 min before), idle judged by SM
+//! activity (the simulated H100s report GPM); training after 4 min idle, judged by utilization
+//! (`pricing.idle_measure`'s default); inference autoscales between 1 and 4 GPUs toward 60 %;
+//! the collector samples every 10 s; every GPU costs 40 $/h; team ops may spend 30 $ a month.
 //!
 //! Event-time reaction is wall-time latency times the speed, so the tests that time reactions
 //! run at 60× (signals every minute over 3 min); the autoscale test, which needs hours of the
@@ -69,7 +70,7 @@ fn write_config(dir: &Path, mode: &str, pace: Pace) -> PathBuf {
             Workload::new("notebook")
                 .max_gpus(2)
                 .on_idle("reclaim", "4m")
-                .raw("warn_before = \"1m\""),
+                .raw("warn_before = \"1m\"\nidle_measure = \"sm_active\""),
         )
         .workload(
             Workload::new("training")
@@ -409,6 +410,100 @@ fn dry_run_records_every_step_and_changes_nothing() {
     );
     assert_eq!(rows, ["block|budget_exceeded|dry_run"]);
     assert_eq!(up.call("GET", "/v1/teams/ops", None)["blocked"], false);
+    let (status, log) = up.process.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", log.join("\n"));
+}
+
+/// A spinning GPU (`sim_profile = "spinning"`: utilization 100 %, SM activity 2 %) on an H100,
+/// for a notebook, judged idle by SM activity, and for a training lease, judged by utilization;
+/// both are reclaimed after 4 min idle. The notebook is warned and reclaimed as an idle one is;
+/// the training lease reads busy to the last signal past the notebook's reclaim, and is left
+/// alone. The signals in the lake say which measure judged each.
+#[test]
+fn a_spinning_gpu_is_reclaimed_when_sm_activity_judges_it_and_not_when_utilization_does() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), "enforce", REACT);
+    let every = up.pace.every_min * MIN;
+
+    let notebook = id(&up.admit("ml", "ada", "notebook", 1, "8h", Some("spinning")));
+    let training = id(&up.admit("ml", "ada", "training", 1, "8h", Some("spinning")));
+
+    let (lease, _) = up.lease_when(
+        "the spinning notebook is reclaimed",
+        Duration::from_secs(60),
+        &notebook,
+        |lease| lease["state"] == "released",
+    );
+    assert_eq!(lease["release_reason"], "idle", "{lease}");
+    let released = lease["released_at"].as_i64().unwrap();
+    assert_eq!(
+        up.sql_rows(&actions_sql(&notebook), 3),
+        [
+            "admit|admitted|ok",
+            "alert|idle_warning|ok",
+            "reclaim|idle|ok"
+        ]
+    );
+    let detail = up.sql_rows(
+        &format!("SELECT detail FROM actions WHERE lease_id = '{notebook}' AND action = 'reclaim'"),
+        1,
+    );
+    let idle_for = detail[0]
+        .rsplit_once("idle for ")
+        .expect("the reclaim says how long")
+        .1;
+    let idle_for = humantime::parse_duration(idle_for).unwrap().as_millis() as i64;
+    assert!(
+        (IDLE_TIMEOUT..=IDLE_TIMEOUT + every + 2 * SAMPLE_EVERY).contains(&idle_for),
+        "reclaimed by a signal of {idle_for} ms idle: {detail:?}"
+    );
+
+    // What the signals said, as `idle_measure|busy by utilization|busy by SM activity|idle`.
+    let judged = |lease: &str, since: i64| {
+        format!(
+            "SELECT idle_measure, \
+                    CASE WHEN util_pct >= 95 THEN 'util busy' ELSE 'util idle' END, \
+                    CASE WHEN sm_active_pct < 5 THEN 'sm idle' ELSE 'sm busy' END, \
+                    CASE WHEN idle_ms > 0 THEN 'idle' ELSE 'busy' END \
+             FROM signals WHERE kind = 'lease_utilization' AND lease_id = '{lease}' \
+             AND ts_ms >= {since} ORDER BY ts_ms"
+        )
+    };
+    let sql_ready = |sql: &str, want: usize| {
+        eventually(
+            &format!("{want} rows of {sql}"),
+            Duration::from_secs(60),
+            || {
+                let out = Psql::new(up.sql_port, "gpuwarden", None).run(sql);
+                let rows: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                if out.status.success() && rows.len() >= want {
+                    Ok(rows)
+                } else {
+                    Err(format!("{rows:?} {}", String::from_utf8_lossy(&out.stderr)))
+                }
+            },
+        )
+    };
+    // The notebook's signal that triggered the reclaim: busy by utilization, idle by SM
+    // activity, which judged it.
+    let rows = sql_ready(&judged(&notebook, 0), 1);
+    assert!(
+        rows.iter().any(|r| r == "sm_active|util busy|sm idle|idle"),
+        "{rows:?}"
+    );
+    // The training lease spun just as long, and a period longer: every signal of it says busy,
+    // judged by utilization.
+    let rows = sql_ready(&judged(&training, released + every), 1);
+    for row in &rows {
+        assert_eq!(row, "util|util busy|sm idle|busy", "{rows:?}");
+    }
+    let lease = up.lease(&training);
+    assert_eq!(lease["state"], "active", "{lease}");
+    assert_eq!(up.sql(&actions_sql(&training)), ["admit|admitted|ok"]);
     let (status, log) = up.process.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", log.join("\n"));
 }

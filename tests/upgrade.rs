@@ -188,6 +188,29 @@ fn figures(config: &str) -> Vec<String> {
     all
 }
 
+/// The answer of `sql` on the lake of `config`, its rows as CSV lines (no header).
+fn answer(config: &str, sql: &str) -> Vec<String> {
+    let out = ok(gpuwarden(&[
+        "sql", "--config", config, "--format", "csv", sql,
+    ]));
+    out.lines().skip(1).map(str::to_owned).collect()
+}
+
+/// Rows of `gpu_hourly` with and without the columns it gained after 0.1.0, by hour (from T0),
+/// and the sums of two of them: what the previous release's rows and this build's say.
+fn gained(config: &str) -> Vec<String> {
+    answer(
+        config,
+        &format!(
+            "SELECT (CAST(hour AS BIGINT) - {T0}) / 3600000 AS h, count(*) AS n, \
+             count(idle_measure) AS judged, max(idle_measure) AS measure, \
+             round(sum(sm_active_gpu_hours), 6) AS sm, \
+             round(sum(gpm_observed_gpu_hours), 6) AS gpm \
+             FROM gpu_hourly GROUP BY 1 ORDER BY 1"
+        ),
+    )
+}
+
 /// A copy of the 0.1.0 lake in `dir`, and a config naming it: the lake's path and the config's.
 fn fixture_lake_in(dir: &Path) -> (PathBuf, PathBuf) {
     let (config, lake) = support::rollups::dir_config(dir);
@@ -210,8 +233,28 @@ fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
         "vision,3.3333",
     ];
     assert_eq!(figures(config), before);
+    // The columns samples and rollups gained since read as nulls in 0.1.0's files, before
+    // anything of this build writes to its tables.
+    assert_eq!(
+        answer(
+            config,
+            "SELECT count(*), count(sm_active_pct), count(mig_profile) FROM samples"
+        ),
+        ["1200,0,0"]
+    );
+    assert_eq!(
+        gained(config),
+        ["-1,8,0,,,", "0,8,0,,,", "1,8,0,,,", "2,8,0,,,"],
+        "0.1.0's rows of gpu_hourly, per hour"
+    );
     ok(gpuwarden(&["rollup", "--config", config]));
     assert_eq!(figures(config), before);
+    // The open hour (2) was computed again, by this build: its rows have the new columns; the
+    // final hours keep 0.1.0's rows, with nulls there.
+    assert_eq!(
+        gained(config),
+        ["-1,8,0,,,", "0,8,0,,,", "1,8,0,,,", "2,8,8,util,0.0,0.0"]
+    );
     let marker: serde_json::Value =
         serde_json::from_slice(&std::fs::read(lake.join("_gpuwarden.json")).unwrap()).unwrap();
     assert_eq!(marker, serde_json::json!({"layout": 2, "written_by": THIS}));
@@ -231,7 +274,8 @@ fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
                     "v": 1, "ts_ms": T0 + m * MINUTE, "interval_ms": 60_000,
                     "host": format!("node-{}", g / 4), "gpu_uuid": format!("GPU-{g:04}"),
                     "gpu_model": "NVIDIA A100-SXM4-80GB", "util_gpu_pct": (g * 13 % 100) as f64,
-                    "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 85899345920u64
+                    "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 85899345920u64,
+                    "sm_active_pct": 40.0
                 })
                 .to_string()
             })
@@ -248,6 +292,33 @@ fn the_previous_release_s_lake_rolls_up_with_every_row_counted() {
     ok(gpuwarden(&["rollup", "--config", config]));
     let after = figures(config);
     assert_eq!(after[0], "1440,4,32,12,10,12,3,24.0", "{after:?}");
+    // The samples table took the new columns (one ADD COLUMN commit) and kept 0.1.0's files:
+    // both read, the old rows with nulls.
+    assert_eq!(
+        answer(
+            config,
+            "SELECT count(*), count(sm_active_pct), min(sm_active_pct) FROM samples"
+        ),
+        ["1440,240,40.0"]
+    );
+    let log: String = std::fs::read_dir(lake.join("samples/_delta_log"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert_eq!(log.matches("\"ADD COLUMN\"").count(), 1, "{log}");
+    for old in std::fs::read_dir(fixture("lake/samples"))
+        .unwrap()
+        .flatten()
+    {
+        assert!(lake.join("samples").join(old.file_name()).exists());
+    }
+    // 8 GPUs × 30 minutes at 40 % SM activity in hour 2: 1.6 SM-active of 4 GPU-hours GPM saw.
+    assert_eq!(
+        gained(config),
+        ["-1,8,0,,,", "0,8,0,,,", "1,8,0,,,", "2,8,8,util,1.6,4.0"]
+    );
     let cost: f64 = after[1..]
         .iter()
         .map(|l| l.rsplit(',').next().unwrap().parse::<f64>().unwrap())

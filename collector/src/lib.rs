@@ -16,9 +16,10 @@
 //!
 //! - [`metrics`]: the collector's counters and the `/metrics` text;
 //! - [`environ`]: a process's environment, where it names its lease;
+//! - [`serving`] (`environ`): a workload's own measure of serving, scraped from its endpoint;
 //! - [`guest`]: the lease of the virtual machine the collector runs in;
 //! - [`kubelet`] (`environ`, `metrics`): which pod holds which GPU;
-//! - [`nvml`] (`environ`, `guest`, `kubelet`, `metrics`): the NVML source;
+//! - [`nvml`] (`environ`, `guest`, `kubelet`, `metrics`, `serving`): the NVML source;
 //! - [`sim`]: the simulated fleet, the other source;
 //! - [`sink`] (`metrics`): publishing to Kafka;
 //! - [`source`] (`kubelet`, `metrics`, `nvml`, `sim`, `sink`): the sampling loop over a source
@@ -26,6 +27,7 @@
 
 pub mod metrics;
 pub mod environ;
+pub mod serving;
 pub mod guest;
 pub mod kubelet;
 pub mod nvml;

@@ -1,9 +1,15 @@
 //! The collector's Prometheus metrics: the GPU gauges under dcgm-exporter's names, units and
-//! labels (so existing DCGM dashboards work unchanged), and the collector's own
-//! `gpuwarden_collector_*` counters. Everything is rendered by hand in the text exposition format:
-//! the names are the contract, so they are spelled out here rather than built by a library.
+//! labels (so existing DCGM dashboards work unchanged), GPM's measures among them as
+//! dcgm-exporter's profiling ratios, and the collector's own `gpuwarden_collector_*` counters.
+//! Everything is rendered by hand in the text exposition format: the names are the contract, so
+//! they are spelled out here rather than built by a library.
+//!
+//! A MIG device's series are labelled as dcgm-exporter labels a GPU instance's: its GPU's
+//! `gpu`, `UUID`, `device` and `modelName`, with `GPU_I_PROFILE` and `GPU_I_ID` (the latter
+//! once NVML told it), and gpuwarden's own `mig_uuid`, which keeps apart the MIG devices whose
+//! GPU instance is not known yet. A GPU's unsliced rest is labelled as the GPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use gpuwarden_schema::prom::{escape, family, Histogram};
@@ -52,6 +58,7 @@ pub struct Metrics {
     in_flight_samples: AtomicU64,
     latency: Mutex<Histogram>,
     latest: RwLock<Vec<Sample>>,
+    gpu_instances: RwLock<HashMap<String, u32>>,
 }
 
 impl Default for Metrics {
@@ -68,6 +75,7 @@ impl Default for Metrics {
             in_flight_samples: AtomicU64::default(),
             latency: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
             latest: RwLock::default(),
+            gpu_instances: RwLock::default(),
         }
     }
 }
@@ -134,6 +142,14 @@ impl Metrics {
     /// Remembers the newest sample of each GPU for the dcgm gauges.
     pub fn set_latest(&self, samples: &[Sample]) {
         *self.latest.write().unwrap_or_else(|e| e.into_inner()) = samples.to_vec();
+    }
+
+    /// Remembers the GPU instance of each MIG device UUID, for its series' `GPU_I_ID`.
+    pub fn set_gpu_instances(&self, gpu_instances: HashMap<String, u32>) {
+        *self
+            .gpu_instances
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = gpu_instances;
     }
 
     /// Samples published so far.
@@ -267,9 +283,10 @@ impl Metrics {
     /// The GPU gauges of the newest samples, under dcgm-exporter's names and labels.
     pub fn render_gpus(&self) -> String {
         let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
+        let instances = self.gpu_instances.read().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
         type Get = fn(&Sample) -> Option<f64>;
-        let families: [(&str, &str, &str, Get); 9] = [
+        let families: [(&str, &str, &str, Get); 14] = [
             (
                 "DCGM_FI_DEV_SM_CLOCK",
                 "gauge",
@@ -324,11 +341,41 @@ impl Metrics {
                 "Power management limit (in W).",
                 |s| s.power_limit_w,
             ),
+            (
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                "gauge",
+                "Ratio of time the graphics engine is active.",
+                |s| ratio(s.gr_active_pct),
+            ),
+            (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                "gauge",
+                "The ratio of cycles an SM has at least 1 warp assigned.",
+                |s| ratio(s.sm_active_pct),
+            ),
+            (
+                "DCGM_FI_PROF_SM_OCCUPANCY",
+                "gauge",
+                "The ratio of number of warps resident on an SM.",
+                |s| ratio(s.sm_occupancy_pct),
+            ),
+            (
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                "gauge",
+                "Ratio of cycles the tensor (HMMA) pipe is active.",
+                |s| ratio(s.tensor_active_pct),
+            ),
+            (
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+                "gauge",
+                "Ratio of cycles the device memory interface is active sending or receiving data.",
+                |s| ratio(s.dram_active_pct),
+            ),
         ];
         for (name, kind, help, get) in families {
             let lines: Vec<(String, f64)> = latest
                 .iter()
-                .filter_map(|s| get(s).map(|v| (labels(s), v)))
+                .filter_map(|s| get(s).map(|v| (labels(s, &instances), v)))
                 .collect();
             family(
                 &mut out,
@@ -349,22 +396,45 @@ impl Metrics {
     }
 }
 
+/// A GPM percentage as dcgm-exporter's profiling ratio (0..1).
+fn ratio(pct: Option<f64>) -> Option<f64> {
+    pct.map(|p| p / 100.0)
+}
+
 fn mib(bytes: u64) -> f64 {
     (bytes / (1 << 20)) as f64
 }
 
-/// dcgm-exporter's label set: gpu, UUID, pci_bus_id, device, modelName, Hostname; container,
-/// namespace and pod when a pod holds the GPU (dcgm-exporter's names, from the sample's
-/// `k8s_*` labels); plus lease_id when the GPU's lease is known.
-fn labels(s: &Sample) -> String {
+/// dcgm-exporter's label set: gpu, UUID, pci_bus_id, device, modelName, for a MIG device its
+/// GPU's with GPU_I_PROFILE and GPU_I_ID, Hostname; container, namespace and pod when a pod
+/// holds the GPU (dcgm-exporter's names, from the sample's `k8s_*` labels); plus mig_uuid for a
+/// MIG device and lease_id when the GPU's lease is known.
+fn labels(s: &Sample, gpu_instances: &HashMap<String, u32>) -> String {
     let index = s.gpu_index.map(|i| i.to_string()).unwrap_or_default();
+    let (uuid, model) = match &s.mig_parent_uuid {
+        // NVML names a MIG device `<GPU's name> MIG <profile>`; DCGM names it as its GPU.
+        Some(parent) => (
+            parent.as_str(),
+            s.gpu_model
+                .rsplit_once(" MIG ")
+                .map_or(s.gpu_model.as_str(), |(gpu, _)| gpu),
+        ),
+        None => (s.gpu_uuid.as_str(), s.gpu_model.as_str()),
+    };
     let mut out = format!(
-        "gpu=\"{index}\",UUID=\"{}\",pci_bus_id=\"{}\",device=\"nvidia{index}\",modelName=\"{}\",Hostname=\"{}\"",
-        escape(&s.gpu_uuid),
+        "gpu=\"{index}\",UUID=\"{}\",pci_bus_id=\"{}\",device=\"nvidia{index}\",modelName=\"{}\"",
+        escape(uuid),
         escape(s.pci_bus_id.as_deref().unwrap_or("")),
-        escape(&s.gpu_model),
-        escape(&s.host),
+        escape(model),
     );
+    if s.mig_parent_uuid.is_some() {
+        let profile = s.mig_profile.as_deref().unwrap_or("");
+        let _ = write!(out, ",GPU_I_PROFILE=\"{}\"", escape(profile));
+        if let Some(gi) = gpu_instances.get(&s.gpu_uuid) {
+            let _ = write!(out, ",GPU_I_ID=\"{gi}\"");
+        }
+    }
+    let _ = write!(out, ",Hostname=\"{}\"", escape(&s.host));
     if let Some(labels) = &s.labels {
         for (key, name) in [
             (CONTAINER_LABEL, "container"),
@@ -375,6 +445,9 @@ fn labels(s: &Sample) -> String {
                 let _ = write!(out, ",{name}=\"{}\"", escape(value));
             }
         }
+    }
+    if s.mig_parent_uuid.is_some() {
+        let _ = write!(out, ",mig_uuid=\"{}\"", escape(&s.gpu_uuid));
     }
     if let Some(lease) = &s.lease_id {
         let _ = write!(out, ",lease_id=\"{}\"", escape(lease));
@@ -414,6 +487,15 @@ mod tests {
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect()
             }),
+            sm_active_pct: None,
+            sm_occupancy_pct: None,
+            tensor_active_pct: None,
+            dram_active_pct: None,
+            gr_active_pct: None,
+            mig_parent_uuid: None,
+            mig_slices: None,
+            mig_parent_slices: None,
+            serving_requests: None,
         }
     }
 
@@ -459,5 +541,44 @@ mod tests {
         );
         assert!(!text.contains("slurm_job_id"));
         assert!(!text.contains("pod_uid"));
+    }
+
+    #[test]
+    fn a_mig_device_is_labelled_as_dcgm_exporter_labels_a_gpu_instance() {
+        let metrics = Metrics::default();
+        let slice = |uuid: &str| Sample {
+            gpu_model: "NVIDIA H100 80GB HBM3 MIG 1g.10gb".into(),
+            mig_parent_uuid: Some("GPU-a".into()),
+            mig_profile: Some("1g.10gb".into()),
+            mig_slices: Some(1),
+            mig_parent_slices: Some(7),
+            sm_active_pct: Some(2.5),
+            gr_active_pct: Some(40.0),
+            ..sample(uuid, 3, None)
+        };
+        metrics.set_latest(&[slice("MIG-1"), slice("MIG-2"), sample("GPU-b", 4, None)]);
+        metrics.set_gpu_instances(HashMap::from([("MIG-1".to_owned(), 9)]));
+        let text = metrics.render_gpus();
+        let family = |name: &str| -> Vec<&str> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .collect()
+        };
+        assert_eq!(
+            family("DCGM_FI_PROF_SM_ACTIVE"),
+            [
+                "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\",UUID=\"GPU-a\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia3\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",Hostname=\"node-1\",mig_uuid=\"MIG-1\"} 0.025",
+                "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\",UUID=\"GPU-a\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia3\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",Hostname=\"node-1\",mig_uuid=\"MIG-2\"} 0.025",
+            ],
+            "GPM percentages as ratios; a GPU instance not known yet has no GPU_I_ID"
+        );
+        assert_eq!(family("DCGM_FI_PROF_GR_ENGINE_ACTIVE").len(), 2);
+        assert!(family("DCGM_FI_PROF_DRAM_ACTIVE").is_empty());
+        assert!(text.contains("# TYPE DCGM_FI_PROF_DRAM_ACTIVE gauge\n"));
+        assert_eq!(
+            family("DCGM_FI_DEV_GPU_UTIL")[2],
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"4\",UUID=\"GPU-b\",pci_bus_id=\"00000000:17:00.0\",device=\"nvidia4\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\"} 87",
+            "a whole GPU as before"
+        );
     }
 }

@@ -18,27 +18,62 @@
 //! so it can attribute its own GPU use to any lease, never another process's. Values that are
 //! not well-formed (job ids other than digits, cluster names outside `[A-Za-z0-9_.-]`) are
 //! ignored.
+//!
+//! On a GPU with GPU performance monitoring (GPM: Hopper and later) each sample also carries the
+//! SM activity, SM occupancy, tensor and DRAM activity and graphics activity of the interval
+//! since the previous sample, from the GPM samples NVML took at both ends; the first sample of a
+//! GPU has none, and a GPM failure leaves them empty, never the sample.
+//!
+//! A GPU in MIG mode is sampled as its MIG devices ("slices"), each a GPU of its own: its UUID,
+//! profile (`1g.10gb`), compute slices out of the GPU's, its own memory and processes (and so
+//! its lease, or the pod holding it), the GPM of its GPU instance, and its share of the GPU's
+//! power and energy, which NVML reads for the whole GPU only. NVML has no utilization for MIG
+//! devices: a slice's is its GPU instance's graphics activity where GPM has it, else 100 while a
+//! process runs on it and 0 otherwise. Compute slices no MIG device holds are sampled as the
+//! GPU's unsliced rest: its UUID, no profile, no lease, idle. A GPU in MIG mode has no sample of
+//! the whole. The GPU instance of a MIG device (which its GPM and `/metrics` labels need) is
+//! learnt from its processes, which NVML reports with it, and kept for as long as the device
+//! is seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpuwarden_schema::lease::{is_slurm_cluster_name, slurm_lease_id};
 use gpuwarden_schema::{Sample, V1};
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::gpm::gpm_metrics_get;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::{Device, GpmSample, Nvml};
 use thiserror::Error;
 
 use crate::environ::{env_var, LEASE_ENV};
 use crate::kubelet::{KubeletSettings, PodMap, PodWatcher};
 use crate::metrics::Metrics;
+use crate::serving::ServingFinder;
 
 /// Slurm's environment of a job's processes: the array's job id (one lease per array), the
 /// job's own id, and the cluster's name.
 const SLURM_ARRAY_JOB_ID: &str = "SLURM_ARRAY_JOB_ID";
 const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
 const SLURM_CLUSTER_NAME: &str = "SLURM_CLUSTER_NAME";
+
+/// `NVML_DEVICE_MIG_ENABLE`: the MIG mode of a GPU in MIG mode.
+const MIG_ENABLED: u32 = 1;
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT`: GPU instance profile ids are below it.
+const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+
+/// The GPM metrics read, in the order of [`Gpm`]'s fields.
+const GPM_METRICS: [GpmMetricId; 5] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::GraphicsUtil,
+];
 
 /// NVML could not be started.
 #[derive(Debug, Error)]
@@ -68,40 +103,21 @@ struct DeviceInfo {
     pci_bus_id: Option<String>,
 }
 
-/// Reads the host's GPUs. Owns the NVML handle; keep it on one thread.
-pub struct NvmlSource {
+/// NVML, loaded and initialised. An [`NvmlSource`] borrows it, and so do the GPM samples the
+/// source keeps from one round to the next; dropping it shuts NVML down.
+pub struct NvmlLibrary {
     nvml: Nvml,
-    host: String,
-    metrics: Arc<Metrics>,
-    devices: Vec<Option<DeviceInfo>>,
-    lost: Vec<bool>,
-    leases: LeaseFinder,
-    pods: Option<PodWatcher>,
-    /// The lease of the virtual machine this runs in, if its SMBIOS names one.
-    guest_lease: Option<String>,
-    /// The parent GPU's UUID of each MIG device UUID the kubelet named (`None`: NVML does not
-    /// know it); a MIG device keeps its parent for as long as NVML runs.
-    mig_parents: HashMap<String, Option<String>>,
 }
 
-impl std::fmt::Debug for NvmlSource {
+impl std::fmt::Debug for NvmlLibrary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NvmlSource")
-            .field("host", &self.host)
-            .field("devices", &self.devices.len())
-            .finish()
+        f.debug_struct("NvmlLibrary").finish_non_exhaustive()
     }
 }
 
-impl NvmlSource {
-    /// Loads NVML from `library` (the system's `libnvidia-ml.so.1` when `None`). `slurm_cluster`
-    /// is the node's Slurm `ClusterName`, if it is a Slurm node (see [`LeaseFinder::new`]).
-    pub fn open(
-        library: Option<&Path>,
-        host: String,
-        slurm_cluster: Option<String>,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, NvmlStartError> {
+impl NvmlLibrary {
+    /// Loads NVML from `library` (the system's `libnvidia-ml.so.1` when `None`).
+    pub fn open(library: Option<&Path>) -> Result<Self, NvmlStartError> {
         let nvml = match library {
             Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
             None => Nvml::init(),
@@ -116,6 +132,110 @@ impl NvmlSource {
             },
             other => NvmlStartError::Init(other),
         })?;
+        Ok(Self { nvml })
+    }
+}
+
+/// The GPM measures of one interval, percent.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Gpm {
+    sm_active: Option<f64>,
+    sm_occupancy: Option<f64>,
+    tensor_active: Option<f64>,
+    dram_active: Option<f64>,
+    gr_active: Option<f64>,
+}
+
+impl Gpm {
+    /// Fills `sample`'s GPM fields.
+    fn fill(self, sample: &mut Sample) {
+        sample.sm_active_pct = self.sm_active;
+        sample.sm_occupancy_pct = self.sm_occupancy;
+        sample.tensor_active_pct = self.tensor_active;
+        sample.dram_active_pct = self.dram_active;
+        sample.gr_active_pct = self.gr_active;
+    }
+}
+
+/// The readings of a physical GPU that are the same whatever part of it a sample describes,
+/// or that NVML has only for the whole GPU (power, energy).
+#[derive(Debug, Clone, Copy, Default)]
+struct Readings {
+    power_w: Option<f64>,
+    power_limit_w: Option<f64>,
+    energy_mj: Option<u64>,
+    temp_c: Option<f64>,
+    sm_clock_mhz: Option<u32>,
+}
+
+/// One MIG device as read this round.
+#[derive(Debug)]
+struct Slice {
+    /// Its index among its GPU's MIG devices.
+    index: u32,
+    uuid: String,
+    model: String,
+    profile: Option<String>,
+    slices: Option<u32>,
+    /// Used and total; `None` when NVML cannot tell this round, which leaves the MIG device
+    /// without a sample (but still holding its slices).
+    memory: Option<(u64, u64)>,
+    processes: Option<Vec<ProcessInfo>>,
+    gpm: Gpm,
+}
+
+/// Reads the host's GPUs through the NVML it borrows. Keep it on one thread.
+pub struct NvmlSource<'n> {
+    nvml: &'n Nvml,
+    host: String,
+    metrics: Arc<Metrics>,
+    devices: Vec<Option<DeviceInfo>>,
+    lost: Vec<bool>,
+    leases: LeaseFinder,
+    /// The serving measures GPU processes declare ([`crate::serving`]).
+    serving: ServingFinder,
+    /// This round's samples' processes, by the sample's position: whose serving measure to read.
+    pids: Vec<(usize, Vec<u32>)>,
+    /// The same for the device being sampled, by position among its own samples.
+    device_pids: Vec<(usize, Vec<u32>)>,
+    pods: Option<PodWatcher>,
+    /// The lease of the virtual machine this runs in, if its SMBIOS names one.
+    guest_lease: Option<String>,
+    /// The parent GPU's UUID of each MIG device UUID the kubelet named (`None`: NVML does not
+    /// know it); a MIG device keeps its parent for as long as NVML runs.
+    mig_parents: HashMap<String, Option<String>>,
+    /// Whether each device has GPM, once NVML said.
+    gpm_support: Vec<Option<bool>>,
+    /// The latest GPM sample of each GPU (by UUID) and of each MIG device's GPU instance (by
+    /// the MIG device's UUID), the start of the next interval's measures.
+    gpm: HashMap<String, GpmSample<'n>>,
+    /// The compute slices of each GPU in MIG mode, once asked (`Some(None)`: NVML tells none).
+    mig_totals: Vec<Option<Option<u32>>>,
+    /// The GPU instance of each MIG device UUID, as its processes told.
+    gpu_instances: HashMap<String, u32>,
+    /// The GPUs and MIG devices seen this round, by UUID: what is kept for the next.
+    seen: HashSet<String>,
+}
+
+impl std::fmt::Debug for NvmlSource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("host", &self.host)
+            .field("devices", &self.devices.len())
+            .finish()
+    }
+}
+
+impl<'n> NvmlSource<'n> {
+    /// Samples the GPUs of `nvml`. `slurm_cluster` is the node's Slurm `ClusterName`, if it is a
+    /// Slurm node (see [`LeaseFinder::new`]).
+    pub fn open(
+        nvml: &'n NvmlLibrary,
+        host: String,
+        slurm_cluster: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, NvmlStartError> {
+        let nvml = &nvml.nvml;
         let count = nvml.device_count().map_err(NvmlStartError::Init)? as usize;
         let driver = nvml
             .sys_driver_version()
@@ -128,9 +248,17 @@ impl NvmlSource {
             devices: vec![None; count],
             lost: vec![false; count],
             leases: LeaseFinder::new(PathBuf::from("/proc"), slurm_cluster),
+            serving: ServingFinder::new(PathBuf::from("/proc")),
+            pids: Vec::new(),
+            device_pids: Vec::new(),
             pods: None,
             guest_lease: None,
             mig_parents: HashMap::new(),
+            gpm_support: vec![None; count],
+            gpm: HashMap::new(),
+            mig_totals: vec![None; count],
+            gpu_instances: HashMap::new(),
+            seen: HashSet::new(),
         })
     }
 
@@ -155,20 +283,29 @@ impl NvmlSource {
         self.devices.len()
     }
 
-    /// One sample per device still on the bus, covering `[ts_ms - interval_ms, ts_ms)`.
+    /// The samples of every device still on the bus, covering `[ts_ms - interval_ms, ts_ms)`:
+    /// one per GPU, or one per MIG device (and the unsliced rest) of a GPU in MIG mode.
     pub fn sample(&mut self, ts_ms: i64, interval_ms: i64) -> Vec<Sample> {
         let mut out = Vec::with_capacity(self.devices.len());
         let pods = self.pods.as_ref().map(PodWatcher::current);
         if let Some(pods) = &pods {
             self.find_mig_parents(pods);
         }
+        self.seen.clear();
+        self.pids.clear();
         for index in 0..self.devices.len() {
             if self.lost[index] {
                 continue;
             }
+            self.device_pids.clear();
             match self.sample_device(index as u32, ts_ms, interval_ms, pods.as_deref()) {
-                Ok(Some(sample)) => out.push(sample),
-                Ok(None) => {}
+                Ok(samples) => {
+                    let base = out.len();
+                    let device_pids = self.device_pids.drain(..);
+                    self.pids
+                        .extend(device_pids.map(|(at, pids)| (base + at, pids)));
+                    out.extend(samples);
+                }
                 Err(Lost) => {
                     self.lost[index] = true;
                     self.metrics.device_lost();
@@ -184,6 +321,13 @@ impl NvmlSource {
             }
         }
         self.leases.forget_unseen();
+        self.serving.fill(&mut out, &self.pids);
+        self.serving.forget_unseen();
+        // A GPU or MIG device not seen this round starts afresh when it is back.
+        let seen = &self.seen;
+        self.gpm.retain(|uuid, _| seen.contains(uuid));
+        self.gpu_instances.retain(|uuid, _| seen.contains(uuid));
+        self.metrics.set_gpu_instances(self.gpu_instances.clone());
         out
     }
 
@@ -205,56 +349,54 @@ impl NvmlSource {
         }
     }
 
+    /// The device's static facts, read once (`None`: not readable this round).
+    fn info(&mut self, index: u32, device: &Device<'_>) -> Result<Option<DeviceInfo>, Lost> {
+        if let Some(info) = &self.devices[index as usize] {
+            return Ok(Some(info.clone()));
+        }
+        let metrics = &self.metrics;
+        let uuid = required(device.uuid(), metrics, "gpu_uuid")?;
+        let model = required(device.name(), metrics, "gpu_model")?;
+        let (Some(uuid), Some(model)) = (uuid, model) else {
+            return Ok(None);
+        };
+        let pci_bus_id = optional(device.pci_info(), metrics, "pci_bus_id")?.map(|p| p.bus_id);
+        let info = DeviceInfo {
+            uuid,
+            model,
+            pci_bus_id,
+        };
+        self.devices[index as usize] = Some(info.clone());
+        Ok(Some(info))
+    }
+
     fn sample_device(
         &mut self,
         index: u32,
         ts_ms: i64,
         interval_ms: i64,
         pods: Option<&PodMap>,
-    ) -> Result<Option<Sample>, Lost> {
+    ) -> Result<Vec<Sample>, Lost> {
         let metrics = Arc::clone(&self.metrics);
-        let Some(device) = required(self.nvml.device_by_index(index), &metrics, "device")? else {
-            return Ok(None);
+        let nvml = self.nvml;
+        let Some(device) = required(nvml.device_by_index(index), &metrics, "device")? else {
+            return Ok(Vec::new());
         };
         // Required fields: without them there is no valid sample this round.
-        let info = match &self.devices[index as usize] {
-            Some(info) => info.clone(),
-            None => {
-                let uuid = required(device.uuid(), &metrics, "gpu_uuid")?;
-                let model = required(device.name(), &metrics, "gpu_model")?;
-                let (Some(uuid), Some(model)) = (uuid, model) else {
-                    return Ok(None);
-                };
-                let pci_bus_id =
-                    optional(device.pci_info(), &metrics, "pci_bus_id")?.map(|p| p.bus_id);
-                let info = DeviceInfo {
-                    uuid,
-                    model,
-                    pci_bus_id,
-                };
-                self.devices[index as usize] = Some(info.clone());
-                info
-            }
+        let Some(info) = self.info(index, &device)? else {
+            return Ok(Vec::new());
         };
+        self.seen.insert(info.uuid.clone());
+        if mig_enabled(&device, &metrics)? {
+            return self.sample_mig(index, &device, info, ts_ms, interval_ms, pods);
+        }
         let Some(util) = required(device.utilization_rates(), &metrics, "util_gpu_pct")? else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let Some(memory) = required(device.memory_info(), &metrics, "mem_used_bytes")? else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-
-        let power_w =
-            optional(device.power_usage(), &metrics, "power_w")?.map(|mw| f64::from(mw) / 1000.0);
-        let power_limit_w = optional(device.enforced_power_limit(), &metrics, "power_limit_w")?
-            .map(|mw| f64::from(mw) / 1000.0);
-        let energy_mj = optional(device.total_energy_consumption(), &metrics, "energy_mj")?;
-        let temp_c = optional(
-            device.temperature(TemperatureSensor::Gpu),
-            &metrics,
-            "temp_c",
-        )?
-        .map(f64::from);
-        let sm_clock_mhz = optional(device.clock_info(Clock::SM), &metrics, "sm_clock_mhz")?;
+        let readings = read_gpu(&device, &metrics)?;
         let processes = optional(
             device.running_compute_processes(),
             &metrics,
@@ -263,6 +405,10 @@ impl NvmlSource {
         let lease_id = processes
             .as_ref()
             .and_then(|procs| procs.iter().find_map(|p| self.leases.lease_of(p.pid)));
+        if let Some(procs) = &processes {
+            self.device_pids
+                .push((0, procs.iter().map(|p| p.pid).collect()));
+        }
         let hold = pods.and_then(|pods| {
             pods.hold(&info.uuid, Some(index), |mig| {
                 self.mig_parents.get(mig).cloned().flatten()
@@ -272,8 +418,13 @@ impl NvmlSource {
         let lease_id = lease_id
             .or_else(|| hold.and_then(|hold| hold.lease_id))
             .or_else(|| self.guest_lease.clone());
+        let gpm = if self.has_gpm(index, &device, &info.uuid) {
+            self.gpm_between(&info.uuid, device.gpm_sample())
+        } else {
+            Gpm::default()
+        };
 
-        Ok(Some(Sample {
+        let mut sample = Sample {
             v: V1,
             ts_ms,
             interval_ms,
@@ -286,16 +437,383 @@ impl NvmlSource {
             gpu_index: Some(index),
             pci_bus_id: info.pci_bus_id,
             util_mem_pct: Some(f64::from(util.memory.min(100))),
-            power_w,
-            power_limit_w,
-            energy_mj,
-            temp_c,
-            sm_clock_mhz,
+            power_w: readings.power_w,
+            power_limit_w: readings.power_limit_w,
+            energy_mj: readings.energy_mj,
+            temp_c: readings.temp_c,
+            sm_clock_mhz: readings.sm_clock_mhz,
             process_count: processes.map(|p| p.len() as u32),
             lease_id,
             mig_profile: None,
             labels,
+            sm_active_pct: None,
+            sm_occupancy_pct: None,
+            tensor_active_pct: None,
+            dram_active_pct: None,
+            gr_active_pct: None,
+            mig_parent_uuid: None,
+            mig_slices: None,
+            mig_parent_slices: None,
+            serving_requests: None,
+        };
+        gpm.fill(&mut sample);
+        Ok(vec![sample])
+    }
+
+    /// The samples of a GPU in MIG mode: one per MIG device, and one of the unsliced rest.
+    fn sample_mig(
+        &mut self,
+        index: u32,
+        device: &Device<'n>,
+        info: DeviceInfo,
+        ts_ms: i64,
+        interval_ms: i64,
+        pods: Option<&PodMap>,
+    ) -> Result<Vec<Sample>, Lost> {
+        let metrics = Arc::clone(&self.metrics);
+        let memory = optional(device.memory_info(), &metrics, "mem_total_bytes")?;
+        let readings = read_gpu(device, &metrics)?;
+        let has_gpm = self.has_gpm(index, device, &info.uuid);
+        let most = optional(device.mig_device_count(), &metrics, "mig_profile")?.unwrap_or(0);
+        let mut slices = Vec::new();
+        for mig_index in 0..most {
+            let mig = match device.mig_device_by_index(mig_index) {
+                Ok(mig) => mig,
+                // No MIG device at this index: the layout has fewer.
+                Err(NvmlError::NotFound) => continue,
+                Err(NvmlError::GpuLost) => return Err(Lost),
+                Err(e) => {
+                    metrics.nvml_error("mig_profile");
+                    tracing::debug!(gpu_uuid = %info.uuid, mig_index, error = %e, "NVML cannot open a MIG device");
+                    continue;
+                }
+            };
+            if let Some(slice) = self.read_slice(mig_index, &mig, device, has_gpm)? {
+                slices.push(slice);
+            }
+        }
+        let used: u32 = slices.iter().filter_map(|s| s.slices).sum();
+        // Without the GPU's size, its MIG devices share it out among themselves.
+        let total = self.mig_total(index, device).map_or(used, |t| t.max(used));
+        let free = total - used;
+        let total = (total > 0).then_some(total);
+
+        // The GPU's power and energy, shared out by compute slices, the unsliced rest last.
+        let sliced_memory: u64 = slices.iter().filter_map(|s| s.memory).map(|m| m.1).sum();
+        let pieces: Vec<Option<u32>> = slices
+            .iter()
+            .map(|s| s.slices)
+            .chain((free > 0).then_some(Some(free)))
+            .collect();
+        let shares = Shares::new(&pieces, total, readings);
+
+        let mut out = Vec::with_capacity(pieces.len());
+        for (n, slice) in slices.into_iter().enumerate() {
+            let Some((mem_used_bytes, mem_total_bytes)) = slice.memory else {
+                continue;
+            };
+            let busy = slice.processes.as_ref().is_some_and(|p| !p.is_empty());
+            let lease_id = slice
+                .processes
+                .as_ref()
+                .and_then(|procs| procs.iter().find_map(|p| self.leases.lease_of(p.pid)));
+            if let Some(procs) = &slice.processes {
+                self.device_pids
+                    .push((out.len(), procs.iter().map(|p| p.pid).collect()));
+            }
+            let hold = pods.and_then(|pods| pods.hold_mig(&slice.uuid, Some(index), slice.index));
+            let labels = hold.as_ref().map(|hold| hold.labels());
+            let lease_id = lease_id
+                .or_else(|| hold.and_then(|hold| hold.lease_id))
+                .or_else(|| self.guest_lease.clone());
+            let share = shares.piece(n);
+            let mut sample = Sample {
+                v: V1,
+                ts_ms,
+                interval_ms,
+                host: self.host.clone(),
+                gpu_uuid: slice.uuid,
+                gpu_model: slice.model,
+                // NVML has no utilization for a MIG device: its GPU instance's graphics
+                // activity (DCGM's measure for MIG), else whether a process runs on it.
+                util_gpu_pct: slice
+                    .gpm
+                    .gr_active
+                    .unwrap_or(if busy { 100.0 } else { 0.0 }),
+                mem_used_bytes: mem_used_bytes.min(mem_total_bytes),
+                mem_total_bytes,
+                gpu_index: Some(index),
+                pci_bus_id: info.pci_bus_id.clone(),
+                util_mem_pct: None,
+                power_w: share.power_w,
+                power_limit_w: share.power_limit_w,
+                energy_mj: share.energy_mj,
+                temp_c: readings.temp_c,
+                sm_clock_mhz: readings.sm_clock_mhz,
+                process_count: slice.processes.map(|p| p.len() as u32),
+                lease_id,
+                mig_profile: slice.profile,
+                labels,
+                sm_active_pct: None,
+                sm_occupancy_pct: None,
+                tensor_active_pct: None,
+                dram_active_pct: None,
+                gr_active_pct: None,
+                mig_parent_uuid: Some(info.uuid.clone()),
+                mig_slices: slice.slices,
+                mig_parent_slices: total,
+                serving_requests: None,
+            };
+            slice.gpm.fill(&mut sample);
+            out.push(sample);
+        }
+        if free > 0 {
+            let share = shares.piece(pieces.len() - 1);
+            out.push(Sample {
+                v: V1,
+                ts_ms,
+                interval_ms,
+                host: self.host.clone(),
+                gpu_uuid: info.uuid,
+                gpu_model: info.model,
+                util_gpu_pct: 0.0,
+                mem_used_bytes: 0,
+                mem_total_bytes: memory.map_or(0, |m| m.total.saturating_sub(sliced_memory)),
+                gpu_index: Some(index),
+                pci_bus_id: info.pci_bus_id,
+                util_mem_pct: None,
+                power_w: share.power_w,
+                power_limit_w: share.power_limit_w,
+                energy_mj: share.energy_mj,
+                temp_c: readings.temp_c,
+                sm_clock_mhz: readings.sm_clock_mhz,
+                process_count: Some(0),
+                lease_id: None,
+                mig_profile: None,
+                labels: None,
+                sm_active_pct: None,
+                sm_occupancy_pct: None,
+                tensor_active_pct: None,
+                dram_active_pct: None,
+                gr_active_pct: None,
+                mig_parent_uuid: None,
+                mig_slices: Some(free),
+                mig_parent_slices: total,
+                serving_requests: None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads one MIG device (`None`: its required fields are not readable this round).
+    fn read_slice(
+        &mut self,
+        index: u32,
+        mig: &Device<'n>,
+        gpu: &Device<'n>,
+        has_gpm: bool,
+    ) -> Result<Option<Slice>, Lost> {
+        let metrics = Arc::clone(&self.metrics);
+        let uuid = required(mig.uuid(), &metrics, "gpu_uuid")?;
+        let model = required(mig.name(), &metrics, "gpu_model")?;
+        let (Some(uuid), Some(model)) = (uuid, model) else {
+            return Ok(None);
+        };
+        let memory = required(mig.memory_info(), &metrics, "mem_used_bytes")?;
+        self.seen.insert(uuid.clone());
+        // NVML names a MIG device `<GPU's name> MIG <profile>`.
+        let profile = model
+            .rsplit_once(" MIG ")
+            .map(|(_, profile)| profile.to_owned());
+        let slices = optional(mig.attributes(), &metrics, "mig_slices")?
+            .map(|a| a.compute_instance_slice_count)
+            .filter(|&n| n > 0)
+            .or_else(|| profile.as_deref().and_then(profile_slices));
+        let processes = optional(mig.running_compute_processes(), &metrics, "process_count")?;
+        if let Some(gi) = processes.iter().flatten().find_map(|p| p.gpu_instance_id) {
+            self.gpu_instances.insert(uuid.clone(), gi);
+        }
+        let gpm = match self.gpu_instances.get(&uuid) {
+            Some(&gi) if has_gpm => self.gpm_between(&uuid, gpu.gpm_mig_sample(gi)),
+            _ => Gpm::default(),
+        };
+        Ok(Some(Slice {
+            index,
+            uuid,
+            model,
+            profile,
+            slices,
+            memory: memory.map(|m| (m.used, m.total)),
+            processes,
+            gpm,
         }))
+    }
+
+    /// The compute slices of GPU `index` in MIG mode: its largest GPU instance profile's, asked
+    /// once. `None` when NVML tells no profile (logged once).
+    fn mig_total(&mut self, index: u32, device: &Device<'_>) -> Option<u32> {
+        if let Some(total) = self.mig_totals[index as usize] {
+            return total;
+        }
+        let total = (0..GPU_INSTANCE_PROFILE_COUNT)
+            .filter_map(|profile| device.profile_info(profile).ok())
+            .map(|info| info.slice_count)
+            .max();
+        if total.is_none() {
+            tracing::warn!(index, "NVML tells no GPU instance profile of a GPU in MIG mode: its MIG devices share it out among themselves, with no unsliced rest");
+        }
+        self.mig_totals[index as usize] = Some(total);
+        total
+    }
+
+    /// Whether GPU `index` has GPM, asked once it answers; a GPU without it is logged once.
+    fn has_gpm(&mut self, index: u32, device: &Device<'_>, uuid: &str) -> bool {
+        if let Some(known) = self.gpm_support[index as usize] {
+            return known;
+        }
+        let supported = match device.gpm_support() {
+            Ok(supported) => supported,
+            // A driver from before GPM, or a GPU that cannot say: as good as none.
+            Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported) => false,
+            Err(e) => {
+                tracing::debug!(gpu_uuid = uuid, error = %e, "NVML cannot tell whether a GPU has GPM; asking again next round");
+                return false;
+            }
+        };
+        if !supported {
+            tracing::info!(gpu_uuid = uuid, "GPU has no GPU performance metrics (GPM, Hopper and later): its samples carry no SM activity, and idleness is judged on utilization");
+        }
+        self.gpm_support[index as usize] = Some(supported);
+        supported
+    }
+
+    /// The GPM measures between the previous GPM sample under `key` and `taken`, which becomes
+    /// the previous one. Nothing on the first sample or on any failure, which is counted.
+    fn gpm_between(&mut self, key: &str, taken: Result<GpmSample<'n>, NvmlError>) -> Gpm {
+        let taken = match taken {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.metrics.nvml_error("sm_active_pct");
+                tracing::trace!(key, error = %e, "NVML cannot take a GPM sample");
+                self.gpm.remove(key);
+                return Gpm::default();
+            }
+        };
+        let Some(before) = self.gpm.insert(key.to_owned(), taken) else {
+            return Gpm::default();
+        };
+        let now = &self.gpm[key];
+        match gpm_metrics_get(self.nvml, &before, now, &GPM_METRICS) {
+            Ok(results) => {
+                let value = |i: usize| {
+                    results
+                        .get(i)
+                        .and_then(|r| r.as_ref().ok())
+                        .map(|m| m.value)
+                        .filter(|v| v.is_finite())
+                        .map(|v| v.clamp(0.0, 100.0))
+                };
+                Gpm {
+                    sm_active: value(0),
+                    sm_occupancy: value(1),
+                    tensor_active: value(2),
+                    dram_active: value(3),
+                    gr_active: value(4),
+                }
+            }
+            Err(e) => {
+                self.metrics.nvml_error("sm_active_pct");
+                tracing::trace!(key, error = %e, "NVML cannot compute GPM metrics");
+                Gpm::default()
+            }
+        }
+    }
+}
+
+/// Whether the GPU is in MIG mode; a GPU without MIG (or whose mode cannot be read) is not.
+fn mig_enabled(device: &Device<'_>, metrics: &Metrics) -> Result<bool, Lost> {
+    match device.mig_mode() {
+        Ok(mode) => Ok(mode.current == MIG_ENABLED),
+        Err(NvmlError::GpuLost) => Err(Lost),
+        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => Ok(false),
+        Err(e) => {
+            metrics.nvml_error("mig_profile");
+            tracing::trace!(error = %e, "NVML cannot read a GPU's MIG mode");
+            Ok(false)
+        }
+    }
+}
+
+/// The readings of a physical GPU other than utilization and memory.
+fn read_gpu(device: &Device<'_>, metrics: &Metrics) -> Result<Readings, Lost> {
+    Ok(Readings {
+        power_w: optional(device.power_usage(), metrics, "power_w")?
+            .map(|mw| f64::from(mw) / 1000.0),
+        power_limit_w: optional(device.enforced_power_limit(), metrics, "power_limit_w")?
+            .map(|mw| f64::from(mw) / 1000.0),
+        energy_mj: optional(device.total_energy_consumption(), metrics, "energy_mj")?,
+        temp_c: optional(
+            device.temperature(TemperatureSensor::Gpu),
+            metrics,
+            "temp_c",
+        )?
+        .map(f64::from),
+        sm_clock_mhz: optional(device.clock_info(Clock::SM), metrics, "sm_clock_mhz")?,
+    })
+}
+
+/// The compute slices of a MIG profile's name: `1g.10gb` has 1, a compute instance
+/// `2c.3g.20gb` 2.
+fn profile_slices(profile: &str) -> Option<u32> {
+    let first = profile.split('.').next()?;
+    let count = first
+        .strip_suffix('c')
+        .or_else(|| first.strip_suffix('g'))?;
+    count.parse().ok().filter(|&n| n > 0)
+}
+
+/// The power, power limit and energy of a GPU shared out among pieces of it by compute slices.
+#[derive(Debug)]
+struct Shares {
+    pieces: Vec<Readings>,
+}
+
+impl Shares {
+    /// Shares `readings` among pieces of `slices` each out of `total`. Energy, a counter, is
+    /// shared so that the pieces add up to the GPU's to the millijoule (each piece takes the
+    /// whole millijoules between its running share and the one before it). A piece or GPU of
+    /// unknown size gets no share.
+    fn new(slices: &[Option<u32>], total: Option<u32>, readings: Readings) -> Self {
+        let mut before: u64 = 0;
+        let pieces = slices
+            .iter()
+            .map(|&piece| {
+                let (Some(piece), Some(total)) = (piece, total.filter(|&t| t > 0)) else {
+                    return Readings::default();
+                };
+                // Multiplied first: a whole share of whole watts stays whole.
+                let share = |value: f64| value * f64::from(piece) / f64::from(total);
+                let upto = before + u64::from(piece);
+                let energy_mj = readings.energy_mj.map(|e| {
+                    let at = |slices: u64| {
+                        (u128::from(e) * u128::from(slices) / u128::from(total)) as u64
+                    };
+                    at(upto) - at(before)
+                });
+                before = upto;
+                Readings {
+                    power_w: readings.power_w.map(share),
+                    power_limit_w: readings.power_limit_w.map(share),
+                    energy_mj,
+                    ..readings
+                }
+            })
+            .collect();
+        Self { pieces }
+    }
+
+    fn piece(&self, n: usize) -> Readings {
+        self.pieces.get(n).copied().unwrap_or_default()
     }
 }
 
@@ -817,6 +1335,64 @@ mod tests {
         assert_eq!(finder.lease_of(10), None);
         proc.environ(10, &["SLURM_JOB_ID=5", "SLURM_CLUSTER_NAME=study"]);
         assert_eq!(finder.lease_of(10), Some("slurm-study-5".into()));
+    }
+
+    #[test]
+    fn a_mig_profile_names_its_compute_slices() {
+        assert_eq!(profile_slices("1g.10gb"), Some(1));
+        assert_eq!(profile_slices("7g.80gb"), Some(7));
+        assert_eq!(profile_slices("1g.10gb+me"), Some(1));
+        assert_eq!(profile_slices("2c.3g.20gb"), Some(2), "a compute instance");
+        for bad in ["", "g.10gb", "0g.5gb", "xg.5gb", "10gb"] {
+            assert_eq!(profile_slices(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn power_and_energy_are_shared_by_slices_and_add_up() {
+        let gpu = Readings {
+            power_w: Some(700.0),
+            power_limit_w: Some(700.0),
+            energy_mj: Some(1_000_003),
+            temp_c: Some(50.0),
+            sm_clock_mhz: Some(1980),
+        };
+        let shares = Shares::new(&[Some(1), Some(2), Some(1), Some(3)], Some(7), gpu);
+        let pieces: Vec<Readings> = (0..4).map(|n| shares.piece(n)).collect();
+        let power: Vec<f64> = pieces.iter().map(|p| p.power_w.unwrap()).collect();
+        assert_eq!(power, [100.0, 200.0, 100.0, 300.0]);
+        assert_eq!(pieces[1].power_limit_w, Some(200.0));
+        let energy: Vec<u64> = pieces.iter().map(|p| p.energy_mj.unwrap()).collect();
+        assert_eq!(energy, [142_857, 285_715, 142_858, 428_573]);
+        assert_eq!(energy.iter().sum::<u64>(), 1_000_003, "to the millijoule");
+        assert_eq!(
+            (pieces[3].temp_c, pieces[3].sm_clock_mhz),
+            (Some(50.0), Some(1980)),
+            "the GPU's temperature and clock are every slice's"
+        );
+        let unknown = Shares::new(&[Some(1), None], None, gpu);
+        assert_eq!(unknown.piece(0).power_w, None, "no total, no share");
+        assert_eq!(unknown.piece(0).temp_c, None);
+        // A counter shared this way never runs backwards by more than a millijoule.
+        let mut before = Shares::new(&[Some(3), Some(4)], Some(7), gpu);
+        for energy in 1_000_004..1_000_100 {
+            let now = Shares::new(
+                &[Some(3), Some(4)],
+                Some(7),
+                Readings {
+                    energy_mj: Some(energy),
+                    ..gpu
+                },
+            );
+            for n in 0..2 {
+                let (was, is) = (
+                    before.piece(n).energy_mj.unwrap(),
+                    now.piece(n).energy_mj.unwrap(),
+                );
+                assert!(is + 1 >= was, "{was} then {is}");
+            }
+            before = now;
+        }
     }
 
     #[test]

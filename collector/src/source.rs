@@ -17,7 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::kubelet::KubeletSettings;
 use crate::metrics::Metrics;
-use crate::nvml::{NvmlSource, NvmlStartError};
+use crate::nvml::{NvmlLibrary, NvmlSource, NvmlStartError};
 use crate::sim::Fleet;
 use crate::sink::{KafkaSink, SinkReport};
 
@@ -91,16 +91,33 @@ pub enum StartError {
     Leases(#[from] KafkaError),
 }
 
-enum Source {
-    Nvml(Box<NvmlSource>),
+/// An open source. The NVML one borrows the library, which the sampling thread keeps on its
+/// stack for as long as it samples.
+enum Source<'n> {
+    Nvml(Box<NvmlSource<'n>>),
     Simulated {
         fleet: Box<Fleet>,
         leases: Option<BaseConsumer>,
     },
 }
 
-impl Source {
-    fn open(spec: SourceSpec, metrics: &Arc<Metrics>) -> Result<Self, StartError> {
+/// Where samples come from, opened in two steps: NVML's library first, then the source over it.
+enum Opening {
+    // Boxed: the library's table of NVML symbols is large.
+    Nvml(Box<NvmlLibrary>, NvmlSettings),
+    Simulated(Source<'static>),
+}
+
+/// What the NVML source needs besides the library.
+struct NvmlSettings {
+    host: String,
+    slurm_cluster: Option<String>,
+    kubelet: Option<KubeletSettings>,
+    dmi_entries_dir: Option<PathBuf>,
+}
+
+impl Opening {
+    fn start(spec: SourceSpec) -> Result<Self, StartError> {
         Ok(match spec {
             SourceSpec::Nvml {
                 library,
@@ -108,22 +125,42 @@ impl Source {
                 slurm_cluster,
                 kubelet,
                 dmi_entries_dir,
-            } => {
-                let mut nvml =
-                    NvmlSource::open(library.as_deref(), host, slurm_cluster, Arc::clone(metrics))?;
-                if let Some(dir) = dmi_entries_dir {
-                    nvml = nvml.with_guest_lease(&dir);
-                }
-                if let Some(kubelet) = kubelet {
-                    nvml = nvml.with_pods(kubelet).map_err(StartError::Kubelet)?;
-                }
-                Source::Nvml(Box::new(nvml))
-            }
+            } => Opening::Nvml(
+                Box::new(NvmlLibrary::open(library.as_deref())?),
+                NvmlSettings {
+                    host,
+                    slurm_cluster,
+                    kubelet,
+                    dmi_entries_dir,
+                },
+            ),
             SourceSpec::Simulated { fleet, leases } => {
                 let leases = leases.map(|client| lease_consumer(&client)).transpose()?;
-                Source::Simulated { fleet, leases }
+                Opening::Simulated(Source::Simulated { fleet, leases })
             }
         })
+    }
+}
+
+impl<'n> Source<'n> {
+    fn nvml(
+        library: &'n NvmlLibrary,
+        settings: NvmlSettings,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, StartError> {
+        let mut nvml = NvmlSource::open(
+            library,
+            settings.host,
+            settings.slurm_cluster,
+            Arc::clone(metrics),
+        )?;
+        if let Some(dir) = settings.dmi_entries_dir {
+            nvml = nvml.with_guest_lease(&dir);
+        }
+        if let Some(kubelet) = settings.kubelet {
+            nvml = nvml.with_pods(kubelet).map_err(StartError::Kubelet)?;
+        }
+        Ok(Source::Nvml(Box::new(nvml)))
     }
 
     fn sample(&mut self, ts_ms: i64, interval_ms: i64) -> Vec<Sample> {
@@ -213,24 +250,33 @@ impl Collector {
             std::thread::Builder::new()
                 .name("gpu-sampler".into())
                 .spawn(move || {
-                    let mut source = match Source::open(spec, &metrics) {
-                        Ok(source) => {
-                            let _ = ready_tx.send(Ok(()));
-                            source
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
+                    let run = |source: Result<Source<'_>, StartError>| {
+                        let mut source = match source {
+                            Ok(source) => {
+                                let _ = ready_tx.send(Ok(()));
+                                source
+                            }
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        };
+                        sample_loop(
+                            &mut source,
+                            &sender,
+                            interval,
+                            clock.as_ref(),
+                            &metrics,
+                            &stop,
+                        );
                     };
-                    sample_loop(
-                        &mut source,
-                        &sender,
-                        interval,
-                        clock.as_ref(),
-                        &metrics,
-                        &stop,
-                    );
+                    match Opening::start(spec) {
+                        Ok(Opening::Nvml(library, settings)) => {
+                            run(Source::nvml(&library, settings, &metrics));
+                        }
+                        Ok(Opening::Simulated(source)) => run(Ok(source)),
+                        Err(e) => run(Err(e)),
+                    }
                 })
                 .expect("spawning the sampling thread")
         };

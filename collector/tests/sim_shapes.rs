@@ -1,5 +1,6 @@
 //! The simulated fleet as the collector and the enforcer see it: which GPUs run which lease, and
-//! whether a simulated day of each workload looks like the real thing.
+//! whether a simulated day of each workload looks like the real thing, GPM's SM activity on
+//! Hopper GPUs included (and a spinning GPU, busy to utilization and idle to SM activity).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -356,6 +357,18 @@ fn a_minute_sample_is_the_mean_of_its_five_second_samples() {
                 "minute {m}, GPU {g}: {} vs {from_ticks}",
                 s.util_gpu_pct
             );
+            // GPM's measures too, on the Hopper GPUs (none on the others).
+            let tick_sm = (0..12).map(|k| ticks[(12 * m + k) * n + g].sm_active_pct);
+            match s.sm_active_pct {
+                Some(sm) => {
+                    let from_ticks = mean(tick_sm.map(Option::unwrap));
+                    assert!(
+                        (sm - from_ticks).abs() < 1e-9,
+                        "minute {m}, GPU {g}: SM {sm} vs {from_ticks}"
+                    );
+                }
+                None => assert!(tick_sm.into_iter().all(|t| t.is_none())),
+            }
             assert_eq!(s.ts_ms, ticks[(12 * m + 11) * n + g].ts_ms);
         }
     }
@@ -707,5 +720,112 @@ fn an_inference_lease_spreads_its_traffic_over_the_gpus_it_holds() {
     assert_eq!(
         utils(&a, "serve").collect::<Vec<_>>(),
         utils(&b, "serve").collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn hopper_gpus_report_sm_activity_that_follows_their_work() {
+    let (fleet, samples) = day_of_every_shape(42);
+    let gpm = |s: &Sample| {
+        [
+            s.sm_active_pct,
+            s.sm_occupancy_pct,
+            s.tensor_active_pct,
+            s.dram_active_pct,
+            s.gr_active_pct,
+        ]
+    };
+    for s in &samples {
+        if s.gpu_model != H100 {
+            assert_eq!(gpm(s), [None; 5], "{} has no GPM", s.gpu_model);
+            continue;
+        }
+        let [sm, occupancy, tensor, dram, gr] = gpm(s).map(|v| v.expect("an H100 has GPM"));
+        // Graphics activity is utilization; SM activity, occupancy and tensor work are shares
+        // of it; memory bandwidth follows the memory controller's utilization.
+        assert!(
+            (gr - s.util_gpu_pct).abs() < 1e-9,
+            "{gr} vs {}",
+            s.util_gpu_pct
+        );
+        assert!(
+            sm <= s.util_gpu_pct && occupancy <= sm && tensor <= sm,
+            "{s:?}"
+        );
+        assert!((dram - s.util_mem_pct.unwrap()).abs() <= 0.5, "{s:?}");
+        if s.lease_id.is_none() {
+            assert_eq!([sm, occupancy, tensor, dram, gr], [0.0; 5], "a free GPU");
+        }
+    }
+    let sm_of = |lease: &str| {
+        mean(
+            samples
+                .iter()
+                .filter(|s| s.lease_id.as_deref() == Some(lease))
+                .map(|s| s.sm_active_pct.unwrap()),
+        )
+    };
+    let training = sm_of("train") / mean(utils(&samples, "train"));
+    assert!(
+        (0.8..0.9).contains(&training),
+        "training SM/util {training}"
+    );
+    let serve = sm_of("serve") / mean(utils(&samples, "serve"));
+    assert!((0.5..0.6).contains(&serve), "inference SM/util {serve}");
+    assert_eq!(sm_of("hung"), 0.0);
+    assert!(fleet.gpus().iter().any(|g| g.model != H100));
+}
+
+#[test]
+fn a_spinning_lease_reads_busy_to_utilization_and_idle_to_sm_activity() {
+    let mut fleet = fleet(13);
+    let h0 = uuids(&fleet, "h100-0");
+    let a0 = uuids(&fleet, "a100-0");
+    let spinning = |id, uuids: Vec<String>, model| Lease {
+        profile: Some("spinning"),
+        model,
+        ..lease(id, Workload::Notebook, uuids)
+    };
+    fleet.apply(&spinning("spin", h0[..2].to_vec(), H100).granted(DAY0));
+    fleet.apply(&spinning("spin-a100", a0[..1].to_vec(), "NVIDIA A100-SXM4-40GB").granted(DAY0));
+    fleet.apply(&lease("train", Workload::Training, h0[2..4].to_vec()).granted(DAY0));
+    let samples = run(&mut fleet, DAY0, DAY0 + 2 * HOUR, MIN);
+    let of = |id: &str| -> Vec<&Sample> {
+        samples
+            .iter()
+            .filter(|s| s.lease_id.as_deref() == Some(id))
+            .collect()
+    };
+    let (spin, spin_a100, train) = (of("spin"), of("spin-a100"), of("train"));
+    assert_eq!((spin.len(), spin_a100.len()), (2 * 120, 120));
+    for s in spin.iter().chain(&spin_a100) {
+        assert!(s.util_gpu_pct >= 99.0, "{}", s.util_gpu_pct);
+        assert_eq!(s.process_count, Some(1));
+        let held = s.mem_used_bytes as f64 / s.mem_total_bytes as f64;
+        assert!((0.4..=0.61).contains(&held), "spinning memory share {held}");
+        // Barely more power than a held context, and cool.
+        let power = s.power_w.unwrap();
+        let limit = s.power_limit_w.unwrap();
+        assert!(power < limit * 0.3, "spinning draws {power} W of {limit} W");
+        assert!(
+            s.temp_c.unwrap() < 50.0,
+            "spinning at {} C",
+            s.temp_c.unwrap()
+        );
+        s.validate().unwrap();
+    }
+    for s in &spin {
+        let sm = s.sm_active_pct.unwrap();
+        assert!((1.5..=2.5).contains(&sm), "SM active {sm}");
+        assert_eq!(s.tensor_active_pct, Some(0.0));
+        assert!(s.gr_active_pct.unwrap() >= 99.0);
+    }
+    // An A100 has no GPM: nothing tells its spinning from work.
+    assert!(spin_a100.iter().all(|s| s.sm_active_pct.is_none()));
+    let train_power = mean(train.iter().map(|s| s.power_w.unwrap()));
+    let spin_power = mean(spin.iter().map(|s| s.power_w.unwrap()));
+    assert!(
+        spin_power * 2.5 < train_power,
+        "spinning {spin_power} W, training {train_power} W"
     );
 }

@@ -164,6 +164,8 @@ impl Harness {
                 gpus_active: if idle_ms > 0 { 0 } else { current.gpu_count },
                 gpus_total: current.gpu_count,
                 mem_used_max_bytes: 0,
+                sm_active_pct: None,
+                idle_measure: None,
             },
         };
         self.rules.on_signal(&signal).await.unwrap();
@@ -341,6 +343,8 @@ async fn an_older_signal_than_one_handled_is_ignored() {
             gpus_active: 0,
             gpus_total: 1,
             mem_used_max_bytes: 0,
+            sm_active_pct: None,
+            idle_measure: None,
         },
     };
     h.rules.on_signal(&signal).await.unwrap();
@@ -688,6 +692,8 @@ fn utilization_at(lease: &str, ts_ms: i64, util_pct: f64, idle_ms: i64) -> Signa
             gpus_active: if idle_ms > 0 { 0 } else { 2 },
             gpus_total: 2,
             mem_used_max_bytes: 0,
+            sm_active_pct: None,
+            idle_measure: None,
         },
     }
 }

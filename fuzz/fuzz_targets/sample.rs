@@ -69,5 +69,14 @@ fn to_sample(row: &SampleRow<'_>) -> Sample {
         lease_id: text(&row.lease_id),
         mig_profile: text(&row.mig_profile),
         labels: row.labels.clone(),
+        sm_active_pct: row.sm_active_pct,
+        sm_occupancy_pct: row.sm_occupancy_pct,
+        tensor_active_pct: row.tensor_active_pct,
+        dram_active_pct: row.dram_active_pct,
+        gr_active_pct: row.gr_active_pct,
+        mig_parent_uuid: text(&row.mig_parent_uuid),
+        mig_slices: row.mig_slices,
+        mig_parent_slices: row.mig_parent_slices,
+        serving_requests: row.serving_requests,
     }
 }

@@ -90,6 +90,7 @@ impl Fleet {
                 "gpu_model": "NVIDIA H100 80GB HBM3", "util_gpu_pct": util,
                 "mem_used_bytes": 1_000_000 + gpu as u64 * 3 + (ts % 1000) as u64,
                 "mem_total_bytes": 80_000_000_000u64, "gpu_index": gpu % 8,
+                "sm_active_pct": util * 0.8,
                 "power_w": 300.5, "temp_c": 55.0,
                 "lease_id": named.map(|l| format!("L{l}"))})
             .to_string()
@@ -130,7 +131,7 @@ fn new_side(fleet: &Fleet, minutes: i64, periods: i64) -> Figures {
             .add_lease_event(&e.to_json(), lease.granted_at)
             .unwrap();
     }
-    let (spend, pricing) = (BTreeMap::new(), pricing());
+    let (spend, pricing, measures) = (BTreeMap::new(), pricing(), BTreeMap::new());
     let mut engine = SignalEngine::new();
     let before = rss_bytes();
     let mut payloads = Vec::new();
@@ -155,6 +156,7 @@ fn new_side(fleet: &Fleet, minutes: i64, periods: i64) -> Figures {
                         leases,
                         month_to_date_usd: &spend,
                         pricing: &pricing,
+                        idle_measures: &measures,
                         release_grace_ms: EVERY_MS,
                     },
                 );
@@ -177,7 +179,7 @@ fn new_side(fleet: &Fleet, minutes: i64, periods: i64) -> Figures {
 fn old_side(fleet: &Fleet, minutes: i64, periods: i64) -> Figures {
     let window_ms = minutes * 60_000;
     let leases = fleet.leases();
-    let (spend, pricing) = (BTreeMap::new(), pricing());
+    let (spend, pricing, measures) = (BTreeMap::new(), pricing(), BTreeMap::new());
     let mut engine = OldEngine::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -220,6 +222,7 @@ fn old_side(fleet: &Fleet, minutes: i64, periods: i64) -> Figures {
                     leases: &leases,
                     month_to_date_usd: &spend,
                     pricing: &pricing,
+                    idle_measures: &measures,
                     release_grace_ms: EVERY_MS,
                 }))
                 .unwrap();

@@ -34,7 +34,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use deltalake_core::delta_datafusion::{DeltaScanConfig, DeltaScanNext};
 use deltalake_core::kernel::engine::arrow_conversion::{TryFromArrow as _, TryFromKernel as _};
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake_core::kernel::{Action, Add, Remove, StructType, Transaction};
+use deltalake_core::kernel::{
+    Action, Add, MetadataExt as _, Remove, StructField, StructType, Transaction,
+};
 use deltalake_core::logstore::{LogStoreRef, StorageConfig};
 use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
@@ -415,7 +417,80 @@ impl DeltaTables {
                 .map_err(self.error(relative))?,
             None => *slot = Some(self.open_or_create(relative, schema).await?),
         }
-        Ok(slot.as_mut().expect("set above"))
+        let table = slot.as_mut().expect("set above");
+        self.evolve(table, relative, schema).await?;
+        Ok(table)
+    }
+
+    /// Adds to the table's schema the columns of `schema` that it lacks, in one commit (a
+    /// Delta `ADD COLUMN`), before anything writes rows that have them: a table created by an
+    /// earlier gpuwarden takes the columns its records or rows gained since, and its files
+    /// written before read as nulls there, to gpuwarden and every Delta reader. A column added
+    /// must be nullable (the rows before it have none); one that is not is refused, naming
+    /// it. Of two writers adding the same columns at once, one commits and the other finds
+    /// them there when it reads the table again.
+    async fn evolve(
+        &self,
+        table: &mut DeltaTable,
+        relative: &str,
+        schema: &Schema,
+    ) -> Result<(), DeltaError> {
+        let declared = StructType::try_from_arrow(schema)
+            .map_err(|e| DeltaTableError::Generic(format!("the table's schema: {e}")))
+            .map_err(self.error(relative))?;
+        let mut attempt = 0;
+        loop {
+            let state = table.snapshot().map_err(self.error(relative))?;
+            let stored = state.schema();
+            let missing: Vec<StructField> = declared
+                .fields()
+                .filter(|f| stored.field(f.name()).is_none())
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if let Some(field) = missing.iter().find(|f| !f.is_nullable()) {
+                return Err(self.error(relative)(DeltaTableError::Generic(format!(
+                    "column {} is not in the table, and cannot be added: it is not nullable, \
+                     and the rows the table holds have no value for it",
+                    field.name()
+                ))));
+            }
+            let merged = StructType::try_new(stored.fields().cloned().chain(missing.clone()))
+                .map_err(|e| DeltaTableError::Generic(format!("the table's schema: {e}")))
+                .map_err(self.error(relative))?;
+            let metadata = state
+                .metadata()
+                .clone()
+                .with_schema(&merged)
+                .map_err(DeltaTableError::from)
+                .map_err(self.error(relative))?;
+            let operation = DeltaOperation::AddColumn {
+                fields: missing.clone(),
+            };
+            match commit(table, vec![Action::Metadata(metadata)], operation).await {
+                Ok(version) => {
+                    tracing::info!(
+                        table = relative,
+                        version,
+                        columns = %missing.iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+                        "added columns to a table"
+                    );
+                    return Ok(());
+                }
+                // Another writer changed the table first (likely adding the same columns):
+                // read it again and look.
+                Err(_) if attempt < 3 => {
+                    attempt += 1;
+                    table
+                        .update_incremental(None)
+                        .await
+                        .map_err(self.error(relative))?;
+                }
+                Err(e) => return Err(self.error(relative)(e)),
+            }
+        }
     }
 
     /// Appends new rows to the table in `relative` (a raw table: `schema` is how its rows are
@@ -1336,7 +1411,8 @@ pub fn stored_schema(schema: &Schema) -> Result<SchemaRef, DeltaTableError> {
 }
 
 /// `batch`'s columns in `schema`'s order and types, with the columns it lacks filled from
-/// `constants`: the rollups' rows as their tables declare them, and a table's rows as Delta
+/// `constants`, or null where a nullable column has none (rows written before their table
+/// gained it): the rollups' rows as their tables declare them, and a table's rows as Delta
 /// stores them.
 pub(crate) fn conform(
     schema: &SchemaRef,
@@ -1350,14 +1426,18 @@ pub(crate) fn conform(
         .map(|field| {
             let column: ArrayRef = match batch.column_by_name(field.name()) {
                 Some(column) => Arc::clone(column),
-                None => constants
-                    .iter()
-                    .find(|(name, _)| name == field.name())
-                    .ok_or_else(|| {
-                        DataFusionError::Internal(format!("column {} has no value", field.name()))
-                    })?
-                    .1
-                    .to_array_of_size(rows)?,
+                None => match constants.iter().find(|(name, _)| name == field.name()) {
+                    Some((_, value)) => value.to_array_of_size(rows)?,
+                    None if field.is_nullable() => {
+                        arrow_array::new_null_array(field.data_type(), rows)
+                    }
+                    None => {
+                        return Err(DataFusionError::Internal(format!(
+                            "column {} has no value",
+                            field.name()
+                        )))
+                    }
+                },
             };
             Ok(if column.data_type() == field.data_type() {
                 column
@@ -1474,10 +1554,67 @@ impl TableProvider for LiveTable {
         // Read as the table is declared (timestamps in milliseconds, plain strings), as every
         // table of the lake is: Delta's own types are microseconds, and DataFusion reads
         // strings as views unless told otherwise.
-        let mut config = DeltaScanConfig::new().with_schema(Arc::clone(&self.schema));
+        let stored = state.schema();
+        let has = |name: &str| stored.field(name).is_some();
+        if self.schema.fields().iter().all(|f| has(f.name())) {
+            let mut config = DeltaScanConfig::new().with_schema(Arc::clone(&self.schema));
+            config.schema_force_view_types = false;
+            let scan = DeltaScanNext::new(state.snapshot().clone(), config)?;
+            return scan.scan(session, projection, filters, limit).await;
+        }
+        // A version from before the table gained some of its columns (written by an earlier
+        // gpuwarden, or read as of then): those read as nulls, as they do once it has them.
+        let present = Arc::new(Schema::new(
+            self.schema
+                .fields()
+                .iter()
+                .filter(|f| has(f.name()))
+                .cloned()
+                .collect::<Vec<_>>(),
+        ));
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let inner: Vec<usize> = wanted
+            .iter()
+            .filter_map(|&i| present.index_of(self.schema.field(i).name()).ok())
+            .collect();
+        // Filters are inexact: DataFusion applies them again above the scan, so those on a
+        // column the version lacks are left to it.
+        let filters: Vec<Expr> = filters
+            .iter()
+            .filter(|f| f.column_refs().iter().all(|c| has(&c.name)))
+            .cloned()
+            .collect();
+        let mut config = DeltaScanConfig::new().with_schema(Arc::clone(&present));
         config.schema_force_view_types = false;
         let scan = DeltaScanNext::new(state.snapshot().clone(), config)?;
-        scan.scan(session, projection, filters, limit).await
+        let plan = scan.scan(session, Some(&inner), &filters, limit).await?;
+        let read = plan.schema();
+        let exprs = wanted
+            .iter()
+            .map(|&i| {
+                let field = self.schema.field(i);
+                let expr: Arc<dyn datafusion::physical_expr::PhysicalExpr> =
+                    match read.index_of(field.name()) {
+                        Ok(at) => Arc::new(datafusion::physical_expr::expressions::Column::new(
+                            field.name(),
+                            at,
+                        )),
+                        Err(_) => Arc::new(datafusion::physical_expr::expressions::Literal::new(
+                            ScalarValue::try_from(field.data_type())?,
+                        )),
+                    };
+                Ok(datafusion::physical_expr::projection::ProjectionExpr {
+                    expr,
+                    alias: field.name().clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, DataFusionError>>()?;
+        Ok(Arc::new(
+            datafusion::physical_plan::projection::ProjectionExec::try_new(exprs, plan)?,
+        ))
     }
 }
 
@@ -1963,6 +2100,119 @@ mod tests {
             false,
         )]);
         (dir, tables, schema)
+    }
+
+    /// A table created before its rows gained a column takes the column (one `ADD COLUMN`
+    /// commit) when the first row that has it is written: its files from before read as
+    /// nulls there, as of any version, and a column that is not nullable is refused by name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_gains_the_nullable_columns_its_rows_gained_and_old_files_read_null() {
+        let (_dir, tables, old) = one_column_lake();
+        let append = |schema: Schema, columns: Vec<ArrayRef>| {
+            let tables = tables.clone();
+            async move {
+                let batch = RecordBatch::try_new(Arc::new(schema.clone()), columns).unwrap();
+                let files = [NewFile {
+                    hour_ms: 0,
+                    batch: &batch,
+                    offsets: None,
+                }];
+                tables.append("t", &schema, "test", &files, None).await
+            }
+        };
+        let ints = |v: Vec<i64>| -> ArrayRef { Arc::new(arrow_array::Int64Array::from(v)) };
+        append(old.clone(), vec![ints(vec![1, 2])]).await.unwrap();
+        let before = tables.load("t", AsOf::Latest).await.unwrap().unwrap();
+        let before = before.version().unwrap();
+
+        let mut fields: Vec<arrow_schema::Field> =
+            old.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(arrow_schema::Field::new(
+            "sm_active_pct",
+            arrow_schema::DataType::Float64,
+            true,
+        ));
+        let new = Schema::new(fields.clone());
+        let sm: ArrayRef = Arc::new(arrow_array::Float64Array::from(vec![Some(2.5)]));
+        append(new.clone(), vec![ints(vec![3]), Arc::clone(&sm)])
+            .await
+            .unwrap();
+        // Another gpuwarden of the new build finds the column there: no second commit.
+        append(new.clone(), vec![ints(vec![4]), sm]).await.unwrap();
+        let table = tables.load("t", AsOf::Latest).await.unwrap().unwrap();
+        assert_eq!(
+            table.version(),
+            Some(before + 3),
+            "one ADD COLUMN, two appends"
+        );
+        let stored = table.snapshot().unwrap().schema();
+        assert!(stored.field("sm_active_pct").unwrap().is_nullable());
+
+        let read = |as_of: AsOf| {
+            let tables = tables.clone();
+            let new = new.clone();
+            async move {
+                let ctx = datafusion::prelude::SessionContext::new();
+                tables.register(&ctx, "t", "t", &new, as_of).unwrap();
+                let batches = ctx
+                    .sql("SELECT ts_ms, sm_active_pct FROM t WHERE sm_active_pct IS NULL OR ts_ms > 0 ORDER BY ts_ms")
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        let latest = read(AsOf::Latest).await;
+        for row in [
+            "| 1     |               |",
+            "| 3     | 2.5           |",
+            "| 4     | 2.5           |",
+        ] {
+            assert!(latest.contains(row), "{row} in\n{latest}");
+        }
+        // As of before the column: the old rows, the column null; `SELECT *` too.
+        let then = read(AsOf::Version(before)).await;
+        assert!(then.contains("| 2     |               |"), "{then}");
+        assert!(!then.contains("| 3 "), "{then}");
+        let ctx = datafusion::prelude::SessionContext::new();
+        tables
+            .register(&ctx, "t", "t", &new, AsOf::Version(before))
+            .unwrap();
+        let all = ctx
+            .sql("SELECT * FROM t")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(all.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+        assert_eq!(all[0].schema().fields().len(), 2);
+
+        // A column that is not nullable cannot be added to rows that have no value for it.
+        fields.push(arrow_schema::Field::new(
+            "required",
+            arrow_schema::DataType::Int64,
+            false,
+        ));
+        let err = append(
+            Schema::new(fields),
+            vec![
+                ints(vec![5]),
+                Arc::new(arrow_array::Float64Array::from(vec![1.0])),
+                ints(vec![1]),
+            ],
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("column required is not in the table"),
+            "{err}"
+        );
     }
 
     /// A move carries every transaction a table holds, those in its checkpoint (written every

@@ -59,7 +59,7 @@ use crate::metrics::{signal_kind_index, Metrics};
 use crate::rollup::leases::Leases;
 use crate::rollup::{RollupTable, UNALLOCATED};
 use crate::signals::window::{Kept, SampleFields, SampleWindow, BUCKET_MS};
-use crate::signals::{Period, SignalEngine};
+use crate::signals::{idle_measures, IdleMeasures, Period, SignalEngine};
 use gpuwarden_schema::log_throttle::Throttle;
 
 /// The lock file of the one publisher, relative to the lake root.
@@ -86,8 +86,10 @@ pub struct SignalsOptions {
     pub every_ms: i64,
     /// The window signals are computed over, ms.
     pub window_ms: i64,
-    /// Prices and the idle threshold.
+    /// Prices and the idle thresholds.
     pub pricing: PricingConfig,
+    /// The measure each workload's leases are judged idle by.
+    pub idle_measures: IdleMeasures,
     /// Month-to-date spend is read from the lake at most this often (wall time).
     pub spend_refresh: Duration,
     /// How often an instance that does not hold the lock tries again.
@@ -112,6 +114,7 @@ impl SignalsOptions {
             every_ms: ms(config.pipeline.signals.every),
             window_ms: ms(config.pipeline.signals.window),
             pricing: config.pricing.clone(),
+            idle_measures: idle_measures(config),
             spend_refresh: config.pipeline.rollup_every,
             lock_retry: Duration::from_secs(5),
             bounds: Bounds::streaming(&config.pipeline.clock),
@@ -243,6 +246,7 @@ impl HotWindow {
             interval_ms: row.interval_ms,
             host: &row.host,
             util_gpu_pct: row.util_gpu_pct,
+            sm_active_pct: row.sm_active_pct,
             mem_used_bytes: i64::try_from(row.mem_used_bytes).unwrap_or(i64::MAX),
             lease_id: row.lease_id.as_deref(),
         });
@@ -810,6 +814,7 @@ impl<'a> Publisher<'a> {
             leases,
             month_to_date_usd: &self.spend.by_team,
             pricing: &self.options.pricing,
+            idle_measures: &self.options.idle_measures,
             release_grace_ms: self.options.every_ms,
         };
         let signals = self.engine.signals(samples, &period);

@@ -20,10 +20,21 @@
 //!   open lease whose current GPUs include its GPU, from that lease's latest grant or resize on
 //!   (the most recently granted when several do). Samples of closed leases and before a lease's
 //!   current segment count for no lease.
-//! - `util_pct` is interval-weighted, as `utilization_pct` is in the rollups.
-//! - A GPU is idle in a sample when `util_gpu_pct < pricing.idle_util_pct`, as for
-//!   `idle_gpu_hours`. `gpus_active` counts the lease's GPUs with at least one sample at or above
-//!   the threshold in the window.
+//! - A GPU is whatever `gpu_uuid` a sample names: a MIG slice (`MIG-…`) is a GPU of its own, so
+//!   a lease holding one slice is measured on that slice's samples alone, whatever its
+//!   neighbours do. The sample of a MIG GPU's unsliced rest (its parent's UUID, no lease, util 0)
+//!   is an idle GPU no lease holds, so it never reads as unattributed work.
+//! - `util_pct` is interval-weighted, as `utilization_pct` is in the rollups; `sm_active_pct`
+//!   likewise, over the samples that have it (GPUs with GPM), absent when none does.
+//! - Whether a GPU is idle in a sample is `pricing.judge_idle(measure, util_gpu_pct,
+//!   sm_active_pct)`, as for `idle_gpu_hours`: with `measure` = `sm_active`, SM activity below
+//!   `pricing.idle_sm_active_pct` where the sample has it, else (and with `util`) utilization
+//!   below `pricing.idle_util_pct`. A lease's `measure` is its workload's (`Config::idle_measure`,
+//!   given as [`IdleMeasures`]), so a GPU spinning at 100 % utilization with 2 % SM activity is
+//!   idle for a lease judged by `sm_active` and busy for one judged by `util`. `idle_measure`
+//!   says which judged the lease's samples in the window: `util` when the measure is `util` or
+//!   no sample had SM activity, `sm_active` when every sample had it, `mixed` otherwise.
+//!   `gpus_active` counts the lease's GPUs with at least one busy sample in the window.
 //! - `idle_ms`: for each of the lease's GPUs, the idle run starts at its first idle sample after
 //!   its last busy one; a run that began before the window is remembered from the previous
 //!   computation (so `idle_timeout` may be longer than the window). The lease's `idle_ms` is
@@ -31,7 +42,9 @@
 //!   while any of its GPUs has no sample in the window (no evidence, no reclaim). A lease on a
 //!   substrate that names no GPUs is measured on the GPUs its samples name.
 //! - `gpu_unattributed`: a GPU no open lease holds whose samples in the window that belong to no
-//!   lease have an interval-weighted mean at or above the idle threshold. A released lease still
+//!   lease are busy taken together: `pricing.judge_idle(pricing.idle_measure, mean utilization,
+//!   mean SM activity)` with interval-weighted means (SM activity's over the samples that have
+//!   it, none without). A released lease still
 //!   owns the samples of its last GPUs (or naming it) from that segment's start until
 //!   `release_grace_ms` after its release, which covers the fleet's lag in following it.
 //! - `team_spend`: `month_to_date_usd` is what the caller read from `team_hourly` for the month
@@ -44,14 +57,28 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use datafusion::error::DataFusionError;
-use gpuwarden_schema::config::PricingConfig;
-use gpuwarden_schema::{Signal, SignalBody, V1};
+use gpuwarden_schema::config::{Config, IdleMeasure, PricingConfig};
+use gpuwarden_schema::signal::JudgedBy;
+use gpuwarden_schema::{Signal, SignalBody, Workload, V1};
 
 use crate::rollup::leases::Leases;
 
 pub mod window;
 
 use window::{Bucket, Piece, SampleFields, SampleWindow, Tag, BUCKET_MS};
+
+/// The measure that judges each workload's leases idle (`Config::idle_measure`); a workload
+/// missing from it is judged by `pricing.idle_measure`.
+pub type IdleMeasures = BTreeMap<Workload, IdleMeasure>;
+
+/// Every workload's idle measure in `config`: its own `idle_measure`, else
+/// `pricing.idle_measure`.
+pub fn idle_measures(config: &Config) -> IdleMeasures {
+    Workload::ALL
+        .into_iter()
+        .map(|w| (w, config.idle_measure(Some(w))))
+        .collect()
+}
 
 /// Computes signals, remembering idle runs from one computation to the next.
 #[derive(Debug, Default)]
@@ -73,8 +100,10 @@ pub struct Inputs<'a> {
     pub leases: &'a Leases,
     /// Month-to-date cost per team from the rollups.
     pub month_to_date_usd: &'a BTreeMap<String, f64>,
-    /// Prices and the idle threshold.
+    /// Prices, the idle thresholds, and the measure of unattributed GPUs.
     pub pricing: &'a PricingConfig,
+    /// The measure each workload's leases are judged idle by ([`idle_measures`]).
+    pub idle_measures: &'a IdleMeasures,
     /// How long after a lease's release its GPUs' samples still count as its own (the fleet's
     /// lag in following the release), not as unattributed.
     pub release_grace_ms: i64,
@@ -91,22 +120,13 @@ pub struct Period<'a> {
     pub leases: &'a Leases,
     /// Month-to-date cost per team from the rollups.
     pub month_to_date_usd: &'a BTreeMap<String, f64>,
-    /// Prices and the idle threshold.
+    /// Prices, the idle thresholds, and the measure of unattributed GPUs.
     pub pricing: &'a PricingConfig,
+    /// The measure each workload's leases are judged idle by ([`idle_measures`]).
+    pub idle_measures: &'a IdleMeasures,
     /// How long after a lease's release its GPUs' samples still count as its own (the fleet's
     /// lag in following the release), not as unattributed.
     pub release_grace_ms: i64,
-}
-
-/// One of an open lease's GPUs as the window saw it.
-#[derive(Debug, Default, Clone)]
-struct GpuStats {
-    busy: f64,
-    observed: f64,
-    mem_max: i64,
-    last_busy: Option<i64>,
-    last_ts: i64,
-    idle_from: Option<i64>,
 }
 
 /// An open lease: the holdings rows and the identity the signal carries.
@@ -118,6 +138,8 @@ struct Open<'a> {
     gpu_uuids: &'a [String],
     since_ms: i64,
     granted_at: i64,
+    /// The measure its workload is judged idle by.
+    measure: IdleMeasure,
 }
 
 /// Where one sample's time goes.
@@ -152,8 +174,16 @@ struct Gpu<'a> {
 }
 
 impl<'a> Attribution<'a> {
-    fn new(leases: &'a Leases, window_start: i64, ts_ms: i64, grace_ms: i64) -> Self {
-        let open = open_leases(leases, ts_ms);
+    fn new(period: &Period<'a>) -> Self {
+        let (leases, ts_ms, grace_ms) = (period.leases, period.ts_ms, period.release_grace_ms);
+        let window_start = ts_ms - period.window_ms;
+        let open = open_leases(leases, ts_ms, |workload| {
+            period
+                .idle_measures
+                .get(&workload)
+                .copied()
+                .unwrap_or(period.pricing.idle_measure)
+        });
         let open_ids = open
             .iter()
             .enumerate()
@@ -258,11 +288,14 @@ impl<'a> Attribution<'a> {
     }
 }
 
-/// The samples of a GPU that belong to no lease: Σ interval × util, Σ interval, largest host.
+/// The samples of a GPU that belong to no lease: Σ interval × util, Σ interval, the same over
+/// the samples with SM activity, largest host.
 #[derive(Debug, Default)]
 struct Unowned<'a> {
     weighted: f64,
     observed: i64,
+    sm_weighted: f64,
+    sm_observed: i64,
     host: &'a str,
 }
 
@@ -287,6 +320,8 @@ impl<'w> Tally<'w> {
                 let u = self.unowned.entry(gpu).or_default();
                 u.weighted += piece.weighted;
                 u.observed += piece.observed;
+                u.sm_weighted += piece.sm_weighted;
+                u.sm_observed += piece.sm_observed;
                 u.host = u.host.max(host);
             }
             Class::Excluded => {}
@@ -322,6 +357,7 @@ impl SignalEngine {
                 leases: inputs.leases,
                 month_to_date_usd: inputs.month_to_date_usd,
                 pricing: inputs.pricing,
+                idle_measures: inputs.idle_measures,
                 release_grace_ms: inputs.release_grace_ms,
             },
         ))
@@ -331,13 +367,13 @@ impl SignalEngine {
     /// stable order: leases by id, then GPUs by UUID, then teams by name. `window` is taken
     /// mutably only to bring its buckets' summaries up to date.
     pub fn signals(&mut self, window: &mut SampleWindow, period: &Period<'_>) -> Vec<Signal> {
-        let threshold = period.pricing.idle_util_pct;
+        let pricing = period.pricing;
         let ts = period.ts_ms;
         let start = ts - period.window_ms;
-        window.summarize(threshold);
+        window.summarize(pricing);
         let window = &*window;
         let bucket_ms = window.bucket_ms();
-        let attribution = Attribution::new(period.leases, start, ts, period.release_grace_ms);
+        let attribution = Attribution::new(period);
 
         let mut tally = Tally::default();
         for (gpu_uuid, buckets) in window.gpus() {
@@ -365,25 +401,11 @@ impl SignalEngine {
                     }
                     let tag = &bucket.tags[usize::from(p.tag)];
                     let class = attribution.class(&gpu, tag.lease.as_deref(), t);
-                    tally.take(class, gpu_uuid, &Piece::of(t, p, threshold), &tag.host);
+                    tally.take(class, gpu_uuid, &Piece::of(t, p, pricing), &tag.host);
                 }
             }
         }
-        let stats: BTreeMap<(usize, &str), GpuStats> = tally
-            .owned
-            .into_iter()
-            .map(|(key, p)| {
-                let stats = GpuStats {
-                    busy: p.weighted,
-                    observed: p.observed as f64,
-                    mem_max: p.mem_max,
-                    last_busy: p.last_busy,
-                    last_ts: p.last,
-                    idle_from: p.idle_from,
-                };
-                (key, stats)
-            })
-            .collect();
+        let stats = tally.owned;
 
         let header = |body| Signal {
             v: V1,
@@ -404,7 +426,9 @@ impl SignalEngine {
             } else {
                 lease.gpu_uuids.iter().map(String::as_str).collect()
             };
-            let (mut busy, mut observed, mut mem_max, mut active) = (0.0, 0.0, 0i64, 0u32);
+            let (mut busy, mut observed, mut mem_max, mut active) = (0.0, 0i64, 0i64, 0u32);
+            let (mut sm_weighted, mut sm_observed) = (0.0, 0i64);
+            let (mut samples, mut sm_samples) = (0u64, 0u64);
             // The latest idle-run start over the GPUs; None once one GPU is busy or unseen.
             let mut run_start: Option<i64> = (!gpus.is_empty()).then_some(i64::MIN);
             for gpu in &gpus {
@@ -413,15 +437,20 @@ impl SignalEngine {
                     run_start = None;
                     continue;
                 };
-                busy += s.busy;
+                busy += s.weighted;
                 observed += s.observed;
+                sm_weighted += s.sm_weighted;
+                sm_observed += s.sm_observed;
+                samples += u64::from(s.samples);
+                sm_samples += u64::from(s.sm_samples);
                 mem_max = mem_max.max(s.mem_max);
-                if s.last_busy.is_some() {
+                let run = s.run(lease.measure);
+                if run.last_busy.is_some() {
                     active += 1;
                 }
-                let since = match (s.last_busy, s.idle_from) {
+                let since = match (run.last_busy, run.idle_from) {
                     // The latest sample is busy.
-                    (Some(b), _) if b == s.last_ts => None,
+                    (Some(b), _) if b == s.last => None,
                     // Busy earlier in the window, idle since.
                     (Some(_), Some(from)) => Some(from),
                     // Idle through the whole window: since the run remembered, or since the
@@ -442,7 +471,17 @@ impl SignalEngine {
                     None => run_start = None,
                 }
             }
-            let util_pct = if observed > 0.0 { busy / observed } else { 0.0 };
+            let util_pct = if observed > 0 {
+                busy / observed as f64
+            } else {
+                0.0
+            };
+            let idle_measure = match (lease.measure, samples, sm_samples) {
+                (_, 0, _) => None,
+                (IdleMeasure::Util, _, _) | (IdleMeasure::SmActive, _, 0) => Some(JudgedBy::Util),
+                (IdleMeasure::SmActive, n, sm) if n == sm => Some(JudgedBy::SmActive),
+                (IdleMeasure::SmActive, _, _) => Some(JudgedBy::Mixed),
+            };
             out.push(header(SignalBody::LeaseUtilization {
                 lease_id: lease.lease_id.to_owned(),
                 team: lease.team.to_owned(),
@@ -451,6 +490,8 @@ impl SignalEngine {
                 gpus_active: active,
                 gpus_total: u32::try_from(lease.gpu_count).unwrap_or(u32::MAX),
                 mem_used_max_bytes: u64::try_from(mem_max).unwrap_or(0),
+                sm_active_pct: (sm_observed > 0).then(|| sm_weighted / sm_observed as f64),
+                idle_measure,
             }));
         }
         // Runs of leases that closed, or GPUs that turned busy, are forgotten.
@@ -458,7 +499,9 @@ impl SignalEngine {
 
         for (gpu, u) in tally.unowned {
             let util_pct = u.weighted / u.observed as f64;
-            if util_pct >= threshold {
+            let sm_active = (u.sm_observed > 0).then(|| u.sm_weighted / u.sm_observed as f64);
+            let (idle, _) = pricing.judge_idle(pricing.idle_measure, util_pct, sm_active);
+            if !idle {
                 out.push(header(SignalBody::GpuUnattributed {
                     gpu_uuid: gpu.to_owned(),
                     host: u.host.to_owned(),
@@ -474,7 +517,7 @@ impl SignalEngine {
             .collect();
         for lease in &attribution.open {
             *teams.entry(lease.team).or_default() +=
-                lease.gpu_count as f64 * period.pricing.usd_per_gpu_hour(lease.gpu_model);
+                lease.gpu_count as f64 * pricing.usd_per_gpu_hour(lease.gpu_model);
         }
         for (team, burn) in teams {
             out.push(header(SignalBody::TeamSpend {
@@ -487,8 +530,13 @@ impl SignalEngine {
     }
 }
 
-/// Leases granted by `ts_ms` and not released by then, by id.
-fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
+/// Leases granted by `ts_ms` and not released by then, by id, each with the measure
+/// `measure_of` gives its workload.
+fn open_leases(
+    leases: &Leases,
+    ts_ms: i64,
+    measure_of: impl Fn(Workload) -> IdleMeasure,
+) -> Vec<Open<'_>> {
     leases
         .iter()
         .filter(|l| l.granted_at <= ts_ms && l.released.as_ref().is_none_or(|(at, _)| *at > ts_ms))
@@ -502,6 +550,7 @@ fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
                 gpu_uuids: &segment.gpu_uuids,
                 since_ms: segment.start,
                 granted_at: l.granted_at,
+                measure: measure_of(l.identity.workload),
             })
         })
         .collect()
@@ -514,6 +563,11 @@ fn add_batch(window: &mut SampleWindow, batch: &RecordBatch) -> Result<(), DataF
     let interval = ints(batch, "interval_ms")?;
     let host = strings(batch, "host")?;
     let util = floats(batch, "util_gpu_pct")?;
+    // Samples gained SM activity after the first v1: batches read from older files lack it.
+    let sm_active = match batch.column_by_name("sm_active_pct") {
+        Some(_) => Some(floats(batch, "sm_active_pct")?),
+        None => None,
+    };
     let mem = ints(batch, "mem_used_bytes")?;
     let lease = strings(batch, "lease_id")?;
     for i in 0..batch.num_rows() {
@@ -523,6 +577,9 @@ fn add_batch(window: &mut SampleWindow, batch: &RecordBatch) -> Result<(), DataF
             interval_ms: interval.value(i),
             host: host.value(i),
             util_gpu_pct: util.value(i),
+            sm_active_pct: sm_active
+                .as_ref()
+                .and_then(|c| c.is_valid(i).then(|| c.value(i))),
             mem_used_bytes: mem.value(i),
             lease_id: lease.is_valid(i).then(|| lease.value(i)),
         });

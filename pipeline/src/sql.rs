@@ -21,7 +21,8 @@ use crate::governor::Governor;
 use crate::lake::Lake;
 use crate::rollup::RollupTable;
 
-/// `lease_usage`: one row per lease, its identity and its measures over every hour.
+/// `lease_usage`: one row per lease, its identity and its measures over every hour
+/// (`{idle_measure}`: `tables::COMBINED_IDLE_MEASURE`).
 const LEASE_USAGE: &str = r#"CREATE VIEW lease_usage AS
 SELECT l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
        l.gpu_count, l.granted_at, l.released_at, l.release_reason,
@@ -33,7 +34,12 @@ SELECT l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_m
             THEN 100.0 * sum(h.busy_gpu_hours) / sum(h.observed_gpu_hours) END AS utilization_pct,
        COALESCE(sum(h.cost_usd), 0.0) AS cost_usd,
        COALESCE(sum(h.idle_cost_usd), 0.0) AS idle_cost_usd,
-       COALESCE(sum(h.energy_kwh), 0.0) AS energy_kwh
+       COALESCE(sum(h.energy_kwh), 0.0) AS energy_kwh,
+       COALESCE(sum(h.sm_active_gpu_hours), 0.0) AS sm_active_gpu_hours,
+       COALESCE(sum(h.gpm_observed_gpu_hours), 0.0) AS gpm_observed_gpu_hours,
+       {idle_measure} AS idle_measure,
+       COALESCE(sum(h.energy_cost_usd), 0.0) AS energy_cost_usd,
+       sum(h.co2e_kg) AS co2e_kg
 FROM leases l LEFT JOIN lease_hourly h ON h.lease_id = l.lease_id
 GROUP BY l.lease_id, l.team, l."user", l.project, l.workload, l.substrate, l.gpu_model,
          l.gpu_count, l.granted_at, l.released_at, l.release_reason"#;
@@ -100,7 +106,12 @@ async fn register_lake(
         lake.delta()
             .register(&ctx, table.name(), &table.dir(), &table.schema(), as_of)?;
     }
-    ctx.sql(LEASE_USAGE).await?;
+    // A lease's rows agree on the measure that judged them idle, or it is `mixed`.
+    let lease_usage = LEASE_USAGE.replace(
+        "{idle_measure}",
+        crate::rollup::tables::COMBINED_IDLE_MEASURE,
+    );
+    ctx.sql(&lease_usage).await?;
     ctx.sql(CLOCK_SKEW).await?;
     Ok(ctx)
 }

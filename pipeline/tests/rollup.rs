@@ -22,7 +22,7 @@ mod s3;
 
 use gpuwarden_pipeline::lake::hour_of;
 use gpuwarden_pipeline::{sql, Lake, Rollup, RollupOptions};
-use gpuwarden_schema::config::{GpuPrice, PricingConfig};
+use gpuwarden_schema::config::{GpuPrice, IdleMeasure, PricingConfig};
 use gpuwarden_schema::{LeaseEvent, Record, Sample};
 use s3::on_each_lake;
 use serde_json::{json, Value};
@@ -158,8 +158,11 @@ fn options() -> RollupOptions {
                     usd_per_gpu_hour: 99.0,
                 },
             ],
+            energy_usd_per_kwh: 0.25,
+            co2e_g_per_kwh: Some(400.0),
             ..PricingConfig::default()
         },
+        idle_measures: BTreeMap::new(),
         lateness_ms: 10 * MIN,
         idle_ms: 5 * MIN,
         max_skew_ms: 5 * MIN,
@@ -246,7 +249,35 @@ fn check(
     for (name, value) in names.iter().zip(expected) {
         close(&row[*name], value, &format!("{key:?} {name}"));
     }
+    // Energy priced at $0.25 and 400 g CO2e a kWh; no GPM in this fixture, every sampled
+    // piece judged by utilization.
+    close(
+        &row["energy_cost_usd"],
+        expected[6] * 0.25,
+        &format!("{key:?} energy_cost_usd"),
+    );
+    close(
+        &row["co2e_kg"],
+        expected[6] * 0.4,
+        &format!("{key:?} co2e_kg"),
+    );
+    close(
+        &row["sm_active_gpu_hours"],
+        0.0,
+        &format!("{key:?} SM-active"),
+    );
+    close(&row["gpm_observed_gpu_hours"], 0.0, &format!("{key:?} GPM"));
     let (busy, observed) = (expected[2], expected[1]);
+    let measure = if observed > 0.0 {
+        json!("util")
+    } else {
+        Value::Null
+    };
+    assert_eq!(
+        row.get("idle_measure").unwrap_or(&Value::Null),
+        &measure,
+        "{key:?} idle_measure"
+    );
     if observed > 0.0 {
         close(
             &row["utilization_pct"],
@@ -538,7 +569,8 @@ fn focus_costs_has_every_mandatory_column_with_focus_types_on(lake: Lake) {
                   CAST("BillingPeriodEnd" AS BIGINT) AS month_end_ms,
                   CAST("BilledCost" AS DOUBLE) AS billed, CAST("PricingQuantity" AS DOUBLE) AS qty,
                   "ResourceId", "SubAccountId", "Tags", "ChargeCategory", "BillingCurrency",
-                  "ChargeClass", "x_IdleGpuHours"
+                  "ChargeClass", "x_IdleGpuHours", CAST("x_EnergyCost" AS DOUBLE) AS energy_cost,
+                  "x_Co2eKg", "x_EnergyKwh"
            FROM focus_costs ORDER BY start_ms, "SubAccountId", "ResourceId""#,
     );
     // One row per lease and hour, and one per GPU model and hour for unallocated capacity.
@@ -554,6 +586,10 @@ fn focus_costs_has_every_mandatory_column_with_focus_types_on(lake: Lake) {
     close(&l1["billed"], 6.0, "L1 BilledCost in H");
     close(&l1["qty"], 1.5, "L1 PricingQuantity in H");
     close(&l1["x_IdleGpuHours"], 29.0 / 60.0, "L1 idle GPU-hours in H");
+    // g1 at 300 W for L1's 40 minutes of it: 0.2 kWh, $0.05, 80 g.
+    close(&l1["x_EnergyKwh"], 0.2, "L1 kWh in H");
+    close(&l1["energy_cost"], 0.05, "L1 x_EnergyCost in H");
+    close(&l1["x_Co2eKg"], 0.08, "L1 x_Co2eKg in H");
     assert_eq!(l1["SubAccountId"], json!("ml"));
     assert_eq!(l1["ChargeCategory"], json!("Usage"));
     assert_eq!(l1["BillingCurrency"], json!("USD"));
@@ -1508,4 +1544,342 @@ fn incremental_runs_equal_a_run_from_scratch_whatever_the_arrival_order() {
             5,
         );
     }
+}
+
+/// A sample of any fields (the interval one minute, ending at minute `k` after H).
+fn sample_of(k: i64, fields: Value) -> Sample {
+    let mut s = json!({"v": 1, "ts_ms": H + k * MIN, "interval_ms": MIN, "host": "h1",
+        "gpu_model": H100, "mem_used_bytes": 1000, "mem_total_bytes": 1_000_000});
+    for (key, value) in fields.as_object().unwrap() {
+        s[key] = value.clone();
+    }
+    Sample::from_json(s.to_string().as_bytes()).unwrap()
+}
+
+/// A lease's grant at minute `k`, of `workload`, on `gpus` (as many as it lists).
+fn grant(k: i64, lease: &str, team: &str, workload: &str, gpus: &[&str]) -> LeaseEvent {
+    let e = json!({"v": 1, "ts_ms": H + k * MIN, "event": "granted", "lease_id": lease,
+        "team": team, "user": "u", "project": "p", "workload": workload, "substrate": "sim",
+        "gpu_model": H100, "gpu_count": gpus.len(), "gpu_uuids": gpus});
+    LeaseEvent::from_json(e.to_string().as_bytes()).unwrap()
+}
+
+/// One directory lake with `samples` and `events`, rolled up with `options`; H's `lease_hourly`
+/// rows by lease id ("" for unallocated).
+fn rolled_up(
+    samples: &[Sample],
+    events: &[LeaseEvent],
+    options: RollupOptions,
+) -> (tempfile::TempDir, Lake, BTreeMap<String, Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path().join("lake")).unwrap();
+    put(&lake, "samples", "s", samples, |s| s.ts_ms);
+    put(&lake, "lease_events", "s", events, |e| e.ts_ms);
+    let rt = rt();
+    rt.block_on(Rollup::new(lake.clone(), options).run())
+        .unwrap();
+    let hour = lease_hourly(&rt, &lake)
+        .into_iter()
+        .filter(|((h, _), _)| *h == 0)
+        .map(|((_, lease), row)| (lease, row))
+        .collect();
+    (dir, lake, hour)
+}
+
+/// An hour of samples of one GPU, a minute each, with `fields` besides the time.
+fn hour_of_gpu(gpu: &str, fields: impl Fn(i64) -> Value) -> Vec<Sample> {
+    (1..=60)
+        .map(|k| {
+            let mut f = fields(k);
+            f["gpu_uuid"] = json!(gpu);
+            sample_of(k, f)
+        })
+        .collect()
+}
+
+/// Idleness by SM activity (docs/src/finops/definitions.md#idle): a GPU spinning at 100 %
+/// utilization with 2 % of its SMs active is idle for a workload judged by `sm_active` and
+/// busy for one judged by `util`; a GPU without GPM is judged by utilization whatever its
+/// workload asks, and a row says which measure judged its time (`mixed` when both did).
+#[test]
+fn a_spinning_gpu_is_idle_by_sm_activity_and_a_gpu_without_gpm_falls_back_to_utilization() {
+    let mut samples = hour_of_gpu(
+        "spin",
+        |_| json!({"util_gpu_pct": 100.0, "sm_active_pct": 2.0}),
+    );
+    samples.extend(hour_of_gpu("old", |_| json!({"util_gpu_pct": 100.0})));
+    // GPM for the first half hour only: half the time judged each way.
+    samples.extend(hour_of_gpu("half", |k| {
+        if k <= 30 {
+            json!({"util_gpu_pct": 100.0, "sm_active_pct": 50.0})
+        } else {
+            json!({"util_gpu_pct": 100.0})
+        }
+    }));
+    // No lease: judged by pricing.idle_measure.
+    samples.extend(hour_of_gpu(
+        "free",
+        |_| json!({"util_gpu_pct": 100.0, "sm_active_pct": 1.0}),
+    ));
+    let events = [
+        grant(0, "LS", "spin", "training", &["spin"]),
+        grant(0, "LO", "old", "training", &["old"]),
+        grant(0, "LH", "half", "training", &["half"]),
+    ];
+    let training_by_sm = RollupOptions {
+        idle_measures: [(gpuwarden_schema::Workload::Training, IdleMeasure::SmActive)].into(),
+        ..options()
+    };
+    // Per lease: idle GPU-hours, the measure, SM-active and GPM-observed GPU-hours.
+    let expect = |rows: &BTreeMap<String, Value>, lease: &str, want: (f64, &str, f64, f64)| {
+        let row = &rows[lease];
+        close(
+            &row["observed_gpu_hours"],
+            1.0,
+            &format!("{lease} observed"),
+        );
+        close(&row["busy_gpu_hours"], 1.0, &format!("{lease} busy"));
+        close(&row["idle_gpu_hours"], want.0, &format!("{lease} idle"));
+        close(
+            &row["idle_cost_usd"],
+            want.0 * 4.0,
+            &format!("{lease} idle cost"),
+        );
+        assert_eq!(row["idle_measure"], json!(want.1), "{lease} idle_measure");
+        close(
+            &row["sm_active_gpu_hours"],
+            want.2,
+            &format!("{lease} SM-active"),
+        );
+        close(
+            &row["gpm_observed_gpu_hours"],
+            want.3,
+            &format!("{lease} GPM-observed"),
+        );
+    };
+    let (_dir, lake, rows) = rolled_up(&samples, &events, training_by_sm);
+    expect(&rows, "LS", (1.0, "sm_active", 0.02, 1.0));
+    expect(&rows, "LO", (0.0, "util", 0.0, 0.0));
+    expect(&rows, "LH", (0.0, "mixed", 0.25, 0.5));
+    expect(&rows, "", (0.0, "util", 0.01, 1.0));
+    let rt = rt();
+    let gpus = rows_by(&rt, &lake, "SELECT gpu_uuid AS k, idle_gpu_hours, idle_measure, sm_active_gpu_hours FROM gpu_hourly WHERE CAST(hour AS BIGINT) = 1795996800000");
+    assert_eq!(gpus["spin"]["idle_measure"], json!("sm_active"));
+    close(
+        &gpus["spin"]["idle_gpu_hours"],
+        1.0,
+        "spin idle in gpu_hourly",
+    );
+    assert_eq!(gpus["half"]["idle_measure"], json!("mixed"));
+    let teams = rows_by(&rt, &lake, "SELECT team AS k, idle_gpu_hours, idle_measure FROM team_hourly WHERE CAST(hour AS BIGINT) = 1795996800000");
+    assert_eq!(teams["spin"]["idle_measure"], json!("sm_active"));
+    assert_eq!(teams["half"]["idle_measure"], json!("mixed"));
+
+    // Judged by utilization, the same GPU is busy; SM activity is still measured.
+    let (_dir, _, rows) = rolled_up(&samples, &events, options());
+    expect(&rows, "LS", (0.0, "util", 0.02, 1.0));
+    expect(&rows, "LH", (0.0, "util", 0.25, 0.5));
+
+    // pricing.idle_measure judges every lease without one of its own, and unallocated time.
+    let mut all_by_sm = options();
+    all_by_sm.pricing.idle_measure = IdleMeasure::SmActive;
+    let (_dir, _, rows) = rolled_up(&samples, &events, all_by_sm);
+    expect(&rows, "LS", (1.0, "sm_active", 0.02, 1.0));
+    expect(&rows, "LO", (0.0, "util", 0.0, 0.0));
+    expect(&rows, "", (1.0, "sm_active", 0.01, 1.0));
+}
+
+/// Rows of `query` keyed by its column `k`.
+fn rows_by(rt: &tokio::runtime::Runtime, lake: &Lake, query: &str) -> BTreeMap<String, Value> {
+    rows(rt, lake, query)
+        .into_iter()
+        .map(|r| (r["k"].as_str().unwrap_or_default().to_owned(), r))
+        .collect()
+}
+
+/// The worked MIG case of docs/src/finops/definitions.md#mig-slices: an H100 ($4 an hour)
+/// split into seven `1g.10gb` slices, three held by team a, two by b, one by c (idle) and one
+/// by nobody, costs $4 an hour in all: a pays 3/7 of it, b 2/7, c 1/7, and the free slice is
+/// 1/7 of unallocated capacity. A second H100 with one `3g.40gb` slice (team d) leaves 4/7
+/// unsliced: unallocated. Each slice sample carries a seventh of its GPU's 350 W per slice.
+#[test]
+fn a_gpu_split_into_mig_slices_costs_what_the_whole_gpu_costs() {
+    let slice_model = format!("{H100} MIG 1g.10gb");
+    let mut samples = Vec::new();
+    for i in 0..7 {
+        let util = if i == 5 { 0.0 } else { 80.0 };
+        samples.extend(hour_of_gpu(&format!("MIG-{i}"), |_| {
+            json!({"gpu_model": slice_model, "util_gpu_pct": util, "power_w": 50.0,
+                   "mig_profile": "1g.10gb", "mig_parent_uuid": "GPU-P", "mig_slices": 1,
+                   "mig_parent_slices": 7})
+        }));
+    }
+    samples.extend(hour_of_gpu("MIG-Q", |_| {
+        json!({"gpu_model": format!("{H100} MIG 3g.40gb"), "util_gpu_pct": 100.0,
+               "power_w": 150.0, "mig_profile": "3g.40gb", "mig_parent_uuid": "GPU-Q",
+               "mig_slices": 3, "mig_parent_slices": 7})
+    }));
+    // The unsliced rest of GPU-Q: its parent's UUID, no profile, the free slices.
+    samples.extend(hour_of_gpu(
+        "GPU-Q",
+        |_| json!({"util_gpu_pct": 0.0, "power_w": 200.0, "mig_slices": 4, "mig_parent_slices": 7}),
+    ));
+    let events = [
+        grant(0, "La", "a", "training", &["MIG-0", "MIG-1", "MIG-2"]),
+        grant(0, "Lb", "b", "training", &["MIG-3", "MIG-4"]),
+        grant(0, "Lc", "c", "notebook", &["MIG-5"]),
+        grant(0, "Ld", "d", "training", &["MIG-Q"]),
+    ];
+    let (_dir, lake, rows) = rolled_up(&samples, &events, options());
+    let seventh = 1.0 / 7.0;
+    for (lease, slices, idle, energy) in [
+        ("La", 3.0, 0.0, 0.15),
+        ("Lb", 2.0, 0.0, 0.1),
+        ("Lc", 1.0, 1.0, 0.05),
+        ("Ld", 3.0, 0.0, 0.15),
+    ] {
+        let row = &rows[lease];
+        let share = slices * seventh;
+        close(
+            &row["allocated_gpu_hours"],
+            share,
+            &format!("{lease} allocated"),
+        );
+        close(
+            &row["observed_gpu_hours"],
+            share,
+            &format!("{lease} observed"),
+        );
+        close(&row["cost_usd"], share * 4.0, &format!("{lease} cost"));
+        close(
+            &row["idle_gpu_hours"],
+            idle * share,
+            &format!("{lease} idle"),
+        );
+        close(&row["energy_kwh"], energy, &format!("{lease} energy"));
+    }
+    close(
+        &rows["La"]["busy_gpu_hours"],
+        3.0 * seventh * 0.8,
+        "La busy",
+    );
+    let rt = rt();
+    let teams = rows_by(
+        &rt,
+        &lake,
+        "SELECT team || ' ' || gpu_model AS k, cost_usd, allocated_gpu_hours, energy_kwh \
+         FROM team_hourly WHERE CAST(hour AS BIGINT) = 1795996800000",
+    );
+    // The free 1g slice and the unsliced 4/7 of GPU-Q, each priced as its H100.
+    close(
+        &teams[&format!("(unallocated) {slice_model}")]["cost_usd"],
+        seventh * 4.0,
+        "the free slice",
+    );
+    close(
+        &teams[&format!("(unallocated) {H100}")]["cost_usd"],
+        4.0 * seventh * 4.0,
+        "GPU-Q's unsliced rest",
+    );
+    // GPU-P: a, b, c and the free slice add up to the whole H100's hour.
+    let gpu_p: f64 = ["a", "b", "c"]
+        .iter()
+        .map(|t| teams[&format!("{t} {H100}")]["cost_usd"].as_f64().unwrap())
+        .sum::<f64>()
+        + teams[&format!("(unallocated) {slice_model}")]["cost_usd"]
+            .as_f64()
+            .unwrap();
+    close(&json!(gpu_p), 4.0, "GPU-P costs one H100-hour");
+    let total: f64 = teams
+        .values()
+        .map(|r| r["cost_usd"].as_f64().unwrap())
+        .sum();
+    close(&json!(total), 8.0, "two H100s, one hour");
+    let energy: f64 = teams
+        .values()
+        .map(|r| r["energy_kwh"].as_f64().unwrap())
+        .sum();
+    close(&json!(energy), 0.7, "two GPUs at 350 W");
+    // gpu_hourly counts each slice in GPU-equivalents.
+    let gpus = rows_by(
+        &rt,
+        &lake,
+        "SELECT gpu_uuid AS k, observed_gpu_hours FROM gpu_hourly \
+         WHERE CAST(hour AS BIGINT) = 1795996800000",
+    );
+    close(&gpus["MIG-0"]["observed_gpu_hours"], seventh, "a 1g slice");
+    close(
+        &gpus["GPU-Q"]["observed_gpu_hours"],
+        4.0 * seventh,
+        "GPU-Q's rest",
+    );
+}
+
+/// Energy priced (docs/src/finops/definitions.md#energy): `energy_cost_usd` = kWh × the price
+/// of a kWh, `co2e_kg` = kWh × grams per kWh / 1000, in every rollup and in FOCUS's `x_`
+/// columns; without a factor there are no emissions figures.
+#[test]
+fn energy_cost_and_emissions_follow_the_kwh_in_team_hourly_and_focus() {
+    // One GPU at 300 W for an hour (0.3 kWh) under L1, one at 150 W for an hour, no lease.
+    let mut samples = hour_of_gpu("g1", |_| json!({"util_gpu_pct": 50.0, "power_w": 300.0}));
+    samples.extend(hour_of_gpu(
+        "g2",
+        |_| json!({"util_gpu_pct": 50.0, "power_w": 150.0}),
+    ));
+    let events = [grant(0, "L1", "ml", "training", &["g1"])];
+    let mut priced = options();
+    priced.pricing.energy_usd_per_kwh = 0.25;
+    priced.pricing.co2e_g_per_kwh = Some(400.0);
+    let mut unpriced = priced.clone();
+    let (_dir, lake, rows) = rolled_up(&samples, &events, priced);
+    close(&rows["L1"]["energy_cost_usd"], 0.075, "L1 energy cost");
+    close(&rows["L1"]["co2e_kg"], 0.12, "L1 CO2e");
+    close(
+        &rows[""]["energy_cost_usd"],
+        0.0375,
+        "unallocated energy cost",
+    );
+    let rt = rt();
+    let hour = "CAST(hour AS BIGINT) = 1795996800000";
+    let teams = rows_by(
+        &rt,
+        &lake,
+        &format!(
+            "SELECT team AS k, energy_kwh, energy_cost_usd, co2e_kg FROM team_hourly WHERE {hour}"
+        ),
+    );
+    close(&teams["ml"]["energy_kwh"], 0.3, "ml kWh");
+    close(&teams["ml"]["energy_cost_usd"], 0.075, "ml energy cost");
+    close(&teams["ml"]["co2e_kg"], 0.12, "ml CO2e");
+    close(&teams["(unallocated)"]["co2e_kg"], 0.06, "unallocated CO2e");
+    let focus = rows_by(
+        &rt,
+        &lake,
+        r#"SELECT COALESCE("ResourceId", '') AS k, CAST("x_EnergyCost" AS DOUBLE) AS cost,
+                  "x_Co2eKg" AS co2e, "x_EnergyKwh" AS kwh, "x_SmActiveGpuHours" AS sm
+           FROM focus_costs"#,
+    );
+    close(&focus["L1"]["cost"], 0.075, "x_EnergyCost");
+    close(&focus["L1"]["co2e"], 0.12, "x_Co2eKg");
+    close(&focus["L1"]["kwh"], 0.3, "x_EnergyKwh");
+    close(&focus[""]["cost"], 0.0375, "unallocated x_EnergyCost");
+    close(&focus["L1"]["sm"], 0.0, "no GPM, no SM-active hours");
+    let usage = rows_by(
+        &rt,
+        &lake,
+        "SELECT lease_id AS k, energy_cost_usd, co2e_kg FROM lease_usage",
+    );
+    close(
+        &usage["L1"]["energy_cost_usd"],
+        0.075,
+        "lease_usage energy cost",
+    );
+    close(&usage["L1"]["co2e_kg"], 0.12, "lease_usage CO2e");
+
+    // No factor: no emissions figures; energy at no price costs nothing.
+    unpriced.pricing.energy_usd_per_kwh = 0.0;
+    unpriced.pricing.co2e_g_per_kwh = None;
+    let (_dir, _, rows) = rolled_up(&samples, &events, unpriced);
+    assert!(rows["L1"]["co2e_kg"].is_null(), "{}", rows["L1"]);
+    close(&rows["L1"]["energy_cost_usd"], 0.0, "free energy");
 }

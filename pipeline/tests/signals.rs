@@ -20,12 +20,18 @@
 //!   Without the grace, k=14 and 15 would read 40 % unattributed.
 //! - team_spend: ml 100 $ so far, burn L1 2×4 + L3 1×4 = 12; ds 20 $, burn L2 1.5 + L4 2×4 +
 //!   L6 2×4 = 17.5; ops 0 and 0.
+//!
+//! None of those samples has SM activity, so every lease reads `idle_measure` `util` and no
+//! `sm_active_pct`. The other tests here: spinning GPUs judged by each measure
+//! ([`a_spinning_gpu_is_idle_by_sm_activity_and_busy_by_utilization`]), and one H100 split
+//! into MIG slices ([`a_mig_slice_idles_on_its_own_while_its_neighbours_run`]).
 
 use std::collections::BTreeMap;
 
 use gpuwarden_pipeline::rollup::leases::Leases;
-use gpuwarden_pipeline::signals::{Inputs, SignalEngine};
-use gpuwarden_schema::config::{GpuPrice, PricingConfig};
+use gpuwarden_pipeline::signals::{idle_measures, IdleMeasures, Inputs, SignalEngine};
+use gpuwarden_schema::config::{self, GpuPrice, IdleMeasure, PricingConfig};
+use gpuwarden_schema::signal::JudgedBy;
 use gpuwarden_schema::{LeaseEvent, Record, Sample, Signal, SignalBody};
 use serde_json::json;
 
@@ -59,8 +65,22 @@ fn event(
     count: u32,
     gpus: &[&str],
 ) -> LeaseEvent {
+    workload_event(k, kind, lease, team, model, count, gpus, "training")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn workload_event(
+    k: i64,
+    kind: &str,
+    lease: &str,
+    team: &str,
+    model: &str,
+    count: u32,
+    gpus: &[&str],
+    workload: &str,
+) -> LeaseEvent {
     let mut e = json!({"v": 1, "ts_ms": T + k * MIN, "event": kind, "lease_id": lease,
-        "team": team, "user": "u", "project": "p", "workload": "training",
+        "team": team, "user": "u", "project": "p", "workload": workload,
         "substrate": "sim", "gpu_model": model, "gpu_count": count, "gpu_uuids": gpus});
     if kind == "released" {
         e["reason"] = json!("user");
@@ -127,13 +147,31 @@ async fn compute(
     samples: &[Sample],
     leases: &Leases,
 ) -> Vec<Signal> {
+    compute_with(
+        engine,
+        ts,
+        samples,
+        leases,
+        &pricing(),
+        &IdleMeasures::new(),
+    )
+    .await
+}
+
+async fn compute_with(
+    engine: &mut SignalEngine,
+    ts: i64,
+    samples: &[Sample],
+    leases: &Leases,
+    pricing: &PricingConfig,
+    measures: &IdleMeasures,
+) -> Vec<Signal> {
     let batch = Sample::to_record_batch(samples).unwrap();
     let spend = BTreeMap::from([
         ("ml".to_string(), 100.0),
         ("ds".to_string(), 20.0),
         ("ops".to_string(), 0.0),
     ]);
-    let pricing = pricing();
     let signals = engine
         .compute(&Inputs {
             ts_ms: ts,
@@ -141,7 +179,8 @@ async fn compute(
             samples: &[batch],
             leases,
             month_to_date_usd: &spend,
-            pricing: &pricing,
+            pricing,
+            idle_measures: measures,
             release_grace_ms: MIN,
         })
         .await
@@ -164,6 +203,7 @@ fn utilization(signals: &[Signal]) -> Vec<(String, String, f64, i64, u32, u32, u
                 gpus_active,
                 gpus_total,
                 mem_used_max_bytes,
+                ..
             } => Some((
                 lease_id.clone(),
                 team.clone(),
@@ -173,6 +213,39 @@ fn utilization(signals: &[Signal]) -> Vec<(String, String, f64, i64, u32, u32, u
                 *gpus_total,
                 *mem_used_max_bytes,
             )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each lease's (id, `sm_active_pct`, `idle_measure`).
+fn judged(signals: &[Signal]) -> Vec<(String, Option<f64>, Option<JudgedBy>)> {
+    signals
+        .iter()
+        .filter_map(|s| match &s.body {
+            SignalBody::LeaseUtilization {
+                lease_id,
+                sm_active_pct,
+                idle_measure,
+                ..
+            } => Some((
+                lease_id.clone(),
+                sm_active_pct.map(|sm| (sm * 1000.0).round() / 1000.0),
+                *idle_measure,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The GPUs of `gpu_unattributed` signals, with their utilization.
+fn unattributed(signals: &[Signal]) -> Vec<(String, f64)> {
+    signals
+        .iter()
+        .filter_map(|s| match &s.body {
+            SignalBody::GpuUnattributed {
+                gpu_uuid, util_pct, ..
+            } => Some((gpu_uuid.clone(), *util_pct)),
             _ => None,
         })
         .collect()
@@ -202,6 +275,17 @@ async fn every_kind_of_signal_matches_its_worked_figures() {
             s("L3", "ml", 0.0, 0, 0, 1, 0),
             s("L4", "ds", 1.0, 840_000, 0, 2, 1015),
             s("L6", "ds", 60.0, 0, 2, 2, 1015),
+        ]
+    );
+    // No sample has SM activity: utilization judged every lease that had samples.
+    assert_eq!(
+        judged(&signals),
+        vec![
+            ("L1".into(), None, Some(JudgedBy::Util)),
+            ("L2".into(), None, Some(JudgedBy::Util)),
+            ("L3".into(), None, None),
+            ("L4".into(), None, Some(JudgedBy::Util)),
+            ("L6".into(), None, Some(JudgedBy::Util)),
         ]
     );
     let rest: Vec<&SignalBody> = signals
@@ -268,4 +352,216 @@ async fn an_idle_run_longer_than_the_window_is_remembered() {
     events.extend([event(-60, "granted", "L2", "ds", "NVIDIA L40S", 1, &["g3"])]);
     let closed = Leases::from_events(events);
     assert_eq!(l2(&compute(&mut engine, ts, &later, &closed).await), None);
+}
+
+/// A sample with SM activity (a GPU with GPM).
+fn gpm_sample(gpu: &str, k: i64, util: f64, sm: Option<f64>, lease: Option<&str>) -> Sample {
+    let mut s = sample(gpu, k, util, lease);
+    s.sm_active_pct = sm;
+    s
+}
+
+/// Spinning: utilization 100 %, SM activity 2 %, for k = 1..=15, window 15 min, signals at
+/// T+15m. Notebooks are judged by SM activity (`[workloads.notebook] idle_measure`), the rest
+/// by `pricing.idle_measure`.
+/// - S1 (notebook, g20) spins → idle since k=1: 14 min = 840,000 ms, 0 active, SM 2,
+///   `sm_active`.
+/// - S2 (training, g21) spins the same → judged by utilization: busy, 1 active, `util`.
+/// - S3 (notebook, g22): k=1..=5 at 100 % with no SM activity (GPM not read), then spinning →
+///   utilization judges the first five (busy), SM activity the rest: idle since k=6, 9 min =
+///   540,000 ms, SM 2 over the samples that have it, `mixed`.
+/// - g23 (no lease) spins; g24 (no lease, no GPM) runs at 70 %. With `pricing.idle_measure` =
+///   `util` both are unattributed work; with `sm_active`, only g24 (utilization judges it).
+#[tokio::test]
+async fn a_spinning_gpu_is_idle_by_sm_activity_and_busy_by_utilization() {
+    let leases = Leases::from_events(vec![
+        workload_event(-60, "granted", "S1", "ml", H100, 1, &["g20"], "notebook"),
+        workload_event(-60, "granted", "S2", "ml", H100, 1, &["g21"], "training"),
+        workload_event(-60, "granted", "S3", "ds", H100, 1, &["g22"], "notebook"),
+    ]);
+    let mut samples = Vec::new();
+    for k in 1..=15 {
+        samples.push(gpm_sample("g20", k, 100.0, Some(2.0), Some("S1")));
+        samples.push(gpm_sample("g21", k, 100.0, Some(2.0), None));
+        let sm = (k > 5).then_some(2.0);
+        samples.push(gpm_sample("g22", k, 100.0, sm, None));
+        samples.push(gpm_sample("g23", k, 100.0, Some(2.0), None));
+        samples.push(gpm_sample("g24", k, 70.0, None, None));
+    }
+    let by_util = config::parse(
+        "t.toml",
+        "[pricing]\nidle_measure = \"util\"\n\n[workloads.notebook]\nidle_measure = \"sm_active\"\n",
+    )
+    .unwrap();
+    let by_sm = config::parse(
+        "t.toml",
+        "[pricing]\nidle_measure = \"sm_active\"\n\n[workloads.training]\nidle_measure = \"util\"\n",
+    )
+    .unwrap();
+    for (config, rogue) in [
+        (
+            &by_util,
+            vec![("g23".to_string(), 100.0), ("g24".to_string(), 70.0)],
+        ),
+        (&by_sm, vec![("g24".to_string(), 70.0)]),
+    ] {
+        let measures = idle_measures(config);
+        let signals = compute_with(
+            &mut SignalEngine::new(),
+            T + WINDOW,
+            &samples,
+            &leases,
+            &config.pricing,
+            &measures,
+        )
+        .await;
+        let util = utilization(&signals);
+        let figures: Vec<(&str, f64, i64, u32)> =
+            util.iter().map(|u| (u.0.as_str(), u.2, u.3, u.4)).collect();
+        assert_eq!(
+            figures,
+            [
+                ("S1", 100.0, 840_000, 0),
+                ("S2", 100.0, 0, 1),
+                ("S3", 100.0, 540_000, 1),
+            ]
+        );
+        assert_eq!(
+            judged(&signals),
+            [
+                ("S1".into(), Some(2.0), Some(JudgedBy::SmActive)),
+                ("S2".into(), Some(2.0), Some(JudgedBy::Util)),
+                ("S3".into(), Some(2.0), Some(JudgedBy::Mixed)),
+            ]
+        );
+        assert_eq!(unattributed(&signals), rogue);
+    }
+    // Without any measure configured, utilization judges everything: no lease is idle.
+    let signals = compute(&mut SignalEngine::new(), T + WINDOW, &samples, &leases).await;
+    assert!(utilization(&signals).iter().all(|u| u.3 == 0));
+    assert!(judged(&signals).iter().all(|j| j.2 == Some(JudgedBy::Util)));
+}
+
+/// A MIG sample: a slice (`MIG-…`) of H100 `GPU-p`, or (no profile) its unsliced rest.
+fn slice_sample(
+    gpu: &str,
+    profile: Option<&str>,
+    slices: u32,
+    k: i64,
+    (util, sm): (f64, Option<f64>),
+    lease: Option<&str>,
+) -> Sample {
+    let mut s = gpm_sample(gpu, k, util, sm, lease);
+    s.host = "h-p".into();
+    s.gpu_model = match profile {
+        Some(p) => format!("{H100} MIG {p}"),
+        None => H100.into(),
+    };
+    s.gr_active_pct = sm.map(|_| util);
+    s.mig_parent_uuid = profile.map(|_| "GPU-p".to_string());
+    s.mig_profile = profile.map(str::to_owned);
+    s.mig_slices = Some(slices);
+    s.mig_parent_slices = Some(7);
+    s.validate().unwrap();
+    s
+}
+
+/// H100 `GPU-p`'s 7 compute slices: M1 holds `MIG-a` (3g.40gb), M2 `MIG-b` (2g.20gb), M3
+/// `MIG-c` (1g.10gb); one slice is unsliced, sampled as the parent's UUID with no lease and
+/// utilization 0. Each slice's utilization is its GPU instance's graphics activity. M1 runs at
+/// 90 % (SM 70 %, its samples naming it), M2 at 60 % (SM 45 %, attributed by holding), M3's
+/// slice idles (0 %, SM 0 %) from k=1. At T+15m: M3 idle 14 min, the others 0; five minutes
+/// later (k=16..=20 alike), M3 idle 19 min: its run grows while its neighbours run. Neither the
+/// unsliced rest nor any slice reads as unattributed, by either measure.
+#[tokio::test]
+async fn a_mig_slice_idles_on_its_own_while_its_neighbours_run() {
+    let leases = Leases::from_events(vec![
+        workload_event(-60, "granted", "M1", "ml", H100, 1, &["MIG-a"], "training"),
+        workload_event(-60, "granted", "M2", "ds", H100, 1, &["MIG-b"], "inference"),
+        workload_event(-60, "granted", "M3", "ops", H100, 1, &["MIG-c"], "notebook"),
+    ]);
+    let minutes = |ks: std::ops::RangeInclusive<i64>| -> Vec<Sample> {
+        ks.flat_map(|k| {
+            [
+                slice_sample(
+                    "MIG-a",
+                    Some("3g.40gb"),
+                    3,
+                    k,
+                    (90.0, Some(70.0)),
+                    Some("M1"),
+                ),
+                slice_sample("MIG-b", Some("2g.20gb"), 2, k, (60.0, Some(45.0)), None),
+                slice_sample("MIG-c", Some("1g.10gb"), 1, k, (0.0, Some(0.0)), None),
+                slice_sample("GPU-p", None, 1, k, (0.0, None), None),
+            ]
+        })
+        .collect()
+    };
+    for measure in [IdleMeasure::Util, IdleMeasure::SmActive] {
+        let pricing = PricingConfig {
+            idle_measure: measure,
+            ..pricing()
+        };
+        let measures = IdleMeasures::new();
+        let mut engine = SignalEngine::new();
+        let first = minutes(1..=15);
+        let at15 = compute_with(
+            &mut engine,
+            T + WINDOW,
+            &first,
+            &leases,
+            &pricing,
+            &measures,
+        )
+        .await;
+        let idle = |signals: &[Signal]| -> Vec<(String, i64, u32)> {
+            utilization(signals)
+                .into_iter()
+                .map(|u| (u.0, u.3, u.4))
+                .collect()
+        };
+        assert_eq!(
+            idle(&at15),
+            [
+                ("M1".into(), 0, 1),
+                ("M2".into(), 0, 1),
+                ("M3".into(), 14 * MIN, 0)
+            ],
+            "{measure:?}"
+        );
+        assert_eq!(unattributed(&at15), [], "{measure:?}");
+        let later = minutes(6..=20);
+        let at20 = compute_with(
+            &mut engine,
+            T + 20 * MIN,
+            &later,
+            &leases,
+            &pricing,
+            &measures,
+        )
+        .await;
+        assert_eq!(
+            idle(&at20),
+            [
+                ("M1".into(), 0, 1),
+                ("M2".into(), 0, 1),
+                ("M3".into(), 19 * MIN, 0)
+            ],
+            "{measure:?}"
+        );
+        assert_eq!(unattributed(&at20), [], "{measure:?}");
+        let by = match measure {
+            IdleMeasure::Util => JudgedBy::Util,
+            IdleMeasure::SmActive => JudgedBy::SmActive,
+        };
+        assert_eq!(
+            judged(&at20),
+            [
+                ("M1".into(), Some(70.0), Some(by)),
+                ("M2".into(), Some(45.0), Some(by)),
+                ("M3".into(), Some(0.0), Some(by)),
+            ]
+        );
+    }
 }

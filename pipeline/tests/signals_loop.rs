@@ -4,18 +4,22 @@
 //! instance per lake publishes; the loop stops on its flag.
 //!
 //! T0 = 2026-11-30T00:00Z; every 30 s, window 15 min; samples every 10 s.
-//! - L-idle (ml, H100, g-idle) and L-busy (ds, A100, g-busy) granted at T0 − 10 min; L-gone
-//!   (ops, g-gone) granted and released before T0.
-//! - Phase 1, k = 10..=60 s: g-idle 0 %, g-busy 80 %, g-rogue (no lease) 90 %, g-gone 70 %
-//!   naming L-gone (its lease is closed: unattributed), and one invalid record. Signals at T0+60 s:
-//!   L-idle util 0, idle since T0+10 s → 50,000 ms; L-busy util 80, idle 0; g-rogue 90 and
+//! - L-idle (ml, notebook, H100, g-idle) and L-busy (ds, training, A100, g-busy) granted at
+//!   T0 − 10 min; L-gone (ops, g-gone) granted and released before T0. Notebooks are judged idle
+//!   by SM activity, everything else by utilization.
+//! - Phase 1, k = 10..=60 s: g-idle spins (util 100 %, SM active 2 %: GPM, an H100), g-busy
+//!   80 %, g-rogue (no lease) 90 %, g-gone 70 % naming L-gone (its lease is closed:
+//!   unattributed), and one invalid record. Signals at T0+60 s: L-idle util 100, SM active 2,
+//!   judged by `sm_active`, idle since T0+10 s → 50,000 ms; L-busy util 80, no SM activity,
+//!   judged by `util`, idle 0; g-rogue 90 and
 //!   g-gone 70 unattributed; ml spent 100 $ this month (not the 1,000 $ of October, nor the
 //!   `(unallocated)` 7 $), burns 4 $/h (1 H100); ds 20.5 $, burns 1.5 $/h (the default price).
 //! - Phase 2, k = 65, 75, 85 s, all at 0 % but g-rogue, and a sample of host-wrong dated 400 days
 //!   ahead (refused, reported in a clock_skew signal); then samples at 95 s of the three hosts
 //!   still reporting move the fleet's watermark past T0+90 s. g-gone's host went silent at 60 s:
 //!   it stops holding the watermark once 20 s (these tests' idle timeout) behind the median
-//!   host. L-busy: util 6×80/9 = 53.333, idle since T0+65 s → 25,000 ms; L-idle 80,000 ms;
+//!   host. L-busy: util 6×80/9 = 53.333, idle since T0+65 s → 25,000 ms; L-idle (spinning
+//!   still) 80,000 ms;
 //!   g-gone's samples are still in the window.
 
 mod support;
@@ -29,13 +33,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, RecordBatch, StringArray, TimestampMillisecondArray,
 };
+use arrow_schema::DataType;
 use gpuwarden_pipeline::bounds::Bounds;
 use gpuwarden_pipeline::hot::{self, SignalsOptions};
 use gpuwarden_pipeline::{Lake, Metrics};
-use gpuwarden_schema::config::{GpuPrice, PricingConfig};
+use gpuwarden_schema::config::{GpuPrice, IdleMeasure, PricingConfig};
 use gpuwarden_schema::kafka::EmbeddedBroker;
+use gpuwarden_schema::signal::JudgedBy;
 use gpuwarden_schema::signing::{self, SigningKeys, Verdict};
-use gpuwarden_schema::{topics, Record, Signal, SignalBody, SystemClock};
+use gpuwarden_schema::{topics, Record, Signal, SignalBody, SystemClock, Workload};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
@@ -50,12 +56,16 @@ const IDLE: i64 = 20 * S;
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const A100: &str = "NVIDIA A100-SXM4-80GB";
 
+/// g-idle, an H100, reports GPM: it spins, at 2 % SM activity whatever its utilization.
 fn sample(gpu: &str, at: i64, util: f64, lease: Option<&str>) -> (String, Vec<u8>) {
     let model = if gpu == "g-idle" { H100 } else { A100 };
-    let json = serde_json::json!({"v": 1, "ts_ms": T0 + at, "interval_ms": 10_000,
+    let mut json = serde_json::json!({"v": 1, "ts_ms": T0 + at, "interval_ms": 10_000,
         "host": format!("host-{gpu}"), "gpu_uuid": gpu, "gpu_model": model,
         "util_gpu_pct": util, "mem_used_bytes": 1_000 + at / S, "mem_total_bytes": 1_000_000,
         "lease_id": lease});
+    if gpu == "g-idle" {
+        json["sm_active_pct"] = serde_json::json!(2.0);
+    }
     (gpu.to_string(), json.to_string().into_bytes())
 }
 
@@ -67,8 +77,13 @@ fn lease_event(
     model: &str,
     gpu: &str,
 ) -> (String, Vec<u8>) {
+    let workload = if lease == "L-idle" {
+        "notebook"
+    } else {
+        "training"
+    };
     let mut e = serde_json::json!({"v": 1, "ts_ms": T0 + at, "event": kind, "lease_id": lease,
-        "team": team, "user": "u", "project": "p", "workload": "training", "substrate": "sim",
+        "team": team, "user": "u", "project": "p", "workload": workload, "substrate": "sim",
         "gpu_model": model, "gpu_count": 1, "gpu_uuids": [gpu]});
     if kind == "released" {
         e["reason"] = serde_json::json!("user");
@@ -76,32 +91,35 @@ fn lease_event(
     (lease.to_string(), e.to_string().into_bytes())
 }
 
-/// `team_hourly` rows as the rollups write them: (hour, team, cost).
+/// `team_hourly` rows as the rollups write them: (hour, team, cost). The signals read only
+/// `hour`, `team` and `cost_usd`: every other column is null where it may be, else zero, true
+/// or `H100`, whatever columns the table has.
 fn write_team_hourly(lake: &Lake, rows: &[(i64, &str, f64)]) {
     let schema = gpuwarden_pipeline::RollupTable::TeamHourly.schema();
     let n = rows.len();
-    let zeros = || Arc::new(Float64Array::from(vec![0.0; n])) as ArrayRef;
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(
-            TimestampMillisecondArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())
-                .with_timezone("UTC"),
-        ),
-        Arc::new(StringArray::from(
-            rows.iter().map(|r| r.1).collect::<Vec<_>>(),
-        )),
-        Arc::new(StringArray::from(vec![H100; n])),
-        zeros(),
-        zeros(),
-        zeros(),
-        zeros(),
-        Arc::new(Float64Array::from(vec![None::<f64>; n])),
-        Arc::new(Float64Array::from(
-            rows.iter().map(|r| r.2).collect::<Vec<_>>(),
-        )),
-        zeros(),
-        zeros(),
-        Arc::new(BooleanArray::from(vec![true; n])),
-    ];
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| -> ArrayRef {
+            match (f.name().as_str(), f.data_type()) {
+                ("hour", _) => Arc::new(
+                    TimestampMillisecondArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+                        .with_timezone("UTC"),
+                ),
+                ("team", _) => Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+                )),
+                ("cost_usd", _) => Arc::new(Float64Array::from(
+                    rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
+                (_, t) if f.is_nullable() => arrow_array::new_null_array(t, n),
+                (_, DataType::Float64) => Arc::new(Float64Array::from(vec![0.0; n])),
+                (_, DataType::Boolean) => Arc::new(BooleanArray::from(vec![true; n])),
+                (_, DataType::Utf8) => Arc::new(StringArray::from(vec![H100; n])),
+                (name, t) => panic!("team_hourly.{name}: no test value for {t}"),
+            }
+        })
+        .collect();
     let batch = RecordBatch::try_new(schema, columns).unwrap();
     // Committed to the Delta table as the rollups commit, from a thread of its own: the tests
     // call this from inside their runtime.
@@ -134,8 +152,10 @@ fn options() -> SignalsOptions {
             }],
             default_usd_per_gpu_hour: 1.5,
             idle_util_pct: 5.0,
+            idle_sm_active_pct: 5.0,
             ..PricingConfig::default()
         },
+        idle_measures: BTreeMap::from([(Workload::Notebook, IdleMeasure::SmActive)]),
         spend_refresh: Duration::from_secs(60),
         lock_retry: Duration::from_millis(200),
         // The tests' samples are dated around T0, days ago: history is let through; the future
@@ -319,7 +339,9 @@ impl Signals {
     }
 }
 
-fn lease_utilization(s: &Signal) -> (String, f64, i64, u32, u32) {
+type Utilization = (String, f64, i64, u32, u32, Option<f64>, Option<JudgedBy>);
+
+fn lease_utilization(s: &Signal) -> Utilization {
     match &s.body {
         SignalBody::LeaseUtilization {
             team,
@@ -327,6 +349,8 @@ fn lease_utilization(s: &Signal) -> (String, f64, i64, u32, u32) {
             idle_ms,
             gpus_active,
             gpus_total,
+            sm_active_pct,
+            idle_measure,
             ..
         } => (
             team.clone(),
@@ -334,6 +358,8 @@ fn lease_utilization(s: &Signal) -> (String, f64, i64, u32, u32) {
             *idle_ms,
             *gpus_active,
             *gpus_total,
+            *sm_active_pct,
+            *idle_measure,
         ),
         other => panic!("not a lease_utilization: {other:?}"),
     }
@@ -385,7 +411,7 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
     let mut phase1 = Vec::new();
     for k in 1..=6 {
         let at = k * 10 * S;
-        phase1.push(sample("g-idle", at, 0.0, None));
+        phase1.push(sample("g-idle", at, 100.0, None));
         phase1.push(sample("g-busy", at, 80.0, None));
         phase1.push(sample("g-rogue", at, 90.0, None));
         phase1.push(sample("g-gone", at, 70.0, Some("L-gone")));
@@ -401,13 +427,14 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         ["L-busy", "L-idle", "ds", "g-gone", "g-rogue", "ml"],
         "keyed by lease, GPU and team"
     );
+    let (sm, util) = (Some(JudgedBy::SmActive), Some(JudgedBy::Util));
     assert_eq!(
         lease_utilization(&at60["L-idle"]),
-        ("ml".into(), 0.0, 50_000, 0, 1)
+        ("ml".into(), 100.0, 50_000, 0, 1, Some(2.0), sm)
     );
     assert_eq!(
         lease_utilization(&at60["L-busy"]),
-        ("ds".into(), 80.0, 0, 1, 1)
+        ("ds".into(), 80.0, 0, 1, 1, None, util)
     );
     let unattributed = |gpu: &str, util: f64| SignalBody::GpuUnattributed {
         gpu_uuid: gpu.into(),
@@ -439,7 +466,7 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
     // the fleet's watermark past T0+90 s.
     let mut phase2 = Vec::new();
     for at in [65 * S, 75 * S, 85 * S] {
-        phase2.push(sample("g-idle", at, 0.0, None));
+        phase2.push(sample("g-idle", at, 100.0, None));
         phase2.push(sample("g-busy", at, 0.0, None));
         phase2.push(sample("g-rogue", at, 90.0, None));
     }
@@ -483,7 +510,11 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
         fleet_at_95.push(sample(
             gpu,
             95 * S,
-            if gpu == "g-rogue" { 90.0 } else { 0.0 },
+            match gpu {
+                "g-rogue" => 90.0,
+                "g-idle" => 100.0,
+                _ => 0.0,
+            },
             None,
         ));
     }
@@ -491,11 +522,11 @@ fn leases_and_samples_come_back_as_signals_from_one_publisher_until_it_stops() {
     let at90 = signals.wait_for(T0 + 90 * S, 6, Duration::from_secs(10));
     assert_eq!(
         lease_utilization(&at90["L-busy"]),
-        ("ds".into(), 53.333, 25_000, 1, 1)
+        ("ds".into(), 53.333, 25_000, 1, 1, None, util)
     );
     assert_eq!(
         lease_utilization(&at90["L-idle"]),
-        ("ml".into(), 0.0, 80_000, 0, 1)
+        ("ml".into(), 100.0, 80_000, 0, 1, Some(2.0), sm)
     );
     assert_eq!(at90["g-rogue"].body, unattributed("g-rogue", 90.0));
     // Its samples of T0+10..=60 s are still in the window.

@@ -1,8 +1,10 @@
 //! The bucketed signal window ([`SampleWindow`] + [`SignalEngine::signals`]) gives the figures of
 //! the raw samples: one worked case where a lease segment starts inside a minute, and randomized
 //! fleets (copies that agree and disagree, samples and lease events arriving late and out of
-//! order, grants, resizes and releases at any millisecond, eviction as the window moves) checked
-//! against the engine that ran DataFusion SQL over every raw sample (`reference/old_signals.rs`).
+//! order, grants, resizes and releases at any millisecond, eviction as the window moves; GPUs
+//! with SM activity, without, and with it now and then, judged by utilization or SM activity per
+//! workload) checked against the engine that ran DataFusion SQL over every raw sample
+//! (`reference/old_signals.rs`).
 
 #[path = "reference/old_signals.rs"]
 mod old_signals;
@@ -11,9 +13,9 @@ use std::collections::BTreeMap;
 
 use gpuwarden_pipeline::rollup::leases::Leases;
 use gpuwarden_pipeline::signals::window::{Kept, SampleFields, SampleWindow, BUCKET_MS};
-use gpuwarden_pipeline::signals::{Inputs, Period, SignalEngine};
-use gpuwarden_schema::config::PricingConfig;
-use gpuwarden_schema::{LeaseEvent, Record, Sample, Signal, SignalBody};
+use gpuwarden_pipeline::signals::{IdleMeasures, Inputs, Period, SignalEngine};
+use gpuwarden_schema::config::{IdleMeasure, PricingConfig};
+use gpuwarden_schema::{LeaseEvent, Record, Sample, Signal, SignalBody, Workload};
 use old_signals::OldEngine;
 use serde_json::json;
 
@@ -24,6 +26,7 @@ fn pricing() -> PricingConfig {
     PricingConfig {
         default_usd_per_gpu_hour: 2.0,
         idle_util_pct: 5.0,
+        idle_sm_active_pct: 5.0,
         ..PricingConfig::default()
     }
 }
@@ -35,6 +38,7 @@ struct Row {
     interval_ms: i64,
     host: String,
     util: f64,
+    sm: Option<f64>,
     mem: i64,
     lease: Option<String>,
 }
@@ -47,6 +51,7 @@ impl Row {
             interval_ms: self.interval_ms,
             host: &self.host,
             util_gpu_pct: self.util,
+            sm_active_pct: self.sm,
             mem_used_bytes: self.mem,
             lease_id: self.lease.as_deref(),
         }
@@ -56,8 +61,9 @@ impl Row {
         Sample::from_json(
             json!({"v": 1, "ts_ms": self.ts_ms, "interval_ms": self.interval_ms,
                    "host": self.host, "gpu_uuid": self.gpu, "gpu_model": "M",
-                   "util_gpu_pct": self.util, "mem_used_bytes": self.mem,
-                   "mem_total_bytes": 1_000_000_000, "lease_id": self.lease})
+                   "util_gpu_pct": self.util, "sm_active_pct": self.sm,
+                   "mem_used_bytes": self.mem, "mem_total_bytes": 1_000_000_000,
+                   "lease_id": self.lease})
             .to_string()
             .as_bytes(),
         )
@@ -72,14 +78,22 @@ fn row(gpu: &str, ts_ms: i64, util: f64, lease: Option<&str>) -> Row {
         interval_ms: 10 * S,
         host: format!("h-{gpu}"),
         util,
+        sm: None,
         mem: 1_000,
         lease: lease.map(str::to_owned),
     }
 }
 
+/// The workload of lease `L<n>`: the four in turn, so each measure judges some leases.
+fn workload_of(lease: &str) -> Workload {
+    let n: usize = lease.trim_start_matches('L').parse().unwrap_or(0);
+    Workload::ALL[n % Workload::ALL.len()]
+}
+
 fn event(ts_ms: i64, kind: &str, lease: &str, gpus: &[String]) -> LeaseEvent {
     let mut e = json!({"v": 1, "ts_ms": ts_ms, "event": kind, "lease_id": lease,
-        "team": format!("team-{lease}"), "user": "u", "project": "p", "workload": "training",
+        "team": format!("team-{lease}"), "user": "u", "project": "p",
+        "workload": workload_of(lease).as_str(),
         "substrate": "sim", "gpu_model": "M", "gpu_count": gpus.len().max(1),
         "gpu_uuids": gpus});
     if kind == "released" {
@@ -95,7 +109,7 @@ fn signals(
     window_ms: i64,
     leases: &Leases,
 ) -> Vec<Signal> {
-    let (spend, pricing) = (BTreeMap::new(), pricing());
+    let (spend, pricing, measures) = (BTreeMap::new(), pricing(), IdleMeasures::new());
     engine.signals(
         window,
         &Period {
@@ -104,6 +118,7 @@ fn signals(
             leases,
             month_to_date_usd: &spend,
             pricing: &pricing,
+            idle_measures: &measures,
             release_grace_ms: 30 * S,
         },
     )
@@ -204,8 +219,15 @@ impl Rng {
 fn rounded(mut signals: Vec<Signal>) -> Vec<Signal> {
     for s in &mut signals {
         match &mut s.body {
-            SignalBody::LeaseUtilization { util_pct, .. }
-            | SignalBody::GpuUnattributed { util_pct, .. } => {
+            SignalBody::LeaseUtilization {
+                util_pct,
+                sm_active_pct,
+                ..
+            } => {
+                *util_pct = (*util_pct * 1e6).round() / 1e6;
+                *sm_active_pct = sm_active_pct.map(|sm| (sm * 1e6).round() / 1e6);
+            }
+            SignalBody::GpuUnattributed { util_pct, .. } => {
                 *util_pct = (*util_pct * 1e6).round() / 1e6
             }
             _ => {}
@@ -214,10 +236,34 @@ fn rounded(mut signals: Vec<Signal>) -> Vec<Signal> {
     signals
 }
 
+/// What one randomized fleet exercised.
+#[derive(Debug, Default)]
+struct Seen {
+    signals: usize,
+    unattributed: usize,
+    max_idle: i64,
+    /// `lease_utilization` signals judged by each of `util`, `sm_active`, `mixed`.
+    judged: [usize; 3],
+}
+
 /// One randomized fleet: eight GPUs for ten minutes, six leases, signals every 30 s over a
-/// 3-minute window (whose start falls on a minute every other time).
-fn fleet(seed: u64) -> (usize, usize, i64) {
+/// 3-minute window (whose start falls on a minute every other time). Some GPUs have GPM (SM
+/// activity in every sample), some none, some now and then; SM activity is drawn apart from
+/// utilization, so spinning samples (busy by utilization, idle by SM activity) and their
+/// opposite occur. Each workload is judged by a measure drawn per fleet, or by the pricing's.
+fn fleet(seed: u64) -> Seen {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let measures = [IdleMeasure::Util, IdleMeasure::SmActive];
+    let mut idle_measures = IdleMeasures::new();
+    for w in Workload::ALL {
+        if rng.chance(75) {
+            idle_measures.insert(w, *rng.pick(&measures));
+        }
+    }
+    let pricing = PricingConfig {
+        idle_measure: *rng.pick(&measures),
+        ..pricing()
+    };
     let gpus: Vec<String> = (0..8).map(|g| format!("g{g}")).collect();
     let lease_ids = ["L0", "L1", "L2", "L3", "L4", "L5"];
     // Lease events at any millisecond, each arriving up to a minute late.
@@ -251,10 +297,13 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
     // Samples every 5 s from a random phase, some missing, some copied (the same record, or a
     // copy that disagrees), each arriving up to 90 s late.
     let utils = [0.0, 1.0, 4.5, 5.0, 20.0, 60.0, 95.0, 100.0];
+    let sms = [0.0, 2.0, 4.9, 5.0, 30.0, 90.0];
     let mut arrivals: Vec<(i64, Row)> = Vec::new();
     for (g, gpu) in gpus.iter().enumerate() {
         let phase = rng.below(5_000) as i64;
         let busy = rng.chance(50);
+        // Percent of its samples with SM activity: none (no GPM), all, or some.
+        let gpm = *rng.pick(&[0, 100, 100, 60]);
         for k in 0..120 {
             if rng.chance(5) {
                 continue;
@@ -264,6 +313,7 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
             } else {
                 *rng.pick(&utils[..3])
             };
+            let sm = rng.chance(gpm).then(|| *rng.pick(&sms));
             let lease = match rng.below(10) {
                 0..=5 => None,
                 6..=8 => Some(rng.pick(&lease_ids).to_string()),
@@ -275,6 +325,7 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
                 interval_ms: *rng.pick(&[5 * S, 4 * S]),
                 host: format!("h{}", g % 3),
                 util,
+                sm,
                 mem: rng.below(1_000_000) as i64,
                 lease,
             };
@@ -285,6 +336,7 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
             if rng.chance(10) {
                 let mut copy = r.clone();
                 copy.util = *rng.pick(&utils);
+                copy.sm = rng.chance(50).then(|| *rng.pick(&sms));
                 copy.mem = rng.below(1_000_000) as i64;
                 copy.interval_ms = *rng.pick(&[5 * S, 4 * S]);
                 copy.lease = rng.chance(50).then(|| rng.pick(&lease_ids).to_string());
@@ -300,7 +352,7 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
     let mut window = SampleWindow::new(BUCKET_MS);
     let mut raw: Vec<Sample> = Vec::new();
     let (mut engine, mut old) = (SignalEngine::new(), OldEngine::new());
-    let (mut next, mut computed, mut busy_signals, mut max_idle) = (0, 0, 0, 0);
+    let (mut next, mut seen) = (0, Seen::default());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -321,13 +373,14 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
             .map(|(_, e)| e.clone())
             .collect();
         let leases = Leases::from_events(known);
-        let (spend, pricing) = (BTreeMap::from([("team-L0".to_string(), 3.5)]), pricing());
+        let spend = BTreeMap::from([("team-L0".to_string(), 3.5)]);
         let period = Period {
             ts_ms: ts,
             window_ms: length,
             leases: &leases,
             month_to_date_usd: &spend,
             pricing: &pricing,
+            idle_measures: &idle_measures,
             release_grace_ms: every,
         };
         let new = rounded(engine.signals(&mut window, &period));
@@ -340,6 +393,7 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
                 leases: &leases,
                 month_to_date_usd: &spend,
                 pricing: &pricing,
+                idle_measures: &idle_measures,
                 release_grace_ms: every,
             }))
             .unwrap();
@@ -348,11 +402,20 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
             rounded(want),
             "seed {seed}, signals at T0 + {j} × 30 s"
         );
-        computed += new.len();
+        seen.signals += new.len();
         for s in &new {
             match s.body {
-                SignalBody::GpuUnattributed { .. } => busy_signals += 1,
-                SignalBody::LeaseUtilization { idle_ms, .. } => max_idle = max_idle.max(idle_ms),
+                SignalBody::GpuUnattributed { .. } => seen.unattributed += 1,
+                SignalBody::LeaseUtilization {
+                    idle_ms,
+                    idle_measure,
+                    ..
+                } => {
+                    seen.max_idle = seen.max_idle.max(idle_ms);
+                    if let Some(m) = idle_measure {
+                        seen.judged[m as usize] += 1;
+                    }
+                }
                 _ => {}
             }
         }
@@ -364,20 +427,37 @@ fn fleet(seed: u64) -> (usize, usize, i64) {
             .first()
             .is_none_or(|t| *t > ts + every - length));
     }
-    (computed, busy_signals, max_idle)
+    seen
 }
 
 #[test]
 fn randomized_fleets_match_the_raw_sample_engine() {
-    let (mut signals, mut unattributed, mut idle) = (0, 0, 0);
-    for seed in 1..=6 {
-        let (n, u, i) = fleet(seed);
-        signals += n;
-        unattributed += u;
-        idle = idle.max(i);
+    let mut all = Seen::default();
+    for seed in 1..=8 {
+        let seen = fleet(seed);
+        all.signals += seen.signals;
+        all.unattributed += seen.unattributed;
+        all.max_idle = all.max_idle.max(seen.max_idle);
+        for (a, s) in all.judged.iter_mut().zip(seen.judged) {
+            *a += s;
+        }
     }
-    // The fleets exercise what they are meant to: signals of every kind, idle runs.
-    assert!(signals > 300, "{signals} signals");
-    assert!(unattributed > 10, "{unattributed} gpu_unattributed");
-    assert!(idle > 60 * S, "longest idle run {idle} ms");
+    // The fleets exercise what they are meant to: signals of every kind, idle runs, and leases
+    // judged by each measure and by both.
+    assert!(all.signals > 400, "{} signals", all.signals);
+    assert!(
+        all.unattributed > 10,
+        "{} gpu_unattributed",
+        all.unattributed
+    );
+    assert!(
+        all.max_idle > 60 * S,
+        "longest idle run {} ms",
+        all.max_idle
+    );
+    assert!(
+        all.judged.iter().all(|&n| n > 10),
+        "judged by util, sm_active, mixed: {:?}",
+        all.judged
+    );
 }

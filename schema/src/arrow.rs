@@ -126,6 +126,19 @@ impl<'a> Columns<'a> {
         })
     }
 
+    /// A column a record gained after its first version: `None` in a batch that predates it
+    /// (an older lake file), an error only when it is there with another type.
+    pub(crate) fn later<C>(
+        &self,
+        name: &'static str,
+        get: impl FnOnce(&Self, &'static str) -> Result<C, ArrowConvertError>,
+    ) -> Result<Option<C>, ArrowConvertError> {
+        match self.batch.column_by_name(name) {
+            None => Ok(None),
+            Some(_) => get(self, name).map(Some),
+        }
+    }
+
     pub(crate) fn list(&self, name: &'static str) -> Result<Col<&'a ListArray>, ArrowConvertError> {
         Ok(Col {
             name,

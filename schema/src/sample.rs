@@ -78,6 +78,122 @@ pub struct Sample {
     pub mig_profile: Option<String>,
     /// Free-form labels, e.g. `k8s_namespace`, `k8s_pod`, `slurm_job_id`.
     pub labels: Option<BTreeMap<String, String>>,
+    /// Share of time the SMs had at least one warp resident, averaged over all SMs, percent
+    /// (NVML GPM `SM_UTIL`; DCGM's `PROF_SM_ACTIVE`). Only GPUs with GPM (Hopper and later, or
+    /// a MIG instance of one) report it. A GPU spinning one tiny kernel, or stuck in a
+    /// collective, reads 100 % in `util_gpu_pct` and near 0 here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub sm_active_pct: Option<f64>,
+    /// Warps resident per SM over the most an SM can hold, averaged, percent (GPM
+    /// `SM_OCCUPANCY`; DCGM's `PROF_SM_OCCUPANCY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub sm_occupancy_pct: Option<f64>,
+    /// Share of time the tensor pipes were active, percent (GPM `ANY_TENSOR_UTIL`; DCGM's
+    /// `PROF_PIPE_TENSOR_ACTIVE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub tensor_active_pct: Option<f64>,
+    /// Share of time the device memory interface was sending or receiving, percent (GPM
+    /// `DRAM_BW_UTIL`; DCGM's `PROF_DRAM_ACTIVE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub dram_active_pct: Option<f64>,
+    /// Share of time the graphics engine was active, percent (GPM `GRAPHICS_UTIL`; DCGM's
+    /// `PROF_GR_ENGINE_ACTIVE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub gr_active_pct: Option<f64>,
+    /// For a MIG instance (`gpu_uuid` `MIG-…`): the UUID of the physical GPU it is a slice of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent_uuid: Option<String>,
+    /// For a MIG instance: its GPU instance's compute slices (1 for `1g.10gb`, 7 for `7g.80gb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub mig_slices: Option<u32>,
+    /// For a MIG instance: the compute slices of its whole parent GPU (7 on an A100 or H100, 4
+    /// on an A30). A slice is `mig_slices / mig_parent_slices` of its parent, unless
+    /// `[[pricing.mig]]` says otherwise for its profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub mig_parent_slices: Option<u32>,
+    /// The workload's own measure of serving, when its processes declare one (an inference
+    /// server's requests running, from its metrics endpoint: `GPUWARDEN_SERVING_METRICS` and
+    /// `GPUWARDEN_SERVING_EXPR`): 0 while the server serves nothing, however busy its GPU
+    /// looks to NVML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub serving_requests: Option<f64>,
+}
+
+/// The GPM measures of a sample that are percentages, by field name (see [`Sample`]).
+pub const GPM_FIELDS: [&str; 5] = [
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_active_pct",
+    "gr_active_pct",
+];
+
+/// The optional fields a sample gained after the first v1 (GPM measures and MIG slices), checked
+/// by the same rules wherever a sample is read.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Extra {
+    pub gpm: [Option<f64>; 5],
+    pub mig_slices: Option<u32>,
+    pub mig_parent_slices: Option<u32>,
+    pub serving_requests: Option<f64>,
+}
+
+pub(crate) fn check_extra(extra: &Extra) -> Result<(), ValidationError> {
+    for (name, value) in GPM_FIELDS.iter().zip(extra.gpm) {
+        if let Some(v) = value {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(ValidationError::new(
+                    *name,
+                    format!("{v} is outside 0..=100"),
+                ));
+            }
+        }
+    }
+    if let Some(v) = extra.serving_requests {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(ValidationError::new(
+                "serving_requests",
+                format!("{v} is not a finite number at least 0"),
+            ));
+        }
+    }
+    match (extra.mig_slices, extra.mig_parent_slices) {
+        (Some(0), _) => Err(ValidationError::new("mig_slices", "must be at least 1")),
+        (_, Some(0)) => Err(ValidationError::new(
+            "mig_parent_slices",
+            "must be at least 1",
+        )),
+        (Some(slices), Some(parent)) if slices > parent => Err(ValidationError::new(
+            "mig_slices",
+            format!("{slices} is more than mig_parent_slices ({parent})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Sample {
+    fn extra(&self) -> Extra {
+        Extra {
+            gpm: [
+                self.sm_active_pct,
+                self.sm_occupancy_pct,
+                self.tensor_active_pct,
+                self.dram_active_pct,
+                self.gr_active_pct,
+            ],
+            mig_slices: self.mig_slices,
+            mig_parent_slices: self.mig_parent_slices,
+            serving_requests: self.serving_requests,
+        }
+    }
 }
 
 /// The rules of the Sample contract, shared by [`Sample`] and the pipeline's borrowed
@@ -130,7 +246,8 @@ impl Record for Sample {
             self.mem_used_bytes,
             self.mem_total_bytes,
             self.energy_mj,
-        )
+        )?;
+        check_extra(&self.extra())
     }
 
     fn key(&self) -> &str {
@@ -160,6 +277,15 @@ impl Record for Sample {
             field("lease_id", DataType::Utf8, true),
             field("mig_profile", DataType::Utf8, true),
             field("labels", DataType::Utf8, true),
+            field("sm_active_pct", DataType::Float64, true),
+            field("sm_occupancy_pct", DataType::Float64, true),
+            field("tensor_active_pct", DataType::Float64, true),
+            field("dram_active_pct", DataType::Float64, true),
+            field("gr_active_pct", DataType::Float64, true),
+            field("mig_parent_uuid", DataType::Utf8, true),
+            field("mig_slices", DataType::Int64, true),
+            field("mig_parent_slices", DataType::Int64, true),
+            field("serving_requests", DataType::Float64, true),
         ]))
     }
 
@@ -193,6 +319,15 @@ impl Record for Sample {
                 ax::strings(r.iter().map(|s| s.lease_id.as_deref())),
                 ax::strings(r.iter().map(|s| s.mig_profile.as_deref())),
                 ax::strings(labels.iter().map(|l| l.as_deref())),
+                ax::f64s(r.iter().map(|s| s.sm_active_pct)),
+                ax::f64s(r.iter().map(|s| s.sm_occupancy_pct)),
+                ax::f64s(r.iter().map(|s| s.tensor_active_pct)),
+                ax::f64s(r.iter().map(|s| s.dram_active_pct)),
+                ax::f64s(r.iter().map(|s| s.gr_active_pct)),
+                ax::strings(r.iter().map(|s| s.mig_parent_uuid.as_deref())),
+                ax::i64s(r.iter().map(|s| s.mig_slices.map(i64::from))),
+                ax::i64s(r.iter().map(|s| s.mig_parent_slices.map(i64::from))),
+                ax::f64s(r.iter().map(|s| s.serving_requests)),
             ],
         )
     }
@@ -216,6 +351,19 @@ impl Record for Sample {
         );
         let (process_count, lease_id) = (c.i64("process_count")?, c.str("lease_id")?);
         let (mig_profile, labels) = (c.str("mig_profile")?, c.str("labels")?);
+        // Columns a sample gained after the first v1: a batch of an older lake file lacks them.
+        let [sm_active, sm_occupancy, tensor_active, dram_active, gr_active] = [
+            c.later("sm_active_pct", Columns::f64)?,
+            c.later("sm_occupancy_pct", Columns::f64)?,
+            c.later("tensor_active_pct", Columns::f64)?,
+            c.later("dram_active_pct", Columns::f64)?,
+            c.later("gr_active_pct", Columns::f64)?,
+        ];
+        let mig_parent_uuid = c.later("mig_parent_uuid", Columns::str)?;
+        let mig_slices = c.later("mig_slices", Columns::i64)?;
+        let mig_parent_slices = c.later("mig_parent_slices", Columns::i64)?;
+        let serving = c.later("serving_requests", Columns::f64)?;
+        let f = |col: &Option<ax::Col<&arrow_array::Float64Array>>, i| col.as_ref()?.opt(i);
         (0..batch.num_rows())
             .map(|i| {
                 Ok(Sample {
@@ -240,6 +388,17 @@ impl Record for Sample {
                     lease_id: lease_id.opt(i),
                     mig_profile: mig_profile.opt(i),
                     labels: labels.labels(i)?,
+                    sm_active_pct: f(&sm_active, i),
+                    sm_occupancy_pct: f(&sm_occupancy, i),
+                    tensor_active_pct: f(&tensor_active, i),
+                    dram_active_pct: f(&dram_active, i),
+                    gr_active_pct: f(&gr_active, i),
+                    mig_parent_uuid: mig_parent_uuid.as_ref().and_then(|c| c.opt(i)),
+                    mig_slices: mig_slices.as_ref().map_or(Ok(None), |c| c.opt_as(i))?,
+                    mig_parent_slices: mig_parent_slices
+                        .as_ref()
+                        .map_or(Ok(None), |c| c.opt_as(i))?,
+                    serving_requests: f(&serving, i),
                 })
             })
             .collect()

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::error::{DecodeError, ValidationError};
 use crate::record::{decode_named, Record};
-use crate::sample::check;
+use crate::sample::{check, check_extra, Extra};
 use crate::version::V1;
 use crate::Sample;
 
@@ -86,6 +86,16 @@ pub struct SampleRow<'a> {
     #[serde(borrow)]
     pub mig_profile: Option<Text<'a>>,
     pub labels: Option<BTreeMap<String, String>>,
+    pub sm_active_pct: Option<f64>,
+    pub sm_occupancy_pct: Option<f64>,
+    pub tensor_active_pct: Option<f64>,
+    pub dram_active_pct: Option<f64>,
+    pub gr_active_pct: Option<f64>,
+    #[serde(borrow)]
+    pub mig_parent_uuid: Option<Text<'a>>,
+    pub mig_slices: Option<u32>,
+    pub mig_parent_slices: Option<u32>,
+    pub serving_requests: Option<f64>,
 }
 
 impl<'a> SampleRow<'a> {
@@ -109,7 +119,19 @@ impl<'a> SampleRow<'a> {
             self.mem_used_bytes,
             self.mem_total_bytes,
             self.energy_mj,
-        )
+        )?;
+        check_extra(&Extra {
+            gpm: [
+                self.sm_active_pct,
+                self.sm_occupancy_pct,
+                self.tensor_active_pct,
+                self.dram_active_pct,
+                self.gr_active_pct,
+            ],
+            mig_slices: self.mig_slices,
+            mig_parent_slices: self.mig_parent_slices,
+            serving_requests: self.serving_requests,
+        })
     }
 }
 
@@ -137,6 +159,11 @@ pub struct SampleBuilder {
     lease_id: StringBuilder,
     mig_profile: StringBuilder,
     labels: StringBuilder,
+    gpm: [Float64Builder; 5],
+    mig_parent_uuid: StringBuilder,
+    mig_slices: Int64Builder,
+    mig_parent_slices: Int64Builder,
+    serving_requests: Float64Builder,
     rows: usize,
     bytes: usize,
 }
@@ -146,7 +173,7 @@ impl Default for SampleBuilder {
         // Arrow's own default sizes.
         Self::with_capacity(&SampleCapacity {
             rows: 1024,
-            strings: [1024; 7],
+            strings: [1024; 8],
         })
     }
 }
@@ -160,15 +187,15 @@ pub struct SampleCapacity {
     /// Rows.
     pub rows: usize,
     /// Bytes of the values of each string column, in schema order (`host`, `gpu_uuid`,
-    /// `gpu_model`, `pci_bus_id`, `lease_id`, `mig_profile`, `labels`).
-    pub strings: [usize; 7],
+    /// `gpu_model`, `pci_bus_id`, `lease_id`, `mig_profile`, `labels`, `mig_parent_uuid`).
+    pub strings: [usize; 8],
 }
 
 impl SampleCapacity {
     /// The sizes of a `samples` batch (as [`SampleBuilder::finish`] makes), or `None` for a
     /// batch of another schema.
     pub fn of(batch: &RecordBatch) -> Option<Self> {
-        let mut strings = [0; 7];
+        let mut strings = [0; 8];
         for (bytes, name) in strings.iter_mut().zip(STRING_COLUMNS) {
             *bytes = batch
                 .column_by_name(name)?
@@ -195,7 +222,7 @@ impl SampleCapacity {
 }
 
 /// The string columns of the `samples` schema, in the order of [`SampleCapacity::strings`].
-const STRING_COLUMNS: [&str; 7] = [
+const STRING_COLUMNS: [&str; 8] = [
     "host",
     "gpu_uuid",
     "gpu_model",
@@ -203,15 +230,17 @@ const STRING_COLUMNS: [&str; 7] = [
     "lease_id",
     "mig_profile",
     "labels",
+    "mig_parent_uuid",
 ];
 
 impl SampleBuilder {
     /// A builder whose buffers hold `capacity` without growing.
     pub fn with_capacity(capacity: &SampleCapacity) -> Self {
         let n = capacity.rows;
-        let [host, gpu_uuid, gpu_model, pci_bus_id, lease_id, mig_profile, labels] = capacity
-            .strings
-            .map(|bytes| StringBuilder::with_capacity(n, bytes));
+        let [host, gpu_uuid, gpu_model, pci_bus_id, lease_id, mig_profile, labels, mig_parent_uuid] =
+            capacity
+                .strings
+                .map(|bytes| StringBuilder::with_capacity(n, bytes));
         Self {
             ts_ms: Int64Builder::with_capacity(n),
             interval_ms: Int64Builder::with_capacity(n),
@@ -233,6 +262,11 @@ impl SampleBuilder {
             lease_id,
             mig_profile,
             labels,
+            gpm: std::array::from_fn(|_| Float64Builder::with_capacity(n)),
+            mig_parent_uuid,
+            mig_slices: Int64Builder::with_capacity(n),
+            mig_parent_slices: Int64Builder::with_capacity(n),
+            serving_requests: Float64Builder::with_capacity(n),
             rows: 0,
             bytes: 0,
         }
@@ -274,9 +308,25 @@ impl SampleBuilder {
                 .as_ref()
                 .map(|l| serde_json::to_string(l).expect("a string map serializes")),
         );
+        let gpm = [
+            row.sm_active_pct,
+            row.sm_occupancy_pct,
+            row.tensor_active_pct,
+            row.dram_active_pct,
+            row.gr_active_pct,
+        ];
+        for (builder, value) in self.gpm.iter_mut().zip(gpm) {
+            builder.append_option(value);
+        }
+        self.mig_parent_uuid
+            .append_option(opt_str(&row.mig_parent_uuid));
+        self.mig_slices.append_option(row.mig_slices.map(i64::from));
+        self.mig_parent_slices
+            .append_option(row.mig_parent_slices.map(i64::from));
+        self.serving_requests.append_option(row.serving_requests);
         self.rows += 1;
         // Fixed-width columns plus the strings: close to what the builders hold.
-        self.bytes += 160
+        self.bytes += 232
             + row.host.len()
             + row.gpu_uuid.len()
             + row.gpu_model.len()
@@ -329,6 +379,16 @@ impl SampleBuilder {
             Arc::new(self.mig_profile.finish()),
             Arc::new(self.labels.finish()),
         ];
+        let mut columns = columns;
+        columns.extend(
+            self.gpm
+                .iter_mut()
+                .map(|b| Arc::new(b.finish()) as ArrayRef),
+        );
+        columns.push(Arc::new(self.mig_parent_uuid.finish()));
+        columns.push(Arc::new(self.mig_slices.finish()));
+        columns.push(Arc::new(self.mig_parent_slices.finish()));
+        columns.push(Arc::new(self.serving_requests.finish()));
         self.rows = 0;
         self.bytes = 0;
         let schema: Arc<Schema> = Sample::arrow_schema();
@@ -374,14 +434,14 @@ mod tests {
             size,
             SampleCapacity {
                 rows: 3,
-                strings: [18, 18, 12, 0, 9, 0, 27],
+                strings: [18, 18, 12, 0, 9, 0, 27, 0],
             }
         );
         assert_eq!(
             size.with_headroom(2),
             SampleCapacity {
                 rows: 4,
-                strings: [27, 27, 18, 0, 13, 0, 40],
+                strings: [27, 27, 18, 0, 13, 0, 40, 0],
             }
         );
         // Fewer rows than it was made for, and more: the same batches as an unsized builder's.

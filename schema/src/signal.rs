@@ -54,6 +54,17 @@ pub enum SignalBody {
         gpus_total: u32,
         /// Peak memory used on any of the lease's GPUs in the window, bytes.
         mem_used_max_bytes: u64,
+        /// Mean SM activity over the window's samples that report it (GPUs with GPM), percent;
+        /// absent when none does.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 0.0, max = 100.0))]
+        sm_active_pct: Option<f64>,
+        /// Which measure judged the window's samples idle or busy: `sm_active` where the lease's
+        /// measure is SM activity and every sample had it, `util` where utilization judged them
+        /// all (the measure is `util`, or no sample had SM activity), `mixed` otherwise; absent
+        /// without samples.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idle_measure: Option<JudgedBy>,
     },
     /// A busy GPU that no lease holds.
     GpuUnattributed {
@@ -82,6 +93,29 @@ pub enum SignalBody {
         /// host's clock runs ahead.
         skew_ms: i64,
     },
+}
+
+/// Which measure judged a window's samples idle or busy (`lease_utilization.idle_measure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgedBy {
+    /// GPU utilization judged every sample.
+    Util,
+    /// SM activity judged every sample.
+    SmActive,
+    /// SM activity judged the samples that had it, utilization the others (GPUs without GPM).
+    Mixed,
+}
+
+impl JudgedBy {
+    /// The name on the wire and in the lake.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Util => "util",
+            Self::SmActive => "sm_active",
+            Self::Mixed => "mixed",
+        }
+    }
 }
 
 impl SignalBody {
@@ -120,6 +154,8 @@ struct SignalWire {
     gpus_active: Option<u32>,
     gpus_total: Option<u32>,
     mem_used_max_bytes: Option<u64>,
+    sm_active_pct: Option<f64>,
+    idle_measure: Option<JudgedBy>,
     gpu_uuid: Option<String>,
     host: Option<String>,
     month_to_date_usd: Option<f64>,
@@ -153,6 +189,8 @@ impl TryFrom<SignalWire> for Signal {
                     gpus_active: need(w.gpus_active, "gpus_active", k)?,
                     gpus_total: need(w.gpus_total, "gpus_total", k)?,
                     mem_used_max_bytes: need(w.mem_used_max_bytes, "mem_used_max_bytes", k)?,
+                    sm_active_pct: w.sm_active_pct,
+                    idle_measure: w.idle_measure,
                 }
             }
             SignalKind::GpuUnattributed => {
@@ -198,6 +236,8 @@ struct Flat<'a> {
     gpus_active: Option<u32>,
     gpus_total: Option<u32>,
     mem_used_max_bytes: Option<u64>,
+    sm_active_pct: Option<f64>,
+    idle_measure: Option<JudgedBy>,
     gpu_uuid: Option<&'a str>,
     host: Option<&'a str>,
     month_to_date_usd: Option<f64>,
@@ -216,6 +256,8 @@ impl<'a> From<&'a SignalBody> for Flat<'a> {
                 gpus_active,
                 gpus_total,
                 mem_used_max_bytes,
+                sm_active_pct,
+                idle_measure,
             } => Flat {
                 lease_id: Some(lease_id),
                 team: Some(team),
@@ -224,6 +266,8 @@ impl<'a> From<&'a SignalBody> for Flat<'a> {
                 gpus_active: Some(*gpus_active),
                 gpus_total: Some(*gpus_total),
                 mem_used_max_bytes: Some(*mem_used_max_bytes),
+                sm_active_pct: *sm_active_pct,
+                idle_measure: *idle_measure,
                 ..Flat::default()
             },
             SignalBody::GpuUnattributed {
@@ -270,9 +314,13 @@ impl Record for Signal {
                 gpus_active,
                 gpus_total,
                 mem_used_max_bytes,
+                sm_active_pct,
                 ..
             } => {
-                check_pct(*util_pct)?;
+                check_pct("util_pct", *util_pct)?;
+                if let Some(sm) = sm_active_pct {
+                    check_pct("sm_active_pct", *sm)?;
+                }
                 if *idle_ms < 0 {
                     return Err(ValidationError::new("idle_ms", "must not be negative"));
                 }
@@ -289,7 +337,7 @@ impl Record for Signal {
                     ));
                 }
             }
-            SignalBody::GpuUnattributed { util_pct, .. } => check_pct(*util_pct)?,
+            SignalBody::GpuUnattributed { util_pct, .. } => check_pct("util_pct", *util_pct)?,
             SignalBody::TeamSpend {
                 month_to_date_usd,
                 burn_usd_per_hour,
@@ -343,6 +391,9 @@ impl Record for Signal {
             field("month_to_date_usd", DataType::Float64, true),
             field("burn_usd_per_hour", DataType::Float64, true),
             field("skew_ms", DataType::Int64, true),
+            // Columns added after the first v1 (older lake files lack them).
+            field("sm_active_pct", DataType::Float64, true),
+            field("idle_measure", DataType::Utf8, true),
         ]))
     }
 
@@ -371,6 +422,8 @@ impl Record for Signal {
                 ax::f64s(flat.iter().map(|f| f.month_to_date_usd)),
                 ax::f64s(flat.iter().map(|f| f.burn_usd_per_hour)),
                 ax::i64s(flat.iter().map(|f| f.skew_ms)),
+                ax::f64s(flat.iter().map(|f| f.sm_active_pct)),
+                ax::strings(flat.iter().map(|f| f.idle_measure.map(JudgedBy::as_str))),
             ],
         )
     }
@@ -392,6 +445,9 @@ impl Record for Signal {
         let (gpu_uuid, host) = (c.str("gpu_uuid")?, c.str("host")?);
         let (mtd, burn) = (c.f64("month_to_date_usd")?, c.f64("burn_usd_per_hour")?);
         let skew = c.i64("skew_ms")?;
+        // Columns a signal gained after the first v1: a batch of an older lake file lacks them.
+        let sm_active = c.later("sm_active_pct", Columns::f64)?;
+        let idle_measure = c.later("idle_measure", Columns::str)?;
         (0..batch.num_rows())
             .map(|i| {
                 let wire = SignalWire {
@@ -406,6 +462,8 @@ impl Record for Signal {
                     gpus_active: gpus_active.opt_as(i)?,
                     gpus_total: gpus_total.opt_as(i)?,
                     mem_used_max_bytes: mem_max.opt_as(i)?,
+                    sm_active_pct: sm_active.as_ref().and_then(|c| c.opt(i)),
+                    idle_measure: idle_measure.as_ref().map_or(Ok(None), |c| c.parse_opt(i))?,
                     gpu_uuid: gpu_uuid.opt(i),
                     host: host.opt(i),
                     month_to_date_usd: mtd.opt(i),
@@ -419,13 +477,96 @@ impl Record for Signal {
     }
 }
 
-fn check_pct(util_pct: f64) -> Result<(), ValidationError> {
-    if (0.0..=100.0).contains(&util_pct) {
+fn check_pct(field: &str, pct: f64) -> Result<(), ValidationError> {
+    if (0.0..=100.0).contains(&pct) {
         Ok(())
     } else {
         Err(ValidationError::new(
-            "util_pct",
-            format!("{util_pct} is outside 0..=100"),
+            field,
+            format!("{pct} is outside 0..=100"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utilization(extra: serde_json::Value) -> Result<Signal, crate::DecodeError> {
+        let mut json = serde_json::json!({"v": 1, "ts_ms": 10, "kind": "lease_utilization",
+            "window_ms": 900000, "lease_id": "l-1", "team": "t", "util_pct": 100.0,
+            "idle_ms": 60000, "gpus_active": 0, "gpus_total": 1, "mem_used_max_bytes": 5});
+        for (k, v) in extra.as_object().unwrap() {
+            json[k] = v.clone();
+        }
+        Signal::from_json(json.to_string().as_bytes())
+    }
+
+    #[test]
+    fn sm_activity_and_the_measure_that_judged_are_optional_and_checked() {
+        // A signal of the first v1 has neither.
+        let old = utilization(serde_json::json!({})).unwrap();
+        let SignalBody::LeaseUtilization {
+            sm_active_pct,
+            idle_measure,
+            ..
+        } = &old.body
+        else {
+            unreachable!()
+        };
+        assert_eq!((*sm_active_pct, *idle_measure), (None, None));
+        let text = String::from_utf8(old.to_json()).unwrap();
+        assert!(!text.contains("sm_active_pct") && !text.contains("idle_measure"));
+
+        let spinning =
+            utilization(serde_json::json!({"sm_active_pct": 2.0, "idle_measure": "sm_active"}))
+                .unwrap();
+        let SignalBody::LeaseUtilization {
+            sm_active_pct,
+            idle_measure,
+            ..
+        } = &spinning.body
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (*sm_active_pct, *idle_measure),
+            (Some(2.0), Some(JudgedBy::SmActive))
+        );
+        assert_eq!(Signal::from_json(&spinning.to_json()).unwrap(), spinning);
+
+        let err = utilization(serde_json::json!({"sm_active_pct": 100.5})).unwrap_err();
+        assert_eq!(err.field(), Some("sm_active_pct"), "{err}");
+        let err = utilization(serde_json::json!({"idle_measure": "sm"})).unwrap_err();
+        assert!(err.to_string().contains("sm_active"), "{err}");
+    }
+
+    #[test]
+    fn a_lake_batch_from_before_the_later_columns_reads_them_as_absent() {
+        let spinning =
+            utilization(serde_json::json!({"sm_active_pct": 2.0, "idle_measure": "mixed"}))
+                .unwrap();
+        let batch = Signal::to_record_batch(std::slice::from_ref(&spinning)).unwrap();
+        assert_eq!(Signal::from_record_batch(&batch).unwrap(), [spinning]);
+        let old = batch
+            .project(&(0..batch.num_columns() - 2).collect::<Vec<_>>())
+            .unwrap();
+        let read = Signal::from_record_batch(&old).unwrap();
+        let SignalBody::LeaseUtilization {
+            sm_active_pct,
+            idle_measure,
+            ..
+        } = &read[0].body
+        else {
+            unreachable!()
+        };
+        assert_eq!((*sm_active_pct, *idle_measure), (None, None));
+
+        let mut wrong = batch.columns().to_vec();
+        let last = wrong.len() - 1;
+        wrong[last] = ax::strings(std::iter::once(Some("vibes")));
+        let wrong = RecordBatch::try_new(Signal::arrow_schema(), wrong).unwrap();
+        let err = Signal::from_record_batch(&wrong).unwrap_err();
+        assert_eq!(err.column, "idle_measure", "{err}");
     }
 }

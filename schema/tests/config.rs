@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpuwarden_schema::config::{
-    self, CollectorSource, ConfigError, EnforcerMode, LakeLocation, OnIdle,
+    self, CollectorSource, ConfigError, EnforcerMode, IdleMeasure, LakeLocation, OnIdle,
 };
 use gpuwarden_schema::Workload;
 
@@ -1184,4 +1184,77 @@ fn store_and_leader_settings_are_checked_and_resolved() {
         sqlite.enforcer_store(),
         config::StoreLocation::Sqlite(PathBuf::from("/var/lib/e.db"))
     );
+}
+
+#[test]
+fn the_idle_measure_mig_shares_and_emissions_are_read_and_checked() {
+    let config = config::parse(
+        "ok.toml",
+        "[pricing]\nidle_measure = \"sm_active\"\nidle_sm_active_pct = 3.5\n\
+         co2e_g_per_kwh = 380.0\n\n[[pricing.mig]]\nprofile = \"1g.10gb\"\nshare = 0.125\n\n\
+         [workloads.inference]\nidle_measure = \"util\"\n",
+    )
+    .unwrap();
+    let p = &config.pricing;
+    assert_eq!(p.idle_measure, IdleMeasure::SmActive);
+    assert_eq!(p.co2e_g_per_kwh, Some(380.0));
+    assert_eq!(
+        config.idle_measure(Some(Workload::Inference)),
+        IdleMeasure::Util
+    );
+    assert_eq!(
+        config.idle_measure(Some(Workload::Notebook)),
+        IdleMeasure::SmActive
+    );
+    assert_eq!(config.idle_measure(None), IdleMeasure::SmActive);
+    // A spinning GPU: busy by utilization, idle by SM activity; without GPM, utilization judges.
+    assert_eq!(
+        p.judge_idle(IdleMeasure::SmActive, 100.0, Some(2.0)),
+        (true, IdleMeasure::SmActive)
+    );
+    assert_eq!(
+        p.judge_idle(IdleMeasure::Util, 100.0, Some(2.0)),
+        (false, IdleMeasure::Util)
+    );
+    assert_eq!(
+        p.judge_idle(IdleMeasure::SmActive, 100.0, None),
+        (false, IdleMeasure::Util)
+    );
+    // The override by profile, else compute slices over the parent's, else a whole GPU.
+    assert_eq!(p.gpu_share(Some("1g.10gb"), Some(1), Some(7)), 0.125);
+    assert_eq!(p.gpu_share(Some("2g.20gb"), Some(2), Some(7)), 2.0 / 7.0);
+    assert_eq!(p.gpu_share(None, Some(3), Some(7)), 3.0 / 7.0);
+    assert_eq!(p.gpu_share(None, None, None), 1.0);
+    assert_eq!(
+        config::parse("empty.toml", "")
+            .unwrap()
+            .pricing
+            .co2e_g_per_kwh,
+        None
+    );
+
+    let errs = errors(
+        "[pricing]\nidle_sm_active_pct = 101\nco2e_g_per_kwh = -1\n\n\
+         [[pricing.mig]]\nprofile = \"1g.10gb\"\nshare = 0\n\n\
+         [[pricing.mig]]\nprofile = \"1g.10gb\"\nshare = 1.5\n",
+    );
+    assert!(find(&errs, "pricing.idle_sm_active_pct")
+        .message
+        .contains("outside 0..=100"));
+    assert!(find(&errs, "pricing.co2e_g_per_kwh")
+        .message
+        .contains("negative"));
+    assert!(find(&errs, "pricing.mig[0].share")
+        .message
+        .contains("outside (0, 1]"));
+    assert!(find(&errs, "pricing.mig[1].profile")
+        .message
+        .contains("listed twice"));
+    assert!(find(&errs, "pricing.mig[1].share")
+        .message
+        .contains("outside (0, 1]"));
+
+    let errs = errors("[pricing]\nidle_measure = \"sm\"\n");
+    let err = find(&errs, "pricing.idle_measure");
+    assert!(err.message.contains("sm_active"), "{}", err.message);
 }

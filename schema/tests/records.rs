@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuwarden_schema::signal::JudgedBy;
 use gpuwarden_schema::{
     Action, ActionKind, DecodeError, LeaseEvent, LeaseEventKind, Outcome, Record, ReleaseReason,
     Sample, Signal, SignalBody, Workload, V1,
@@ -286,6 +287,51 @@ fn keys_keep_related_records_in_one_partition() {
     assert_eq!(Action::TOPIC, "gpuwarden.actions");
 }
 
+/// A sample written before v1 gained GPM and MIG fields is still valid, and a lake batch
+/// written then (without their columns) still reads, with the new fields null.
+#[test]
+fn samples_from_before_gpm_and_mig_still_read() {
+    let json = br#"{"v":1,"ts_ms":5000,"interval_ms":5000,"host":"h","gpu_uuid":"GPU-1","gpu_model":"NVIDIA A100","util_gpu_pct":42.0,"mem_used_bytes":1,"mem_total_bytes":2}"#;
+    let sample = Sample::from_json(json).unwrap();
+    assert_eq!((sample.sm_active_pct, sample.mig_slices), (None, None));
+    assert!(!String::from_utf8(sample.to_json())
+        .unwrap()
+        .contains("sm_active_pct"));
+
+    let batch = Sample::to_record_batch(std::slice::from_ref(&sample)).unwrap();
+    // The first v1's columns end with `labels`; every later one is an optional addition.
+    let labels = batch.schema().index_of("labels").unwrap();
+    assert_eq!(labels, 20);
+    let old_columns: Vec<usize> = (0..=labels).collect();
+    let old = batch.project(&old_columns).unwrap();
+    assert_eq!(Sample::from_record_batch(&old).unwrap(), vec![sample]);
+}
+
+/// Each GPM measure is a percentage and a MIG slice is at most its parent.
+#[test]
+fn gpm_and_mig_fields_are_checked() {
+    let base = r#""v":1,"ts_ms":5000,"interval_ms":5000,"host":"h","gpu_uuid":"MIG-1","gpu_model":"m","util_gpu_pct":0,"mem_used_bytes":1,"mem_total_bytes":2"#;
+    for (extra, field) in [
+        (r#""sm_active_pct":100.5"#, "sm_active_pct"),
+        (r#""dram_active_pct":-1"#, "dram_active_pct"),
+        (r#""mig_slices":0"#, "mig_slices"),
+        (r#""mig_slices":3,"mig_parent_slices":2"#, "mig_slices"),
+        (r#""serving_requests":-1"#, "serving_requests"),
+    ] {
+        let json = format!("{{{base},{extra}}}");
+        let err = Sample::from_json(json.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains(field), "{extra}: {err}");
+        let row = gpuwarden_schema::sample_row::SampleRow::from_json(json.as_bytes());
+        assert_eq!(row.unwrap_err().to_string(), err);
+    }
+    let json = format!(
+        r#"{{{base},"sm_active_pct":2.5,"mig_parent_uuid":"GPU-p","mig_slices":1,"mig_parent_slices":7}}"#
+    );
+    let sample = Sample::from_json(json.as_bytes()).unwrap();
+    assert_eq!(sample.sm_active_pct, Some(2.5));
+    assert_eq!(sample.mig_parent_uuid.as_deref(), Some("GPU-p"));
+}
+
 // ---- property tests ----------------------------------------------------------------------
 
 fn name() -> impl Strategy<Value = String> {
@@ -322,6 +368,30 @@ prop_compose! {
             gpu_index, pci_bus_id: pci, util_mem_pct: util_mem, power_w: power, power_limit_w: limit,
             energy_mj: energy, temp_c: temp, sm_clock_mhz: clock, process_count: procs,
             lease_id: lease, mig_profile: mig, labels,
+            sm_active_pct: None, sm_occupancy_pct: None, tensor_active_pct: None,
+            dram_active_pct: None, gr_active_pct: None, mig_parent_uuid: None, mig_slices: None,
+            mig_parent_slices: None, serving_requests: None,
+        }
+    }
+}
+
+prop_compose! {
+    /// A sample with the fields v1 gained later (GPM measures, MIG slices) set or not.
+    fn arb_sample_with_extras()(
+        sample in arb_sample(),
+        gpm in proptest::array::uniform5(proptest::option::of(finite(0.0, 100.0))),
+        parent in proptest::option::of(name()),
+        slices in proptest::option::of((1u32..=7).prop_flat_map(|s| (Just(s), s..=8))),
+        serving in proptest::option::of(finite(0.0, 1e6)),
+    ) -> Sample {
+        let [sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_active_pct, gr_active_pct] = gpm;
+        Sample {
+            sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_active_pct, gr_active_pct,
+            mig_parent_uuid: parent,
+            mig_slices: slices.map(|(s, _)| s),
+            mig_parent_slices: slices.map(|(_, p)| p),
+            serving_requests: serving,
+            ..sample
         }
     }
 }
@@ -396,7 +466,13 @@ fn arb_signal() -> impl Strategy<Value = Signal> {
             0i64..i64::MAX,
             0u32..8,
             8u32..16,
-            0u64..=i64::MAX as u64
+            0u64..=i64::MAX as u64,
+            proptest::option::of(finite(0.0, 100.0)),
+            proptest::option::of(prop_oneof![
+                Just(JudgedBy::Util),
+                Just(JudgedBy::SmActive),
+                Just(JudgedBy::Mixed)
+            ]),
         )
             .prop_map(
                 |(
@@ -407,6 +483,8 @@ fn arb_signal() -> impl Strategy<Value = Signal> {
                     gpus_active,
                     gpus_total,
                     mem_used_max_bytes,
+                    sm_active_pct,
+                    idle_measure,
                 )| SignalBody::LeaseUtilization {
                     lease_id,
                     team,
@@ -414,7 +492,9 @@ fn arb_signal() -> impl Strategy<Value = Signal> {
                     idle_ms,
                     gpus_active,
                     gpus_total,
-                    mem_used_max_bytes
+                    mem_used_max_bytes,
+                    sm_active_pct,
+                    idle_measure,
                 }
             ),
         (name(), name(), finite(0.0, 100.0)).prop_map(|(gpu_uuid, host, util_pct)| {
@@ -507,7 +587,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn samples_roundtrip(records in proptest::collection::vec(arb_sample(), 0..8)) { roundtrips(records)?; }
+    fn samples_roundtrip(records in proptest::collection::vec(arb_sample_with_extras(), 0..8)) { roundtrips(records)?; }
 
     #[test]
     fn lease_events_roundtrip(records in proptest::collection::vec(arb_lease(), 0..8)) { roundtrips(records)?; }
@@ -529,7 +609,7 @@ proptest! {
     /// The ingest hot path (SampleRow, parsed by sonic-rs) accepts exactly what Sample accepts,
     /// with the same values, on valid and damaged records alike.
     #[test]
-    fn sample_rows_agree_with_samples(sample in arb_sample(), cut in any::<prop::sample::Index>(), byte in any::<u8>(), damage in any::<bool>()) {
+    fn sample_rows_agree_with_samples(sample in arb_sample_with_extras(), cut in any::<prop::sample::Index>(), byte in any::<u8>(), damage in any::<bool>()) {
         let mut json = sample.to_json();
         if damage {
             let i = cut.index(json.len());
@@ -550,7 +630,7 @@ proptest! {
 
     /// Mutated valid records: closer to what a buggy producer sends than random bytes are.
     #[test]
-    fn mutated_records_decode_or_fail_cleanly(sample in arb_sample(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
+    fn mutated_records_decode_or_fail_cleanly(sample in arb_sample_with_extras(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let mut json = sample.to_json();
         let i = cut.index(json.len());
         json[i] = byte;

@@ -3,7 +3,7 @@
 Parquet files: the independent second implementation that tests/rollup_polars.rs checks
 DataFusion's rollups against.
 
-It follows docs/src/finops/definitions.md, made precise as twelve numbered rules;
+It follows docs/src/finops/definitions.md, made precise as fourteen numbered rules;
 each function below implements one or two of them and quotes them in its docstring. It shares no
 code with the pipeline: keep it that way, or the cross-check stops meaning anything.
 
@@ -11,7 +11,10 @@ Usage:
     python rollups.py --lake DATA_DIR/lake --params '{"lateness_ms": 600000, "pricing": {...}}'
 
 `pricing` has the keys of the config's [pricing] section that matter here: idle_util_pct,
-default_usd_per_gpu_hour and gpu (a list of {"match", "usd_per_gpu_hour"}, in config order).
+idle_sm_active_pct, idle_measure ("util" or "sm_active"), default_usd_per_gpu_hour,
+energy_usd_per_kwh, co2e_g_per_kwh (null when unset), gpu (a list of {"match",
+"usd_per_gpu_hour"}, in config order) and mig (a list of {"profile", "share"}). `workloads` maps a
+workload to its own idle_measure, for the workloads that set one.
 Prints one JSON object: {"watermark_ms", "team_hourly": [...], "lease_usage": [...]}, rows sorted
 by their keys, times as epoch milliseconds, NULL as null.
 """
@@ -38,6 +41,10 @@ SAMPLE_COLUMNS = {
     "util_gpu_pct": pl.Float64,
     "power_w": pl.Float64,
     "lease_id": pl.String,
+    "sm_active_pct": pl.Float64,
+    "mig_profile": pl.String,
+    "mig_slices": pl.Int64,
+    "mig_parent_slices": pl.Int64,
 }
 LEASE_EVENT_COLUMNS = {
     "ts_ms": pl.Int64,
@@ -54,6 +61,14 @@ LEASE_EVENT_COLUMNS = {
     "reason": pl.String,
 }
 IDENTITY = ["team", "user", "project", "workload", "substrate", "gpu_model"]
+# The measures the rollups gained after their first release (rules 9, 10, 14).
+NEW_MEASURES = [
+    "sm_active_gpu_hours",
+    "gpm_observed_gpu_hours",
+    "idle_measure",
+    "energy_cost_usd",
+    "co2e_kg",
+]
 
 
 def read_table(lake: str, table: str, columns: dict) -> pl.LazyFrame:
@@ -74,11 +89,44 @@ def watermark(samples: pl.LazyFrame, events: pl.LazyFrame) -> int:
     return 0 if w is None else w
 
 
-def deduplicated_samples(samples: pl.LazyFrame) -> pl.LazyFrame:
+def gpu_share(pricing: dict) -> pl.Expr:
+    """Rule 13: a sample's share of a GPU, in GPU-equivalents: the pricing.mig entry of its
+    mig_profile if there is one, else mig_slices / mig_parent_slices (mig_slices at most the
+    parent's) when both are there and the parent's are positive, else 1 (a whole GPU)."""
+    slices = pl.min_horizontal("mig_slices", "mig_parent_slices")
+    expr = pl.when(
+        pl.col("mig_slices").is_not_null()
+        & pl.col("mig_parent_slices").is_not_null()
+        & (pl.col("mig_parent_slices") > 0)
+    ).then(slices / pl.col("mig_parent_slices")).otherwise(pl.lit(1.0))
+    for entry in reversed(pricing.get("mig", [])):
+        expr = pl.when(pl.col("mig_profile") == entry["profile"]).then(
+            pl.lit(float(entry["share"]))
+        ).otherwise(expr)
+    return expr
+
+
+def deduplicated_samples(samples: pl.LazyFrame, pricing: dict) -> pl.LazyFrame:
     """Rule 2: samples with the same (gpu_uuid, ts_ms) count once; each column of the survivor is
-    the maximum of that column over the duplicates, nulls ignored."""
-    others = [c for c in SAMPLE_COLUMNS if c not in ("gpu_uuid", "ts_ms")]
-    return samples.group_by("gpu_uuid", "ts_ms").agg([pl.col(c).max() for c in others])
+    the maximum of that column over the duplicates, nulls ignored; so is its `share` (rule 13),
+    taken of each copy."""
+    others = [c for c in SAMPLE_COLUMNS if c not in ("gpu_uuid", "ts_ms")] + ["share"]
+    return (
+        samples.with_columns(share=gpu_share(pricing))
+        .group_by("gpu_uuid", "ts_ms")
+        .agg([pl.col(c).max() for c in others])
+    )
+
+
+def device_shares(samples: pl.LazyFrame, pricing: dict) -> pl.LazyFrame:
+    """Rule 13: the share of a MIG device that a lease listing it holds: the largest share of its
+    samples with a mig_profile; (gpu_uuid, share). A device with none is a whole GPU (1)."""
+    return (
+        samples.filter(pl.col("mig_profile").is_not_null())
+        .with_columns(share=gpu_share(pricing))
+        .group_by("gpu_uuid")
+        .agg(pl.col("share").max())
+    )
 
 
 def ordered_lease_events(events: pl.LazyFrame) -> pl.LazyFrame:
@@ -145,14 +193,24 @@ def sample_pieces(
     sample's GPU, and at every start and end of the segments of the lease the sample names (when
     that lease is known). Between two cuts rule 7 gives the same answer at every instant, so each
     piece [p, q) is attributed as at p, and belongs to the hour floor(p / HOUR) * HOUR.
-    Returns one row per piece: gpu_uuid, ts_ms, p, q, hour, the sample's util_gpu_pct, power_w
-    and gpu_model, and `named`, the sample's lease_id if it is a known lease, else null."""
+    Returns one row per piece: gpu_uuid, ts_ms, p, q, hour, the sample's util_gpu_pct, power_w,
+    gpu_model, sm_active_pct and share, and `named`, the sample's lease_id if it is a known
+    lease, else null."""
     known = leases.select(named="lease_id")
     s = (
         samples.join(known, left_on="lease_id", right_on="named", how="left", coalesce=False)
         .with_columns(start=pl.col("ts_ms") - pl.col("interval_ms"), end=pl.col("ts_ms"))
         .select(
-            "gpu_uuid", "ts_ms", "start", "end", "named", "util_gpu_pct", "power_w", "gpu_model"
+            "gpu_uuid",
+            "ts_ms",
+            "start",
+            "end",
+            "named",
+            "util_gpu_pct",
+            "power_w",
+            "gpu_model",
+            "sm_active_pct",
+            "share",
         )
     )
     bounds = pl.concat(
@@ -198,7 +256,11 @@ def sample_pieces(
 
 
 def attributed_pieces(
-    pieces: pl.LazyFrame, leases: pl.LazyFrame, segments: pl.LazyFrame
+    pieces: pl.LazyFrame,
+    leases: pl.LazyFrame,
+    segments: pl.LazyFrame,
+    pricing: dict,
+    workloads: dict,
 ) -> pl.LazyFrame:
     """Rule 7, at the instant p where a piece starts: it belongs to the lease the sample names if
     that lease is known and has a segment with start <= p < end (no end when open) whose
@@ -206,9 +268,11 @@ def attributed_pieces(
     whose gpu_uuids contain the GPU with start <= p < end; of several, the largest granted_at,
     then the larger lease_id. Otherwise to team "(unallocated)" with no lease. An attributed
     piece takes its lease's team and gpu_model; an unallocated one keeps its sample's
-    gpu_model. Returns the pieces with ms = q - p, hour, lease_id, team and gpu_model."""
+    gpu_model. Rule 14: a piece's idle measure is its lease's workload's (`workloads`), else
+    pricing.idle_measure (so is an unallocated piece's). Returns the pieces with ms = q - p,
+    hour, lease_id, team, gpu_model and measure."""
     key = ["gpu_uuid", "ts_ms", "p"]
-    lease_of = leases.select("lease_id", "team", "gpu_model", "granted_at")
+    lease_of = leases.select("lease_id", "team", "gpu_model", "granted_at", "workload")
     p = pl.col("p")
     during = (pl.col("start") <= p) & (pl.col("end").is_null() | (p < pl.col("end")))
     holds_gpu = (pl.col("gpu_uuids").list.len() == 0) | pl.col("gpu_uuids").list.contains(
@@ -240,24 +304,65 @@ def attributed_pieces(
         .join(by_gpu, on=key, how="left")
         .with_columns(lease_id=pl.coalesce("by_name", "by_gpu"), ms=pl.col("q") - p)
         .join(
-            lease_of.select("lease_id", "team", lease_model="gpu_model"), on="lease_id", how="left"
+            lease_of.select("lease_id", "team", "workload", lease_model="gpu_model"),
+            on="lease_id",
+            how="left",
         )
         .with_columns(
             team=pl.col("team").fill_null(UNALLOCATED),
             gpu_model=pl.coalesce("lease_model", "gpu_model"),
+            measure=pl.col("workload")
+            .replace_strict(workloads, default=pricing["idle_measure"], return_dtype=pl.String)
+            .fill_null(pricing["idle_measure"]),
         )
-        .select("hour", "ms", "util_gpu_pct", "power_w", "lease_id", "team", "gpu_model")
+        .select(
+            "hour",
+            "ms",
+            "util_gpu_pct",
+            "power_w",
+            "sm_active_pct",
+            "share",
+            "measure",
+            "lease_id",
+            "team",
+            "gpu_model",
+        )
     )
 
 
-def hourly_allocation_ms(segments: pl.LazyFrame, w: int) -> pl.LazyFrame:
+def segment_gpus(segments: pl.LazyFrame, shares: pl.LazyFrame) -> pl.LazyFrame:
+    """Rule 8 (its GPUs): a segment holds each GPU it lists, counted once, at its share (rule 13,
+    1 for a device with none), plus gpu_count less the number of distinct GPUs listed (when
+    that is positive) whole GPUs. Adds `gpus`."""
+    keyed = segments.with_columns(seg=pl.int_range(pl.len()))
+    listed = (
+        keyed.select("seg", gpu_uuid="gpu_uuids")
+        .explode("gpu_uuid")
+        .drop_nulls("gpu_uuid")
+        .unique()
+        .join(shares, on="gpu_uuid", how="left")
+        .group_by("seg")
+        .agg(listed=pl.len(), shares=pl.col("share").fill_null(1.0).sum())
+    )
+    return (
+        keyed.join(listed, on="seg", how="left")
+        .with_columns(
+            gpus=pl.col("shares").fill_null(0.0)
+            + pl.max_horizontal(pl.col("gpu_count") - pl.col("listed").fill_null(0), pl.lit(0))
+        )
+        .drop("seg", "listed", "shares")
+    )
+
+
+def hourly_allocation_ms(segments: pl.LazyFrame, shares: pl.LazyFrame, w: int) -> pl.LazyFrame:
     """Rule 8: the allocation of lease L in hour H is the sum over L's segments of the overlap in
     ms of [start, end) (end = W for the open one; nothing if end <= start) with [H, H + HOUR),
-    times the segment's gpu_count. Kept in exact integer GPU-milliseconds: (lease_id, hour,
-    allocated_ms)."""
+    times the GPU-equivalents the segment holds (`segment_gpus`): (lease_id, hour,
+    allocated_ms), in GPU-milliseconds."""
     end = pl.coalesce(pl.col("end"), pl.lit(w))
     return (
-        segments.with_columns(end=end)
+        segment_gpus(segments, shares)
+        .with_columns(end=end)
         .filter(pl.col("end") > pl.col("start"))
         .with_columns(hour=pl.int_ranges((pl.col("start") // HOUR) * HOUR, pl.col("end"), HOUR))
         .explode("hour")
@@ -267,22 +372,67 @@ def hourly_allocation_ms(segments: pl.LazyFrame, w: int) -> pl.LazyFrame:
         )
         .filter(pl.col("overlap") > 0)
         .group_by("lease_id", "hour")
-        .agg(allocated_ms=(pl.col("overlap") * pl.col("gpu_count")).sum())
+        .agg(allocated_ms=(pl.col("overlap") * pl.col("gpus")).sum())
     )
 
 
-def sample_measures(idle_util_pct: float) -> list:
-    """Rule 9, as aggregations over a group of pieces (rule 3): observed, busy and idle GPU-hours
-    and energy, each piece weighing its length ms; `pieces` counts them (rule 11 keeps a row
-    with at least one). Utilization is derived afterwards by `utilization`."""
+def sample_measures(pricing: dict) -> list:
+    """Rule 9, as aggregations over a group of pieces (rule 3): observed, busy, idle, SM-active
+    and GPM-observed GPU-hours, each piece weighing its length ms times its share (rule 13), and
+    energy, weighing ms alone (a slice's power is its share already). A piece whose measure
+    (rule 14) is sm_active and that has sm_active_pct is idle when that is below
+    idle_sm_active_pct; any other below idle_util_pct of utilization. SM-active and
+    GPM-observed count the pieces with sm_active_pct. `pieces` counts them (rule 11 keeps a row
+    with at least one); `sm_judged` and `util_judged` count those of ms > 0 each measure judged.
+    Utilization and idle_measure are derived afterwards."""
     ms = pl.col("ms")
+    weighed = ms * pl.col("share")
     util = pl.col("util_gpu_pct")
+    sm = pl.col("sm_active_pct")
+    by_sm = (pl.col("measure") == "sm_active") & sm.is_not_null()
+    idle = pl.when(by_sm).then(sm < pricing["idle_sm_active_pct"]).otherwise(
+        util < pricing["idle_util_pct"]
+    )
     return [
         pl.len().alias("pieces"),
-        (ms.sum() / HOUR).alias("observed_gpu_hours"),
-        ((ms * util / 100).sum() / HOUR).alias("busy_gpu_hours"),
-        (ms.filter(util < idle_util_pct).sum() / HOUR).alias("idle_gpu_hours"),
+        (weighed.sum() / HOUR).alias("observed_gpu_hours"),
+        ((weighed * util / 100).sum() / HOUR).alias("busy_gpu_hours"),
+        (weighed.filter(idle).sum() / HOUR).alias("idle_gpu_hours"),
         ((pl.col("power_w").fill_null(0.0) * ms).sum() / 3.6e9).alias("energy_kwh"),
+        ((weighed * sm / 100).filter(sm.is_not_null()).sum() / HOUR).alias(
+            "sm_active_gpu_hours"
+        ),
+        (weighed.filter(sm.is_not_null()).sum() / HOUR).alias("gpm_observed_gpu_hours"),
+        (by_sm & (ms > 0)).sum().alias("sm_judged"),
+        (~by_sm & (ms > 0)).sum().alias("util_judged"),
+    ]
+
+
+def idle_measure() -> pl.Expr:
+    """Rule 14: which measure judged a row's pieces: util, sm_active, mixed when both did, NULL
+    when none (no sampled time)."""
+    sm = pl.col("sm_judged").fill_null(0) > 0
+    util = pl.col("util_judged").fill_null(0) > 0
+    return (
+        pl.when(sm & util)
+        .then(pl.lit("mixed"))
+        .when(sm)
+        .then(pl.lit("sm_active"))
+        .when(util)
+        .then(pl.lit("util"))
+        .otherwise(None)
+        .alias("idle_measure")
+    )
+
+
+def energy(pricing: dict) -> list:
+    """Rule 10 (energy): energy_cost_usd = energy_kwh * energy_usd_per_kwh; co2e_kg = energy_kwh *
+    co2e_g_per_kwh / 1000, NULL without a factor."""
+    factor = pricing.get("co2e_g_per_kwh")
+    co2e = pl.lit(None, dtype=pl.Float64) if factor is None else pl.lit(factor / 1000.0)
+    return [
+        (pl.col("energy_kwh") * pricing["energy_usd_per_kwh"]).alias("energy_cost_usd"),
+        (pl.col("energy_kwh") * co2e).alias("co2e_kg"),
     ]
 
 
@@ -321,13 +471,21 @@ def team_hourly(
     utilization)."""
     pricing = params["pricing"]
     key = ["hour", "team", "gpu_model"]
-    observed = samples.group_by(key).agg(sample_measures(pricing["idle_util_pct"]))
+    observed = samples.group_by(key).agg(sample_measures(pricing))
     allocated = (
         allocation.join(leases.select("lease_id", "team", "gpu_model"), on="lease_id", how="inner")
         .group_by(key)
         .agg(allocated_ms=pl.col("allocated_ms").sum())
     )
-    sums = ["pieces", "observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
+    sums = [
+        "pieces",
+        "observed_gpu_hours",
+        "busy_gpu_hours",
+        "idle_gpu_hours",
+        "energy_kwh",
+        "sm_active_gpu_hours",
+        "gpm_observed_gpu_hours",
+    ]
     return (
         observed.join(allocated, on=key, how="full", coalesce=True)
         .with_columns(pl.col(*sums, "allocated_ms").fill_null(0))
@@ -337,7 +495,9 @@ def team_hourly(
             .otherwise(pl.col("allocated_ms") / HOUR)
         )
         .filter((pl.col("allocated_gpu_hours") > 0) | (pl.col("pieces") > 0))
-        .with_columns(utilization(), price=price(pl.col("gpu_model"), pricing))
+        .with_columns(
+            utilization(), idle_measure(), *energy(pricing), price=price(pl.col("gpu_model"), pricing)
+        )
         .with_columns(
             cost_usd=pl.col("allocated_gpu_hours") * pl.col("price"),
             idle_cost_usd=pl.col("idle_gpu_hours") * pl.col("price"),
@@ -354,6 +514,7 @@ def team_hourly(
             "idle_cost_usd",
             "energy_kwh",
             "final",
+            *NEW_MEASURES,
         )
         .sort(key)
     )
@@ -368,10 +529,17 @@ def lease_usage(
     gpu_model), idle_cost = idle * price."""
     pricing = params["pricing"]
     observed = samples.filter(pl.col("lease_id").is_not_null()).group_by("lease_id").agg(
-        sample_measures(pricing["idle_util_pct"])
+        sample_measures(pricing)
     )
     allocated = allocation.group_by("lease_id").agg(allocated_ms=pl.col("allocated_ms").sum())
-    sums = ["observed_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "energy_kwh"]
+    sums = [
+        "observed_gpu_hours",
+        "busy_gpu_hours",
+        "idle_gpu_hours",
+        "energy_kwh",
+        "sm_active_gpu_hours",
+        "gpm_observed_gpu_hours",
+    ]
     return (
         leases.join(allocated, on="lease_id", how="left")
         .join(observed, on="lease_id", how="left")
@@ -379,7 +547,9 @@ def lease_usage(
             pl.col(*sums).fill_null(0.0),
             allocated_gpu_hours=pl.col("allocated_ms").fill_null(0) / HOUR,
         )
-        .with_columns(utilization(), price=price(pl.col("gpu_model"), pricing))
+        .with_columns(
+            utilization(), idle_measure(), *energy(pricing), price=price(pl.col("gpu_model"), pricing)
+        )
         .with_columns(
             cost_usd=pl.col("allocated_gpu_hours") * pl.col("price"),
             idle_cost_usd=pl.col("idle_gpu_hours") * pl.col("price"),
@@ -399,6 +569,7 @@ def lease_usage(
             "cost_usd",
             "idle_cost_usd",
             "energy_kwh",
+            *NEW_MEASURES,
         )
         .sort("lease_id")
     )
@@ -412,9 +583,10 @@ def rollups(lake: str, params: dict) -> dict:
     events = ordered_lease_events(raw_events)
     leases = lease_identity(events)
     segments = lease_segments(events)
-    pieces = sample_pieces(deduplicated_samples(raw_samples), leases, segments)
-    samples = attributed_pieces(pieces, leases, segments)
-    allocation = hourly_allocation_ms(segments, w)
+    pricing, workloads = params["pricing"], params.get("workloads", {})
+    pieces = sample_pieces(deduplicated_samples(raw_samples, pricing), leases, segments)
+    samples = attributed_pieces(pieces, leases, segments, pricing, workloads)
+    allocation = hourly_allocation_ms(segments, device_shares(raw_samples, pricing), w)
 
     hourly, usage = pl.collect_all(
         [
@@ -431,8 +603,10 @@ def main() -> int:
     parser.add_argument(
         "--params",
         required=True,
-        help='JSON: {"lateness_ms": N, "pricing": {"idle_util_pct": X, '
-        '"default_usd_per_gpu_hour": X, "gpu": [{"match": S, "usd_per_gpu_hour": X}, ...]}}',
+        help='JSON: {"lateness_ms": N, "pricing": {"idle_util_pct": X, "idle_sm_active_pct": X, '
+        '"idle_measure": S, "default_usd_per_gpu_hour": X, "energy_usd_per_kwh": X, '
+        '"co2e_g_per_kwh": X, "gpu": [{"match": S, "usd_per_gpu_hour": X}, ...], '
+        '"mig": [{"profile": S, "share": X}, ...]}, "workloads": {"<workload>": S}}',
     )
     args = parser.parse_args()
     result = rollups(args.lake, json.loads(args.params))

@@ -20,8 +20,8 @@ use crate::codes::{
     message_ptr, NvmlReturn, ARGUMENT_VERSION_MISMATCH, INSUFFICIENT_SIZE, INVALID_ARGUMENT,
     NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNKNOWN,
 };
-use crate::script::{pick, FailCode, FailMap, ProcessScript};
-use crate::state::{self, Device, FailSelector, Sampling};
+use crate::script::{self, pick, FailCode, FailMap, GpmScript, ProcessScript};
+use crate::state::{self, Device, FailSelector, GpmSource, Sampling, Target};
 
 /// Opaque target of `nvmlDevice_t`; callers only ever hold the pointer.
 #[repr(C)]
@@ -105,22 +105,23 @@ fn no_fail(_: &FailMap) -> Option<FailCode> {
 }
 
 /// The common path of every per-device getter, in NVML's check order:
-/// initialised, valid handle, valid arguments (`bad_args`: a null output or
-/// an out-of-range enum), lost/forced failure, and
-/// finally whether the script has a value at all.
+/// initialised, valid handle (a GPU's or a MIG device's), valid arguments
+/// (`bad_args`: a null output or an out-of-range enum), lost/forced failure
+/// (a MIG device shares its GPU's), and finally whether the script has a
+/// value at all for this kind of device: `None` is NOT_SUPPORTED.
 fn query<T>(
     handle: NvmlDevice,
     bad_args: bool,
     sampling: Sampling,
     fail: FailSelector,
-    value: impl FnOnce(&'static Device, u64) -> Option<T>,
+    value: impl FnOnce(Target, u64) -> Option<T>,
 ) -> Result<T, NvmlReturn> {
-    let device = state::session()?.device(handle)?;
+    let target = state::session()?.target(handle)?;
     if bad_args {
         return Err(INVALID_ARGUMENT);
     }
-    let sample = device.sample(sampling, fail)?;
-    value(device, sample).ok_or(NOT_SUPPORTED)
+    let sample = target.sample(sampling, fail)?;
+    value(target, sample).ok_or(NOT_SUPPORTED)
 }
 
 /// Writes a getter's result through `out`.
@@ -241,7 +242,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> Nvm
 /// A lost GPU cannot be opened either, so lookups go through the lost check
 /// (but not the per-getter `fail` map).
 fn lookup_result(device: &'static Device) -> Result<NvmlDevice, NvmlReturn> {
-    device.sample(Sampling::Current, no_fail)?;
+    device.sample(false, no_fail)?;
     Ok(device.handle())
 }
 
@@ -321,7 +322,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
         uuid.is_null(),
         Sampling::Current,
         |f| f.uuid,
-        |d, _| d.script.uuid.as_deref(),
+        |t, _| match t {
+            Target::Gpu(d) => d.script.uuid.as_deref(),
+            Target::Mig(m, _) => Some(m.uuid.as_str()),
+        },
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit_str(uuid, length, got) }
@@ -338,10 +342,17 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
         name.is_null(),
         Sampling::Current,
         |f| f.name,
-        |d, _| d.script.name.as_deref(),
+        |t, _| {
+            let gpu = t.gpu().script.name.as_deref()?;
+            Some(match t.instance() {
+                // NVML names a MIG device after its GPU and profile.
+                Some(mig) => format!("{gpu} MIG {}", mig.profile),
+                None => gpu.to_owned(),
+            })
+        },
     );
     // SAFETY: forwarded caller contract.
-    unsafe { emit_str(name, length, got) }
+    unsafe { emit_str(name, length, got.as_deref().map_err(|e| *e)) }
 }
 
 #[no_mangle]
@@ -351,7 +362,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_ui
         index.is_null(),
         Sampling::Current,
         |f| f.index,
-        |d, _| d.script.index,
+        |t, _| t.whole()?.script.index,
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(index, got) }
@@ -367,7 +378,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         pci.is_null(),
         Sampling::Current,
         |f| f.pci_info,
-        |d, _| {
+        |t, _| {
+            let d = t.whole()?;
             let bus_id = d.script.pci_bus_id.as_deref()?;
             let addr = d.pci?;
             Some(PciInfo {
@@ -388,7 +400,9 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 // ---- telemetry ------------------------------------------------------------
 
 /// Each call is one sample: it advances the device's sample number even when
-/// it then fails, as the clock of a real poller would.
+/// it then fails, as the clock of a real poller would. NVML does not support
+/// utilization on a GPU in MIG mode nor on a MIG device: NOT_SUPPORTED, and
+/// the sample number stays (see [`nvmlDeviceGetMigMode`]).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: NvmlDevice,
@@ -397,9 +411,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     let got = query(
         device,
         utilization.is_null(),
-        Sampling::Advance,
+        Sampling::Utilization,
         |f| f.utilization,
-        |d, s| {
+        |t, s| {
+            let d = t.whole().filter(|d| !d.mig_enabled())?;
             Some(Utilization {
                 gpu: *d.script.util_gpu_pct.as_ref()?.at(s),
                 memory: *d.script.util_mem_pct.as_ref()?.at(s),
@@ -416,11 +431,16 @@ fn memory_values(device: NvmlDevice, out_is_null: bool) -> Result<(u64, u64), Nv
         out_is_null,
         Sampling::Current,
         |f| f.memory_info,
-        |d, s| {
-            Some((
-                d.script.memory_total_bytes?,
-                *d.script.memory_used_bytes.as_ref()?.at(s),
-            ))
+        |t, s| match t.instance() {
+            // A MIG device has its own memory.
+            Some(mig) => Some((
+                mig.memory_total_bytes?,
+                *mig.memory_used_bytes.as_ref()?.at(s),
+            )),
+            None => Some((
+                t.gpu().script.memory_total_bytes?,
+                *t.gpu().script.memory_used_bytes.as_ref()?.at(s),
+            )),
         },
     )
 }
@@ -476,7 +496,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
         power.is_null(),
         Sampling::Current,
         |f| f.power_usage,
-        |d, s| d.script.power_mw.as_ref().map(|v| *v.at(s)),
+        |t, s| t.whole()?.script.power_mw.as_ref().map(|v| *v.at(s)),
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(power, got) }
@@ -492,7 +512,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
         limit.is_null(),
         Sampling::Current,
         |f| f.power_limit,
-        |d, _| d.script.power_limit_mw,
+        |t, _| t.whole()?.script.power_limit_mw,
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(limit, got) }
@@ -508,7 +528,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
         energy.is_null(),
         Sampling::Current,
         |f| f.energy,
-        |d, s| d.script.energy_mj.as_ref().map(|v| *v.at(s)),
+        |t, s| t.whole()?.script.energy_mj.as_ref().map(|v| *v.at(s)),
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(energy, got) }
@@ -527,7 +547,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         temp.is_null() || bad_sensor,
         Sampling::Current,
         |f| f.temperature,
-        |d, s| d.script.temp_c.as_ref().map(|v| *v.at(s)),
+        |t, s| t.whole()?.script.temp_c.as_ref().map(|v| *v.at(s)),
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(temp, got) }
@@ -550,13 +570,47 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
         clock.is_null() || bad_type,
         Sampling::Current,
         |f| f.clock,
-        |d, s| match clock_type {
-            CLOCK_GRAPHICS | CLOCK_SM => d.script.sm_clock_mhz.as_ref().map(|v| *v.at(s)),
+        |t, s| match clock_type {
+            CLOCK_GRAPHICS | CLOCK_SM => t.whole()?.script.sm_clock_mhz.as_ref().map(|v| *v.at(s)),
             _ => None,
         },
     );
     // SAFETY: forwarded caller contract.
     unsafe { emit(clock, got) }
+}
+
+/// A process as NVML reports it: MIG devices' processes carry their GPU and
+/// compute instance.
+fn process_info(p: &ProcessScript, instance: Option<&script::MigInstanceScript>) -> ProcessInfo {
+    ProcessInfo {
+        pid: p.pid,
+        used_gpu_memory: p.used_memory_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64),
+        gpu_instance_id: instance.map_or(NO_INSTANCE, |m| m.gpu_instance_id),
+        compute_instance_id: instance.map_or(NO_INSTANCE, |m| m.compute_instance_id),
+    }
+}
+
+/// The processes of `t` at sample `s`: a MIG device's own; on a GPU in MIG
+/// mode, those of all its MIG devices; else the GPU's.
+fn processes_at(t: Target, s: u64) -> Option<Vec<ProcessInfo>> {
+    let of_instance = |m: &'static script::MigInstanceScript| {
+        let procs = m
+            .processes
+            .as_deref()
+            .map_or(&[][..], |p| pick(p, s).as_slice());
+        procs.iter().map(move |p| process_info(p, Some(m)))
+    };
+    if let Some(m) = t.instance() {
+        return Some(of_instance(m).collect());
+    }
+    let d = t.gpu();
+    match &d.script.mig {
+        Some(mig) if mig.enabled => Some(mig.instances.iter().flat_map(of_instance).collect()),
+        _ => {
+            let procs = pick(d.script.processes.as_deref()?, s);
+            Some(procs.iter().map(|p| process_info(p, None)).collect())
+        }
+    }
 }
 
 /// NVML's two-call protocol: with `*info_count` too small (0 is the usual
@@ -572,9 +626,9 @@ unsafe fn running_processes(
         info_count.is_null(),
         Sampling::Current,
         |f| f.processes,
-        |d, s| d.script.processes.as_deref().map(|p| pick(p, s).as_slice()),
+        processes_at,
     );
-    let procs: &[ProcessScript] = match got {
+    let procs = match got {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -592,13 +646,7 @@ unsafe fn running_processes(
     if needed > 0 && infos.is_null() {
         return INVALID_ARGUMENT;
     }
-    for (i, p) in procs.iter().enumerate() {
-        let info = ProcessInfo {
-            pid: p.pid,
-            used_gpu_memory: p.used_memory_bytes.unwrap_or(VALUE_NOT_AVAILABLE_U64),
-            gpu_instance_id: NO_INSTANCE,
-            compute_instance_id: NO_INSTANCE,
-        };
+    for (i, info) in procs.into_iter().enumerate() {
         // SAFETY: `infos` is non-null and the caller promised room for
         // `capacity >= needed > i` entries.
         unsafe { infos.add(i).write(info) };
@@ -628,25 +676,470 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     unsafe { running_processes(device, info_count, infos) }
 }
 
-/// MIG is never enabled on a scripted GPU; answering NOT_SUPPORTED sends
-/// callers down the whole-GPU path, as on consumer cards.
+// ---- MIG -----------------------------------------------------------------
+
+/// A GPU's `mig` script; NOT_SUPPORTED for a GPU without one and for a MIG
+/// device.
+fn mig_script(t: Target) -> Option<&'static script::MigScript> {
+    t.whole()?.script.mig.as_ref()
+}
+
+/// The current and pending mode (both as scripted). On a GPU in MIG mode
+/// this call takes the next sample, as utilization does otherwise.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: NvmlDevice,
     current_mode: *mut c_uint,
     pending_mode: *mut c_uint,
 ) -> NvmlReturn {
-    let got: Result<(), NvmlReturn> = query(
+    let got = query(
         device,
         current_mode.is_null() || pending_mode.is_null(),
+        Sampling::MigMode,
+        no_fail,
+        |t, _| mig_script(t).map(|m| c_uint::from(m.enabled)),
+    );
+    match got {
+        Ok(mode) => {
+            // SAFETY: both non-null (checked by `query`), caller contract.
+            unsafe {
+                current_mode.write(mode);
+                pending_mode.write(mode);
+            }
+            SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// As on the real parts, the most MIG devices a GPU can hold is its slice
+/// count.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: NvmlDevice,
+    count: *mut c_uint,
+) -> NvmlReturn {
+    let got = query(
+        device,
+        count.is_null(),
         Sampling::Current,
         no_fail,
-        |_, _| None,
+        |t, _| mig_script(t).map(|m| m.slices),
     );
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(count, got) }
+}
+
+/// The `index`-th MIG device: INVALID_ARGUMENT past the maximum count,
+/// NOT_FOUND where no MIG device is (MIG mode off, or fewer devices made).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: NvmlDevice,
+    index: c_uint,
+    mig_device: *mut NvmlDevice,
+) -> NvmlReturn {
+    let got = state::session().and_then(|s| {
+        let target = s.target(device)?;
+        if mig_device.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        target.sample(Sampling::Current, no_fail)?;
+        let gpu = target.whole().ok_or(NOT_SUPPORTED)?;
+        let mig = gpu.script.mig.as_ref().ok_or(NOT_SUPPORTED)?;
+        if index >= mig.slices {
+            return Err(INVALID_ARGUMENT);
+        }
+        s.migs
+            .iter()
+            .find(|m| ptr::eq(&s.devices[m.parent], gpu) && m.index == index as usize)
+            .map(|m| m.handle())
+            .ok_or(NOT_FOUND)
+    });
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(mig_device, got) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: NvmlDevice,
+    is_mig_device: *mut c_uint,
+) -> NvmlReturn {
+    let got = query(
+        device,
+        is_mig_device.is_null(),
+        Sampling::Current,
+        no_fail,
+        |t, _| Some(c_uint::from(t.instance().is_some())),
+    );
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(is_mig_device, got) }
+}
+
+/// `nvmlDeviceAttributes_t` (`_v2`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceAttributes {
+    pub multiprocessor_count: c_uint,
+    pub shared_copy_engine_count: c_uint,
+    pub shared_decoder_count: c_uint,
+    pub shared_encoder_count: c_uint,
+    pub shared_jpeg_count: c_uint,
+    pub shared_ofa_count: c_uint,
+    pub gpu_instance_slice_count: c_uint,
+    pub compute_instance_slice_count: c_uint,
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// NVML answers it for MIG devices only. The engine counts are not scripted
+/// and read 0.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: NvmlDevice,
+    attributes: *mut DeviceAttributes,
+) -> NvmlReturn {
+    let got = query(
+        device,
+        attributes.is_null(),
+        Sampling::Current,
+        no_fail,
+        |t, _| {
+            let mig = t.instance()?;
+            Some(DeviceAttributes {
+                multiprocessor_count: 0,
+                shared_copy_engine_count: 0,
+                shared_decoder_count: 0,
+                shared_encoder_count: 0,
+                shared_jpeg_count: 0,
+                shared_ofa_count: 0,
+                gpu_instance_slice_count: mig.slices,
+                compute_instance_slice_count: mig.slices,
+                memory_size_mb: mig.memory_total_bytes.unwrap_or(0) >> 20,
+            })
+        },
+    );
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(attributes, got) }
+}
+
+/// `nvmlGpuInstanceProfileInfo_t` (v1, unversioned).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpuInstanceProfileInfo {
+    pub id: c_uint,
+    pub is_p2p_supported: c_uint,
+    pub slice_count: c_uint,
+    pub instance_count: c_uint,
+    pub multiprocessor_count: c_uint,
+    pub copy_engine_count: c_uint,
+    pub decoder_count: c_uint,
+    pub encoder_count: c_uint,
+    pub jpeg_count: c_uint,
+    pub ofa_count: c_uint,
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT`: profile ids are below it.
+const GPU_INSTANCE_PROFILE_COUNT: c_uint = 17;
+
+/// The plain `NVML_GPU_INSTANCE_PROFILE_<n>_SLICE` ids are 0..=6, in the
+/// order of [`script::PROFILE_SLICES`]; a GPU has those of 1 to 4 slices no
+/// larger than itself, and the one of its own size. The other profiles
+/// (media extensions, graphics) are not scripted.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: NvmlDevice,
+    profile: c_uint,
+    info: *mut GpuInstanceProfileInfo,
+) -> NvmlReturn {
+    let got = query(
+        device,
+        info.is_null() || profile >= GPU_INSTANCE_PROFILE_COUNT,
+        Sampling::Current,
+        no_fail,
+        |t, _| {
+            let mig = mig_script(t)?;
+            let slices = *script::PROFILE_SLICES.get(profile as usize)?;
+            if slices > mig.slices || (slices > 4 && slices != mig.slices) {
+                return None;
+            }
+            let memory = t.gpu().script.memory_total_bytes.unwrap_or(0);
+            Some(GpuInstanceProfileInfo {
+                id: profile,
+                is_p2p_supported: 0,
+                slice_count: slices,
+                instance_count: mig.slices / slices,
+                multiprocessor_count: 0,
+                copy_engine_count: 0,
+                decoder_count: 0,
+                encoder_count: 0,
+                jpeg_count: 0,
+                ofa_count: 0,
+                memory_size_mb: (memory >> 20) * u64::from(slices) / u64::from(mig.slices),
+            })
+        },
+    );
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(info, got) }
+}
+
+// ---- GPM ------------------------------------------------------------------
+
+/// Opaque target of `nvmlGpmSample_t`.
+#[repr(C)]
+pub struct NvmlGpmSampleSt {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlGpmSample_t`: a number standing for a sample (see
+/// [`state::gpm_alloc`]); never dereferenced.
+pub type NvmlGpmSample = *mut NvmlGpmSampleSt;
+
+/// `nvmlGpmSupport_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpmSupport {
+    pub version: c_uint,
+    pub is_supported_device: c_uint,
+}
+
+/// `NVML_GPM_SUPPORT_VERSION`.
+pub const GPM_SUPPORT_VERSION: c_uint = 1;
+
+/// `nvmlGpmMetric_t`'s `metricInfo`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpmMetricInfo {
+    pub short_name: *const c_char,
+    pub long_name: *const c_char,
+    pub unit: *const c_char,
+}
+
+/// `nvmlGpmMetric_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpmMetric {
+    pub metric_id: c_uint,
+    pub nvml_return: NvmlReturn,
+    pub value: f64,
+    pub metric_info: GpmMetricInfo,
+}
+
+/// `NVML_GPM_METRIC_MAX`: the length of `metrics`.
+pub const GPM_METRIC_MAX: usize = 210;
+
+/// `nvmlGpmMetricsGet_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpmMetricsGet {
+    pub version: c_uint,
+    pub num_metrics: c_uint,
+    pub sample1: NvmlGpmSample,
+    pub sample2: NvmlGpmSample,
+    pub metrics: [GpmMetric; GPM_METRIC_MAX],
+}
+
+/// `NVML_GPM_METRICS_GET_VERSION`.
+pub const GPM_METRICS_GET_VERSION: c_uint = 1;
+
+/// Whether the chip has GPM: a GPU whose script has `gpm` (a MIG device
+/// answers for its GPU). Unsupported is a successful answer, as in NVML.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: NvmlDevice,
+    gpm_support: *mut GpmSupport,
+) -> NvmlReturn {
+    let got = query(
+        device,
+        gpm_support.is_null(),
+        Sampling::Current,
+        no_fail,
+        |t, _| Some(c_uint::from(t.gpu().gpm().is_some())),
+    );
+    let supported = match got {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // SAFETY: non-null (checked by `query`); the caller set the version.
+    let version = unsafe { ptr::addr_of!((*gpm_support).version).read() };
+    if version != GPM_SUPPORT_VERSION {
+        return ARGUMENT_VERSION_MISMATCH;
+    }
+    // SAFETY: as above.
+    unsafe { ptr::addr_of_mut!((*gpm_support).is_supported_device).write(supported) };
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(gpm_sample: *mut NvmlGpmSample) -> NvmlReturn {
+    let got = state::gpm_alloc().map(|handle| handle as NvmlGpmSample);
+    // SAFETY: forwarded caller contract.
+    unsafe { emit(gpm_sample, got) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleFree(gpm_sample: NvmlGpmSample) -> NvmlReturn {
+    match state::gpm_free(gpm_sample as usize) {
+        Ok(()) => SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Takes the whole GPU's next GPM sample into `gpm_sample`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleGet(
+    device: NvmlDevice,
+    gpm_sample: NvmlGpmSample,
+) -> NvmlReturn {
+    let got = state::session().and_then(|s| {
+        let target = s.target(device)?;
+        target.sample(Sampling::Current, |f| f.gpm)?;
+        let Target::Gpu(gpu) = target else {
+            // A MIG device's counters are its GPU instance's: nvmlGpmMigSampleGet.
+            return Err(NOT_SUPPORTED);
+        };
+        gpu.gpm().ok_or(NOT_SUPPORTED)?;
+        let index = s
+            .devices
+            .iter()
+            .position(|d| ptr::eq(d, gpu))
+            .ok_or(INVALID_ARGUMENT)?;
+        state::gpm_fill(
+            s,
+            gpm_sample as usize,
+            GpmSource::Gpu(index),
+            gpu.gpm_calls(),
+        )
+    });
     match got {
         Ok(()) => SUCCESS,
         Err(code) => code,
     }
+}
+
+/// Takes the next GPM sample of GPU instance `gpu_instance_id` of a GPU in
+/// MIG mode into `gpm_sample`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: NvmlDevice,
+    gpu_instance_id: c_uint,
+    gpm_sample: NvmlGpmSample,
+) -> NvmlReturn {
+    let got = state::session().and_then(|s| {
+        let target = s.target(device)?;
+        target.sample(Sampling::Current, |f| f.gpm)?;
+        let gpu = target.whole().ok_or(INVALID_ARGUMENT)?;
+        gpu.gpm().ok_or(NOT_SUPPORTED)?;
+        if !gpu.mig_enabled() {
+            return Err(NOT_SUPPORTED);
+        }
+        let (index, mig) = s
+            .instance_of(gpu, gpu_instance_id)
+            .ok_or(INVALID_ARGUMENT)?;
+        state::gpm_fill(
+            s,
+            gpm_sample as usize,
+            GpmSource::Instance(index),
+            mig.gpm_calls(),
+        )
+    });
+    match got {
+        Ok(()) => SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// The names NVML gives a metric, for the ones a script can carry.
+fn metric_info(id: c_uint) -> GpmMetricInfo {
+    let (short, long): (&'static CStr, &'static CStr) = match id {
+        script::GPM_GRAPHICS_UTIL => (c"gr_util", c"graphics utilization"),
+        script::GPM_SM_UTIL => (c"sm_util", c"SM utilization"),
+        script::GPM_SM_OCCUPANCY => (c"sm_occupancy", c"SM occupancy"),
+        script::GPM_ANY_TENSOR_UTIL => (c"any_tensor_util", c"any tensor utilization"),
+        script::GPM_DRAM_BW_UTIL => (c"dram_bw_util", c"DRAM bandwidth utilization"),
+        _ => {
+            return GpmMetricInfo {
+                short_name: ptr::null(),
+                long_name: ptr::null(),
+                unit: ptr::null(),
+            }
+        }
+    };
+    GpmMetricInfo {
+        short_name: short.as_ptr(),
+        long_name: long.as_ptr(),
+        unit: c"%".as_ptr(),
+    }
+}
+
+/// The script of a GPM sample's source.
+fn gpm_script(s: &'static state::Session, source: GpmSource) -> Option<&'static GpmScript> {
+    match source {
+        GpmSource::Gpu(index) => s.devices[index].gpm(),
+        GpmSource::Instance(index) => {
+            let mig = &s.migs[index];
+            s.devices[mig.parent].script.mig.as_ref()?.instances[mig.index]
+                .gpm
+                .as_ref()
+        }
+    }
+}
+
+/// Each requested metric between two samples of one source, the second
+/// taken later: the average of its scripted rates over the intervals between
+/// them. A metric the script lacks answers NOT_SUPPORTED in its own slot.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut GpmMetricsGet) -> NvmlReturn {
+    let session = match state::session() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    if metrics_get.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, and the caller's struct per the contract.
+    let (version, count, first, second) = unsafe {
+        (
+            ptr::addr_of!((*metrics_get).version).read(),
+            ptr::addr_of!((*metrics_get).num_metrics).read(),
+            ptr::addr_of!((*metrics_get).sample1).read(),
+            ptr::addr_of!((*metrics_get).sample2).read(),
+        )
+    };
+    if version != GPM_METRICS_GET_VERSION {
+        return ARGUMENT_VERSION_MISMATCH;
+    }
+    if count as usize > GPM_METRIC_MAX {
+        return INVALID_ARGUMENT;
+    }
+    let (first, second) = match (
+        state::gpm_snapshot(session, first as usize),
+        state::gpm_snapshot(session, second as usize),
+    ) {
+        (Ok(a), Ok(b)) if a.source == b.source && a.number < b.number => (a, b),
+        _ => return INVALID_ARGUMENT,
+    };
+    let script = gpm_script(session, first.source);
+    for i in 0..count as usize {
+        // SAFETY: i < count <= GPM_METRIC_MAX, inside the caller's array.
+        let slot = unsafe { ptr::addr_of_mut!((*metrics_get).metrics[i]) };
+        // SAFETY: as above.
+        let id = unsafe { ptr::addr_of!((*slot).metric_id).read() };
+        let series = script.and_then(|g| g.metric(id));
+        let (code, value) = match series {
+            Some(series) => (
+                SUCCESS,
+                GpmScript::average(series, first.number, second.number),
+            ),
+            None => (NOT_SUPPORTED, 0.0),
+        };
+        // SAFETY: as above.
+        unsafe {
+            ptr::addr_of_mut!((*slot).nvml_return).write(code);
+            ptr::addr_of_mut!((*slot).value).write(value);
+            ptr::addr_of_mut!((*slot).metric_info).write(metric_info(id));
+        }
+    }
+    SUCCESS
 }
 
 #[cfg(test)]
@@ -717,6 +1210,102 @@ mod tests {
             size_of::<ProcessInfo>(),
             size_of::<sys::nvmlProcessInfo_v2_t>()
         );
+    }
+
+    #[test]
+    fn mig_and_gpm_layouts_match_nvml_wrapper_sys() {
+        assert_eq!(
+            size_of::<DeviceAttributes>(),
+            size_of::<sys::nvmlDeviceAttributes_t>()
+        );
+        assert_eq!(
+            offset_of!(DeviceAttributes, compute_instance_slice_count),
+            offset_of!(sys::nvmlDeviceAttributes_t, computeInstanceSliceCount)
+        );
+        assert_eq!(
+            offset_of!(DeviceAttributes, memory_size_mb),
+            offset_of!(sys::nvmlDeviceAttributes_t, memorySizeMB)
+        );
+        assert_eq!(
+            size_of::<GpuInstanceProfileInfo>(),
+            size_of::<sys::nvmlGpuInstanceProfileInfo_t>()
+        );
+        assert_eq!(
+            offset_of!(GpuInstanceProfileInfo, slice_count),
+            offset_of!(sys::nvmlGpuInstanceProfileInfo_t, sliceCount)
+        );
+        assert_eq!(
+            offset_of!(GpuInstanceProfileInfo, memory_size_mb),
+            offset_of!(sys::nvmlGpuInstanceProfileInfo_t, memorySizeMB)
+        );
+        assert_eq!(size_of::<GpmSupport>(), size_of::<sys::nvmlGpmSupport_t>());
+        assert_eq!(size_of::<GpmMetric>(), size_of::<sys::nvmlGpmMetric_t>());
+        assert_eq!(
+            offset_of!(GpmMetric, value),
+            offset_of!(sys::nvmlGpmMetric_t, value)
+        );
+        assert_eq!(
+            offset_of!(GpmMetric, metric_info),
+            offset_of!(sys::nvmlGpmMetric_t, metricInfo)
+        );
+        assert_eq!(
+            size_of::<GpmMetricsGet>(),
+            size_of::<sys::nvmlGpmMetricsGet_t>()
+        );
+        assert_eq!(
+            offset_of!(GpmMetricsGet, sample2),
+            offset_of!(sys::nvmlGpmMetricsGet_t, sample2)
+        );
+        assert_eq!(
+            offset_of!(GpmMetricsGet, metrics),
+            offset_of!(sys::nvmlGpmMetricsGet_t, metrics)
+        );
+        assert_eq!(GPM_SUPPORT_VERSION, sys::NVML_GPM_SUPPORT_VERSION);
+        assert_eq!(GPM_METRICS_GET_VERSION, sys::NVML_GPM_METRICS_GET_VERSION);
+        assert_eq!(
+            GPM_METRIC_MAX as u32,
+            sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_MAX
+        );
+        for (id, nvml) in [
+            (
+                script::GPM_GRAPHICS_UTIL,
+                sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL,
+            ),
+            (
+                script::GPM_SM_UTIL,
+                sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL,
+            ),
+            (
+                script::GPM_SM_OCCUPANCY,
+                sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY,
+            ),
+            (
+                script::GPM_ANY_TENSOR_UTIL,
+                sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+            ),
+            (
+                script::GPM_DRAM_BW_UTIL,
+                sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL,
+            ),
+        ] {
+            assert_eq!(id, nvml);
+        }
+        assert_eq!(
+            GPU_INSTANCE_PROFILE_COUNT,
+            sys::NVML_GPU_INSTANCE_PROFILE_COUNT
+        );
+        for (profile, slices) in [
+            (sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE, 1),
+            (sys::NVML_GPU_INSTANCE_PROFILE_2_SLICE, 2),
+            (sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3),
+            (sys::NVML_GPU_INSTANCE_PROFILE_4_SLICE, 4),
+            (sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE, 7),
+            (sys::NVML_GPU_INSTANCE_PROFILE_8_SLICE, 8),
+            (sys::NVML_GPU_INSTANCE_PROFILE_6_SLICE, 6),
+        ] {
+            assert_eq!(script::PROFILE_SLICES[profile as usize], slices);
+        }
+        assert_eq!(sys::NVML_DEVICE_MIG_ENABLE, 1);
     }
 
     #[test]

@@ -52,16 +52,96 @@ pub struct DeviceScript {
     #[serde(default)]
     pub fail: FailMap,
     pub lost_at_sample: Option<u64>,
-    /// MIG devices on this GPU, found by UUID and giving back their parent.
-    #[serde(default)]
-    pub mig_devices: Vec<MigDeviceScript>,
+    /// GPU performance monitoring: present means the chip has it (Hopper and
+    /// later); its values are the whole GPU's.
+    pub gpm: Option<GpmScript>,
+    /// Multi-Instance GPU: present means the GPU is MIG-capable.
+    pub mig: Option<MigScript>,
 }
 
-/// A MIG device: only its UUID, which `nvmlDeviceGetHandleByUUID` finds.
+/// GPM metrics, each a per-interval series of percentages: value `i` is the
+/// rate over the interval between the `i`-th and `(i+1)`-th GPM sample taken
+/// of this GPU (or GPU instance). An omitted metric answers
+/// NVML_ERROR_NOT_SUPPORTED in its slot of `nvmlGpmMetricsGet`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpmScript {
+    /// NVML_GPM_METRIC_GRAPHICS_UTIL.
+    pub graphics_util: Option<Series<f64>>,
+    /// NVML_GPM_METRIC_SM_UTIL.
+    pub sm_util: Option<Series<f64>>,
+    /// NVML_GPM_METRIC_SM_OCCUPANCY.
+    pub sm_occupancy: Option<Series<f64>>,
+    /// NVML_GPM_METRIC_ANY_TENSOR_UTIL.
+    pub any_tensor_util: Option<Series<f64>>,
+    /// NVML_GPM_METRIC_DRAM_BW_UTIL.
+    pub dram_bw_util: Option<Series<f64>>,
+}
+
+impl GpmScript {
+    /// The series of NVML metric id `id`, if the script has one.
+    pub fn metric(&self, id: u32) -> Option<&Series<f64>> {
+        match id {
+            GPM_GRAPHICS_UTIL => self.graphics_util.as_ref(),
+            GPM_SM_UTIL => self.sm_util.as_ref(),
+            GPM_SM_OCCUPANCY => self.sm_occupancy.as_ref(),
+            GPM_ANY_TENSOR_UTIL => self.any_tensor_util.as_ref(),
+            GPM_DRAM_BW_UTIL => self.dram_bw_util.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The average rate over intervals `from..to` (the numbers of the two
+    /// GPM samples), as NVML computes it from two samples' counters. Both
+    /// numbers count calls, so the loop is as long as the caller's polling.
+    pub fn average(series: &Series<f64>, from: u64, to: u64) -> f64 {
+        (from..to).map(|i| *series.at(i)).sum::<f64>() / (to - from) as f64
+    }
+}
+
+// `nvmlGpmMetricId_t` values of the metrics a script can carry.
+pub const GPM_GRAPHICS_UTIL: u32 = 1;
+pub const GPM_SM_UTIL: u32 = 2;
+pub const GPM_SM_OCCUPANCY: u32 = 3;
+pub const GPM_ANY_TENSOR_UTIL: u32 = 5;
+pub const GPM_DRAM_BW_UTIL: u32 = 10;
+
+/// A MIG-capable GPU: its mode and the MIG devices (one compute instance
+/// filling one GPU instance each) made on it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MigDeviceScript {
+pub struct MigScript {
+    /// The current (and pending) MIG mode.
+    pub enabled: bool,
+    /// The GPU's compute slices: 7 on an A100 or H100, 4 on an A30.
+    pub slices: u32,
+    /// The MIG devices, in `nvmlDeviceGetMigDeviceHandleByIndex` order.
+    #[serde(default)]
+    pub instances: Vec<MigInstanceScript>,
+}
+
+/// The GPU slice counts NVML has GPU instance profiles for.
+pub const PROFILE_SLICES: [u32; 7] = [1, 2, 3, 4, 7, 8, 6];
+
+/// One MIG device.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigInstanceScript {
     pub uuid: String,
+    /// The profile, e.g. `1g.10gb`; the device's name is the GPU's name,
+    /// ` MIG `, and this.
+    pub profile: String,
+    /// Its compute slices.
+    pub slices: u32,
+    pub gpu_instance_id: u32,
+    #[serde(default)]
+    pub compute_instance_id: u32,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_used_bytes: Option<Series<u64>>,
+    /// One process list per sample of the GPU, as for a GPU.
+    pub processes: Option<Vec<Vec<ProcessScript>>>,
+    /// The GPU instance's GPM values, read with `nvmlGpmMigSampleGet`.
+    pub gpm: Option<GpmScript>,
 }
 
 /// A process as `nvmlDeviceGetComputeRunningProcesses_v3` reports it.
@@ -91,6 +171,8 @@ pub struct FailMap {
     pub temperature: Option<FailCode>,
     pub clock: Option<FailCode>,
     pub processes: Option<FailCode>,
+    /// `nvmlGpmSampleGet` and `nvmlGpmMigSampleGet`.
+    pub gpm: Option<FailCode>,
 }
 
 /// The NVML errors a script may force, named as in the script.
@@ -253,19 +335,88 @@ fn validate(script: &Script) -> Result<(), String> {
                 return Err(format!("{}: duplicate uuid {uuid:?}", at("uuid")));
             }
         }
-        for (j, mig) in d.mig_devices.iter().enumerate() {
-            let field = at(&format!("mig_devices[{j}].uuid"));
-            check_str(&field, &Some(mig.uuid.clone()), UUID_BUFFER)?;
-            let clash = script.devices.iter().enumerate().any(|(k, o)| {
-                o.uuid.as_deref() == Some(&mig.uuid)
-                    || o.mig_devices
-                        .iter()
-                        .enumerate()
-                        .any(|(l, m)| (k, l) != (i, j) && m.uuid == mig.uuid)
-            });
-            if clash {
-                return Err(format!("{field}: duplicate uuid {:?}", mig.uuid));
-            }
+        if let Some(mig) = &d.mig {
+            validate_mig(script, i, d, mig)?;
+        }
+    }
+    Ok(())
+}
+
+fn validate_mig(
+    script: &Script,
+    i: usize,
+    d: &DeviceScript,
+    mig: &MigScript,
+) -> Result<(), String> {
+    let at = |field: &str| format!("devices[{i}].mig.{field}");
+    if !PROFILE_SLICES.contains(&mig.slices) {
+        return Err(format!(
+            "{}: {} is no GPU size NVML has profiles for ({PROFILE_SLICES:?})",
+            at("slices"),
+            mig.slices
+        ));
+    }
+    if !mig.enabled && !mig.instances.is_empty() {
+        return Err(format!(
+            "{}: MIG devices need MIG mode enabled",
+            at("instances")
+        ));
+    }
+    if mig.enabled && d.processes.is_some() {
+        // In MIG mode every process runs in a MIG device.
+        return Err(format!(
+            "devices[{i}].processes: a GPU in MIG mode has its processes in its MIG devices"
+        ));
+    }
+    let used: u32 = mig.instances.iter().map(|m| m.slices).sum();
+    if used > mig.slices {
+        return Err(format!(
+            "{}: the MIG devices take {used} slices of {}",
+            at("instances"),
+            mig.slices
+        ));
+    }
+    for (j, m) in mig.instances.iter().enumerate() {
+        let at = |field: &str| format!("devices[{i}].mig.instances[{j}].{field}");
+        check_str(&at("uuid"), &Some(m.uuid.clone()), UUID_BUFFER)?;
+        let name = format!(
+            "{} MIG {}",
+            d.name.as_deref().unwrap_or_default(),
+            m.profile
+        );
+        check_str(&at("profile"), &Some(name), NAME_BUFFER)?;
+        if m.profile.is_empty() {
+            return Err(format!("{}: must not be empty", at("profile")));
+        }
+        if m.slices == 0 {
+            return Err(format!("{}: must be at least 1", at("slices")));
+        }
+        if matches!(&m.processes, Some(p) if p.is_empty()) {
+            return Err(format!(
+                "{}: needs at least one sample (use [[]] for no processes)",
+                at("processes")
+            ));
+        }
+        let clash = script.devices.iter().enumerate().any(|(k, o)| {
+            o.uuid.as_deref() == Some(&m.uuid)
+                || o.mig
+                    .iter()
+                    .flat_map(|g| g.instances.iter().enumerate())
+                    .any(|(l, other)| (k, l) != (i, j) && other.uuid == m.uuid)
+        });
+        if clash {
+            return Err(format!("{}: duplicate uuid {:?}", at("uuid"), m.uuid));
+        }
+        if mig.instances[..j]
+            .iter()
+            .any(|o| o.gpu_instance_id == m.gpu_instance_id)
+        {
+            // One compute instance per GPU instance: GPM is per GPU instance.
+            return Err(format!(
+                "{}: duplicate GPU instance {}",
+                at("gpu_instance_id"),
+                m.gpu_instance_id
+            ));
         }
     }
     Ok(())
@@ -320,6 +471,104 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.devices[0].fail.clock, Some(FailCode::Timeout));
+    }
+
+    #[test]
+    fn checks_mig_layouts() {
+        let gpu = |mig: &str| {
+            format!(r#"{{"devices": [{{"uuid": "GPU-a", "name": "H100", "mig": {mig}}}]}}"#)
+        };
+        let one = |uuid: &str, gi: u32, slices: u32| {
+            format!(
+                r#"{{"uuid": "{uuid}", "profile": "{slices}g.10gb", "slices": {slices}, "gpu_instance_id": {gi}}}"#
+            )
+        };
+        let ok = parse(&gpu(&format!(
+            r#"{{"enabled": true, "slices": 7, "instances": [{}, {}]}}"#,
+            one("MIG-1", 1, 4),
+            one("MIG-2", 2, 3)
+        )))
+        .unwrap();
+        let mig = ok.devices[0].mig.as_ref().unwrap();
+        assert_eq!(
+            (mig.instances.len(), mig.instances[1].compute_instance_id),
+            (2, 0)
+        );
+        for (bad, why) in [
+            (
+                r#"{"enabled": true, "slices": 5}"#.to_string(),
+                "no 5-slice GPU",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": false, "slices": 7, "instances": [{}]}}"#,
+                    one("MIG-1", 1, 1)
+                ),
+                "MIG off",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": true, "slices": 7, "instances": [{}, {}]}}"#,
+                    one("MIG-1", 1, 4),
+                    one("MIG-2", 2, 4)
+                ),
+                "8 of 7 slices",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": true, "slices": 7, "instances": [{}, {}]}}"#,
+                    one("MIG-1", 1, 1),
+                    one("MIG-1", 2, 1)
+                ),
+                "one UUID twice",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": true, "slices": 7, "instances": [{}]}}"#,
+                    one("GPU-a", 1, 1)
+                ),
+                "a GPU's UUID",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": true, "slices": 7, "instances": [{}, {}]}}"#,
+                    one("MIG-1", 3, 1),
+                    one("MIG-2", 3, 1)
+                ),
+                "one GPU instance twice",
+            ),
+            (
+                format!(
+                    r#"{{"enabled": true, "slices": 7, "instances": [{}]}}"#,
+                    one("MIG-1", 1, 0)
+                ),
+                "no slices",
+            ),
+            (
+                r#"{"enabled": true, "slices": 7, "bogus": 1}"#.to_string(),
+                "unknown key",
+            ),
+        ] {
+            assert!(parse(&gpu(&bad)).is_err(), "{why}");
+        }
+        assert!(
+            parse(r#"{"devices": [{"processes": [[]], "mig": {"enabled": true, "slices": 7}}]}"#)
+                .is_err(),
+            "a GPU in MIG mode has no processes of its own"
+        );
+        assert!(parse(r#"{"devices": [{"gpm": {"sm_util": [2], "sm_active": 1}}]}"#).is_err());
+    }
+
+    #[test]
+    fn gpm_averages_the_rates_between_two_samples() {
+        let s: Series<f64> = serde_json::from_str("[10, 20, 60]").unwrap();
+        assert_eq!(GpmScript::average(&s, 0, 1), 10.0);
+        assert_eq!(GpmScript::average(&s, 1, 3), 40.0);
+        assert_eq!(GpmScript::average(&s, 2, 6), 60.0, "the last rate repeats");
+        let gpm: GpmScript = serde_json::from_str(r#"{"sm_util": 2}"#).unwrap();
+        assert!(gpm.metric(GPM_SM_UTIL).is_some());
+        assert!(gpm.metric(GPM_GRAPHICS_UTIL).is_none());
+        assert!(gpm.metric(4).is_none(), "INTEGER_UTIL is not scripted");
     }
 
     #[test]

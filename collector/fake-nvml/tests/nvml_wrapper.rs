@@ -7,8 +7,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::gpm::gpm_metrics_get;
+use nvml_wrapper::{GpmSample, Nvml};
 use serde_json::json;
 
 const SCRIPT_ENV: &str = "GPUWARDEN_FAKE_NVML_SCRIPT";
@@ -328,53 +330,275 @@ fn lost_gpu_fails_from_its_sample_on_while_others_keep_working() {
     assert!(matches!(nvml.device_by_index(0), Err(NvmlError::GpuLost)));
 }
 
+const MIG0: &str = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+const MIG1: &str = "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee";
+
+/// An H100 in MIG mode with a `3g.40gb` (GPU instance 2, one process) and a
+/// `1g.10gb` (GPU instance 9, idle), and 3 of its 7 slices unused.
+fn mig_h100(gpm: bool) -> serde_json::Value {
+    let mut gpu = json!({
+        "uuid": UUID1, "index": 1, "name": "NVIDIA H100 80GB HBM3",
+        "memory_total_bytes": 85_520_809_984u64, "memory_used_bytes": [2_147_483_648u64],
+        "power_mw": 300_000, "util_gpu_pct": 50, "util_mem_pct": 5,
+        "mig": {"enabled": true, "slices": 7, "instances": [
+            {"uuid": MIG0, "profile": "3g.40gb", "slices": 3, "gpu_instance_id": 2,
+             "memory_total_bytes": 42_949_672_960u64, "memory_used_bytes": [1_073_741_824u64, 0],
+             "processes": [[{"pid": 4242, "used_memory_bytes": 1_073_741_824u64}], []],
+             "gpm": {"graphics_util": [90, 30], "sm_util": [80, 20]}},
+            {"uuid": MIG1, "profile": "1g.10gb", "slices": 1, "gpu_instance_id": 9,
+             "compute_instance_id": 0,
+             "memory_total_bytes": 10_200_547_328u64, "memory_used_bytes": 0,
+             "processes": [[]]}
+        ]}
+    });
+    if gpm {
+        gpu["gpm"] = json!({});
+    }
+    json!({"devices": [
+        {"uuid": UUID0, "util_gpu_pct": [10], "lost_at_sample": 1},
+        gpu
+    ]})
+}
+
 #[test]
-fn a_mig_device_opens_by_uuid_and_names_its_gpu() {
-    const MIG0: &str = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
-    const MIG1: &str = "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee";
-    let s = Scenario::new(
-        "mig",
-        &json!({
-            "devices": [
-                {"uuid": UUID0, "util_gpu_pct": [10], "lost_at_sample": 1},
-                {"uuid": UUID1, "index": 1, "util_gpu_pct": [60], "mig_devices": [{"uuid": MIG0}, {"uuid": MIG1}]}
-            ]
-        }),
-    );
+fn mig_devices_enumerate_under_their_gpu_with_their_own_memory_and_processes() {
+    let s = Scenario::new("mig", &mig_h100(true));
     let nvml = init().expect("init");
     assert_eq!(nvml.device_count().unwrap(), 2, "MIG devices are not GPUs");
-    for mig in [MIG0, MIG1] {
-        let device = nvml.device_by_uuid(mig).unwrap();
-        let parent = device.mig_parent_device().unwrap();
-        assert_eq!(parent.uuid().unwrap(), UUID1, "{mig}");
-        assert_eq!(parent.index().unwrap(), 1);
-        assert!(matches!(device.uuid(), Err(NvmlError::InvalidArg)));
+    let plain = nvml.device_by_index(0).unwrap();
+    assert!(matches!(plain.mig_mode(), Err(NvmlError::NotSupported)));
+    assert!(!plain.mig_is_mig_device_handle().unwrap());
+    assert!(matches!(
+        plain.mig_device_by_index(0),
+        Err(NvmlError::NotSupported)
+    ));
+
+    let gpu = nvml.device_by_index(1).unwrap();
+    let mode = gpu.mig_mode().unwrap();
+    assert_eq!((mode.current, mode.pending), (1, 1));
+    assert_eq!(gpu.mig_device_count().unwrap(), 7);
+    assert!(
+        matches!(gpu.utilization_rates(), Err(NvmlError::NotSupported)),
+        "NVML has no utilization for a GPU in MIG mode"
+    );
+    assert_eq!(gpu.power_usage().unwrap(), 300_000, "power is the GPU's");
+    assert_eq!(gpu.memory_info().unwrap().total, 85_520_809_984);
+    let slices: Vec<u32> = (0..17)
+        .filter_map(|p| gpu.profile_info(p).ok())
+        .map(|info| info.slice_count)
+        .collect();
+    assert_eq!(slices, [1, 2, 3, 4, 7], "the profiles of a 7-slice GPU");
+    assert!(matches!(gpu.profile_info(17), Err(NvmlError::InvalidArg)));
+    assert!(matches!(gpu.attributes(), Err(NvmlError::NotSupported)));
+    let pids: Vec<(u32, Option<u32>)> = gpu
+        .running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(|p| (p.pid, p.gpu_instance_id))
+        .collect();
+    assert_eq!(
+        pids,
+        [(4242, Some(2))],
+        "the GPU's processes are its MIG devices'"
+    );
+
+    let big = gpu.mig_device_by_index(0).unwrap();
+    let small = gpu.mig_device_by_index(1).unwrap();
+    assert!(matches!(
+        gpu.mig_device_by_index(2),
+        Err(NvmlError::NotFound)
+    ));
+    assert!(matches!(
+        gpu.mig_device_by_index(7),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(big.mig_is_mig_device_handle().unwrap());
+    assert_eq!(big.uuid().unwrap(), MIG0);
+    assert_eq!(big.name().unwrap(), "NVIDIA H100 80GB HBM3 MIG 3g.40gb");
+    assert_eq!(small.name().unwrap(), "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+    let attributes = big.attributes().unwrap();
+    assert_eq!(
+        (
+            attributes.gpu_instance_slice_count,
+            attributes.compute_instance_slice_count,
+            attributes.memory_size_mb
+        ),
+        (3, 3, 40_960)
+    );
+    let memory = big.memory_info().unwrap();
+    assert_eq!((memory.total, memory.used), (42_949_672_960, 1_073_741_824));
+    let procs = big.running_compute_processes().unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(
+        (
+            procs[0].pid,
+            procs[0].gpu_instance_id,
+            procs[0].compute_instance_id
+        ),
+        (4242, Some(2), Some(0))
+    );
+    assert!(small.running_compute_processes().unwrap().is_empty());
+    for unsupported in [
+        big.utilization_rates().map(|_| ()),
+        big.power_usage().map(|_| ()),
+        big.total_energy_consumption().map(|_| ()),
+        big.temperature(TemperatureSensor::Gpu).map(|_| ()),
+        big.index().map(|_| ()),
+        big.mig_mode().map(|_| ()),
+    ] {
+        assert!(matches!(unsupported, Err(NvmlError::NotSupported)));
     }
-    let gpu = nvml.device_by_uuid(UUID0).unwrap();
+    assert_eq!(big.mig_parent_device().unwrap().uuid().unwrap(), UUID1);
+    assert_eq!(nvml.device_by_uuid(MIG1).unwrap().uuid().unwrap(), MIG1);
     assert!(
         matches!(gpu.mig_parent_device(), Err(NvmlError::InvalidArg)),
         "a GPU is no MIG device"
     );
-    assert!(matches!(
-        nvml.device_by_uuid("MIG-00000000-0000-0000-0000-000000000000"),
-        Err(NvmlError::NotFound)
-    ));
+
+    // The MIG mode call is the GPU's tick in MIG mode: the next sample.
+    gpu.mig_mode().unwrap();
+    assert_eq!(big.memory_info().unwrap().used, 0);
+    assert!(big.running_compute_processes().unwrap().is_empty());
 
     drop(nvml);
     for bad in [
-        json!({"devices": [{"uuid": UUID0, "mig_devices": [{"uuid": UUID0}]}]}),
-        json!({"devices": [{"uuid": UUID0, "mig_devices": [{"uuid": MIG0}, {"uuid": MIG0}]}]}),
-        json!({"devices": [{"mig_devices": [{"uuid": MIG0}]}, {"mig_devices": [{"uuid": MIG0}]}]}),
-        json!({"devices": [{"mig_devices": [{"uuid": MIG0, "profile": "1g.10gb"}]}]}),
+        json!({"devices": [{"uuid": UUID0, "mig": {"enabled": true, "slices": 7, "instances": [
+            {"uuid": UUID0, "profile": "1g.10gb", "slices": 1, "gpu_instance_id": 1}]}}]}),
+        json!({"devices": [{"mig": {"enabled": true, "slices": 7, "instances": [
+            {"uuid": MIG0, "profile": "1g.10gb", "slices": 1, "gpu_instance_id": 1, "typo": 1}]}}]}),
     ] {
         s.rewrite(&bad);
         assert!(matches!(init(), Err(NvmlError::Unknown)), "{bad}");
     }
 
     // A MIG device of a lost GPU is lost with it.
-    s.rewrite(&json!({"devices": [{"uuid": UUID0, "lost_at_sample": 0, "mig_devices": [{"uuid": MIG0}]}]}));
+    s.rewrite(
+        &json!({"devices": [{"uuid": UUID0, "lost_at_sample": 0, "mig": {
+        "enabled": true, "slices": 7, "instances": [
+            {"uuid": MIG0, "profile": "7g.80gb", "slices": 7, "gpu_instance_id": 0}]}}]}),
+    );
     let nvml = init().expect("re-init");
     assert!(matches!(nvml.device_by_uuid(MIG0), Err(NvmlError::GpuLost)));
+}
+
+const GPM_METRICS: [GpmMetricId; 5] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::GraphicsUtil,
+];
+
+/// The values of [`GPM_METRICS`] between two samples, `None` where NVML
+/// answered an error in that metric's slot.
+fn gpm_values(nvml: &Nvml, first: &GpmSample<'_>, second: &GpmSample<'_>) -> Vec<Option<f64>> {
+    gpm_metrics_get(nvml, first, second, &GPM_METRICS)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.ok().map(|m| m.value))
+        .collect()
+}
+
+#[test]
+fn gpm_metrics_are_the_scripted_rates_between_two_samples() {
+    let s = Scenario::new(
+        "gpm",
+        &json!({"devices": [
+            {"uuid": UUID0, "util_gpu_pct": 100, "util_mem_pct": 1,
+             "gpm": {"sm_util": [2, 4, 60], "sm_occupancy": 1, "any_tensor_util": 0,
+                     "dram_bw_util": [3], "graphics_util": 100}},
+            {"uuid": UUID1, "util_gpu_pct": 10, "util_mem_pct": 1}
+        ]}),
+    );
+    let nvml = init().expect("init");
+    let h100 = nvml.device_by_index(0).unwrap();
+    let a100 = nvml.device_by_index(1).unwrap();
+    assert!(h100.gpm_support().unwrap());
+    assert!(
+        !a100.gpm_support().unwrap(),
+        "no GPM is an answer, not an error"
+    );
+    assert!(matches!(a100.gpm_sample(), Err(NvmlError::NotSupported)));
+
+    let first = h100.gpm_sample().unwrap();
+    let second = h100.gpm_sample().unwrap();
+    assert_eq!(
+        gpm_values(&nvml, &first, &second),
+        [Some(2.0), Some(1.0), Some(0.0), Some(3.0), Some(100.0)]
+    );
+    let third = h100.gpm_sample().unwrap();
+    let fourth = h100.gpm_sample().unwrap();
+    assert_eq!(gpm_values(&nvml, &third, &fourth)[0], Some(60.0));
+    assert_eq!(
+        gpm_values(&nvml, &first, &fourth)[0],
+        Some(22.0),
+        "the average over the three intervals between them"
+    );
+    let info = gpm_metrics_get(&nvml, &first, &second, &[GpmMetricId::SmUtil]).unwrap();
+    assert_eq!(info[0].as_ref().unwrap().metric_info.short_name, "sm_util");
+    assert!(
+        matches!(
+            gpm_metrics_get(&nvml, &first, &second, &[GpmMetricId::IntegerUtil]).unwrap()[0],
+            Err(NvmlError::NotSupported)
+        ),
+        "a metric not scripted fails in its own slot"
+    );
+    assert!(
+        matches!(
+            gpm_metrics_get(&nvml, &second, &first, &GPM_METRICS),
+            Err(NvmlError::InvalidArg)
+        ),
+        "the second sample must be the later"
+    );
+
+    // A GPU instance's samples are its own, and do not mix with the GPU's.
+    drop((first, second, third, fourth));
+    drop(nvml);
+    s.rewrite(&mig_h100(true));
+    let nvml = init().expect("re-init");
+    let gpu = nvml.device_by_index(1).unwrap();
+    let gi2 = [
+        gpu.gpm_mig_sample(2).unwrap(),
+        gpu.gpm_mig_sample(2).unwrap(),
+    ];
+    let gi9 = [
+        gpu.gpm_mig_sample(9).unwrap(),
+        gpu.gpm_mig_sample(9).unwrap(),
+    ];
+    assert_eq!(
+        gpm_values(&nvml, &gi2[0], &gi2[1]),
+        [Some(80.0), None, None, None, Some(90.0)]
+    );
+    assert_eq!(gpm_values(&nvml, &gi9[0], &gi9[1]), [None; 5]);
+    assert!(matches!(
+        gpm_metrics_get(&nvml, &gi2[0], &gi9[1], &GPM_METRICS),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(matches!(gpu.gpm_mig_sample(3), Err(NvmlError::InvalidArg)));
+    let third = gpu.gpm_mig_sample(2).unwrap();
+    assert_eq!(gpm_values(&nvml, &gi2[1], &third)[4], Some(30.0));
+    drop((gi2, gi9, third));
+    drop(nvml);
+
+    // An A100 (no GPM) in MIG mode has none per GPU instance either; a
+    // forced failure fails the sample calls only.
+    s.rewrite(&mig_h100(false));
+    let nvml = init().expect("re-init");
+    let gpu = nvml.device_by_index(1).unwrap();
+    assert!(!gpu.gpm_support().unwrap());
+    assert!(matches!(
+        gpu.gpm_mig_sample(2),
+        Err(NvmlError::NotSupported)
+    ));
+    drop(nvml);
+    let mut failing = mig_h100(true);
+    failing["devices"][1]["fail"] = json!({"gpm": "unknown"});
+    s.rewrite(&failing);
+    let nvml = init().expect("re-init");
+    let gpu = nvml.device_by_index(1).unwrap();
+    assert!(gpu.gpm_support().unwrap());
+    assert!(matches!(gpu.gpm_mig_sample(2), Err(NvmlError::Unknown)));
+    assert_eq!(gpu.power_usage().unwrap(), 300_000);
 }
 
 #[test]

@@ -212,7 +212,7 @@ mod tests {
     }
 
     /// Two pods holding GPUs by UUID (one of them two GPUs, the other a MIG device), a pod with
-    /// CPUs only, and a pod of a node whose device plugin names GPUs by index.
+    /// CPUs only, and pods of a node whose device plugin names GPUs and MIG devices by index.
     fn fixture() -> ListPodResourcesResponse {
         ListPodResourcesResponse {
             pod_resources: vec![
@@ -245,6 +245,11 @@ mod tests {
                     "web",
                     "serve-1",
                     vec![container("server", "nvidia.com/gpu", &["3"])],
+                ),
+                pod(
+                    "web",
+                    "serve-2",
+                    vec![container("server", "nvidia.com/mig-1g.10gb", &["4:3"])],
                 ),
             ],
         }
@@ -363,7 +368,19 @@ mod tests {
             ("web", "serve-1", None),
             "held by index; no log directory names its uid, so no lease"
         );
-        assert_eq!(pods.hold("GPU-eeee", Some(4), mig_parent), None);
+        assert_eq!(
+            pods.hold_mig(MIG_C, Some(2), 0),
+            Some(infer.clone()),
+            "the MIG device itself, sampled on its own"
+        );
+        let serve = pods.hold_mig("MIG-ffff", Some(4), 3).unwrap();
+        assert_eq!(
+            (serve.pod.as_str(), serve.container.as_deref()),
+            ("serve-2", Some("server")),
+            "MIG device 3 of GPU 4, named by index"
+        );
+        assert_eq!(pods.hold_mig("MIG-ffff", Some(4), 2), None);
+        assert_eq!(pods.hold("GPU-eeee", Some(5), mig_parent), None);
         assert_eq!(metrics.podresources_errors_total(), 0);
     }
 

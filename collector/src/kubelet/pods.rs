@@ -4,10 +4,11 @@
 //!
 //! The NVIDIA device plugin names devices by GPU UUID (`GPU-…`), MIG device UUID (`MIG-…`, or
 //! `MIG-GPU-<uuid>/<gi>/<ci>` before driver 470), or by index with `DEVICE_ID_STRATEGY=index`
-//! (`<gpu>` for a GPU, `<gpu>:<mig>` for a MIG device); a time-sliced replica adds `::<n>`.
-//! A sample is of a whole GPU, so a MIG device stands for its parent GPU. A GPU that containers
-//! of several pods share (MIG devices, replicas) carries no pod: its series cannot be split
-//! between them.
+//! (`<gpu>` for a GPU, `<gpu>:<mig>` for a MIG device, `<mig>` its index among the GPU's MIG
+//! devices in NVML); a time-sliced replica adds `::<n>`. A MIG device is sampled on its own
+//! ([`PodMap::hold_mig`]); for a sample of a whole GPU (a GPU NVML does not show in MIG mode) a
+//! MIG device on it stands for the GPU ([`PodMap::hold`]). A device that containers of several
+//! pods share (replicas) carries no pod: its series cannot be split between them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -35,8 +36,10 @@ enum DeviceId {
     Gpu(String),
     /// A MIG device's UUID: which GPU it is on takes NVML to tell.
     Mig(String),
-    /// A GPU's index, or the parent GPU's index of a MIG device.
+    /// A GPU's index, or the parent GPU's index of a MIG device of an old UUID.
     Index(u32),
+    /// A MIG device by its GPU's index and its own index on that GPU.
+    MigIndex(u32, u32),
 }
 
 impl DeviceId {
@@ -61,17 +64,16 @@ impl DeviceId {
         if id.len() > "MIG-".len() && id.starts_with("MIG-") {
             return Some(Self::Mig(id.to_owned()));
         }
-        let gpu = id.split_once(':').map_or(id, |(gpu, mig)| {
-            if mig.is_empty() || !mig.bytes().all(|b| b.is_ascii_digit()) {
-                ""
-            } else {
-                gpu
+        let number = |n: &str| {
+            if n.is_empty() || n.len() > 9 || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
             }
-        });
-        if gpu.is_empty() || gpu.len() > 9 || !gpu.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
+            n.parse::<u32>().ok()
+        };
+        match id.split_once(':') {
+            Some((gpu, mig)) => Some(Self::MigIndex(number(gpu)?, number(mig)?)),
+            None => number(id).map(Self::Index),
         }
-        gpu.parse().ok().map(Self::Index)
     }
 }
 
@@ -117,6 +119,7 @@ pub struct PodMap {
     by_uuid: HashMap<String, BTreeSet<usize>>,
     by_mig: HashMap<String, BTreeSet<usize>>,
     by_index: HashMap<u32, BTreeSet<usize>>,
+    by_mig_index: HashMap<(u32, u32), BTreeSet<usize>>,
     /// Each pod holding GPUs, by namespace and name, with its lease once found.
     pods: HashMap<(String, String), Option<String>>,
 }
@@ -158,6 +161,10 @@ impl PodMap {
                         DeviceId::Mig(uuid) => map.by_mig.entry(uuid),
                         DeviceId::Index(index) => {
                             map.by_index.entry(index).or_default().insert(at);
+                            continue;
+                        }
+                        DeviceId::MigIndex(gpu, mig) => {
+                            map.by_mig_index.entry((gpu, mig)).or_default().insert(at);
                             continue;
                         }
                     };
@@ -222,14 +229,44 @@ impl PodMap {
         if let Some(h) = self.by_uuid.get(gpu_uuid) {
             holders.extend(h);
         }
-        if let Some(h) = gpu_index.and_then(|i| self.by_index.get(&i)) {
-            holders.extend(h);
+        if let Some(index) = gpu_index {
+            if let Some(h) = self.by_index.get(&index) {
+                holders.extend(h);
+            }
+            for ((gpu, _), h) in &self.by_mig_index {
+                if *gpu == index {
+                    holders.extend(h);
+                }
+            }
         }
         for (mig, h) in &self.by_mig {
             if mig_parent(mig).as_deref() == Some(gpu_uuid) {
                 holders.extend(h);
             }
         }
+        self.pod_of(&holders, gpu_uuid)
+    }
+
+    /// The pod holding the MIG device `mig_uuid`, index `mig_index` on the GPU of index
+    /// `gpu_index`, if one pod does; its lease as for [`PodMap::hold`].
+    pub fn hold_mig(
+        &self,
+        mig_uuid: &str,
+        gpu_index: Option<u32>,
+        mig_index: u32,
+    ) -> Option<PodHold> {
+        let mut holders: BTreeSet<usize> = BTreeSet::new();
+        if let Some(h) = self.by_mig.get(mig_uuid) {
+            holders.extend(h);
+        }
+        if let Some(h) = gpu_index.and_then(|gpu| self.by_mig_index.get(&(gpu, mig_index))) {
+            holders.extend(h);
+        }
+        self.pod_of(&holders, mig_uuid)
+    }
+
+    /// The one pod of the containers at `holders`, if they are of one pod.
+    fn pod_of(&self, holders: &BTreeSet<usize>, gpu_uuid: &str) -> Option<PodHold> {
         let containers: BTreeSet<&Container> =
             holders.iter().map(|&at| &self.containers[at]).collect();
         let first = containers.first()?;
@@ -426,9 +463,10 @@ mod tests {
         assert_eq!(DeviceId::parse("3"), Some(DeviceId::Index(3)));
         assert_eq!(
             DeviceId::parse("3:1"),
-            Some(DeviceId::Index(3)),
+            Some(DeviceId::MigIndex(3, 1)),
             "MIG device 1 of GPU 3"
         );
+        assert_eq!(DeviceId::parse("3:1::2"), Some(DeviceId::MigIndex(3, 1)));
         assert_eq!(DeviceId::parse("3::0"), Some(DeviceId::Index(3)));
         for bad in [
             "",
@@ -443,6 +481,8 @@ mod tests {
             "GPU-a::x",
             "GPU-a::",
             "99999999999",
+            "3:99999999999",
+            "3:1:2",
             "nvidia0/gi1",
         ] {
             assert_eq!(DeviceId::parse(bad), None, "{bad:?}");
@@ -508,6 +548,54 @@ mod tests {
                 ("k8s_pod".into(), "train-0".into()),
                 ("k8s_container".into(), "trainer".into()),
             ])
+        );
+    }
+
+    #[test]
+    fn a_mig_device_is_held_by_the_pod_listing_it_by_uuid_or_index() {
+        let pods = map(vec![
+            pod(
+                "ml",
+                "infer-0",
+                &[("server", &[("nvidia.com/mig-1g.10gb", &["MIG-1111"])])],
+            ),
+            pod(
+                "ml",
+                "infer-1",
+                &[("server", &[("nvidia.com/mig-1g.10gb", &["0:1"])])],
+            ),
+            pod(
+                "ml",
+                "infer-2",
+                &[("server", &[("nvidia.com/mig-3g.40gb", &["MIG-3333::0"])])],
+            ),
+            pod(
+                "ml",
+                "infer-3",
+                &[("server", &[("nvidia.com/mig-3g.40gb", &["MIG-3333::1"])])],
+            ),
+        ]);
+        let hold = pods.hold_mig("MIG-1111", Some(0), 0).unwrap();
+        assert_eq!(
+            (hold.pod.as_str(), hold.container.as_deref()),
+            ("infer-0", Some("server"))
+        );
+        assert_eq!(
+            pods.hold_mig("MIG-2222", Some(0), 1).unwrap().pod,
+            "infer-1",
+            "MIG device 1 of GPU 0, by index"
+        );
+        assert_eq!(pods.hold_mig("MIG-2222", Some(1), 1), None, "another GPU's");
+        assert_eq!(pods.hold_mig("MIG-2222", None, 1), None);
+        assert_eq!(
+            pods.hold_mig("MIG-3333", Some(0), 2),
+            None,
+            "replicas of one MIG device held by two pods"
+        );
+        assert_eq!(
+            pods.hold("GPU-zero", Some(0), no_mig).unwrap().pod,
+            "infer-1",
+            "for a sample of the whole GPU, a MIG device by index stands for its GPU"
         );
     }
 

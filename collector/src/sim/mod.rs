@@ -5,7 +5,10 @@
 //! enforcer's `simulated` driver derives from the same config, so both agree on every UUID with
 //! no import between them). It follows admitted work: it is fed the enforcer's [`LeaseEvent`]s and
 //! runs each lease's workload ([`Shape`]) on that lease's GPUs; [`Fleet::set_unleased`] adds work
-//! no lease accounts for. [`Fleet::sample`] reads every GPU as NVML would.
+//! no lease accounts for. [`Fleet::sample`] reads every GPU as NVML would, with GPM's measures
+//! (SM activity and the rest) on the models that have GPM (H100, H200). A lease labelled
+//! `sim_profile = "spinning"` reads 100 % busy at 2 % SM activity: the GPU that fools
+//! utilization.
 //!
 //! Every value is a function of the seed, the GPU, the lease and the time (`shape.rs` says how
 //! each kind of work behaves), not of what was sampled before: a 60 s sample is the mean of the twelve 5 s samples it covers. The one
@@ -30,7 +33,7 @@ pub use shape::{Shape, PROFILE_LABEL};
 /// Most readings averaged into one sample. Up to a minute every 5 s tick is read; longer
 /// intervals are read at 12 evenly spaced instants, which keeps `sample` cheap for any interval.
 const MAX_READINGS: usize = 12;
-/// Noise stream of power jitter (shape.rs uses 1..=8).
+/// Noise stream of power jitter (shape.rs uses 1..=9).
 const S_POWER: u64 = 20;
 /// Noise stream that turns a GPU's key into the key of its unleased work.
 const S_ROGUE: u64 = 21;
@@ -395,6 +398,7 @@ fn read(
     end: i64,
 ) -> Sample {
     let (mut util_sum, mut power_sum) = (0.0, 0.0);
+    let mut gpm_sum = shape::Gpm::default();
     for point in readings.iter() {
         let work = state.work_at(point.t);
         let util = work.map_or(0.0, |w| {
@@ -406,11 +410,17 @@ fn read(
             }
         });
         let jitter = point.jitter(gpu.key, S_POWER);
-        power_sum += shape::power_w(&gpu.spec, work.map(|w| w.shape), util, jitter);
+        let shape = work.map(|w| w.shape);
+        power_sum += shape::power_w(&gpu.spec, shape, util, jitter);
         util_sum += util;
+        if gpu.spec.gpm {
+            gpm_sum.add(&shape::gpm(shape, util, shape::gpm_jitter(gpu.key, point)));
+        }
     }
     let n = readings.len as f64;
     let (util, power) = (util_sum / n, power_sum / n);
+    // GPM's figures are means over the interval too; a model without GPM has none.
+    let gpm = gpu.spec.gpm.then(|| gpm_sum.mean(n));
 
     // Energy: integrate only time not integrated before, so re-sampled or overlapping
     // intervals never count twice and the counter never goes back.
@@ -446,11 +456,25 @@ fn read(
         power_w: Some((power * 1000.0).round() / 1000.0),
         power_limit_w: Some(gpu.power_limit_w),
         energy_mj: Some(state.energy_mj as u64),
-        temp_c: Some(shape::temp_c(&gpu.spec, gpu.key, util)),
+        temp_c: Some(shape::temp_c(
+            &gpu.spec,
+            gpu.key,
+            shape::heat_pct(shape_now, util),
+        )),
         sm_clock_mhz: Some(shape::sm_clock_mhz(&gpu.spec, shape_now, util)),
         process_count: Some(u32::from(now.is_some())),
         lease_id: state.lease_at(end).map(|h| h.lease_id.clone()),
         mig_profile: None,
         labels: None,
+        sm_active_pct: gpm.map(|g| g.sm_active),
+        sm_occupancy_pct: gpm.map(|g| g.sm_occupancy),
+        tensor_active_pct: gpm.map(|g| g.tensor_active),
+        dram_active_pct: gpm.map(|g| g.dram_active),
+        gr_active_pct: gpm.map(|g| g.gr_active),
+        // The simulated fleet has no MIG: every GPU is whole.
+        mig_parent_uuid: None,
+        mig_slices: None,
+        mig_parent_slices: None,
+        serving_requests: None,
     }
 }

@@ -1,8 +1,8 @@
-//! What each GPU model reports: memory as NVML counts it, power limit, idle draw, clocks and
-//! temperatures. Matched by case-insensitive substring of the NVML model name, so
-//! `NVIDIA H100 80GB HBM3` and `NVIDIA H100 PCIe` both simulate as an H100; a model the table does
-//! not know simulates with middle-of-the-road figures rather than failing, because a fleet config
-//! may name any GPU.
+//! What each GPU model reports: memory as NVML counts it, power limit, idle draw, clocks,
+//! temperatures, and whether it has GPM (Hopper and later). Matched by case-insensitive
+//! substring of the NVML model name, so `NVIDIA H100 80GB HBM3` and `NVIDIA H100 PCIe` both
+//! simulate as an H100; a model the table does not know simulates with middle-of-the-road
+//! figures rather than failing, because a fleet config may name any GPU.
 
 const MIB: u64 = 1 << 20;
 
@@ -25,6 +25,9 @@ pub(crate) struct ModelSpec {
     pub(crate) idle_temp_c: f64,
     /// How much warmer it runs at 100 % utilization, Celsius.
     pub(crate) load_temp_rise_c: f64,
+    /// Whether NVML's GPU performance metrics (SM activity and the rest) work on it: Hopper
+    /// and later.
+    pub(crate) gpm: bool,
 }
 
 const H100_80GB: ModelSpec = ModelSpec {
@@ -36,6 +39,14 @@ const H100_80GB: ModelSpec = ModelSpec {
     boost_mhz: 1_980,
     idle_temp_c: 30.0,
     load_temp_rise_c: 42.0,
+    gpm: true,
+};
+
+/// The H200 is an H100 with 141 GB of HBM3e.
+const H200_141GB: ModelSpec = ModelSpec {
+    mem_total_bytes: 143_771 * MIB,
+    idle_power_w: 75.0,
+    ..H100_80GB
 };
 
 const A100_80GB: ModelSpec = ModelSpec {
@@ -47,6 +58,7 @@ const A100_80GB: ModelSpec = ModelSpec {
     boost_mhz: 1_410,
     idle_temp_c: 30.0,
     load_temp_rise_c: 38.0,
+    gpm: false,
 };
 
 const A100_40GB: ModelSpec = ModelSpec {
@@ -65,6 +77,7 @@ const L40S: ModelSpec = ModelSpec {
     boost_mhz: 2_520,
     idle_temp_c: 32.0,
     load_temp_rise_c: 40.0,
+    gpm: false,
 };
 
 const T4: ModelSpec = ModelSpec {
@@ -77,6 +90,7 @@ const T4: ModelSpec = ModelSpec {
     // Passively cooled: runs warmer at idle and under load.
     idle_temp_c: 36.0,
     load_temp_rise_c: 40.0,
+    gpm: false,
 };
 
 /// For a model the table does not know: an 80 GiB, 400 W data-centre card.
@@ -91,6 +105,8 @@ pub(crate) fn spec_for(model: &str) -> ModelSpec {
     let m = model.to_ascii_uppercase();
     if m.contains("H100") {
         H100_80GB
+    } else if m.contains("H200") {
+        H200_141GB
     } else if m.contains("A100") {
         if m.contains("80GB") {
             A100_80GB
@@ -128,6 +144,23 @@ mod tests {
         assert_eq!(spec_for("NVIDIA L40S").mem_total_bytes, 46_068 * MIB);
         assert_eq!(spec_for("Tesla T4").power_limit_w, 70.0);
         assert_eq!(spec_for("Tesla T4").mem_total_bytes, 15_360 * MIB);
+        let h200 = spec_for("NVIDIA H200");
+        assert_eq!(h200.mem_total_bytes, 143_771 * MIB);
+        assert_eq!(h200.power_limit_w, 700.0);
+    }
+
+    #[test]
+    fn hopper_models_have_gpm() {
+        for (model, gpm) in [
+            ("NVIDIA H100 80GB HBM3", true),
+            ("NVIDIA H200", true),
+            ("NVIDIA A100-SXM4-80GB", false),
+            ("NVIDIA L40S", false),
+            ("Tesla T4", false),
+            ("Some Future GPU", false),
+        ] {
+            assert_eq!(spec_for(model).gpm, gpm, "{model}");
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! t)`; the keys already hold the seed. Lease-wide events (a training job's checkpoint, a traffic
 //! spike, a notebook cell running) hash the lease key, so every GPU of a lease moves together as
 //! it does on real hardware; per-reading jitter hashes the GPU key and the 5 s tick. Power, memory
-//! clocks and temperature are derived from utilization and the shape.
+//! clocks and temperature are derived from utilization and the shape; so are the GPM measures
+//! ([`gpm`]) of the models that have GPM.
 
 use gpuwarden_schema::{LeaseEvent, Workload};
 
@@ -29,6 +30,7 @@ const S_DIP: u64 = 5;
 const S_BURST: u64 = 6;
 const S_MEM: u64 = 7;
 const S_MEM_GPU: u64 = 8;
+const S_GPM: u64 = 9;
 
 /// The load pattern a simulated GPU follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,17 +54,23 @@ pub enum Shape {
     Idle,
     /// Steady 88–99 % like training, with no checkpoint dips; memory 40–80 %.
     Batch,
+    /// A GPU that reads busy and does nothing: a rank spinning in an NCCL collective that never
+    /// completes, or a loop launching one tiny kernel after another. Utilization 99–100 %, but
+    /// SM activity 1.5–2.5 % (one block or two on the SMs), no tensor work, little memory
+    /// traffic; memory 40–60 % held; power and heat barely above a held context's.
+    Spinning,
 }
 
 impl Shape {
     /// Every shape, in a stable order.
-    pub const ALL: [Shape; 6] = [
+    pub const ALL: [Shape; 7] = [
         Self::Training,
         Self::Inference,
         Self::Notebook,
         Self::Stuck,
         Self::Idle,
         Self::Batch,
+        Self::Spinning,
     ];
 
     /// The name used in the `sim_profile` label.
@@ -74,6 +82,7 @@ impl Shape {
             Self::Stuck => "stuck",
             Self::Idle => "idle",
             Self::Batch => "batch",
+            Self::Spinning => "spinning",
         }
     }
 
@@ -114,7 +123,23 @@ impl Shape {
             Self::Inference => 0.5,
             Self::Notebook => 0.35,
             Self::Batch => 0.45,
+            Self::Spinning => 0.01,
             Self::Stuck | Self::Idle => 0.0,
+        }
+    }
+
+    /// GPM's view of the work per unit of utilization: (SM activity, SM occupancy per unit of
+    /// SM activity, tensor activity per unit of SM activity). Real work keeps most SMs busy
+    /// while it runs; training and inference are mostly matrix multiplies on the tensor cores.
+    fn gpm_ratios(self) -> (f64, f64, f64) {
+        match self {
+            Self::Training => (0.85, 0.6, 0.7),
+            Self::Inference => (0.55, 0.35, 0.5),
+            Self::Notebook => (0.6, 0.3, 0.2),
+            Self::Batch => (0.8, 0.5, 0.4),
+            // Spinning is not proportional to utilization: see `gpm`.
+            Self::Spinning => (0.0, 0.5, 0.0),
+            Self::Stuck | Self::Idle => (0.0, 0.0, 0.0),
         }
     }
 }
@@ -190,18 +215,90 @@ pub(crate) fn util_pct(shape: Shape, lease: u64, gpu: u64, p: &Point) -> f64 {
         }
         Shape::Stuck | Shape::Idle => 0.0,
         Shape::Batch => 90.0 + 7.0 * unit(hash(lease, S_LEVEL)) + (jitter - 0.5) * 8.0,
+        // Some kernel is always running, so NVML reads it busy; one tick in five catches a gap.
+        Shape::Spinning => {
+            if jitter < 0.8 {
+                100.0
+            } else {
+                99.0
+            }
+        }
     };
     pct.round().clamp(0.0, 100.0)
 }
 
+/// GPM measures at one reading, percent (NVML's GPM metrics; DCGM's `PROF_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Gpm {
+    pub(crate) sm_active: f64,
+    pub(crate) sm_occupancy: f64,
+    pub(crate) tensor_active: f64,
+    pub(crate) dram_active: f64,
+    pub(crate) gr_active: f64,
+}
+
+impl Gpm {
+    /// The sum of two readings (their mean, after [`Gpm::mean`]).
+    pub(crate) fn add(&mut self, other: &Gpm) {
+        self.sm_active += other.sm_active;
+        self.sm_occupancy += other.sm_occupancy;
+        self.tensor_active += other.tensor_active;
+        self.dram_active += other.dram_active;
+        self.gr_active += other.gr_active;
+    }
+
+    /// The mean of `n` readings added up (divided, not multiplied by 1/n, so that twelve
+    /// readings of 100 % mean exactly 100 %).
+    pub(crate) fn mean(&self, n: f64) -> Gpm {
+        Gpm {
+            sm_active: self.sm_active / n,
+            sm_occupancy: self.sm_occupancy / n,
+            tensor_active: self.tensor_active / n,
+            dram_active: self.dram_active / n,
+            gr_active: self.gr_active / n,
+        }
+    }
+}
+
+/// The GPM measures at a reading of utilization `util_pct` under `shape` (`jitter` in `[0, 1)`,
+/// this GPU's for this reading). Graphics activity is utilization: both count the time any
+/// kernel ran. SM activity is a share of it that depends on the work, ±5 %; a spinning GPU's
+/// is 1.5–2.5 % whatever its utilization. Memory bandwidth follows the memory controller's
+/// utilization (`mem_util_pct` before rounding).
+pub(crate) fn gpm(shape: Option<Shape>, util_pct: f64, jitter: f64) -> Gpm {
+    let Some(shape) = shape else {
+        return Gpm::default();
+    };
+    let (sm_ratio, occupancy, tensor) = shape.gpm_ratios();
+    let sm_active = match shape {
+        Shape::Spinning => 1.5 + jitter,
+        _ => util_pct * sm_ratio * (0.95 + 0.1 * jitter),
+    }
+    .clamp(0.0, 100.0);
+    Gpm {
+        sm_active,
+        sm_occupancy: sm_active * occupancy,
+        tensor_active: sm_active * tensor,
+        dram_active: (util_pct * shape.mem_util_ratio()).clamp(0.0, 100.0),
+        gr_active: util_pct,
+    }
+}
+
+/// GPM's noise for a reading of `gpu` at `p`.
+pub(crate) fn gpm_jitter(gpu: u64, p: &Point) -> f64 {
+    p.jitter(gpu, S_GPM)
+}
+
 /// Power draw, watts, at a reading: idle draw plus a share of the headroom that follows
-/// utilization; a held context costs a little even at 0 %. `jitter` in `[0, 1)` adds up to 2 % of
+/// utilization; a held context costs a little even at 0 %, and a spinning GPU little more
+/// whatever its utilization (one busy SM or two). `jitter` in `[0, 1)` adds up to 2 % of
 /// the headroom, so a reading never falls below idle nor rises above the limit.
 pub(crate) fn power_w(spec: &ModelSpec, shape: Option<Shape>, util_pct: f64, jitter: f64) -> f64 {
     let load = match shape {
         None => 0.0,
         Some(Shape::Idle) => 0.02,
         Some(Shape::Stuck) => 0.06,
+        Some(Shape::Spinning) => 0.12,
         Some(_) => 0.03 + 0.9 * util_pct / 100.0,
     };
     let headroom = spec.power_limit_w - spec.idle_power_w;
@@ -220,6 +317,7 @@ pub(crate) fn mem_used_bytes(shape: Option<Shape>, lease: u64, gpu: u64, total: 
         Shape::Stuck => (0.55, 0.65),
         Shape::Idle => (0.005, 0.012),
         Shape::Batch => (0.40, 0.80),
+        Shape::Spinning => (0.40, 0.60),
     };
     let share =
         lo + (hi - lo) * unit(hash(lease, S_MEM)) + 0.01 * unit(hash(hash(lease, gpu), S_MEM_GPU));
@@ -241,8 +339,17 @@ pub(crate) fn sm_clock_mhz(spec: &ModelSpec, shape: Option<Shape>, util_pct: f64
     }
 }
 
+/// How hard a GPU works, percent of full load, for its temperature: its utilization, but a
+/// spinning GPU, whose utilization is near 100 % with one SM or two busy, heats little.
+pub(crate) fn heat_pct(shape: Option<Shape>, util_pct: f64) -> f64 {
+    match shape {
+        Some(Shape::Spinning) => util_pct * 0.1,
+        _ => util_pct,
+    }
+}
+
 /// Temperature, whole degrees Celsius: the model's idle temperature, this GPU's place in the
-/// chassis (0–5 °C warmer), and a rise that follows utilization.
+/// chassis (0–5 °C warmer), and a rise that follows the load (`heat_pct`).
 pub(crate) fn temp_c(spec: &ModelSpec, gpu: u64, util_pct: f64) -> f64 {
     let airflow = 5.0 * unit(hash(gpu, S_LEVEL));
     (spec.idle_temp_c + airflow + spec.load_temp_rise_c * util_pct / 100.0).round()
@@ -329,11 +436,34 @@ mod tests {
     }
 
     #[test]
+    fn gpm_follows_utilization_but_a_spinning_gpu_has_almost_no_sm_activity() {
+        assert_eq!(gpm(None, 0.0, 0.5), Gpm::default());
+        for jitter in [0.0, 0.5, 0.999_999] {
+            let training = gpm(Some(Shape::Training), 95.0, jitter);
+            assert!((76.0..=85.0).contains(&training.sm_active), "{training:?}");
+            assert!(training.tensor_active < training.sm_active);
+            assert!(training.sm_occupancy < training.sm_active);
+            assert_eq!(training.gr_active, 95.0);
+            let spinning = gpm(Some(Shape::Spinning), 100.0, jitter);
+            assert!((1.5..2.5).contains(&spinning.sm_active), "{spinning:?}");
+            assert_eq!((spinning.gr_active, spinning.tensor_active), (100.0, 0.0));
+            assert!(spinning.dram_active <= 1.0);
+            assert_eq!(gpm(Some(Shape::Idle), 0.0, jitter), Gpm::default());
+        }
+        let spec = spec_for("NVIDIA H100 80GB HBM3");
+        let spinning = power_w(&spec, Some(Shape::Spinning), 100.0, 0.5);
+        assert!(spinning < power_w(&spec, Some(Shape::Training), 30.0, 0.5));
+        assert!(heat_pct(Some(Shape::Spinning), 100.0) <= 10.0);
+        assert_eq!(heat_pct(Some(Shape::Training), 90.0), 90.0);
+    }
+
+    #[test]
     fn profile_names_parse() {
         for shape in Shape::ALL {
             assert_eq!(Shape::parse(shape.as_str()), Some(shape));
         }
         assert_eq!(Shape::parse(" IDLE "), Some(Shape::Idle));
+        assert_eq!(Shape::parse("Spinning"), Some(Shape::Spinning));
         assert_eq!(Shape::parse("sleepy"), None);
     }
 }

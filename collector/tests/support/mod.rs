@@ -88,5 +88,14 @@ pub fn sample(gpu: &str, ts_ms: i64) -> Sample {
         lease_id: None,
         mig_profile: None,
         labels: None,
+        sm_active_pct: None,
+        sm_occupancy_pct: None,
+        tensor_active_pct: None,
+        dram_active_pct: None,
+        gr_active_pct: None,
+        mig_parent_uuid: None,
+        mig_slices: None,
+        mig_parent_slices: None,
+        serving_requests: None,
     }
 }

@@ -14,6 +14,12 @@
 //! aggregation keyed by strings) spent its time copying and hashing strings; here a row is a
 //! few integers (each string is interned as it is read), and a sample's owners and holds are
 //! found in the short lists of its GPU and of the lease it names.
+//!
+//! Each piece of a sample weighs its length times the sample's share of a GPU
+//! ([`PricingConfig::gpu_share`]: 1 for a whole GPU, e.g. 1/7 for an H100's `1g.10gb` MIG
+//! slice), so every GPU-hour here is a GPU-equivalent; and each piece is judged idle by the
+//! measure of the lease it goes to (`pricing.idle_measure` where it goes to none), SM activity
+//! falling back to utilization where the sample has none ([`PricingConfig::judge_idle`]).
 
 use std::sync::Arc;
 
@@ -25,13 +31,15 @@ use arrow_array::types::{Float64Type, Int64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::compute::cast;
+use gpuwarden_schema::config::{IdleMeasure, PricingConfig};
 
 use super::leases::{Hold, Leases, Owner};
 use super::HOUR_MS;
 
 /// The columns of `samples` the attribution reads, in the order [`Attributor::add`] expects.
 pub(super) const COLUMNS: &str = "gpu_uuid, ts_ms, host, gpu_model, interval_ms, util_gpu_pct, \
-                                  mem_used_bytes, power_w, lease_id";
+                                  mem_used_bytes, power_w, lease_id, sm_active_pct, \
+                                  mig_profile, mig_slices, mig_parent_slices";
 
 /// No lease, in [`Sample::lease`].
 const NONE: u32 = u32::MAX;
@@ -48,6 +56,10 @@ struct Sample {
     util: f64,
     mem: i64,
     power: Option<f64>,
+    /// GPM's SM activity, percent, where the GPU reports it.
+    sm: Option<f64>,
+    /// The GPU-equivalents the device is ([`PricingConfig::gpu_share`]).
+    share: f64,
 }
 
 /// The key of a partial row: host, GPU, model and lease (`None`: the time no lease holds).
@@ -59,15 +71,25 @@ pub(super) struct Key {
     lease: Option<Arc<str>>,
 }
 
-/// The sums of one partial row.
+/// The sums of one partial row. Times are milliseconds times the pieces' GPU shares
+/// (GPU-equivalent milliseconds), but for the two that say which measure judged the pieces,
+/// which are plain milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Sums {
     samples: i64,
-    observed_ms: i64,
+    observed_ms: f64,
     busy_ms_pct: f64,
-    idle_ms: i64,
+    idle_ms: f64,
     energy_w_ms: f64,
     mem_max: Option<i64>,
+    /// Σ ms × share × SM activity, over the pieces that have it.
+    sm_active_ms_pct: f64,
+    /// Σ ms × share over the pieces that have SM activity: how much of `observed_ms` GPM saw.
+    gpm_ms: f64,
+    /// Milliseconds of the pieces that utilization judged idle or not.
+    util_judged_ms: i64,
+    /// Milliseconds of the pieces that SM activity judged.
+    sm_judged_ms: i64,
 }
 
 impl Sums {
@@ -78,6 +100,10 @@ impl Sums {
         self.idle_ms += other.idle_ms;
         self.energy_w_ms += other.energy_w_ms;
         self.mem_max = self.mem_max.max(other.mem_max);
+        self.sm_active_ms_pct += other.sm_active_ms_pct;
+        self.gpm_ms += other.gpm_ms;
+        self.util_judged_ms += other.util_judged_ms;
+        self.sm_judged_ms += other.sm_judged_ms;
     }
 }
 
@@ -107,16 +133,11 @@ impl Partials {
             StringBuilder::with_capacity(n, n * 24),
             StringBuilder::with_capacity(n, n * 16),
         );
-        let (mut samples, mut observed, mut idle, mut mem) = (
-            Int64Builder::with_capacity(n),
-            Int64Builder::with_capacity(n),
-            Int64Builder::with_capacity(n),
-            Int64Builder::with_capacity(n),
-        );
-        let (mut busy, mut energy) = (
-            Float64Builder::with_capacity(n),
-            Float64Builder::with_capacity(n),
-        );
+        let int = || Int64Builder::with_capacity(n);
+        let float = || Float64Builder::with_capacity(n);
+        let (mut samples, mut mem, mut util_judged, mut sm_judged) = (int(), int(), int(), int());
+        let (mut observed, mut busy, mut idle, mut energy, mut sm_active, mut gpm) =
+            (float(), float(), float(), float(), float(), float());
         for (key, sums) in rows {
             host.append_value(&key.host);
             gpu.append_value(&key.gpu);
@@ -128,6 +149,10 @@ impl Partials {
             idle.append_value(sums.idle_ms);
             energy.append_value(sums.energy_w_ms);
             mem.append_option(sums.mem_max);
+            sm_active.append_value(sums.sm_active_ms_pct);
+            gpm.append_value(sums.gpm_ms);
+            util_judged.append_value(sums.util_judged_ms);
+            sm_judged.append_value(sums.sm_judged_ms);
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(host.finish()),
@@ -140,6 +165,10 @@ impl Partials {
             Arc::new(idle.finish()),
             Arc::new(energy.finish()),
             Arc::new(mem.finish()),
+            Arc::new(sm_active.finish()),
+            Arc::new(gpm.finish()),
+            Arc::new(util_judged.finish()),
+            Arc::new(sm_judged.finish()),
         ];
         RecordBatch::try_new(schema(), columns)
     }
@@ -154,11 +183,15 @@ pub(super) fn schema() -> SchemaRef {
         text("gpu_model", false),
         text("lease_id", true),
         Field::new("samples", DataType::Int64, false),
-        Field::new("observed_ms", DataType::Int64, false),
+        Field::new("observed_ms", DataType::Float64, false),
         Field::new("busy_ms_pct", DataType::Float64, false),
-        Field::new("idle_ms", DataType::Int64, false),
+        Field::new("idle_ms", DataType::Float64, false),
         Field::new("energy_w_ms", DataType::Float64, false),
         Field::new("mem_used_max_bytes", DataType::Int64, true),
+        Field::new("sm_active_ms_pct", DataType::Float64, false),
+        Field::new("gpm_ms", DataType::Float64, false),
+        Field::new("util_judged_ms", DataType::Int64, false),
+        Field::new("sm_judged_ms", DataType::Int64, false),
     ]))
 }
 
@@ -189,7 +222,11 @@ impl Interner {
 /// The attribution of one hour's samples: rows are added batch by batch, then attributed.
 pub(super) struct Attributor {
     hour: i64,
-    idle_util_pct: f64,
+    /// Idle thresholds and GPU shares.
+    pricing: PricingConfig,
+    /// The measure that judges the time of each lease (interned) idle; `pricing.idle_measure`
+    /// for the time of none.
+    measures: HashMap<u32, IdleMeasure>,
     /// Samples before it go to the first [`Partials`] of [`Attributor::finish`], the others to
     /// the second.
     cut: i64,
@@ -204,10 +241,21 @@ pub(super) struct Attributor {
 }
 
 impl Attributor {
-    /// An attribution of the hour starting at `hour` against `leases`.
-    pub(super) fn new(hour: i64, idle_util_pct: f64, cut: i64, leases: &Leases) -> Self {
+    /// An attribution of the hour starting at `hour` against `leases`, each judged idle by
+    /// `measure` of its lease.
+    pub(super) fn new(
+        hour: i64,
+        pricing: &PricingConfig,
+        measure: impl Fn(&super::leases::Lease) -> IdleMeasure,
+        cut: i64,
+        leases: &Leases,
+    ) -> Self {
         let mut strings = Interner::default();
         let known = leases.iter().map(|l| strings.id(&l.lease_id)).collect();
+        let measures = leases
+            .iter()
+            .map(|l| (strings.id(&l.lease_id), measure(l)))
+            .collect();
         let mut owners: HashMap<u32, Vec<(i64, i64, u32)>> = HashMap::new();
         for Owner {
             gpu_uuid,
@@ -235,7 +283,8 @@ impl Attributor {
         }
         Self {
             hour,
-            idle_util_pct,
+            pricing: pricing.clone(),
+            measures,
             cut,
             strings,
             known,
@@ -266,12 +315,25 @@ impl Attributor {
         let mem = column(6, &DataType::Int64)?;
         let power = column(7, &DataType::Float64)?;
         let lease = column(8, &DataType::Utf8)?;
-        let (gpu, host, model, lease) = (
+        let sm = column(9, &DataType::Float64)?;
+        let profile = column(10, &DataType::Utf8)?;
+        let slices = column(11, &DataType::Int64)?;
+        let parent_slices = column(12, &DataType::Int64)?;
+        let (gpu, host, model, lease, profile) = (
             gpu.as_string::<i32>(),
             host.as_string::<i32>(),
             model.as_string::<i32>(),
             lease.as_string::<i32>(),
+            profile.as_string::<i32>(),
         );
+        let sm = sm.as_primitive::<Float64Type>();
+        let slices = slices.as_primitive::<Int64Type>();
+        let parent_slices = parent_slices.as_primitive::<Int64Type>();
+        let count = |c: &arrow_array::Int64Array, i: usize| {
+            (!c.is_null(i))
+                .then(|| u32::try_from(c.value(i)).ok())
+                .flatten()
+        };
         let ts = ts.as_primitive::<Int64Type>();
         let interval = interval.as_primitive::<Int64Type>();
         let util = util.as_primitive::<Float64Type>();
@@ -312,6 +374,12 @@ impl Attributor {
                 util: util.value(i),
                 mem: mem.value(i),
                 power: (!power.is_null(i)).then(|| power.value(i)),
+                sm: (!sm.is_null(i)).then(|| sm.value(i)),
+                share: self.pricing.gpu_share(
+                    (!profile.is_null(i)).then(|| profile.value(i)),
+                    count(slices, i),
+                    count(parent_slices, i),
+                ),
             });
         }
         Ok(())
@@ -347,10 +415,13 @@ impl Attributor {
                 s.interval = s.interval.max(d.interval);
                 s.util = s.util.max(d.util);
                 s.mem = s.mem.max(d.mem);
-                s.power = match (s.power, d.power) {
+                let larger = |a: Option<f64>, b: Option<f64>| match (a, b) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     (a, b) => a.or(b),
                 };
+                s.power = larger(s.power, d.power);
+                s.sm = larger(s.sm, d.sm);
+                s.share = s.share.max(d.share);
                 i += 1;
             }
             let side = usize::from(s.ts >= self.cut);
@@ -389,12 +460,27 @@ impl Attributor {
         let b = s.ts.min(to);
         let mut put = |lease: u32, ms: i64, own: i64, mem: Option<i64>| {
             let row = sums.entry((s.host, s.gpu, s.model, lease)).or_default();
+            let measure = match lease {
+                NONE => self.pricing.idle_measure,
+                lease => self.measures[&lease],
+            };
+            let weighed = ms as f64 * s.share;
             row.samples += own;
-            row.observed_ms += ms;
-            row.busy_ms_pct += ms as f64 * s.util;
-            if s.util < self.idle_util_pct {
-                row.idle_ms += ms;
+            row.observed_ms += weighed;
+            row.busy_ms_pct += weighed * s.util;
+            let (idle, judged) = self.pricing.judge_idle(measure, s.util, s.sm);
+            if idle {
+                row.idle_ms += weighed;
             }
+            match judged {
+                IdleMeasure::Util => row.util_judged_ms += ms,
+                IdleMeasure::SmActive => row.sm_judged_ms += ms,
+            }
+            if let Some(sm) = s.sm {
+                row.sm_active_ms_pct += weighed * sm;
+                row.gpm_ms += weighed;
+            }
+            // Each slice's sample carries its share of its GPU's power already.
             row.energy_w_ms += s.power.unwrap_or(0.0) * ms as f64;
             row.mem_max = row.mem_max.max(mem);
         };

@@ -36,6 +36,18 @@ pub struct Segment {
     pub gpu_uuids: Vec<String>,
 }
 
+impl Segment {
+    /// The GPU-equivalents the segment holds: each GPU it lists (once) at its `share` (a MIG
+    /// slice's part of its GPU, 1 for a whole GPU), and as whole GPUs those of `gpu_count` it
+    /// does not list (all of them when it lists none). With whole GPUs, `gpu_count`.
+    pub fn gpus(&self, share: &dyn Fn(&str) -> f64) -> f64 {
+        let listed: std::collections::BTreeSet<&str> =
+            self.gpu_uuids.iter().map(String::as_str).collect();
+        let unlisted = (self.gpu_count - listed.len() as i64).max(0);
+        listed.iter().map(|uuid| share(uuid)).sum::<f64>() + unlisted as f64
+    }
+}
+
 /// A lease's identity and history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lease {
@@ -214,21 +226,30 @@ impl Leases {
 
     /// GPU-hours each lease held in the hour starting at `hour` (allocated GPU-hours,
     /// docs/src/finops/definitions.md#measures): open segments run to the watermark. Leases holding nothing
-    /// in the hour are left out.
-    pub fn allocation(&self, hour: i64, watermark: i64) -> Vec<(&str, f64)> {
+    /// in the hour are left out. A segment holds [`Segment::gpus`] GPU-equivalents, each GPU
+    /// it lists weighing `share` of its UUID.
+    pub fn allocation(
+        &self,
+        hour: i64,
+        watermark: i64,
+        share: &dyn Fn(&str) -> f64,
+    ) -> Vec<(&str, f64)> {
         let (from, to) = (hour, hour + HOUR_MS);
         self.by_id
             .values()
             .filter_map(|lease| {
-                let gpu_ms: i64 = lease
+                let gpu_ms: f64 = lease
                     .segments
                     .iter()
                     .map(|s| {
                         let overlap = s.end.unwrap_or(watermark).min(to) - s.start.max(from);
-                        overlap.max(0) * s.gpu_count
+                        match overlap {
+                            ..=0 => 0.0,
+                            ms => ms as f64 * s.gpus(share),
+                        }
                     })
                     .sum();
-                (gpu_ms > 0).then(|| (lease.lease_id.as_str(), gpu_ms as f64 / HOUR_MS as f64))
+                (gpu_ms > 0.0).then(|| (lease.lease_id.as_str(), gpu_ms / HOUR_MS as f64))
             })
             .collect()
     }
@@ -408,9 +429,14 @@ impl Leases {
         )
     }
 
-    /// `hour_allocation(lease_id, allocated_gpu_hours)` for one hour.
-    pub fn allocation_batch(&self, hour: i64, watermark: i64) -> Result<RecordBatch, ArrowError> {
-        let allocation = self.allocation(hour, watermark);
+    /// `hour_allocation(lease_id, allocated_gpu_hours)` for one hour, with each GPU's `share`.
+    pub fn allocation_batch(
+        &self,
+        hour: i64,
+        watermark: i64,
+        share: &dyn Fn(&str) -> f64,
+    ) -> Result<RecordBatch, ArrowError> {
+        let allocation = self.allocation(hour, watermark, share);
         RecordBatch::try_new(
             tables::allocation(),
             vec![
@@ -473,17 +499,50 @@ mod tests {
             "an ignored event still moves the watermark"
         );
         // 10 min × 1 GPU + 20 min × 2 GPUs = 50 GPU-minutes.
-        let allocation = leases.allocation(H, H + 10 * HOUR_MS);
+        let allocation = leases.allocation(H, H + 10 * HOUR_MS, &|_| 1.0);
         assert_eq!(allocation, vec![("a", 50.0 / 60.0)]);
-        assert_eq!(leases.allocation(H + HOUR_MS, H + 10 * HOUR_MS), vec![]);
+        assert_eq!(
+            leases.allocation(H + HOUR_MS, H + 10 * HOUR_MS, &|_| 1.0),
+            vec![]
+        );
+    }
+
+    /// A segment listing MIG slices holds their shares of a GPU; one listing GPUs with no known
+    /// share holds them whole, and one listing none holds its count of whole GPUs.
+    #[test]
+    fn a_segment_holds_the_shares_of_the_gpus_it_lists() {
+        let leases = Leases::from_events(vec![
+            event(H, "granted", "a", 2, &["MIG-1", "MIG-2"]),
+            event(H + 1_800_000, "resized", "a", 2, &["MIG-1", "g1"]),
+            event(H + 2_700_000, "resized", "a", 3, &[]),
+        ]);
+        let share = |uuid: &str| match uuid {
+            "MIG-1" => 1.0 / 7.0,
+            "MIG-2" => 3.0 / 7.0,
+            _ => 1.0,
+        };
+        let segments = &leases.get("a").unwrap().segments;
+        let gpus: Vec<f64> = segments.iter().map(|s| s.gpus(&share)).collect();
+        assert_eq!(gpus, [4.0 / 7.0, 1.0 / 7.0 + 1.0, 3.0]);
+        let allocation = leases.allocation(H, H + HOUR_MS, &share);
+        let want = 0.5 * 4.0 / 7.0 + 0.25 * (1.0 / 7.0 + 1.0) + 0.25 * 3.0;
+        assert!(
+            allocation.len() == 1 && (allocation[0].1 - want).abs() < 1e-12,
+            "{allocation:?}"
+        );
+        // With whole GPUs, the count.
+        assert_eq!(segments[0].gpus(&|_| 1.0), 2.0);
     }
 
     #[test]
     fn a_running_lease_is_allocated_to_the_watermark_and_owns_its_gpu_past_it() {
         let leases = Leases::from_events(vec![event(H + 1_800_000, "granted", "a", 1, &["g1"])]);
         let watermark = H + HOUR_MS + 900_000;
-        assert_eq!(leases.allocation(H, watermark), vec![("a", 0.5)]);
-        assert_eq!(leases.allocation(H + HOUR_MS, watermark), vec![("a", 0.25)]);
+        assert_eq!(leases.allocation(H, watermark, &|_| 1.0), vec![("a", 0.5)]);
+        assert_eq!(
+            leases.allocation(H + HOUR_MS, watermark, &|_| 1.0),
+            vec![("a", 0.25)]
+        );
         assert_eq!(
             leases
                 .allocated_hours(watermark)

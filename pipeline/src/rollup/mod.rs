@@ -37,6 +37,10 @@
 //!   ids and more GPUs name it than it holds.
 //! - A running lease's segment has no end for attribution, and ends at the watermark for
 //!   allocation.
+//! - Each piece weighs its length times its sample's share of a GPU (a MIG slice's part of its
+//!   GPU, 1 for a whole one), and is judged idle by the measure of the lease it goes to; a
+//!   lease is allocated its listed devices' shares, each learnt from the device's samples and
+//!   kept in `_state.json` (`mig`), since an hour may have none of its samples.
 //!
 //! Progress (and a run's hours, rows and time) is logged; state that must survive a crash —
 //! which hours are final, which are being recomputed — is in `rollups/_state.json`, and marks
@@ -69,8 +73,8 @@ use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt as _;
-use gpuwarden_schema::config::{Config, PricingConfig};
-use gpuwarden_schema::{ArrowConvertError, Clock, LeaseEvent, Record as _, SystemClock};
+use gpuwarden_schema::config::{Config, IdleMeasure, PricingConfig};
+use gpuwarden_schema::{ArrowConvertError, Clock, LeaseEvent, Record as _, SystemClock, Workload};
 use serde::{Deserialize, Serialize};
 
 use crate::bounds::FleetWatermark;
@@ -90,8 +94,12 @@ const TMP: &str = "_tmp";
 /// What the rollups need from the config.
 #[derive(Debug, Clone)]
 pub struct RollupOptions {
-    /// Prices, the idle threshold and the FOCUS billing names.
+    /// Prices, the idle measure and thresholds, MIG shares, the emission factor and the FOCUS
+    /// billing names.
     pub pricing: PricingConfig,
+    /// The workloads whose leases are judged idle by a measure of their own
+    /// (`[workloads.<kind>] idle_measure`); the others by `pricing.idle_measure`.
+    pub idle_measures: BTreeMap<Workload, IdleMeasure>,
     /// How long after an hour ends (in event time) it may still receive data.
     pub lateness_ms: i64,
     /// A host this far behind the median host, or with no new sample for this long (in the
@@ -123,6 +131,11 @@ impl RollupOptions {
     pub fn from_config(config: &Config) -> Self {
         Self {
             pricing: config.pricing.clone(),
+            idle_measures: config
+                .workloads
+                .iter()
+                .filter_map(|(workload, policy)| Some((*workload, policy.idle_measure?)))
+                .collect(),
             lateness_ms: duration_ms(config.pipeline.lateness),
             idle_ms: duration_ms(config.pipeline.clock.idle_timeout),
             max_skew_ms: duration_ms(config.pipeline.clock.max_skew),
@@ -130,6 +143,14 @@ impl RollupOptions {
             part_rows: DEFAULT_PART_ROWS,
             settle_ms: (2 * duration_ms(config.pipeline.flush_age)).max(60_000),
         }
+    }
+
+    /// The measure that judges a lease of `workload` idle (`Config::idle_measure`).
+    pub fn idle_measure(&self, workload: Workload) -> IdleMeasure {
+        self.idle_measures
+            .get(&workload)
+            .copied()
+            .unwrap_or(self.pricing.idle_measure)
     }
 
     /// These options on `clock` (the fleet's, when it is accelerated).
@@ -350,6 +371,47 @@ struct State {
     /// chosen account for: the next run takes the hours of the commits after it.
     #[serde(default)]
     read: BTreeMap<String, u64>,
+    /// Each MIG device's shapes in the samples read so far, by UUID: what a lease that lists
+    /// it holds of a GPU ([`MigShapes::share`]). `None` in a state written before there were
+    /// any: the next run reads every sample for them, once.
+    #[serde(default)]
+    mig: Option<MigShapes>,
+}
+
+/// The shapes of MIG devices seen in samples, by the device's UUID (usually one each).
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+struct MigShapes(BTreeMap<String, BTreeSet<MigShape>>);
+
+/// A MIG device as one sample described it (`mig_profile`, `mig_slices`, `mig_parent_slices`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+struct MigShape {
+    profile: String,
+    #[serde(default)]
+    slices: Option<u32>,
+    #[serde(default)]
+    parent_slices: Option<u32>,
+}
+
+impl MigShapes {
+    /// The GPU-equivalents a lease holds in the device `uuid`: its share of its GPU
+    /// ([`PricingConfig::gpu_share`]; the largest, should its samples disagree), or 1 for a
+    /// device no sample described as a MIG device (a whole GPU).
+    fn share(&self, pricing: &PricingConfig, uuid: &str) -> f64 {
+        self.0
+            .get(uuid)
+            .into_iter()
+            .flatten()
+            .map(|s| pricing.gpu_share(Some(&s.profile), s.slices, s.parent_slices))
+            .reduce(f64::max)
+            .unwrap_or(1.0)
+    }
+
+    fn extend(&mut self, other: MigShapes) {
+        for (uuid, shapes) in other.0 {
+            self.0.entry(uuid).or_default().extend(shapes);
+        }
+    }
 }
 
 impl State {
@@ -600,9 +662,16 @@ impl Rollup {
             None => Vec::new(),
         };
         let hosts_path = Path::new(tables::DIR).join("_hosts.json");
-        let (hosts, now, mut hosts_version) = self
-            .hosts(&ctx, &hosts_path, &marked_samples, &hour_files)
+        let (hosts, now, mut hosts_version, mig) = self
+            .hosts(
+                &ctx,
+                &hosts_path,
+                &marked_samples,
+                &hour_files,
+                state.mig.is_none(),
+            )
             .await?;
+        state.mig.get_or_insert_default().extend(mig);
         let ceiling = now.saturating_add(self.options.max_skew_ms);
         // A host is seen only when a run reads its new samples: one run apart is not silence.
         let since_last_run = state
@@ -685,8 +754,18 @@ impl Rollup {
             lock.check("rolling up an hour")?;
             let settled = kept.hours.remove(&hour);
             report.incremental_hours += usize::from(settled.is_some());
+            let mig = state.mig.as_ref().expect("set above");
             let (team_rows, settled) = self
-                .hour(&ctx, &leases, &hour_files, hour, watermark, settled, cut)
+                .hour(
+                    &ctx,
+                    &leases,
+                    &hour_files,
+                    mig,
+                    hour,
+                    watermark,
+                    settled,
+                    cut,
+                )
                 .await?;
             report.team_rows += team_rows;
             if !is_final {
@@ -760,18 +839,20 @@ impl Rollup {
 
     /// Each host's latest sample time and when this rollup first saw it (on its clock): the
     /// last run's (`_hosts.json`), updated from the hours marked since; read from every sample
-    /// when there is no file yet.
+    /// when there is no file yet, or when `every` sample is asked for. With the shapes of the
+    /// MIG devices in the samples read.
     async fn hosts(
         &self,
         ctx: &SessionContext,
         path: &Path,
         marked: &BTreeMap<i64, Span>,
         hour_files: &BTreeMap<i64, Vec<DataFile>>,
-    ) -> Result<(Hosts, i64, StateVersion), RollupError> {
+        every: bool,
+    ) -> Result<(Hosts, i64, StateVersion, MigShapes), RollupError> {
         let (known, version) = load_hosts(&self.lake, path)?;
         // The new samples: the files of the hours with new rows (every sample, the first time).
         let table = match &known {
-            Some(_) => {
+            Some(_) if !every => {
                 // The files of the hours with new rows that can hold them.
                 let files: Vec<&str> = marked
                     .iter()
@@ -788,7 +869,7 @@ impl Rollup {
                 )?;
                 "host_samples"
             }
-            None => "samples",
+            _ => "samples",
         };
         let mut hosts = known.unwrap_or_default();
         let batches = ctx
@@ -798,6 +879,7 @@ impl Rollup {
             .await?
             .collect()
             .await?;
+        let mig = mig_shapes(ctx, table).await?;
         if table == "host_samples" {
             ctx.deregister_table(table)?;
         }
@@ -831,7 +913,7 @@ impl Rollup {
                 }
             }
         }
-        Ok((hosts, now, version))
+        Ok((hosts, now, version, mig))
     }
 
     /// Replaces every row of `leases` in one commit.
@@ -859,6 +941,7 @@ impl Rollup {
         ctx: &SessionContext,
         leases: &Leases,
         hour_files: &BTreeMap<i64, Vec<DataFile>>,
+        mig: &MigShapes,
         hour: i64,
         watermark: i64,
         settled: Option<Settled>,
@@ -896,7 +979,11 @@ impl Rollup {
         replace(
             ctx,
             "hour_allocation",
-            Some(memtable(leases.allocation_batch(hour, watermark)?)?),
+            Some(memtable(leases.allocation_batch(
+                hour,
+                watermark,
+                &|uuid| mig.share(&self.options.pricing, uuid),
+            )?)?),
         )?;
 
         let (settling, after) = self.partials(ctx, leases, hour, from, cut, rows).await?;
@@ -945,7 +1032,8 @@ impl Rollup {
         cut: i64,
         rows: Option<usize>,
     ) -> Result<(Partials, Partials), RollupError> {
-        let idle = self.options.pricing.idle_util_pct;
+        let (pricing, options) = (&self.options.pricing, &self.options);
+        let measure = |lease: &leases::Lease| options.idle_measure(lease.identity.workload);
         let rows = match rows {
             Some(rows) => rows,
             None => count(ctx, "hour_samples").await?,
@@ -958,7 +1046,7 @@ impl Rollup {
             hour + 2 * HOUR_MS
         );
         if parts <= 1 {
-            let mut attributor = Attributor::new(hour, idle, cut, leases);
+            let mut attributor = Attributor::new(hour, pricing, measure, cut, leases);
             let mut stream = ctx.sql(&query).await?.execute_stream().await?;
             while let Some(batch) = stream.next().await {
                 attributor.add(&batch?)?;
@@ -970,7 +1058,7 @@ impl Rollup {
         let spill = parts::split(ctx, &query, parts, &dir).await?;
         let (mut before, mut after) = (Partials::default(), Partials::default());
         for part in 0..parts {
-            let mut attributor = Attributor::new(hour, idle, cut, leases);
+            let mut attributor = Attributor::new(hour, pricing, measure, cut, leases);
             for batch in spill.read(part)? {
                 attributor.add(&batch?)?;
             }
@@ -1016,6 +1104,48 @@ impl Rollup {
             .await?;
         Ok(rows)
     }
+}
+
+/// The shapes of the MIG devices (samples with a `mig_profile`) in `table`.
+async fn mig_shapes(ctx: &SessionContext, table: &str) -> Result<MigShapes, RollupError> {
+    let batches = ctx
+        .sql(&format!(
+            "SELECT DISTINCT CAST(gpu_uuid AS VARCHAR), CAST(mig_profile AS VARCHAR), \
+             mig_slices, mig_parent_slices FROM {table} WHERE mig_profile IS NOT NULL"
+        ))
+        .await?
+        .collect()
+        .await?;
+    let mut shapes = MigShapes::default();
+    for batch in &batches {
+        use arrow_array::cast::AsArray as _;
+        let text = |i: usize| cast(batch.column(i), &arrow_schema::DataType::Utf8);
+        let int = |i: usize| cast(batch.column(i), &arrow_schema::DataType::Int64);
+        let (uuids, profiles, slices, parents) = (text(0)?, text(1)?, int(2)?, int(3)?);
+        let (uuids, profiles) = (uuids.as_string::<i32>(), profiles.as_string::<i32>());
+        let slices = slices.as_primitive::<arrow_array::types::Int64Type>();
+        let parents = parents.as_primitive::<arrow_array::types::Int64Type>();
+        let count = |c: &arrow_array::Int64Array, i: usize| {
+            arrow_array::Array::is_valid(c, i)
+                .then(|| u32::try_from(c.value(i)).ok())
+                .flatten()
+        };
+        for i in 0..batch.num_rows() {
+            if arrow_array::Array::is_null(uuids, i) || arrow_array::Array::is_null(profiles, i) {
+                continue;
+            }
+            shapes
+                .0
+                .entry(uuids.value(i).to_string())
+                .or_default()
+                .insert(MigShape {
+                    profile: profiles.value(i).to_string(),
+                    slices: count(slices, i),
+                    parent_slices: count(parents, i),
+                });
+        }
+    }
+    Ok(shapes)
 }
 
 fn replace(

@@ -4,7 +4,9 @@
 //! schema and its query are both derived from that one list. Also here: the schemas of the small
 //! per-run tables the queries join samples against. Types and nullability are fixed here, not
 //! inferred from a query, so every file of a table has the same schema and `focus_costs` says
-//! exactly what FOCUS 1.2 says of each column.
+//! exactly what FOCUS 1.2 says of each column. Columns a table gained after its first release
+//! come last and are nullable: a lake's existing table takes them as they are (its schema
+//! evolves, `delta::DeltaTables`), and its rows from before read null there.
 //!
 //! The queries run in order over the hour's tables: `partials` (the hour's samples attributed,
 //! `attribute`), `hour_allocation` ([`allocation`]) and `known_leases`
@@ -89,8 +91,8 @@ impl RollupTable {
     }
 
     /// The query that computes the table's rows of an hour, but for the columns the rollup
-    /// fills in ([`RollupTable::filled`]), with the prices of `pricing`; `None` for `leases`,
-    /// which is written from Rust.
+    /// fills in ([`RollupTable::filled`]), with the prices and emission factor of `pricing`;
+    /// `None` for `leases`, which is written from Rust.
     pub(crate) fn query(self, pricing: &PricingConfig) -> Option<String> {
         let query = match self {
             Self::GpuHourly => &GPU_HOURLY,
@@ -103,13 +105,22 @@ impl RollupTable {
             .model
             .map(|column| price_sql(pricing, column))
             .unwrap_or_default();
+        let energy_price = format!("CAST({:?} AS DOUBLE)", pricing.energy_usd_per_kwh);
+        // Kilograms per kWh; no factor, no emissions figure.
+        let co2e_per_kwh = match pricing.co2e_g_per_kwh {
+            Some(grams) => format!("CAST({:?} AS DOUBLE)", grams / 1000.0),
+            None => "CAST(NULL AS DOUBLE)".to_string(),
+        };
         let select: Vec<String> = self
             .columns()
             .iter()
             .filter_map(|c| match c.value {
                 Value::Sql(expression) => Some(format!(
                     "{} AS \"{}\"",
-                    expression.replace("{price}", &price),
+                    expression
+                        .replace("{price}", &price)
+                        .replace("{energy_price}", &energy_price)
+                        .replace("{co2e_per_kwh}", &co2e_per_kwh),
                     c.name
                 )),
                 Value::Filled(_) | Value::Rust => None,
@@ -203,7 +214,8 @@ struct Column {
 #[derive(Clone, Copy)]
 enum Value {
     /// This expression of the table's query; `{price}` stands for the price of a GPU-hour of
-    /// the row's model ([`price_sql`]).
+    /// the row's model ([`price_sql`]), `{energy_price}` for `pricing.energy_usd_per_kwh` and
+    /// `{co2e_per_kwh}` for `pricing.co2e_g_per_kwh` in kilograms (NULL when unset).
     Sql(&'static str),
     /// The rollup, the same for every row of an hour.
     Filled(fn(&Hour) -> ScalarValue),
@@ -328,6 +340,26 @@ fn gpu_hourly() -> Vec<Column> {
             "max(mem_used_max_bytes)",
         ),
         is_final(),
+        sql(
+            "sm_active_gpu_hours",
+            Float64,
+            true,
+            "sum(sm_active_ms_pct) / 360000000.0",
+        ),
+        sql(
+            "gpm_observed_gpu_hours",
+            Float64,
+            true,
+            "sum(gpm_ms) / 3600000.0",
+        ),
+        sql(
+            "idle_measure",
+            Utf8,
+            true,
+            "CASE WHEN sum(util_judged_ms) > 0 AND sum(sm_judged_ms) > 0 THEN 'mixed' \
+             WHEN sum(sm_judged_ms) > 0 THEN 'sm_active' \
+             WHEN sum(util_judged_ms) > 0 THEN 'util' END",
+        ),
     ]
 }
 
@@ -368,6 +400,21 @@ fn lease_hourly() -> Vec<Column> {
         ),
         sql("energy_kwh", Float64, false, "energy_kwh"),
         is_final(),
+        sql("sm_active_gpu_hours", Float64, true, "sm_active_gpu_hours"),
+        sql(
+            "gpm_observed_gpu_hours",
+            Float64,
+            true,
+            "gpm_observed_gpu_hours",
+        ),
+        sql("idle_measure", Utf8, true, "idle_measure"),
+        sql(
+            "energy_cost_usd",
+            Float64,
+            true,
+            "energy_kwh * ({energy_price})",
+        ),
+        sql("co2e_kg", Float64, true, "energy_kwh * ({co2e_per_kwh})"),
     ]
 }
 
@@ -376,17 +423,23 @@ const LEASE_HOURLY: Query = Query {
     with: "WITH used AS (
     SELECT lease_id, CASE WHEN lease_id IS NULL THEN gpu_model END AS own_model,
            sum(observed_ms) AS observed_ms, sum(busy_ms_pct) AS busy_ms_pct,
-           sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms
+           sum(idle_ms) AS idle_ms, sum(energy_w_ms) AS energy_w_ms,
+           sum(sm_active_ms_pct) AS sm_active_ms_pct, sum(gpm_ms) AS gpm_ms,
+           sum(util_judged_ms) AS util_judged_ms, sum(sm_judged_ms) AS sm_judged_ms
     FROM partials
     GROUP BY 1, 2
     HAVING sum(observed_ms) > 0
 ), joined AS (
     SELECT COALESCE(u.lease_id, a.lease_id) AS lease_id, u.own_model,
            a.allocated_gpu_hours,
-           COALESCE(u.observed_ms, 0) AS observed_ms,
+           COALESCE(u.observed_ms, 0.0) AS observed_ms,
            COALESCE(u.busy_ms_pct, 0.0) AS busy_ms_pct,
-           COALESCE(u.idle_ms, 0) AS idle_ms,
-           COALESCE(u.energy_w_ms, 0.0) AS energy_w_ms
+           COALESCE(u.idle_ms, 0.0) AS idle_ms,
+           COALESCE(u.energy_w_ms, 0.0) AS energy_w_ms,
+           COALESCE(u.sm_active_ms_pct, 0.0) AS sm_active_ms_pct,
+           COALESCE(u.gpm_ms, 0.0) AS gpm_ms,
+           COALESCE(u.util_judged_ms, 0) AS util_judged_ms,
+           COALESCE(u.sm_judged_ms, 0) AS sm_judged_ms
     FROM used u FULL OUTER JOIN hour_allocation a ON u.lease_id = a.lease_id
 ), measured AS (
     SELECT j.lease_id,
@@ -399,7 +452,12 @@ const LEASE_HOURLY: Query = Query {
            j.idle_ms / 3600000.0 AS idle_gpu_hours,
            CASE WHEN j.observed_ms > 0
                 THEN j.busy_ms_pct / CAST(j.observed_ms AS DOUBLE) END AS utilization_pct,
-           j.energy_w_ms / 3600000000.0 AS energy_kwh
+           j.energy_w_ms / 3600000000.0 AS energy_kwh,
+           j.sm_active_ms_pct / 360000000.0 AS sm_active_gpu_hours,
+           j.gpm_ms / 3600000.0 AS gpm_observed_gpu_hours,
+           CASE WHEN j.util_judged_ms > 0 AND j.sm_judged_ms > 0 THEN 'mixed'
+                WHEN j.sm_judged_ms > 0 THEN 'sm_active'
+                WHEN j.util_judged_ms > 0 THEN 'util' END AS idle_measure
     FROM joined j LEFT JOIN known_leases k ON j.lease_id = k.lease_id
 )
 ",
@@ -451,8 +509,38 @@ fn team_hourly() -> Vec<Column> {
         ),
         sql("energy_kwh", Float64, false, "sum(energy_kwh)"),
         is_final(),
+        sql(
+            "sm_active_gpu_hours",
+            Float64,
+            true,
+            "sum(sm_active_gpu_hours)",
+        ),
+        sql(
+            "gpm_observed_gpu_hours",
+            Float64,
+            true,
+            "sum(gpm_observed_gpu_hours)",
+        ),
+        sql("idle_measure", Utf8, true, COMBINED_IDLE_MEASURE),
+        sql(
+            "energy_cost_usd",
+            Float64,
+            true,
+            "sum(energy_kwh) * ({energy_price})",
+        ),
+        sql(
+            "co2e_kg",
+            Float64,
+            true,
+            "sum(energy_kwh) * ({co2e_per_kwh})",
+        ),
     ]
 }
+
+/// The `idle_measure` of rows that add up rows of `idle_measure` (null where none has one):
+/// theirs when they all agree, else `mixed` (the names sort `mixed` < `sm_active` < `util`).
+pub const COMBINED_IDLE_MEASURE: &str = "CASE WHEN min(idle_measure) = 'mixed' \
+     OR min(idle_measure) <> max(idle_measure) THEN 'mixed' ELSE max(idle_measure) END";
 
 const TEAM_HOURLY: Query = Query {
     with: "",
@@ -564,6 +652,9 @@ fn focus_costs() -> Vec<Column> {
         filled("x_Final", Boolean, false, |h| {
             ScalarValue::Boolean(Some(h.is_final))
         }),
+        sql("x_SmActiveGpuHours", Float64, true, "l.sm_active_gpu_hours"),
+        sql("x_EnergyCost", DECIMAL, true, "l.energy_cost_usd"),
+        sql("x_Co2eKg", Float64, true, "l.co2e_kg"),
     ]
 }
 

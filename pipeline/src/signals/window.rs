@@ -2,29 +2,36 @@
 //! only the columns the signals use, deduplicated as they arrive.
 //!
 //! Each GPU holds its buckets in time order. A bucket keeps one `Point` per distinct `ts_ms`
-//! (its offset in the bucket, `interval_ms`, `util_gpu_pct`, `mem_used_bytes` and an index into
-//! the bucket's few (lease named, host) pairs), 32 bytes, and a cached `Summary` of its points:
-//! the interval-weighted sums, the largest `mem_used_bytes`, and the first, last, last busy and
-//! first-idle-after-last-busy times that idle runs need. The signals read the summary of a bucket
-//! whose points all name the same lease and whose minute no lease segment starts or ends in (the
-//! common case: one entry per GPU-minute), and walk the points of the others (a bucket cut by the
-//! window's start, by a grant, resize or release, or holding samples that name different leases),
-//! so the figures are exactly those of the raw samples whatever order samples and lease events
-//! arrive in.
+//! (its offset in the bucket, `interval_ms`, `util_gpu_pct`, `sm_active_pct`, `mem_used_bytes`
+//! and an index into the bucket's few (lease named, host) pairs), 40 bytes, and a cached
+//! `Summary` of its points: the interval-weighted sums (of utilization, and of SM activity over
+//! the samples that have it), the largest `mem_used_bytes`, and the first, last, last busy and
+//! first-idle-after-last-busy times that idle runs need, once as utilization judges the samples
+//! and once as SM activity does (falling back to utilization where a sample has none): the
+//! measure is the owning lease's, which a bucket does not know. The signals read the summary of
+//! a bucket whose points all name the same lease and whose minute no lease segment starts or
+//! ends in (the common case: one entry per GPU-minute), and walk the points of the others (a
+//! bucket cut by the window's start, by a grant, resize or release, or holding samples that name
+//! different leases), so the figures are exactly those of the raw samples whatever order samples
+//! and lease events arrive in.
 //!
 //! Why points keep values rather than only a set of seen `ts_ms`: copies of a sample that
 //! disagree take each column's largest value (docs/src/finops/definitions.md#duplicates), which changes the
 //! sums only if the first copy's values are known, and a lease event that arrives after the
 //! samples of its minute cuts that minute where no aggregate made at arrival could be split.
 //!
-//! Cost, for a GPU sampled every `s` seconds: per GPU-minute one bucket (about 150 bytes with its
-//! summary, 32 per (lease, host) pair; the strings are shared) plus `60 / s` points of 32 bytes:
-//! `benches/signal_window.rs` counts about 630 bytes per GPU-minute at `s` = 5 (a fifth of the
-//! samples naming their lease), where the raw Arrow rows took about 2.5 KB counted and about
-//! 7 KB of resident memory.
+//! Cost, for a GPU sampled every `s` seconds: per GPU-minute one bucket (about 200 bytes with its
+//! summary, 32 per (lease, host) pair; the strings are shared) plus `60 / s` points of 40 bytes:
+//! about 800 bytes per GPU-minute at `s` = 5 (a fifth of the samples naming their lease).
+//! `benches/signal_window.rs` counted 634 before SM activity was kept, which added 8 bytes a
+//! point and 64 a bucket; the raw Arrow rows took about 2.5 KB counted and about 7 KB of
+//! resident memory. SM activity is kept as a plain `f64` (NaN for none) rather than an `Option`,
+//! so a point grows by 8 bytes, not 16.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+use gpuwarden_schema::config::{IdleMeasure, PricingConfig};
 
 /// Samples in buckets per GPU; see the module documentation.
 #[derive(Debug)]
@@ -45,7 +52,7 @@ pub(crate) struct Bucket {
     pub(crate) points: Vec<Point>,
     /// The (lease named, host) pairs the points refer to.
     pub(crate) tags: Vec<Tag>,
-    /// Over every point, for the threshold it was taken with; `None` once a point changed.
+    /// Over every point, for the thresholds it was taken with; `None` once a point changed.
     summary: Option<Summary>,
 }
 
@@ -53,6 +60,8 @@ pub(crate) struct Bucket {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Point {
     pub(crate) util: f64,
+    /// `sm_active_pct`, NaN where the sample has none.
+    pub(crate) sm: f64,
     pub(crate) mem: i64,
     /// `ts_ms` − the bucket's start.
     pub(crate) offset: u32,
@@ -68,10 +77,24 @@ pub(crate) struct Tag {
     pub(crate) host: Arc<str>,
 }
 
+impl Point {
+    /// `sm_active_pct`, where the sample has it.
+    pub(crate) fn sm_active(&self) -> Option<f64> {
+        (!self.sm.is_nan()).then_some(self.sm)
+    }
+}
+
+/// The idle thresholds a summary was taken with: `idle_util_pct`, `idle_sm_active_pct`.
+type Thresholds = (f64, f64);
+
+fn thresholds(pricing: &PricingConfig) -> Thresholds {
+    (pricing.idle_util_pct, pricing.idle_sm_active_pct)
+}
+
 /// A bucket's points taken together.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Summary {
-    threshold: f64,
+    thresholds: Thresholds,
     /// The one tag every point has; `None` when they differ.
     pub(crate) tag: Option<u16>,
     pub(crate) piece: Piece,
@@ -85,28 +108,72 @@ pub(crate) struct Piece {
     pub(crate) weighted: f64,
     /// Σ `interval_ms`.
     pub(crate) observed: i64,
+    /// Σ `interval_ms` × `sm_active_pct` over the samples that have it.
+    pub(crate) sm_weighted: f64,
+    /// Σ `interval_ms` over the samples that have `sm_active_pct`.
+    pub(crate) sm_observed: i64,
+    /// Samples, and samples with `sm_active_pct`: which measure could judge them.
+    pub(crate) samples: u32,
+    pub(crate) sm_samples: u32,
     pub(crate) mem_max: i64,
     pub(crate) first: i64,
     pub(crate) last: i64,
-    /// The latest sample at or above the idle threshold.
+    /// The idle runs as each measure judges the samples ([`Piece::run`]).
+    runs: [Run; 2],
+}
+
+/// Where the samples' latest idle run starts, as one measure judges them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Run {
+    /// The latest busy sample.
     pub(crate) last_busy: Option<i64>,
     /// The first sample after `last_busy` (or the first, with none busy); `None` when the last
     /// sample is busy.
     pub(crate) idle_from: Option<i64>,
 }
 
+impl Run {
+    fn of(t: i64, idle: bool) -> Self {
+        Self {
+            last_busy: (!idle).then_some(t),
+            idle_from: idle.then_some(t),
+        }
+    }
+
+    fn then(&mut self, later: &Run, later_first: i64) {
+        if later.last_busy.is_some() {
+            *self = *later;
+        } else if self.idle_from.is_none() {
+            self.idle_from = Some(later_first);
+        }
+    }
+}
+
+/// The slot of `measure`'s run in a piece.
+fn slot(measure: IdleMeasure) -> usize {
+    match measure {
+        IdleMeasure::Util => 0,
+        IdleMeasure::SmActive => 1,
+    }
+}
+
 impl Piece {
-    /// One sample's piece.
-    pub(crate) fn of(t: i64, p: &Point, threshold: f64) -> Self {
-        let busy = p.util >= threshold;
+    /// One sample's piece, judged idle or busy by each measure (`PricingConfig::judge_idle`).
+    pub(crate) fn of(t: i64, p: &Point, pricing: &PricingConfig) -> Self {
+        let sm = p.sm_active();
+        let interval = i64::from(p.interval);
+        let run = |measure| Run::of(t, pricing.judge_idle(measure, p.util, sm).0);
         Self {
             weighted: f64::from(p.interval) * p.util,
-            observed: i64::from(p.interval),
+            observed: interval,
+            sm_weighted: sm.map_or(0.0, |sm| f64::from(p.interval) * sm),
+            sm_observed: if sm.is_some() { interval } else { 0 },
+            samples: 1,
+            sm_samples: u32::from(sm.is_some()),
             mem_max: p.mem,
             first: t,
             last: t,
-            last_busy: busy.then_some(t),
-            idle_from: (!busy).then_some(t),
+            runs: [run(IdleMeasure::Util), run(IdleMeasure::SmActive)],
         }
     }
 
@@ -114,14 +181,20 @@ impl Piece {
     pub(crate) fn then(&mut self, later: &Piece) {
         self.weighted += later.weighted;
         self.observed += later.observed;
+        self.sm_weighted += later.sm_weighted;
+        self.sm_observed += later.sm_observed;
+        self.samples = self.samples.saturating_add(later.samples);
+        self.sm_samples = self.sm_samples.saturating_add(later.sm_samples);
         self.mem_max = self.mem_max.max(later.mem_max);
-        if later.last_busy.is_some() {
-            self.last_busy = later.last_busy;
-            self.idle_from = later.idle_from;
-        } else if self.idle_from.is_none() {
-            self.idle_from = Some(later.first);
+        for (run, later_run) in self.runs.iter_mut().zip(&later.runs) {
+            run.then(later_run, later.first);
         }
         self.last = later.last;
+    }
+
+    /// The idle run as `measure` judges these samples.
+    pub(crate) fn run(&self, measure: IdleMeasure) -> &Run {
+        &self.runs[slot(measure)]
     }
 }
 
@@ -147,6 +220,8 @@ pub struct SampleFields<'a> {
     pub host: &'a str,
     /// Utilization, %.
     pub util_gpu_pct: f64,
+    /// SM activity, %, where the GPU has GPM.
+    pub sm_active_pct: Option<f64>,
     /// Memory in use, bytes.
     pub mem_used_bytes: i64,
     /// The lease it names.
@@ -236,6 +311,8 @@ impl SampleWindow {
                 let point = &mut bucket.points[i];
                 point.interval = point.interval.max(interval);
                 point.util = point.util.max(s.util_gpu_pct);
+                // NaN (none) loses to any value, as a null does to `max` in SQL.
+                point.sm = point.sm.max(s.sm_active_pct.unwrap_or(f64::NAN));
                 point.mem = point.mem.max(s.mem_used_bytes);
                 point.tag = tag;
                 Kept::Duplicate
@@ -246,6 +323,7 @@ impl SampleWindow {
                     i,
                     Point {
                         util: s.util_gpu_pct,
+                        sm: s.sm_active_pct.unwrap_or(f64::NAN),
                         mem: s.mem_used_bytes,
                         offset,
                         interval,
@@ -319,26 +397,27 @@ impl SampleWindow {
         self.strings.retain(|s| Arc::strong_count(s) > 1);
     }
 
-    /// Fills in the summary of every bucket that lacks one for `threshold`.
-    pub(crate) fn summarize(&mut self, threshold: f64) {
+    /// Fills in the summary of every bucket that lacks one for `pricing`'s idle thresholds.
+    pub(crate) fn summarize(&mut self, pricing: &PricingConfig) {
+        let thresholds = thresholds(pricing);
         for bucket in self.gpus.values_mut().flatten() {
-            if bucket.summary.is_some_and(|s| s.threshold == threshold) {
+            if bucket.summary.is_some_and(|s| s.thresholds == thresholds) {
                 continue;
             }
             let mut points = bucket.points.iter();
             let Some(first) = points.next() else {
                 continue;
             };
-            let mut piece = Piece::of(bucket.start + i64::from(first.offset), first, threshold);
+            let mut piece = Piece::of(bucket.start + i64::from(first.offset), first, pricing);
             let mut tag = Some(first.tag);
             for p in points {
-                piece.then(&Piece::of(bucket.start + i64::from(p.offset), p, threshold));
+                piece.then(&Piece::of(bucket.start + i64::from(p.offset), p, pricing));
                 if tag != Some(p.tag) {
                     tag = None;
                 }
             }
             bucket.summary = Some(Summary {
-                threshold,
+                thresholds,
                 tag,
                 piece,
             });
@@ -425,8 +504,17 @@ mod tests {
             interval_ms: 5_000,
             host: "h",
             util_gpu_pct: util,
+            sm_active_pct: None,
             mem_used_bytes: 10,
             lease_id: lease,
+        }
+    }
+
+    fn pricing() -> PricingConfig {
+        PricingConfig {
+            idle_util_pct: 5.0,
+            idle_sm_active_pct: 5.0,
+            ..PricingConfig::default()
         }
     }
 
@@ -440,11 +528,18 @@ mod tests {
         let mut other = fields("g", 5_000, 10.0, Some("L"));
         other.mem_used_bytes = 99;
         other.host = "z";
+        other.sm_active_pct = Some(3.0);
         assert_eq!(w.add(&other), Kept::Duplicate);
+        // SM activity: a value beats none, the larger of two wins; none never erases one.
+        let mut sm = fields("g", 5_000, 0.0, None);
+        sm.sm_active_pct = Some(2.0);
+        assert_eq!(w.add(&sm), Kept::Duplicate);
+        assert_eq!(w.add(&fields("g", 5_000, 0.0, None)), Kept::Duplicate);
         assert_eq!((w.len(), w.buckets()), (1, 1));
         let bucket = &w.gpus.get("g").unwrap()[0];
         let p = bucket.points[0];
         assert_eq!((p.util, p.mem, p.interval), (90.0, 99, 5_000));
+        assert_eq!(p.sm_active(), Some(3.0));
         let tag = &bucket.tags[usize::from(p.tag)];
         assert_eq!((tag.lease.as_deref(), &*tag.host), (Some("L"), "z"));
     }
@@ -461,7 +556,7 @@ mod tests {
             w.timestamps(),
             vec![5_000, 60_000, 65_000, 70_000, 125_000, 130_000]
         );
-        w.summarize(5.0);
+        w.summarize(&pricing());
         let s = w.gpus.get("g").unwrap()[1].summary().copied().unwrap();
         assert_eq!(s.tag, Some(0));
         assert_eq!(
@@ -480,14 +575,56 @@ mod tests {
             w.add(&fields("g", ts, util, None));
         }
         w.add(&fields("g", 50_000, 0.0, Some("L")));
-        w.summarize(5.0);
+        w.summarize(&pricing());
         let s = w.gpus.get("g").unwrap()[0].summary().copied().unwrap();
         assert_eq!(s.tag, None, "two tags: the signals walk the points");
-        assert_eq!(
-            (s.piece.last_busy, s.piece.idle_from, s.piece.mem_max),
-            (Some(20_000), Some(30_000), 10)
-        );
+        // No sample has SM activity: both measures judge by utilization.
+        for measure in [IdleMeasure::Util, IdleMeasure::SmActive] {
+            let run = s.piece.run(measure);
+            assert_eq!(
+                (run.last_busy, run.idle_from, s.piece.mem_max),
+                (Some(20_000), Some(30_000), 10)
+            );
+        }
         assert_eq!(s.piece.weighted, 5_000.0 * 56.0);
+        assert_eq!((s.piece.samples, s.piece.sm_samples), (5, 0));
+    }
+
+    /// A spinning GPU: utilization 100 %, SM activity 2 %, then one sample without GPM at 100 %
+    /// and one of real work. Utilization sees no idle run; SM activity sees one from the first
+    /// sample to the sample without SM activity, which utilization judges busy.
+    #[test]
+    fn a_summary_keeps_the_run_of_each_measure() {
+        let mut w = SampleWindow::new(BUCKET_MS);
+        for ts in [10_000, 20_000, 30_000] {
+            let mut f = fields("g", ts, 100.0, Some("L"));
+            f.sm_active_pct = Some(2.0);
+            w.add(&f);
+        }
+        w.add(&fields("g", 40_000, 100.0, Some("L")));
+        let mut f = fields("g", 50_000, 100.0, Some("L"));
+        f.sm_active_pct = Some(1.0);
+        w.add(&f);
+        w.summarize(&pricing());
+        let s = w.gpus.get("g").unwrap()[0].summary().copied().unwrap();
+        let util = s.piece.run(IdleMeasure::Util);
+        assert_eq!((util.last_busy, util.idle_from), (Some(50_000), None));
+        let sm = s.piece.run(IdleMeasure::SmActive);
+        assert_eq!((sm.last_busy, sm.idle_from), (Some(40_000), Some(50_000)));
+        assert_eq!((s.piece.samples, s.piece.sm_samples), (5, 4));
+        assert_eq!(
+            (s.piece.sm_weighted, s.piece.sm_observed),
+            (5_000.0 * 7.0, 20_000)
+        );
+        // Another SM threshold makes the summary stale: at 0.5 %, 1 % is busy.
+        let lower = PricingConfig {
+            idle_sm_active_pct: 0.5,
+            ..pricing()
+        };
+        w.summarize(&lower);
+        let s = w.gpus.get("g").unwrap()[0].summary().copied().unwrap();
+        let sm = s.piece.run(IdleMeasure::SmActive);
+        assert_eq!((sm.last_busy, sm.idle_from), (Some(50_000), None));
     }
 
     #[test]

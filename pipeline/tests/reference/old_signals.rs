@@ -1,17 +1,20 @@
 //! The signals engine as it was before the bucketed window: DataFusion SQL over the window's raw
 //! samples. Kept as the reference the bucketed engine is checked against (and measured against
 //! in `benches/signal_window.rs`); its SQL is the definition the module documentation of
-//! `gpuwarden_pipeline::signals` states in words.
+//! `gpuwarden_pipeline::signals` states in words. It has since learnt what the bucketed engine
+//! did: SM activity, and idle judged by each lease's measure (`busy` below).
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
+use gpuwarden_schema::config::IdleMeasure;
+use gpuwarden_schema::signal::JudgedBy;
 use gpuwarden_schema::{Record, Sample, Signal, SignalBody, V1};
 
 use gpuwarden_pipeline::rollup::leases::Leases;
@@ -29,6 +32,10 @@ pub struct OldEngine {
 struct GpuStats {
     busy: f64,
     observed: f64,
+    sm_busy: f64,
+    sm_observed: f64,
+    samples: i64,
+    by_sm: i64,
     mem_max: i64,
     last_busy: Option<i64>,
     last_ts: i64,
@@ -44,6 +51,7 @@ struct Open<'a> {
     gpu_uuids: &'a [String],
     since_ms: i64,
     granted_at: i64,
+    measure: IdleMeasure,
 }
 
 impl OldEngine {
@@ -55,8 +63,16 @@ impl OldEngine {
     /// The signals for `inputs.ts_ms`, in a stable order: leases by id, then GPUs by UUID, then
     /// teams by name.
     pub async fn compute(&mut self, inputs: &Inputs<'_>) -> Result<Vec<Signal>, DataFusionError> {
-        let threshold = inputs.pricing.idle_util_pct;
-        let open: Vec<Open<'_>> = open_leases(inputs.leases, inputs.ts_ms);
+        let pricing = inputs.pricing;
+        let (util_threshold, sm_threshold) = (pricing.idle_util_pct, pricing.idle_sm_active_pct);
+        let measure_of = |w| {
+            inputs
+                .idle_measures
+                .get(&w)
+                .copied()
+                .unwrap_or(pricing.idle_measure)
+        };
+        let open: Vec<Open<'_>> = open_leases(inputs.leases, inputs.ts_ms, measure_of);
         let ctx = SessionContext::new();
         let schema = Sample::arrow_schema();
         let samples = MemTable::try_new(schema.clone(), vec![inputs.samples.to_vec()])?;
@@ -77,52 +93,76 @@ impl OldEngine {
         let attributed = format!(
             "WITH s AS (
                 SELECT gpu_uuid, ts_ms, max(host) AS host, max(interval_ms) AS interval_ms,
-                       max(util_gpu_pct) AS util, max(mem_used_bytes) AS mem, max(lease_id) AS lease_id
+                       max(util_gpu_pct) AS util, max(sm_active_pct) AS sm,
+                       max(mem_used_bytes) AS mem, max(lease_id) AS lease_id
                 FROM window_samples WHERE ts_ms > {start} AND ts_ms <= {ts}
                 GROUP BY gpu_uuid, ts_ms),
-            open_ids AS (SELECT DISTINCT lease_id FROM holdings),
+            open_ids AS (SELECT DISTINCT lease_id, by_sm_active FROM holdings),
             named AS (
-                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.mem, s.lease_id AS owner
+                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.sm, s.mem,
+                       s.lease_id AS owner, o.by_sm_active
                 FROM s JOIN open_ids o ON s.lease_id = o.lease_id),
             matched AS (
-                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.mem, h.lease_id AS owner,
+                SELECT s.gpu_uuid, s.ts_ms, s.host, s.interval_ms, s.util, s.sm, s.mem,
+                       h.lease_id AS owner, h.by_sm_active,
                        row_number() OVER (PARTITION BY s.gpu_uuid, s.ts_ms
                                           ORDER BY h.granted_at DESC, h.lease_id DESC) AS rn
                 FROM s JOIN holdings h ON s.gpu_uuid = h.gpu_uuid AND s.ts_ms >= h.since_ms
                 WHERE s.lease_id IS NULL OR s.lease_id NOT IN (SELECT lease_id FROM open_ids)),
             attributed AS (
-                SELECT gpu_uuid, ts_ms, host, interval_ms, util, mem, owner FROM named
+                SELECT gpu_uuid, ts_ms, host, interval_ms, util, sm, mem, owner, by_sm_active
+                FROM named
                 UNION ALL
-                SELECT gpu_uuid, ts_ms, host, interval_ms, util, mem, owner FROM matched WHERE rn = 1)"
+                SELECT gpu_uuid, ts_ms, host, interval_ms, util, sm, mem, owner, by_sm_active
+                FROM matched WHERE rn = 1)"
         );
+        // A sample is judged by SM activity where its owner's measure is `sm_active` and it has
+        // SM activity, by utilization otherwise.
         let per_gpu = format!(
             "{attributed},
+            judged AS (
+                SELECT *, (by_sm_active AND sm IS NOT NULL) AS by_sm,
+                       CASE WHEN by_sm_active AND sm IS NOT NULL THEN sm >= {sm_threshold}
+                            ELSE util >= {util_threshold} END AS busy
+                FROM attributed),
             marked AS (
-                SELECT *, max(CASE WHEN util >= {threshold} THEN ts_ms END)
+                SELECT *, max(CASE WHEN busy THEN ts_ms END)
                           OVER (PARTITION BY owner, gpu_uuid) AS last_busy
-                FROM attributed)
+                FROM judged)
             SELECT owner, gpu_uuid,
                    CAST(sum(CAST(interval_ms AS DOUBLE) * util) AS DOUBLE) AS busy,
                    CAST(sum(interval_ms) AS DOUBLE) AS observed,
+                   CAST(coalesce(sum(CAST(interval_ms AS DOUBLE) * sm), 0) AS DOUBLE) AS sm_busy,
+                   CAST(coalesce(sum(CASE WHEN sm IS NOT NULL THEN interval_ms END), 0) AS DOUBLE)
+                       AS sm_observed,
+                   CAST(count(*) AS BIGINT) AS samples,
+                   CAST(sum(CASE WHEN by_sm THEN 1 ELSE 0 END) AS BIGINT) AS by_sm,
                    max(mem) AS mem_max,
                    max(last_busy) AS last_busy,
                    max(ts_ms) AS last_ts,
                    min(CASE WHEN last_busy IS NULL OR ts_ms > last_busy THEN ts_ms END) AS idle_from
             FROM marked GROUP BY owner, gpu_uuid"
         );
+        // Unattributed work is judged on the means, by `pricing.idle_measure`.
+        let unattributed_sm = pricing.idle_measure == IdleMeasure::SmActive;
         let unattributed = format!(
-            "{attributed}
+            "{attributed},
+            means AS (
             SELECT s.gpu_uuid, max(s.host) AS host,
-                   CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) AS util
+                   CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) AS util,
+                   CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.sm)
+                        / sum(CASE WHEN s.sm IS NOT NULL THEN s.interval_ms END) AS DOUBLE) AS sm
             FROM s LEFT ANTI JOIN attributed a ON s.gpu_uuid = a.gpu_uuid AND s.ts_ms = a.ts_ms
                    LEFT ANTI JOIN ended e ON s.lease_id = e.lease_id
                                          AND s.ts_ms >= e.since_ms AND s.ts_ms < e.until_ms
                    LEFT ANTI JOIN ended g ON s.gpu_uuid = g.gpu_uuid
                                          AND s.ts_ms >= g.since_ms AND s.ts_ms < g.until_ms
             WHERE s.gpu_uuid NOT IN (SELECT gpu_uuid FROM holdings)
-            GROUP BY s.gpu_uuid
-            HAVING CAST(sum(CAST(s.interval_ms AS DOUBLE) * s.util) / sum(s.interval_ms) AS DOUBLE) >= {threshold}
-            ORDER BY s.gpu_uuid"
+            GROUP BY s.gpu_uuid)
+            SELECT gpu_uuid, host, util FROM means
+            WHERE CASE WHEN {unattributed_sm} AND sm IS NOT NULL THEN sm >= {sm_threshold}
+                       ELSE util >= {util_threshold} END
+            ORDER BY gpu_uuid"
         );
 
         let mut stats: BTreeMap<(String, String), GpuStats> = BTreeMap::new();
@@ -131,6 +171,10 @@ impl OldEngine {
             let gpu = strings(&batch, "gpu_uuid")?;
             let busy = floats(&batch, "busy")?;
             let observed = floats(&batch, "observed")?;
+            let sm_busy = floats(&batch, "sm_busy")?;
+            let sm_observed = floats(&batch, "sm_observed")?;
+            let samples = ints(&batch, "samples")?;
+            let by_sm = ints(&batch, "by_sm")?;
             let mem = ints(&batch, "mem_max")?;
             let last_busy = ints(&batch, "last_busy")?;
             let last_ts = ints(&batch, "last_ts")?;
@@ -141,6 +185,10 @@ impl OldEngine {
                     GpuStats {
                         busy: busy.value(i),
                         observed: observed.value(i),
+                        sm_busy: sm_busy.value(i),
+                        sm_observed: sm_observed.value(i),
+                        samples: samples.value(i),
+                        by_sm: by_sm.value(i),
                         mem_max: mem.value(i),
                         last_busy: last_busy.is_valid(i).then(|| last_busy.value(i)),
                         last_ts: last_ts.value(i),
@@ -170,6 +218,7 @@ impl OldEngine {
                 lease.gpu_uuids.iter().map(String::as_str).collect()
             };
             let (mut busy, mut observed, mut mem_max, mut active) = (0.0, 0.0, 0i64, 0u32);
+            let (mut sm_busy, mut sm_observed, mut samples, mut by_sm) = (0.0, 0.0, 0, 0);
             // The latest idle-run start over the GPUs; None once one GPU is busy or unseen.
             let mut run_start: Option<i64> = (!gpus.is_empty()).then_some(i64::MIN);
             for gpu in &gpus {
@@ -180,6 +229,10 @@ impl OldEngine {
                 };
                 busy += s.busy;
                 observed += s.observed;
+                sm_busy += s.sm_busy;
+                sm_observed += s.sm_observed;
+                samples += s.samples;
+                by_sm += s.by_sm;
                 mem_max = mem_max.max(s.mem_max);
                 if s.last_busy.is_some() {
                     active += 1;
@@ -216,6 +269,13 @@ impl OldEngine {
                 gpus_active: active,
                 gpus_total: u32::try_from(lease.gpu_count).unwrap_or(u32::MAX),
                 mem_used_max_bytes: u64::try_from(mem_max).unwrap_or(0),
+                sm_active_pct: (sm_observed > 0.0).then(|| sm_busy / sm_observed),
+                idle_measure: match (samples, by_sm) {
+                    (0, _) => None,
+                    (_, 0) => Some(JudgedBy::Util),
+                    (n, m) if n == m => Some(JudgedBy::SmActive),
+                    _ => Some(JudgedBy::Mixed),
+                },
             }));
         }
         // Runs of leases that closed, or GPUs that turned busy, are forgotten.
@@ -241,7 +301,7 @@ impl OldEngine {
             .collect();
         for lease in &open {
             *teams.entry(lease.team).or_default() +=
-                lease.gpu_count as f64 * inputs.pricing.usd_per_gpu_hour(lease.gpu_model);
+                lease.gpu_count as f64 * pricing.usd_per_gpu_hour(lease.gpu_model);
         }
         for (team, burn) in teams {
             out.push(header(SignalBody::TeamSpend {
@@ -255,7 +315,11 @@ impl OldEngine {
 }
 
 /// Leases granted by `ts_ms` and not released by then, by id.
-fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
+fn open_leases(
+    leases: &Leases,
+    ts_ms: i64,
+    measure_of: impl Fn(gpuwarden_schema::Workload) -> IdleMeasure,
+) -> Vec<Open<'_>> {
     leases
         .iter()
         .filter(|l| l.granted_at <= ts_ms && l.released.as_ref().is_none_or(|(at, _)| *at > ts_ms))
@@ -269,6 +333,7 @@ fn open_leases(leases: &Leases, ts_ms: i64) -> Vec<Open<'_>> {
                 gpu_uuids: &segment.gpu_uuids,
                 since_ms: segment.start,
                 granted_at: l.granted_at,
+                measure: measure_of(l.identity.workload),
             })
         })
         .collect()
@@ -331,21 +396,26 @@ fn holdings(open: &[Open<'_>]) -> Result<MemTable, DataFusionError> {
         Field::new("gpu_uuid", DataType::Utf8, false),
         Field::new("since_ms", DataType::Int64, false),
         Field::new("granted_at", DataType::Int64, false),
+        Field::new("by_sm_active", DataType::Boolean, false),
     ]));
     let (mut ids, mut gpus, mut since, mut granted) = (vec![], vec![], vec![], vec![]);
+    let mut by_sm = vec![];
     for lease in open {
+        let sm = lease.measure == IdleMeasure::SmActive;
         // A pooled lease holds no named GPU, but its id must still be known for named samples.
         if lease.gpu_uuids.is_empty() {
             ids.push(lease.lease_id);
             gpus.push("");
             since.push(lease.since_ms);
             granted.push(lease.granted_at);
+            by_sm.push(sm);
         }
         for gpu in lease.gpu_uuids {
             ids.push(lease.lease_id);
             gpus.push(gpu.as_str());
             since.push(lease.since_ms);
             granted.push(lease.granted_at);
+            by_sm.push(sm);
         }
     }
     let batch = RecordBatch::try_new(
@@ -355,6 +425,7 @@ fn holdings(open: &[Open<'_>]) -> Result<MemTable, DataFusionError> {
             Arc::new(StringArray::from(gpus)),
             Arc::new(Int64Array::from(since)),
             Arc::new(Int64Array::from(granted)),
+            Arc::new(BooleanArray::from(by_sm)),
         ],
     )?;
     MemTable::try_new(schema, vec![vec![batch]])

@@ -91,6 +91,15 @@ impl std::fmt::Debug for SigningConfig {
 }
 
 impl Config {
+    /// The measure that says a lease of `workload` is idle: the workload's `idle_measure`, else
+    /// `pricing.idle_measure`.
+    pub fn idle_measure(&self, workload: Option<Workload>) -> IdleMeasure {
+        workload
+            .and_then(|w| self.workloads.get(&w))
+            .and_then(|p| p.idle_measure)
+            .unwrap_or(self.pricing.idle_measure)
+    }
+
     /// The team named `name`.
     pub fn team(&self, name: &str) -> Option<&TeamConfig> {
         self.teams.iter().find(|t| t.name == name)
@@ -790,14 +799,25 @@ impl Default for ClockBounds {
 pub struct PricingConfig {
     /// ISO 4217 currency of every price (FOCUS `BillingCurrency`).
     pub currency: String,
-    /// A sample below this GPU utilization, percent, is idle.
+    /// A sample below this GPU utilization, percent, is idle (when utilization judges it).
     pub idle_util_pct: f64,
+    /// Which measure says a GPU is idle: `util` (NVML's utilization, on every GPU) or
+    /// `sm_active` (GPM's SM activity, which a spinning or deadlocked GPU does not fool; a GPU
+    /// without GPM falls back to utilization). A workload may choose its own.
+    pub idle_measure: IdleMeasure,
+    /// A sample below this SM activity, percent, is idle (when SM activity judges it).
+    pub idle_sm_active_pct: f64,
     /// Price of a GPU-hour for models no `[[pricing.gpu]]` entry matches.
     pub default_usd_per_gpu_hour: f64,
-    /// Price of a kWh, for energy cost.
+    /// Price of a kWh: energy cost is `energy_kwh` times this.
     pub energy_usd_per_kwh: f64,
+    /// Grams of CO2-equivalent emitted per kWh, for the emissions columns; unset, they are null.
+    pub co2e_g_per_kwh: Option<f64>,
     /// `[[pricing.gpu]]`: prices by model, first match wins.
     pub gpu: Vec<GpuPrice>,
+    /// `[[pricing.mig]]`: a MIG profile's share of its parent GPU, where it should not be its
+    /// compute slices over the parent's (1/7 for `1g.10gb` on an H100).
+    pub mig: Vec<MigShare>,
     /// Who is billed in `focus_costs` (FOCUS `BillingAccountId` and `BillingAccountName`):
     /// usually the organization whose fleet this is.
     pub billing_account: String,
@@ -811,9 +831,13 @@ impl Default for PricingConfig {
         Self {
             currency: "USD".into(),
             idle_util_pct: 5.0,
+            idle_measure: IdleMeasure::Util,
+            idle_sm_active_pct: 5.0,
             default_usd_per_gpu_hour: 2.0,
             energy_usd_per_kwh: 0.0,
+            co2e_g_per_kwh: None,
             gpu: Vec::new(),
+            mig: Vec::new(),
             billing_account: "gpuwarden".into(),
             provider: "gpuwarden".into(),
         }
@@ -829,6 +853,96 @@ impl PricingConfig {
             .find(|p| contains_ignoring_case(gpu_model, &p.model_match))
             .map_or(self.default_usd_per_gpu_hour, |p| p.usd_per_gpu_hour)
     }
+
+    /// The share of its parent GPU a sample's device is, in GPU-equivalents: for a MIG
+    /// instance, the `[[pricing.mig]]` entry for its profile, else its compute slices over its
+    /// parent's (so does the unsliced rest of a MIG GPU, which has slices but no profile); 1 for
+    /// a whole GPU.
+    pub fn gpu_share(
+        &self,
+        mig_profile: Option<&str>,
+        slices: Option<u32>,
+        parent_slices: Option<u32>,
+    ) -> f64 {
+        if let Some(entry) = mig_profile.and_then(|p| self.mig.iter().find(|m| m.profile == p)) {
+            return entry.share;
+        }
+        match (slices, parent_slices) {
+            (Some(s), Some(p)) if p > 0 => f64::from(s.min(p)) / f64::from(p),
+            _ => 1.0,
+        }
+    }
+
+    /// The idle threshold, percent, of `measure`.
+    pub fn idle_threshold_pct(&self, measure: IdleMeasure) -> f64 {
+        match measure {
+            IdleMeasure::Util => self.idle_util_pct,
+            IdleMeasure::SmActive => self.idle_sm_active_pct,
+        }
+    }
+
+    /// Whether a sample is idle by `measure`, and the measure that judged it: SM activity where
+    /// `measure` is `sm_active` and the sample has it, utilization otherwise.
+    pub fn judge_idle(
+        &self,
+        measure: IdleMeasure,
+        util_gpu_pct: f64,
+        sm_active_pct: Option<f64>,
+    ) -> (bool, IdleMeasure) {
+        match (measure, sm_active_pct) {
+            (IdleMeasure::SmActive, Some(sm)) => {
+                (sm < self.idle_sm_active_pct, IdleMeasure::SmActive)
+            }
+            _ => (util_gpu_pct < self.idle_util_pct, IdleMeasure::Util),
+        }
+    }
+}
+
+/// Which measure of a GPU's work says it is idle (`pricing.idle_measure`, a workload's
+/// `idle_measure`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    Deserialize,
+    Serialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleMeasure {
+    /// NVML's `utilization.gpu`: the share of time any kernel ran. Every GPU has it; one tiny
+    /// kernel a second reads busy.
+    #[default]
+    Util,
+    /// GPM's SM activity (`sm_active_pct`): how much of the SMs held work. GPUs without GPM are
+    /// judged by utilization instead.
+    SmActive,
+}
+
+impl IdleMeasure {
+    /// The name used in the config and the rollups' `idle_measure` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Util => "util",
+            Self::SmActive => "sm_active",
+        }
+    }
+}
+
+/// `[[pricing.mig]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MigShare {
+    /// The MIG profile, exactly as NVML names it, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Its share of the parent GPU's price and of a GPU in quotas, 0 < share ≤ 1.
+    pub share: f64,
 }
 
 /// Whether `pattern` occurs in `text` when both are lowercased, as model names are matched
@@ -920,6 +1034,8 @@ pub struct WorkloadPolicy {
     pub warn_before: Option<Duration>,
     /// `alert`, `reclaim` or `resize` (to `min_gpus`).
     pub on_idle: OnIdle,
+    /// The measure that says this kind of work is idle; `pricing.idle_measure` when unset.
+    pub idle_measure: Option<IdleMeasure>,
     /// Utilization that inference autoscaling steers toward, percent.
     pub target_util_pct: Option<f64>,
     /// Substrates to place this kind of work on, in order of preference.

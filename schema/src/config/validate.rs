@@ -526,6 +526,41 @@ fn pricing(config: &Config, report: Report<'_>) {
             format!("{} is outside 0..=100", p.idle_util_pct),
         );
     }
+    if !(0.0..=100.0).contains(&p.idle_sm_active_pct) {
+        report(
+            at(&["pricing", "idle_sm_active_pct"]),
+            format!("{} is outside 0..=100", p.idle_sm_active_pct),
+        );
+    }
+    if p.co2e_g_per_kwh.is_some_and(|g| !non_negative(g)) {
+        report(
+            at(&["pricing", "co2e_g_per_kwh"]),
+            "must not be negative".into(),
+        );
+    }
+    let mut profiles = BTreeSet::new();
+    for (i, mig) in p.mig.iter().enumerate() {
+        if mig.profile.trim().is_empty() {
+            report(
+                item_in(&["pricing", "mig"], i, "profile"),
+                "must not be empty".into(),
+            );
+        } else if !profiles.insert(mig.profile.as_str()) {
+            report(
+                item_in(&["pricing", "mig"], i, "profile"),
+                format!("`{}` is listed twice", mig.profile),
+            );
+        }
+        if !(mig.share.is_finite() && mig.share > 0.0 && mig.share <= 1.0) {
+            report(
+                item_in(&["pricing", "mig"], i, "share"),
+                format!(
+                    "{} is outside (0, 1]: a slice is part of one GPU",
+                    mig.share
+                ),
+            );
+        }
+    }
     if !non_negative(p.default_usd_per_gpu_hour) {
         report(
             at(&["pricing", "default_usd_per_gpu_hour"]),
