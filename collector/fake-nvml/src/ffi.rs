@@ -891,7 +891,7 @@ pub struct NvmlGpmSampleSt {
 }
 
 /// `nvmlGpmSample_t`: a number standing for a sample (see
-/// [`state::gpm_alloc`]); never dereferenced.
+/// `state::gpm_alloc`); never dereferenced.
 pub type NvmlGpmSample = *mut NvmlGpmSampleSt;
 
 /// `nvmlGpmSupport_t`.
