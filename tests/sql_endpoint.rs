@@ -409,7 +409,7 @@ fn grafana_connection_check_discovery_and_macro_queries_answer() {
             "{column} in {columns:?}"
         );
     }
-    assert_eq!(columns.len(), 21, "{columns:?}");
+    assert_eq!(columns.len(), sample_columns(), "{columns:?}");
     // datafusion-postgres 0.19 replaces the search_path subquery of these queries with '' (a
     // token-level blacklist in its parser), so the list names every table with its schema
     // (`public.team_hourly`), and only such a name finds its columns.
@@ -623,7 +623,7 @@ fn jdbc_metabase_and_dbeaver_discover_the_tables_and_their_columns() {
         &answer(PGJDBC_COLUMNS),
         &["relname", "attname", "atttypid", "attnotnull", "attnum"],
     );
-    assert_eq!(columns.len(), 21, "{columns:?}");
+    assert_eq!(columns.len(), sample_columns(), "{columns:?}");
     assert_eq!(
         columns[..7],
         [
@@ -680,6 +680,12 @@ fn jdbc_metabase_and_dbeaver_discover_the_tables_and_their_columns() {
             "idle_cost_usd|float8|9|f|t|f",
             "energy_kwh|float8|10|f|t|f",
             "final|bool|11|f|t|f",
+            // Columns the table gained later are nullable: final hours from before read null.
+            "sm_active_gpu_hours|float8|12|f|f|f",
+            "gpm_observed_gpu_hours|float8|13|f|f|f",
+            "idle_measure|text|14|f|f|f",
+            "energy_cost_usd|float8|15|f|f|f",
+            "co2e_kg|float8|16|f|f|f",
         ]
     );
 
@@ -708,7 +714,7 @@ fn jdbc_metabase_and_dbeaver_discover_the_tables_and_their_columns() {
         &answer(&dbeaver_columns(&samples)),
         &["relname", "attname", "atttypid", "attnum", "attnotnull"],
     );
-    assert_eq!(columns.len(), 21, "{columns:?}");
+    assert_eq!(columns.len(), sample_columns(), "{columns:?}");
     assert_eq!(
         columns[..4],
         [
@@ -998,4 +1004,11 @@ max_queries = 1
         "the refused connection's query was refused for want of a login:\n{}",
         log.join("\n")
     );
+}
+
+/// The columns of the `samples` table: the sample contract's, every optional field it gained
+/// since its first v1 included.
+fn sample_columns() -> usize {
+    use gpuwarden_schema::Record as _;
+    gpuwarden_schema::Sample::arrow_schema().fields().len()
 }
