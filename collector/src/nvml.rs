@@ -146,17 +146,6 @@ struct Gpm {
     gr_active: Option<f64>,
 }
 
-impl Gpm {
-    /// Fills `sample`'s GPM fields.
-    fn fill(self, sample: &mut Sample) {
-        sample.sm_active_pct = self.sm_active;
-        sample.sm_occupancy_pct = self.sm_occupancy;
-        sample.tensor_active_pct = self.tensor_active;
-        sample.dram_active_pct = self.dram_active;
-        sample.gr_active_pct = self.gr_active;
-    }
-}
-
 /// The readings of a physical GPU that are the same whatever part of it a sample describes,
 /// or that NVML has only for the whole GPU (power, energy).
 #[derive(Debug, Clone, Copy, Default)]
@@ -424,7 +413,7 @@ impl<'n> NvmlSource<'n> {
             Gpm::default()
         };
 
-        let mut sample = Sample {
+        let sample = Sample {
             v: V1,
             ts_ms,
             interval_ms,
@@ -446,17 +435,16 @@ impl<'n> NvmlSource<'n> {
             lease_id,
             mig_profile: None,
             labels,
-            sm_active_pct: None,
-            sm_occupancy_pct: None,
-            tensor_active_pct: None,
-            dram_active_pct: None,
-            gr_active_pct: None,
+            sm_active_pct: gpm.sm_active,
+            sm_occupancy_pct: gpm.sm_occupancy,
+            tensor_active_pct: gpm.tensor_active,
+            dram_active_pct: gpm.dram_active,
+            gr_active_pct: gpm.gr_active,
             mig_parent_uuid: None,
             mig_slices: None,
             mig_parent_slices: None,
             serving_requests: None,
         };
-        gpm.fill(&mut sample);
         Ok(vec![sample])
     }
 
@@ -527,7 +515,7 @@ impl<'n> NvmlSource<'n> {
                 .or_else(|| hold.and_then(|hold| hold.lease_id))
                 .or_else(|| self.guest_lease.clone());
             let share = shares.piece(n);
-            let mut sample = Sample {
+            let sample = Sample {
                 v: V1,
                 ts_ms,
                 interval_ms,
@@ -554,17 +542,16 @@ impl<'n> NvmlSource<'n> {
                 lease_id,
                 mig_profile: slice.profile,
                 labels,
-                sm_active_pct: None,
-                sm_occupancy_pct: None,
-                tensor_active_pct: None,
-                dram_active_pct: None,
-                gr_active_pct: None,
+                sm_active_pct: slice.gpm.sm_active,
+                sm_occupancy_pct: slice.gpm.sm_occupancy,
+                tensor_active_pct: slice.gpm.tensor_active,
+                dram_active_pct: slice.gpm.dram_active,
+                gr_active_pct: slice.gpm.gr_active,
                 mig_parent_uuid: Some(info.uuid.clone()),
                 mig_slices: slice.slices,
                 mig_parent_slices: total,
                 serving_requests: None,
             };
-            slice.gpm.fill(&mut sample);
             out.push(sample);
         }
         if free > 0 {
